@@ -70,6 +70,12 @@ export interface ConsumeOptions {
    * records appended after it joined.
    */
   fromBeginning?: boolean;
+  /**
+   * False: nothing is committed and every start reads from `fromBeginning`'s position. For
+   * per-process views that rebuild their state from a compacted topic on each start.
+   * @default true
+   */
+  commit?: boolean;
   /** Most records handed to one handler call. @default 1000 */
   maxBatchSize?: number;
   /**

@@ -1,0 +1,108 @@
+/**
+ * The Koa app: request ids, metrics, errors from the catalog, auth, per-key rate limits,
+ * Idempotency-Key, body parsing, then one router per resource.
+ */
+import Koa, { type Context, type Next } from 'koa';
+import Router from '@koa/router';
+import { koaBody } from 'koa-body';
+import type { Kernel } from '../kernel/actor.ts';
+import type { Auth, Principal } from '../kernel/auth.ts';
+import { AppError } from '../kernel/errors.ts';
+import { newRequestId } from '../kernel/ids.ts';
+import type { BuiltInRegistry } from '../kernel/schema/registry.ts';
+import { errorMiddleware } from './middleware/errors.ts';
+import type { Idempotency } from './middleware/idempotency.ts';
+import { RateLimiter } from './middleware/rate-limit.ts';
+import { adminRouter } from './routes/admin.ts';
+import { schemaRegistryRouter } from './routes/schema-registry.ts';
+import { tracesRouter } from './routes/traces.ts';
+
+/** Ingest endpoints are limited in events per second, not requests (DECISIONS.md). */
+const INGEST_PATHS = [/^\/v1\/traces$/, /^\/v1\/sandboxes\/[^/]+\/trace$/, /^\/otel\/v1\/traces$/];
+/** Reachable without a key. */
+const PUBLIC_PATHS = new Set(['/health']);
+
+export interface AppDeps {
+  kernel: Kernel;
+  auth: Auth;
+  idempotency: Idempotency;
+  /** The built-in schema registry, when this process serves it. */
+  registry: BuiltInRegistry | null;
+  health(): Promise<{ ok: boolean; body: object }>;
+}
+
+export function createApp({ kernel, auth, idempotency, registry, health }: AppDeps): Koa {
+  const { config, metrics, logger } = kernel;
+  const app = new Koa();
+  app.proxy = false;
+  const reads = new RateLimiter(config.rateLimitReads, 'read requests');
+  const writes = new RateLimiter(config.rateLimitWrites, 'write requests');
+  const ingestEvents = new RateLimiter(config.rateLimitIngestEvents, 'ingested trace events');
+
+  app.use(async (ctx: Context, next: Next) => {
+    ctx.state.requestId = newRequestId();
+    ctx.set('X-Request-Id', ctx.state.requestId);
+    const started = performance.now();
+    try {
+      await next();
+    } finally {
+      const route = (ctx as { _matchedRoute?: string })._matchedRoute ?? 'unmatched';
+      metrics.httpRequests.inc({ route, method: ctx.method, status: String(ctx.status) });
+      metrics.httpDuration.observe({ route, method: ctx.method }, (performance.now() - started) / 1000);
+    }
+  });
+  app.use(errorMiddleware(logger));
+
+  app.use(async (ctx: Context, next: Next) => {
+    if (PUBLIC_PATHS.has(ctx.path)) return next();
+    const principal = auth.authenticate(ctx.get('Authorization') || undefined);
+    ctx.state.principal = principal;
+    if (!INGEST_PATHS.some((p) => p.test(ctx.path)) || ctx.method !== 'POST') {
+      (ctx.method === 'GET' || ctx.method === 'HEAD' ? reads : writes).take(principal.keyId);
+    }
+    return next();
+  });
+
+  app.use(
+    koaBody({
+      jsonLimit: '32mb',
+      textLimit: '32mb',
+      includeUnparsed: true,
+      jsonStrict: true,
+      text: true,
+      urlencoded: false,
+      multipart: false,
+      json: true,
+      onError: (err) => {
+        throw err;
+      },
+    }),
+  );
+  app.use(idempotency.middleware());
+
+  const root = new Router();
+  root.get('/health', async (ctx) => {
+    const { ok, body } = await health();
+    ctx.status = ok ? 200 : 503;
+    ctx.body = body;
+  });
+  root.get('/metrics', async (ctx) => {
+    if ((ctx.state.principal as Principal).kind !== 'admin') throw new AppError('forbidden', 'metrics need the admin key');
+    ctx.type = metrics.registry.contentType;
+    ctx.body = await metrics.render(kernel.log);
+  });
+
+  const routers = [root, tracesRouter(kernel, ingestEvents), adminRouter(kernel, auth)];
+  if (registry) {
+    const sr = new Router({ prefix: '/schema-registry' });
+    sr.use(async (ctx, next) => {
+      if ((ctx.state.principal as Principal).kind !== 'admin') throw new AppError('forbidden', 'the schema registry needs the admin key');
+      return next();
+    });
+    const inner = schemaRegistryRouter(registry);
+    sr.use(inner.routes(), inner.allowedMethods());
+    routers.push(sr);
+  }
+  for (const router of routers) app.use(router.routes()).use(router.allowedMethods());
+  return app;
+}

@@ -1,0 +1,96 @@
+import type { Context, Next } from 'koa';
+import { publish, type Kernel } from '../../kernel/actor.ts';
+import { EntityView } from '../../kernel/entity-view.ts';
+import { AppError, badRequest } from '../../kernel/errors.ts';
+import { renderError } from './errors.ts';
+import { newEventId, sha256Hex } from '../../kernel/ids.ts';
+import { TOPICS } from '../../kernel/topics.ts';
+import type { Principal } from '../../kernel/auth.ts';
+
+interface RecordedResponse {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  key_id: string;
+  idempotency_key: string;
+  fingerprint: string;
+  status: number;
+  content_type: string;
+  body: Buffer;
+}
+
+const UNPARSED = Symbol.for('unparsedBody');
+const HEADER_VALUE = /^[\x21-\x7e]{1,255}$/;
+
+/**
+ * `Idempotency-Key` on POST: the first response (2xx or a client error other than 409/429) is
+ * recorded on the svc.idempotency topic and replayed, without re-running, to a retry with the
+ * same key from the same API key within SVC_IDEMPOTENCY_TTL. Because the record is an event on
+ * the log, the cache survives a restart. Reusing a key for a different request is a 409, as is
+ * a retry that arrives while the first is still running.
+ */
+export class Idempotency {
+  private readonly view = new EntityView<RecordedResponse>(TOPICS.idempotency);
+  private readonly inFlight = new Set<string>();
+
+  constructor(private readonly kernel: Kernel) {}
+
+  start(): Promise<void> {
+    return this.view.start(this.kernel);
+  }
+
+  stop(): Promise<void> {
+    return this.view.stop();
+  }
+
+  middleware() {
+    return async (ctx: Context, next: Next) => {
+      const idempotencyKey = ctx.get('Idempotency-Key');
+      if (ctx.method !== 'POST' || idempotencyKey === '') return next();
+      if (!HEADER_VALUE.test(idempotencyKey)) throw badRequest('Idempotency-Key header', 'must be 1-255 visible ASCII characters');
+      const principal = ctx.state.principal as Principal;
+      const mapKey = `${principal.keyId}:${idempotencyKey}`;
+      const body = (ctx.request as { body?: Record<symbol, unknown> }).body;
+      const raw = body?.[UNPARSED];
+      const fingerprint = sha256Hex(`${ctx.method} ${ctx.url}\n${typeof raw === 'string' ? raw : JSON.stringify(body ?? null)}`);
+
+      const recorded = this.view.entities.get(mapKey);
+      if (recorded && recorded.ts + this.kernel.config.idempotencyTtl > Date.now()) {
+        if (recorded.fingerprint !== fingerprint) {
+          throw new AppError('conflict', `Idempotency-Key "${idempotencyKey}" was already used for a different request`);
+        }
+        ctx.status = recorded.status;
+        ctx.type = recorded.content_type;
+        ctx.body = recorded.body;
+        ctx.set('Idempotent-Replayed', 'true');
+        return;
+      }
+      if (this.inFlight.has(mapKey)) throw new AppError('conflict', `a request with Idempotency-Key "${idempotencyKey}" is still in progress`);
+      this.inFlight.add(mapKey);
+      try {
+        try {
+          await next();
+        } catch (err) {
+          renderError(ctx, err, this.kernel.logger);
+        }
+        if (ctx.status >= 500 || ctx.status === 409 || ctx.status === 429 || ctx.status === 401) return;
+        const payload = ctx.body === undefined || ctx.body === null ? Buffer.alloc(0) : Buffer.isBuffer(ctx.body) ? ctx.body : Buffer.from(typeof ctx.body === 'string' ? ctx.body : JSON.stringify(ctx.body));
+        const record: RecordedResponse = {
+          tenant: principal.tenant,
+          event_id: newEventId(),
+          ts: Date.now(),
+          key_id: principal.keyId,
+          idempotency_key: idempotencyKey,
+          fingerprint,
+          status: ctx.status,
+          content_type: ctx.response.get('Content-Type') || 'application/json; charset=utf-8',
+          body: payload,
+        };
+        const positions = await publish(this.kernel, TOPICS.idempotency, [{ key: mapKey, tenant: principal.tenant, value: record }]);
+        await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+      } finally {
+        this.inFlight.delete(mapKey);
+      }
+    };
+  }
+}

@@ -1,0 +1,209 @@
+/**
+ * POST /v1/traces: events without a sandbox, stamped with the key's tenant, appended to
+ * svc.traces; the call returns once the sink has made them queryable (read-your-writes).
+ * GET /v1/traces: the tenant's trace events from ClickHouse, oldest first, keyset-paginated on
+ * (Timestamp, EventId), or streamed as NDJSON.
+ */
+import Router from '@koa/router';
+import type { Context } from 'koa';
+import { publish, type Kernel } from '../../kernel/actor.ts';
+import type { Principal } from '../../kernel/auth.ts';
+import { badRequest } from '../../kernel/errors.ts';
+import { newEventId } from '../../kernel/ids.ts';
+import { TOPICS } from '../../kernel/topics.ts';
+import type { RateLimiter } from '../middleware/rate-limit.ts';
+import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
+import { EVENT_TYPES, formatTimestampUs, parseTimestampUs, validateTraceBatch, type TraceEvent } from '../traces/validate-events.ts';
+
+/** Most bytes of trace events per log record; a larger batch is split (Kafka's default limit is 1 MiB). */
+const MAX_RECORD_BYTES = 900 * 1024;
+
+export interface IngestContext {
+  sandbox_id: string | null;
+  experiment_id: string | null;
+  agent: string | null;
+  agent_snapshot_id: string | null;
+}
+
+/** Appends validated events for one tenant and waits until they are queryable. */
+export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: TraceEvent[], context: IngestContext): Promise<void> {
+  if (events.length === 0) return;
+  const records: TraceEvent[][] = [[]];
+  let bytes = 0;
+  for (const event of events) {
+    const size = 300 + (event.input?.length ?? 0) + (event.output?.length ?? 0) + JSON.stringify(event.metadata).length;
+    if (bytes + size > MAX_RECORD_BYTES && records[records.length - 1].length > 0) {
+      records.push([]);
+      bytes = 0;
+    }
+    records[records.length - 1].push(event);
+    bytes += size;
+  }
+  const ts = Date.now();
+  const positions = await publish(
+    kernel,
+    TOPICS.traces,
+    records.map((chunk) => {
+      const id = newEventId();
+      return { key: id, tenant, value: { tenant, event_id: id, ts, ...context, events: chunk } };
+    }),
+  );
+  await kernel.visibility.waitFor(positions, kernel.config.replyTimeout);
+}
+
+const FILTERS = ['experiment_id', 'sandbox_id', 'agent', 'event_type', 'tool', 'since'] as const;
+
+interface TraceRow {
+  ts_us: string;
+  EventId: string;
+  EventType: string;
+  SpanName: string;
+  Phase: string;
+  TraceId: string;
+  SpanId: string;
+  ParentSpanId: string;
+  DurationMs: string;
+  StatusCode: string;
+  Input: string;
+  Output: string;
+  HasCost: number;
+  InputTokens: string;
+  OutputTokens: string;
+  CacheReadTokens: string;
+  ReasoningTokens: string;
+  CostModel: string;
+  EstimatedUsd: number;
+  SpanAttributes: Record<string, string>;
+  SandboxId: string | null;
+  ExperimentId: string;
+  ServiceName: string;
+  TenantId: string;
+}
+
+/** The API shape of a stored trace event. */
+export function traceEventFromRow(row: TraceRow) {
+  return {
+    event_id: row.EventId,
+    ts: formatTimestampUs(Number(row.ts_us)),
+    event_type: row.EventType,
+    tool: row.SpanName,
+    phase: row.Phase,
+    trace_id: row.TraceId,
+    span_id: row.SpanId,
+    parent_span_id: row.ParentSpanId === '' ? null : row.ParentSpanId,
+    duration_ms: Number(row.DurationMs),
+    status: row.StatusCode === 'Error' ? 'error' : 'ok',
+    ...(row.HasCost
+      ? {
+          cost: {
+            input_tokens: Number(row.InputTokens),
+            output_tokens: Number(row.OutputTokens),
+            cache_read_tokens: Number(row.CacheReadTokens),
+            reasoning_tokens: Number(row.ReasoningTokens),
+            model: row.CostModel,
+            estimated_usd: row.EstimatedUsd,
+          },
+        }
+      : {}),
+    ...(row.Input !== '' ? { input: row.Input } : {}),
+    ...(row.Output !== '' ? { output: row.Output } : {}),
+    metadata: row.SpanAttributes,
+    tenant: row.TenantId,
+    sandbox_id: row.SandboxId,
+    experiment_id: row.ExperimentId === '' ? null : row.ExperimentId,
+    agent: row.ServiceName === '' ? null : row.ServiceName,
+  };
+}
+
+const SELECT_TRACE_EVENT = `
+  toUnixTimestamp64Micro(Timestamp) AS ts_us, EventId, EventType, SpanName, Phase, TraceId, SpanId, ParentSpanId,
+  intDiv(Duration, 1000000) AS DurationMs, StatusCode, Input, Output, HasCost, InputTokens, OutputTokens,
+  CacheReadTokens, ReasoningTokens, CostModel, EstimatedUsd, SpanAttributes, SandboxId, ExperimentId, ServiceName, TenantId`;
+
+function traceFilters(ctx: Context): { where: string[]; params: Record<string, unknown> } {
+  checkQueryParams(ctx, FILTERS);
+  const q = ctx.query as Record<string, string | undefined>;
+  const where: string[] = [];
+  const params: Record<string, unknown> = {};
+  const equals = (param: string, column: string) => {
+    const value = q[param];
+    if (value === undefined) return;
+    if (value === '') throw badRequest(param, 'must not be empty');
+    where.push(`${column} = {${param}:String}`);
+    params[param] = value;
+  };
+  equals('experiment_id', 'ExperimentId');
+  equals('sandbox_id', 'SandboxId');
+  equals('agent', 'ServiceName');
+  equals('tool', 'SpanName');
+  if (q.event_type !== undefined && !(EVENT_TYPES as readonly string[]).includes(q.event_type)) {
+    throw badRequest('event_type', `must be one of ${EVENT_TYPES.join(', ')}`);
+  }
+  equals('event_type', 'EventType');
+  if (q.since !== undefined) {
+    const since = parseTimestampUs(q.since);
+    if (since === null) throw badRequest('since', 'must be an ISO 8601 timestamp with a zone');
+    where.push('Timestamp >= fromUnixTimestamp64Micro({since:Int64})');
+    params.since = since;
+  }
+  return { where, params };
+}
+
+export function tracesRouter(kernel: Kernel, ingestLimiter: RateLimiter): Router {
+  const router = new Router();
+  const { config, store } = kernel;
+
+  router.post('/v1/traces', async (ctx) => {
+    const principal = ctx.state.principal as Principal;
+    const events = validateTraceBatch(ctx.request.body, { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes });
+    ingestLimiter.take(principal.keyId, events.length);
+    await ingestTraceEvents(kernel, principal.tenant, events, { sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null });
+    kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/traces' }, events.length);
+    ctx.body = { ingested: events.length };
+  });
+
+  router.get('/v1/traces', async (ctx) => {
+    const principal = ctx.state.principal as Principal;
+    const { where, params } = traceFilters(ctx);
+    const limit = parseLimit(ctx.query.limit, config);
+    const fetchPage = async (cursor: string | null, pageSize: number) => {
+      const key = decodeCursor(cursor ?? undefined, 2);
+      const conditions = ['TenantId = {tenant:String}', ...where];
+      const pageParams: Record<string, unknown> = { ...params, tenant: principal.tenant, page: pageSize + 1 };
+      if (key) {
+        if (!/^\d+$/.test(key[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
+        conditions.push('(Timestamp, EventId) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})');
+        pageParams.after_ts = Number(key[0]);
+        pageParams.after_id = key[1];
+      }
+      // LIMIT 1 BY drops a replayed duplicate that the ReplacingMergeTree has not merged yet.
+      const rows = await store.query<TraceRow>(
+        `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${conditions.join(' AND ')}
+         ORDER BY Timestamp, EventId LIMIT 1 BY Timestamp, EventId LIMIT {page:UInt32}`,
+        pageParams,
+      );
+      const items = rows.slice(0, pageSize).map(traceEventFromRow);
+      const last = rows.length > pageSize ? rows[pageSize - 1] : null;
+      return { items, next: last ? encodeCursor([last.ts_us, last.EventId]) : null };
+    };
+    if (wantsNdjson(ctx)) {
+      decodeCursor(ctx.query.cursor, 2);
+      const initial = typeof ctx.query.cursor === 'string' ? ctx.query.cursor : null;
+      let first = true;
+      ctx.type = 'application/x-ndjson';
+      ctx.body = ndjsonStream(
+        (cursor) => {
+          const from = first ? initial : cursor;
+          first = false;
+          return fetchPage(from, config.maxPageSize);
+        },
+        ctx.query.limit === undefined ? null : limit,
+      );
+      return;
+    }
+    const page = await fetchPage(typeof ctx.query.cursor === 'string' ? ctx.query.cursor : null, limit);
+    ctx.body = { items: page.items, ...(page.next ? { next_cursor: page.next } : {}), count: page.items.length };
+  });
+
+  return router;
+}

@@ -1,0 +1,64 @@
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Kernel, Service } from '../kernel/actor.ts';
+import { Auth } from '../kernel/auth.ts';
+import type { BuiltInRegistry } from '../kernel/schema/registry.ts';
+import { createApp } from './app.ts';
+import { Idempotency } from './middleware/idempotency.ts';
+
+/** The HTTP API. Holds the auth and idempotency views; everything else it reads from the log or the store. */
+export class ApiService implements Service {
+  readonly name = 'api';
+  private server: http.Server | null = null;
+  private auth: Auth | null = null;
+  private idempotency: Idempotency | null = null;
+
+  constructor(private readonly options: { registry: BuiltInRegistry | null }) {}
+
+  async start(kernel: Kernel): Promise<void> {
+    this.auth = new Auth(kernel);
+    this.idempotency = new Idempotency(kernel);
+    await Promise.all([this.auth.start(), this.idempotency.start()]);
+    const app = createApp({
+      kernel,
+      auth: this.auth,
+      idempotency: this.idempotency,
+      registry: this.options.registry,
+      health: async () => {
+        const [log, store] = await Promise.all([
+          kernel.log.endOffsets('svc.tenants').then(() => true, () => false),
+          kernel.store.ping().catch(() => false),
+        ]);
+        return {
+          ok: log && store,
+          body: { status: log && store ? 'ok' : 'degraded', log: { backend: kernel.log.kind, ok: log }, store: { backend: kernel.store.kind, ok: store } },
+        };
+      },
+    });
+    this.server = http.createServer(app.callback());
+    this.server.keepAliveTimeout = 65_000;
+    await new Promise<void>((resolve, reject) => {
+      this.server!.once('error', reject);
+      this.server!.listen(kernel.config.port, kernel.config.host, () => resolve());
+    });
+    const { port } = this.server.address() as AddressInfo;
+    kernel.logger.info({ port, host: kernel.config.host }, 'api listening');
+  }
+
+  /** The port actually bound (SVC_PORT=0 picks a free one). */
+  port(): number {
+    return (this.server?.address() as AddressInfo).port;
+  }
+
+  async stop(): Promise<void> {
+    if (this.server) {
+      const server = this.server;
+      this.server = null;
+      // Stop accepting, let in-flight requests finish, then drop idle keep-alive sockets.
+      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      server.closeIdleConnections();
+      await closed;
+    }
+    await Promise.all([this.auth?.stop(), this.idempotency?.stop()]);
+  }
+}

@@ -1,0 +1,94 @@
+/**
+ * The `svc` command (`npx svc ...`).
+ *   svc start [--api-key KEY]             run every service in this process (embedded)
+ *   svc run <service>                     run one service (distributed, on Kafka)
+ *   svc keys create --tenant NAME [--name LABEL]
+ *   svc keys list [--tenant NAME]
+ *   svc keys rotate <key-id>
+ *   svc keys revoke <key-id>
+ * The key commands call the admin API of a running server (--url, default SVC_BASE_URL or
+ * http://127.0.0.1:$SVC_PORT) with the admin key (--admin-key, default SVC_API_KEY). A new or
+ * rotated key is printed alone on the last line.
+ */
+import { parseArgs } from 'node:util';
+import { main as startMain } from './main.ts';
+
+const USAGE = `usage:
+  svc start [--api-key KEY]
+  svc run <service>
+  svc keys create --tenant NAME [--name LABEL] [--url URL] [--admin-key KEY]
+  svc keys list [--tenant NAME] [--url URL] [--admin-key KEY]
+  svc keys rotate <key-id> [--url URL] [--admin-key KEY]
+  svc keys revoke <key-id> [--url URL] [--admin-key KEY]`;
+
+async function admin(method: string, path: string, opts: { url?: string; 'admin-key'?: string }, body?: object): Promise<any> {
+  const base = (opts.url ?? process.env.SVC_BASE_URL ?? `http://127.0.0.1:${process.env.SVC_PORT || 8080}`).replace(/\/+$/, '');
+  const key = opts['admin-key'] ?? process.env.SVC_API_KEY;
+  if (!key) throw new Error('the admin key is needed: pass --admin-key or set SVC_API_KEY');
+  let res: Response;
+  try {
+    res = await fetch(`${base}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+      body: body ? JSON.stringify(body) : undefined,
+    });
+  } catch (err) {
+    throw new Error(`cannot reach the server at ${base}: ${(err as Error).cause ?? (err as Error).message}`);
+  }
+  const text = await res.text();
+  const json = text ? JSON.parse(text) : null;
+  if (!res.ok) throw new Error(`${res.status} ${json?.error ?? ''}: ${json?.message ?? text}`);
+  return json;
+}
+
+async function keys(args: string[]): Promise<void> {
+  const { values, positionals } = parseArgs({
+    args,
+    options: { tenant: { type: 'string' }, name: { type: 'string' }, url: { type: 'string' }, 'admin-key': { type: 'string' } },
+    allowPositionals: true,
+  });
+  const [action, id] = positionals;
+  switch (action) {
+    case 'create': {
+      if (!values.tenant) throw new Error('svc keys create: --tenant NAME is required');
+      const key = await admin('POST', '/v1/admin/keys', values, { tenant: values.tenant, ...(values.name ? { name: values.name } : {}) });
+      console.log(`created key ${key.id} for tenant ${key.tenant}; it is shown once, store it now:`);
+      console.log(key.key);
+      return;
+    }
+    case 'list': {
+      const q = values.tenant ? `?tenant=${encodeURIComponent(values.tenant)}` : '';
+      const { items } = await admin('GET', `/v1/admin/keys${q}`, values);
+      for (const k of items) console.log(`${k.id}\t${k.tenant}\t${k.status}\t${k.prefix}…\t${k.created_at}${k.name ? `\t${k.name}` : ''}`);
+      return;
+    }
+    case 'rotate': {
+      if (!id) throw new Error('svc keys rotate: give the key id');
+      const key = await admin('POST', `/v1/admin/keys/${encodeURIComponent(id)}/rotate`, values);
+      console.log(`rotated key ${key.id}; the old secret no longer works. New secret:`);
+      console.log(key.key);
+      return;
+    }
+    case 'revoke': {
+      if (!id) throw new Error('svc keys revoke: give the key id');
+      await admin('DELETE', `/v1/admin/keys/${encodeURIComponent(id)}`, values);
+      console.log(`revoked key ${id}`);
+      return;
+    }
+    default:
+      throw new Error(USAGE);
+  }
+}
+
+export async function cli(argv: string[]): Promise<void> {
+  const [command, ...rest] = argv;
+  if (command === 'keys') return keys(rest);
+  if (command === 'start') return startMain(rest);
+  if (command === 'run') return startMain(argv);
+  throw new Error(USAGE);
+}
+
+cli(process.argv.slice(2)).catch((err) => {
+  process.stderr.write(`${(err as Error).message}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,172 @@
+/**
+ * Tenants and API keys. Both are entities on compacted topics (svc.tenants, svc.api-keys); each
+ * process that authenticates requests holds them in EntityViews. Keys are stored as sha256
+ * hashes only; the secret is shown once, when it is created or rotated.
+ */
+import { timingSafeEqual } from 'node:crypto';
+import { publish, type Kernel } from './actor.ts';
+import { EntityView } from './entity-view.ts';
+import { AppError, badRequest, notFound } from './errors.ts';
+import { newEventId, newKeyId, newLiveKey, sha256Hex } from './ids.ts';
+import { TOPICS } from './topics.ts';
+
+export type Plan = 'free' | 'pro' | 'enterprise';
+export const PLANS: readonly Plan[] = ['free', 'pro', 'enterprise'];
+
+export interface TenantRecord {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  plan: Plan;
+  max_concurrent_sandboxes: number | null;
+  created_at: number;
+}
+
+export interface ApiKeyRecord {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  key_id: string;
+  key_hash: string;
+  prefix: string;
+  name: string | null;
+  status: 'active' | 'revoked';
+  created_at: number;
+}
+
+/** Who is calling. `admin` is the operator's key from SVC_API_KEY; it acts as the default tenant. */
+export interface Principal {
+  kind: 'admin' | 'tenant' | 'anonymous';
+  tenant: string;
+  keyId: string;
+}
+
+export const TENANT_NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
+
+export class Auth {
+  private readonly tenants = new EntityView<TenantRecord>(TOPICS.tenants);
+  /** key hash -> key, kept beside the view so a request authenticates in O(1). */
+  private readonly byHash = new Map<string, ApiKeyRecord>();
+  private readonly keys = new EntityView<ApiKeyRecord>(TOPICS.apiKeys, (entities, { record, value }) => {
+    if (record.key === null) return;
+    const previous = entities.get(record.key);
+    if (previous) this.byHash.delete(previous.key_hash);
+    if (value === null) {
+      entities.delete(record.key);
+      return;
+    }
+    entities.set(record.key, value);
+    this.byHash.set(value.key_hash, value);
+  });
+  private readonly adminKey: Buffer | null;
+
+  constructor(private readonly kernel: Kernel) {
+    this.adminKey = kernel.config.apiKey === null ? null : Buffer.from(kernel.config.apiKey);
+  }
+
+  async start(): Promise<void> {
+    await Promise.all([this.tenants.start(this.kernel), this.keys.start(this.kernel)]);
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all([this.tenants.stop(), this.keys.stop()]);
+  }
+
+  /** Resolves the Authorization header; throws 401 for a missing or unknown key. */
+  authenticate(header: string | undefined): Principal {
+    const { config } = this.kernel;
+    const token = /^Bearer\s+(\S+)\s*$/i.exec(header ?? '')?.[1];
+    if (token === undefined) {
+      if (header === undefined && !config.authRequired) return { kind: 'anonymous', tenant: config.defaultTenant, keyId: 'anonymous' };
+      throw new AppError('unauthorized', header === undefined ? 'missing API key: send Authorization: Bearer <key>' : 'malformed Authorization header: expected Bearer <key>');
+    }
+    if (this.adminKey !== null && token.length === this.adminKey.length && timingSafeEqual(Buffer.from(token), this.adminKey)) {
+      return { kind: 'admin', tenant: config.defaultTenant, keyId: 'admin' };
+    }
+    if (token.startsWith('svc_live_')) {
+      const record = this.byHash.get(sha256Hex(token));
+      if (record && record.status === 'active') return { kind: 'tenant', tenant: record.tenant, keyId: record.key_id };
+    }
+    throw new AppError('unauthorized', 'invalid API key');
+  }
+
+  tenant(name: string): TenantRecord | undefined {
+    return this.tenants.entities.get(name);
+  }
+
+  listTenants(): TenantRecord[] {
+    return [...this.tenants.entities.values()].sort((a, b) => a.tenant.localeCompare(b.tenant));
+  }
+
+  listKeys(tenant?: string): ApiKeyRecord[] {
+    return [...this.keys.entities.values()]
+      .filter((k) => tenant === undefined || k.tenant === tenant)
+      .sort((a, b) => a.created_at - b.created_at || a.key_id.localeCompare(b.key_id));
+  }
+
+  key(keyId: string): ApiKeyRecord {
+    const record = this.keys.entities.get(keyId);
+    if (!record) throw notFound('API key', keyId);
+    return record;
+  }
+
+  /** Creates or updates a tenant (plan and custom quota). */
+  async putTenant(name: string, changes: { plan?: Plan; max_concurrent_sandboxes?: number | null }): Promise<TenantRecord> {
+    if (!TENANT_NAME.test(name)) throw badRequest('tenant', 'must be 1-63 characters of a-z, 0-9, _ and -, starting with a letter or digit');
+    const now = Date.now();
+    const existing = this.tenants.entities.get(name);
+    const record: TenantRecord = {
+      tenant: name,
+      event_id: newEventId(),
+      ts: now,
+      plan: changes.plan ?? existing?.plan ?? this.kernel.config.defaultPlan,
+      max_concurrent_sandboxes: changes.max_concurrent_sandboxes !== undefined ? changes.max_concurrent_sandboxes : existing?.max_concurrent_sandboxes ?? null,
+      created_at: existing?.created_at ?? now,
+    };
+    const positions = await publish(this.kernel, TOPICS.tenants, [{ key: name, tenant: name, value: record }]);
+    await this.tenants.waitFor(positions, this.kernel.config.replyTimeout);
+    return record;
+  }
+
+  /** Issues a new key for a tenant (creating the tenant on first use); returns the secret once. */
+  async createKey(tenant: string, name: string | null): Promise<{ record: ApiKeyRecord; secret: string }> {
+    if (!this.tenants.entities.has(tenant)) await this.putTenant(tenant, {});
+    return this.writeKey({ keyId: newKeyId(), tenant, name, createdAt: Date.now() });
+  }
+
+  /** Replaces a key's secret: the old one stops working as soon as this returns. */
+  async rotateKey(keyId: string): Promise<{ record: ApiKeyRecord; secret: string }> {
+    const existing = this.key(keyId);
+    if (existing.status !== 'active') throw new AppError('conflict', `API key ${keyId} is revoked and cannot be rotated`);
+    return this.writeKey({ keyId, tenant: existing.tenant, name: existing.name, createdAt: existing.created_at });
+  }
+
+  async revokeKey(keyId: string): Promise<ApiKeyRecord> {
+    const existing = this.key(keyId);
+    const record: ApiKeyRecord = { ...existing, event_id: newEventId(), ts: Date.now(), status: 'revoked' };
+    await this.appendKey(record);
+    return record;
+  }
+
+  private async writeKey(k: { keyId: string; tenant: string; name: string | null; createdAt: number }) {
+    const secret = newLiveKey();
+    const record: ApiKeyRecord = {
+      tenant: k.tenant,
+      event_id: newEventId(),
+      ts: Date.now(),
+      key_id: k.keyId,
+      key_hash: sha256Hex(secret),
+      prefix: secret.slice(0, 13),
+      name: k.name,
+      status: 'active',
+      created_at: k.createdAt,
+    };
+    await this.appendKey(record);
+    return { record, secret };
+  }
+
+  private async appendKey(record: ApiKeyRecord): Promise<void> {
+    const positions = await publish(this.kernel, TOPICS.apiKeys, [{ key: record.key_id, tenant: record.tenant, value: record }]);
+    await this.keys.waitFor(positions, this.kernel.config.replyTimeout);
+  }
+}

@@ -1,0 +1,150 @@
+/**
+ * Every setting of the service, read and validated in one place. Each entry names its
+ * environment variable, default and meaning; the README's settings table lists exactly these
+ * (test/unit/config.test.ts checks both directions). Bad configuration fails at start with a
+ * message naming the variable.
+ */
+import path from 'node:path';
+import { parseDuration } from './duration.ts';
+
+type Parser<T> = (raw: string) => T;
+
+interface SettingDef<T> {
+  env: string;
+  default: string | null;
+  doc: string;
+  parse: Parser<T>;
+}
+
+function setting<T>(env: string, def: string | null, doc: string, parse: Parser<T>): SettingDef<T> {
+  return { env, default: def, doc, parse };
+}
+
+const str: Parser<string> = (raw) => raw;
+const nonNegativeInt: Parser<number> = (raw) => {
+  if (!/^\d+$/.test(raw)) throw new Error(`expected a non-negative integer, got "${raw}"`);
+  return Number(raw);
+};
+const positiveInt: Parser<number> = (raw) => {
+  const n = nonNegativeInt(raw);
+  if (n === 0) throw new Error('expected a positive integer, got 0');
+  return n;
+};
+const bool: Parser<boolean> = (raw) => {
+  if (/^(true|1|yes)$/i.test(raw)) return true;
+  if (/^(false|0|no)$/i.test(raw)) return false;
+  throw new Error(`expected true or false, got "${raw}"`);
+};
+const durationMs: Parser<number> = (raw) => parseDuration(raw);
+function oneOf<T extends string>(...values: T[]): Parser<T> {
+  return (raw) => {
+    if (!(values as string[]).includes(raw)) throw new Error(`expected one of ${values.join(', ')}, got "${raw}"`);
+    return raw as T;
+  };
+}
+const fsyncPolicy: Parser<'always' | 'never' | { intervalMs: number }> = (raw) => {
+  if (raw === 'always' || raw === 'never') return raw;
+  const m = /^interval:(.+)$/.exec(raw);
+  if (m) return { intervalMs: parseDuration(m[1]) };
+  throw new Error(`expected always, never or interval:<duration>, got "${raw}"`);
+};
+const brokerList: Parser<string[]> = (raw) => {
+  const brokers = raw.split(',').map((s) => s.trim()).filter(Boolean);
+  for (const b of brokers) if (!/^[^:\s]+:\d+$/.test(b)) throw new Error(`expected host:port, got "${b}"`);
+  if (brokers.length === 0) throw new Error('expected at least one host:port');
+  return brokers;
+};
+const url: Parser<string> = (raw) => {
+  try {
+    const u = new URL(raw);
+    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error();
+  } catch {
+    throw new Error(`expected an http(s) URL, got "${raw}"`);
+  }
+  return raw.replace(/\/+$/, '');
+};
+
+export const SETTINGS = {
+  port: setting('SVC_PORT', '8080', 'HTTP port of the API.', nonNegativeInt),
+  host: setting('SVC_HOST', '0.0.0.0', 'Address the API listens on.', str),
+  baseUrl: setting('SVC_BASE_URL', null, 'Public base address of the service (default `http://127.0.0.1:<port>`), given to sandboxes and used in `url` fields.', url),
+  dataDir: setting('SVC_DATA_DIR', './data', 'Directory of the embedded log, the chDB store and the artifacts.', str),
+  logBackend: setting('SVC_LOG_BACKEND', 'embedded', '`embedded` (on-disk log in the data dir) or `kafka`.', oneOf('embedded', 'kafka')),
+  logFsync: setting('SVC_LOG_FSYNC', 'always', 'Embedded log fsync policy: `always` (group commit: an append is acknowledged after the fsync that covers it), `interval:<duration>` or `never`.', fsyncPolicy),
+  kafkaBrokers: setting('SVC_KAFKA_BROKERS', null, 'Comma-separated `host:port` list; required when SVC_LOG_BACKEND=kafka.', brokerList),
+  schemaRegistryUrl: setting('SVC_SCHEMA_REGISTRY_URL', null, 'External Confluent-compatible schema registry (Confluent, Redpanda, Apicurio ccompat). Unset: the built-in registry, served at `/schema-registry`.', url),
+  store: setting('SVC_STORE', 'chdb', '`chdb` (ClickHouse in-process, in the data dir) or `clickhouse` (a server over HTTP).', oneOf('chdb', 'clickhouse')),
+  clickhouseUrl: setting('SVC_CLICKHOUSE_URL', null, 'ClickHouse HTTP address, e.g. `http://user:pass@host:8123/db`; required when SVC_STORE=clickhouse.', url),
+  apiKey: setting('SVC_API_KEY', null, 'Admin key (any string of 16+ characters). Required unless SVC_AUTH_REQUIRED=false. Also settable with `--api-key`.', str),
+  authRequired: setting('SVC_AUTH_REQUIRED', 'true', '`false` lets requests without a key act as the default tenant (trusted local use only).', bool),
+  defaultTenant: setting('SVC_DEFAULT_TENANT', 'default', 'Tenant of the admin key and of unauthenticated requests when auth is off.', str),
+  defaultPlan: setting('SVC_DEFAULT_PLAN', 'pro', 'Plan of new tenants: `free`, `pro` or `enterprise`.', oneOf('free', 'pro', 'enterprise')),
+  logLevel: setting('SVC_LOG_LEVEL', 'info', 'pino log level.', oneOf('fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent')),
+  rateLimitReads: setting('SVC_RATE_LIMIT_READS', '100', 'Read requests per second per API key (0 disables).', nonNegativeInt),
+  rateLimitWrites: setting('SVC_RATE_LIMIT_WRITES', '10', 'Write requests per second per API key (0 disables).', nonNegativeInt),
+  rateLimitIngestEvents: setting('SVC_RATE_LIMIT_INGEST_EVENTS', '20000', 'Trace events per second per API key on the ingest endpoints (0 disables).', nonNegativeInt),
+  idempotencyTtl: setting('SVC_IDEMPOTENCY_TTL', '24h', 'How long a POST response is kept for retries with the same `Idempotency-Key`.', durationMs),
+  defaultPageSize: setting('SVC_PAGE_SIZE_DEFAULT', '100', 'Default `limit` of paginated endpoints.', positiveInt),
+  maxPageSize: setting('SVC_PAGE_SIZE_MAX', '1000', 'Largest `limit` accepted; more is a 400.', positiveInt),
+  traceEventsPerRequest: setting('SVC_TRACE_EVENTS_PER_REQUEST', '1000', 'Most trace events in one ingest request.', positiveInt),
+  traceFieldBytes: setting('SVC_TRACE_FIELD_BYTES', '4096', 'Trace `input` and `output` are truncated to this many bytes.', positiveInt),
+  stdoutChunkBytes: setting('SVC_STDOUT_CHUNK_BYTES', '4096', 'Captured stdout chunk size of audit `stdout` events.', positiveInt),
+  stateChecksumMaxBytes: setting('SVC_STATE_CHECKSUM_MAX_BYTES', '1048576', 'Files larger than this get no checksum in sandbox state.', positiveInt),
+  sandboxTimeout: setting('SVC_SANDBOX_TIMEOUT', '10m', 'Default sandbox lifetime.', durationMs),
+  agentTimeout: setting('SVC_AGENT_TIMEOUT', '5m', 'Default agent timeout.', durationMs),
+  concurrentSandboxesFree: setting('SVC_CONCURRENT_SANDBOXES_FREE', '5', 'Concurrent sandboxes of a `free` tenant.', nonNegativeInt),
+  concurrentSandboxesPro: setting('SVC_CONCURRENT_SANDBOXES_PRO', '50', 'Concurrent sandboxes of a `pro` tenant.', nonNegativeInt),
+  concurrentSandboxesEnterprise: setting('SVC_CONCURRENT_SANDBOXES_ENTERPRISE', '200', 'Concurrent sandboxes of an `enterprise` tenant without a custom quota.', nonNegativeInt),
+  datasetMaxRecords: setting('SVC_DATASET_MAX_RECORDS', '10000', 'Records per dataset.', positiveInt),
+  datasetMaxVersions: setting('SVC_DATASET_MAX_VERSIONS', '100', 'Versions per dataset.', positiveInt),
+  datasetRecordBytes: setting('SVC_DATASET_RECORD_BYTES', '65536', 'Largest dataset record.', positiveInt),
+  datasetsPerTenant: setting('SVC_DATASETS_PER_TENANT', '1000', 'Datasets per tenant.', positiveInt),
+  agentMaxSizeBytes: setting('SVC_AGENTS_MAX_SIZE', '104857600', 'Largest agent snapshot bundle in bytes (`agents.max_size`).', positiveInt),
+  agentMaxVersions: setting('SVC_AGENTS_MAX_VERSIONS', '100', 'Versions per agent (`agents.max_versions`).', positiveInt),
+  snapshotRetention: setting('SVC_RETENTION_SNAPSHOTS', 'forever', 'How long agent snapshots are kept (`retention.snapshots`): `forever` or a duration.', (raw) => (raw === 'forever' ? null : parseDuration(raw))),
+  alertsPerTenant: setting('SVC_ALERTS_PER_TENANT', '50', 'Alert rules per tenant.', positiveInt),
+  webhookRetries: setting('SVC_WEBHOOK_RETRIES', '3', 'Retries of an alert webhook on 5xx or network errors.', nonNegativeInt),
+  webhookTimeout: setting('SVC_WEBHOOK_TIMEOUT', '10s', 'Timeout of one alert webhook call.', durationMs),
+  alertDedupWindow: setting('SVC_ALERT_DEDUP_WINDOW', '5m', 'Notification dedup window per rule per experiment.', durationMs),
+  sinkBatchRows: setting('SVC_SINK_BATCH_ROWS', '20000', 'The sink inserts into ClickHouse once this many rows wait...', positiveInt),
+  sinkFlushInterval: setting('SVC_SINK_FLUSH_INTERVAL', '20ms', '...or once the oldest waiting row is this old.', durationMs),
+  handlerMaxAttempts: setting('SVC_HANDLER_MAX_ATTEMPTS', '5', 'Tries of an event handler before the event goes to the dead-letter topic.', positiveInt),
+  replyTimeout: setting('SVC_REPLY_TIMEOUT', '30s', 'How long an API call waits for the event it depends on to be applied before answering 504.', durationMs),
+} as const;
+
+type Settings = typeof SETTINGS;
+export type Config = {
+  [K in keyof Settings]: Settings[K] extends SettingDef<infer T> ? (Settings[K]['default'] extends null ? T | null : T) : never;
+} & { baseUrl: string; dataDir: string };
+
+/** Reads every setting from `env` (plus command-line overrides); throws one Error listing every problem. */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Partial<Record<string, string>> = {}): Config {
+  const problems: string[] = [];
+  const out: Record<string, unknown> = {};
+  for (const [name, def] of Object.entries(SETTINGS) as Array<[string, SettingDef<unknown>]>) {
+    const raw = overrides[def.env] ?? env[def.env];
+    const value = raw === undefined || raw === '' ? def.default : raw;
+    if (value === null) {
+      out[name] = null;
+      continue;
+    }
+    try {
+      out[name] = def.parse(value);
+    } catch (err) {
+      problems.push(`${def.env}: ${(err as Error).message}`);
+    }
+  }
+  const c = out as Config;
+  if (problems.length === 0) {
+    if (c.logBackend === 'kafka' && !c.kafkaBrokers) problems.push('SVC_KAFKA_BROKERS: required when SVC_LOG_BACKEND=kafka');
+    if (c.store === 'clickhouse' && !c.clickhouseUrl) problems.push('SVC_CLICKHOUSE_URL: required when SVC_STORE=clickhouse');
+    if (c.authRequired && !c.apiKey) {
+      problems.push('SVC_API_KEY: an admin key is required (or --api-key); set SVC_AUTH_REQUIRED=false for trusted local use without keys');
+    }
+    if (c.apiKey !== null && c.apiKey.length < 16) problems.push('SVC_API_KEY: the admin key must have at least 16 characters');
+  }
+  if (problems.length > 0) throw new Error(`Bad configuration:\n  ${problems.join('\n  ')}`);
+  c.dataDir = path.resolve(c.dataDir);
+  c.baseUrl = c.baseUrl ?? `http://127.0.0.1:${c.port}`;
+  return c;
+}

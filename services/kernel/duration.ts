@@ -1,0 +1,19 @@
+import ms from 'ms';
+
+/**
+ * Durations in settings, spec documents and request bodies: strings such as `30s`, `5m`, `1h`,
+ * `2d` (parsed by `ms`), or a bare integer, which means seconds (DECISIONS.md). Returns ms.
+ */
+export function parseDuration(input: string | number): number {
+  if (typeof input === 'number') {
+    if (!Number.isInteger(input) || input < 0) throw new Error(`expected a duration such as 30s, 5m or an integer of seconds, got ${input}`);
+    return input * 1000;
+  }
+  const raw = input.trim();
+  if (/^\d+$/.test(raw)) return Number(raw) * 1000;
+  const value = /^\d+(\.\d+)?\s*[a-z]+$/i.test(raw) ? ms(raw as ms.StringValue) : undefined;
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
+    throw new Error(`expected a duration such as 30s, 5m, 1h or an integer of seconds, got "${input}"`);
+  }
+  return value;
+}

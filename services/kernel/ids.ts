@@ -1,0 +1,20 @@
+import { createHash, randomBytes, randomUUID } from 'node:crypto';
+
+/** Ids in the forms of the spec. Random parts come from the CSPRNG. */
+export function hex(bytes: number): string {
+  return randomBytes(bytes).toString('hex');
+}
+
+export const newEventId = (): string => randomUUID();
+export const newRequestId = (): string => `req_${hex(8)}`;
+export const newSandboxId = (): string => `sb-${hex(8)}`;
+export const newExperimentId = (): string => `exp-${hex(8)}`;
+export const newDatasetId = (): string => `ds_${hex(8)}`;
+export const newAlertId = (): string => `alert_${hex(8)}`;
+export const newKeyId = (): string => `key_${hex(8)}`;
+export const newLiveKey = (): string => `svc_live_${hex(24)}`;
+export const newSandboxToken = (): string => `svc_sb_${hex(24)}`;
+
+export function sha256Hex(data: string | Buffer): string {
+  return createHash('sha256').update(data).digest('hex');
+}

@@ -1,0 +1,81 @@
+-- One row per ingested trace event: an immutable fact, appended once by the sink.
+--
+-- Column names follow the OpenTelemetry ClickHouse exporter's `otel_traces` where they apply
+-- (SpanName is the event's `tool`, ServiceName the agent name or '', SpanAttributes the event's
+-- metadata with values stringified), so analysts and Grafana can query the table directly; the
+-- columns after StatusMessage are ours.
+--
+-- Sort key (TenantId, Timestamp, EventId):
+--   * every query filters by tenant first (DESIGN: tenancy), so it leads;
+--   * the main read, "a tenant's events in time order, keyset-paginated on (Timestamp, EventId)",
+--     is then a contiguous, already-ordered range: the pagination predicate is a key-range
+--     condition and ORDER BY Timestamp, EventId reads in order (no sort, stops after LIMIT);
+--   * EventId last makes the key unique per event, which is what ReplacingMergeTree needs to
+--     collapse a replayed row (second line of defence: the sink first skips offsets at or below
+--     max(LogOffset) per LogPartition, read from this table; no separate offsets table).
+--   The duplicate of a replayed event always lands in the same partition, as the partition is a
+--   function of Timestamp, which is in the key. Filters by sandbox, experiment, event type and tool
+--   are served by the skip indexes below rather than by the key: putting any of them before
+--   Timestamp would break the in-order read for the unfiltered list.
+--   Queries that must not see a not-yet-merged duplicate use FINAL or `LIMIT 1 BY EventId`.
+--   Write the keyset predicate as `Timestamp >= {ts:DateTime64(9)} AND (Timestamp, EventId) >
+--   ({ts:DateTime64(9)}, {id:String})`: the tuple comparison alone is not used by the primary key
+--   or partition pruning (checked with EXPLAIN indexes=1 on chDB 26.7), the redundant bound is.
+--
+-- No version column: facts never change, so which copy of a duplicate survives does not matter.
+-- Retention: no TTL here on purpose; it is a setting, applied at start with
+-- `ALTER TABLE trace_events MODIFY TTL toDateTime(Timestamp) + INTERVAL n DAY` (with
+-- ttl_only_drop_parts = 1, whole daily partitions are dropped).
+-- Caveat for writers: one INSERT may touch at most max_partitions_per_insert_block (100) days,
+-- so the ingest path must clamp or reject timestamps far from now.
+CREATE TABLE IF NOT EXISTS trace_events
+(
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    TraceId String CODEC(ZSTD(1)),
+    SpanId String CODEC(ZSTD(1)),
+    ParentSpanId String CODEC(ZSTD(1)),
+    SpanName LowCardinality(String) CODEC(ZSTD(1)),
+    SpanKind LowCardinality(String) CODEC(ZSTD(1)),
+    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
+    ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    SpanAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    Duration UInt64 CODEC(ZSTD(1)),
+    StatusCode LowCardinality(String) CODEC(ZSTD(1)),
+    StatusMessage String CODEC(ZSTD(1)),
+
+    TenantId LowCardinality(String) CODEC(ZSTD(1)),
+    EventId String CODEC(ZSTD(1)),
+    SandboxId Nullable(String) CODEC(ZSTD(1)),
+    ExperimentId String CODEC(ZSTD(1)),
+    AgentSnapshotId String CODEC(ZSTD(1)),
+    EventType LowCardinality(String) CODEC(ZSTD(1)),
+    Phase LowCardinality(String) CODEC(ZSTD(1)),
+    Input String CODEC(ZSTD(3)),
+    Output String CODEC(ZSTD(3)),
+    CostModel LowCardinality(String) CODEC(ZSTD(1)),
+    InputTokens UInt64 CODEC(ZSTD(1)),
+    OutputTokens UInt64 CODEC(ZSTD(1)),
+    CacheReadTokens UInt64 CODEC(ZSTD(1)),
+    ReasoningTokens UInt64 CODEC(ZSTD(1)),
+    EstimatedUsd Float64 CODEC(ZSTD(1)),
+    HasCost UInt8 CODEC(ZSTD(1)),
+    IngestedAt DateTime64(3) CODEC(Delta, ZSTD(1)),
+    LogPartition UInt32 CODEC(ZSTD(1)),
+    LogOffset UInt64 CODEC(Delta, ZSTD(1)),
+
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_span_id SpanId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_sandbox_id SandboxId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_experiment_id ExperimentId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_event_type EventType TYPE set(100) GRANULARITY 1,
+    INDEX idx_span_name SpanName TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_res_attr_value mapValues(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_value mapValues(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_duration Duration TYPE minmax GRANULARITY 1
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(Timestamp)
+ORDER BY (TenantId, Timestamp, EventId)
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1;

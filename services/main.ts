@@ -1,0 +1,93 @@
+/**
+ * Process entry. Embedded (default): every service in this one process. `svc run <service>`:
+ * one of them (the distributed deployment, on Kafka). SIGTERM/SIGINT stop gracefully: the API
+ * stops accepting and finishes in-flight requests, consumers finish and commit their batch, the
+ * sink flushes, then the log and the store close.
+ */
+import { parseArgs } from 'node:util';
+import type { Service } from './kernel/actor.ts';
+import { loadConfig, type Config } from './kernel/config.ts';
+import { openKernel } from './kernel/kernel.ts';
+import { createLogger } from './kernel/logger.ts';
+import { ApiService } from './api/service.ts';
+import { SinkService } from './sink/service.ts';
+
+export const SERVICE_NAMES = ['api', 'sink'] as const;
+export type ServiceName = (typeof SERVICE_NAMES)[number];
+
+export interface Running {
+  config: Config;
+  api: ApiService | null;
+  stop(): Promise<void>;
+}
+
+/** Starts the named services (all of them by default) and returns a handle to stop them. */
+export async function startServices(config: Config, names: readonly ServiceName[] = SERVICE_NAMES): Promise<Running> {
+  const logger = createLogger(config.logLevel);
+  const opened = await openKernel(config, logger);
+  const services: Service[] = [];
+  let api: ApiService | null = null;
+  // The sink starts first: the API's writes await its watermarks.
+  if (names.includes('sink')) services.push(new SinkService());
+  if (names.includes('api')) services.push((api = new ApiService({ registry: opened.registry })));
+  const started: Service[] = [];
+  try {
+    for (const service of services) {
+      await service.start(opened.kernel);
+      started.push(service);
+    }
+  } catch (err) {
+    for (const service of started.reverse()) await service.stop().catch(() => {});
+    await opened.close().catch(() => {});
+    throw err;
+  }
+  logger.info({ services: names, log: config.logBackend, store: config.store, data_dir: config.dataDir }, 'started');
+  let stopping: Promise<void> | null = null;
+  return {
+    config,
+    api,
+    stop: () =>
+      (stopping ??= (async () => {
+        for (const service of [...started].reverse()) await service.stop();
+        await opened.close();
+        logger.info('stopped');
+      })()),
+  };
+}
+
+/** `node services/main.ts [--api-key KEY] [run <service>]`. */
+export async function main(argv: string[]): Promise<void> {
+  const { values, positionals } = parseArgs({ args: argv, options: { 'api-key': { type: 'string' } }, allowPositionals: true, strict: true });
+  let names: readonly ServiceName[] = SERVICE_NAMES;
+  if (positionals[0] === 'run') {
+    const name = positionals[1];
+    if (!SERVICE_NAMES.includes(name as ServiceName)) throw new Error(`svc run: unknown service "${name ?? ''}"; one of ${SERVICE_NAMES.join(', ')}`);
+    names = [name as ServiceName];
+  } else if (positionals.length > 0) {
+    throw new Error(`unknown command "${positionals.join(' ')}"`);
+  }
+  const config = loadConfig(process.env, values['api-key'] ? { SVC_API_KEY: values['api-key'] } : {});
+  if (names.length === 1 && config.logBackend === 'embedded') {
+    throw new Error('svc run <service> runs one service per process and needs SVC_LOG_BACKEND=kafka: the embedded log belongs to one process');
+  }
+  const running = await startServices(config, names);
+  const shutdown = (signal: string) => {
+    process.stderr.write(`received ${signal}, stopping\n`);
+    running.stop().then(
+      () => process.exit(0),
+      (err) => {
+        process.stderr.write(`shutdown failed: ${(err as Error).stack}\n`);
+        process.exit(1);
+      },
+    );
+  };
+  process.once('SIGTERM', () => shutdown('SIGTERM'));
+  process.once('SIGINT', () => shutdown('SIGINT'));
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  main(process.argv.slice(2)).catch((err) => {
+    process.stderr.write(`${err instanceof Error ? err.message : String(err)}\n`);
+    process.exit(1);
+  });
+}

@@ -1,0 +1,120 @@
+/**
+ * Event -> row mappings of the sink, one function per table. Column names follow the DDL in
+ * kernel/store/migrations (otel_traces names for the span columns).
+ */
+import type { LogRecord } from '../kernel/log/event-log.ts';
+
+interface TraceEventValue {
+  event_id: string;
+  ts_us: number;
+  event_type: string;
+  tool: string;
+  phase: string;
+  trace_id: string;
+  span_id: string;
+  parent_span_id: string | null;
+  duration_ms: number;
+  status: string;
+  input: string | null;
+  output: string | null;
+  cost: {
+    input_tokens: number;
+    output_tokens: number;
+    cache_read_tokens: number;
+    reasoning_tokens: number;
+    model: string;
+    estimated_usd: number;
+  } | null;
+  metadata: Record<string, string>;
+}
+
+interface TraceEventsIngested {
+  tenant: string;
+  ts: number;
+  sandbox_id: string | null;
+  experiment_id: string | null;
+  agent: string | null;
+  agent_snapshot_id: string | null;
+  events: TraceEventValue[];
+}
+
+/** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
+export function clickhouseTimeUs(us: number): string {
+  const ms = Math.floor(us / 1000);
+  const iso = new Date(ms).toISOString(); // 2026-01-31T12:00:00.123Z
+  return `${iso.slice(0, 10)} ${iso.slice(11, 23)}${String(us - ms * 1000).padStart(3, '0')}`;
+}
+
+export function clickhouseTimeMs(ms: number): string {
+  const iso = new Date(ms).toISOString();
+  return `${iso.slice(0, 10)} ${iso.slice(11, 23)}`;
+}
+
+export function traceEventRows(batch: TraceEventsIngested, record: LogRecord): Array<Record<string, unknown>> {
+  const ingestedAt = clickhouseTimeMs(batch.ts);
+  const resource: Record<string, string> = {};
+  if (batch.agent_snapshot_id) resource['svc.agent_snapshot_id'] = batch.agent_snapshot_id;
+  return batch.events.map((e) => ({
+    Timestamp: clickhouseTimeUs(e.ts_us),
+    TraceId: e.trace_id,
+    SpanId: e.span_id,
+    ParentSpanId: e.parent_span_id ?? '',
+    SpanName: e.tool,
+    SpanKind: e.event_type === 'llm_call' ? 'Client' : 'Internal',
+    ServiceName: batch.agent ?? '',
+    ResourceAttributes: resource,
+    SpanAttributes: e.metadata,
+    Duration: e.duration_ms * 1_000_000,
+    StatusCode: e.status === 'error' ? 'Error' : 'Ok',
+    StatusMessage: '',
+    TenantId: batch.tenant,
+    EventId: e.event_id,
+    SandboxId: batch.sandbox_id,
+    ExperimentId: batch.experiment_id ?? '',
+    AgentSnapshotId: batch.agent_snapshot_id ?? '',
+    EventType: e.event_type,
+    Phase: e.phase,
+    Input: e.input ?? '',
+    Output: e.output ?? '',
+    CostModel: e.cost?.model ?? '',
+    InputTokens: e.cost?.input_tokens ?? 0,
+    OutputTokens: e.cost?.output_tokens ?? 0,
+    CacheReadTokens: e.cost?.cache_read_tokens ?? 0,
+    ReasoningTokens: e.cost?.reasoning_tokens ?? 0,
+    EstimatedUsd: e.cost?.estimated_usd ?? 0,
+    HasCost: e.cost ? 1 : 0,
+    IngestedAt: ingestedAt,
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  }));
+}
+
+interface DeadLettered {
+  tenant: string;
+  ts: number;
+  group_id: string;
+  topic: string;
+  partition: number;
+  offset: number;
+  key: string | null;
+  value: Buffer | null;
+  error: string;
+  attempts: number;
+}
+
+export function deadLetterRow(d: DeadLettered, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: d.tenant,
+    GroupId: d.group_id,
+    Topic: d.topic,
+    Partition: d.partition,
+    Offset: d.offset,
+    Key: d.key ?? '',
+    Error: d.error,
+    Attempts: d.attempts,
+    FailedAt: clickhouseTimeMs(d.ts),
+    Value: d.value ? d.value.toString('base64') : '',
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}

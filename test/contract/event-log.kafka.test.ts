@@ -1,0 +1,148 @@
+/**
+ * The EventLog contract on the Kafka backend, against a real broker: `npm test` starts one
+ * (infra/kafka) and passes it in SVC_TEST_KAFKA_BROKERS. Without a broker the suite is skipped
+ * with a reason, or fails under CI=true.
+ */
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import type { Batch, LogRecord, TopicSpec } from '../../services/kernel/log/event-log.ts';
+import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
+
+const brokers = process.env.SVC_TEST_KAFKA_BROKERS;
+const NAME = 'EventLog contract on Kafka';
+
+if (!brokers) {
+  if (process.env.CI === 'true') {
+    test(NAME, () => {
+      assert.fail('SVC_TEST_KAFKA_BROKERS is not set, and under CI=true the Kafka tests must run: run them through `npm test`, which starts a broker (needs java and mvn on PATH)');
+    });
+  } else {
+    test(NAME, { skip: 'no Kafka broker: SVC_TEST_KAFKA_BROKERS is unset (npm test starts one when java and mvn are on PATH)' }, () => {});
+  }
+} else {
+  const brokerList = brokers.split(',').map((b) => b.trim());
+  const quiet = { info() {}, warn() {}, error(o: object, m?: string) { console.error(m, o); } };
+  const newLog = () => new KafkaLog({ brokers: brokerList, clientId: 'contract-test', logger: quiet });
+  const run = randomBytes(4).toString('hex');
+  let n = 0;
+  const unique = (what: string) => `test.${run}.${what}.${n++}`;
+  const spec = (name: string, partitions = 3): TopicSpec => ({
+    name,
+    partitions,
+    key: 'test key',
+    valueSchema: null,
+    cleanupPolicy: 'delete',
+    retentionMs: null,
+  });
+
+  /** Resolves when `predicate` holds, polling; fails after `ms`. */
+  async function until(predicate: () => boolean | Promise<boolean>, ms = 20_000, what = 'condition'): Promise<void> {
+    const deadline = Date.now() + ms;
+    while (!(await predicate())) {
+      if (Date.now() > deadline) assert.fail(`timed out waiting for ${what}`);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+
+  describe(`${NAME} (Kafka-specific checks)`, () => {
+    let log: KafkaLog;
+    before(async () => {
+      log = newLog();
+      await log.start([]);
+    });
+    after(async () => {
+      await log.close();
+    });
+
+    test('start creates topics idempotently, append positions follow input order per partition', async () => {
+      const topic = unique('append');
+      await log.start([spec(topic)]);
+      await log.start([spec(topic)]); // again: no error
+      const records = Array.from({ length: 30 }, (_, i) => ({ key: `k${i % 7}`, value: Buffer.from(`v${i}`), headers: { i: String(i) } }));
+      const positions = await log.append(topic, records);
+      assert.equal(positions.length, 30);
+      // Same key, same partition; offsets dense per partition, in input order.
+      const partitionOfKey = new Map<string, number>();
+      const next = new Map<number, number>();
+      positions.forEach((p, i) => {
+        const key = records[i]!.key;
+        assert.equal(partitionOfKey.get(key) ?? p.partition, p.partition);
+        partitionOfKey.set(key, p.partition);
+        assert.equal(p.offset, next.get(p.partition) ?? 0);
+        next.set(p.partition, p.offset + 1);
+      });
+      const ends = await log.endOffsets(topic);
+      assert.deepEqual(ends, [0, 1, 2].map((p) => next.get(p) ?? 0));
+      // Replay returns what was appended.
+      const p0 = positions[0]!;
+      const [first] = await log.read(topic, p0.partition, p0.offset, 1);
+      assert.equal(first?.value?.toString(), 'v0');
+      assert.equal(first?.key, 'k0');
+      assert.deepEqual(first?.headers, { i: '0' });
+    });
+
+    test('read replays a range, stops at max and at the end', async () => {
+      const topic = unique('read');
+      await log.start([spec(topic, 1)]);
+      await log.append(topic, Array.from({ length: 2500 }, (_, i) => ({ key: null, value: Buffer.from(String(i)) })));
+      const some = await log.read(topic, 0, 100, 50);
+      assert.deepEqual(some.map((r) => r.offset), Array.from({ length: 50 }, (_, i) => 100 + i));
+      const rest = await log.read(topic, 0, 2000, 10_000);
+      assert.equal(rest.length, 500);
+      assert.equal(rest.at(-1)?.value?.toString(), '2499');
+      assert.deepEqual(await log.read(topic, 0, 2500, 10), []);
+      assert.deepEqual(await log.read(topic, 0, 99_999, 10), []);
+    });
+
+    test('a group consumes everything, commits, and redelivers a rejected batch', async () => {
+      const topic = unique('consume');
+      await log.start([spec(topic)]);
+      await log.append(topic, Array.from({ length: 100 }, (_, i) => ({ key: `k${i}`, value: Buffer.from(String(i)) })));
+      const seen: LogRecord[] = [];
+      let failOnce = true;
+      const sizes: number[] = [];
+      const consumer = await log.consume({
+        groupId: unique('group'),
+        topics: [topic],
+        maxBatchSize: 7,
+        async handleBatch(batch: Batch) {
+          sizes.push(batch.records.length);
+          if (failOnce) {
+            failOnce = false;
+            throw new Error('first delivery fails');
+          }
+          seen.push(...batch.records);
+        },
+      });
+      assert.equal(consumer.assignment().length, 3);
+      await until(() => new Set(seen.map((r) => `${r.partition}/${r.offset}`)).size === 100, 20_000, 'all 100 records');
+      assert.ok(sizes.every((s) => s <= 7), `batches of at most 7: ${sizes}`);
+      await until(async () => {
+        const committed = await log.committedOffsets(consumer.groupId, topic);
+        const ends = await log.endOffsets(topic);
+        return committed.every((c, i) => c === ends[i]);
+      }, 10_000, 'commits at the end offsets');
+      await consumer.stop();
+      assert.deepEqual(consumer.assignment(), []);
+    });
+
+    test('two members split the partitions; fromBeginning: false sees only new records', async () => {
+      const topic = unique('split');
+      await log.start([spec(topic, 4)]);
+      await log.append(topic, [{ key: 'old', value: Buffer.from('old') }]);
+      const groupId = unique('group');
+      const got: string[] = [];
+      const handleBatch = async (b: Batch) => {
+        got.push(...b.records.map((r) => r.value!.toString()));
+      };
+      const a = await log.consume({ groupId, topics: [topic], fromBeginning: false, handleBatch });
+      const b = await log.consume({ groupId, topics: [topic], fromBeginning: false, handleBatch });
+      await until(() => a.assignment().length + b.assignment().length === 4 && a.assignment().length > 0 && b.assignment().length > 0, 20_000, 'a split assignment');
+      await log.append(topic, Array.from({ length: 20 }, (_, i) => ({ key: `n${i}`, value: Buffer.from(`new${i}`) })));
+      await until(() => got.length >= 20, 20_000, '20 new records');
+      assert.ok(!got.includes('old'), 'the record appended before joining is not delivered');
+      await Promise.all([a.stop(), b.stop()]);
+    });
+  });
+}
