@@ -19,7 +19,7 @@ import { tracesRouter } from './routes/traces.ts';
 
 /** Ingest endpoints are limited in events per second, not requests (DECISIONS.md). */
 const INGEST_PATHS = [/^\/v1\/traces$/, /^\/v1\/sandboxes\/[^/]+\/trace$/, /^\/otel\/v1\/traces$/];
-/** Reachable without a key. */
+/** Reachable without a key. Operator calls (the admin key on /v1/admin/*) are not rate limited. */
 const PUBLIC_PATHS = new Set(['/health']);
 
 export interface AppDeps {
@@ -57,7 +57,8 @@ export function createApp({ kernel, auth, idempotency, registry, health }: AppDe
     if (PUBLIC_PATHS.has(ctx.path)) return next();
     const principal = auth.authenticate(ctx.get('Authorization') || undefined);
     ctx.state.principal = principal;
-    if (!INGEST_PATHS.some((p) => p.test(ctx.path)) || ctx.method !== 'POST') {
+    const operatorCall = principal.kind === 'admin' && ctx.path.startsWith('/v1/admin/');
+    if (!operatorCall && (!INGEST_PATHS.some((p) => p.test(ctx.path)) || ctx.method !== 'POST')) {
       (ctx.method === 'GET' || ctx.method === 'HEAD' ? reads : writes).take(principal.keyId);
     }
     return next();

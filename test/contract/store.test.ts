@@ -282,6 +282,15 @@ function storeContract(name: string, harness: Harness | string): void {
       }
     });
 
+    test('a read does not wait for a running write', async () => {
+      const order: string[] = [];
+      const heavy = store.command('SELECT sum(cityHash64(toString(number))) FROM numbers(60000000)').then(() => order.push('write'));
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      await store.query('SELECT 1 AS one').then(() => order.push('read'));
+      await heavy;
+      assert.deepEqual(order, ['read', 'write']);
+    });
+
     test('data survives close and reopen; migrate then has nothing to do', async () => {
       await store.close();
       await store.close(); // idempotent
@@ -297,6 +306,28 @@ const dataDir = mkdtempSync(join(tmpdir(), 'svc-chdb-'));
 storeContract('Store contract on chDB', {
   open: () => new ChdbStore({ path: dataDir }),
   cleanup: async () => rmSync(dataDir, { recursive: true, force: true }),
+});
+
+describe('ChdbStore specifics', () => {
+  test('one data directory per process: a second path is refused until the first store is closed', async () => {
+    const a = mkdtempSync(join(tmpdir(), 'svc-chdb-a-'));
+    const b = mkdtempSync(join(tmpdir(), 'svc-chdb-b-'));
+    try {
+      const first = new ChdbStore({ path: a });
+      const again = new ChdbStore({ path: a }); // the same path may be opened twice
+      await again.close();
+      assert.equal(await first.ping(), true);
+      assert.throws(() => new ChdbStore({ path: b }), /only one active data directory per process/);
+      await first.close();
+      const second = new ChdbStore({ path: b });
+      assert.equal(await second.ping(), true);
+      await second.close();
+      await assert.rejects(second.query('SELECT 1'), /closed/);
+    } finally {
+      rmSync(a, { recursive: true, force: true });
+      rmSync(b, { recursive: true, force: true });
+    }
+  });
 });
 
 const modernUrl = process.env.SVC_TEST_CLICKHOUSE_MODERN_URL;

@@ -172,6 +172,8 @@ export function tracesRouter(kernel: Kernel, ingestLimiter: RateLimiter): Router
       const pageParams: Record<string, unknown> = { ...params, tenant: principal.tenant, page: pageSize + 1 };
       if (key) {
         if (!/^\d+$/.test(key[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
+        // The redundant lower bound lets the primary key and partition pruning serve the tuple comparison.
+        conditions.push('Timestamp >= fromUnixTimestamp64Micro({after_ts:Int64})');
         conditions.push('(Timestamp, EventId) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})');
         pageParams.after_ts = Number(key[0]);
         pageParams.after_id = key[1];

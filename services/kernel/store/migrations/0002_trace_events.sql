@@ -30,7 +30,7 @@
 -- so the ingest path must clamp or reject timestamps far from now.
 CREATE TABLE IF NOT EXISTS trace_events
 (
-    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Timestamp DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)),
     TraceId String CODEC(ZSTD(1)),
     SpanId String CODEC(ZSTD(1)),
     ParentSpanId String CODEC(ZSTD(1)),
@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS trace_events
     ReasoningTokens UInt64 CODEC(ZSTD(1)),
     EstimatedUsd Float64 CODEC(ZSTD(1)),
     HasCost UInt8 CODEC(ZSTD(1)),
-    IngestedAt DateTime64(3) CODEC(Delta, ZSTD(1)),
+    IngestedAt DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1)),
     LogPartition UInt32 CODEC(ZSTD(1)),
     LogOffset UInt64 CODEC(Delta, ZSTD(1)),
 

@@ -4,14 +4,18 @@
 CREATE TABLE IF NOT EXISTS dead_letters
 (
     TenantId LowCardinality(String),
+    GroupId LowCardinality(String),
     Topic LowCardinality(String),
     Partition UInt32,
     Offset UInt64,
     Key String,
     Error String,
     Attempts UInt32,
-    FailedAt DateTime64(3),
-    Value String CODEC(ZSTD(3))
+    FailedAt DateTime64(3, 'UTC'),
+    Value String CODEC(ZSTD(3)),
+    -- Position on svc.dead-letters this row came from: the sink's replay high-water mark.
+    LogPartition UInt32,
+    LogOffset UInt64
 )
 ENGINE = MergeTree
 PARTITION BY toYYYYMM(FailedAt)
