@@ -107,7 +107,7 @@ export const SETTINGS = {
   webhookTimeout: setting('SVC_WEBHOOK_TIMEOUT', '10s', 'Timeout of one alert webhook call.', durationMs),
   alertDedupWindow: setting('SVC_ALERT_DEDUP_WINDOW', '5m', 'Notification dedup window per rule per experiment.', durationMs),
   sinkBatchRows: setting('SVC_SINK_BATCH_ROWS', '20000', 'The sink inserts into ClickHouse once this many rows wait...', positiveInt),
-  sinkFlushInterval: setting('SVC_SINK_FLUSH_INTERVAL', '20ms', '...or once the oldest waiting row is this old.', durationMs),
+  sinkFlushInterval: setting('SVC_SINK_FLUSH_INTERVAL', '10ms', '...or once the oldest waiting row is this old.', durationMs),
   handlerMaxAttempts: setting('SVC_HANDLER_MAX_ATTEMPTS', '5', 'Tries of an event handler before the event goes to the dead-letter topic.', positiveInt),
   replyTimeout: setting('SVC_REPLY_TIMEOUT', '30s', 'How long an API call waits for the event it depends on to be applied before answering 504.', durationMs),
 } as const;

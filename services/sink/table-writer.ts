@@ -15,14 +15,19 @@ interface Pending {
   rows: Row[];
   waiters: Array<{ resolve: () => void; reject: (err: unknown) => void }>;
   timer: NodeJS.Timeout | null;
+  /** The flush interval has passed since its first row. */
+  due: boolean;
 }
 
-/** Inserts of one table that may run at once (chDB uses the second core for the second). */
+/**
+ * Inserts of one table that run at once: two, one per core (the chDB store has two insert
+ * lanes). While both run, the next batch keeps growing (see onDue).
+ */
 const MAX_INSERTS_IN_FLIGHT = 2;
 
 export class TableWriter {
   private highWater = new Map<number, number>();
-  private pending: Pending = { rows: [], waiters: [], timer: null };
+  private pending: Pending = { rows: [], waiters: [], timer: null, due: false };
   private inFlight = 0;
   private readonly queue: Pending[] = [];
 
@@ -51,17 +56,26 @@ export class TableWriter {
       for (const row of rows) p.rows.push(row);
       p.waiters.push({ resolve, reject });
       if (p.rows.length >= sinkBatchRows) this.seal();
-      else if (p.timer === null) p.timer = setTimeout(() => this.seal(), sinkFlushInterval);
+      else if (p.timer === null && !p.due) p.timer = setTimeout(() => this.onDue(p), sinkFlushInterval);
     });
   }
 
-  /** Closes the pending batch and queues it for insertion. */
+  /**
+   * The pending batch is old enough to go. If an insert is running it waits for it instead:
+   * under load batches grow by themselves (group commit), which is what keeps ClickHouse fast.
+   */
+  private onDue(p: Pending): void {
+    p.timer = null;
+    p.due = true;
+    if (this.inFlight < MAX_INSERTS_IN_FLIGHT && p === this.pending) this.seal();
+  }
+
+  /** Closes the pending batch and starts inserting it. */
   private seal(): void {
     const p = this.pending;
     if (p.timer) clearTimeout(p.timer);
-    p.timer = null;
     if (p.rows.length === 0) return;
-    this.pending = { rows: [], waiters: [], timer: null };
+    this.pending = { rows: [], waiters: [], timer: null, due: false };
     this.queue.push(p);
     this.drain();
   }
@@ -72,6 +86,7 @@ export class TableWriter {
       this.inFlight++;
       void this.insert(batch).finally(() => {
         this.inFlight--;
+        if (this.pending.due) this.seal();
         this.drain();
       });
     }

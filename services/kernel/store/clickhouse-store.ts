@@ -2,8 +2,9 @@
  * The distributed store: a ClickHouse server over HTTP through `@clickhouse/client`.
  *
  * Same dialect and same shapes as the chDB store (see encoding.ts): rows go in as the same
- * JSONEachRow bytes (streamed as-is, not re-serialised by the client) and come back as
- * JSONEachRow with 64-bit integers quoted. Bound parameters travel as `param_<name>` URL
+ * JSONEachRow bytes (the client serialises them with our encodeRow) and come back as JSONEachRow
+ * with 64-bit integers quoted. With this configuration the client adds no setting of its own
+ * beyond the one below (no compression, no wait_end_of_query), which is why 18.16 accepts it. Bound parameters travel as `param_<name>` URL
  * parameters (ClickHouse >= 19.15); a call without parameters sends none, so plain statements
  * also work against an old server (Debian's 18.16, used for the transport test), which rejects
  * `param_*` as unknown settings.
@@ -45,8 +46,8 @@ export class ClickHouseStore implements Store {
     this.client = createClient({
       url: options.url,
       request_timeout: options.requestTimeoutMs ?? 30_000,
-      // Sent with every request as a URL setting; 18.16 knows it too. A modern server's default
-      // is already 1, chDB's is not: set on both sides so the shapes cannot drift.
+      // Sent with every request as a URL setting (18.16 knows it too). Set explicitly on both
+      // adapters, whatever the defaults (chDB 26.7's is 0), so the shapes cannot drift.
       clickhouse_settings: { output_format_json_quote_64bit_integers: 1 },
       // Failures reach the caller as rejections and are logged there, with tenant context.
       log: { level: ClickHouseLogLevel.OFF },

@@ -61,10 +61,21 @@ function jsonReplacer(_key: string, value: unknown): unknown {
  */
 export function encodeRow(row: Record<string, unknown>): string {
   let copy: Record<string, unknown> | undefined;
+  let bigints = false;
   for (const key in row) {
-    if (row[key] instanceof Date) {
+    const value = row[key];
+    if (value instanceof Date) {
       copy ??= { ...row };
-      copy[key] = formatDateTime(row[key] as Date);
+      copy[key] = formatDateTime(value);
+    } else if (typeof value === 'bigint') bigints = true;
+  }
+  // The replacer costs a call per value: only pay it when a bigint needs it (nested ones throw
+  // in the fast path and take the slow one).
+  if (!bigints) {
+    try {
+      return JSON.stringify(copy ?? row);
+    } catch {
+      // fall through
     }
   }
   return JSON.stringify(copy ?? row, jsonReplacer);
@@ -77,6 +88,16 @@ export function toJsonEachRow(rows: ReadonlyArray<Record<string, unknown>>): str
   return out;
 }
 
+/**
+ * One row as a JSONCompactEachRow line: its values in `columns` order. Without the key names
+ * the payload is about 40% smaller for trace rows, and ClickHouse parses it faster.
+ */
+export function encodeCompactRow(row: Record<string, unknown>, columns: readonly string[]): string {
+  const values = new Array<unknown>(columns.length);
+  for (let i = 0; i < columns.length; i++) values[i] = row[columns[i]];
+  return encodeRow(values as unknown as Record<string, unknown>);
+}
+
 /** Rows encoded per yield: about 2-5 ms of JSON.stringify for trace-sized rows. */
 const ROWS_PER_SLICE = 500;
 
@@ -85,11 +106,29 @@ const ROWS_PER_SLICE = 500;
  * them: serialising a 20k-row batch in one go holds the loop for 100-150 ms on these machines.
  */
 export async function encodeJsonEachRow(rows: ReadonlyArray<Record<string, unknown>>): Promise<Buffer> {
-  if (rows.length <= ROWS_PER_SLICE) return Buffer.from(toJsonEachRow(rows));
+  return encodeInSlices(rows, toJsonEachRow);
+}
+
+/**
+ * The JSONCompactEachRow payload of rows that all have the keys of the first row (`columns`,
+ * in that order), encoded in slices like encodeJsonEachRow.
+ */
+export async function encodeJsonCompactEachRow(rows: ReadonlyArray<Record<string, unknown>>): Promise<{ columns: string[]; payload: Buffer }> {
+  const columns = Object.keys(rows[0] ?? {});
+  const payload = await encodeInSlices(rows, (slice) => {
+    let out = '';
+    for (const row of slice) out += encodeCompactRow(row, columns) + '\n';
+    return out;
+  });
+  return { columns, payload };
+}
+
+async function encodeInSlices(rows: ReadonlyArray<Record<string, unknown>>, encode: (slice: ReadonlyArray<Record<string, unknown>>) => string): Promise<Buffer> {
+  if (rows.length <= ROWS_PER_SLICE) return Buffer.from(encode(rows));
   const parts: Buffer[] = [];
   for (let i = 0; i < rows.length; i += ROWS_PER_SLICE) {
     if (i > 0) await new Promise<void>((resolve) => setImmediate(resolve));
-    parts.push(Buffer.from(toJsonEachRow(rows.slice(i, i + ROWS_PER_SLICE))));
+    parts.push(Buffer.from(encode(rows.slice(i, i + ROWS_PER_SLICE))));
   }
   return Buffer.concat(parts);
 }

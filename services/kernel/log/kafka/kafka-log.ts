@@ -109,9 +109,13 @@ export class KafkaLog implements EventLog {
 
   async start(catalog: TopicSpec[]): Promise<void> {
     this.assertOpen();
-    const admin = this.kafka.admin();
-    await admin.connect();
-    this.admin = admin;
+    // A second start (more topics) reuses the connections of the first.
+    let admin = this.admin;
+    if (!admin) {
+      admin = this.kafka.admin();
+      await admin.connect();
+      this.admin = admin;
+    }
 
     const existing = new Set(await admin.listTopics());
     const missing = catalog.filter((t) => !existing.has(t.name));
@@ -145,6 +149,7 @@ export class KafkaLog implements EventLog {
       }
     }
 
+    if (this.producer) return;
     const producer = this.kafka.producer({
       idempotent: true,
       maxInFlightRequests: 1,
@@ -199,8 +204,11 @@ export class KafkaLog implements EventLog {
   }
 
   async consume(options: ConsumeOptions): Promise<Consumer> {
-    this.assertOpen();
-    this.need(this.admin);
+    const admin = this.need(this.admin);
+    // kafkajs would retry a subscription to a missing topic for seconds; say it at once.
+    const existing = new Set(await admin.listTopics());
+    const unknown = options.topics.filter((t) => !existing.has(t));
+    if (unknown.length) throw new Error(`unknown topic: Kafka topic ${unknown.map((t) => `"${t}"`).join(', ')} does not exist`);
     const consumer = new KafkaLogConsumer(this.kafka, options, this.logger, (c) => this.consumers.delete(c));
     this.consumers.add(consumer);
     try {
@@ -249,7 +257,7 @@ export class KafkaLog implements EventLog {
     if (known !== undefined) return known;
     const admin = this.need(this.admin);
     // listTopics first: metadata of a missing topic is retried by kafkajs for seconds.
-    if (!(await admin.listTopics()).includes(topic)) throw new Error(`Kafka topic "${topic}" does not exist (it is not in the catalog)`);
+    if (!(await admin.listTopics()).includes(topic)) throw new Error(`unknown topic: Kafka topic "${topic}" does not exist`);
     const { topics } = await admin.fetchTopicMetadata({ topics: [topic] });
     const count = topics[0]?.partitions.length ?? 0;
     if (!count) throw new Error(`Kafka topic "${topic}" has no partitions`);
