@@ -1,0 +1,136 @@
+/**
+ * `npm run bench`: speed figures measured side by side in one run, with their ratios.
+ *   1. Event log: append + consume through a consumer group, records/s, embedded vs Kafka.
+ *   2. Trace ingest end to end: POST /v1/traces in batches of 1,000 events until visible in
+ *      GET /v1/traces, events/s, with the service on the embedded log vs on Kafka (chDB both).
+ * Kafka comes from infra/kafka (Maven Central); without java/mvn its rows say why they are missing.
+ * Sizes: SVC_BENCH_LOG_RECORDS (default 200000), SVC_BENCH_INGEST_EVENTS (default 200000).
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import type { EventLog } from '../../services/kernel/log/event-log.ts';
+import { EmbeddedLog } from '../../services/kernel/log/embedded/embedded-log.ts';
+import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
+import { createTenantKey, startServer, traceEvent } from '../helpers/server.ts';
+// @ts-expect-error plain JS module without types
+import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
+
+const LOG_RECORDS = Number(process.env.SVC_BENCH_LOG_RECORDS ?? 200_000);
+const INGEST_EVENTS = Number(process.env.SVC_BENCH_INGEST_EVENTS ?? 200_000);
+const INGEST_CONCURRENCY = 4;
+
+interface Row {
+  what: string;
+  embedded: number | null;
+  kafka: number | null;
+  unit: string;
+}
+
+async function benchLog(log: EventLog): Promise<number> {
+  const topic = `bench-${Date.now()}`;
+  await log.start([{ name: topic, partitions: 6, key: 'bench', valueSchema: null, cleanupPolicy: 'delete', retentionMs: null }]);
+  const value = Buffer.alloc(300, 'x');
+  const batch = Array.from({ length: 1000 }, (_, i) => ({ key: `k${i}`, value }));
+  let seen = 0;
+  let resolveDone!: () => void;
+  const done = new Promise<void>((r) => (resolveDone = r));
+  const started = performance.now();
+  const consumer = await log.consume({
+    groupId: `${topic}-group`,
+    topics: [topic],
+    fromBeginning: true,
+    handleBatch: async (b) => {
+      seen += b.records.length;
+      if (seen >= LOG_RECORDS) resolveDone();
+    },
+  });
+  const inFlight: Array<Promise<unknown>> = [];
+  for (let sent = 0; sent < LOG_RECORDS; sent += batch.length) {
+    inFlight.push(log.append(topic, batch));
+    if (inFlight.length >= 8) await inFlight.shift();
+  }
+  await Promise.all(inFlight);
+  await done;
+  const seconds = (performance.now() - started) / 1000;
+  await consumer.stop();
+  return LOG_RECORDS / seconds;
+}
+
+async function benchIngest(env: Record<string, string>): Promise<number> {
+  const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', ...env });
+  try {
+    const { key } = await createTenantKey(server, 'bench');
+    const bodies = Array.from({ length: 8 }, (_, b) =>
+      JSON.stringify({
+        events: Array.from({ length: 1000 }, (_, i) =>
+          traceEvent({ tool: `tool-${i % 20}`, span_id: `b${b}-${i}`, input: 'i'.repeat(200), output: 'o'.repeat(200), metadata: { 'gen_ai.system': 'openai' } }),
+        ),
+      }),
+    );
+    const post = (i: number) =>
+      fetch(`${server.url}/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: bodies[i % bodies.length] }).then(async (res) => {
+        if (res.status !== 200) throw new Error(`POST /v1/traces: ${res.status} ${await res.text()}`);
+      });
+    // Warm up (JIT, first inserts), then measure.
+    await Promise.all([0, 1, 2, 3].map(post));
+    const requests = Math.ceil(INGEST_EVENTS / 1000);
+    let next = 0;
+    const started = performance.now();
+    await Promise.all(
+      Array.from({ length: INGEST_CONCURRENCY }, async () => {
+        while (next < requests) await post(next++);
+      }),
+    );
+    // Every POST returned after its events were queryable; check with a GET that they are.
+    const check = await server.request('GET', '/v1/traces?tool=tool-0&limit=1', { key });
+    if (check.status !== 200 || check.body.count !== 1) throw new Error(`events not visible: ${check.text}`);
+    const seconds = (performance.now() - started) / 1000;
+    return (requests * 1000) / seconds;
+  } finally {
+    await server.cleanup();
+  }
+}
+
+async function main() {
+  const rows: Row[] = [
+    { what: 'log append + consume (300 B records)', embedded: null, kafka: null, unit: 'records/s' },
+    { what: 'trace ingest end to end (POST 1,000 → visible)', embedded: null, kafka: null, unit: 'events/s' },
+  ];
+  const notes: string[] = [];
+
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bench-'));
+  const embedded = new EmbeddedLog({ dir: path.join(dir, 'log'), fsync: 'always' });
+  rows[0].embedded = await benchLog(embedded);
+  await embedded.close();
+  rows[1].embedded = await benchIngest({});
+
+  const missing: string[] = missingTools();
+  if (missing.length > 0) {
+    notes.push(`Kafka figures missing: ${missing.join(' and ')} not on PATH`);
+  } else {
+    const kafka = await startKafka({ workDir: path.join(dir, 'kafka') });
+    try {
+      const log = new KafkaLog({ brokers: [kafka.brokers] });
+      rows[0].kafka = await benchLog(log);
+      await log.close();
+      rows[1].kafka = await benchIngest({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
+    } finally {
+      await kafka.stop();
+    }
+  }
+  await rm(dir, { recursive: true, force: true });
+
+  const fmt = (n: number | null) => (n === null ? '—' : Math.round(n).toLocaleString('en-US'));
+  console.log(`\nbench on ${os.cpus().length} cores, node ${process.version}\n`);
+  console.log('| measure | embedded | kafka | kafka / embedded | unit |');
+  console.log('|---|---:|---:|---:|---|');
+  for (const r of rows) {
+    const ratio = r.embedded && r.kafka ? `${(r.kafka / r.embedded).toFixed(2)}x` : '—';
+    console.log(`| ${r.what} | ${fmt(r.embedded)} | ${fmt(r.kafka)} | ${ratio} | ${r.unit} |`);
+  }
+  console.log('\ntargets: embedded ingest >= 50,000 events/s; the Kafka path within 2x of embedded (ratio >= 0.50x)');
+  for (const n of notes) console.log(`note: ${n}`);
+}
+
+await main();

@@ -1,0 +1,45 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { loadConfig } from '../../services/kernel/config.ts';
+
+const base = { SVC_API_KEY: 'a-long-enough-admin-key' };
+
+test('defaults: embedded log, chDB, port 8080, auth on', () => {
+  const c = loadConfig(base);
+  assert.equal(c.port, 8080);
+  assert.equal(c.logBackend, 'embedded');
+  assert.equal(c.store, 'chdb');
+  assert.equal(c.authRequired, true);
+  assert.equal(c.logFsync, 'always');
+  assert.equal(c.baseUrl, 'http://127.0.0.1:8080');
+  assert.equal(c.sandboxTimeout, 600_000);
+  assert.equal(c.rateLimitReads, 100);
+  assert.equal(c.rateLimitWrites, 10);
+});
+
+test('every problem is reported at once, naming the variable', () => {
+  assert.throws(
+    () => loadConfig({ ...base, SVC_PORT: 'x', SVC_LOG_FSYNC: 'sometimes', SVC_IDEMPOTENCY_TTL: 'soon' }),
+    (err: Error) => /SVC_PORT/.test(err.message) && /SVC_LOG_FSYNC/.test(err.message) && /SVC_IDEMPOTENCY_TTL/.test(err.message),
+  );
+});
+
+test('backends need their addresses', () => {
+  assert.throws(() => loadConfig({ ...base, SVC_LOG_BACKEND: 'kafka' }), /SVC_KAFKA_BROKERS: required/);
+  assert.throws(() => loadConfig({ ...base, SVC_STORE: 'clickhouse' }), /SVC_CLICKHOUSE_URL: required/);
+  assert.throws(() => loadConfig({ ...base, SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: 'nohost' }), /SVC_KAFKA_BROKERS: expected host:port/);
+  const c = loadConfig({ ...base, SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: 'a:9092, b:9093' });
+  assert.deepEqual(c.kafkaBrokers, ['a:9092', 'b:9093']);
+});
+
+test('an admin key is required unless auth is off, and must be long enough', () => {
+  assert.throws(() => loadConfig({}), /SVC_API_KEY: an admin key is required/);
+  assert.equal(loadConfig({ SVC_AUTH_REQUIRED: 'false' }).apiKey, null);
+  assert.throws(() => loadConfig({ SVC_API_KEY: 'short' }), /at least 16 characters/);
+  assert.equal(loadConfig({}, { SVC_API_KEY: 'from-the-flag-0123456' }).apiKey, 'from-the-flag-0123456');
+});
+
+test('fsync policy forms', () => {
+  assert.equal(loadConfig({ ...base, SVC_LOG_FSYNC: 'never' }).logFsync, 'never');
+  assert.deepEqual(loadConfig({ ...base, SVC_LOG_FSYNC: 'interval:200ms' }).logFsync, { intervalMs: 200 });
+});
