@@ -5,7 +5,7 @@
  * sink flushes, then the log and the store close.
  */
 import { parseArgs } from 'node:util';
-import type { Service } from './kernel/actor.ts';
+import type { Kernel, Service } from './kernel/actor.ts';
 import { loadConfig, type Config } from './kernel/config.ts';
 import { openKernel } from './kernel/kernel.ts';
 import { createLogger } from './kernel/logger.ts';
@@ -17,6 +17,7 @@ export type ServiceName = (typeof SERVICE_NAMES)[number];
 
 export interface Running {
   config: Config;
+  kernel: Kernel;
   api: ApiService | null;
   stop(): Promise<void>;
 }
@@ -45,6 +46,7 @@ export async function startServices(config: Config, names: readonly ServiceName[
   let stopping: Promise<void> | null = null;
   return {
     config,
+    kernel: opened.kernel,
     api,
     stop: () =>
       (stopping ??= (async () => {

@@ -8,6 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import type { Batch, LogRecord, TopicSpec } from '../../services/kernel/log/event-log.ts';
 import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
+import { eventLogContract } from './event-log.contract.ts';
 
 const brokers = process.env.SVC_TEST_KAFKA_BROKERS;
 const NAME = 'EventLog contract on Kafka';
@@ -44,6 +45,23 @@ if (!brokers) {
       await new Promise((r) => setTimeout(r, 20));
     }
   }
+
+  eventLogContract(NAME, async () => {
+    const made: KafkaLog[] = [];
+    const make = (): KafkaLog => {
+      const log = newLog();
+      made.push(log);
+      return log;
+    };
+    return {
+      log: make(),
+      // A "restart" is a new client: the broker keeps the records and the group's commits.
+      reopen: async () => make(),
+      cleanup: async () => {
+        await Promise.all(made.map((log) => log.close()));
+      },
+    };
+  });
 
   describe(`${NAME} (Kafka-specific checks)`, () => {
     let log: KafkaLog;

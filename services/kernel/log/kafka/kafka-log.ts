@@ -43,24 +43,34 @@ export interface KafkaLogOptions {
   brokers: string[];
   clientId?: string;
   logger?: KafkaLogger;
+  /** Overrides of the consumer tuning below (kafkajs consumer option names). */
+  consumerTuning?: Partial<ConsumerTuning>;
+}
+
+export interface ConsumerTuning {
+  sessionTimeout: number;
+  rebalanceTimeout: number;
+  heartbeatInterval: number;
+  maxWaitTimeInMs: number;
 }
 
 /** Largest record a topic accepts (topic config `max.message.bytes`). */
 export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 
 /**
- * Consumer tuning: low latency and quick group joins. A member notices a rebalance at its next
- * heartbeat, so joins and leaves settle within about a heartbeat interval; a member whose
- * handler runs longer than `rebalanceTimeout` during a rebalance is dropped from the group.
+ * Consumer tuning: low latency and quick group joins. kafkajs heartbeats between batches (not
+ * in the background), and a member notices a rebalance at its next heartbeat, so joins and
+ * leaves settle within about a heartbeat interval when handlers are quick. A member that sends
+ * no heartbeat for `sessionTimeout` (it died, or one handler call ran that long) loses its
+ * partitions: its uncommitted batch goes to another member. During a rebalance the group waits
+ * up to `rebalanceTimeout` for busy members.
  */
-const CONSUMER_TUNING = {
+const CONSUMER_TUNING: ConsumerTuning = {
   sessionTimeout: 10_000,
   rebalanceTimeout: 10_000,
   heartbeatInterval: 500,
   maxWaitTimeInMs: 100,
-  maxBytesPerPartition: MAX_MESSAGE_BYTES,
-  maxBytes: 4 * MAX_MESSAGE_BYTES,
-} as const;
+};
 
 const DEFAULT_MAX_BATCH = 1000;
 const RETRY_BACKOFF_MIN_MS = 200;
@@ -84,6 +94,7 @@ export class KafkaLog implements EventLog {
   private readonly kafka: Kafka;
   private readonly logger: KafkaLogger;
   private readonly clientId: string;
+  private readonly consumerTuning: Partial<ConsumerTuning>;
   private admin: Admin | null = null;
   private producer: Producer | null = null;
   private reader: PartitionReader | null = null;
@@ -97,6 +108,7 @@ export class KafkaLog implements EventLog {
     if (!options.brokers.length) throw new Error('KafkaLog needs at least one broker');
     this.logger = options.logger ?? silentLogger;
     this.clientId = options.clientId ?? 'svc';
+    this.consumerTuning = options.consumerTuning ?? {};
     this.kafka = new Kafka({
       clientId: this.clientId,
       brokers: options.brokers,
@@ -209,7 +221,8 @@ export class KafkaLog implements EventLog {
     const existing = new Set(await admin.listTopics());
     const unknown = options.topics.filter((t) => !existing.has(t));
     if (unknown.length) throw new Error(`unknown topic: Kafka topic ${unknown.map((t) => `"${t}"`).join(', ')} does not exist`);
-    const consumer = new KafkaLogConsumer(this.kafka, options, this.logger, (c) => this.consumers.delete(c));
+    const tuning = { ...CONSUMER_TUNING, ...this.consumerTuning };
+    const consumer = new KafkaLogConsumer(this.kafka, options, tuning, this.logger, (c) => this.consumers.delete(c));
     this.consumers.add(consumer);
     try {
       await consumer.start();
@@ -299,6 +312,7 @@ class KafkaLogConsumer implements Consumer {
   constructor(
     kafka: Kafka,
     private readonly options: ConsumeOptions,
+    tuning: ConsumerTuning,
     private readonly logger: KafkaLogger,
     private readonly onStopped: (c: KafkaLogConsumer) => void,
   ) {
@@ -307,7 +321,9 @@ class KafkaLogConsumer implements Consumer {
     this.consumer = kafka.consumer({
       groupId: options.groupId,
       allowAutoTopicCreation: false,
-      ...CONSUMER_TUNING,
+      maxBytesPerPartition: MAX_MESSAGE_BYTES,
+      maxBytes: 4 * MAX_MESSAGE_BYTES,
+      ...tuning,
     });
   }
 
