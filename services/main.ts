@@ -57,20 +57,23 @@ export async function startServices(config: Config, names: readonly ServiceName[
   };
 }
 
-/** `node services/main.ts [--api-key KEY] [run <service>]`. */
+/** `node services/main.ts [--api-key KEY] [run <service...>]`. */
 export async function main(argv: string[]): Promise<void> {
   const { values, positionals } = parseArgs({ args: argv, options: { 'api-key': { type: 'string' } }, allowPositionals: true, strict: true });
   let names: readonly ServiceName[] = SERVICE_NAMES;
   if (positionals[0] === 'run') {
-    const name = positionals[1];
-    if (!SERVICE_NAMES.includes(name as ServiceName)) throw new Error(`svc run: unknown service "${name ?? ''}"; one of ${SERVICE_NAMES.join(', ')}`);
-    names = [name as ServiceName];
+    const requested = positionals.slice(1);
+    const unknown = requested.filter((n) => !SERVICE_NAMES.includes(n as ServiceName));
+    if (requested.length === 0 || unknown.length > 0) {
+      throw new Error(`svc run: unknown service "${unknown.join(' ')}"; give one or more of ${SERVICE_NAMES.join(', ')}`);
+    }
+    names = requested as ServiceName[];
   } else if (positionals.length > 0) {
     throw new Error(`unknown command "${positionals.join(' ')}"`);
   }
   const config = loadConfig(process.env, values['api-key'] ? { SVC_API_KEY: values['api-key'] } : {});
-  if (names.length === 1 && config.logBackend === 'embedded') {
-    throw new Error('svc run <service> runs one service per process and needs SVC_LOG_BACKEND=kafka: the embedded log belongs to one process');
+  if (names.length < SERVICE_NAMES.length && config.logBackend === 'embedded') {
+    throw new Error('svc run <service...> splits the services over processes and needs SVC_LOG_BACKEND=kafka: the embedded log belongs to one process');
   }
   const running = await startServices(config, names);
   const shutdown = (signal: string) => {

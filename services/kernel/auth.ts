@@ -41,6 +41,20 @@ export interface Principal {
   keyId: string;
 }
 
+/**
+ * The key from `Bearer <key>`, or from `Basic base64(<any user>:<key>)`, which schema-registry
+ * clients send (they only speak Basic auth).
+ */
+function bearerOrBasicPassword(header: string | undefined): string | undefined {
+  const bearer = /^Bearer\s+(\S+)\s*$/i.exec(header ?? '')?.[1];
+  if (bearer !== undefined) return bearer;
+  const basic = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(header ?? '')?.[1];
+  if (basic === undefined) return undefined;
+  const decoded = Buffer.from(basic, 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  return colon >= 0 && colon < decoded.length - 1 ? decoded.slice(colon + 1) : undefined;
+}
+
 export const TENANT_NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 
 export class Auth {
@@ -75,7 +89,7 @@ export class Auth {
   /** Resolves the Authorization header; throws 401 for a missing or unknown key. */
   authenticate(header: string | undefined): Principal {
     const { config } = this.kernel;
-    const token = /^Bearer\s+(\S+)\s*$/i.exec(header ?? '')?.[1];
+    const token = bearerOrBasicPassword(header);
     if (token === undefined) {
       if (header === undefined && !config.authRequired) return { kind: 'anonymous', tenant: config.defaultTenant, keyId: 'anonymous' };
       throw new AppError('unauthorized', header === undefined ? 'missing API key: send Authorization: Bearer <key>' : 'malformed Authorization header: expected Bearer <key>');

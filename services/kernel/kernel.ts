@@ -39,7 +39,12 @@ export async function openKernel(config: Config, logger: Logger): Promise<Opened
   let builtIn: BuiltInRegistry | null = null;
   let registry: SchemaRegistry;
   if (config.schemaRegistryUrl) {
-    registry = new HttpRegistry({ url: config.schemaRegistryUrl });
+    // Credentials in the URL (http://user:secret@host/...) become Basic auth, which registries speak.
+    const url = new URL(config.schemaRegistryUrl);
+    const auth = url.password ? { username: decodeURIComponent(url.username), password: decodeURIComponent(url.password) } : undefined;
+    url.username = '';
+    url.password = '';
+    registry = new HttpRegistry({ url: url.toString(), auth });
   } else {
     builtIn = new BuiltInRegistry(log);
     await builtIn.start();
