@@ -72,6 +72,10 @@ export const SETTINGS = {
   logBackend: setting('SVC_LOG_BACKEND', 'embedded', '`embedded` (on-disk log in the data dir) or `kafka`.', oneOf('embedded', 'kafka')),
   logFsync: setting('SVC_LOG_FSYNC', 'always', 'Embedded log fsync policy: `always` (group commit: an append is acknowledged after the fsync that covers it), `interval:<duration>` or `never`.', fsyncPolicy),
   kafkaBrokers: setting('SVC_KAFKA_BROKERS', null, 'Comma-separated `host:port` list; required when SVC_LOG_BACKEND=kafka.', brokerList),
+  logNamespace: setting('SVC_LOG_NAMESPACE', null, 'Prefix of every topic and consumer group, so deployments can share a Kafka cluster (e.g. `staging.`).', (raw) => {
+    if (!/^[A-Za-z0-9._-]*$/.test(raw)) throw new Error(`expected letters, digits, ".", "_" or "-", got "${raw}"`);
+    return raw;
+  }),
   schemaRegistryUrl: setting('SVC_SCHEMA_REGISTRY_URL', null, 'External Confluent-compatible schema registry (Confluent, Redpanda, Apicurio ccompat). Unset: the built-in registry, served at `/schema-registry`.', url),
   store: setting('SVC_STORE', 'chdb', '`chdb` (ClickHouse in-process, in the data dir) or `clickhouse` (a server over HTTP).', oneOf('chdb', 'clickhouse')),
   clickhouseUrl: setting('SVC_CLICKHOUSE_URL', null, 'ClickHouse HTTP address, e.g. `http://user:pass@host:8123/db`; required when SVC_STORE=clickhouse.', url),

@@ -10,6 +10,7 @@ import type { Config } from './config.ts';
 import type { EventLog } from './log/event-log.ts';
 import { EmbeddedLog } from './log/embedded/embedded-log.ts';
 import { KafkaLog } from './log/kafka/kafka-log.ts';
+import { NamespacedLog } from './log/namespaced-log.ts';
 import type { Logger } from './logger.ts';
 import { Metrics } from './metrics.ts';
 import { BuiltInRegistry, HttpRegistry, type SchemaRegistry } from './schema/registry.ts';
@@ -30,10 +31,11 @@ export interface OpenedKernel {
 export async function openKernel(config: Config, logger: Logger): Promise<OpenedKernel> {
   await mkdir(config.dataDir, { recursive: true });
   const catalog = loadCatalog();
-  const log: EventLog =
+  const backend: EventLog =
     config.logBackend === 'embedded'
       ? new EmbeddedLog({ dir: path.join(config.dataDir, 'log'), fsync: config.logFsync, logger: logger.child({ component: 'log' }) })
       : new KafkaLog({ brokers: config.kafkaBrokers!, clientId: 'svc', logger: logger.child({ component: 'kafka' }) });
+  const log = config.logNamespace ? new NamespacedLog(backend, config.logNamespace) : backend;
   await log.start(catalog);
 
   let builtIn: BuiltInRegistry | null = null;
