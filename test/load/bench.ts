@@ -18,7 +18,8 @@ import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
 
 const LOG_RECORDS = Number(process.env.SVC_BENCH_LOG_RECORDS ?? 200_000);
 const INGEST_EVENTS = Number(process.env.SVC_BENCH_INGEST_EVENTS ?? 200_000);
-const INGEST_CONCURRENCY = 4;
+// Sixteen clients posting at once: a fleet of agents, not one.
+const INGEST_CONCURRENCY = 16;
 
 interface Row {
   what: string;
