@@ -10,7 +10,7 @@
  */
 import os from 'node:os';
 import type { Config } from './config.ts';
-import type { Consumer, EventLog, LogRecord, RecordPosition } from './log/event-log.ts';
+import type { Consumer, EventLog, LogRecord, RecordPosition, TopicSpec } from './log/event-log.ts';
 import type { Logger } from './logger.ts';
 import type { Metrics } from './metrics.ts';
 import type { EventSerde } from './schema/serde.ts';
@@ -22,6 +22,8 @@ import type { Visibility, Watermark } from './watermark.ts';
 /** Everything a service is given: the seams and the process-wide tools. */
 export interface Kernel {
   readonly config: Config;
+  /** The topic catalog (topics/catalog.yaml). */
+  readonly catalog: TopicSpec[];
   readonly logger: Logger;
   readonly log: EventLog;
   readonly serde: EventSerde;

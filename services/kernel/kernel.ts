@@ -62,12 +62,13 @@ export async function openKernel(config: Config, logger: Logger): Promise<Opened
 
   const kernel: Kernel = {
     config,
+    catalog,
     logger,
     log,
     serde,
     store,
     metrics: new Metrics(),
-    visibility: new Visibility(),
+    visibility: new Visibility(catalog, log),
     instanceId: instanceIdFor(config),
   };
   return {

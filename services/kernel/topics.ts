@@ -51,7 +51,7 @@ export function parseCatalog(doc: unknown, source = 'catalog'): TopicSpec[] {
   return doc.topics.map((entry: unknown, i: number): TopicSpec => {
     const where = (field: string) => `${source}: topics[${i}]${isObject(entry) && typeof entry.name === 'string' ? ` (${entry.name})` : ''}.${field}`;
     if (!isObject(entry)) throw new Error(`${source}: topics[${i}] must be a mapping`);
-    const { name, partitions, key, value_schema: valueSchema, cleanup_policy: cleanupPolicy, retention } = entry;
+    const { name, partitions, key, value_schema: valueSchema, cleanup_policy: cleanupPolicy, retention, table } = entry;
     if (typeof name !== 'string' || !TOPIC_NAME.test(name)) {
       throw new Error(`${where('name')}: must be a topic name of letters, digits, ".", "_" or "-" (got ${JSON.stringify(name)})`);
     }
@@ -78,7 +78,18 @@ export function parseCatalog(doc: unknown, source = 'catalog'): TopicSpec[] {
     } catch (err) {
       throw new Error(`${where('retention')}: ${(err as Error).message}`);
     }
-    return { name, partitions, key, valueSchema: valueSchema as string | null, cleanupPolicy: cleanupPolicy as CleanupPolicy, retentionMs };
+    if (table !== undefined && table !== null && (typeof table !== 'string' || !/^[a-z_][a-z0-9_]*$/.test(table))) {
+      throw new Error(`${where('table')}: must be a ClickHouse table name of a-z, 0-9 and _ (got ${JSON.stringify(table)})`);
+    }
+    return {
+      name,
+      partitions,
+      key,
+      valueSchema: valueSchema as string | null,
+      cleanupPolicy: cleanupPolicy as CleanupPolicy,
+      retentionMs,
+      table: (table as string | undefined) ?? null,
+    };
   });
 }
 
@@ -112,6 +123,11 @@ export function checkTopicConstants(catalog: TopicSpec[]): void {
   if (missing.length > 0) {
     throw new Error(`topic catalog lacks topics the code uses: ${missing.map(([k, n]) => `${n} (TOPICS.${k})`).join(', ')}`);
   }
+}
+
+/** The consumer group of the sink that materialises a table; its commits mean "in the store". */
+export function sinkGroupId(table: string): string {
+  return `sink.${table}`;
 }
 
 /** The catalog entry of a topic, or a clear error. */

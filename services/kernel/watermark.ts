@@ -1,5 +1,6 @@
 import { AppError } from './errors.ts';
-import type { RecordPosition } from './log/event-log.ts';
+import type { EventLog, RecordPosition, TopicSpec } from './log/event-log.ts';
+import { sinkGroupId } from './topics.ts';
 
 /**
  * How far a projection (the sink, an entity view) has applied each partition it consumes.
@@ -56,11 +57,18 @@ export class Watermark {
 }
 
 /**
- * Where a write waits to become readable: the projections of this process register the
- * watermark of each topic they materialise (the sink registers the store tables' topics).
+ * Where a write waits to become readable. The projections of this process register the
+ * watermark of each topic they materialise (the sink registers its tables' topics). When the
+ * sink runs in another process (`svc run api` on Kafka), the sink's committed offsets stand in
+ * for its watermark: it commits only after an insert succeeded.
  */
 export class Visibility {
   private readonly byTopic = new Map<string, Watermark>();
+
+  constructor(
+    private readonly catalog: TopicSpec[],
+    private readonly log: Pick<EventLog, 'committedOffsets'>,
+  ) {}
 
   register(topic: string, watermark: Watermark): void {
     this.byTopic.set(topic, watermark);
@@ -68,13 +76,28 @@ export class Visibility {
 
   /** Resolves once the projection of every position's topic has applied it. */
   async waitFor(positions: RecordPosition[], timeoutMs: number): Promise<void> {
-    const topics = new Set(positions.map((p) => p.topic));
-    for (const topic of topics) {
+    const deadline = Date.now() + timeoutMs;
+    for (const topic of new Set(positions.map((p) => p.topic))) {
+      const mine = positions.filter((p) => p.topic === topic);
       const watermark = this.byTopic.get(topic);
-      if (!watermark) {
-        throw new AppError('unavailable', `no projection of ${topic} runs in this process; run the sink beside the api`);
+      if (watermark) await watermark.waitFor(mine, Math.max(0, deadline - Date.now()));
+      else await this.pollCommits(topic, mine, deadline);
+    }
+  }
+
+  private async pollCommits(topic: string, positions: RecordPosition[], deadline: number): Promise<void> {
+    const table = this.catalog.find((t) => t.name === topic)?.table;
+    if (!table) throw new Error(`topic ${topic} has no table in the catalog: nothing makes it visible`);
+    for (;;) {
+      const committed = await this.log.committedOffsets(sinkGroupId(table), topic);
+      if (positions.every((p) => (committed[p.partition] ?? -1) > p.offset)) return;
+      if (Date.now() >= deadline) {
+        throw new AppError('timeout', `the write was accepted but the sink of ${topic} did not store it in time; it will become visible later`);
       }
-      await watermark.waitFor(positions.filter((p) => p.topic === topic), timeoutMs);
+      await new Promise((resolve) => setTimeout(resolve, COMMIT_POLL_MS));
     }
   }
 }
+
+/** How often a write polls the sink's commits when the sink runs in another process. */
+const COMMIT_POLL_MS = 20;

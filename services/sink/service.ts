@@ -5,21 +5,18 @@
  */
 import { subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
 import type { Consumer, LogRecord } from '../kernel/log/event-log.ts';
-import { TOPICS } from '../kernel/topics.ts';
+import { sinkGroupId, topicSpec, TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
 import { TableWriter } from './table-writer.ts';
 import { deadLetterRow, traceEventRows } from './rows.ts';
 
-interface Projection {
-  topic: string;
-  table: string;
-  toRows(value: unknown, record: LogRecord): Array<Record<string, unknown>>;
-}
+type ToRows = (value: unknown, record: LogRecord) => Array<Record<string, unknown>>;
 
-const PROJECTIONS: Projection[] = [
-  { topic: TOPICS.traces, table: 'trace_events', toRows: traceEventRows as Projection['toRows'] },
-  { topic: TOPICS.deadLetters, table: 'dead_letters', toRows: (v, r) => [deadLetterRow(v as Parameters<typeof deadLetterRow>[0], r)] },
-];
+/** Row mappings per topic; the table of each comes from the topic catalog. */
+const PROJECTIONS: Record<string, ToRows> = {
+  [TOPICS.traces]: traceEventRows as ToRows,
+  [TOPICS.deadLetters]: (v, r) => [deadLetterRow(v as Parameters<typeof deadLetterRow>[0], r)],
+};
 
 export class SinkService implements Service {
   readonly name = 'sink';
@@ -27,22 +24,24 @@ export class SinkService implements Service {
   private readonly writers: TableWriter[] = [];
 
   async start(kernel: Kernel): Promise<void> {
-    for (const projection of PROJECTIONS) {
-      const writer = new TableWriter(kernel, projection.table);
+    for (const [topic, toRows] of Object.entries(PROJECTIONS)) {
+      const table = topicSpec(kernel.catalog, topic).table;
+      if (!table) throw new Error(`topic ${topic} has no table in the catalog`);
+      const writer = new TableWriter(kernel, table);
       await writer.start();
-      const watermark = new Watermark(`the sink of ${projection.topic}`);
-      kernel.visibility.register(projection.topic, watermark);
+      const watermark = new Watermark(`the sink of ${topic}`);
+      kernel.visibility.register(topic, watermark);
       this.writers.push(writer);
       this.consumers.push(
         await subscribe(kernel, {
-          groupId: `sink.${projection.table}`,
-          topics: [projection.topic],
+          groupId: sinkGroupId(table),
+          topics: [topic],
           maxBatchSize: 1000,
           watermark,
           handle: async (events: Array<Delivered<unknown>>) => {
             const rows = events
               .filter((e) => e.value !== null && !writer.alreadyStored(e.record.partition, e.record.offset))
-              .flatMap((e) => projection.toRows(e.value, e.record));
+              .flatMap((e) => toRows(e.value, e.record));
             await writer.write(rows);
           },
         }),

@@ -27,6 +27,8 @@ export interface TopicSpec {
   cleanupPolicy: CleanupPolicy;
   /** How long records are kept; null keeps them forever. */
   retentionMs: number | null;
+  /** The ClickHouse table the sink materialises this topic into, if any. */
+  table?: string | null;
 }
 
 export interface ProduceRecord {
