@@ -14,6 +14,13 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import type { Batch, Consumer, EventLog, LogRecord, RecordPosition, TopicSpec } from '../../services/kernel/log/event-log.ts';
 import { partitionForKey } from '../../services/kernel/log/murmur2.ts';
+import { NamespacedLog } from '../../services/kernel/log/namespaced-log.ts';
+import { BuiltInRegistry } from '../../services/kernel/schema/registry.ts';
+import { EventSerde } from '../../services/kernel/schema/serde.ts';
+import { loadCatalog, TOPICS } from '../../services/kernel/topics.ts';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
 
 export interface EventLogHarness {
   log: EventLog;
@@ -385,6 +392,47 @@ export function eventLogContract(
       assert.deepEqual(c.records.map((r) => r.value!.toString()).sort(), fresh.map((r) => r.value.toString()).sort(), 'only records appended after joining');
       await consumer.stop();
       assert.deepEqual(await h.log.committedOffsets(`other-${uid()}`, spec.name), [-1, -1, -1]);
+    }));
+
+    test('a schema evolved with a new optional field is read by old and new readers', { timeout: testTimeout }, withHarness(async (h) => {
+      // The registry keeps its state on the log too: a namespace keeps this test's `_schemas`
+      // apart from any other on a shared broker.
+      const log = new NamespacedLog(h.log, `evolution-${uid()}.`);
+      const topic = topicSpec('evolving', 1, { valueSchema: 'evolving' });
+      await log.start([...loadCatalog().filter((t) => t.name === TOPICS.schemas), topic]);
+      const registry = new BuiltInRegistry(log);
+      await registry.start();
+      const v1 = { type: 'record', name: 'Evolving', namespace: 'svc.test', fields: [{ name: 'tenant', type: 'string' }, { name: 'n', type: 'long' }] };
+      const v2 = { ...v1, fields: [...v1.fields, { name: 'note', type: ['null', 'string'], default: null }] };
+      const root = await mkdtemp(path.join(os.tmpdir(), 'svc-evolution-'));
+      const serdeFor = async (version: string, schema: object) => {
+        const dir = path.join(root, version);
+        await mkdir(dir);
+        await writeFile(path.join(dir, 'evolving.avsc'), JSON.stringify(schema));
+        const serde = new EventSerde(registry, [topic], dir);
+        await serde.init();
+        return serde;
+      };
+      try {
+        const old = await serdeFor('v1', v1);
+        const upgraded = await serdeFor('v2', v2);
+        assert.notEqual(old.schemaId(topic.name), upgraded.schemaId(topic.name), 'two registered versions');
+        await log.append(topic.name, [
+          { key: 'a', value: old.encode(topic.name, { tenant: 't', n: 1 }) },
+          { key: 'a', value: upgraded.encode(topic.name, { tenant: 't', n: 2, note: 'new field' }) },
+        ]);
+        const c = collector();
+        const consumer = await log.consume({ groupId: `g-evolution-${uid()}`, topics: [topic.name], handleBatch: c.handleBatch });
+        await waitFor('both records', () => c.records.length >= 2, waitMs);
+        await consumer.stop();
+        const values = c.records.map((r) => r.value!);
+        const asNew = await Promise.all(values.map((v) => upgraded.decode(topic.name, v)));
+        const asOld = await Promise.all(values.map((v) => old.decode(topic.name, v)));
+        assert.deepEqual(JSON.parse(JSON.stringify(asNew)), [{ tenant: 't', n: 1, note: null }, { tenant: 't', n: 2, note: 'new field' }], 'the new reader fills the default');
+        assert.deepEqual(JSON.parse(JSON.stringify(asOld)), [{ tenant: 't', n: 1 }, { tenant: 't', n: 2 }], 'the old reader skips the new field');
+      } finally {
+        await rm(root, { recursive: true, force: true });
+      }
     }));
 
     test('an unknown topic is an error', { timeout: testTimeout }, withHarness(async (h) => {
