@@ -2,41 +2,8 @@
  * Event -> row mappings of the sink, one function per table. Column names follow the DDL in
  * kernel/store/migrations (otel_traces names for the span columns).
  */
+import type { DeadLettered, TraceEventsIngested } from '../kernel/events.ts';
 import type { LogRecord } from '../kernel/log/event-log.ts';
-
-interface TraceEventValue {
-  event_id: string;
-  ts_us: number;
-  event_type: string;
-  tool: string;
-  phase: string;
-  trace_id: string;
-  span_id: string;
-  parent_span_id: string | null;
-  duration_ms: number;
-  status: string;
-  input: string | null;
-  output: string | null;
-  cost: {
-    input_tokens: number;
-    output_tokens: number;
-    cache_read_tokens: number;
-    reasoning_tokens: number;
-    model: string;
-    estimated_usd: number;
-  } | null;
-  metadata: Record<string, string>;
-}
-
-interface TraceEventsIngested {
-  tenant: string;
-  ts: number;
-  sandbox_id: string | null;
-  experiment_id: string | null;
-  agent: string | null;
-  agent_snapshot_id: string | null;
-  events: TraceEventValue[];
-}
 
 /** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
 export function clickhouseTimeUs(us: number): string {
@@ -87,19 +54,6 @@ export function traceEventRows(batch: TraceEventsIngested, record: LogRecord): A
     LogPartition: record.partition,
     LogOffset: record.offset,
   }));
-}
-
-interface DeadLettered {
-  tenant: string;
-  ts: number;
-  group_id: string;
-  topic: string;
-  partition: number;
-  offset: number;
-  key: string | null;
-  value: Buffer | null;
-  error: string;
-  attempts: number;
 }
 
 export function deadLetterRow(d: DeadLettered, record: LogRecord): Record<string, unknown> {

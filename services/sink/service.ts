@@ -4,6 +4,7 @@
  * registered with the kernel so a write can await visibility (read-your-writes).
  */
 import { subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
+import type { DeadLettered } from '../kernel/events.ts';
 import type { Consumer, LogRecord } from '../kernel/log/event-log.ts';
 import { sinkGroupId, topicSpec, TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
@@ -15,7 +16,7 @@ type ToRows = (value: unknown, record: LogRecord) => Array<Record<string, unknow
 /** Row mappings per topic; the table of each comes from the topic catalog. */
 const PROJECTIONS: Record<string, ToRows> = {
   [TOPICS.traces]: traceEventRows as ToRows,
-  [TOPICS.deadLetters]: (v, r) => [deadLetterRow(v as Parameters<typeof deadLetterRow>[0], r)],
+  [TOPICS.deadLetters]: (v, r) => [deadLetterRow(v as DeadLettered, r)],
 };
 
 export class SinkService implements Service {

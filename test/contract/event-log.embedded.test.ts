@@ -5,7 +5,7 @@ import { EmbeddedLog } from '../../services/kernel/log/embedded/embedded-log.ts'
 import type { EventLog } from '../../services/kernel/log/event-log.ts';
 import { eventLogContract } from './event-log.contract.ts';
 
-const quiet = { info() {}, warn() {} };
+const quiet = { info() {}, warn() {}, error() {} };
 
 for (const fsync of ['always', 'never'] as const) {
   eventLogContract(

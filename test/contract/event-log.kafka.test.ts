@@ -9,19 +9,12 @@ import { after, before, describe, test } from 'node:test';
 import type { Batch, LogRecord, TopicSpec } from '../../services/kernel/log/event-log.ts';
 import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
 import { eventLogContract } from './event-log.contract.ts';
+import { backend } from '../helpers/backend.ts';
 
-const brokers = process.env.SVC_TEST_KAFKA_BROKERS;
 const NAME = 'EventLog contract on Kafka';
+const brokers = backend('SVC_TEST_KAFKA_BROKERS', NAME);
 
-if (!brokers) {
-  if (process.env.CI === 'true') {
-    test(NAME, () => {
-      assert.fail('SVC_TEST_KAFKA_BROKERS is not set, and under CI=true the Kafka tests must run: run them through `npm test`, which starts a broker (needs java and mvn on PATH)');
-    });
-  } else {
-    test(NAME, { skip: 'no Kafka broker: SVC_TEST_KAFKA_BROKERS is unset (npm test starts one when java and mvn are on PATH)' }, () => {});
-  }
-} else {
+if (brokers) {
   const brokerList = brokers.split(',').map((b) => b.trim());
   const quiet = { info() {}, warn() {}, error(o: object, m?: string) { console.error(m, o); } };
   const newLog = () => new KafkaLog({ brokers: brokerList, clientId: 'contract-test', logger: quiet });

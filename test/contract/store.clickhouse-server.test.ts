@@ -11,19 +11,12 @@ import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { AppError } from '../../services/kernel/errors.ts';
 import { ClickHouseStore } from '../../services/kernel/store/clickhouse-store.ts';
+import { backend } from '../helpers/backend.ts';
 
-const url = process.env.SVC_TEST_CLICKHOUSE_URL;
 const NAME = 'ClickHouseStore transport against a ClickHouse server';
+const url = backend('SVC_TEST_CLICKHOUSE_URL', NAME);
 
-if (!url) {
-  if (process.env.CI === 'true') {
-    test(NAME, () => {
-      assert.fail('SVC_TEST_CLICKHOUSE_URL is not set, and under CI=true the ClickHouse server tests must run: run them through `npm test`, which starts Debian\'s clickhouse-server (apt-get install clickhouse-server)');
-    });
-  } else {
-    test(NAME, { skip: 'no ClickHouse server: SVC_TEST_CLICKHOUSE_URL is unset (npm test starts one when clickhouse-server is installed)' }, () => {});
-  }
-} else {
+if (url) {
   describe(NAME, () => {
     const table = `transport_${randomBytes(4).toString('hex')}`;
     let store: ClickHouseStore;

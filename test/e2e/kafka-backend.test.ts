@@ -7,18 +7,13 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
+import { backend } from '../helpers/backend.ts';
 import { createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
 
-const brokers = process.env.SVC_TEST_KAFKA_BROKERS;
 const NAME = 'the service on Kafka';
+const brokers = backend('SVC_TEST_KAFKA_BROKERS', NAME);
 
-if (!brokers) {
-  if (process.env.CI === 'true') {
-    test(NAME, () => assert.fail('SVC_TEST_KAFKA_BROKERS is not set; under CI=true the Kafka tests must run (npm test starts a broker)'));
-  } else {
-    test(NAME, { skip: 'no Kafka broker: SVC_TEST_KAFKA_BROKERS is unset (npm test starts one when java and mvn are on PATH)' }, () => {});
-  }
-} else {
+if (brokers) {
   describe(NAME, () => {
     let server: TestServer;
     let key: string;

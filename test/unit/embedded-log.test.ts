@@ -19,7 +19,7 @@ function spec(name: string, partitions = 1, extra: Partial<TopicSpec> = {}): Top
 
 function recordingLogger() {
   const warns: Array<{ obj: Record<string, unknown>; msg?: string }> = [];
-  return { warns, logger: { info() {}, warn(obj: object, msg?: string) { warns.push({ obj: obj as Record<string, unknown>, msg }); } } };
+  return { warns, logger: { info() {}, error() {}, warn(obj: object, msg?: string) { warns.push({ obj: obj as Record<string, unknown>, msg }); } } };
 }
 
 async function withDir(body: (dir: string) => Promise<void>): Promise<void> {

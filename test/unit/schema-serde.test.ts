@@ -166,7 +166,7 @@ describe('topic catalog', () => {
     checkTopicConstants(catalog);
     const traces = catalog.find((t) => t.name === TOPICS.traces)!;
     assert.deepEqual(traces, {
-      name: 'svc.traces', partitions: 6, key: traces.key, valueSchema: 'trace-events-ingested', cleanupPolicy: 'delete', retentionMs: 7 * 86_400_000,
+      name: 'svc.traces', partitions: 6, key: traces.key, valueSchema: 'trace-events-ingested', cleanupPolicy: 'delete', retentionMs: 7 * 86_400_000, table: 'trace_events',
     });
     assert.equal(catalog.find((t) => t.name === TOPICS.schemas)!.retentionMs, null);
     assert.equal(catalog.find((t) => t.name === TOPICS.schemas)!.valueSchema, null);
@@ -182,7 +182,9 @@ describe('topic catalog', () => {
   });
 
   it('names the entry and field of an invalid catalog', async () => {
-    assert.deepEqual((await load([entry]))[0], { name: 'a.b', partitions: 2, key: 'k', valueSchema: 'x', cleanupPolicy: 'delete', retentionMs: 604_800_000 });
+    assert.deepEqual((await load([entry]))[0], { name: 'a.b', partitions: 2, key: 'k', valueSchema: 'x', cleanupPolicy: 'delete', retentionMs: 604_800_000, table: null });
+    assert.equal((await load([{ ...entry, table: 'facts' }]))[0].table, 'facts');
+    await assert.rejects(async () => load([{ ...entry, table: 'Drop Table' }]), /\(a\.b\)\.table: must be a ClickHouse table name/);
     await assert.rejects(async () => load([{ ...entry, partitions: 0 }]), /topics\[0\] \(a\.b\)\.partitions: must be a whole number >= 1/);
     await assert.rejects(async () => load([entry, { ...entry, name: 'c', retention: 'soon' }]), /topics\[1\] \(c\)\.retention: "soon" is not a duration/);
     await assert.rejects(async () => load([{ ...entry, cleanup_policy: 'keep' }]), /\(a\.b\)\.cleanup_policy: must be "delete" or "compact"/);

@@ -13,7 +13,8 @@ import { newEventId } from '../../kernel/ids.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
-import { EVENT_TYPES, formatTimestampUs, parseTimestampUs, validateTraceBatch, type TraceEvent } from '../traces/validate-events.ts';
+import type { TraceEvent } from '../../kernel/events.ts';
+import { EVENT_TYPES, formatTimestampUs, parseTimestampUs, validateTraceBatch } from '../traces/validate-events.ts';
 
 /** Most bytes of trace events per log record; a larger batch is split (Kafka's default limit is 1 MiB). */
 const MAX_RECORD_BYTES = 900 * 1024;

@@ -4,35 +4,12 @@
  * Valid events are normalised into the TraceEvent shape of schemas/trace-events-ingested.avsc.
  */
 import { badRequest } from '../../kernel/errors.ts';
+import type { TraceEvent } from '../../kernel/events.ts';
 import { newEventId } from '../../kernel/ids.ts';
 
 export const EVENT_TYPES = ['llm_call', 'tool_use', 'tool_call'] as const;
 export const PHASES = ['start', 'end', 'complete', 'invoked'] as const;
 export const STATUSES = ['ok', 'error'] as const;
-
-export interface TraceEvent {
-  event_id: string;
-  ts_us: number;
-  event_type: string;
-  tool: string;
-  phase: string;
-  trace_id: string;
-  span_id: string;
-  parent_span_id: string | null;
-  duration_ms: number;
-  status: string;
-  input: string | null;
-  output: string | null;
-  cost: {
-    input_tokens: number;
-    output_tokens: number;
-    cache_read_tokens: number;
-    reasoning_tokens: number;
-    model: string;
-    estimated_usd: number;
-  } | null;
-  metadata: Record<string, string>;
-}
 
 const ISO_8601 = /^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:?\d{2})$/;
 const ID = /^[\x21-\x7e]{1,128}$/;

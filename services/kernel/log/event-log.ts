@@ -115,3 +115,21 @@ export interface EventLog {
   /** Stops every consumer gracefully, then releases the backend. */
   close(): Promise<void>;
 }
+
+/** What a backend logs through (the service passes its pino logger). */
+export interface BackendLogger {
+  info(obj: object, msg?: string): void;
+  warn(obj: object, msg?: string): void;
+  error(obj: object, msg?: string): void;
+}
+
+/** For a backend used without a logger (tests, tools): warnings and errors to the console. */
+export const consoleLogger: BackendLogger = {
+  info() {},
+  warn(obj, msg) {
+    console.warn(msg ?? 'event log warning', obj);
+  },
+  error(obj, msg) {
+    console.error(msg ?? 'event log error', obj);
+  },
+};

@@ -19,11 +19,13 @@ import type {
   ProduceRecord,
   RecordPosition,
   TopicSpec,
+  BackendLogger,
 } from '../event-log.ts';
+import { consoleLogger } from '../event-log.ts';
 import { partitionForKey } from '../murmur2.ts';
 import { DirLock } from './lock.ts';
 import { OffsetStore } from './offsets-store.ts';
-import { Partition, type Logger } from './partition.ts';
+import { Partition } from './partition.ts';
 import { SyncScheduler } from './sync.ts';
 
 export type FsyncPolicy = 'always' | 'never' | { intervalMs: number };
@@ -31,7 +33,7 @@ export type FsyncPolicy = 'always' | 'never' | { intervalMs: number };
 export interface EmbeddedLogOptions {
   dir: string;
   fsync: FsyncPolicy;
-  logger?: Logger;
+  logger?: BackendLogger;
   /** A partition's active segment is closed once it would grow past this. @default 64 MiB */
   segmentBytes?: number;
   /** How often retention is checked besides on every segment roll. @default 60 000 */
@@ -57,18 +59,12 @@ interface TopicState {
 const TOPIC_NAME = /^[A-Za-z0-9._-]{1,249}$/;
 const DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024;
 
-const silentLogger: Logger = {
-  info() {},
-  warn(obj, msg) {
-    console.warn(msg ?? 'event log warning', obj);
-  },
-};
 
 export class EmbeddedLog implements EventLog {
   readonly kind = 'embedded' as const;
   private readonly dir: string;
   private readonly fsyncPolicy: FsyncPolicy;
-  private readonly logger: Logger;
+  private readonly logger: BackendLogger;
   private readonly segmentBytes: number;
   private readonly retentionCheckMs: number;
   readonly redeliveryBackoffMs: number;
@@ -85,7 +81,7 @@ export class EmbeddedLog implements EventLog {
   constructor(options: EmbeddedLogOptions) {
     this.dir = path.resolve(options.dir);
     this.fsyncPolicy = options.fsync;
-    this.logger = options.logger ?? silentLogger;
+    this.logger = options.logger ?? consoleLogger;
     this.segmentBytes = options.segmentBytes ?? DEFAULT_SEGMENT_BYTES;
     this.retentionCheckMs = options.retentionCheckMs ?? 60_000;
     this.redeliveryBackoffMs = options.redeliveryBackoffMs ?? 200;
@@ -384,7 +380,7 @@ export class EmbeddedLog implements EventLog {
   }
 
   /** @internal */
-  get log(): Logger {
+  get log(): BackendLogger {
     return this.logger;
   }
 

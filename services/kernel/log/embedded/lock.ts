@@ -22,19 +22,7 @@ export class DirLock {
   /** Takes the lock, taking over a stale one; throws "data dir is in use by pid N" otherwise. */
   acquire(): { tookOverFrom: number | null } {
     for (let attempt = 0; attempt < 5; attempt++) {
-      try {
-        const fd = fs.openSync(this.file, 'wx', 0o644);
-        try {
-          fs.writeSync(fd, `${process.pid}\n`);
-          fs.fsyncSync(fd);
-        } finally {
-          fs.closeSync(fd);
-        }
-        this.held = true;
-        return { tookOverFrom: null };
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-      }
+      if (this.acquireFresh()) return { tookOverFrom: null };
       let content = '';
       try {
         content = fs.readFileSync(this.file, 'utf8');

@@ -5,7 +5,7 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import type { Logger } from './partition.ts';
+import type { BackendLogger } from '../event-log.ts';
 import type { SyncScheduler } from './sync.ts';
 
 const REWRITE_BYTES = 4 * 1024 * 1024;
@@ -19,7 +19,7 @@ export class OffsetStore {
   constructor(
     dir: string,
     private readonly sync: SyncScheduler,
-    private readonly logger: Logger,
+    private readonly logger: BackendLogger,
   ) {
     this.file = path.join(dir, 'consumer-offsets.log');
   }

@@ -15,10 +15,7 @@ const INDEX_INTERVAL = 16 * 1024;
 const SCAN_CHUNK = 4 * 1024 * 1024;
 const MAX_READ_CHUNK = 4 * 1024 * 1024;
 
-export interface Logger {
-  info(obj: object, msg?: string): void;
-  warn(obj: object, msg?: string): void;
-}
+import type { BackendLogger } from '../event-log.ts';
 
 export interface Segment {
   base: number;
@@ -153,7 +150,7 @@ export class Partition {
     readonly partition: number,
     topicDir: string,
     private readonly sync: SyncScheduler,
-    private readonly logger: Logger,
+    private readonly logger: BackendLogger,
   ) {
     this.dir = path.join(topicDir, String(partition));
   }

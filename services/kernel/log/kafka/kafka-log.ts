@@ -29,20 +29,16 @@ import type {
   ProduceRecord,
   RecordPosition,
   TopicSpec,
+  BackendLogger,
 } from '../event-log.ts';
+import { consoleLogger } from '../event-log.ts';
 import { toLogRecord } from './records.ts';
 import { PartitionReader } from './replay.ts';
-
-export interface KafkaLogger {
-  info(obj: object, msg?: string): void;
-  warn(obj: object, msg?: string): void;
-  error(obj: object, msg?: string): void;
-}
 
 export interface KafkaLogOptions {
   brokers: string[];
   clientId?: string;
-  logger?: KafkaLogger;
+  logger?: BackendLogger;
   /** Overrides of the consumer tuning below (kafkajs consumer option names). */
   consumerTuning?: Partial<ConsumerTuning>;
 }
@@ -78,21 +74,12 @@ const RETRY_BACKOFF_MAX_MS = 5_000;
 /** How long consume() waits for the member's first assignment. */
 const JOIN_TIMEOUT_MS = 60_000;
 
-const silentLogger: KafkaLogger = {
-  info() {},
-  warn(obj, msg) {
-    console.warn(msg ?? '', obj);
-  },
-  error(obj, msg) {
-    console.error(msg ?? '', obj);
-  },
-};
 
 export class KafkaLog implements EventLog {
   readonly kind = 'kafka' as const;
 
   private readonly kafka: Kafka;
-  private readonly logger: KafkaLogger;
+  private readonly logger: BackendLogger;
   private readonly clientId: string;
   private readonly consumerTuning: Partial<ConsumerTuning>;
   private admin: Admin | null = null;
@@ -106,7 +93,7 @@ export class KafkaLog implements EventLog {
 
   constructor(options: KafkaLogOptions) {
     if (!options.brokers.length) throw new Error('KafkaLog needs at least one broker');
-    this.logger = options.logger ?? silentLogger;
+    this.logger = options.logger ?? consoleLogger;
     this.clientId = options.clientId ?? 'svc';
     this.consumerTuning = options.consumerTuning ?? {};
     this.kafka = new Kafka({
@@ -313,7 +300,7 @@ class KafkaLogConsumer implements Consumer {
     kafka: Kafka,
     private readonly options: ConsumeOptions,
     tuning: ConsumerTuning,
-    private readonly logger: KafkaLogger,
+    private readonly logger: BackendLogger,
     private readonly onStopped: (c: KafkaLogConsumer) => void,
   ) {
     this.groupId = options.groupId;

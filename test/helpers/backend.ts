@@ -1,0 +1,21 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+const HOW: Record<string, string> = {
+  SVC_TEST_KAFKA_BROKERS: 'npm test starts a Kafka broker when java and mvn are on PATH',
+  SVC_TEST_CLICKHOUSE_URL: "npm test starts Debian's clickhouse-server (apt-get install clickhouse-server)",
+};
+
+/**
+ * The address of a real backend that `npm test` provisions, from its environment variable. When
+ * it is missing, registers one test in its place: skipped with a one-line reason, or failing
+ * under CI=true (where every backend is mandatory); returns null.
+ */
+export function backend(envVar: keyof typeof HOW, suite: string): string | null {
+  const value = process.env[envVar];
+  if (value) return value;
+  const reason = `${envVar} is unset (${HOW[envVar]})`;
+  if (process.env.CI === 'true') test(suite, () => assert.fail(`${reason}; under CI=true this backend is mandatory`));
+  else test(suite, { skip: reason }, () => {});
+  return null;
+}
