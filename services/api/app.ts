@@ -47,8 +47,10 @@ export function createApp({ kernel, auth, idempotency, registry, health }: AppDe
       await next();
     } finally {
       const route = (ctx as { _matchedRoute?: string })._matchedRoute ?? 'unmatched';
+      const ms = performance.now() - started;
       metrics.httpRequests.inc({ route, method: ctx.method, status: String(ctx.status) });
-      metrics.httpDuration.observe({ route, method: ctx.method }, (performance.now() - started) / 1000);
+      metrics.httpDuration.observe({ route, method: ctx.method }, ms / 1000);
+      logger.info({ request_id: ctx.state.requestId, tenant: ctx.state.principal?.tenant, method: ctx.method, route, status: ctx.status, ms: Math.round(ms) }, 'request');
     }
   });
   app.use(errorMiddleware(logger));

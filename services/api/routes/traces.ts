@@ -32,7 +32,8 @@ export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: 
   const records: TraceEvent[][] = [[]];
   let bytes = 0;
   for (const event of events) {
-    const size = 300 + (event.input?.length ?? 0) + (event.output?.length ?? 0) + JSON.stringify(event.metadata).length;
+    let size = 300 + (event.input?.length ?? 0) + (event.output?.length ?? 0);
+    for (const key in event.metadata) size += key.length + event.metadata[key].length + 4;
     if (bytes + size > MAX_RECORD_BYTES && records[records.length - 1].length > 0) {
       records.push([]);
       bytes = 0;
