@@ -11,8 +11,9 @@ import { openKernel } from './kernel/kernel.ts';
 import { createLogger } from './kernel/logger.ts';
 import { ApiService } from './api/service.ts';
 import { SinkService } from './sink/service.ts';
+import { SandboxRunnerService } from './sandbox-runner/service.ts';
 
-export const SERVICE_NAMES = ['api', 'sink'] as const;
+export const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
 
 export interface Running {
@@ -30,6 +31,7 @@ export async function startServices(config: Config, names: readonly ServiceName[
   let api: ApiService | null = null;
   // The sink starts first: the API's writes await its watermarks.
   if (names.includes('sink')) services.push(new SinkService());
+  if (names.includes('sandbox-runner')) services.push(new SandboxRunnerService());
   if (names.includes('api')) services.push((api = new ApiService({ registry: opened.registry })));
   const started: Service[] = [];
   try {

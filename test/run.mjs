@@ -113,10 +113,52 @@ const backends = [
     env: 'SVC_TEST_CLICKHOUSE_URL',
     start: startClickHouse,
   },
-  // bubblewrap (the `local` sandbox runtime) goes here when its tests exist: check `bwrap` on
-  // PATH (apt-get install bubblewrap when root), and that it can create namespaces; export
-  // nothing, or skip with a reason / fail under CI=true like the others.
+  {
+    name: 'bubblewrap (local sandbox runtime)',
+    env: 'SVC_TEST_BWRAP',
+    start: startBubblewrap,
+  },
 ];
+
+/** The Debian packages the `local` sandbox runtime uses (infra/sandbox-packages.txt is the list). */
+const SANDBOX_PACKAGES = fs
+  .readFileSync(path.join(root, 'infra/sandbox-packages.txt'), 'utf8')
+  .split('\n')
+  .map((l) => l.replace(/#.*/, '').trim())
+  .filter(Boolean);
+
+function aptInstall(packages) {
+  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+  execFileSync('apt-get', ['update', '-qq'], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+  execFileSync('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...packages], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+}
+
+async function startBubblewrap() {
+  const absent = SANDBOX_PACKAGES.filter((pkg) => {
+    try {
+      execFileSync('dpkg-query', ['-W', '-f=${Status}', pkg], { stdio: ['ignore', 'pipe', 'ignore'] });
+      return false;
+    } catch {
+      return true;
+    }
+  });
+  if (absent.length && process.getuid?.() === 0 && onPath('apt-get')) {
+    say(`installing ${absent.join(' ')} with apt-get (Debian packages)…`);
+    try {
+      aptInstall(absent);
+    } catch (err) {
+      return { skip: `apt-get install ${absent.join(' ')} failed: ${String(err.stderr ?? err.message).trim().split('\n').at(-1)}` };
+    }
+  }
+  const bwrap = onPath('bwrap');
+  if (!bwrap) return { skip: 'bwrap is not installed (apt-get install bubblewrap)' };
+  try {
+    execFileSync(bwrap, ['--unshare-all', '--die-with-parent', '--ro-bind', '/', '/', 'true'], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 10_000 });
+  } catch (err) {
+    return { skip: `bwrap cannot create namespaces here: ${String(err.stderr ?? err.message).trim()}` };
+  }
+  return { value: bwrap, stop: async () => {} };
+}
 
 async function provision(backend) {
   if (process.env[backend.env]) return `${backend.name} ${process.env[backend.env]} (given)`;

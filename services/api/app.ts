@@ -16,6 +16,13 @@ import { RateLimiter } from './middleware/rate-limit.ts';
 import { adminRouter } from './routes/admin.ts';
 import { schemaRegistryRouter } from './routes/schema-registry.ts';
 import { tracesRouter } from './routes/traces.ts';
+import { specsRouter } from './routes/specs.ts';
+import { secretsRouter } from './routes/secrets.ts';
+import { sandboxesRouter } from './routes/sandboxes.ts';
+import type { SpecCatalog } from './specs.ts';
+import type { SandboxDirectory } from './sandboxes.ts';
+import type { TenantSecrets } from '../kernel/tenant-secrets.ts';
+import type { Requester } from '../kernel/request-reply.ts';
 
 /** Ingest endpoints are limited in events per second, not requests (DECISIONS.md). */
 const INGEST_PATHS = [/^\/v1\/traces$/, /^\/v1\/sandboxes\/[^/]+\/trace$/, /^\/otel\/v1\/traces$/];
@@ -26,12 +33,16 @@ export interface AppDeps {
   kernel: Kernel;
   auth: Auth;
   idempotency: Idempotency;
+  specs: SpecCatalog;
+  secrets: TenantSecrets;
+  sandboxes: SandboxDirectory;
+  requester: Requester;
   /** The built-in schema registry, when this process serves it. */
   registry: BuiltInRegistry | null;
   health(): Promise<{ ok: boolean; body: object }>;
 }
 
-export function createApp({ kernel, auth, idempotency, registry, health }: AppDeps): Koa {
+export function createApp({ kernel, auth, idempotency, specs, secrets, sandboxes, requester, registry, health }: AppDeps): Koa {
   const { config, metrics, logger } = kernel;
   const app = new Koa();
   app.proxy = false;
@@ -59,6 +70,10 @@ export function createApp({ kernel, auth, idempotency, registry, health }: AppDe
     if (PUBLIC_PATHS.has(ctx.path)) return next();
     const principal = auth.authenticate(ctx.get('Authorization') || undefined);
     ctx.state.principal = principal;
+    // A sandbox token is valid only for its own sandbox's resources.
+    if (principal.kind === 'sandbox' && !ctx.path.startsWith(`/v1/sandboxes/${principal.keyId}`)) {
+      throw new AppError('forbidden', 'a sandbox token is valid only for its own sandbox (/v1/sandboxes/<its id>)');
+    }
     const operatorCall = principal.kind === 'admin' && ctx.path.startsWith('/v1/admin/');
     if (!operatorCall && (!INGEST_PATHS.some((p) => p.test(ctx.path)) || ctx.method !== 'POST')) {
       (ctx.method === 'GET' || ctx.method === 'HEAD' ? reads : writes).take(principal.keyId);
@@ -95,7 +110,14 @@ export function createApp({ kernel, auth, idempotency, registry, health }: AppDe
     ctx.body = await metrics.render(kernel.log);
   });
 
-  const routers = [root, tracesRouter(kernel, ingestEvents), adminRouter(kernel, auth)];
+  const routers = [
+    root,
+    tracesRouter(kernel, ingestEvents),
+    specsRouter(specs),
+    secretsRouter(secrets),
+    sandboxesRouter({ kernel, auth, specs, sandboxes, requester, ingestLimiter: ingestEvents }),
+    adminRouter(kernel, auth),
+  ];
   if (registry) {
     const sr = new Router({ prefix: '/schema-registry' });
     sr.use(async (ctx, next) => {

@@ -5,24 +5,37 @@ import { Auth } from '../kernel/auth.ts';
 import type { BuiltInRegistry } from '../kernel/schema/registry.ts';
 import { createApp } from './app.ts';
 import { Idempotency } from './middleware/idempotency.ts';
+import { SandboxDirectory } from './sandboxes.ts';
+import { SpecCatalog } from './specs.ts';
+import { TenantSecrets } from '../kernel/tenant-secrets.ts';
+import { Requester } from '../kernel/request-reply.ts';
 
 /** The HTTP API. Holds the auth and idempotency views; everything else it reads from the log or the store. */
 export class ApiService implements Service {
   readonly name = 'api';
   private server: http.Server | null = null;
-  private auth: Auth | null = null;
-  private idempotency: Idempotency | null = null;
+  private parts: Array<{ start(): Promise<void>; stop(): Promise<void> }> = [];
 
   constructor(private readonly options: { registry: BuiltInRegistry | null }) {}
 
   async start(kernel: Kernel): Promise<void> {
-    this.auth = new Auth(kernel);
-    this.idempotency = new Idempotency(kernel);
-    await Promise.all([this.auth.start(), this.idempotency.start()]);
+    const auth = new Auth(kernel);
+    const idempotency = new Idempotency(kernel);
+    const specs = new SpecCatalog(kernel);
+    const secrets = new TenantSecrets(kernel);
+    const sandboxes = new SandboxDirectory(kernel);
+    const requester = new Requester(kernel);
+    this.parts = [auth, idempotency, specs, secrets, sandboxes, requester];
+    await Promise.all(this.parts.map((p) => p.start()));
+    auth.acceptSandboxTokens((hash) => sandboxes.byTokenHash(hash));
     const app = createApp({
       kernel,
-      auth: this.auth,
-      idempotency: this.idempotency,
+      auth,
+      idempotency,
+      specs,
+      secrets,
+      sandboxes,
+      requester,
       registry: this.options.registry,
       health: async () => {
         const [log, store] = await Promise.all([
@@ -59,6 +72,6 @@ export class ApiService implements Service {
       server.closeIdleConnections();
       await closed;
     }
-    await Promise.all([this.auth?.stop(), this.idempotency?.stop()]);
+    await Promise.all(this.parts.map((p) => p.stop()));
   }
 }

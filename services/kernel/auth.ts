@@ -34,12 +34,18 @@ export interface ApiKeyRecord {
   created_at: number;
 }
 
-/** Who is calling. `admin` is the operator's key from SVC_API_KEY; it acts as the default tenant. */
+/**
+ * Who is calling. `admin` is the operator's key from SVC_API_KEY; it acts as the default tenant.
+ * `sandbox` is a `svc_sb_` token, valid only for its own sandbox (keyId is the sandbox id).
+ */
 export interface Principal {
-  kind: 'admin' | 'tenant' | 'anonymous';
+  kind: 'admin' | 'tenant' | 'anonymous' | 'sandbox';
   tenant: string;
   keyId: string;
 }
+
+/** Finds the live sandbox of a token hash (the api's sandbox view provides it). */
+export type SandboxTokenLookup = (hash: string) => { tenant: string; sandbox_id: string } | undefined;
 
 /**
  * The key from `Bearer <key>`, or from `Basic base64(<any user>:<key>)`, which schema-registry
@@ -73,6 +79,7 @@ export class Auth {
     this.byHash.set(value.key_hash, value);
   });
   private readonly adminKey: Buffer | null;
+  private sandboxTokens: SandboxTokenLookup = () => undefined;
 
   constructor(private readonly kernel: Kernel) {
     this.adminKey = kernel.config.apiKey === null ? null : Buffer.from(kernel.config.apiKey);
@@ -80,6 +87,10 @@ export class Auth {
 
   async start(): Promise<void> {
     await Promise.all([this.tenants.start(this.kernel), this.keys.start(this.kernel)]);
+  }
+
+  acceptSandboxTokens(lookup: SandboxTokenLookup): void {
+    this.sandboxTokens = lookup;
   }
 
   async stop(): Promise<void> {
@@ -100,6 +111,10 @@ export class Auth {
     if (token.startsWith('svc_live_')) {
       const record = this.byHash.get(sha256Hex(token));
       if (record && record.status === 'active') return { kind: 'tenant', tenant: record.tenant, keyId: record.key_id };
+    }
+    if (token.startsWith('svc_sb_')) {
+      const sandbox = this.sandboxTokens(sha256Hex(token));
+      if (sandbox) return { kind: 'sandbox', tenant: sandbox.tenant, keyId: sandbox.sandbox_id };
     }
     throw new AppError('unauthorized', 'invalid API key');
   }

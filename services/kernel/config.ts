@@ -54,6 +54,7 @@ const brokerList: Parser<string[]> = (raw) => {
   if (brokers.length === 0) throw new Error('expected at least one host:port');
   return brokers;
 };
+const list: Parser<string[]> = (raw) => raw.split(',').map((s) => s.trim()).filter(Boolean);
 const url: Parser<string> = (raw) => {
   try {
     const u = new URL(raw);
@@ -83,6 +84,13 @@ export const SETTINGS = {
   authRequired: setting('SVC_AUTH_REQUIRED', 'true', '`false` lets requests without a key act as the default tenant (trusted local use only).', bool),
   defaultTenant: setting('SVC_DEFAULT_TENANT', 'default', 'Tenant of the admin key and of unauthenticated requests when auth is off.', str),
   defaultPlan: setting('SVC_DEFAULT_PLAN', 'pro', 'Plan of new tenants: `free`, `pro` or `enterprise`.', oneOf('free', 'pro', 'enterprise')),
+  secretsKey: setting('SVC_SECRETS_KEY', null, 'Key (64 hex characters) that encrypts tenant-stored secrets on the log. Unset: one is generated into the data dir; a distributed deployment must set the same key everywhere.', (raw) => {
+    if (!/^[0-9a-fA-F]{64}$/.test(raw)) throw new Error('expected 64 hex characters (32 bytes)');
+    return raw;
+  }),
+  secretEnvAllow: setting('SVC_SECRET_ENV_ALLOW', null, 'Host environment variables that specs may read as secrets (`env`, `env:NAME`): comma-separated names, `*` for all. Unset: none, or all when auth is off.', list),
+  secretFileDirs: setting('SVC_SECRET_FILE_DIRS', null, 'Host directories that `file:<path>` secrets may read from, comma-separated. Unset: none, or any when auth is off.', list),
+  secretCommands: setting('SVC_SECRET_COMMANDS', null, 'Host commands that `command:<cmd>` secrets may run, comma-separated, exact. Unset: none, or any when auth is off.', list),
   logLevel: setting('SVC_LOG_LEVEL', 'info', 'pino log level.', oneOf('fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent')),
   rateLimitReads: setting('SVC_RATE_LIMIT_READS', '100', 'Read requests per second per API key (0 disables).', nonNegativeInt),
   rateLimitWrites: setting('SVC_RATE_LIMIT_WRITES', '10', 'Write requests per second per API key (0 disables).', nonNegativeInt),
@@ -110,6 +118,9 @@ export const SETTINGS = {
   webhookRetries: setting('SVC_WEBHOOK_RETRIES', '3', 'Retries of an alert webhook on 5xx or network errors.', nonNegativeInt),
   webhookTimeout: setting('SVC_WEBHOOK_TIMEOUT', '10s', 'Timeout of one alert webhook call.', durationMs),
   alertDedupWindow: setting('SVC_ALERT_DEDUP_WINDOW', '5m', 'Notification dedup window per rule per experiment.', durationMs),
+  runnerMaxSandboxes: setting('SVC_RUNNER_MAX_SANDBOXES', '100', 'Sandboxes one runner holds at once; past it creation answers 503 `at_capacity` (0: no limit).', nonNegativeInt),
+  sandboxHostRootfs: setting('SVC_SANDBOX_HOST_ROOTFS', 'false', 'When a spec\'s `base` image is not in the image store, boot on the host\'s read-only system directories (/usr, /etc, /bin, /lib) with a `warning` event instead of failing.', bool),
+  artifactsDir: setting('SVC_ARTIFACTS_DIR', null, 'Where teardown exports go (default `<data dir>/artifacts`).', str),
   sinkBatchRows: setting('SVC_SINK_BATCH_ROWS', '20000', 'The sink inserts into ClickHouse once this many rows wait...', positiveInt),
   sinkFlushInterval: setting('SVC_SINK_FLUSH_INTERVAL', '10ms', '...or once the oldest waiting row is this old.', durationMs),
   handlerMaxAttempts: setting('SVC_HANDLER_MAX_ATTEMPTS', '5', 'Tries of an event handler before the event goes to the dead-letter topic.', positiveInt),

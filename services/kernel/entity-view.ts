@@ -8,6 +8,8 @@ import { subscribe, type Delivered, type Kernel } from './actor.ts';
 import type { Consumer, RecordPosition } from './log/event-log.ts';
 import { Watermark } from './watermark.ts';
 
+let viewCount = 0;
+
 export class EntityView<T> {
   readonly entities = new Map<string, T>();
   private readonly watermark: Watermark;
@@ -29,7 +31,9 @@ export class EntityView<T> {
   async start(kernel: Kernel): Promise<void> {
     const ends = await kernel.log.endOffsets(this.topic);
     this.consumer = await subscribe<T>(kernel, {
-      groupId: `view.${this.topic}.${kernel.instanceId}`,
+      // Its own group: two views of one topic in a process (the api's and a runner's) must each
+      // see every partition, not split them as members of one group.
+      groupId: `view.${this.topic}.${kernel.instanceId}.${++viewCount}`,
       topics: [this.topic],
       fromBeginning: true,
       commit: false,

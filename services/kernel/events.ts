@@ -54,3 +54,88 @@ export interface DeadLettered {
   error: string;
   attempts: number;
 }
+
+/** A value of svc.specs (schemas/spec-stored.avsc). */
+export interface SpecStored {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  spec_id: string;
+  version: number;
+  yaml: string;
+  deleted: boolean;
+}
+
+/** A value of svc.sandbox-requests (schemas/sandbox-requested.avsc). */
+export interface SandboxRequested {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  correlation_id: string;
+  sandbox_id: string;
+  op: string;
+  payload: string;
+}
+
+/** A value of svc.sandbox-replies (schemas/sandbox-replied.avsc). */
+export interface SandboxReplied {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  correlation_id: string;
+  sandbox_id: string;
+  status: number;
+  error: string | null;
+  content_type: string;
+  body: Buffer;
+}
+
+/** A value of svc.sandboxes (schemas/sandbox-changed.avsc). */
+export interface SandboxChanged {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  sandbox_id: string;
+  spec_id: string;
+  spec_version: number;
+  state: 'creating' | 'ready' | 'running' | 'stopped' | 'error';
+  path: string;
+  created_at: number;
+  expires_at: number;
+  metadata: Record<string, string>;
+  services: string;
+  runner_id: string;
+  token_hash: string;
+  error: string | null;
+}
+
+/** A value of svc.sandbox-events (schemas/sandbox-event.avsc). */
+export interface SandboxEvent {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  sandbox_id: string;
+  seq: number;
+  event_type: string;
+  data: string;
+}
+
+/** A value of svc.audit (schemas/audit-recorded.avsc). */
+export interface AuditRecorded {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  sandbox_id: string;
+  record_ts: number;
+  type: string;
+  details: string;
+}
+
+/** A value of svc.tenant-secrets (schemas/tenant-secret-changed.avsc). */
+export interface TenantSecretChanged {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  name: string;
+  ciphertext: Buffer | null;
+}

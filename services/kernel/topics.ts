@@ -20,6 +20,13 @@ export const TOPICS = {
   apiKeys: 'svc.api-keys',
   idempotency: 'svc.idempotency',
   deadLetters: 'svc.dead-letters',
+  specs: 'svc.specs',
+  tenantSecrets: 'svc.tenant-secrets',
+  sandboxRequests: 'svc.sandbox-requests',
+  sandboxReplies: 'svc.sandbox-replies',
+  sandboxes: 'svc.sandboxes',
+  sandboxEvents: 'svc.sandbox-events',
+  audit: 'svc.audit',
   /** The built-in schema registry's own state (raw JSON values, not Avro). */
   schemas: '_schemas',
 } as const;

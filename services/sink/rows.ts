@@ -2,7 +2,7 @@
  * Event -> row mappings of the sink, one function per table. Column names follow the DDL in
  * kernel/store/migrations (otel_traces names for the span columns).
  */
-import type { DeadLettered, TraceEventsIngested } from '../kernel/events.ts';
+import type { AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent, TraceEventsIngested } from '../kernel/events.ts';
 import type { LogRecord } from '../kernel/log/event-log.ts';
 
 /** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
@@ -68,6 +68,51 @@ export function deadLetterRow(d: DeadLettered, record: LogRecord): Record<string
     Attempts: d.attempts,
     FailedAt: clickhouseTimeMs(d.ts),
     Value: d.value ? d.value.toString('base64') : '',
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+export function sandboxRow(s: SandboxChanged, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: s.tenant,
+    SandboxId: s.sandbox_id,
+    SpecId: s.spec_id,
+    SpecVersion: s.spec_version,
+    State: s.state,
+    Path: s.path,
+    CreatedAt: clickhouseTimeMs(s.created_at),
+    ExpiresAt: clickhouseTimeMs(s.expires_at),
+    Metadata: s.metadata,
+    RunnerId: s.runner_id,
+    Error: s.error ?? '',
+    Version: clickhouseTimeMs(s.ts),
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+export function sandboxEventRow(e: SandboxEvent, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: e.tenant,
+    SandboxId: e.sandbox_id,
+    Seq: e.seq,
+    EventType: e.event_type,
+    Data: e.data,
+    Timestamp: clickhouseTimeMs(e.ts),
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+export function auditRow(a: AuditRecorded, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: a.tenant,
+    SandboxId: a.sandbox_id,
+    Timestamp: clickhouseTimeMs(a.record_ts),
+    Type: a.type,
+    Details: a.details,
+    EventId: a.event_id,
     LogPartition: record.partition,
     LogOffset: record.offset,
   };

@@ -7,7 +7,7 @@
  * (Debian's 18.16 server only gets the transport test, store.clickhouse-server.test.ts).
  */
 import assert from 'node:assert/strict';
-import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { readdirSync, cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -22,7 +22,11 @@ interface Harness {
   cleanup(): Promise<void>;
 }
 
-const MIGRATION_NAMES = ['0001_schema_migrations', '0002_trace_events', '0003_dead_letters'];
+/** Every numbered file of the project, in order (each issue adds its own). */
+const MIGRATION_NAMES = readdirSync(MIGRATIONS_DIR)
+  .filter((f) => /^\d{4}_.+\.sql$/.test(f))
+  .sort()
+  .map((f) => f.replace(/\.sql$/, ''));
 
 /** A trace_events row with every column set; `over` replaces some. */
 function traceRow(over: Record<string, unknown> = {}): Record<string, unknown> {
@@ -107,12 +111,12 @@ function storeContract(name: string, harness: Harness | string): void {
         await assert.rejects(migrate(store, dir), /0003_dead_letters\.sql was changed after it was applied/);
         // A new file after the applied ones is applied, and only it.
         writeFileSync(file, readFileSync(join(MIGRATIONS_DIR, '0003_dead_letters.sql')));
-        writeFileSync(join(dir, '0004_extra.sql'), '-- test\nCREATE TABLE IF NOT EXISTS extra_t (a UInt8)\nENGINE = MergeTree ORDER BY a;\n\nSELECT 1;\n');
-        assert.deepEqual(await migrate(store, dir), ['0004_extra']);
+        writeFileSync(join(dir, '9999_extra.sql'), '-- test\nCREATE TABLE IF NOT EXISTS extra_t (a UInt8)\nENGINE = MergeTree ORDER BY a;\n\nSELECT 1;\n');
+        assert.deepEqual(await migrate(store, dir), ['9999_extra']);
         assert.deepEqual(await migrate(store, dir), []);
       } finally {
         await store.command('DROP TABLE IF EXISTS extra_t');
-        await store.command('ALTER TABLE schema_migrations DELETE WHERE version = 4 SETTINGS mutations_sync = 1');
+        await store.command('ALTER TABLE schema_migrations DELETE WHERE version = 9999 SETTINGS mutations_sync = 1');
         rmSync(dir, { recursive: true, force: true });
       }
     });

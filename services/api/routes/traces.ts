@@ -53,6 +53,50 @@ export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: 
   await kernel.visibility.waitFor(positions, kernel.config.replyTimeout);
 }
 
+/**
+ * GET /v1/sandboxes/:id/trace: every trace event of a sandbox (oldest first, up to 10,000) and
+ * the spec's metrics over its tool events (tool_use and tool_call; a span's start and end count
+ * once, by its end).
+ */
+export async function sandboxTrace(kernel: Kernel, tenant: string, sandboxId: string) {
+  const params = { tenant, sandbox: sandboxId };
+  const where = 'TenantId = {tenant:String} AND SandboxId = {sandbox:String}';
+  const [rows, tools] = await Promise.all([
+    kernel.store.query<TraceRow>(`SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${where} ORDER BY Timestamp, EventId LIMIT 1 BY Timestamp, EventId LIMIT 10000`, params),
+    kernel.store.query<{ tool: string; n: string; mean_ms: number; errors: string }>(
+      `SELECT SpanName AS tool, count() AS n, avg(Duration) / 1e6 AS mean_ms, countIf(StatusCode = 'Error') AS errors
+       FROM (SELECT * FROM trace_events WHERE ${where} AND EventType IN ('tool_use', 'tool_call') AND Phase != 'start' LIMIT 1 BY EventId)
+       GROUP BY tool ORDER BY tool`,
+      params,
+    ),
+  ]);
+  const breakdown: Record<string, { count: number; mean_ms: number; error_rate: number }> = {};
+  let total = 0;
+  let errors = 0;
+  let durationSum = 0;
+  for (const t of tools) {
+    const n = Number(t.n);
+    breakdown[t.tool] = { count: n, mean_ms: t.mean_ms, error_rate: n === 0 ? 0 : Number(t.errors) / n };
+    total += n;
+    errors += Number(t.errors);
+    durationSum += t.mean_ms * n;
+  }
+  const p95 = total === 0 ? 0 : (await kernel.store.query<{ p95: number }>(
+    `SELECT quantile(0.95)(Duration) / 1e6 AS p95 FROM trace_events WHERE ${where} AND EventType IN ('tool_use', 'tool_call') AND Phase != 'start'`,
+    params,
+  ))[0].p95;
+  return {
+    events: rows.map(traceEventFromRow),
+    metrics: {
+      total_tool_calls: total,
+      tool_success_rate: total === 0 ? 1 : (total - errors) / total,
+      mean_duration_ms: total === 0 ? 0 : durationSum / total,
+      p95_duration_ms: p95,
+      tool_breakdown: breakdown,
+    },
+  };
+}
+
 const FILTERS = ['experiment_id', 'sandbox_id', 'agent', 'event_type', 'tool', 'since'] as const;
 
 interface TraceRow {

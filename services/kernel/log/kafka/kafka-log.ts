@@ -75,6 +75,18 @@ const RETRY_BACKOFF_MAX_MS = 5_000;
 const JOIN_TIMEOUT_MS = 60_000;
 
 
+/** Retries a call that failed with an error kafkajs marks retriable (NOT_LEADER, ...), up to ~10 s. */
+async function retryRetriable<T>(call: () => Promise<T>): Promise<T> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await call();
+    } catch (err) {
+      if (!(err as { retriable?: boolean }).retriable || attempt >= 40) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 250));
+    }
+  }
+}
+
 export class KafkaLog implements EventLog {
   readonly kind = 'kafka' as const;
 
@@ -132,6 +144,9 @@ export class KafkaLog implements EventLog {
         })),
       });
       this.logger.info({ topics: missing.map((t) => t.name) }, 'created Kafka topics');
+      // Leaders exist in the metadata a moment before they serve requests: wait until each new
+      // topic answers ListOffsets, so the first reads after start() do not fail NOT_LEADER.
+      for (const t of missing) await this.endOffsets(t.name);
     }
     // Learn the real partition counts (an existing topic may differ from the catalog).
     if (catalog.length) {
@@ -225,7 +240,7 @@ export class KafkaLog implements EventLog {
   }
 
   async endOffsets(topic: string): Promise<number[]> {
-    const offsets = await this.need(this.admin).fetchTopicOffsets(topic);
+    const offsets = await retryRetriable(() => this.need(this.admin).fetchTopicOffsets(topic));
     const result = new Array<number>(offsets.length).fill(0);
     for (const o of offsets) result[o.partition] = Number(o.high);
     return result;
@@ -233,7 +248,7 @@ export class KafkaLog implements EventLog {
 
   async committedOffsets(groupId: string, topic: string): Promise<number[]> {
     const admin = this.need(this.admin);
-    const [entry] = await admin.fetchOffsets({ groupId, topics: [topic] });
+    const [entry] = await retryRetriable(() => admin.fetchOffsets({ groupId, topics: [topic] }));
     const count = await this.partitionCount(topic);
     const result = new Array<number>(count).fill(-1);
     for (const p of entry?.partitions ?? []) result[p.partition] = Number(p.offset);

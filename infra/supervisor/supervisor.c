@@ -1,0 +1,603 @@
+/*
+ * The sandbox supervisor of the `local` runtime (services/sandbox-runner/runtime/local-runtime.ts).
+ *
+ * Built statically on first use (gcc -O2 -static) and cached by source hash. Two modes:
+ *
+ *   supervisor launch CGPROCS[,CGPROCS...] -- PROGRAM ARGS...
+ *       Forks PROGRAM (bwrap) and stays outside the sandbox as the subreaper of all of it,
+ *       dying with the service (PDEATHSIG); exits with PROGRAM's status once every process
+ *       of the sandbox is gone. The child moves into the given cgroups (writes 0 to each
+ *       cgroup.procs file) and makes itself unattractive to the OOM killer (oom_score_adj
+ *       -1000, inherited by bwrap and the supervisor but reset to 0 for every command) before
+ *       it execs, so everything bwrap creates is inside the sandbox's cgroups from the start.
+ *
+ *   supervisor serve UID GID
+ *       Runs inside the bubblewrap namespaces as root (with only the capabilities bwrap leaves
+ *       it: SETUID, SETGID, SETPCAP, KILL). Reads requests on fd 3, writes replies on fd 4.
+ *       Every command runs as `sh -c COMMAND` in /workspace under a per-command "shepherd"
+ *       (a root child-subreaper that owns the command's whole process tree, forwards its output
+ *       and kills the tree on request). The command itself is a new session, with
+ *       uid/gid UID/GID, no supplementary groups, empty capability sets (bounding and ambient
+ *       included), no_new_privs and a seccomp filter.
+ *
+ * Protocol (native byte order; both ends are on one machine). Every frame:
+ *   u32 length (of what follows), u8 type, u32 command id, payload.
+ * Host -> supervisor:
+ *   1 EXEC     payload: COMMAND \0 (KEY=VALUE \0)*
+ *   2 KILL     kill the command's whole process tree (SIGKILL), then it reports EXIT
+ *   3 KILLALL  kill every process of the sandbox except the supervisor (and bwrap's pid 1)
+ * Supervisor -> host (each frame at most PIPE_BUF bytes, so writes from the supervisor and
+ * the shepherds never interleave):
+ *   10 READY     id 0, payload: supervisor pid (u32)
+ *   11 STARTED   payload: pid of the command (u32)
+ *   12 STDOUT    payload: bytes
+ *   13 STDERR    payload: bytes
+ *   14 EXIT      payload: i32 wait status of `sh` (as waitpid reports it)
+ *   15 ERROR     payload: message (the command could not start)
+ *   16 KILLED    reply to KILLALL
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <linux/audit.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define REQ_FD 3
+#define RESP_FD 4
+#define FRAME_MAX 4096 /* PIPE_BUF: atomic pipe writes */
+#define HEADER 9
+#define MAX_REQUEST (8 * 1024 * 1024)
+
+enum { T_EXEC = 1, T_KILL = 2, T_KILLALL = 3, T_READY = 10, T_STARTED = 11, T_STDOUT = 12, T_STDERR = 13, T_EXIT = 14, T_ERROR = 15, T_KILLED = 16 };
+
+static uid_t sandbox_uid;
+static gid_t sandbox_gid;
+
+static void send_frame(uint8_t type, uint32_t id, const void *data, size_t len) {
+  unsigned char buf[FRAME_MAX];
+  if (len > FRAME_MAX - HEADER) len = FRAME_MAX - HEADER;
+  uint32_t l = (uint32_t)(len + 5);
+  memcpy(buf, &l, 4);
+  buf[4] = type;
+  memcpy(buf + 5, &id, 4);
+  if (len) memcpy(buf + HEADER, data, len);
+  size_t total = len + HEADER, off = 0;
+  while (off < total) {
+    ssize_t n = write(RESP_FD, buf + off, total - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return; /* host gone: nothing to report to */
+    }
+    off += (size_t)n;
+  }
+}
+
+static void send_u32(uint8_t type, uint32_t id, uint32_t v) { send_frame(type, id, &v, 4); }
+
+static void send_error(uint32_t id, const char *what) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s: %s", what, strerror(errno));
+  send_frame(T_ERROR, id, msg, strlen(msg));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* seccomp: a deny list answered with EPERM (ENOSYS for clone3, so libc falls back to clone,   */
+/* whose namespace flags are checked); foreign architectures and x32 are refused.              */
+
+#if defined(__x86_64__)
+#define NATIVE_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define NATIVE_ARCH AUDIT_ARCH_AARCH64
+#else
+#error "unsupported architecture"
+#endif
+
+static const int denied[] = {
+#ifdef __NR_mount
+    __NR_mount,
+#endif
+    __NR_umount2, __NR_pivot_root, __NR_ptrace, __NR_process_vm_readv, __NR_process_vm_writev,
+    __NR_kexec_load,
+#ifdef __NR_kexec_file_load
+    __NR_kexec_file_load,
+#endif
+    __NR_init_module, __NR_finit_module, __NR_delete_module, __NR_bpf, __NR_perf_event_open,
+    __NR_keyctl, __NR_add_key, __NR_request_key, __NR_userfaultfd, __NR_unshare, __NR_setns,
+    __NR_chroot, __NR_swapon, __NR_swapoff, __NR_reboot, __NR_open_by_handle_at,
+    __NR_name_to_handle_at, __NR_acct, __NR_quotactl, __NR_settimeofday, __NR_clock_settime,
+    __NR_clock_adjtime, __NR_adjtimex, __NR_syslog, __NR_vhangup, __NR_lookup_dcookie,
+    __NR_fanotify_init, __NR_mbind, __NR_set_mempolicy, __NR_move_pages,
+#ifdef __NR_iopl
+    __NR_iopl,
+#endif
+#ifdef __NR_ioperm
+    __NR_ioperm,
+#endif
+#ifdef __NR_uselib
+    __NR_uselib,
+#endif
+#ifdef __NR_sysfs
+    __NR_sysfs,
+#endif
+#ifdef __NR__sysctl
+    __NR__sysctl,
+#endif
+#ifdef __NR_open_tree
+    __NR_open_tree, __NR_move_mount, __NR_fsopen, __NR_fsconfig, __NR_fsmount, __NR_fspick,
+#endif
+#ifdef __NR_mount_setattr
+    __NR_mount_setattr,
+#endif
+#ifdef __NR_io_uring_setup
+    __NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register,
+#endif
+#ifdef __NR_pidfd_getfd
+    __NR_pidfd_getfd,
+#endif
+#ifdef __NR_kcmp
+    __NR_kcmp,
+#endif
+};
+
+#define CLONE_NS_FLAGS (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET)
+
+static int install_seccomp(void) {
+  struct sock_filter f[256];
+  size_t n = 0;
+  size_t count = sizeof denied / sizeof denied[0];
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_ARCH, 1, 0);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+#if defined(__x86_64__)
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1); /* x32 ABI */
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+#endif
+  for (size_t i = 0; i < count; i++) {
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)denied[i], 0, 1);
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+  }
+#ifdef __NR_clone3
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone3, 0, 1);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+#endif
+  /* clone(flags, ...): no new namespaces (x86_64 and aarch64 both pass flags in args[0]) */
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 0, 3);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_NS_FLAGS, 0, 1);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  struct sock_fprog prog = {.len = (unsigned short)n, .filter = f};
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the command process                                                                        */
+
+static void child_fail(const char *what) {
+  char msg[512];
+  int len = snprintf(msg, sizeof msg, "sandbox: %s: %s\n", what, strerror(errno));
+  if (write(2, msg, (size_t)len) < 0) { /* nothing else to do */ }
+  _exit(126);
+}
+
+static void run_command(char *command, char **envp, int out_fd, int err_fd) {
+  sigset_t all;
+  sigemptyset(&all);
+  sigprocmask(SIG_SETMASK, &all, NULL);
+  for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+  setsid();
+  int null = open("/dev/null", O_RDONLY);
+  if (null >= 0) dup2(null, 0);
+  dup2(out_fd, 1);
+  dup2(err_fd, 2);
+  syscall(SYS_close_range, 3, ~0U, 0);
+  int oom = open("/proc/self/oom_score_adj", O_WRONLY);
+  if (oom >= 0) {
+    if (write(oom, "0", 1) < 0) { /* keep the inherited value */ }
+    close(oom);
+  }
+  for (int cap = 0; cap <= 63; cap++)
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno == EINVAL) break;
+  if (setgroups(0, NULL) < 0) child_fail("setgroups");
+  if (setresgid(sandbox_gid, sandbox_gid, sandbox_gid) < 0) child_fail("setgid");
+  if (setresuid(sandbox_uid, sandbox_uid, sandbox_uid) < 0) child_fail("setuid");
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[2];
+  memset(data, 0, sizeof data);
+  if (syscall(SYS_capset, &hdr, data) < 0) child_fail("capset");
+  prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail("no_new_privs");
+  if (chdir("/workspace") < 0) child_fail("chdir /workspace");
+  if (install_seccomp() < 0) child_fail("seccomp");
+  char *argv[] = {"sh", "-c", command, NULL};
+  execve("/bin/sh", argv, envp);
+  child_fail("exec /bin/sh");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* process tree helpers                                                                       */
+
+static int read_stat(pid_t pid, pid_t *ppid, char *state) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  if (!p) return -1;
+  char st;
+  int pp;
+  if (sscanf(p + 1, " %c %d", &st, &pp) != 2) return -1;
+  *ppid = pp;
+  *state = st;
+  return 0;
+}
+
+#define MAXP 65536
+static pid_t scan_pid[MAXP], scan_ppid[MAXP];
+static char scan_state[MAXP];
+
+static int scan_processes(void) {
+  int n = 0;
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  struct dirent *e;
+  while ((e = readdir(d)) && n < MAXP) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    pid_t pid = atoi(e->d_name), pp;
+    char st;
+    if (read_stat(pid, &pp, &st) == 0) {
+      scan_pid[n] = pid;
+      scan_ppid[n] = pp;
+      scan_state[n] = st;
+      n++;
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* SIGKILL every descendant of `root` (not `root` itself); returns how many were signalled. */
+static int kill_descendants(pid_t root) {
+  static char mark[MAXP];
+  int n = scan_processes(), found = 0, changed = 1;
+  memset(mark, 0, (size_t)n);
+  while (changed) {
+    changed = 0;
+    for (int i = 0; i < n; i++) {
+      if (mark[i]) continue;
+      int parent_marked = scan_ppid[i] == root;
+      for (int j = 0; !parent_marked && j < n; j++)
+        if (mark[j] && scan_pid[j] == scan_ppid[i]) parent_marked = 1;
+      if (parent_marked) mark[i] = 1, changed = 1;
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (mark[i] && scan_state[i] != 'Z') {
+      kill(scan_pid[i], SIGKILL);
+      found++;
+    }
+  return found;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the shepherd: one per command                                                              */
+
+static void shepherd(uint32_t id, char *command, char **envp) {
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  close(REQ_FD);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigaddset(&mask, SIGUSR1);
+  signal(SIGCHLD, SIG_DFL);
+  sigprocmask(SIG_BLOCK, &mask, NULL);
+  int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  int out[2], err[2];
+  if (sfd < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
+    send_error(id, "pipe");
+    _exit(1);
+  }
+  pid_t child = fork();
+  if (child < 0) {
+    send_error(id, "fork");
+    _exit(1);
+  }
+  if (child == 0) run_command(command, envp, out[1], err[1]);
+  close(out[1]);
+  close(err[1]);
+  send_u32(T_STARTED, id, (uint32_t)child);
+
+  int open_out = 1, open_err = 1, exited = 0, status = 0, reported = 0, killing = 0;
+  int64_t exited_at = 0;
+  unsigned char buf[FRAME_MAX - HEADER];
+  for (;;) {
+    if (killing) {
+      kill_descendants(getpid());
+    }
+    /* reap */
+    int no_children = 0;
+    for (;;) {
+      int st;
+      pid_t p = waitpid(-1, &st, WNOHANG);
+      if (p < 0 && errno == ECHILD) no_children = 1;
+      if (p <= 0) break;
+      if (p == child) exited = 1, status = st, exited_at = now_ms();
+    }
+    if (exited && !reported) {
+      /* the command is done once its output ends (or shortly after `sh` exits when a
+         background process keeps the pipes open), and, if it was killed, when its whole
+         tree is gone */
+      int output_done = (!open_out && !open_err) || now_ms() - exited_at >= 100;
+      if ((killing && no_children) || (!killing && output_done)) {
+        send_frame(T_EXIT, id, &status, 4);
+        reported = 1;
+      }
+    }
+    if (reported && no_children && !open_out && !open_err) _exit(0);
+    if (reported && killing && no_children) _exit(0);
+
+    struct pollfd p[3] = {{sfd, POLLIN, 0}, {open_out ? out[0] : -1, POLLIN, 0}, {open_err ? err[0] : -1, POLLIN, 0}};
+    int timeout = killing ? 2 : (exited && !reported) ? 10 : -1;
+    if (poll(p, 3, timeout) < 0 && errno != EINTR) _exit(1);
+    if (p[0].revents & POLLIN) {
+      struct signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) == sizeof si)
+        if (si.ssi_signo == SIGUSR1 && !killing) {
+          killing = 1;
+          kill(-child, SIGKILL);
+        }
+    }
+    for (int k = 1; k <= 2; k++) {
+      if (!(p[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      int fd = k == 1 ? out[0] : err[0];
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n > 0) {
+        if (!reported) send_frame(k == 1 ? T_STDOUT : T_STDERR, id, buf, (size_t)n);
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        close(fd);
+        if (k == 1) open_out = 0; else open_err = 0;
+      }
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the supervisor                                                                             */
+
+#define MAXCMD 4096
+static struct { pid_t pid; uint32_t id; } running[MAXCMD];
+
+static void track(pid_t pid, uint32_t id) {
+  for (int i = 0; i < MAXCMD; i++)
+    if (!running[i].pid) {
+      running[i].pid = pid;
+      running[i].id = id;
+      return;
+    }
+}
+
+static void reap_shepherds(void) {
+  for (;;) {
+    int st;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p <= 0) return;
+    for (int i = 0; i < MAXCMD; i++)
+      if (running[i].pid == p) {
+        /* a shepherd that did not end normally never reported; report the command as killed */
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+          int status = SIGKILL; /* wait status of a process killed by SIGKILL */
+          send_frame(T_EXIT, running[i].id, &status, 4);
+        }
+        running[i].pid = 0;
+      }
+  }
+}
+
+static void exec_request(uint32_t id, char *payload, size_t len) {
+  payload[len] = 0; /* the buffer has room for it */
+  char *command = payload;
+  size_t envc = 0;
+  for (size_t i = strlen(command) + 1; i < len; i += strlen(payload + i) + 1) envc++;
+  char **envp = calloc(envc + 1, sizeof *envp);
+  if (!envp) {
+    send_error(id, "calloc");
+    return;
+  }
+  size_t k = 0;
+  for (size_t i = strlen(command) + 1; i < len; i += strlen(payload + i) + 1) envp[k++] = payload + i;
+  pid_t pid = fork();
+  if (pid < 0) {
+    send_error(id, "fork (is the sandbox at its pids limit?)");
+  } else if (pid == 0) {
+    shepherd(id, command, envp);
+  } else {
+    track(pid, id);
+  }
+  free(envp);
+}
+
+static void kill_all(void) {
+  pid_t self = getpid();
+  int64_t until = now_ms() + 10000;
+  while (now_ms() < until) {
+    kill(-1, SIGKILL); /* every process of this pid namespace except pid 1 and ourselves */
+    reap_shepherds();
+    int n = scan_processes(), alive = 0;
+    for (int i = 0; i < n; i++)
+      if (scan_pid[i] != 1 && scan_pid[i] != self && scan_state[i] != 'Z') alive++;
+    if (!alive) break;
+    usleep(1000);
+  }
+  reap_shepherds();
+}
+
+static int serve(void) {
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &mask, NULL);
+  int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sfd < 0) return 1;
+  send_u32(T_READY, 0, (uint32_t)getpid());
+
+  size_t cap = 65536, have = 0;
+  unsigned char *buf = malloc(cap);
+  if (!buf) return 1;
+  for (;;) {
+    struct pollfd p[2] = {{REQ_FD, POLLIN, 0}, {sfd, POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return 1;
+    }
+    if (p[1].revents & POLLIN) {
+      struct signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) == sizeof si) {}
+      reap_shepherds();
+    }
+    if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    if (have == cap) {
+      /* only reached when a frame is larger than the buffer; bounded by MAX_REQUEST */
+      if (cap >= MAX_REQUEST + HEADER + 1) return 1;
+      cap *= 2;
+      unsigned char *bigger = realloc(buf, cap);
+      if (!bigger) return 1;
+      buf = bigger;
+    }
+    ssize_t n = read(REQ_FD, buf + have, cap - have);
+    if (n == 0) return 0; /* the host closed the channel: the sandbox ends */
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return 1;
+    }
+    have += (size_t)n;
+    size_t off = 0;
+    while (have - off >= 4) {
+      uint32_t len;
+      memcpy(&len, buf + off, 4);
+      if (len < 5 || len > MAX_REQUEST) return 1;
+      if (have - off < 4 + (size_t)len) {
+        /* make room for the whole frame plus a terminating NUL */
+        while (cap < 4 + (size_t)len + 1) {
+          cap *= 2;
+          unsigned char *bigger = realloc(buf, cap);
+          if (!bigger) return 1;
+          buf = bigger;
+        }
+        break;
+      }
+      uint8_t type = buf[off + 4];
+      uint32_t id;
+      memcpy(&id, buf + off + 5, 4);
+      unsigned char *payload = buf + off + HEADER;
+      size_t plen = len - 5;
+      if (type == T_EXEC) {
+        /* NUL-terminate in a copy: the byte after the payload may be the next frame */
+        char *copy = malloc(plen + 1);
+        if (!copy) {
+          send_error(id, "malloc");
+        } else {
+          memcpy(copy, payload, plen);
+          exec_request(id, copy, plen);
+          free(copy);
+        }
+      } else if (type == T_KILL) {
+        for (int i = 0; i < MAXCMD; i++)
+          if (running[i].pid && running[i].id == id) kill(running[i].pid, SIGUSR1);
+      } else if (type == T_KILLALL) {
+        kill_all();
+        send_frame(T_KILLED, id, NULL, 0);
+      }
+      off += 4 + (size_t)len;
+    }
+    memmove(buf, buf + off, have - off);
+    have -= off;
+  }
+}
+
+static int launch(char *cgroups, char **argv) {
+  /* This process stays outside the sandbox as the reaper of everything in it: whatever is
+     killed in whichever order (destroy kills the whole cgroup at once), the processes end up
+     here and are reaped, none is left as a zombie of the host's init or of the service. */
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() == 1) return 125; /* the service is already gone */
+  pid_t child = fork();
+  if (child < 0) {
+    perror("supervisor: fork");
+    return 125;
+  }
+  if (child == 0) {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY);
+    if (fd >= 0) {
+      if (write(fd, "-1000", 5) < 0) { /* best effort */ }
+      close(fd);
+    }
+    for (char *tok = strtok(cgroups, ","); tok; tok = strtok(NULL, ",")) {
+      if (!*tok || strcmp(tok, "-") == 0) continue;
+      fd = open(tok, O_WRONLY);
+      if (fd < 0 || write(fd, "0", 1) < 0) {
+        fprintf(stderr, "supervisor: cannot join cgroup %s: %s\n", tok, strerror(errno));
+        _exit(125);
+      }
+      close(fd);
+    }
+    execvp(argv[0], argv);
+    fprintf(stderr, "supervisor: exec %s: %s\n", argv[0], strerror(errno));
+    _exit(125);
+  }
+  for (int fd = 3; fd < 16; fd++) close(fd);
+  int status = 0, st;
+  for (;;) {
+    pid_t p = waitpid(-1, &st, 0);
+    if (p < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (p == child) status = st;
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + WTERMSIG(status);
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 5 && strcmp(argv[1], "launch") == 0 && strcmp(argv[3], "--") == 0) return launch(argv[2], argv + 4);
+  if (argc == 4 && strcmp(argv[1], "serve") == 0) {
+    sandbox_uid = (uid_t)atoi(argv[2]);
+    sandbox_gid = (gid_t)atoi(argv[3]);
+    return serve();
+  }
+  fprintf(stderr, "usage: supervisor launch CGPROCS[,...] -- PROGRAM ARGS... | supervisor serve UID GID\n");
+  return 2;
+}

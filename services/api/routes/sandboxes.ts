@@ -1,0 +1,225 @@
+/**
+ * Sandboxes. Creation and every operation on a live sandbox go to its runner over the log
+ * (request/reply); reads of its state come from the api's view of svc.sandboxes; the event
+ * stream is SSE from svc.sandbox-events.
+ */
+import Router from '@koa/router';
+import type { Context } from 'koa';
+import { PassThrough } from 'node:stream';
+import type { Kernel } from '../../kernel/actor.ts';
+import type { Auth, Principal } from '../../kernel/auth.ts';
+import { parseDuration } from '../../kernel/duration.ts';
+import { AppError, badRequest, type ErrorCode } from '../../kernel/errors.ts';
+import type { SandboxReplied } from '../../kernel/events.ts';
+import { newSandboxId } from '../../kernel/ids.ts';
+import type { Requester } from '../../kernel/request-reply.ts';
+import { SECRET_NAME } from '../../kernel/spec.ts';
+import type { RateLimiter } from '../middleware/rate-limit.ts';
+import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
+import type { SpecCatalog } from '../specs.ts';
+import { validateTraceBatch } from '../traces/validate-events.ts';
+import { ingestTraceEvents, sandboxTrace } from './traces.ts';
+
+const HEARTBEAT_MS = 15_000;
+
+function body(ctx: Context): Record<string, unknown> {
+  const b = ctx.request.body;
+  if (b === undefined || b === null || b === '') return {};
+  if (typeof b !== 'object' || Array.isArray(b)) throw badRequest('body', 'must be a JSON object');
+  return b as Record<string, unknown>;
+}
+
+function stringMap(value: unknown, field: string, key?: RegExp): Record<string, string> {
+  if (value === undefined || value === null) return {};
+  if (typeof value !== 'object' || Array.isArray(value)) throw badRequest(field, 'must be an object of string values');
+  for (const [k, v] of Object.entries(value)) {
+    if (typeof v !== 'string') throw badRequest(`${field}.${k}`, 'must be a string');
+    if (key && !key.test(k)) throw badRequest(`${field}.${k}`, 'is not a valid name (letters, digits and _)');
+  }
+  return value as Record<string, string>;
+}
+
+function optionalDuration(value: unknown, field: string): number | null {
+  if (value === undefined || value === null) return null;
+  try {
+    if (typeof value !== 'string' && typeof value !== 'number') throw new Error('must be a duration such as 30s or 10m');
+    const ms = parseDuration(value);
+    if (ms <= 0) throw new Error('must be longer than 0');
+    return ms;
+  } catch (err) {
+    throw badRequest(field, (err as Error).message);
+  }
+}
+
+/** Renders a runner reply: its status and body, or the error it carries. */
+function answer(ctx: Context, reply: SandboxReplied): void {
+  if (reply.status >= 400) {
+    const parsed = JSON.parse(reply.body.toString('utf8')) as { message?: string };
+    throw new AppError((reply.error ?? 'internal') as ErrorCode, parsed.message ?? 'sandbox operation failed');
+  }
+  ctx.status = reply.status;
+  ctx.type = reply.content_type;
+  ctx.body = reply.content_type === 'application/json' ? JSON.parse(reply.body.toString('utf8')) : reply.body;
+}
+
+/** `/workspace/foo` and `foo` are one file; the runner checks the rest of the rules. */
+function filePath(ctx: Context): string {
+  const raw = ctx.params.path as unknown;
+  const joined = Array.isArray(raw) ? raw.join('/') : raw;
+  if (typeof joined !== 'string' || joined === '') throw badRequest('path', 'is required');
+  return joined;
+}
+
+export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; sandboxes: SandboxDirectory; requester: Requester; ingestLimiter: RateLimiter }): Router {
+  const { kernel, auth, specs, sandboxes, requester, ingestLimiter } = deps;
+  const { config } = kernel;
+  const router = new Router({ prefix: '/v1/sandboxes' });
+  const principal = (ctx: Context) => ctx.state.principal as Principal;
+  const send = async (ctx: Context, op: string, payload: object = {}) => {
+    const sandbox = sandboxes.owned(principal(ctx), ctx.params.id);
+    answer(ctx, await requester.request(sandbox.tenant, sandbox.sandbox_id, op, payload));
+  };
+
+  router.post('/', async (ctx) => {
+    const p = principal(ctx);
+    if (p.kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot create sandboxes');
+    const b = body(ctx);
+    if (typeof b.spec_id !== 'string' || b.spec_id === '') throw badRequest('spec_id', 'is required: the id of a stored spec');
+    const timeoutMs = optionalDuration(b.timeout, 'timeout');
+    const metadata = stringMap(b.metadata, 'metadata');
+    const secrets = stringMap(b.secrets, 'secrets', SECRET_NAME);
+    let spec;
+    try {
+      spec = specs.get(p.tenant, b.spec_id);
+    } catch (err) {
+      // An unknown spec id is a validation failure of this request (DECISIONS.md).
+      if (err instanceof AppError && err.code === 'not_found') throw badRequest('spec_id', `no spec "${b.spec_id}" is stored`);
+      throw err;
+    }
+    const unsupported = [
+      ...(spec.doc.services.length > 0 ? ['services (backing containers)'] : []),
+      ...spec.doc.fixtures.filter((f) => f.type !== 'copy').map((f) => `fixtures of type ${f.type}`),
+      ...(spec.doc.network.egress.default === 'allow' || spec.doc.network.egress.allow.length > 0 ? ['network egress rules'] : []),
+      ...(spec.doc.network.ingress.default === 'allow' ? ['network ingress'] : []),
+    ];
+    if (unsupported.length > 0) throw badRequest('spec_id', `spec "${b.spec_id}" uses ${unsupported.join(', ')}, which this server cannot run yet`);
+    const tenant = auth.tenant(p.tenant);
+    const plan = tenant?.plan ?? config.defaultPlan;
+    const quota = tenant?.max_concurrent_sandboxes ?? { free: config.concurrentSandboxesFree, pro: config.concurrentSandboxesPro, enterprise: config.concurrentSandboxesEnterprise }[plan];
+    if (sandboxes.live(p.tenant).length >= quota) {
+      throw new AppError('rate_limited', `concurrent sandbox quota reached: ${quota} for the ${plan} plan`, { retryAfter: 5 });
+    }
+    const id = newSandboxId();
+    const reply = await requester.request(p.tenant, id, 'create', {
+      spec_id: spec.stored.spec_id,
+      spec_version: spec.stored.version,
+      yaml: spec.stored.yaml,
+      timeout_ms: timeoutMs,
+      metadata,
+      secrets,
+    });
+    answer(ctx, reply);
+    // The next GET must see it ready: wait for the entity event the runner wrote before replying.
+    const deadline = Date.now() + config.replyTimeout;
+    while (sandboxes.view.entities.get(id)?.state !== 'ready' && Date.now() < deadline) await new Promise((r) => setTimeout(r, 2));
+  });
+
+  router.get('/', (ctx) => {
+    const p = principal(ctx);
+    const list = p.kind === 'sandbox' ? sandboxes.live(p.tenant).filter((s) => s.sandbox_id === p.keyId) : sandboxes.live(p.tenant);
+    ctx.body = list.map((s) => sandboxView(s, config.baseUrl));
+  });
+
+  router.get('/:id', (ctx) => {
+    ctx.body = sandboxView(sandboxes.owned(principal(ctx), ctx.params.id), config.baseUrl);
+  });
+
+  router.delete('/:id', async (ctx) => {
+    const sandbox = sandboxes.owned(principal(ctx), ctx.params.id, { allowGone: true });
+    if (sandbox.state === 'stopped' || sandbox.state === 'error') {
+      ctx.body = { id: sandbox.sandbox_id, state: 'stopped' };
+      return;
+    }
+    answer(ctx, await requester.request(sandbox.tenant, sandbox.sandbox_id, 'destroy', {}));
+    const deadline = Date.now() + config.replyTimeout;
+    while (sandboxes.view.entities.get(sandbox.sandbox_id)?.state !== 'stopped' && Date.now() < deadline) await new Promise((r) => setTimeout(r, 2));
+  });
+
+  router.post('/:id/commands', async (ctx) => {
+    const b = body(ctx);
+    if (typeof b.command !== 'string' || b.command.trim() === '') throw badRequest('command', 'is required: a shell command string');
+    if (b.background !== undefined && typeof b.background !== 'boolean') throw badRequest('background', 'must be true or false');
+    await send(ctx, 'command', { command: b.command, timeout_ms: optionalDuration(b.timeout, 'timeout'), background: b.background === true });
+  });
+
+  router.post('/:id/files', async (ctx) => {
+    const b = body(ctx);
+    if (typeof b.path !== 'string' || b.path === '') throw badRequest('path', 'is required');
+    if (typeof b.content !== 'string') throw badRequest('content', 'is required: the file content as a string');
+    await send(ctx, 'file_write', { path: b.path, content: b.content });
+  });
+
+  router.get('/:id/files/*path', async (ctx) => send(ctx, 'file_read', { path: filePath(ctx) }));
+  router.delete('/:id/files/*path', async (ctx) => send(ctx, 'file_delete', { path: filePath(ctx) }));
+  router.get('/:id/state', async (ctx) => send(ctx, 'state'));
+  router.get('/:id/diff', async (ctx) => send(ctx, 'diff'));
+
+  router.post('/:id/timeout', async (ctx) => {
+    const b = body(ctx);
+    if ((b.timeout === undefined) === (b.extend === undefined)) throw badRequest('timeout', 'give either timeout (reset the timer to this long from now) or extend (add this much)');
+    const field = b.timeout !== undefined ? 'timeout' : 'extend';
+    optionalDuration(b[field], field);
+    await send(ctx, 'timeout', { [field]: b[field] });
+  });
+
+  router.post('/:id/trace', async (ctx) => {
+    const p = principal(ctx);
+    const sandbox = sandboxes.owned(p, ctx.params.id);
+    const events = validateTraceBatch(ctx.request.body, { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes });
+    ingestLimiter.take(p.keyId, events.length);
+    await ingestTraceEvents(kernel, sandbox.tenant, events, { sandbox_id: sandbox.sandbox_id, experiment_id: null, agent: null, agent_snapshot_id: null });
+    kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/sandboxes/:id/trace' }, events.length);
+    ctx.body = { ingested: events.length };
+  });
+
+  router.get('/:id/trace', async (ctx) => {
+    const sandbox = sandboxes.owned(principal(ctx), ctx.params.id, { allowGone: true });
+    ctx.body = await sandboxTrace(kernel, sandbox.tenant, sandbox.sandbox_id);
+  });
+
+  router.get('/:id/events', async (ctx) => {
+    const sandbox = sandboxes.owned(principal(ctx), ctx.params.id, { allowGone: true });
+    const stream = sandboxes.stream(sandbox.sandbox_id);
+    if (!stream || ((sandbox.state === 'stopped' || sandbox.state === 'error') && stream.endedAt === null && stream.events.length === 0)) {
+      throw new AppError('not_found', `sandbox ${sandbox.sandbox_id} not found`);
+    }
+    const lastId = Number(ctx.get('Last-Event-ID') || (typeof ctx.query.last_event_id === 'string' ? ctx.query.last_event_id : '0'));
+    const out = new PassThrough();
+    ctx.req.socket.setTimeout(0);
+    ctx.req.socket.setNoDelay(true);
+    ctx.set({ 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache', Connection: 'keep-alive', 'X-Accel-Buffering': 'no' });
+    ctx.status = 200;
+    ctx.body = out;
+    let closed = false;
+    const close = () => {
+      if (closed) return;
+      closed = true;
+      clearInterval(heartbeat);
+      stream.listeners.delete(listener);
+      out.end();
+    };
+    const write = (e: (typeof stream.events)[number]) => {
+      if (closed || e.seq <= lastId) return;
+      out.write(`id: ${e.seq}\ndata: ${JSON.stringify({ event_type: e.event_type, data: JSON.parse(e.data) })}\n\n`);
+      if (e.event_type === 'status' && (JSON.parse(e.data) as { state?: string }).state === 'destroyed') close();
+    };
+    const listener = (e: (typeof stream.events)[number]) => write(e);
+    const heartbeat = setInterval(() => out.write(': heartbeat\n\n'), HEARTBEAT_MS);
+    out.write(': connected\n\n');
+    stream.listeners.add(listener);
+    for (const e of [...stream.events]) write(e);
+    ctx.req.on('close', close);
+  });
+
+  return router;
+}

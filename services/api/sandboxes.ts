@@ -1,0 +1,129 @@
+/**
+ * What the api knows of sandboxes, from the log: the entity view of svc.sandboxes (live state,
+ * owner, token hash) and the event streams of svc.sandbox-events for SSE. Streams of destroyed
+ * sandboxes are dropped a while after their last event, so memory follows the live sandboxes.
+ */
+import { subscribe, type Kernel } from '../kernel/actor.ts';
+import { EntityView } from '../kernel/entity-view.ts';
+import { AppError, notFound } from '../kernel/errors.ts';
+import type { SandboxChanged, SandboxEvent } from '../kernel/events.ts';
+import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
+import type { Principal } from '../kernel/auth.ts';
+import { TOPICS } from '../kernel/topics.ts';
+import { Watermark } from '../kernel/watermark.ts';
+
+/** How long a destroyed sandbox's stream stays available (a late or reconnecting client). */
+const STREAM_GRACE_MS = 5 * 60_000;
+
+export interface SandboxStream {
+  events: SandboxEvent[];
+  listeners: Set<(event: SandboxEvent) => void>;
+  endedAt: number | null;
+}
+
+export class SandboxDirectory {
+  private readonly byToken = new Map<string, SandboxChanged>();
+  readonly view = new EntityView<SandboxChanged>(TOPICS.sandboxes, (entities, { record, value }) => {
+    if (record.key === null) return;
+    const previous = entities.get(record.key);
+    if (previous) this.byToken.delete(previous.token_hash);
+    if (value === null) {
+      entities.delete(record.key);
+      return;
+    }
+    entities.set(record.key, value);
+    if (value.state !== 'stopped' && value.state !== 'error') this.byToken.set(value.token_hash, value);
+  });
+  private readonly streams = new Map<string, SandboxStream>();
+  private readonly streamWatermark = new Watermark('the sandbox event streams');
+  private consumer: Consumer | null = null;
+  private sweeper: NodeJS.Timeout | null = null;
+
+  constructor(private readonly kernel: Kernel) {}
+
+  async start(): Promise<void> {
+    await this.view.start(this.kernel);
+    this.consumer = await subscribe<SandboxEvent>(this.kernel, {
+      groupId: `streams.${this.kernel.instanceId}`,
+      topics: [TOPICS.sandboxEvents],
+      fromBeginning: true,
+      commit: false,
+      watermark: this.streamWatermark,
+      handle: async (events) => {
+        for (const { value } of events) if (value) this.addEvent(value);
+      },
+    });
+    this.sweeper = setInterval(() => this.sweep(), 60_000);
+    this.sweeper.unref();
+  }
+
+  async stop(): Promise<void> {
+    if (this.sweeper) clearInterval(this.sweeper);
+    await this.consumer?.stop();
+    await this.view.stop();
+  }
+
+  waitFor(positions: RecordPosition[]): Promise<void> {
+    return this.view.waitFor(positions, this.kernel.config.replyTimeout);
+  }
+
+  /** The sandbox a `svc_sb_` token belongs to, while the sandbox lives. */
+  byTokenHash(hash: string): SandboxChanged | undefined {
+    return this.byToken.get(hash);
+  }
+
+  /**
+   * A live sandbox the caller may use: 404 when unknown or gone, 403 when another tenant's
+   * (server-made ids are global, DECISIONS.md), 403 for a sandbox token of another sandbox.
+   */
+  owned(principal: Principal, id: string, options: { allowGone?: boolean } = {}): SandboxChanged {
+    const sandbox = this.view.entities.get(id);
+    if (!sandbox) throw notFound('sandbox', id);
+    if (sandbox.tenant !== principal.tenant || (principal.kind === 'sandbox' && principal.keyId !== id)) {
+      throw new AppError('forbidden', `sandbox ${id} belongs to another ${principal.kind === 'sandbox' ? 'sandbox' : 'tenant'}`);
+    }
+    if (!options.allowGone && (sandbox.state === 'stopped' || sandbox.state === 'error')) throw notFound('sandbox', id);
+    return sandbox;
+  }
+
+  live(tenant: string): SandboxChanged[] {
+    return [...this.view.entities.values()]
+      .filter((s) => s.tenant === tenant && (s.state === 'creating' || s.state === 'ready' || s.state === 'running'))
+      .sort((a, b) => a.created_at - b.created_at || a.sandbox_id.localeCompare(b.sandbox_id));
+  }
+
+  stream(id: string): SandboxStream | undefined {
+    return this.streams.get(id);
+  }
+
+  private addEvent(event: SandboxEvent): void {
+    let stream = this.streams.get(event.sandbox_id);
+    if (!stream) this.streams.set(event.sandbox_id, (stream = { events: [], listeners: new Set(), endedAt: null }));
+    if (stream.events.length > 0 && stream.events[stream.events.length - 1].seq >= event.seq) return; // a redelivery
+    stream.events.push(event);
+    if (event.event_type === 'status' && JSON.parse(event.data).state === 'destroyed') stream.endedAt = event.ts;
+    for (const listener of stream.listeners) listener(event);
+  }
+
+  private sweep(): void {
+    const now = Date.now();
+    for (const [id, stream] of this.streams) {
+      if (stream.endedAt !== null && now - stream.endedAt > STREAM_GRACE_MS && stream.listeners.size === 0) this.streams.delete(id);
+    }
+  }
+}
+
+/** The Sandbox object of the spec from the entity. */
+export function sandboxView(s: SandboxChanged, baseUrl: string) {
+  return {
+    id: s.sandbox_id,
+    spec_id: s.spec_id,
+    state: s.state,
+    path: s.path,
+    url: `${baseUrl}/v1/sandboxes/${s.sandbox_id}`,
+    created_at: new Date(s.created_at).toISOString(),
+    expires_at: new Date(s.expires_at).toISOString(),
+    metadata: s.metadata,
+    services: JSON.parse(s.services) as Record<string, { host: string; port: number; ready: boolean }>,
+  };
+}

@@ -1,0 +1,103 @@
+/**
+ * The stored specs of every tenant, versioned, as the api sees them: an EntityView of the
+ * compacted svc.specs topic, indexed by tenant and spec id. Spec ids are names chosen by callers,
+ * so they are scoped per tenant (DECISIONS.md): another tenant's spec of the same id is simply
+ * not found.
+ */
+import { publish, type Kernel } from '../kernel/actor.ts';
+import { EntityView } from '../kernel/entity-view.ts';
+import { AppError, notFound } from '../kernel/errors.ts';
+import type { SpecStored } from '../kernel/events.ts';
+import { newEventId } from '../kernel/ids.ts';
+import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
+import { refusedSource } from '../kernel/secret-sources.ts';
+import { TOPICS } from '../kernel/topics.ts';
+
+export interface SpecRecord {
+  id: string;
+  version: number;
+  created_at: string;
+  spec: Record<string, unknown>;
+  yaml: string;
+}
+
+const key = (tenant: string, id: string, version: number) => `${tenant}/${id}/${version}`;
+
+export class SpecCatalog {
+  /** tenant -> spec id -> versions in ascending order. */
+  private readonly byTenant = new Map<string, Map<string, SpecStored[]>>();
+  private readonly view = new EntityView<SpecStored>(TOPICS.specs, (entities, { record, value }) => {
+    if (record.key === null) return;
+    const [tenant, id] = record.key.split('/');
+    const specs = this.byTenant.get(tenant) ?? new Map<string, SpecStored[]>();
+    this.byTenant.set(tenant, specs);
+    if (value === null || value.deleted) {
+      entities.delete(record.key);
+      if (value?.deleted) specs.delete(id);
+      else specs.set(id, (specs.get(id) ?? []).filter((v) => key(tenant, id, v.version) !== record.key));
+      return;
+    }
+    entities.set(record.key, value);
+    specs.set(id, [...(specs.get(id) ?? []).filter((v) => v.version !== value.version), value].sort((a, b) => a.version - b.version));
+  });
+
+  constructor(private readonly kernel: Kernel) {}
+
+  start(): Promise<void> {
+    return this.view.start(this.kernel);
+  }
+
+  stop(): Promise<void> {
+    return this.view.stop();
+  }
+
+  /** Validates and stores a new version of a spec; it is readable when this returns. */
+  async put(tenant: string, yaml: string): Promise<SpecRecord> {
+    const doc = parseSpec(yaml);
+    const refused = Object.entries(doc.secrets).flatMap(([name, source]) => {
+      const why = refusedSource(name, source, this.kernel.config);
+      return why ? [`secrets.${name}: ${why}`] : [];
+    });
+    if (refused.length > 0) throw new AppError('bad_request', `spec: ${refused.join('; ')}`);
+    const versions = this.byTenant.get(tenant)?.get(doc.id) ?? [];
+    const version = (versions[versions.length - 1]?.version ?? 0) + 1;
+    const stored: SpecStored = { tenant, event_id: newEventId(), ts: Date.now(), spec_id: doc.id, version, yaml, deleted: false };
+    const positions = await publish(this.kernel, TOPICS.specs, [{ key: key(tenant, doc.id, version), tenant, value: stored }]);
+    await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+    return this.record(stored, doc);
+  }
+
+  /** The latest version, or version `version`; 404 when absent. */
+  get(tenant: string, id: string, version?: number): { stored: SpecStored; doc: SpecDocument; record: SpecRecord } {
+    const versions = this.byTenant.get(tenant)?.get(id);
+    const stored = version === undefined ? versions?.[versions.length - 1] : versions?.find((v) => v.version === version);
+    if (!stored) throw version === undefined || !versions ? notFound('spec', id) : notFound('spec version', `${id}@${version}`);
+    const doc = parseSpec(stored.yaml);
+    return { stored, doc, record: this.record(stored, doc) };
+  }
+
+  list(tenant: string): SpecRecord[] {
+    const specs = this.byTenant.get(tenant);
+    if (!specs) return [];
+    return [...specs.values()]
+      .map((versions) => versions[versions.length - 1])
+      .sort((a, b) => a.spec_id.localeCompare(b.spec_id))
+      .map((stored) => this.record(stored, parseSpec(stored.yaml)));
+  }
+
+  /** Deletes every version: a deletion marker, then tombstones so compaction frees them. */
+  async delete(tenant: string, id: string): Promise<void> {
+    const versions = this.byTenant.get(tenant)?.get(id);
+    if (!versions || versions.length === 0) throw notFound('spec', id);
+    const marker: SpecStored = { tenant, event_id: newEventId(), ts: Date.now(), spec_id: id, version: 0, yaml: '', deleted: true };
+    const positions = await publish(this.kernel, TOPICS.specs, [
+      { key: `${tenant}/${id}/deleted`, tenant, value: marker },
+      ...versions.map((v) => ({ key: key(tenant, id, v.version), tenant, value: null })),
+    ]);
+    await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+  }
+
+  private record(stored: SpecStored, doc: SpecDocument): SpecRecord {
+    return { id: stored.spec_id, version: stored.version, created_at: new Date(stored.ts).toISOString(), spec: doc.raw, yaml: stored.yaml };
+  }
+}

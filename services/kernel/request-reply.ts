@@ -1,0 +1,73 @@
+/**
+ * Request/reply over the log. The api appends a request with a correlation id to
+ * svc.sandbox-requests (keyed by sandbox id, so one sandbox's requests stay in order on one
+ * partition) and awaits the reply with that id on svc.sandbox-replies, which every api process
+ * follows from its tail. No reply in time is a 504 `timeout`, a clear HTTP error.
+ */
+import { subscribe, publish, type Kernel } from './actor.ts';
+import { AppError } from './errors.ts';
+import type { SandboxReplied, SandboxRequested } from './events.ts';
+import { newEventId } from './ids.ts';
+import type { Consumer } from './log/event-log.ts';
+import { TOPICS } from './topics.ts';
+
+export class Requester {
+  private readonly pending = new Map<string, (reply: SandboxReplied) => void>();
+  private consumer: Consumer | null = null;
+
+  constructor(private readonly kernel: Kernel) {}
+
+  async start(): Promise<void> {
+    this.consumer = await subscribe<SandboxReplied>(this.kernel, {
+      groupId: `replies.${this.kernel.instanceId}`,
+      topics: [TOPICS.sandboxReplies],
+      fromBeginning: false,
+      commit: false,
+      handle: async (events) => {
+        for (const { value } of events) {
+          if (value) this.pending.get(value.correlation_id)?.(value);
+        }
+      },
+    });
+  }
+
+  async stop(): Promise<void> {
+    await this.consumer?.stop();
+    this.consumer = null;
+  }
+
+  /** Sends one request and resolves with its reply. */
+  async request(tenant: string, sandboxId: string, op: string, payload: object, timeoutMs = this.kernel.config.replyTimeout): Promise<SandboxReplied> {
+    const correlationId = newEventId();
+    const reply = new Promise<SandboxReplied>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(correlationId);
+        reject(new AppError('timeout', `the sandbox runner did not answer ${op} for ${sandboxId} within ${Math.round(timeoutMs / 1000)} s`));
+      }, timeoutMs);
+      this.pending.set(correlationId, (r) => {
+        clearTimeout(timer);
+        this.pending.delete(correlationId);
+        resolve(r);
+      });
+    });
+    const request: SandboxRequested = { tenant, event_id: newEventId(), ts: Date.now(), correlation_id: correlationId, sandbox_id: sandboxId, op, payload: JSON.stringify(payload) };
+    await publish(this.kernel, TOPICS.sandboxRequests, [{ key: sandboxId, tenant, value: request }]);
+    return reply;
+  }
+}
+
+/** The runner's side: answers one request. */
+export async function reply(kernel: Kernel, request: SandboxRequested, status: number, body: unknown, options: { error?: string; contentType?: string } = {}): Promise<void> {
+  const value: SandboxReplied = {
+    tenant: request.tenant,
+    event_id: newEventId(),
+    ts: Date.now(),
+    correlation_id: request.correlation_id,
+    sandbox_id: request.sandbox_id,
+    status,
+    error: options.error ?? null,
+    content_type: options.contentType ?? 'application/json',
+    body: Buffer.isBuffer(body) ? body : Buffer.from(JSON.stringify(body ?? null)),
+  };
+  await publish(kernel, TOPICS.sandboxReplies, [{ key: request.correlation_id, tenant: request.tenant, value }]);
+}

@@ -1,0 +1,561 @@
+/**
+ * The `local` runtime: each sandbox is one long-lived bubblewrap process (new mount, pid,
+ * network, uts, ipc and cgroup namespaces) with a small supervisor inside
+ * (infra/supervisor/supervisor.c); commands enter it over a framed protocol on two inherited
+ * sockets instead of building a new sandbox each time.
+ *
+ * What a command gets:
+ *  - `sh -c COMMAND` in /workspace (the workspace, bind-mounted read-write), as the sandbox uid
+ *    (65534 by default: a real, unprivileged host uid, so files it creates in the workspace are
+ *    owned by it), no supplementary groups, empty capability sets, no_new_privs, a seccomp
+ *    filter (see supervisor.c), its own session and process group;
+ *  - a read-only root: the image's root filesystem, or (rootfs null) a tmpfs with read-only
+ *    binds of the host's /usr, /etc, /bin, /sbin, /lib* only; private /tmp, /dev/shm and /run;
+ *    its own /proc (only the sandbox's processes) with kcore, keys, timer_list, sched_debug and
+ *    friends masked; a minimal /dev;
+ *  - only a loopback interface: no route out, no way to the host's loopback services;
+ *  - cgroup limits on memory (+swap), pids and CPU; the OOM killer and pids.max act inside
+ *    the sandbox only, and both are reported (oomKilled, usage()).
+ * Disk: /tmp and /dev/shm are tmpfs, charged to the memory limit. The workspace is a host
+ * directory: its size is not enforced by this runtime (a warning says so when diskBytes is set).
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import type { Readable, Writable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
+import type { Logger } from '../../kernel/logger.ts';
+import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
+import {
+  EXIT_KILLED,
+  EXIT_TIMEOUT,
+  type CreateSandboxOptions,
+  type ExecOptions,
+  type ExecResult,
+  type Runtime,
+  type SandboxHandle,
+  type SandboxUsage,
+} from './runtime.ts';
+
+export interface LocalRuntimeOptions {
+  /** cached supervisor binary, per-sandbox files (hosts) */
+  stateDir: string;
+  /** host uid the commands run as (default 65534, nobody) */
+  sandboxUid?: number;
+  /** host gid the commands run as (default 65534, nogroup) */
+  sandboxGid?: number;
+  /** cgroup directory under each hierarchy's root that holds the sandboxes' groups (default svc) */
+  cgroupParent?: string;
+  /** the bwrap executable (default: bwrap on PATH) */
+  bwrap?: string;
+  /** the supervisor's C source (default: infra/supervisor/supervisor.c of this repository) */
+  supervisorSource?: string;
+  /** how long a sandbox may take to come up (default 15 s) */
+  bootTimeoutMs?: number;
+  logger?: Logger;
+}
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const DEFAULT_SOURCE = path.resolve(HERE, '../../../infra/supervisor/supervisor.c');
+const DEFAULT_CAPTURE = 1024 * 1024;
+const SUPERVISOR_IN_SANDBOX = '/run/svc/supervisor';
+const HOST_SYSTEM_DIRS = ['/usr', '/etc', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32'];
+/** /proc files hidden behind /dev/null and directories behind an empty tmpfs (as Docker and runc do) */
+const PROC_MASKED_FILES = ['kcore', 'keys', 'key-users', 'timer_list', 'sched_debug', 'latency_stats', 'kallsyms', 'kmsg', 'config.gz', 'sysrq-trigger', 'vmallocinfo', 'pagetypeinfo', 'slabinfo'];
+const PROC_MASKED_DIRS = ['acpi', 'scsi', 'asound', 'driver', 'fs', 'tty'];
+const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+// frame types, as in supervisor.c
+const T_EXEC = 1;
+const T_KILL = 2;
+const T_KILLALL = 3;
+const T_READY = 10;
+const T_STARTED = 11;
+const T_STDOUT = 12;
+const T_STDERR = 13;
+const T_EXIT = 14;
+const T_ERROR = 15;
+const T_KILLED = 16;
+
+export class LocalRuntime implements Runtime {
+  readonly name = 'local' as const;
+  private readonly stateDir: string;
+  private readonly uid: number;
+  private readonly gid: number;
+  private readonly cgroupParent: string;
+  private readonly bwrap: string;
+  private readonly source: string;
+  private readonly bootTimeoutMs: number;
+  private readonly logger: Logger | undefined;
+  private supervisor: Promise<string> | null = null;
+  private availability: Promise<string | null> | null = null;
+
+  constructor(options: LocalRuntimeOptions) {
+    this.stateDir = path.resolve(options.stateDir);
+    this.uid = options.sandboxUid ?? 65534;
+    this.gid = options.sandboxGid ?? 65534;
+    this.cgroupParent = options.cgroupParent ?? 'svc';
+    this.bwrap = options.bwrap ?? 'bwrap';
+    this.source = options.supervisorSource ?? DEFAULT_SOURCE;
+    this.bootTimeoutMs = options.bootTimeoutMs ?? 15_000;
+    this.logger = options.logger;
+  }
+
+  available(): Promise<string | null> {
+    this.availability ??= this.check();
+    return this.availability;
+  }
+
+  private async check(): Promise<string | null> {
+    if (process.platform !== 'linux') return 'the local runtime needs Linux';
+    if (process.getuid?.() !== 0) return 'the local runtime needs root (cgroups and a dedicated sandbox uid)';
+    const version = spawnSync(this.bwrap, ['--version'], { encoding: 'utf8' });
+    if (version.error || version.status !== 0) return `bubblewrap is not installed (apt-get install bubblewrap): ${version.error?.message ?? version.stderr.trim()}`;
+    const trial = spawnSync(this.bwrap, ['--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--die-with-parent', ...this.hostSystemArgs(), '--proc', '/proc', '--dev', '/dev', '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+    if (trial.error || trial.status !== 0) return `bubblewrap cannot create namespaces here: ${(trial.error?.message ?? trial.stderr).trim()}`;
+    if (!cgroupLayout()) return 'no memory and pids cgroup controllers are mounted under /sys/fs/cgroup';
+    const swept = sweepStaleCgroups(this.cgroupParent);
+    if (swept) this.logger?.info({ groups: swept }, 'removed the cgroups of sandboxes left by a previous run');
+    try {
+      await this.supervisorBinary();
+    } catch (err) {
+      return (err as Error).message;
+    }
+    return null;
+  }
+
+  /** The supervisor, compiled from its source on first use and cached by the source's hash. */
+  supervisorBinary(): Promise<string> {
+    this.supervisor ??= this.buildSupervisor().catch((err: unknown) => {
+      this.supervisor = null;
+      throw err;
+    });
+    return this.supervisor;
+  }
+
+  private async buildSupervisor(): Promise<string> {
+    const source = await fs.promises.readFile(this.source);
+    const hash = createHash('sha256').update(source).digest('hex').slice(0, 16);
+    const binDir = path.join(this.stateDir, 'bin');
+    const binary = path.join(binDir, `supervisor-${hash}`);
+    if (fs.existsSync(binary)) return binary;
+    await fs.promises.mkdir(binDir, { recursive: true });
+    const tmp = `${binary}.${process.pid}.tmp`;
+    const result = await run('gcc', ['-O2', '-static', '-o', tmp, this.source]);
+    if (result.code !== 0) throw new Error(`cannot build the sandbox supervisor (apt-get install gcc libc6-dev): ${result.stderr.trim() || result.error}`);
+    await fs.promises.chmod(tmp, 0o755);
+    await fs.promises.rename(tmp, binary);
+    this.logger?.info({ binary }, 'built the sandbox supervisor');
+    return binary;
+  }
+
+  async create(options: CreateSandboxOptions): Promise<SandboxHandle> {
+    if (!/^[A-Za-z0-9_.-]+$/.test(options.id)) throw new Error(`invalid sandbox id: ${options.id}`);
+    const supervisor = await this.supervisorBinary();
+    const workspace = path.resolve(options.workspace);
+    const readOnlyMounts = (options.readOnlyMounts ?? []).map((m) => ({ host: path.resolve(m.host), sandbox: m.sandbox }));
+    await fs.promises.mkdir(workspace, { recursive: true });
+    await chownTree(workspace, this.uid, this.gid, new Set(readOnlyMounts.map((m) => m.host)));
+
+    const sandboxDir = path.join(this.stateDir, 'sandboxes', options.id);
+    await fs.promises.mkdir(sandboxDir, { recursive: true });
+    const hostsFile = path.join(sandboxDir, 'hosts');
+    await fs.promises.writeFile(hostsFile, hostsText(options.id, options.hosts ?? {}));
+
+    const warnings: string[] = [];
+    if (options.resources.diskBytes != null) warnings.push('disk limit not enforced on the workspace by the local runtime (a host directory); /tmp is a tmpfs bounded by the memory limit');
+    const cgroup = SandboxCgroup.create(this.cgroupParent, options.id, options.resources);
+    warnings.push(...cgroup.warnings);
+
+    const args = this.bwrapArgs(options, workspace, readOnlyMounts, supervisor, hostsFile);
+    let child: ChildProcess;
+    try {
+      // the arguments go over fd 5 (`--args`), so the sandbox's pid 1 does not show host paths
+      child = spawn(supervisor, ['launch', cgroup.procsFiles().join(','), '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', String(this.uid), String(this.gid)], {
+        stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', 'pipe'],
+      });
+      const argsStream = (child.stdio as unknown as Writable[])[5]!;
+      argsStream.on('error', () => {});
+      argsStream.end(Buffer.from(args.map((a) => `${a}\0`).join(''), 'utf8'));
+    } catch (err) {
+      await cgroup.remove();
+      throw err;
+    }
+    const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, warnings, this.logger);
+    try {
+      await sandbox.ready(this.bootTimeoutMs);
+    } catch (err) {
+      await sandbox.destroy();
+      throw err;
+    }
+    return sandbox;
+  }
+
+  private hostSystemArgs(): string[] {
+    const args: string[] = [];
+    for (const dir of HOST_SYSTEM_DIRS) {
+      let stat: fs.Stats;
+      try {
+        stat = fs.lstatSync(dir);
+      } catch {
+        continue;
+      }
+      if (stat.isSymbolicLink()) args.push('--symlink', fs.readlinkSync(dir), dir);
+      else if (stat.isDirectory()) args.push('--ro-bind', dir, dir);
+    }
+    return args;
+  }
+
+  private bwrapArgs(options: CreateSandboxOptions, workspace: string, readOnlyMounts: Array<{ host: string; sandbox: string }>, supervisor: string, hostsFile: string): string[] {
+    const tmpBytes = String(Math.max(16 * 1024 * 1024, Math.floor(options.resources.memoryBytes)));
+    const args = [
+      '--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--unshare-cgroup-try',
+      '--die-with-parent', '--new-session',
+      '--hostname', options.id,
+      // the supervisor keeps only what it needs to start commands as the sandbox uid and to kill them
+      '--cap-drop', 'ALL', '--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID', '--cap-add', 'CAP_SETPCAP', '--cap-add', 'CAP_KILL',
+    ];
+    if (options.rootfs) {
+      prepareRootfs(options.rootfs, readOnlyMounts.map((m) => m.sandbox));
+      args.push('--ro-bind', options.rootfs, '/');
+    } else {
+      args.push(...this.hostSystemArgs());
+    }
+    args.push('--ro-bind', hostsFile, '/etc/hosts');
+    args.push('--proc', '/proc', '--dev', '/dev');
+    for (const file of PROC_MASKED_FILES) if (fs.existsSync(`/proc/${file}`)) args.push('--ro-bind', '/dev/null', `/proc/${file}`);
+    for (const dir of PROC_MASKED_DIRS) if (fs.existsSync(`/proc/${dir}`)) args.push('--perms', '0555', '--tmpfs', `/proc/${dir}`);
+    args.push('--perms', '1777', '--size', tmpBytes, '--tmpfs', '/tmp');
+    args.push('--perms', '1777', '--size', tmpBytes, '--tmpfs', '/dev/shm');
+    args.push('--perms', '0755', '--tmpfs', '/run');
+    args.push('--ro-bind', supervisor, SUPERVISOR_IN_SANDBOX);
+    args.push('--bind', workspace, '/workspace');
+    for (const mount of readOnlyMounts) args.push('--ro-bind', mount.host, mount.sandbox);
+    if (!options.rootfs) args.push('--remount-ro', '/');
+    args.push('--chdir', '/workspace');
+    return args;
+  }
+}
+
+interface Pending {
+  id: number;
+  options: ExecOptions;
+  started: number;
+  stdout: Buffer[];
+  stderr: Buffer[];
+  captured: { stdout: number; stderr: number };
+  outputBytes: number;
+  limit: number;
+  timedOut: boolean;
+  timer: NodeJS.Timeout | null;
+  oomBefore: number;
+  onStarted: (error: Error | null) => void;
+  resolve: (result: ExecResult) => void;
+  reject: (error: Error) => void;
+}
+
+class LocalSandbox implements SandboxHandle {
+  readonly runtime = 'local';
+  readonly id: string;
+  readonly exited: Promise<void>;
+  private readonly requests: Writable;
+  private readonly pending = new Map<number, Pending>();
+  private readonly killWaiters = new Map<number, () => void>();
+  private readonly env: Record<string, string>;
+  private nextId = 1;
+  private buffer: Buffer = Buffer.alloc(0);
+  private stderrText = '';
+  private gone: Error | null = null;
+  private destroying: Promise<void> | null = null;
+  private readyResolve: (() => void) | null = null;
+  private readyReject: ((err: Error) => void) | null = null;
+  private cleaned = false;
+
+  constructor(
+    options: CreateSandboxOptions,
+    private readonly child: ChildProcess,
+    private readonly cgroup: SandboxCgroup,
+    private readonly sandboxDir: string,
+    readonly warnings: string[],
+    private readonly logger: Logger | undefined,
+  ) {
+    this.id = options.id;
+    this.env = { PATH: DEFAULT_PATH, HOME: '/tmp', LANG: 'C.UTF-8', HOSTNAME: options.id, ...options.env };
+    const stdio = child.stdio as unknown as [null, null, Readable, Writable, Readable, Writable];
+    this.requests = stdio[3];
+    this.requests.on('error', () => {});
+    stdio[4].on('data', (chunk: Buffer) => this.onData(chunk));
+    stdio[4].on('error', () => {});
+    stdio[2].on('data', (chunk: Buffer) => {
+      if (this.stderrText.length < 4096) this.stderrText += chunk.toString('utf8');
+    });
+    this.exited = new Promise<void>((resolve) => {
+      child.on('exit', (code, signal) => {
+        const why = this.stderrText.trim() || `bwrap exited (${signal ?? code})`;
+        this.fail(new Error(this.destroying ? 'sandbox destroyed' : `sandbox exited: ${why}`));
+        if (!this.destroying) {
+          this.logger?.warn({ sandbox_id: this.id, code, signal, stderr: this.stderrText.trim() }, 'sandbox exited on its own');
+          void this.cleanup().finally(resolve);
+        } else resolve();
+      });
+      child.on('error', (err) => this.fail(err));
+    });
+  }
+
+  ready(timeoutMs: number): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`sandbox did not become ready within ${timeoutMs} ms`)), timeoutMs);
+      this.readyResolve = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+      this.readyReject = (err) => {
+        clearTimeout(timer);
+        reject(err);
+      };
+    });
+  }
+
+  private fail(error: Error): void {
+    if (this.gone) return;
+    this.gone = error;
+    this.readyReject?.(new Error(`sandbox failed to start: ${this.stderrText.trim() || error.message}`));
+    this.readyReject = this.readyResolve = null;
+    for (const p of this.pending.values()) {
+      if (p.timer) clearTimeout(p.timer);
+      p.onStarted(error);
+      p.reject(error);
+    }
+    this.pending.clear();
+    for (const done of this.killWaiters.values()) done();
+    this.killWaiters.clear();
+  }
+
+  private send(type: number, id: number, payload: Buffer = Buffer.alloc(0)): void {
+    const header = Buffer.alloc(9);
+    header.writeUInt32LE(payload.length + 5, 0);
+    header.writeUInt8(type, 4);
+    header.writeUInt32LE(id, 5);
+    this.requests.write(payload.length ? Buffer.concat([header, payload]) : header);
+  }
+
+  private onData(chunk: Buffer): void {
+    this.buffer = this.buffer.length ? Buffer.concat([this.buffer, chunk]) : chunk;
+    let off = 0;
+    while (this.buffer.length - off >= 4) {
+      const len = this.buffer.readUInt32LE(off);
+      if (this.buffer.length - off < 4 + len) break;
+      const type = this.buffer.readUInt8(off + 4);
+      const id = this.buffer.readUInt32LE(off + 5);
+      this.onFrame(type, id, this.buffer.subarray(off + 9, off + 4 + len));
+      off += 4 + len;
+    }
+    this.buffer = off === this.buffer.length ? Buffer.alloc(0) : this.buffer.subarray(off);
+  }
+
+  private onFrame(type: number, id: number, payload: Buffer): void {
+    if (type === T_READY) {
+      this.readyResolve?.();
+      this.readyResolve = this.readyReject = null;
+      return;
+    }
+    if (type === T_KILLED) {
+      this.killWaiters.get(id)?.();
+      this.killWaiters.delete(id);
+      return;
+    }
+    const p = this.pending.get(id);
+    if (!p) return;
+    if (type === T_STARTED) p.onStarted(null);
+    else if (type === T_STDOUT || type === T_STDERR) {
+      const stream = type === T_STDOUT ? 'stdout' : 'stderr';
+      const copy = Buffer.from(payload);
+      p.outputBytes += copy.length;
+      const room = p.limit - p.captured[stream];
+      if (room > 0) {
+        (stream === 'stdout' ? p.stdout : p.stderr).push(room >= copy.length ? copy : copy.subarray(0, room));
+        p.captured[stream] += Math.min(room, copy.length);
+      }
+      try {
+        p.options.onOutput?.(stream, copy);
+      } catch (err) {
+        this.logger?.warn({ sandbox_id: this.id, err }, 'onOutput threw');
+      }
+    } else if (type === T_EXIT) {
+      this.finish(p, payload.readInt32LE(0), '');
+    } else if (type === T_ERROR) {
+      p.onStarted(null);
+      this.finish(p, null, payload.toString('utf8'));
+    }
+  }
+
+  private finish(p: Pending, status: number | null, error: string): void {
+    this.pending.delete(p.id);
+    if (p.timer) clearTimeout(p.timer);
+    let exitCode: number;
+    if (status === null) exitCode = 126;
+    else if ((status & 0x7f) === 0) exitCode = (status >> 8) & 0xff;
+    else exitCode = 128 + (status & 0x7f);
+    const oomKilled = !p.timedOut && exitCode === EXIT_KILLED && this.cgroup.oomKills() > p.oomBefore;
+    if (p.timedOut) exitCode = EXIT_TIMEOUT;
+    const stderr = Buffer.concat(p.stderr).toString('utf8') + (error ? `sandbox: ${error}\n` : '');
+    p.resolve({
+      exitCode,
+      stdout: Buffer.concat(p.stdout).toString('utf8'),
+      stderr,
+      durationMs: performance.now() - p.started,
+      timedOut: p.timedOut,
+      oomKilled,
+      outputBytes: p.outputBytes,
+    });
+  }
+
+  private start(options: ExecOptions): { started: Promise<void>; done: Promise<ExecResult> } {
+    if (this.gone || this.destroying) {
+      const err = this.gone ?? new Error('sandbox destroyed');
+      const started = Promise.reject(err);
+      started.catch(() => {});
+      return { started, done: Promise.reject(err) };
+    }
+    const id = this.nextId++;
+    let onStarted!: (error: Error | null) => void;
+    const started = new Promise<void>((resolve, reject) => {
+      onStarted = (error) => (error ? reject(error) : resolve());
+    });
+    const done = new Promise<ExecResult>((resolve, reject) => {
+      const p: Pending = {
+        id,
+        options,
+        started: performance.now(),
+        stdout: [],
+        stderr: [],
+        captured: { stdout: 0, stderr: 0 },
+        outputBytes: 0,
+        limit: options.maxCaptureBytes ?? DEFAULT_CAPTURE,
+        timedOut: false,
+        timer: null,
+        oomBefore: this.cgroup.oomKills(),
+        onStarted,
+        resolve,
+        reject,
+      };
+      if (options.timeoutMs != null && options.timeoutMs > 0) {
+        p.timer = setTimeout(() => {
+          p.timedOut = true;
+          this.send(T_KILL, id);
+        }, options.timeoutMs);
+      }
+      this.pending.set(id, p);
+    });
+    const env = { ...this.env, ...options.env };
+    const parts = [options.command.replace(/\0/g, '')];
+    for (const [key, value] of Object.entries(env)) {
+      if (!key || key.includes('=') || key.includes('\0')) continue;
+      parts.push(`${key}=${value.replace(/\0/g, '')}`);
+    }
+    this.send(T_EXEC, id, Buffer.from(parts.join('\0'), 'utf8'));
+    started.catch(() => {});
+    return { started, done };
+  }
+
+  exec(options: ExecOptions): Promise<ExecResult> {
+    return this.start(options).done;
+  }
+
+  async spawnBackground(options: ExecOptions): Promise<{ done: Promise<ExecResult> }> {
+    const { started, done } = this.start(options);
+    done.catch(() => {});
+    await started;
+    return { done };
+  }
+
+  killAll(): Promise<void> {
+    if (this.gone) return Promise.resolve();
+    const id = this.nextId++;
+    return new Promise<void>((resolve) => {
+      this.killWaiters.set(id, resolve);
+      this.send(T_KILLALL, id);
+    });
+  }
+
+  async usage(): Promise<SandboxUsage> {
+    return { memoryBytes: this.cgroup.memoryBytes(), pids: this.cgroup.pids(), oomKills: this.cgroup.oomKills(), pidsLimitHits: this.cgroup.pidsLimitHits() };
+  }
+
+  destroy(): Promise<void> {
+    this.destroying ??= (async () => {
+      this.fail(new Error('sandbox destroyed'));
+      this.requests.end();
+      await this.cgroup.killAll();
+      if (this.child.exitCode === null && this.child.signalCode === null) {
+        const timer = setTimeout(() => this.child.kill('SIGKILL'), 2000);
+        await this.exited;
+        clearTimeout(timer);
+      }
+      await this.cleanup();
+    })();
+    return this.destroying;
+  }
+
+  private async cleanup(): Promise<void> {
+    if (this.cleaned) return;
+    this.cleaned = true;
+    if (!(await this.cgroup.remove())) this.logger?.warn({ sandbox_id: this.id }, 'could not remove the sandbox cgroups');
+    await fs.promises.rm(this.sandboxDir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Mount points the read-only image must already have (bwrap cannot create them in it). Created
+ * on the host only where nothing is in the way, and never through a symbolic link of the image.
+ */
+function prepareRootfs(rootfs: string, extra: string[]): void {
+  const wanted = ['proc', 'dev', 'tmp', 'run', 'workspace', 'etc', ...extra.filter((p) => !p.startsWith('/workspace/')).map((p) => p.replace(/^\/+/, ''))];
+  for (const rel of wanted) {
+    let current = rootfs;
+    for (const part of rel.split('/').filter(Boolean)) {
+      current = path.join(current, part);
+      const stat = fs.lstatSync(current, { throwIfNoEntry: false });
+      if (!stat) fs.mkdirSync(current);
+      else if (!stat.isDirectory()) break;
+    }
+  }
+  const hosts = path.join(rootfs, 'etc/hosts');
+  if (fs.lstatSync(path.join(rootfs, 'etc')).isDirectory() && !fs.lstatSync(hosts, { throwIfNoEntry: false })) fs.writeFileSync(hosts, '');
+}
+
+function hostsText(id: string, hosts: Record<string, string>): string {
+  const lines = ['127.0.0.1\tlocalhost', '::1\tlocalhost ip6-localhost ip6-loopback', `127.0.1.1\t${id}`];
+  for (const [name, ip] of Object.entries(hosts)) {
+    if (/^[A-Za-z0-9_.:-]+$/.test(ip) && /^[A-Za-z0-9_.-]+$/.test(name)) lines.push(`${ip}\t${name}`);
+  }
+  return `${lines.join('\n')}\n`;
+}
+
+/** Gives the sandbox uid the workspace (without following links or entering the read-only mounts). */
+async function chownTree(dir: string, uid: number, gid: number, skip: Set<string>): Promise<void> {
+  const stat = await fs.promises.lstat(dir);
+  if (stat.uid !== uid || stat.gid !== gid) await fs.promises.lchown(dir, uid, gid);
+  if (!stat.isDirectory()) return;
+  const entries = await fs.promises.readdir(dir, { withFileTypes: true });
+  await Promise.all(
+    entries.map(async (entry) => {
+      const full = path.join(dir, entry.name);
+      if (skip.has(full)) return;
+      if (entry.isDirectory()) return chownTree(full, uid, gid, skip);
+      const s = await fs.promises.lstat(full);
+      if (s.uid !== uid || s.gid !== gid) await fs.promises.lchown(full, uid, gid);
+    }),
+  );
+}
+
+function run(command: string, args: string[]): Promise<{ code: number; stderr: string; error?: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(command, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString('utf8')));
+    child.on('error', (err) => resolve({ code: -1, stderr, error: err.message }));
+    child.on('close', (code) => resolve({ code: code ?? -1, stderr }));
+  });
+}

@@ -1,0 +1,103 @@
+/**
+ * The runtime seam: how the sandbox runner boots, drives and tears down a sandbox. The `local`
+ * runtime (Linux namespaces + cgroups through bubblewrap) implements it; `docker`, `nomad` and
+ * `firecracker` implement the same shape, and the same contract tests run against each.
+ */
+
+export interface SandboxResources {
+  /** hard memory limit (RAM, and RAM+swap where the kernel accounts swap) */
+  memoryBytes: number;
+  /** CPU quota in cores (0.5 = half a core) */
+  cpus: number;
+  /** most processes and threads alive at once */
+  pids: number;
+  /** workspace size limit; null = none. See the runtime for what it can enforce. */
+  diskBytes: number | null;
+}
+
+export const DEFAULT_RESOURCES: SandboxResources = {
+  memoryBytes: 1024 * 1024 * 1024,
+  cpus: 1,
+  pids: 512,
+  diskBytes: null,
+};
+
+export interface CreateSandboxOptions {
+  /** sb-<hex> */
+  id: string;
+  /** host directory bind-mounted read-write at /workspace, the working directory of every command */
+  workspace: string;
+  /** e.g. <workspace>/.svc -> /workspace/.svc (audit the agent may read, not change); the agent bundle -> /agent */
+  readOnlyMounts?: Array<{ host: string; sandbox: string }>;
+  /** root filesystem directory from the image store; null = the host's system directories, read-only */
+  rootfs: string | null;
+  /** base environment of every command */
+  env: Record<string, string>;
+  resources: SandboxResources;
+  /** static /etc/hosts entries (name -> ip) */
+  hosts?: Record<string, string>;
+}
+
+export interface ExecOptions {
+  /** run as `sh -c <command>` in /workspace */
+  command: string;
+  /** merged over the sandbox's base env */
+  env?: Record<string, string>;
+  /** kills the command's whole process tree when reached: exit code 124, timedOut */
+  timeoutMs?: number;
+  /** live output, as it comes */
+  onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
+  /** cap on the captured stdout and stderr each (default 1 MiB); outputBytes counts everything */
+  maxCaptureBytes?: number;
+}
+
+export interface ExecResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  durationMs: number;
+  timedOut: boolean;
+  oomKilled: boolean;
+  /** bytes of output produced (stdout + stderr), captured or not */
+  outputBytes: number;
+}
+
+export interface SandboxUsage {
+  memoryBytes: number;
+  pids: number;
+  /** processes the OOM killer ended in this sandbox so far */
+  oomKills: number;
+  /** forks refused at the pids limit so far (a fork bomb shows here) */
+  pidsLimitHits: number;
+}
+
+export interface SandboxHandle {
+  readonly id: string;
+  readonly runtime: string;
+  /** what the runtime could not enforce for this sandbox (e.g. no disk limit on this filesystem) */
+  readonly warnings: readonly string[];
+  /** `sh -c <command>` in /workspace as the sandbox user; rejects only when the sandbox is gone */
+  exec(options: ExecOptions): Promise<ExecResult>;
+  /** resolves once the command has started; `done` carries its result */
+  spawnBackground(options: ExecOptions): Promise<{ done: Promise<ExecResult> }>;
+  /** kills every process of the sandbox except the supervisor */
+  killAll(): Promise<void>;
+  usage(): Promise<SandboxUsage>;
+  /** idempotent: kills everything and removes the cgroups; leaves the workspace to the caller */
+  destroy(): Promise<void>;
+  /** resolves when the sandbox has ended, on its own or by destroy() */
+  readonly exited: Promise<void>;
+}
+
+export interface Runtime {
+  readonly name: 'local' | 'docker' | 'firecracker' | 'nomad';
+  /** null when usable, else why not (one line) */
+  available(): Promise<string | null>;
+  /** resolves when the sandbox is ready for commands */
+  create(options: CreateSandboxOptions): Promise<SandboxHandle>;
+}
+
+/** exit code of a command killed by its timeout (as coreutils `timeout`) */
+export const EXIT_TIMEOUT = 124;
+/** exit code of a command killed by SIGKILL (the OOM killer) */
+export const EXIT_KILLED = 137;

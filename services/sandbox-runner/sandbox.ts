@@ -1,0 +1,449 @@
+/**
+ * One live sandbox on this runner: its boot pipeline (the nine steps, each a `status` event),
+ * its operations (commands, files, state, diff, timeout) and its teardown. Every change of
+ * state is an event: svc.sandboxes (the entity), svc.sandbox-events (its stream), svc.audit.
+ */
+import { copyFile, mkdir, rm, writeFile as writeHostFile } from 'node:fs/promises';
+import path from 'node:path';
+import { publish, type Kernel } from '../kernel/actor.ts';
+import { parseDuration } from '../kernel/duration.ts';
+import { AppError, badRequest } from '../kernel/errors.ts';
+import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../kernel/events.ts';
+import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
+import { resolveHostSecret } from '../kernel/secret-sources.ts';
+import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
+import type { TenantSecrets } from '../kernel/tenant-secrets.ts';
+import { TOPICS } from '../kernel/topics.ts';
+import { resolveImage } from './runtime/images.ts';
+import type { ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
+import { AuditLog } from './workspace/audit-log.ts';
+import { deleteFile, readFile, writeFile } from './workspace/files.ts';
+import { FsWatcher } from './workspace/fs-watcher.ts';
+import { resolveWorkspacePath } from './workspace/paths.ts';
+import { captureState, ChecksumCache, diffStates, type FilesystemState } from './workspace/state.ts';
+
+/** What the api sends to create a sandbox (the spec travels with it, already stored and valid). */
+export interface CreateRequest {
+  spec_id: string;
+  spec_version: number;
+  yaml: string;
+  timeout_ms: number | null;
+  metadata: Record<string, string>;
+  secrets: Record<string, string>;
+  scenario_id?: string;
+  run_id?: string;
+}
+
+type State = SandboxChanged['state'];
+
+/** libfaketime, preloaded for a frozen clock (Debian's path; bound into the sandbox read-only). */
+const LIBFAKETIME = '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1';
+
+class BootError extends AppError {
+  constructor(step: string, message: string) {
+    super('bad_request', `sandbox boot failed at step ${step}: ${message}`);
+  }
+}
+
+export class LiveSandbox {
+  state: State = 'creating';
+  private readonly spec: SpecDocument;
+  private readonly workspace: string;
+  private box: SandboxHandle | null = null;
+  private audit: AuditLog | null = null;
+  private watcher: FsWatcher | null = null;
+  private before: FilesystemState | null = null;
+  private secretValues: Record<string, string> = {};
+  private env: Record<string, string> = {};
+  private seq = 0;
+  private expiresAt = 0;
+  private timer: NodeJS.Timeout | null = null;
+  private readonly createdAt = Date.now();
+  private readonly tokenHash: string;
+  private readonly token: string;
+  private destroying: Promise<void> | null = null;
+  /** Checksums kept between captures, so a state or diff re-hashes only what changed. */
+  private readonly checksums = new ChecksumCache();
+  private eventChain: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    private readonly kernel: Kernel,
+    private readonly runtime: Runtime,
+    private readonly tenantSecrets: TenantSecrets,
+    readonly tenant: string,
+    readonly id: string,
+    private readonly request: CreateRequest,
+    private readonly onGone: () => void,
+  ) {
+    this.spec = parseSpec(request.yaml);
+    this.workspace = path.join(kernel.config.dataDir, 'workspaces', id);
+    this.token = newSandboxToken();
+    this.tokenHash = sha256Hex(this.token);
+  }
+
+  /** The Sandbox object of the spec. */
+  view() {
+    return {
+      id: this.id,
+      spec_id: this.request.spec_id,
+      state: this.state,
+      path: this.workspace,
+      url: `${this.kernel.config.baseUrl}/v1/sandboxes/${this.id}`,
+      created_at: new Date(this.createdAt).toISOString(),
+      expires_at: new Date(this.expiresAt).toISOString(),
+      metadata: this.request.metadata,
+      services: {},
+    };
+  }
+
+  // --- boot -------------------------------------------------------------------------------
+
+  async boot(): Promise<void> {
+    const { config } = this.kernel;
+    this.expiresAt = this.createdAt + (this.request.timeout_ms ?? this.spec.resources.timeoutMs ?? config.sandboxTimeout);
+    await this.setState('creating');
+    await this.event('status', { state: 'creating' });
+    let step = 'secrets_resolved';
+    try {
+      this.secretValues = await this.resolveSecrets();
+      await this.event('status', { step, count: Object.keys(this.secretValues).length });
+
+      step = 'container_started';
+      await mkdir(path.join(this.workspace, '.svc'), { recursive: true });
+      const rootfs = await resolveImage(path.join(config.dataDir, 'images'), this.spec.base);
+      if (rootfs === null && !config.sandboxHostRootfs) {
+        throw new BootError(step, `image could not be pulled: "${this.spec.base}" is not in the image store (svc images import ${this.spec.base} DIR|TARBALL), and SVC_SANDBOX_HOST_ROOTFS is off`);
+      }
+      this.env = this.baseEnv();
+      const readOnlyMounts = [{ host: path.join(this.workspace, '.svc'), sandbox: '/workspace/.svc' }];
+      if (this.spec.determinism.frozenTime) readOnlyMounts.push({ host: LIBFAKETIME, sandbox: LIBFAKETIME });
+      this.box = await this.runtime.create({
+        id: this.id,
+        workspace: this.workspace,
+        readOnlyMounts,
+        rootfs,
+        env: this.env,
+        resources: { memoryBytes: this.spec.resources.memoryBytes, cpus: this.spec.resources.cpus, pids: this.spec.resources.pids, diskBytes: this.spec.resources.diskBytes },
+        hosts: this.spec.determinism.dns,
+      });
+      this.audit = new AuditLog({ workspace: this.workspace, sandboxId: this.id, redact: (text) => this.redact(text), onRecord: (r) => void this.publishAudit(r) });
+      await this.event('status', { step, runtime: this.runtime.name });
+      if (rootfs === null) {
+        const message = `image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`;
+        await this.event('warning', { message });
+        await this.audit.record('warning', { message });
+      }
+
+      step = 'services_started';
+      await this.event('status', { step, count: 0 });
+
+      step = 'fixtures_applied';
+      for (const [i, fixture] of this.spec.fixtures.entries()) {
+        // A copy fixture copies a directory of the image into the workspace, inside the sandbox.
+        const to = resolveWorkspacePath(this.workspace, fixture.to, `fixtures[${i}].to`);
+        const result = await this.box.exec({ command: `mkdir -p '/workspace/${to.relative}' && cp -a -- '${String(fixture.from).replace(/'/g, `'\\''`)}'/. '/workspace/${to.relative}/'`, timeoutMs: 60_000 });
+        if (result.exitCode !== 0) throw new BootError(step, `fixture ${i} (copy ${fixture.from} -> ${fixture.to}) failed: ${this.redact(result.stderr).trim().slice(-500)}`);
+        await this.event('fixture', { index: i, type: fixture.type, to: to.relative });
+      }
+      await this.event('status', { step, count: this.spec.fixtures.length });
+
+      step = 'setup_applied';
+      for (const [i, file] of this.spec.setup.files.entries()) {
+        const target = resolveWorkspacePath(this.workspace, file.path, `setup.files[${i}].path`);
+        await mkdir(path.dirname(target.absolute), { recursive: true });
+        await writeHostFile(target.absolute, file.content, { mode: file.mode });
+      }
+      for (const command of this.spec.setup.commands) {
+        const result = await this.box.exec({ command, timeoutMs: 5 * 60_000 });
+        if (result.exitCode !== 0) {
+          throw new BootError(step, `setup command "${this.redact(command)}" exited with ${result.exitCode}: ${this.redact(result.stderr || result.stdout).trim().slice(-500)}`);
+        }
+      }
+      await this.event('status', { step, files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
+
+      step = 'network_configured';
+      await this.event('status', {
+        step,
+        egress: this.spec.network.egress.default,
+        determinism: { frozen_time: this.spec.determinism.frozenTime, seed: this.spec.determinism.seed, dns: Object.keys(this.spec.determinism.dns).length },
+      });
+
+      step = 'audit_started';
+      const { watch, track } = this.spec.audit.file_system;
+      if (watch.length > 0) {
+        this.watcher = new FsWatcher({ workspace: this.workspace, watch, track, audit: this.audit! });
+        await this.watcher.start();
+      }
+      await this.event('status', { step, file_system: watch.length > 0 });
+
+      step = 'snapshot_taken';
+      this.before = await this.captureState();
+      await this.event('status', { step, files: Object.keys(this.before.files).length });
+
+      await this.setState('ready');
+      await this.event('status', { step: 'ready' });
+      await this.event('status', { state: 'ready' });
+      this.armTimer();
+    } catch (err) {
+      const message = err instanceof AppError ? err.message : `sandbox boot failed at step ${step}: ${(err as Error).message}`;
+      await this.event('status', { step, error: message }).catch(() => {});
+      await this.setState('error', message).catch(() => {});
+      await this.teardown('boot failed').catch(() => {});
+      throw err instanceof AppError ? err : new AppError('bad_request', message);
+    }
+  }
+
+  private async resolveSecrets(): Promise<Record<string, string>> {
+    const values = this.tenantSecrets.values(this.tenant);
+    for (const [name, source] of Object.entries(this.spec.secrets)) {
+      if (name in this.request.secrets) continue;
+      if (source === 'dashboard') {
+        if (!(name in values)) throw new BootError('secrets_resolved', `required secret ${name} is missing: it is declared with source dashboard but not stored for this tenant (PUT /v1/secrets/${name})`);
+        continue;
+      }
+      try {
+        values[name] = await resolveHostSecret(name, source, this.kernel.config);
+      } catch (err) {
+        throw new BootError('secrets_resolved', `required secret ${name} is missing: ${(err as Error).message}`);
+      }
+    }
+    return { ...values, ...this.request.secrets };
+  }
+
+  private baseEnv(): Record<string, string> {
+    const { determinism } = this.spec;
+    const env: Record<string, string> = {
+      HOME: '/workspace',
+      PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+      LANG: 'C.UTF-8',
+      ...this.secretValues,
+      ...this.spec.setup.env,
+      SVC_BASE_URL: this.kernel.config.baseUrl,
+      SVC_API_KEY: this.token,
+      SVC_SANDBOX_ID: this.id,
+    };
+    if (determinism.frozenTime) {
+      env.LD_PRELOAD = LIBFAKETIME;
+      env.FAKETIME = `@${determinism.frozenTime.replace('T', ' ').replace(/\.\d+Z$|Z$/, '')}`;
+      env.FAKETIME_DONT_RESET = '1';
+      env.TZ = 'UTC';
+    }
+    if (determinism.seed !== null) {
+      env.SVC_RANDOM_SEED = String(determinism.seed);
+      env.PYTHONHASHSEED = String(determinism.seed);
+    }
+    return env;
+  }
+
+  /** The workspace's state; the service's own reads of it are not the agent's (the watcher ignores them). */
+  private captureState(): Promise<FilesystemState> {
+    const capture = () => captureState(this.workspace, { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes, cache: this.checksums });
+    return this.watcher ? this.watcher.suppressDuring({ kinds: ['read'] }, capture) : capture();
+  }
+
+  // --- operations -------------------------------------------------------------------------
+
+  async handle(op: string, payload: Record<string, unknown>): Promise<{ status?: number; body: unknown; contentType?: string }> {
+    if (this.destroying) {
+      if (op === 'destroy') return { body: await this.destroy('destroyed').then(() => ({ id: this.id, state: 'stopped' })) };
+      throw new AppError('not_found', `sandbox ${this.id} not found`);
+    }
+    if (this.state !== 'ready' && this.state !== 'running') throw new AppError('conflict', `sandbox ${this.id} is ${this.state}`);
+    switch (op) {
+      case 'command':
+        return this.command(payload);
+      case 'file_read':
+        return this.fileRead(payload);
+      case 'file_write':
+        return this.fileWrite(payload);
+      case 'file_delete':
+        return this.fileDelete(payload);
+      case 'state':
+        return { body: await this.captureState() };
+      case 'diff':
+        return { body: diffStates(this.before!, await this.captureState()) };
+      case 'timeout':
+        return this.timeout(payload);
+      case 'destroy':
+        await this.destroy('destroyed');
+        return { body: { id: this.id, state: 'stopped' } };
+      default:
+        throw new AppError('bad_request', `unknown sandbox operation ${op}`);
+    }
+  }
+
+  private async command(payload: Record<string, unknown>): Promise<{ status?: number; body: unknown }> {
+    const command = payload.command as string;
+    const timeoutMs = payload.timeout_ms as number | null;
+    const background = payload.background === true;
+    if (this.state === 'ready') await this.setState('running');
+    const run = this.box!.exec({ command, timeoutMs: timeoutMs ?? undefined, maxCaptureBytes: 1024 * 1024 }).then((r) => this.afterCommand(command, r));
+    if (background) {
+      run.catch((err) => this.kernel.logger.warn({ err, sandbox_id: this.id }, 'background command failed'));
+      return { status: 202, body: { command: this.redact(command), background: true } };
+    }
+    return { body: await run };
+  }
+
+  private async afterCommand(command: string, r: ExecResult) {
+    const shown = this.redact(command);
+    const stdout = this.redact(r.stdout);
+    const stderr = this.redact(r.stderr);
+    const chunk = this.kernel.config.stdoutChunkBytes;
+    await this.audit!.record('process_spawn', { command: shown, exit_code: r.exitCode, duration_ms: r.durationMs, output_bytes: r.outputBytes, ...(this.spec.audit.stdout_capture ? { stdout: stdout.slice(0, chunk) } : {}) });
+    if (this.spec.audit.stdout_capture) {
+      for (let i = 0; i < stdout.length; i += chunk) await this.audit!.record('stdout', { command: shown, chunk: stdout.slice(i, i + chunk), index: i / chunk });
+    }
+    await this.event('command', { command: shown, exit_code: r.exitCode, duration_ms: r.durationMs, ...(r.timedOut ? { timed_out: true } : {}), ...(r.oomKilled ? { oom_killed: true } : {}) });
+    if (r.oomKilled) await this.event('warning', { message: `command "${shown}" was killed: the sandbox ran out of memory (limit ${this.spec.resources.memoryBytes} bytes)` });
+    if (this.spec.snapshots.checkpoints === 'per_action') {
+      const state = await this.captureState();
+      await this.event('checkpoint', { after: shown, files: Object.keys(state.files).length, diff: diffStates(this.before!, state) });
+    }
+    return {
+      command: shown,
+      stdout,
+      stderr,
+      exit_code: r.exitCode,
+      duration_ms: r.durationMs,
+      ...(r.timedOut ? { timed_out: true } : {}),
+      ...(r.oomKilled ? { oom_killed: true } : {}),
+    };
+  }
+
+  private async fileRead(payload: Record<string, unknown>) {
+    const { path: relative, content, bytes } = await readFile(this.workspace, payload.path);
+    await this.audit!.record('file_read', { path: relative, bytes });
+    return { body: content, contentType: 'application/octet-stream' };
+  }
+
+  /** API writes are audited here, not as the agent's own activity: the watcher is told to ignore them. */
+  private async fileWrite(payload: Record<string, unknown>) {
+    const { relative } = resolveWorkspacePath(this.workspace, payload.path);
+    const write = () => writeFile(this.workspace, payload.path, payload.content);
+    const { bytes } = this.watcher ? await this.watcher.suppressDuring({ paths: [relative] }, write) : await write();
+    await this.audit!.record('file_write', { path: relative, bytes });
+    return { status: 201, body: { path: relative, bytes } };
+  }
+
+  private async fileDelete(payload: Record<string, unknown>) {
+    const { relative } = resolveWorkspacePath(this.workspace, payload.path);
+    const remove = () => deleteFile(this.workspace, payload.path);
+    const { bytes } = this.watcher ? await this.watcher.suppressDuring({ paths: [relative] }, remove) : await remove();
+    await this.audit!.record('file_delete', { path: relative, bytes });
+    return { body: { path: relative, deleted: true } };
+  }
+
+  /** `{timeout}` resets the timer to that long from now; `{extend}` adds to what is left. */
+  private async timeout(payload: Record<string, unknown>) {
+    const parse = (field: string) => {
+      try {
+        return parseDuration(payload[field] as string | number);
+      } catch (err) {
+        throw badRequest(field, (err as Error).message);
+      }
+    };
+    this.expiresAt = payload.timeout !== undefined ? Date.now() + parse('timeout') : this.expiresAt + parse('extend');
+    this.armTimer();
+    await this.setState(this.state);
+    await this.event('status', { step: 'timeout_changed', expires_at: new Date(this.expiresAt).toISOString() });
+    return { body: this.view() };
+  }
+
+  private armTimer(): void {
+    if (this.timer) clearTimeout(this.timer);
+    // setTimeout overflows past 2^31 ms; re-arm in steps for long lifetimes.
+    const wait = Math.min(Math.max(0, this.expiresAt - Date.now()), 2 ** 31 - 1);
+    this.timer = setTimeout(() => {
+      if (Date.now() >= this.expiresAt) void this.destroy('timeout').catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'timeout teardown failed'));
+      else this.armTimer();
+    }, wait);
+    this.timer.unref();
+  }
+
+  // --- teardown ---------------------------------------------------------------------------
+
+  /** Idempotent: exports, kills, removes the workspace; the stream ends with {state: destroyed}. */
+  destroy(reason: string): Promise<void> {
+    this.destroying ??= (async () => {
+      if (this.timer) clearTimeout(this.timer);
+      await this.teardown(reason);
+      await this.setState('stopped', reason === 'destroyed' ? null : reason);
+      await this.event('status', { state: 'destroyed', reason });
+    })();
+    return this.destroying;
+  }
+
+  private async teardown(reason: string): Promise<void> {
+    try {
+      await this.watcher?.stop();
+      await this.audit?.close();
+      if (this.state !== 'error' || this.spec.teardown.always_run) await this.runExports().catch((err) => this.kernel.logger.warn({ err, sandbox_id: this.id }, 'teardown export failed'));
+      await this.box?.destroy();
+    } finally {
+      await rm(this.workspace, { recursive: true, force: true });
+      this.onGone();
+      this.kernel.logger.info({ sandbox_id: this.id, tenant: this.tenant, reason }, 'sandbox torn down');
+    }
+  }
+
+  private async runExports(): Promise<void> {
+    const root = this.kernel.config.artifactsDir ?? path.join(this.kernel.config.dataDir, 'artifacts');
+    for (const exp of this.spec.teardown.export) {
+      const to = exp.to.replace(/\{\{\s*run_id\s*\}\}/g, this.request.run_id ?? this.id).replace(/\{\{\s*scenario_id\s*\}\}/g, this.request.scenario_id ?? 'adhoc');
+      const target = path.join(root, this.tenant, to);
+      if (!target.startsWith(path.join(root, this.tenant) + path.sep)) continue;
+      await mkdir(path.dirname(target), { recursive: true });
+      if (exp.type === 'audit_log') await copyFile(path.join(this.workspace, '.svc', 'audit.jsonl'), target).catch(() => writeHostFile(target, ''));
+      else if (exp.type === 'snapshot') await writeHostFile(target, JSON.stringify(await this.captureState()));
+      await this.event('export', { type: exp.type, to });
+    }
+  }
+
+  // --- events -----------------------------------------------------------------------------
+
+  /** Replaces every secret value in text with [REDACTED:<NAME>]. */
+  redact(text: string): string {
+    let out = text;
+    for (const [name, value] of Object.entries(this.secretValues)) {
+      if (value.length >= 4 && out.includes(value)) out = out.split(value).join(`[REDACTED:${name}]`);
+    }
+    return out;
+  }
+
+  private async setState(state: State, error: string | null = null): Promise<void> {
+    this.state = state;
+    const value: SandboxChanged = {
+      tenant: this.tenant,
+      event_id: newEventId(),
+      ts: Date.now(),
+      sandbox_id: this.id,
+      spec_id: this.request.spec_id,
+      spec_version: this.request.spec_version,
+      state,
+      path: this.workspace,
+      created_at: this.createdAt,
+      expires_at: this.expiresAt,
+      metadata: this.request.metadata,
+      services: '{}',
+      runner_id: this.kernel.instanceId,
+      token_hash: this.tokenHash,
+      error,
+    };
+    await publish(this.kernel, TOPICS.sandboxes, [{ key: this.id, tenant: this.tenant, value }]);
+  }
+
+  /** Appends one event of the sandbox's stream; events keep their order (seq). */
+  private event(eventType: string, data: object): Promise<void> {
+    const value: SandboxEvent = { tenant: this.tenant, event_id: newEventId(), ts: Date.now(), sandbox_id: this.id, seq: ++this.seq, event_type: eventType, data: this.redact(JSON.stringify(data)) };
+    const next = this.eventChain.then(() => publish(this.kernel, TOPICS.sandboxEvents, [{ key: this.id, tenant: this.tenant, value }]));
+    this.eventChain = next.catch(() => {});
+    return next.then(() => undefined);
+  }
+
+  private async publishAudit(record: { ts: string; type: string; details: object }): Promise<void> {
+    const value: AuditRecorded = { tenant: this.tenant, event_id: newEventId(), ts: Date.now(), sandbox_id: this.id, record_ts: Date.parse(record.ts), type: record.type, details: JSON.stringify(record.details) };
+    await publish(this.kernel, TOPICS.audit, [{ key: this.id, tenant: this.tenant, value }]);
+    await this.event('audit', record);
+  }
+}

@@ -1,0 +1,136 @@
+/**
+ * The sandbox runner: boots sandboxes on its runtime, owns them until they are destroyed, and
+ * answers the requests for them (commands, files, state, diff, timeout, destroy) that arrive on
+ * svc.sandbox-requests. Requests are keyed by sandbox id, so a sandbox's requests reach the
+ * runner whose partition holds it.
+ *
+ * Requests are dispatched, not awaited, by the consumer: a long command must not hold up the
+ * other sandboxes of its partition. The cost is that a request in flight when the runner dies is
+ * not retried, which is right: its sandbox died with the runner. On start the runner ends the
+ * sandboxes the log says it owned (state `error`, reason "runner restarted"), so none claims to
+ * be ready while gone.
+ */
+import { rm } from 'node:fs/promises';
+import path from 'node:path';
+import { publish, subscribe, type Kernel, type Service } from '../kernel/actor.ts';
+import { EntityView } from '../kernel/entity-view.ts';
+import { AppError, toErrorBody } from '../kernel/errors.ts';
+import type { SandboxChanged, SandboxRequested } from '../kernel/events.ts';
+import { newEventId } from '../kernel/ids.ts';
+import type { Consumer } from '../kernel/log/event-log.ts';
+import { reply } from '../kernel/request-reply.ts';
+import { TenantSecrets } from '../kernel/tenant-secrets.ts';
+import { TOPICS } from '../kernel/topics.ts';
+import { LocalRuntime } from './runtime/local-runtime.ts';
+import type { Runtime } from './runtime/runtime.ts';
+import { LiveSandbox, type CreateRequest } from './sandbox.ts';
+
+export class SandboxRunnerService implements Service {
+  readonly name = 'sandbox-runner';
+  private kernel!: Kernel;
+  private runtime!: Runtime;
+  private secrets!: TenantSecrets;
+  private readonly sandboxes = new Map<string, LiveSandbox>();
+  private readonly known = new EntityView<SandboxChanged>(TOPICS.sandboxes);
+  private consumer: Consumer | null = null;
+  private readonly inFlight = new Set<Promise<void>>();
+  private stopping = false;
+
+  async start(kernel: Kernel): Promise<void> {
+    this.kernel = kernel;
+    this.runtime = new LocalRuntime({ stateDir: path.join(kernel.config.dataDir, 'runtime'), logger: kernel.logger.child({ component: 'runtime' }) });
+    const unavailable = await this.runtime.available();
+    if (unavailable) kernel.logger.warn({ runtime: this.runtime.name, reason: unavailable }, 'sandbox runtime unavailable: creating sandboxes will fail');
+    this.secrets = new TenantSecrets(kernel);
+    await Promise.all([this.secrets.start(), this.known.start(kernel)]);
+    await this.endOrphans();
+    this.consumer = await subscribe<SandboxRequested>(kernel, {
+      groupId: 'sandbox-runner',
+      topics: [TOPICS.sandboxRequests],
+      fromBeginning: false,
+      handle: async (events) => {
+        for (const { value } of events) if (value) this.dispatch(value);
+      },
+    });
+    this.updateGauge();
+  }
+
+  async stop(): Promise<void> {
+    this.stopping = true;
+    await this.consumer?.stop();
+    await Promise.allSettled([...this.inFlight]);
+    await Promise.allSettled([...this.sandboxes.values()].map((s) => s.destroy('the runner stopped')));
+    await Promise.all([this.secrets?.stop(), this.known.stop()]);
+  }
+
+  /** Sandboxes this runner owned before a restart are gone: say so instead of leaving them "ready". */
+  private async endOrphans(): Promise<void> {
+    const orphans = [...this.known.entities.values()].filter((s) => s.runner_id === this.kernel.instanceId && (s.state === 'creating' || s.state === 'ready' || s.state === 'running'));
+    if (orphans.length === 0) return;
+    this.kernel.logger.warn({ count: orphans.length }, 'ending sandboxes left by a previous run of this runner');
+    await publish(
+      this.kernel,
+      TOPICS.sandboxes,
+      orphans.map((s) => ({ key: s.sandbox_id, tenant: s.tenant, value: { ...s, event_id: newEventId(), ts: Date.now(), state: 'error', error: 'the sandbox runner restarted; the sandbox is gone' } })),
+    );
+    await Promise.all(orphans.map((s) => rm(s.path, { recursive: true, force: true })));
+  }
+
+  private dispatch(request: SandboxRequested): void {
+    // A request older than the reply timeout has been given up by the api: do not act on it.
+    if (Date.now() - request.ts > this.kernel.config.replyTimeout || this.stopping) return;
+    const task = this.handle(request)
+      .catch(async (err) => {
+        const { status, body } = toErrorBody(err);
+        if (status >= 500) this.kernel.logger.error({ err, sandbox_id: request.sandbox_id, op: request.op, tenant: request.tenant }, 'sandbox request failed');
+        await reply(this.kernel, request, status, body, { error: body.error });
+      })
+      .catch((err) => this.kernel.logger.error({ err, sandbox_id: request.sandbox_id }, 'cannot reply to a sandbox request'))
+      .finally(() => {
+        this.inFlight.delete(task);
+        this.updateGauge();
+      });
+    this.inFlight.add(task);
+  }
+
+  private async handle(request: SandboxRequested): Promise<void> {
+    const payload = JSON.parse(request.payload) as Record<string, unknown>;
+    if (request.op === 'create') {
+      const live = await this.create(request, payload as unknown as CreateRequest);
+      await reply(this.kernel, request, 201, live.view());
+      return;
+    }
+    const live = this.sandboxes.get(request.sandbox_id);
+    if (!live || live.tenant !== request.tenant) {
+      if (request.op === 'destroy') return reply(this.kernel, request, 200, { id: request.sandbox_id, state: 'stopped' });
+      throw new AppError('not_found', `sandbox ${request.sandbox_id} not found`);
+    }
+    const result = await live.handle(request.op, payload);
+    await reply(this.kernel, request, result.status ?? 200, result.body, { contentType: result.contentType });
+  }
+
+  private async create(request: SandboxRequested, create: CreateRequest): Promise<LiveSandbox> {
+    const max = this.kernel.config.runnerMaxSandboxes;
+    const booting = [...this.sandboxes.values()].length;
+    if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });
+    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, request.tenant, request.sandbox_id, create, () => {
+      this.sandboxes.delete(request.sandbox_id);
+      this.updateGauge();
+    });
+    this.sandboxes.set(request.sandbox_id, live);
+    this.updateGauge();
+    try {
+      await live.boot();
+    } catch (err) {
+      this.sandboxes.delete(request.sandbox_id);
+      throw err;
+    }
+    return live;
+  }
+
+  private updateGauge(): void {
+    const counts: Record<string, number> = { creating: 0, ready: 0, running: 0 };
+    for (const s of this.sandboxes.values()) counts[s.state] = (counts[s.state] ?? 0) + 1;
+    for (const [state, n] of Object.entries(counts)) this.kernel.metrics.sandboxes.set({ state }, n);
+  }
+}

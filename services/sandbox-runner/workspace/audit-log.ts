@@ -1,0 +1,156 @@
+/**
+ * The sandbox's audit log: JSON lines in `<workspace>/.svc/audit.jsonl` (the spec's "Audit event";
+ * DECISIONS "Audit log placement"). The service writes it from the host; inside the sandbox `.svc`
+ * is mounted read-only, so the agent can read its own audit log but not change it.
+ *
+ * Each line is `{ts, sandbox_id, type, details}`; `ts` is ISO 8601 with milliseconds. Before a record
+ * is written (or handed to `onRecord`), `redact` is applied to every string in `details`, keys
+ * included (the runner passes a function that replaces secret values with `[REDACTED:<NAME>]`), so no
+ * secret value reaches the file or the event stream.
+ *
+ * Records are written in the order `record` is called, one `write` per line on an O_APPEND
+ * descriptor. `onRecord` is called after the line is written (the runner publishes each record as a
+ * sandbox event); an exception it throws is swallowed, it never breaks auditing.
+ */
+import { constants } from 'node:fs';
+import { lstat, mkdir, open, readFile, type FileHandle } from 'node:fs/promises';
+import path from 'node:path';
+import { SERVICE_DIR } from './paths.ts';
+
+export const AUDIT_FILE = 'audit.jsonl';
+
+export const AUDIT_TYPES = [
+  'file_write',
+  'file_read',
+  'file_delete',
+  'db_write',
+  'http_call',
+  'process_spawn',
+  'stdout',
+  'warning',
+] as const;
+export type AuditType = (typeof AUDIT_TYPES)[number];
+
+export interface AuditRecord {
+  ts: string;
+  sandbox_id: string;
+  type: AuditType;
+  details: Record<string, unknown>;
+}
+
+export interface AuditLogOptions {
+  workspace: string;
+  sandboxId: string;
+  /** Applied to every string of `details` (values and keys) before the record is written. */
+  redact?: (text: string) => string;
+  /** Called with each record once written (redacted). */
+  onRecord?: (record: AuditRecord) => void;
+  /** fsync after every line (default false: the OS flushes; the log is closed at teardown). */
+  fsync?: boolean;
+}
+
+export function auditLogPath(workspace: string): string {
+  return path.join(workspace, SERVICE_DIR, AUDIT_FILE);
+}
+
+export class AuditLog {
+  readonly path: string;
+  private readonly options: AuditLogOptions;
+  private handle: FileHandle | undefined;
+  private opening: Promise<FileHandle> | undefined;
+  private tail: Promise<unknown> = Promise.resolve();
+  private closed = false;
+  private count = 0;
+
+  constructor(options: AuditLogOptions) {
+    this.options = options;
+    this.path = auditLogPath(options.workspace);
+  }
+
+  /** Records written so far. */
+  get written(): number {
+    return this.count;
+  }
+
+  /**
+   * Creates `.svc/` (0755) and the log (0644) if needed. Refuses a `.svc` or log that is a symlink
+   * (the runner creates `.svc` before the sandbox starts, so the agent cannot plant one).
+   */
+  open(): Promise<FileHandle> {
+    this.opening ??= (async () => {
+      const dir = path.dirname(this.path);
+      await mkdir(dir, { recursive: true, mode: 0o755 });
+      const st = await lstat(dir);
+      if (!st.isDirectory()) throw new Error(`${dir} is not a directory`);
+      const fh = await open(this.path, constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT | constants.O_NOFOLLOW, 0o644);
+      this.handle = fh;
+      return fh;
+    })();
+    return this.opening;
+  }
+
+  /** Appends one record; resolves with it (as written) once it is in the file. */
+  record(type: AuditType, details: Record<string, unknown> = {}, options: { ts?: Date } = {}): Promise<AuditRecord> {
+    if (this.closed) return Promise.reject(new Error('audit log is closed'));
+    if (!(AUDIT_TYPES as readonly string[]).includes(type)) return Promise.reject(new Error(`unknown audit type ${type}`));
+    const redact = this.options.redact;
+    const record: AuditRecord = {
+      ts: (options.ts ?? new Date()).toISOString(),
+      sandbox_id: this.options.sandboxId,
+      type,
+      details: (redact ? redactDeep(details, redact) : details) as Record<string, unknown>,
+    };
+    const line = Buffer.from(`${JSON.stringify(record)}\n`);
+    const done = this.tail.then(async () => {
+      const fh = await this.open();
+      await fh.write(line);
+      if (this.options.fsync) await fh.sync();
+      this.count++;
+      try {
+        this.options.onRecord?.(record);
+      } catch {
+        // A listener's failure never breaks auditing.
+      }
+      return record;
+    });
+    this.tail = done.catch(() => undefined);
+    return done;
+  }
+
+  /** Waits for pending records, then closes the file. Later `record` calls reject. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.tail;
+    if (this.opening) await this.opening.catch(() => undefined);
+    await this.handle?.close();
+    this.handle = undefined;
+  }
+
+  /** Every record of a workspace's audit log (empty when there is none). */
+  static async read(workspace: string): Promise<AuditRecord[]> {
+    let text: string;
+    try {
+      text = await readFile(auditLogPath(workspace), 'utf8');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+      throw err;
+    }
+    return text
+      .split('\n')
+      .filter((l) => l.trim() !== '')
+      .map((l) => JSON.parse(l) as AuditRecord);
+  }
+}
+
+/** Applies `redact` to every string in a JSON-like value (object keys too). */
+export function redactDeep(value: unknown, redact: (text: string) => string): unknown {
+  if (typeof value === 'string') return redact(value);
+  if (Array.isArray(value)) return value.map((v) => redactDeep(v, redact));
+  if (value !== null && typeof value === 'object' && !(value instanceof Date)) {
+    const out: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(value)) out[redact(k)] = redactDeep(v, redact);
+    return out;
+  }
+  return value;
+}

@@ -1,0 +1,520 @@
+/**
+ * The agent's own file activity (`audit.file_system`): `watch` paths and `track: [writes, reads,
+ * deletes]`, turned into audit records `file_write {path, bytes?}`, `file_read {path}` and
+ * `file_delete {path}` (paths workspace-relative).
+ *
+ * How: one `inotifywait -m -r` child per sandbox, watching the host directory that is bind-mounted at
+ * /workspace. Node's fs.watch is not used: it reports neither reads nor which operation happened.
+ * inotify sees every process that touches the files, whoever it is, so:
+ *  - start the watcher after setup and fixtures (the boot pipeline does: "apply setup ... start audit
+ *    capture"), so those writes are never the agent's;
+ *  - wrap the service's own operations while the agent runs (files API, state captures, exports) in
+ *    `suppressDuring({paths?, kinds?}, fn)`: matching events are dropped from the call until every
+ *    event `fn` caused has arrived. The end is exact: after `fn` the watcher creates a barrier file
+ *    in `.svc/watch/` (the agent cannot write there) and the suppression ends when its CREATE comes
+ *    through (one inotify queue, so it follows everything `fn` did); whatever the agent does after
+ *    `suppressDuring` returns is recorded. Agent operations on the same paths *during* `fn` are
+ *    dropped too, so scope it: `{paths: [path]}` for a files-API call, `{kinds: ['read']}` around
+ *    `captureState` (it reads every file it hashes). `suppress(paths, ms)` is the plain timed form.
+ *    The files API audits its own operations.
+ *  - `.svc/` is never watched or reported (the service writes the audit log there), apart from the
+ *    barrier directory `.svc/watch/`.
+ *
+ * Paths in `watch` are workspace-relative unless absolute; `/`, `/workspace` and `.` mean the whole
+ * workspace; other absolute paths must be under `/workspace/` (400 naming `audit.file_system.watch[i]`
+ * otherwise). A path that does not exist yet is watched through its nearest existing ancestor and
+ * events are filtered to it.
+ *
+ * Which inotify events make which record:
+ *  - writes: a file created or modified (CREATE/MODIFY), recorded once when the writer closes it
+ *    (CLOSE_WRITE) — an open for writing that changes nothing is not a write; a file renamed into
+ *    place (MOVED_TO; `{directory: true}` for a directory); a symlink or hard link created (no close
+ *    follows those). A file still open for writing when the watcher stops is recorded at `stop()`.
+ *  - deletes: DELETE of a file, MOVED_FROM (a rename is a delete of the old name plus a write of the
+ *    new one). Removing a directory records its files, not the directory.
+ *  - reads: CLOSE_NOWRITE of a file, i.e. one read per open-for-reading (IN_ACCESS would fire per
+ *    read() call, not for mmap or empty files). Opening a file read-write and only reading it is not
+ *    seen as a read.
+ *  Bursts are coalesced: repeated records of the same type for the same path within `coalesceMs`
+ *  (100 ms) are one record (per-path order is kept: write, delete, write stays three records).
+ *  Directories created faster than inotifywait can add a watch (`mkdir -p a/b && echo x > a/b/f`) are
+ *  scanned when their CREATE arrives, so files written in them are not missed (they may, rarely, be
+ *  recorded twice). An overflowing inotify queue, watch errors and an unexpected exit of the child
+ *  are recorded as `warning` records.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { lstatSync } from 'node:fs';
+import { lstat, mkdir, readdir, realpath, unlink, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { badRequest } from '../../kernel/errors.ts';
+import type { AuditType } from './audit-log.ts';
+import { isServicePath, resolveSegments, SANDBOX_WORKSPACE, SERVICE_DIR, workspaceSegments } from './paths.ts';
+
+/** Under `.svc/`: where the watcher creates its barrier files (the agent cannot write there). */
+const BARRIER_DIR = 'watch';
+
+export type TrackKind = 'writes' | 'reads' | 'deletes';
+export type OpKind = 'write' | 'read' | 'delete';
+export const TRACK_KINDS: readonly TrackKind[] = ['writes', 'reads', 'deletes'];
+
+export interface AuditSink {
+  record(type: AuditType, details: Record<string, unknown>, options?: { ts?: Date }): Promise<unknown>;
+}
+
+export interface FsWatcherOptions {
+  workspace: string;
+  /** `audit.file_system.watch`. */
+  watch: unknown;
+  /** `audit.file_system.track`. */
+  track: unknown;
+  /** Where records go: an AuditLog (or anything with its `record`), or `onEvent`; one is needed. */
+  audit?: AuditSink;
+  onEvent?: (type: AuditType, details: Record<string, unknown>, ts: Date) => unknown;
+  /** Same-type records for one path within this window are one record (default 100 ms). */
+  coalesceMs?: number;
+  /** Fallback length of a suppression when no barrier can be used, and default of `suppress` (500 ms). */
+  suppressGraceMs?: number;
+  startTimeoutMs?: number;
+  /** Longest wait for a barrier (end of a suppression, `stop()`) before going on without it (default 2000 ms). */
+  barrierTimeoutMs?: number;
+  /** The inotifywait binary (default `inotifywait` on PATH). */
+  command?: string;
+  /** Field prefix in error messages (default `audit.file_system`). */
+  field?: string;
+}
+
+interface Pending {
+  type: AuditType;
+  rel: string;
+  details: Record<string, unknown>;
+  ts: Date;
+}
+
+interface Suppression {
+  paths?: Set<string>;
+  kinds?: Set<OpKind>;
+  until: number;
+}
+
+/** Validates `track`; 400 naming the field. */
+export function parseTrack(track: unknown, field = 'audit.file_system.track'): Set<TrackKind> {
+  if (!Array.isArray(track)) throw badRequest(field, 'must be a list of writes, reads, deletes');
+  const out = new Set<TrackKind>();
+  track.forEach((t, i) => {
+    if (!TRACK_KINDS.includes(t as TrackKind)) throw badRequest(`${field}[${i}]`, 'must be one of writes, reads, deletes');
+    out.add(t as TrackKind);
+  });
+  return out;
+}
+
+/**
+ * Validates `watch` and resolves each entry (symlinks as the sandbox sees them) to a real
+ * workspace-relative prefix; '' is the whole workspace. 400 naming `watch[i]`.
+ */
+export async function resolveWatchPrefixes(workspace: string, watch: unknown, field = 'audit.file_system.watch'): Promise<{ root: string; prefixes: string[] }> {
+  if (!Array.isArray(watch)) throw badRequest(field, 'must be a list of paths');
+  const root = await realpath(workspace);
+  const prefixes: string[] = [];
+  for (let i = 0; i < watch.length; i++) {
+    const f = `${field}[${i}]`;
+    const w = watch[i];
+    if (typeof w !== 'string') throw badRequest(f, 'must be a string');
+    if (w === '/' || w === '.' || w === './' || w === SANDBOX_WORKSPACE || w === `${SANDBOX_WORKSPACE}/`) {
+      prefixes.push('');
+      continue;
+    }
+    const segs = workspaceSegments(w, f);
+    const rel = (await resolveSegments(root, segs, f, true)).join('/');
+    if (isServicePath(rel)) throw badRequest(f, '.svc is the service\'s directory and is not watched');
+    prefixes.push(rel);
+  }
+  return { root, prefixes };
+}
+
+export class FsWatcher {
+  private readonly opts: FsWatcherOptions;
+  private readonly coalesceMs: number;
+  private readonly graceMs: number;
+  private root = '';
+  private prefixes: string[] = [];
+  private track = new Set<TrackKind>();
+  private child: ChildProcess | undefined;
+  private closed: Promise<void> | undefined;
+  private stopping = false;
+  private started = false;
+  private stdoutRest = '';
+  private readonly dirty = new Set<string>();
+  private pending: Pending[] = [];
+  private lastByPath = new Map<string, Pending>();
+  private timer: NodeJS.Timeout | undefined;
+  private readonly inflight = new Set<Promise<unknown>>();
+  private readonly scans = new Set<Promise<void>>();
+  private suppressions: Suppression[] = [];
+  private readonly barriers = new Map<string, () => void>();
+  private barrierSeq = 0;
+  private barrierDir: string | undefined;
+  /** Records handed to the audit sink. */
+  recorded = 0;
+
+  constructor(options: FsWatcherOptions) {
+    this.opts = options;
+    this.coalesceMs = options.coalesceMs ?? 100;
+    this.graceMs = options.suppressGraceMs ?? 500;
+  }
+
+  get running(): boolean {
+    return this.started && !this.stopping && this.child?.exitCode === null;
+  }
+
+  /** Resolves once inotifywait reports its watches established. Rejects on bad config or a failed start. */
+  async start(): Promise<void> {
+    if (this.child) throw new Error('watcher already started');
+    if (!this.opts.audit && !this.opts.onEvent) throw new Error('FsWatcher needs `audit` or `onEvent`');
+    const field = this.opts.field ?? 'audit.file_system';
+    this.track = parseTrack(this.opts.track, `${field}.track`);
+    const { root, prefixes } = await resolveWatchPrefixes(this.opts.workspace, this.opts.watch, `${field}.watch`);
+    this.root = root;
+    this.prefixes = prefixes;
+    if (prefixes.length === 0 || this.track.size === 0) return; // nothing to watch
+    const roots = await watchRoots(root, prefixes);
+    this.barrierDir = await makeBarrierDir(root);
+    const events = ['create', 'moved_to', 'moved_from'];
+    if (this.track.has('writes')) events.push('modify', 'close_write');
+    if (this.track.has('deletes')) events.push('delete');
+    if (this.track.has('reads')) events.push('close_nowrite');
+    const args = ['-m', '-r', '--format', '%e%0%w%f%0', '--no-newline'];
+    for (const e of events) args.push('-e', e);
+    // `.svc` is not watched (the audit log is written there), except the barrier directory.
+    args.push('--', ...roots, `@${path.join(root, SERVICE_DIR)}`);
+    if (this.barrierDir) args.push(this.barrierDir);
+    const child = spawn(this.opts.command ?? 'inotifywait', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    this.child = child;
+    child.stdout!.setEncoding('utf8');
+    child.stdout!.on('data', (chunk: string) => this.onStdout(chunk));
+    this.closed = new Promise((resolve) => child.on('close', () => resolve()));
+
+    await new Promise<void>((resolve, reject) => {
+      const errors: string[] = [];
+      let stderrRest = '';
+      const timeout = setTimeout(() => {
+        fail(new Error(`inotifywait did not establish its watches within ${this.opts.startTimeoutMs ?? 30_000} ms`));
+        child.kill('SIGKILL');
+      }, this.opts.startTimeoutMs ?? 30_000);
+      const fail = (err: Error) => {
+        clearTimeout(timeout);
+        reject(err);
+      };
+      child.on('error', (err) => {
+        const hint = (err as NodeJS.ErrnoException).code === 'ENOENT' ? ' (install inotify-tools)' : '';
+        fail(new Error(`cannot run inotifywait${hint}: ${err.message}`));
+      });
+      child.stderr!.setEncoding('utf8');
+      child.stderr!.on('data', (chunk: string) => {
+        const lines = (stderrRest + chunk).split('\n');
+        stderrRest = lines.pop()!;
+        for (const line of lines.map((l) => l.trim()).filter(Boolean)) {
+          if (line.startsWith('Setting up watches')) continue;
+          if (line === 'Watches established.') {
+            clearTimeout(timeout);
+            this.started = true;
+            resolve();
+          } else if (this.started) {
+            if (!line.startsWith('Beware')) this.warn(`file watcher: ${line}`);
+          } else {
+            errors.push(line);
+          }
+        }
+      });
+      child.on('exit', (code, signal) => {
+        if (!this.started) fail(new Error(`inotifywait exited (${signal ?? code}) before watching: ${errors.join('; ') || 'no message'}`));
+        else if (!this.stopping) this.warn(`file watcher stopped unexpectedly (${signal ?? `exit code ${code}`}); later file activity is not audited`);
+      });
+    });
+  }
+
+  /** Lets queued events arrive, ends the child, records what is pending. Idempotent. */
+  async stop(): Promise<void> {
+    if (this.stopping) {
+      await this.closed;
+      await this.settle();
+      return;
+    }
+    this.stopping = true;
+    const child = this.child;
+    if (child && child.exitCode === null && child.signalCode === null) {
+      // Everything the (already stopped) agent did is queued before the barrier.
+      await new Promise<void>((resolve) => void this.barrier(resolve));
+      child.kill('SIGTERM');
+    }
+    await this.closed;
+    if (this.stdoutRest) this.onStdout('');
+    await this.settle();
+    // Files still open for writing (their CLOSE_WRITE never came).
+    for (const rel of [...this.dirty].sort()) this.enqueue('file_write', rel, { path: rel });
+    this.dirty.clear();
+    this.flush();
+    await Promise.allSettled([...this.inflight]);
+  }
+
+  /** Drops matching events for `ms` from now (paths as the caller names them, or workspace-relative). */
+  suppress(paths: string | string[], ms = this.graceMs, kinds?: OpKind[]): void {
+    const list = typeof paths === 'string' ? [paths] : paths;
+    this.suppressions.push({ paths: new Set(list.map(normalize)), kinds: kinds && new Set(kinds), until: Date.now() + ms });
+  }
+
+  /** Drops matching events while `fn` runs and for the grace period after. No scope fields: everything. */
+  async suppressDuring<T>(scope: { paths?: string[]; kinds?: OpKind[] }, fn: () => Promise<T>): Promise<T> {
+    const s: Suppression = {
+      paths: scope.paths && new Set(scope.paths.map(normalize)),
+      kinds: scope.kinds && new Set(scope.kinds),
+      until: Infinity,
+    };
+    this.suppressions.push(s);
+    try {
+      return await fn();
+    } finally {
+      // Ends when the events `fn` caused have all arrived: a barrier file created now comes after them.
+      // Awaiting its creation means whatever the agent does after this returns is not suppressed.
+      await this.barrier(() => {
+        s.until = Date.now();
+      });
+    }
+  }
+
+  /**
+   * Calls `done` once every event queued before now has been handled: creates a file in
+   * `.svc/watch/` and waits for its CREATE (one inotify queue, so it comes after everything earlier).
+   * Without a running watcher, or after `barrierTimeoutMs`, falls back to a timer. Resolves once the
+   * barrier file exists.
+   */
+  private async barrier(done: () => void): Promise<void> {
+    const alive = this.started && this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+    if (!alive || !this.barrierDir) {
+      setTimeout(done, this.started ? this.graceMs : 0).unref();
+      return;
+    }
+    const name = `b-${process.pid}-${++this.barrierSeq}`;
+    const file = path.join(this.barrierDir, name);
+    const finish = () => {
+      if (!this.barriers.delete(name)) return;
+      clearTimeout(fallback);
+      done();
+    };
+    const fallback = setTimeout(finish, this.opts.barrierTimeoutMs ?? 2000);
+    fallback.unref();
+    this.barriers.set(name, finish);
+    try {
+      await writeFile(file, '');
+      await unlink(file);
+    } catch {
+      // The fallback timer ends it.
+    }
+  }
+
+  // --- events ---------------------------------------------------------------------------------
+
+  private onStdout(chunk: string): void {
+    const parts = (this.stdoutRest + chunk).split('\0');
+    // Records are "<events>\0<path>\0"; the last part is incomplete (or '' after a final NUL).
+    const tail = parts.pop()!;
+    let i = 0;
+    for (; i + 1 < parts.length; i += 2) this.onEvent(parts[i]!.split(','), parts[i + 1]!);
+    this.stdoutRest = (i < parts.length ? `${parts[i]}\0` : '') + tail;
+  }
+
+  private onEvent(flags: string[], abs: string): void {
+    if (flags.includes('Q_OVERFLOW')) {
+      this.warn('file events were lost: the inotify queue overflowed');
+      return;
+    }
+    const clean = abs.endsWith('/') ? abs.slice(0, -1) : abs;
+    if (this.barrierDir && clean.startsWith(`${this.barrierDir}/`)) {
+      if (flags.includes('CREATE')) this.barriers.get(clean.slice(this.barrierDir.length + 1))?.();
+      return;
+    }
+    if (!clean.startsWith(`${this.root}/`)) {
+      if ((flags.includes('DELETE_SELF') || flags.includes('UNMOUNT')) && !this.stopping) this.warn(`file watcher: watched directory ${clean} went away`);
+      return;
+    }
+    const rel = clean.slice(this.root.length + 1);
+    if (isServicePath(rel) || !this.inScope(rel)) return;
+    const isDir = flags.includes('ISDIR');
+    const writes = this.track.has('writes');
+    const deletes = this.track.has('deletes');
+    for (const flag of flags) {
+      switch (flag) {
+        case 'CREATE':
+          if (!writes || this.suppressed(rel, 'write')) break;
+          if (isDir) {
+            this.scanNewDir(rel);
+          } else {
+            this.dirty.add(rel);
+            try {
+              const st = lstatSync(clean);
+              // No CLOSE_WRITE follows a symlink or a hard link.
+              if (st.isSymbolicLink() || (st.isFile() && st.nlink > 1)) {
+                this.dirty.delete(rel);
+                this.enqueue('file_write', rel, { path: rel });
+              }
+            } catch {
+              // Gone already: its DELETE follows.
+            }
+          }
+          break;
+        case 'MODIFY':
+          if (writes && !isDir && !this.suppressed(rel, 'write')) this.dirty.add(rel);
+          break;
+        case 'CLOSE_WRITE':
+          if (writes && !isDir && this.dirty.delete(rel) && !this.suppressed(rel, 'write')) this.enqueue('file_write', rel, { path: rel });
+          break;
+        case 'MOVED_TO':
+          if (writes && !this.suppressed(rel, 'write')) this.enqueue('file_write', rel, isDir ? { path: rel, directory: true } : { path: rel });
+          break;
+        case 'MOVED_FROM':
+          this.dirty.delete(rel);
+          if (deletes && !this.suppressed(rel, 'delete')) this.enqueue('file_delete', rel, isDir ? { path: rel, directory: true } : { path: rel });
+          break;
+        case 'DELETE':
+          if (isDir) break;
+          this.dirty.delete(rel);
+          if (deletes && !this.suppressed(rel, 'delete')) this.enqueue('file_delete', rel, { path: rel });
+          break;
+        case 'CLOSE_NOWRITE':
+          if (this.track.has('reads') && !isDir && !this.suppressed(rel, 'read')) this.enqueue('file_read', rel, { path: rel });
+          break;
+        default:
+          break;
+      }
+    }
+  }
+
+  private inScope(rel: string): boolean {
+    return this.prefixes.some((p) => p === '' || rel === p || rel.startsWith(`${p}/`));
+  }
+
+  private suppressed(rel: string, kind: OpKind): boolean {
+    if (this.suppressions.length === 0) return false;
+    const now = Date.now();
+    this.suppressions = this.suppressions.filter((s) => s.until >= now);
+    return this.suppressions.some((s) => (!s.kinds || s.kinds.has(kind)) && (!s.paths || s.paths.has(rel)));
+  }
+
+  /** Files already in a directory when its CREATE arrives were perhaps written before its watch. */
+  private scanNewDir(rel: string): void {
+    const scan = (async () => {
+      const stack = [rel];
+      while (stack.length > 0) {
+        const dir = stack.pop()!;
+        let entries;
+        try {
+          entries = await readdir(path.join(this.root, dir), { withFileTypes: true });
+        } catch {
+          continue;
+        }
+        for (const d of entries) {
+          const child = `${dir}/${d.name}`;
+          if (d.isDirectory()) stack.push(child);
+          else if ((d.isFile() || d.isSymbolicLink()) && this.inScope(child) && !this.suppressed(child, 'write')) {
+            // Still open for writing: its CLOSE_WRITE will record it.
+            if (!this.dirty.has(child)) this.enqueue('file_write', child, { path: child });
+          }
+        }
+      }
+    })();
+    this.scans.add(scan);
+    void scan.finally(() => this.scans.delete(scan));
+  }
+
+  private async settle(): Promise<void> {
+    while (this.scans.size > 0) await Promise.allSettled([...this.scans]);
+  }
+
+  // --- records --------------------------------------------------------------------------------
+
+  private warn(message: string): void {
+    this.enqueue('warning', `\0warning${Math.random()}`, { message });
+  }
+
+  private enqueue(type: AuditType, rel: string, details: Record<string, unknown>): void {
+    const last = this.lastByPath.get(rel);
+    if (last && last.type === type) return; // coalesced with the pending one
+    const item: Pending = { type, rel, details, ts: new Date() };
+    this.pending.push(item);
+    this.lastByPath.set(rel, item);
+    if (!this.timer) {
+      this.timer = setTimeout(() => this.flush(), this.coalesceMs);
+      this.timer.unref();
+    }
+  }
+
+  private flush(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    const items = this.pending;
+    this.pending = [];
+    this.lastByPath = new Map();
+    for (const item of items) {
+      if (item.type === 'file_write' && !item.details.directory) {
+        try {
+          const st = lstatSync(path.join(this.root, item.rel));
+          if (st.isFile()) item.details.bytes = st.size;
+          else if (st.isSymbolicLink()) item.details.symlink = true;
+        } catch {
+          // Gone since: no byte count.
+        }
+      }
+      const p = this.opts.audit
+        ? this.opts.audit.record(item.type, item.details, { ts: item.ts })
+        : Promise.resolve().then(() => this.opts.onEvent?.(item.type, item.details, item.ts));
+      this.recorded++;
+      this.inflight.add(p);
+      void p.catch(() => undefined).finally(() => this.inflight.delete(p));
+    }
+  }
+}
+
+/** Directories to hand to inotifywait: each prefix's nearest existing directory, nested ones dropped. */
+async function watchRoots(root: string, prefixes: string[]): Promise<string[]> {
+  const dirs = new Set<string>();
+  for (const p of prefixes) {
+    let rel = p;
+    for (;;) {
+      const abs = rel === '' ? root : path.join(root, rel);
+      const st = await lstat(abs).catch(() => undefined);
+      if (st?.isDirectory()) {
+        dirs.add(abs);
+        break;
+      }
+      if (rel === '') throw new Error(`workspace ${root} is not a directory`);
+      rel = rel.includes('/') ? rel.slice(0, rel.lastIndexOf('/')) : '';
+    }
+  }
+  const sorted = [...dirs].sort((a, b) => a.length - b.length);
+  return sorted.filter((d, i) => !sorted.slice(0, i).some((o) => d.startsWith(`${o}/`)));
+}
+
+function normalize(p: string): string {
+  try {
+    return workspaceSegments(p).join('/');
+  } catch {
+    return p;
+  }
+}
+
+/** `.svc/watch/`, created if needed; undefined when `.svc` is not a plain directory (barriers then fall back to timers). */
+async function makeBarrierDir(root: string): Promise<string | undefined> {
+  const svc = path.join(root, SERVICE_DIR);
+  try {
+    await mkdir(svc, { mode: 0o755 }).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== 'EEXIST') throw err;
+    });
+    if (!(await lstat(svc)).isDirectory()) return undefined;
+    const dir = path.join(svc, BARRIER_DIR);
+    await mkdir(dir, { mode: 0o755 }).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== 'EEXIST') throw err;
+    });
+    return (await lstat(dir)).isDirectory() ? dir : undefined;
+  } catch {
+    return undefined;
+  }
+}
