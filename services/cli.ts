@@ -6,12 +6,16 @@
  *   svc keys list [--tenant NAME]
  *   svc keys rotate <key-id>
  *   svc keys revoke <key-id>
+ *   svc images import NAME DIR|TARBALL | list | resolve REFERENCE | rm NAME
+ *                                         the local image store of the sandbox runtime (in SVC_DATA_DIR)
  * The key commands call the admin API of a running server (--url, default SVC_BASE_URL or
  * http://127.0.0.1:$SVC_PORT) with the admin key (--admin-key, default SVC_API_KEY). A new or
  * rotated key is printed alone on the last line.
  */
 import { parseArgs } from 'node:util';
+import path from 'node:path';
 import { main as startMain } from './main.ts';
+import { imagesCommand } from './sandbox-runner/runtime/images.ts';
 
 const USAGE = `usage:
   svc start [--api-key KEY]
@@ -19,7 +23,8 @@ const USAGE = `usage:
   svc keys create --tenant NAME [--name LABEL] [--url URL] [--admin-key KEY]
   svc keys list [--tenant NAME] [--url URL] [--admin-key KEY]
   svc keys rotate <key-id> [--url URL] [--admin-key KEY]
-  svc keys revoke <key-id> [--url URL] [--admin-key KEY]`;
+  svc keys revoke <key-id> [--url URL] [--admin-key KEY]
+  svc images import NAME DIR|TARBALL | list | resolve REFERENCE | rm NAME`;
 
 async function admin(method: string, path: string, opts: { url?: string; 'admin-key'?: string }, body?: object): Promise<any> {
   const base = (opts.url ?? process.env.SVC_BASE_URL ?? `http://127.0.0.1:${process.env.SVC_PORT || 8080}`).replace(/\/+$/, '');
@@ -83,6 +88,11 @@ async function keys(args: string[]): Promise<void> {
 export async function cli(argv: string[]): Promise<void> {
   const [command, ...rest] = argv;
   if (command === 'keys') return keys(rest);
+  if (command === 'images') {
+    const code = await imagesCommand(rest, path.resolve(process.env.SVC_DATA_DIR || './data'));
+    if (code !== 0) process.exit(code);
+    return;
+  }
   if (command === 'start') return startMain(rest);
   if (command === 'run') return startMain(argv);
   throw new Error(USAGE);

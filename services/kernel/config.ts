@@ -118,6 +118,7 @@ export const SETTINGS = {
   webhookRetries: setting('SVC_WEBHOOK_RETRIES', '3', 'Retries of an alert webhook on 5xx or network errors.', nonNegativeInt),
   webhookTimeout: setting('SVC_WEBHOOK_TIMEOUT', '10s', 'Timeout of one alert webhook call.', durationMs),
   alertDedupWindow: setting('SVC_ALERT_DEDUP_WINDOW', '5m', 'Notification dedup window per rule per experiment.', durationMs),
+  runtime: setting('SVC_RUNTIME', 'auto', 'Sandbox isolation runtime: `auto` (detected: `local` where bubblewrap works) or pinned to `local`. `docker`, `firecracker` and `nomad` come later.', oneOf('auto', 'local')),
   runnerMaxSandboxes: setting('SVC_RUNNER_MAX_SANDBOXES', '100', 'Sandboxes one runner holds at once; past it creation answers 503 `at_capacity` (0: no limit).', nonNegativeInt),
   sandboxHostRootfs: setting('SVC_SANDBOX_HOST_ROOTFS', 'false', 'When a spec\'s `base` image is not in the image store, boot on the host\'s read-only system directories (/usr, /etc, /bin, /lib) with a `warning` event instead of failing.', bool),
   artifactsDir: setting('SVC_ARTIFACTS_DIR', null, 'Where teardown exports go (default `<data dir>/artifacts`).', str),

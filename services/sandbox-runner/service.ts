@@ -35,12 +35,17 @@ export class SandboxRunnerService implements Service {
   private consumer: Consumer | null = null;
   private readonly inFlight = new Set<Promise<void>>();
   private stopping = false;
+  /** Why the runtime cannot run sandboxes here, or null. */
+  private unavailable: string | null = null;
 
   async start(kernel: Kernel): Promise<void> {
     this.kernel = kernel;
     this.runtime = new LocalRuntime({ stateDir: path.join(kernel.config.dataDir, 'runtime'), logger: kernel.logger.child({ component: 'runtime' }) });
-    const unavailable = await this.runtime.available();
-    if (unavailable) kernel.logger.warn({ runtime: this.runtime.name, reason: unavailable }, 'sandbox runtime unavailable: creating sandboxes will fail');
+    // Runtime selection: `auto` takes the first that works here (only `local` exists so far);
+    // a pinned runtime that does not work stops the start instead of failing every sandbox.
+    const unavailable = (this.unavailable = await this.runtime.available());
+    if (unavailable && kernel.config.runtime !== 'auto') throw new Error(`SVC_RUNTIME=${kernel.config.runtime}: the runtime does not work here: ${unavailable}`);
+    if (unavailable) kernel.logger.warn({ runtime: this.runtime.name, reason: unavailable }, 'no sandbox runtime works here: creating sandboxes will fail');
     this.secrets = new TenantSecrets(kernel);
     await Promise.all([this.secrets.start(), this.known.start(kernel)]);
     await this.endOrphans();
@@ -110,6 +115,7 @@ export class SandboxRunnerService implements Service {
   }
 
   private async create(request: SandboxRequested, create: CreateRequest): Promise<LiveSandbox> {
+    if (this.unavailable) throw new AppError('unavailable', `no sandbox runtime works on this server: ${this.unavailable}`);
     const max = this.kernel.config.runnerMaxSandboxes;
     const booting = [...this.sandboxes.values()].length;
     if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });

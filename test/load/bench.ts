@@ -93,6 +93,69 @@ async function benchIngest(env: Record<string, string>): Promise<number> {
   }
 }
 
+const pct = (values: number[], q: number) => [...values].sort((a, b) => a - b)[Math.min(values.length - 1, Math.floor(values.length * q))];
+
+/** Sandboxes on the local runtime, through the API: create, command round trip, concurrency, state. */
+async function benchSandboxes(): Promise<string[]> {
+  const server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
+  const lines: string[] = [];
+  try {
+    const spec = 'version: 1\nid: bench\nbase: debian:bookworm\ntask: {prompt: bench}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n';
+    await server.request('POST', '/v1/specs', { body: spec, headers: { 'content-type': 'application/x-yaml' } });
+    const create = async () => {
+      const started = performance.now();
+      const res = await server.request('POST', '/v1/sandboxes', { body: { spec_id: 'bench' } });
+      if (res.status !== 201) throw new Error(`create: ${res.status} ${res.text}`);
+      return { id: res.body.id as string, ms: performance.now() - started };
+    };
+    const destroy = (id: string) => server.request('DELETE', `/v1/sandboxes/${id}`);
+    for (let i = 0; i < 3; i++) await destroy((await create()).id); // warm up
+    const creates: number[] = [];
+    for (let i = 0; i < 30; i++) {
+      const { id, ms } = await create();
+      creates.push(ms);
+      await destroy(id);
+    }
+    const { id } = await create();
+    const viaApi: number[] = [];
+    for (let i = 0; i < 100; i++) {
+      const started = performance.now();
+      const res = await server.request('POST', `/v1/sandboxes/${id}/commands`, { body: { command: 'true' } });
+      if (res.body.exit_code !== 0) throw new Error(res.text);
+      viaApi.push(performance.now() - started);
+    }
+    const { spawnSync } = await import('node:child_process');
+    const direct: number[] = [];
+    for (let i = 0; i < 100; i++) {
+      const started = performance.now();
+      spawnSync('sh', ['-c', 'true']);
+      direct.push(performance.now() - started);
+    }
+    await server.request('POST', `/v1/sandboxes/${id}/commands`, { body: { command: 'mkdir -p many && cd many && seq 1 10000 | while read i; do echo "file $i" > f$i.txt; done' } });
+    const stateMs: number[] = [];
+    for (let i = 0; i < 3; i++) {
+      const started = performance.now();
+      const res = await server.request('GET', `/v1/sandboxes/${id}/state`);
+      if (Object.keys(res.body.files).length < 10_000) throw new Error('state: files missing');
+      stateMs.push(performance.now() - started);
+    }
+    await destroy(id);
+    const started = performance.now();
+    const concurrent = await Promise.allSettled(Array.from({ length: 20 }, () => create()));
+    const concurrentMs = performance.now() - started;
+    const ok = concurrent.filter((r) => r.status === 'fulfilled') as Array<PromiseFulfilledResult<{ id: string; ms: number }>>;
+    await Promise.all(ok.map((r) => destroy(r.value.id)));
+    const f = (n: number) => n.toFixed(1);
+    lines.push(`| sandbox create to ready (POST /v1/sandboxes) | p50 ${f(pct(creates, 0.5))} ms | p95 ${f(pct(creates, 0.95))} ms | target p50 < 50 ms |`);
+    lines.push(`| command round trip \`true\` via the API vs \`sh -c true\` spawned directly | p50 ${f(pct(viaApi, 0.5))} ms | p50 ${f(pct(direct, 0.5))} ms | overhead ${f(pct(viaApi, 0.5) - pct(direct, 0.5))} ms (target < 5 ms) |`);
+    lines.push(`| 20 sandboxes created concurrently | ${ok.length}/20 ready | ${f(concurrentMs)} ms in all | target 20/20 |`);
+    lines.push(`| GET /state of a 10,000-file workspace | first ${f(stateMs[0])} ms | then ${f(pct(stateMs.slice(1), 0.5))} ms | |`);
+  } finally {
+    await server.cleanup();
+  }
+  return lines;
+}
+
 async function main() {
   const rows: Row[] = [
     { what: 'log append + consume (300 B records)', embedded: null, kafka: null, unit: 'records/s' },
@@ -132,6 +195,18 @@ async function main() {
   }
   console.log('\ntargets: embedded ingest >= 50,000 events/s; the Kafka path within 2x of embedded (ratio >= 0.50x)');
   for (const n of notes) console.log(`note: ${n}`);
+
+  const { execFileSync } = await import('node:child_process');
+  let bwrap = true;
+  try {
+    execFileSync('bwrap', ['--unshare-all', '--ro-bind', '/', '/', 'true'], { stdio: 'ignore' });
+  } catch {
+    bwrap = false;
+  }
+  console.log('\n| sandboxes (local runtime) | | | |');
+  console.log('|---|---:|---:|---|');
+  if (!bwrap) console.log('| skipped: bubblewrap does not work here (apt-get install bubblewrap) | | | |');
+  else for (const line of await benchSandboxes()) console.log(line);
 }
 
 await main();
