@@ -9,6 +9,7 @@ import { AppError, notFound } from '../kernel/errors.ts';
 import type { SandboxChanged, SandboxEvent } from '../kernel/events.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
 import type { Principal } from '../kernel/auth.ts';
+import { Sealer, secretsKey } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
 
@@ -38,6 +39,7 @@ export class SandboxDirectory {
   private readonly streamWatermark = new Watermark('the sandbox event streams');
   private consumer: Consumer | null = null;
   private sweeper: NodeJS.Timeout | null = null;
+  private sealer: Sealer | null = null;
 
   constructor(private readonly kernel: Kernel) {}
 
@@ -65,6 +67,13 @@ export class SandboxDirectory {
 
   waitFor(positions: RecordPosition[]): Promise<void> {
     return this.view.waitFor(positions, this.kernel.config.replyTimeout);
+  }
+
+  /** The sandbox's secret values (sealed on its entity by the runner), to redact what it ingests. */
+  secretsOf(sandbox: SandboxChanged): Record<string, string> {
+    if (!sandbox.secrets_sealed) return {};
+    this.sealer ??= new Sealer(secretsKey(this.kernel.config));
+    return JSON.parse(this.sealer.open(sandbox.secrets_sealed, `sandbox/${sandbox.sandbox_id}`)) as Record<string, string>;
   }
 
   /** The sandbox a `svc_sb_` token belongs to, while the sandbox lives. */

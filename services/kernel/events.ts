@@ -107,6 +107,7 @@ export interface SandboxChanged {
   runner_id: string;
   token_hash: string;
   error: string | null;
+  secrets_sealed: Buffer | null;
 }
 
 /** A value of svc.sandbox-events (schemas/sandbox-event.avsc). */

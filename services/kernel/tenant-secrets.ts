@@ -20,14 +20,36 @@ export function secretsKey(config: Kernel['config']): Buffer {
   return Buffer.from(readFileSync(file, 'utf8').trim(), 'hex');
 }
 
+/**
+ * AES-256-GCM under the secrets key, bound to a context string (the AAD) so a sealed value
+ * cannot be replayed as another: 12-byte nonce, ciphertext, 16-byte tag.
+ */
+export class Sealer {
+  constructor(private readonly key: Buffer) {}
+
+  seal(value: string, context: string): Buffer {
+    const nonce = randomBytes(12);
+    const cipher = createCipheriv('aes-256-gcm', this.key, nonce);
+    cipher.setAAD(Buffer.from(context));
+    return Buffer.concat([nonce, cipher.update(value, 'utf8'), cipher.final(), cipher.getAuthTag()]);
+  }
+
+  open(blob: Buffer, context: string): string {
+    const decipher = createDecipheriv('aes-256-gcm', this.key, blob.subarray(0, 12));
+    decipher.setAAD(Buffer.from(context));
+    decipher.setAuthTag(blob.subarray(blob.length - 16));
+    return Buffer.concat([decipher.update(blob.subarray(12, blob.length - 16)), decipher.final()]).toString('utf8');
+  }
+}
+
 export class TenantSecrets {
   private readonly view = new EntityView<TenantSecretChanged>(TOPICS.tenantSecrets);
-  private key: Buffer | null = null;
+  private sealer: Sealer | null = null;
 
   constructor(private readonly kernel: Kernel) {}
 
   async start(): Promise<void> {
-    this.key = secretsKey(this.kernel.config);
+    this.sealer = new Sealer(secretsKey(this.kernel.config));
     await this.view.start(this.kernel);
   }
 
@@ -46,7 +68,7 @@ export class TenantSecrets {
   values(tenant: string): Record<string, string> {
     const out: Record<string, string> = {};
     for (const s of this.view.entities.values()) {
-      if (s.tenant === tenant && s.ciphertext !== null) out[s.name] = this.decrypt(s.ciphertext, `${tenant}/${s.name}`);
+      if (s.tenant === tenant && s.ciphertext !== null) out[s.name] = this.sealer!.open(s.ciphertext, `${tenant}/${s.name}`);
     }
     return out;
   }
@@ -57,22 +79,17 @@ export class TenantSecrets {
 
   async put(tenant: string, name: string, value: string | null): Promise<void> {
     const id = `${tenant}/${name}`;
-    const record: TenantSecretChanged = { tenant, event_id: newEventId(), ts: Date.now(), name, ciphertext: value === null ? null : this.encrypt(value, id) };
+    const record: TenantSecretChanged = { tenant, event_id: newEventId(), ts: Date.now(), name, ciphertext: value === null ? null : this.sealer!.seal(value, id) };
     const positions = await publish(this.kernel, TOPICS.tenantSecrets, [{ key: id, tenant, value: record }]);
     await this.view.waitFor(positions, this.kernel.config.replyTimeout);
   }
+}
 
-  private encrypt(value: string, id: string): Buffer {
-    const nonce = randomBytes(12);
-    const cipher = createCipheriv('aes-256-gcm', this.key!, nonce);
-    cipher.setAAD(Buffer.from(id));
-    return Buffer.concat([nonce, cipher.update(value, 'utf8'), cipher.final(), cipher.getAuthTag()]);
+/** Replaces every secret value (4+ characters) in text with [REDACTED:<NAME>]. */
+export function redactSecrets(text: string, secrets: Record<string, string>): string {
+  let out = text;
+  for (const [name, value] of Object.entries(secrets)) {
+    if (value.length >= 4 && out.includes(value)) out = out.split(value).join(`[REDACTED:${name}]`);
   }
-
-  private decrypt(blob: Buffer, id: string): string {
-    const decipher = createDecipheriv('aes-256-gcm', this.key!, blob.subarray(0, 12));
-    decipher.setAAD(Buffer.from(id));
-    decipher.setAuthTag(blob.subarray(blob.length - 16));
-    return Buffer.concat([decipher.update(blob.subarray(12, blob.length - 16)), decipher.final()]).toString('utf8');
-  }
+  return out;
 }

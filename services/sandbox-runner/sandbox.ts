@@ -12,7 +12,7 @@ import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../kernel/even
 import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
 import { resolveHostSecret } from '../kernel/secret-sources.ts';
 import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
-import type { TenantSecrets } from '../kernel/tenant-secrets.ts';
+import { redactSecrets, type Sealer, type TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { resolveImage } from './runtime/images.ts';
 import type { ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
@@ -70,6 +70,7 @@ export class LiveSandbox {
     private readonly kernel: Kernel,
     private readonly runtime: Runtime,
     private readonly tenantSecrets: TenantSecrets,
+    private readonly sealer: Sealer,
     readonly tenant: string,
     readonly id: string,
     private readonly request: CreateRequest,
@@ -404,11 +405,7 @@ export class LiveSandbox {
 
   /** Replaces every secret value in text with [REDACTED:<NAME>]. */
   redact(text: string): string {
-    let out = text;
-    for (const [name, value] of Object.entries(this.secretValues)) {
-      if (value.length >= 4 && out.includes(value)) out = out.split(value).join(`[REDACTED:${name}]`);
-    }
-    return out;
+    return redactSecrets(text, this.secretValues);
   }
 
   private async setState(state: State, error: string | null = null): Promise<void> {
@@ -429,6 +426,8 @@ export class LiveSandbox {
       runner_id: this.kernel.instanceId,
       token_hash: this.tokenHash,
       error,
+      // Sealed so the api can redact them from the traces this sandbox ingests.
+      secrets_sealed: Object.keys(this.secretValues).length > 0 ? this.sealer.seal(JSON.stringify(this.secretValues), `sandbox/${this.id}`) : null,
     };
     await publish(this.kernel, TOPICS.sandboxes, [{ key: this.id, tenant: this.tenant, value }]);
   }

@@ -19,7 +19,7 @@ import type { SandboxChanged, SandboxRequested } from '../kernel/events.ts';
 import { newEventId } from '../kernel/ids.ts';
 import type { Consumer } from '../kernel/log/event-log.ts';
 import { reply } from '../kernel/request-reply.ts';
-import { TenantSecrets } from '../kernel/tenant-secrets.ts';
+import { Sealer, secretsKey, TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { LocalRuntime } from './runtime/local-runtime.ts';
 import type { Runtime } from './runtime/runtime.ts';
@@ -30,6 +30,7 @@ export class SandboxRunnerService implements Service {
   private kernel!: Kernel;
   private runtime!: Runtime;
   private secrets!: TenantSecrets;
+  private sealer!: Sealer;
   private readonly sandboxes = new Map<string, LiveSandbox>();
   private readonly known = new EntityView<SandboxChanged>(TOPICS.sandboxes);
   private consumer: Consumer | null = null;
@@ -47,6 +48,7 @@ export class SandboxRunnerService implements Service {
     if (unavailable && kernel.config.runtime !== 'auto') throw new Error(`SVC_RUNTIME=${kernel.config.runtime}: the runtime does not work here: ${unavailable}`);
     if (unavailable) kernel.logger.warn({ runtime: this.runtime.name, reason: unavailable }, 'no sandbox runtime works here: creating sandboxes will fail');
     this.secrets = new TenantSecrets(kernel);
+    this.sealer = new Sealer(secretsKey(kernel.config));
     await Promise.all([this.secrets.start(), this.known.start(kernel)]);
     await this.endOrphans();
     this.consumer = await subscribe<SandboxRequested>(kernel, {
@@ -119,7 +121,7 @@ export class SandboxRunnerService implements Service {
     const max = this.kernel.config.runnerMaxSandboxes;
     const booting = [...this.sandboxes.values()].length;
     if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });
-    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, request.tenant, request.sandbox_id, create, () => {
+    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, this.sealer, request.tenant, request.sandbox_id, create, () => {
       this.sandboxes.delete(request.sandbox_id);
       this.updateGauge();
     });

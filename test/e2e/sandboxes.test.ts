@@ -181,6 +181,17 @@ determinism:
       await req('DELETE', `/v1/sandboxes/${b.id}`);
     });
 
+    test('secret values are redacted from the traces a sandbox ingests', async () => {
+      const sb = await create('basic', { secrets: { API_TOKEN: 'tok-very-secret-1234' } });
+      const event = traceEvent({ tool: 'http', input: 'curl -H "auth: tok-very-secret-1234"', output: 'ok', metadata: { header: 'Bearer tok-very-secret-1234' } });
+      assert.equal((await req('POST', `/v1/sandboxes/${sb.id}/trace`, [event])).status, 200);
+      const trace = await req('GET', `/v1/sandboxes/${sb.id}/trace`);
+      assert.equal(trace.body.events[0].input, 'curl -H "auth: [REDACTED:API_TOKEN]"');
+      assert.deepEqual(trace.body.events[0].metadata, { header: 'Bearer [REDACTED:API_TOKEN]' });
+      assert.ok(!JSON.stringify(trace.body).includes('tok-very-secret-1234'));
+      await req('DELETE', `/v1/sandboxes/${sb.id}`);
+    });
+
     test('another tenant gets 403 on a sandbox id', async () => {
       const sb = await create('basic');
       for (const [method, p] of [['GET', ''], ['POST', '/commands'], ['GET', '/state'], ['DELETE', '']] as const) {

@@ -14,6 +14,7 @@ import type { SandboxReplied } from '../../kernel/events.ts';
 import { newSandboxId } from '../../kernel/ids.ts';
 import type { Requester } from '../../kernel/request-reply.ts';
 import { SECRET_NAME } from '../../kernel/spec.ts';
+import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
 import type { SpecCatalog } from '../specs.ts';
@@ -177,6 +178,15 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     const sandbox = sandboxes.owned(p, ctx.params.id);
     const events = validateTraceBatch(ctx.request.body, { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes });
     ingestLimiter.take(p.keyId, events.length);
+    // Secret values never reach the trace store (DECISIONS.md).
+    const secrets = sandboxes.secretsOf(sandbox);
+    if (Object.keys(secrets).length > 0) {
+      for (const e of events) {
+        if (e.input !== null) e.input = redactSecrets(e.input, secrets);
+        if (e.output !== null) e.output = redactSecrets(e.output, secrets);
+        for (const k of Object.keys(e.metadata)) e.metadata[k] = redactSecrets(e.metadata[k], secrets);
+      }
+    }
     await ingestTraceEvents(kernel, sandbox.tenant, events, { sandbox_id: sandbox.sandbox_id, experiment_id: null, agent: null, agent_snapshot_id: null });
     kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/sandboxes/:id/trace' }, events.length);
     ctx.body = { ingested: events.length };
