@@ -34,7 +34,9 @@ export class SandboxDirectory {
     }
     entities.set(record.key, value);
     if (value.state !== 'stopped' && value.state !== 'error') this.byToken.set(value.token_hash, value);
+    for (const waiter of this.stateWaiters) if (waiter.id === value.sandbox_id && waiter.states.includes(value.state)) waiter.resolve();
   });
+  private stateWaiters = new Set<{ id: string; states: string[]; resolve: () => void }>();
   private readonly streams = new Map<string, SandboxStream>();
   private readonly streamWatermark = new Watermark('the sandbox event streams');
   private consumer: Consumer | null = null;
@@ -67,6 +69,27 @@ export class SandboxDirectory {
 
   waitFor(positions: RecordPosition[]): Promise<void> {
     return this.view.waitFor(positions, this.kernel.config.replyTimeout);
+  }
+
+  /**
+   * Resolves once the view shows the sandbox in one of `states` (read-your-writes after the
+   * runner's reply: the runner wrote the entity event before replying), or after the timeout.
+   */
+  waitForState(id: string, states: Array<SandboxChanged['state']>): Promise<void> {
+    if (states.includes(this.view.entities.get(id)?.state as SandboxChanged['state'])) return Promise.resolve();
+    return new Promise((resolve) => {
+      const waiter = {
+        id,
+        states: states as string[],
+        resolve: () => {
+          clearTimeout(timer);
+          this.stateWaiters.delete(waiter);
+          resolve();
+        },
+      };
+      const timer = setTimeout(waiter.resolve, this.kernel.config.replyTimeout);
+      this.stateWaiters.add(waiter);
+    });
   }
 
   /** The sandbox's secret values (sealed on its entity by the runner), to redact what it ingests. */

@@ -121,8 +121,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     });
     answer(ctx, reply);
     // The next GET must see it ready: wait for the entity event the runner wrote before replying.
-    const deadline = Date.now() + config.replyTimeout;
-    while (sandboxes.view.entities.get(id)?.state !== 'ready' && Date.now() < deadline) await new Promise((r) => setTimeout(r, 2));
+    await sandboxes.waitForState(id, ['ready', 'running', 'stopped']);
   });
 
   router.get('/', (ctx) => {
@@ -142,8 +141,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
       return;
     }
     answer(ctx, await requester.request(sandbox.tenant, sandbox.sandbox_id, 'destroy', {}));
-    const deadline = Date.now() + config.replyTimeout;
-    while (sandboxes.view.entities.get(sandbox.sandbox_id)?.state !== 'stopped' && Date.now() < deadline) await new Promise((r) => setTimeout(r, 2));
+    await sandboxes.waitForState(sandbox.sandbox_id, ['stopped', 'error']);
   });
 
   router.post('/:id/commands', async (ctx) => {
