@@ -192,6 +192,44 @@ determinism:
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
     });
 
+    test("the agent's own file activity under watched paths is audited; checkpoints per action; a frozen clock", async () => {
+      await putSpec(SPEC('watched', `audit:
+  file_system: {watch: ["/"], track: [writes, reads, deletes]}
+snapshots:
+  checkpoints: per_action
+determinism:
+  frozen_time: "2030-06-15T12:00:00Z"
+`));
+      const sb = await create('watched');
+      const out = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'echo hi > note.txt && cat note.txt > /dev/null && rm note.txt; date -u +%Y-%m-%d' });
+      assert.equal(out.body.stdout, '2030-06-15\n', 'libfaketime froze the clock');
+      const events = sse(`${server.url}/v1/sandboxes/${sb.id}/events`, key);
+      await new Promise((r) => setTimeout(r, 500));
+      const audit = (await req('GET', `/v1/sandboxes/${sb.id}/files/.svc/audit.jsonl`)).text.trim().split('\n').map((l) => JSON.parse(l));
+      const mine = audit.filter((r) => r.details.path === 'note.txt').map((r) => r.type);
+      assert.deepEqual([...new Set(mine)].sort(), ['file_delete', 'file_read', 'file_write'], JSON.stringify(audit));
+      await req('DELETE', `/v1/sandboxes/${sb.id}`);
+      const stream = await events;
+      const checkpoint = stream.find((e) => e.event_type === 'checkpoint');
+      assert.ok(checkpoint, 'a checkpoint after the command');
+      assert.deepEqual(checkpoint.data.diff, { added: [], modified: [], removed: [] });
+    });
+
+    test('after a kill -9 and restart, the sandboxes of the dead runner are not claimed ready', async () => {
+      const own = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true' });
+      try {
+        await own.request('POST', '/v1/specs', { body: SPEC('orphan'), headers: { 'content-type': 'application/x-yaml' } });
+        const sb = (await own.request('POST', '/v1/sandboxes', { body: { spec_id: 'orphan' } })).body;
+        assert.equal(sb.state, 'ready');
+        await own.kill9();
+        await own.restart();
+        assert.equal((await own.request('GET', `/v1/sandboxes/${sb.id}`)).status, 404);
+        assert.deepEqual((await own.request('GET', '/v1/sandboxes')).body, []);
+      } finally {
+        await own.cleanup();
+      }
+    });
+
     test('another tenant gets 403 on a sandbox id', async () => {
       const sb = await create('basic');
       for (const [method, p] of [['GET', ''], ['POST', '/commands'], ['GET', '/state'], ['DELETE', '']] as const) {
