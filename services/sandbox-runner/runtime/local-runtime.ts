@@ -19,7 +19,7 @@
  * Disk: /tmp and /dev/shm are tmpfs, charged to the memory limit. The workspace is a host
  * directory: its size is not enforced by this runtime (a warning says so when diskBytes is set).
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -27,6 +27,7 @@ import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../../kernel/logger.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
+import { Launcher, type LaunchedProcess } from './launcher.ts';
 import {
   EXIT_KILLED,
   EXIT_TIMEOUT,
@@ -85,6 +86,7 @@ export class LocalRuntime implements Runtime {
   private readonly gid: number;
   private readonly cgroupParent: string;
   private readonly bwrap: string;
+  private readonly launcher = new Launcher();
   private readonly source: string;
   private readonly bootTimeoutMs: number;
   private readonly logger: Logger | undefined;
@@ -122,6 +124,7 @@ export class LocalRuntime implements Runtime {
     } catch (err) {
       return (err as Error).message;
     }
+    this.launcher.warm();
     return null;
   }
 
@@ -169,13 +172,12 @@ export class LocalRuntime implements Runtime {
     warnings.push(...cgroup.warnings);
 
     const args = this.bwrapArgs(options, workspace, readOnlyMounts, supervisor, hostsFile);
-    let child: ChildProcess;
+    let child: LaunchedProcess;
     try {
-      // the arguments go over fd 5 (`--args`), so the sandbox's pid 1 does not show host paths
-      child = spawn(supervisor, ['launch', cgroup.procsFiles().join(','), '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', String(this.uid), String(this.gid)], {
-        stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', 'pipe'],
-      });
-      const argsStream = (child.stdio as unknown as Writable[])[5]!;
+      // Through the launcher: a fork of this (large) process would cost tens of milliseconds.
+      // The arguments go over fd 5 (`--args`), so the sandbox's pid 1 does not show host paths.
+      child = await this.launcher.spawn(supervisor, ['launch', cgroup.procsFiles().join(','), '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', String(this.uid), String(this.gid)]);
+      const argsStream = child.stdio[5] as Writable;
       argsStream.on('error', () => {});
       argsStream.end(Buffer.from(args.map((a) => `${a}\0`).join(''), 'utf8'));
     } catch (err) {
@@ -274,7 +276,7 @@ class LocalSandbox implements SandboxHandle {
 
   constructor(
     options: CreateSandboxOptions,
-    private readonly child: ChildProcess,
+    private readonly child: LaunchedProcess,
     private readonly cgroup: SandboxCgroup,
     private readonly sandboxDir: string,
     readonly warnings: string[],

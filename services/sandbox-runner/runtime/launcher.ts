@@ -1,0 +1,122 @@
+/**
+ * Starts processes through the launcher child (launcher.cjs), so the service's own large
+ * process never forks. A launched process looks like a ChildProcess to its user: the same
+ * stdio pipes (fds 2-5), `exit` and `error` events, `kill`, `exitCode` and `signalCode`.
+ */
+import { fork, type ChildProcess } from 'node:child_process';
+import { EventEmitter } from 'node:events';
+import path from 'node:path';
+import type { Readable, Writable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
+
+const SCRIPT = path.join(path.dirname(fileURLToPath(import.meta.url)), 'launcher.cjs');
+
+export class LaunchedProcess extends EventEmitter {
+  pid: number | undefined;
+  exitCode: number | null = null;
+  signalCode: NodeJS.Signals | null = null;
+  readonly stdio: Array<Readable | Writable | null> = [null, null, null, null, null, null];
+
+  constructor(
+    private readonly launcher: Launcher,
+    readonly id: number,
+  ) {
+    super();
+  }
+
+  kill(signal: NodeJS.Signals = 'SIGTERM'): boolean {
+    this.launcher.send({ op: 'kill', id: this.id, signal });
+    return true;
+  }
+}
+
+type Message = { id: number; pid?: number; fd?: number; exit?: { code: number | null; signal: NodeJS.Signals | null }; error?: string };
+
+export class Launcher {
+  private child: ChildProcess | null = null;
+  private readonly launched = new Map<number, { process: LaunchedProcess; fds: number; ready: (err?: Error) => void }>();
+  private next = 0;
+
+  private start(): ChildProcess {
+    if (this.child && this.child.connected) return this.child;
+    const child = fork(SCRIPT, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'], execArgv: [] });
+    child.on('message', (m: Message, handle: unknown) => this.onMessage(m, handle as Readable & Writable));
+    child.on('exit', () => {
+      // Every process it launched is gone with it (parent-death signal).
+      for (const [id, entry] of this.launched) {
+        entry.ready(new Error('the launcher exited'));
+        this.finish(id, { code: null, signal: 'SIGKILL' });
+      }
+      if (this.child === child) this.child = null;
+    });
+    // Idle, the launcher must not keep the service's event loop alive; a spawn in flight must.
+    child.unref();
+    this.channel(child)?.unref();
+    this.child = child;
+    return child;
+  }
+
+  private channel(child: ChildProcess | null): { ref(): void; unref(): void } | undefined {
+    return (child as unknown as { channel?: { ref(): void; unref(): void } } | null)?.channel;
+  }
+
+  private pending = 0;
+
+  /** Starts the launcher now, so the first sandbox does not wait for it. */
+  warm(): void {
+    this.start();
+  }
+
+  send(message: object): void {
+    this.child?.send(message);
+  }
+
+  /** Resolves once the process runs and its pipes (fds 2-5) are here. */
+  spawn(command: string, args: string[]): Promise<LaunchedProcess> {
+    const child = this.start();
+    const id = ++this.next;
+    const launched = new LaunchedProcess(this, id);
+    if (this.pending++ === 0) this.channel(child)?.ref();
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      const ready = (err?: Error) => {
+        if (settled) return;
+        settled = true;
+        if (--this.pending === 0) this.channel(this.child)?.unref();
+        if (err) reject(err);
+        else resolve(launched);
+      };
+      this.launched.set(id, { process: launched, fds: 0, ready });
+      child.send({ op: 'spawn', id, command, args });
+    });
+  }
+
+  close(): void {
+    this.child?.kill();
+    this.child = null;
+  }
+
+  private onMessage(m: Message, handle: (Readable & Writable) | undefined): void {
+    const entry = this.launched.get(m.id);
+    if (!entry) return;
+    if (m.pid !== undefined) entry.process.pid = m.pid;
+    if (m.fd !== undefined && handle) {
+      entry.process.stdio[m.fd] = handle;
+      if (++entry.fds === 4) entry.ready();
+    }
+    if (m.error !== undefined) {
+      entry.ready(new Error(m.error));
+      entry.process.emit('error', new Error(m.error));
+    }
+    if (m.exit) this.finish(m.id, m.exit);
+  }
+
+  private finish(id: number, exit: { code: number | null; signal: NodeJS.Signals | null }): void {
+    const entry = this.launched.get(id);
+    if (!entry) return;
+    this.launched.delete(id);
+    entry.process.exitCode = exit.code;
+    entry.process.signalCode = exit.signal;
+    entry.process.emit('exit', exit.code, exit.signal);
+  }
+}
