@@ -64,6 +64,8 @@ export class LiveSandbox {
   private destroying: Promise<void> | null = null;
   /** Checksums kept between captures, so a state or diff re-hashes only what changed. */
   private readonly checksums = new ChecksumCache();
+  /** Forks refused at pids.max so far, to report each new burst once. */
+  private pidsLimitHits = 0;
   private eventChain: Promise<unknown> = Promise.resolve();
 
   constructor(
@@ -297,6 +299,11 @@ export class LiveSandbox {
     }
     await this.event('command', { command: shown, exit_code: r.exitCode, duration_ms: r.durationMs, ...(r.timedOut ? { timed_out: true } : {}), ...(r.oomKilled ? { oom_killed: true } : {}) });
     if (r.oomKilled) await this.event('warning', { message: `command "${shown}" was killed: the sandbox ran out of memory (limit ${this.spec.resources.memoryBytes} bytes)` });
+    const { pidsLimitHits } = await this.box!.usage();
+    if (pidsLimitHits > this.pidsLimitHits) {
+      this.pidsLimitHits = pidsLimitHits;
+      await this.event('warning', { message: `command "${shown}" hit the sandbox's process limit (pids ${this.spec.resources.pids}): ${pidsLimitHits} forks refused so far` });
+    }
     if (this.spec.snapshots.checkpoints === 'per_action') {
       const state = await this.captureState();
       await this.event('checkpoint', { after: shown, files: Object.keys(state.files).length, diff: diffStates(this.before!, state) });

@@ -230,6 +230,23 @@ determinism:
       }
     });
 
+    test('a fork bomb and a memory hog are contained and reported; the sandbox and the service carry on', async () => {
+      await putSpec(SPEC('limited', 'resources:\n  memory: 64Mi\n  pids: 64\n'));
+      const sb = await create('limited');
+      const events = sse(`${server.url}/v1/sandboxes/${sb.id}/events`, key);
+      const bomb = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'bomb() { bomb | bomb & }; bomb; sleep 1; echo survived', timeout: '5s' });
+      assert.equal(bomb.status, 200, bomb.text);
+      const hog = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'head -c 200M /dev/zero | tail > /dev/null', timeout: '20s' });
+      assert.equal(hog.body.exit_code, 137, hog.text);
+      assert.equal(hog.body.oom_killed, true);
+      assert.equal((await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'echo still here' })).body.stdout, 'still here\n');
+      assert.equal((await server.request('GET', '/health', { key: null })).status, 200);
+      await req('DELETE', `/v1/sandboxes/${sb.id}`);
+      const warnings = (await events).filter((e) => e.event_type === 'warning').map((e) => e.data.message);
+      assert.ok(warnings.some((m: string) => /process limit/.test(m)), warnings.join('; '));
+      assert.ok(warnings.some((m: string) => /out of memory/.test(m)), warnings.join('; '));
+    });
+
     test('another tenant gets 403 on a sandbox id', async () => {
       const sb = await create('basic');
       for (const [method, p] of [['GET', ''], ['POST', '/commands'], ['GET', '/state'], ['DELETE', '']] as const) {
