@@ -133,7 +133,14 @@ export class SandboxDirectory {
     if (!stream) this.streams.set(event.sandbox_id, (stream = { events: [], listeners: new Set(), endedAt: null }));
     if (stream.events.length > 0 && stream.events[stream.events.length - 1].seq >= event.seq) return; // a redelivery
     stream.events.push(event);
-    if (event.event_type === 'status' && JSON.parse(event.data).state === 'destroyed') stream.endedAt = event.ts;
+    if (event.event_type === 'status' && JSON.parse(event.data).state === 'destroyed') {
+      stream.endedAt = event.ts;
+      // Replaying history at start: a stream that ended long ago is not kept at all.
+      if (Date.now() - event.ts > STREAM_GRACE_MS && stream.listeners.size === 0) {
+        this.streams.delete(event.sandbox_id);
+        return;
+      }
+    }
     for (const listener of stream.listeners) listener(event);
   }
 
