@@ -67,6 +67,7 @@ export class LiveSandbox {
   /** Forks refused at pids.max so far, to report each new burst once. */
   private pidsLimitHits = 0;
   private eventChain: Promise<unknown> = Promise.resolve();
+  private queuedEvents: SandboxEvent[] = [];
 
   constructor(
     private readonly kernel: Kernel,
@@ -105,11 +106,11 @@ export class LiveSandbox {
     const { config } = this.kernel;
     this.expiresAt = this.createdAt + (this.request.timeout_ms ?? this.spec.resources.timeoutMs ?? config.sandboxTimeout);
     await this.setState('creating');
-    await this.event('status', { state: 'creating' });
+    void this.event('status', { state: 'creating' });
     let step = 'secrets_resolved';
     try {
       this.secretValues = await this.resolveSecrets();
-      await this.event('status', { step, count: Object.keys(this.secretValues).length });
+      void this.event('status', { step, count: Object.keys(this.secretValues).length });
 
       step = 'container_started';
       await mkdir(path.join(this.workspace, '.svc'), { recursive: true });
@@ -130,15 +131,15 @@ export class LiveSandbox {
         hosts: this.spec.determinism.dns,
       });
       this.audit = new AuditLog({ workspace: this.workspace, sandboxId: this.id, redact: (text) => this.redact(text), onRecord: (r) => void this.publishAudit(r) });
-      await this.event('status', { step, runtime: this.runtime.name });
+      void this.event('status', { step, runtime: this.runtime.name });
       if (rootfs === null) {
         const message = `image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`;
-        await this.event('warning', { message });
+        void this.event('warning', { message });
         await this.audit.record('warning', { message });
       }
 
       step = 'services_started';
-      await this.event('status', { step, count: 0 });
+      void this.event('status', { step, count: 0 });
 
       step = 'fixtures_applied';
       for (const [i, fixture] of this.spec.fixtures.entries()) {
@@ -146,9 +147,9 @@ export class LiveSandbox {
         const to = resolveWorkspacePath(this.workspace, fixture.to, `fixtures[${i}].to`);
         const result = await this.box.exec({ command: `mkdir -p '/workspace/${to.relative}' && cp -a -- '${String(fixture.from).replace(/'/g, `'\\''`)}'/. '/workspace/${to.relative}/'`, timeoutMs: 60_000 });
         if (result.exitCode !== 0) throw new BootError(step, `fixture ${i} (copy ${fixture.from} -> ${fixture.to}) failed: ${this.redact(result.stderr).trim().slice(-500)}`);
-        await this.event('fixture', { index: i, type: fixture.type, to: to.relative });
+        void this.event('fixture', { index: i, type: fixture.type, to: to.relative });
       }
-      await this.event('status', { step, count: this.spec.fixtures.length });
+      void this.event('status', { step, count: this.spec.fixtures.length });
 
       step = 'setup_applied';
       for (const [i, file] of this.spec.setup.files.entries()) {
@@ -162,10 +163,10 @@ export class LiveSandbox {
           throw new BootError(step, `setup command "${this.redact(command)}" exited with ${result.exitCode}: ${this.redact(result.stderr || result.stdout).trim().slice(-500)}`);
         }
       }
-      await this.event('status', { step, files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
+      void this.event('status', { step, files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
 
       step = 'network_configured';
-      await this.event('status', {
+      void this.event('status', {
         step,
         egress: this.spec.network.egress.default,
         determinism: { frozen_time: this.spec.determinism.frozenTime, seed: this.spec.determinism.seed, dns: Object.keys(this.spec.determinism.dns).length },
@@ -177,19 +178,19 @@ export class LiveSandbox {
         this.watcher = new FsWatcher({ workspace: this.workspace, watch, track, audit: this.audit! });
         await this.watcher.start();
       }
-      await this.event('status', { step, file_system: watch.length > 0 });
+      void this.event('status', { step, file_system: watch.length > 0 });
 
       step = 'snapshot_taken';
       this.before = await this.captureState();
-      await this.event('status', { step, files: Object.keys(this.before.files).length });
+      void this.event('status', { step, files: Object.keys(this.before.files).length });
 
       await this.setState('ready');
-      await this.event('status', { step: 'ready' });
+      void this.event('status', { step: 'ready' });
       await this.event('status', { state: 'ready' });
       this.armTimer();
     } catch (err) {
       const message = err instanceof AppError ? err.message : `sandbox boot failed at step ${step}: ${(err as Error).message}`;
-      await this.event('status', { step, error: message }).catch(() => {});
+      await this.event('status', { step, error: message });
       await this.setState('error', message).catch(() => {});
       await this.teardown('boot failed').catch(() => {});
       throw err instanceof AppError ? err : new AppError('bad_request', message);
@@ -440,11 +441,20 @@ export class LiveSandbox {
   }
 
   /** Appends one event of the sandbox's stream; events keep their order (seq). */
+  /**
+   * Appends one event of the sandbox's stream. Events keep their order (seq); the ones queued
+   * while an append runs go together in the next one, so the boot's steps need not wait for
+   * each other's fsync. Resolves once this event is on the log.
+   */
   private event(eventType: string, data: object): Promise<void> {
-    const value: SandboxEvent = { tenant: this.tenant, event_id: newEventId(), ts: Date.now(), sandbox_id: this.id, seq: ++this.seq, event_type: eventType, data: this.redact(JSON.stringify(data)) };
-    const next = this.eventChain.then(() => publish(this.kernel, TOPICS.sandboxEvents, [{ key: this.id, tenant: this.tenant, value }]));
-    this.eventChain = next.catch(() => {});
-    return next.then(() => undefined);
+    this.queuedEvents.push({ tenant: this.tenant, event_id: newEventId(), ts: Date.now(), sandbox_id: this.id, seq: ++this.seq, event_type: eventType, data: this.redact(JSON.stringify(data)) });
+    const next = this.eventChain.then(async () => {
+      const batch = this.queuedEvents.splice(0);
+      if (batch.length > 0) await publish(this.kernel, TOPICS.sandboxEvents, batch.map((value) => ({ key: this.id, tenant: this.tenant, value })));
+    });
+    // A failed append is logged once here; callers (many do not await) never see a rejection.
+    this.eventChain = next.catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'sandbox events lost'));
+    return this.eventChain.then(() => undefined);
   }
 
   private async publishAudit(record: { ts: string; type: string; details: object }): Promise<void> {
