@@ -62,3 +62,14 @@ test('values are encoded the same way for both adapters', async () => {
   const many = Array.from({ length: 1234 }, (_, i) => ({ i }));
   assert.equal((await encodeJsonEachRow(many)).toString(), toJsonEachRow(many));
 });
+
+test('a column empty in every row of a compact batch is left out; one value anywhere keeps it', async () => {
+  const { encodeJsonCompactEachRow } = await import('../../services/kernel/store/encoding.ts');
+  const rows = [
+    { a: 1, empty: '', zero: 0, map: {}, list: [], nul: null, some: '' },
+    { a: 2, empty: '', zero: 0, map: {}, list: [], nul: null, some: 'x' },
+  ];
+  const { columns, payload } = await encodeJsonCompactEachRow(rows);
+  assert.deepEqual(columns, ['a', 'some']);
+  assert.equal(payload.toString(), '[1,""]\n[2,"x"]\n');
+});

@@ -129,13 +129,26 @@ export async function encodeJsonEachRow(rows: ReadonlyArray<Record<string, unkno
  * in that order), encoded in slices like encodeJsonEachRow.
  */
 export async function encodeJsonCompactEachRow(rows: ReadonlyArray<Record<string, unknown>>): Promise<{ columns: string[]; payload: Buffer }> {
-  const columns = Object.keys(rows[0] ?? {});
+  // A column that is empty in every row of the batch is left out: ClickHouse fills the
+  // column's default (the same empty value) without parsing it row by row.
+  const columns = Object.keys(rows[0] ?? {}).filter((c) => !rows.every((row) => isEmptyValue(row[c])));
   const payload = await encodeInSlices(rows, (slice) => {
     let out = '';
     for (const row of slice) out += encodeCompactRow(row, columns) + '\n';
     return out;
   });
   return { columns, payload };
+}
+
+/** '' , 0, false, null and {} / [] equal the default of their ClickHouse column types. */
+function isEmptyValue(value: unknown): boolean {
+  if (value === '' || value === 0 || value === null || value === false) return true;
+  if (typeof value === 'object' && value !== null && !(value instanceof Date)) {
+    if (Array.isArray(value)) return value.length === 0;
+    for (const _ in value) return false;
+    return true;
+  }
+  return false;
 }
 
 async function encodeInSlices(rows: ReadonlyArray<Record<string, unknown>>, encode: (slice: ReadonlyArray<Record<string, unknown>>) => string): Promise<Buffer> {
