@@ -4,7 +4,7 @@
  *   2. Trace ingest end to end: POST /v1/traces in batches of 1,000 events until visible in
  *      GET /v1/traces, events/s, with the service on the embedded log vs on Kafka (chDB both).
  * Kafka comes from infra/kafka (Maven Central); without java/mvn its rows say why they are missing.
- * Sizes: SVC_BENCH_LOG_RECORDS (default 200000), SVC_BENCH_INGEST_EVENTS (default 200000).
+ * Sizes: SVC_BENCH_LOG_RECORDS (default 200000), SVC_BENCH_INGEST_EVENTS (default 300000).
  */
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
@@ -17,7 +17,7 @@ import { createTenantKey, startServer, traceEvent } from '../helpers/server.ts';
 import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
 
 const LOG_RECORDS = Number(process.env.SVC_BENCH_LOG_RECORDS ?? 200_000);
-const INGEST_EVENTS = Number(process.env.SVC_BENCH_INGEST_EVENTS ?? 200_000);
+const INGEST_EVENTS = Number(process.env.SVC_BENCH_INGEST_EVENTS ?? 300_000);
 // Sixteen clients posting at once: a fleet of agents, not one.
 const INGEST_CONCURRENCY = 16;
 
@@ -73,8 +73,8 @@ async function benchIngest(env: Record<string, string>): Promise<number> {
       fetch(`${server.url}/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: bodies[i % bodies.length] }).then(async (res) => {
         if (res.status !== 200) throw new Error(`POST /v1/traces: ${res.status} ${await res.text()}`);
       });
-    // Warm up (JIT, first inserts), then measure.
-    await Promise.all([0, 1, 2, 3].map(post));
+    // Warm up (JIT, the first inserts and merges) with 40 batches, then measure.
+    for (let i = 0; i < 40; i += INGEST_CONCURRENCY) await Promise.all(Array.from({ length: INGEST_CONCURRENCY }, (_, j) => post(i + j)));
     const requests = Math.ceil(INGEST_EVENTS / 1000);
     let next = 0;
     const started = performance.now();
@@ -109,7 +109,7 @@ async function benchSandboxes(): Promise<string[]> {
       return { id: res.body.id as string, ms: performance.now() - started };
     };
     const destroy = (id: string) => server.request('DELETE', `/v1/sandboxes/${id}`);
-    for (let i = 0; i < 3; i++) await destroy((await create()).id); // warm up
+    for (let i = 0; i < 10; i++) await destroy((await create()).id); // warm up
     const creates: number[] = [];
     for (let i = 0; i < 30; i++) {
       const { id, ms } = await create();
