@@ -370,38 +370,28 @@ export class Partition {
     for (let si = this.findSegment(from); si < this.segments.length && out.length < max; si++) {
       const seg = this.segments[si];
       if (seg.next <= from || seg.size === 0) continue;
-      let pos = Partition.positionFor(seg, from);
-      const end = seg.size;
-      let chunkSize = Math.min(MAX_READ_CHUNK, Math.max(64 * 1024, (max - out.length) * 512));
-      while (pos < end && out.length < max) {
-        const len = Math.min(end - pos, chunkSize);
-        const buf = Buffer.allocUnsafe(len);
-        const got = readFully(seg.fd, buf, len, pos);
-        let p = 0;
-        while (p < got && out.length < max) {
-          const f = checkFrame(buf, p, got);
-          if (f.kind === 'short') break;
-          if (f.kind === 'corrupt') {
-            throw new Error(`event log: corrupt record in ${seg.file} at byte ${pos + p}: ${f.reason}`);
-          }
-          if (f.offset >= from) out.push(decodeAt(buf, p, this.topic, this.partition));
-          p += f.size;
-        }
-        if (p === 0) {
-          if (got < 8) throw new Error(`event log: short read in ${seg.file} at byte ${pos}`);
-          chunkSize = 8 + buf.readUInt32BE(4);
-          continue;
-        }
-        pos += p;
-      }
+      const chunk = Math.min(MAX_READ_CHUNK, Math.max(64 * 1024, (max - out.length) * 512));
+      this.scanFrames(seg, Partition.positionFor(seg, from), chunk, (buf, p, _size, offset) => {
+        if (offset >= from) out.push(decodeAt(buf, p, this.topic, this.partition));
+        return out.length < max;
+      });
     }
     return out;
   }
 
   /** Iterates every record frame of a segment (for compaction). */
   private forEachFrame(seg: Segment, cb: (buf: Buffer, p: number, size: number, offset: number) => void): void {
-    let pos = 0;
-    let chunkSize = SCAN_CHUNK;
+    this.scanFrames(seg, 0, SCAN_CHUNK, (buf, p, size, offset) => {
+      cb(buf, p, size, offset);
+      return true;
+    });
+  }
+
+  /**
+   * Reads a segment's frames from byte `pos` in chunks, checking each; `visit` returns false to
+   * stop. A frame larger than the chunk gets a chunk of its own size.
+   */
+  private scanFrames(seg: Segment, pos: number, chunkSize: number, visit: (buf: Buffer, p: number, size: number, offset: number) => boolean): void {
     while (pos < seg.size) {
       const len = Math.min(seg.size - pos, chunkSize);
       const buf = Buffer.allocUnsafe(len);
@@ -411,8 +401,9 @@ export class Partition {
         const f = checkFrame(buf, p, got);
         if (f.kind === 'short') break;
         if (f.kind === 'corrupt') throw new Error(`event log: corrupt record in ${seg.file} at byte ${pos + p}: ${f.reason}`);
-        cb(buf, p, f.size, f.offset);
+        const more = visit(buf, p, f.size, f.offset);
         p += f.size;
+        if (!more) return;
       }
       if (p === 0) {
         if (got < 8) throw new Error(`event log: short read in ${seg.file} at byte ${pos}`);
@@ -422,6 +413,7 @@ export class Partition {
       pos += p;
     }
   }
+
 
   /**
    * Rewrites the closed segments keeping, for each key, only its last record; tombstones that
