@@ -4,7 +4,7 @@
  * sandboxes are dropped a while after their last event, so memory follows the live sandboxes.
  */
 import { subscribe, type Kernel } from '../kernel/actor.ts';
-import { EntityView } from '../kernel/entity-view.ts';
+import { EntityView, latestPerKey } from '../kernel/entity-view.ts';
 import { AppError, notFound } from '../kernel/errors.ts';
 import type { SandboxChanged, SandboxEvent } from '../kernel/events.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
@@ -24,18 +24,15 @@ export interface SandboxStream {
 
 export class SandboxDirectory {
   private readonly byToken = new Map<string, SandboxChanged>();
-  readonly view = new EntityView<SandboxChanged>(TOPICS.sandboxes, (entities, { record, value }) => {
-    if (record.key === null) return;
-    const previous = entities.get(record.key);
-    if (previous) this.byToken.delete(previous.token_hash);
-    if (value === null) {
-      entities.delete(record.key);
-      return;
-    }
-    entities.set(record.key, value);
-    if (value.state !== 'stopped' && value.state !== 'error') this.byToken.set(value.token_hash, value);
-    for (const waiter of this.stateWaiters) if (waiter.id === value.sandbox_id && waiter.states.includes(value.state)) waiter.resolve();
-  });
+  readonly view = new EntityView<SandboxChanged>(
+    TOPICS.sandboxes,
+    latestPerKey((previous, next) => {
+      if (previous) this.byToken.delete(previous.token_hash);
+      if (!next) return;
+      if (next.state !== 'stopped' && next.state !== 'error') this.byToken.set(next.token_hash, next);
+      for (const waiter of this.stateWaiters) if (waiter.id === next.sandbox_id && waiter.states.includes(next.state)) waiter.resolve();
+    }),
+  );
   private stateWaiters = new Set<{ id: string; states: string[]; resolve: () => void }>();
   private readonly streams = new Map<string, SandboxStream>();
   private readonly streamWatermark = new Watermark('the sandbox event streams');

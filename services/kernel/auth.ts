@@ -5,7 +5,7 @@
  */
 import { timingSafeEqual } from 'node:crypto';
 import { publish, type Kernel } from './actor.ts';
-import { EntityView } from './entity-view.ts';
+import { EntityView, latestPerKey } from './entity-view.ts';
 import { AppError, badRequest, notFound } from './errors.ts';
 import { newEventId, newKeyId, newLiveKey, sha256Hex } from './ids.ts';
 import { TOPICS } from './topics.ts';
@@ -67,17 +67,13 @@ export class Auth {
   private readonly tenants = new EntityView<TenantRecord>(TOPICS.tenants);
   /** key hash -> key, kept beside the view so a request authenticates in O(1). */
   private readonly byHash = new Map<string, ApiKeyRecord>();
-  private readonly keys = new EntityView<ApiKeyRecord>(TOPICS.apiKeys, (entities, { record, value }) => {
-    if (record.key === null) return;
-    const previous = entities.get(record.key);
-    if (previous) this.byHash.delete(previous.key_hash);
-    if (value === null) {
-      entities.delete(record.key);
-      return;
-    }
-    entities.set(record.key, value);
-    this.byHash.set(value.key_hash, value);
-  });
+  private readonly keys = new EntityView<ApiKeyRecord>(
+    TOPICS.apiKeys,
+    latestPerKey((previous, next) => {
+      if (previous) this.byHash.delete(previous.key_hash);
+      if (next) this.byHash.set(next.key_hash, next);
+    }),
+  );
   private readonly adminKey: Buffer | null;
   private sandboxTokens: SandboxTokenLookup = () => undefined;
 

@@ -10,6 +10,20 @@ import { Watermark } from './watermark.ts';
 
 let viewCount = 0;
 
+/** Called after the latest value of a key changed (null: removed), to keep an index beside the view. */
+export type ChangeHook<T> = (previous: T | undefined, next: T | null) => void;
+
+/** The default fold: the latest value per record key, a tombstone removes it. */
+export function latestPerKey<T>(onChange?: ChangeHook<T>): (entities: Map<string, T>, event: Delivered<T>) => void {
+  return (entities, { record, value }) => {
+    if (record.key === null) return;
+    const previous = entities.get(record.key);
+    if (value === null) entities.delete(record.key);
+    else entities.set(record.key, value);
+    onChange?.(previous, value);
+  };
+}
+
 export class EntityView<T> {
   readonly entities = new Map<string, T>();
   private readonly watermark: Watermark;
@@ -18,11 +32,7 @@ export class EntityView<T> {
   constructor(
     private readonly topic: string,
     /** Folds one event into the map; the default keeps the latest value per record key. */
-    private readonly apply: (entities: Map<string, T>, event: Delivered<T>) => void = (entities, { record, value }) => {
-      if (record.key === null) return;
-      if (value === null) entities.delete(record.key);
-      else entities.set(record.key, value);
-    },
+    private readonly apply: (entities: Map<string, T>, event: Delivered<T>) => void = latestPerKey<T>(),
   ) {
     this.watermark = new Watermark(`the ${topic} view`);
   }

@@ -6,8 +6,7 @@
 import { copyFile, mkdir, rm, writeFile as writeHostFile } from 'node:fs/promises';
 import path from 'node:path';
 import { publish, type Kernel } from '../kernel/actor.ts';
-import { parseDuration } from '../kernel/duration.ts';
-import { AppError, badRequest } from '../kernel/errors.ts';
+import { AppError } from '../kernel/errors.ts';
 import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../kernel/events.ts';
 import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
 import { resolveHostSecret } from '../kernel/secret-sources.ts';
@@ -248,11 +247,8 @@ export class LiveSandbox {
   // --- operations -------------------------------------------------------------------------
 
   async handle(op: string, payload: Record<string, unknown>): Promise<{ status?: number; body: unknown; contentType?: string }> {
-    if (this.destroying) {
-      if (op === 'destroy') return { body: await this.destroy('destroyed').then(() => ({ id: this.id, state: 'stopped' })) };
-      throw new AppError('not_found', `sandbox ${this.id} not found`);
-    }
-    if (this.state !== 'ready' && this.state !== 'running') throw new AppError('conflict', `sandbox ${this.id} is ${this.state}`);
+    if (this.destroying && op !== 'destroy') throw new AppError('not_found', `sandbox ${this.id} not found`);
+    if (!this.destroying && this.state !== 'ready' && this.state !== 'running') throw new AppError('conflict', `sandbox ${this.id} is ${this.state}`);
     switch (op) {
       case 'command':
         return this.command(payload);
@@ -343,16 +339,9 @@ export class LiveSandbox {
     return { body: { path: relative, deleted: true } };
   }
 
-  /** `{timeout}` resets the timer to that long from now; `{extend}` adds to what is left. */
+  /** `{timeout_ms}` resets the timer to that long from now; `{extend_ms}` adds to what is left (the api validated them). */
   private async timeout(payload: Record<string, unknown>) {
-    const parse = (field: string) => {
-      try {
-        return parseDuration(payload[field] as string | number);
-      } catch (err) {
-        throw badRequest(field, (err as Error).message);
-      }
-    };
-    this.expiresAt = payload.timeout !== undefined ? Date.now() + parse('timeout') : this.expiresAt + parse('extend');
+    this.expiresAt = typeof payload.timeout_ms === 'number' ? Date.now() + payload.timeout_ms : this.expiresAt + (payload.extend_ms as number);
     this.armTimer();
     await this.setState(this.state);
     await this.event('status', { step: 'timeout_changed', expires_at: new Date(this.expiresAt).toISOString() });

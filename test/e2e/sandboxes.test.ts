@@ -175,6 +175,9 @@ determinism:
       assert.equal(trace.body.events[0].sandbox_id, a.id);
       assert.equal(trace.body.metrics.total_tool_calls, 2);
       assert.equal(trace.body.metrics.tool_success_rate, 0.5);
+      assert.equal(trace.body.metrics.mean_duration_ms, 12);
+      assert.equal(trace.body.metrics.p95_duration_ms, 12);
+      assert.deepEqual(trace.body.metrics.tool_breakdown.bash, { count: 2, mean_ms: 12, error_rate: 0.5 });
       assert.deepEqual(Object.keys(trace.body.metrics.tool_breakdown), ['bash']);
       await req('DELETE', `/v1/sandboxes/${a.id}`);
       assert.equal((await req('GET', `/v1/sandboxes/${a.id}`, undefined, sbKey)).status, 401, 'the token dies with its sandbox');

@@ -167,8 +167,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     const b = body(ctx);
     if ((b.timeout === undefined) === (b.extend === undefined)) throw badRequest('timeout', 'give either timeout (reset the timer to this long from now) or extend (add this much)');
     const field = b.timeout !== undefined ? 'timeout' : 'extend';
-    optionalDuration(b[field], field);
-    await send(ctx, 'timeout', { [field]: b[field] });
+    await send(ctx, 'timeout', { [`${field}_ms`]: optionalDuration(b[field], field) });
   });
 
   router.post('/:id/trace', async (ctx) => {

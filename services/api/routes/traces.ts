@@ -61,37 +61,31 @@ export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: 
 export async function sandboxTrace(kernel: Kernel, tenant: string, sandboxId: string) {
   const params = { tenant, sandbox: sandboxId };
   const where = 'TenantId = {tenant:String} AND SandboxId = {sandbox:String}';
-  const [rows, tools] = await Promise.all([
+  // One scan: a row per tool, and the total row (is_total) with the overall p95.
+  const [rows, groups] = await Promise.all([
     kernel.store.query<TraceRow>(`SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${where} ORDER BY Timestamp, EventId LIMIT 1 BY Timestamp, EventId LIMIT 10000`, params),
-    kernel.store.query<{ tool: string; n: string; mean_ms: number; errors: string }>(
-      `SELECT SpanName AS tool, count() AS n, avg(Duration) / 1e6 AS mean_ms, countIf(StatusCode = 'Error') AS errors
+    kernel.store.query<{ tool: string; is_total: number; n: string; mean_ms: number; errors: string; p95_ms: number }>(
+      `SELECT SpanName AS tool, toUInt8(grouping(SpanName)) AS is_total, count() AS n, avg(Duration) / 1e6 AS mean_ms,
+              countIf(StatusCode = 'Error') AS errors, quantile(0.95)(Duration) / 1e6 AS p95_ms
        FROM (SELECT * FROM trace_events WHERE ${where} AND EventType IN ('tool_use', 'tool_call') AND Phase != 'start' LIMIT 1 BY EventId)
-       GROUP BY tool ORDER BY tool`,
+       GROUP BY GROUPING SETS ((SpanName), ()) ORDER BY is_total, tool`,
       params,
     ),
   ]);
   const breakdown: Record<string, { count: number; mean_ms: number; error_rate: number }> = {};
-  let total = 0;
-  let errors = 0;
-  let durationSum = 0;
-  for (const t of tools) {
+  for (const t of groups.filter((g) => !g.is_total)) {
     const n = Number(t.n);
-    breakdown[t.tool] = { count: n, mean_ms: t.mean_ms, error_rate: n === 0 ? 0 : Number(t.errors) / n };
-    total += n;
-    errors += Number(t.errors);
-    durationSum += t.mean_ms * n;
+    breakdown[t.tool] = { count: n, mean_ms: t.mean_ms, error_rate: Number(t.errors) / n };
   }
-  const p95 = total === 0 ? 0 : (await kernel.store.query<{ p95: number }>(
-    `SELECT quantile(0.95)(Duration) / 1e6 AS p95 FROM trace_events WHERE ${where} AND EventType IN ('tool_use', 'tool_call') AND Phase != 'start'`,
-    params,
-  ))[0].p95;
+  const totals = groups.find((g) => g.is_total);
+  const total = Number(totals?.n ?? 0);
   return {
     events: rows.map(traceEventFromRow),
     metrics: {
       total_tool_calls: total,
-      tool_success_rate: total === 0 ? 1 : (total - errors) / total,
-      mean_duration_ms: total === 0 ? 0 : durationSum / total,
-      p95_duration_ms: p95,
+      tool_success_rate: total === 0 ? 1 : (total - Number(totals!.errors)) / total,
+      mean_duration_ms: total === 0 ? 0 : totals!.mean_ms,
+      p95_duration_ms: total === 0 ? 0 : totals!.p95_ms,
       tool_breakdown: breakdown,
     },
   };
