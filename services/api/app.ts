@@ -17,6 +17,9 @@ import { adminRouter } from './routes/admin.ts';
 import { schemaRegistryRouter } from './routes/schema-registry.ts';
 import { tracesRouter } from './routes/traces.ts';
 import { specsRouter } from './routes/specs.ts';
+import { agentsRouter } from './routes/agents.ts';
+import type { AgentCatalog } from './agents.ts';
+import { SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../kernel/spec.ts';
 import { secretsRouter } from './routes/secrets.ts';
 import { sandboxesRouter } from './routes/sandboxes.ts';
 import type { SpecCatalog } from './specs.ts';
@@ -27,13 +30,14 @@ import type { Requester } from '../kernel/request-reply.ts';
 /** Ingest endpoints are limited in events per second, not requests (DECISIONS.md). */
 const INGEST_PATHS = [/^\/v1\/traces$/, /^\/v1\/sandboxes\/[^/]+\/trace$/, /^\/otel\/v1\/traces$/];
 /** Reachable without a key. Operator calls (the admin key on /v1/admin/*) are not rate limited. */
-const PUBLIC_PATHS = new Set(['/health']);
+const PUBLIC_PATHS = new Set(['/health', SPEC_SCHEMA_PATH]);
 
 export interface AppDeps {
   kernel: Kernel;
   auth: Auth;
   idempotency: Idempotency;
   specs: SpecCatalog;
+  agents: AgentCatalog;
   secrets: TenantSecrets;
   sandboxes: SandboxDirectory;
   requester: Requester;
@@ -42,7 +46,7 @@ export interface AppDeps {
   health(): Promise<{ ok: boolean; body: object }>;
 }
 
-export function createApp({ kernel, auth, idempotency, specs, secrets, sandboxes, requester, registry, health }: AppDeps): Koa {
+export function createApp({ kernel, auth, idempotency, specs, agents, secrets, sandboxes, requester, registry, health }: AppDeps): Koa {
   const { config, metrics, logger } = kernel;
   const app = new Koa();
   app.proxy = false;
@@ -104,6 +108,12 @@ export function createApp({ kernel, auth, idempotency, specs, secrets, sandboxes
     ctx.status = ok ? 200 : 503;
     ctx.body = body;
   });
+  // The spec document's JSON Schema, for editors (yaml-language-server) and CI checks of spec files.
+  root.get(SPEC_SCHEMA_PATH, (ctx) => {
+    ctx.type = 'application/schema+json';
+    ctx.set('Cache-Control', 'public, max-age=3600');
+    ctx.body = SPEC_JSON_SCHEMA;
+  });
   root.get('/metrics', async (ctx) => {
     if ((ctx.state.principal as Principal).kind !== 'admin') throw new AppError('forbidden', 'metrics need the admin key');
     ctx.type = metrics.registry.contentType;
@@ -114,6 +124,7 @@ export function createApp({ kernel, auth, idempotency, specs, secrets, sandboxes
     root,
     tracesRouter(kernel, ingestEvents),
     specsRouter(specs),
+    agentsRouter(agents, config),
     secretsRouter(secrets),
     sandboxesRouter({ kernel, auth, specs, sandboxes, requester, ingestLimiter: ingestEvents }),
     adminRouter(kernel, auth),

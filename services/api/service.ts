@@ -7,6 +7,7 @@ import { createApp } from './app.ts';
 import { Idempotency } from './middleware/idempotency.ts';
 import { SandboxDirectory } from './sandboxes.ts';
 import { SpecCatalog } from './specs.ts';
+import { AgentCatalog } from './agents.ts';
 import { TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { Requester } from '../kernel/request-reply.ts';
 
@@ -21,11 +22,12 @@ export class ApiService implements Service {
   async start(kernel: Kernel): Promise<void> {
     const auth = new Auth(kernel);
     const idempotency = new Idempotency(kernel);
-    const specs = new SpecCatalog(kernel);
+    const agents = new AgentCatalog(kernel);
+    const specs = new SpecCatalog(kernel, agents);
     const secrets = new TenantSecrets(kernel);
     const sandboxes = new SandboxDirectory(kernel);
     const requester = new Requester(kernel);
-    this.parts = [auth, idempotency, specs, secrets, sandboxes, requester];
+    this.parts = [auth, idempotency, agents, specs, secrets, sandboxes, requester];
     await Promise.all(this.parts.map((p) => p.start()));
     auth.acceptSandboxTokens((hash) => sandboxes.byTokenHash(hash));
     const app = createApp({
@@ -33,6 +35,7 @@ export class ApiService implements Service {
       auth,
       idempotency,
       specs,
+      agents,
       secrets,
       sandboxes,
       requester,

@@ -12,6 +12,8 @@ import { newEventId } from '../kernel/ids.ts';
 import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
 import { refusedSource } from '../kernel/secret-sources.ts';
 import { TOPICS } from '../kernel/topics.ts';
+import type { AgentCatalog } from './agents.ts';
+import { KeyedQueue } from '../kernel/keyed-queue.ts';
 
 export interface SpecRecord {
   id: string;
@@ -41,7 +43,14 @@ export class SpecCatalog {
     specs.set(id, [...(specs.get(id) ?? []).filter((v) => v.version !== value.version), value].sort((a, b) => a.version - b.version));
   });
 
-  constructor(private readonly kernel: Kernel) {}
+  /** Parsed documents, so reads do not parse the YAML again. */
+  private readonly parsed = new WeakMap<SpecStored, SpecDocument>();
+  private readonly queue = new KeyedQueue();
+
+  constructor(
+    private readonly kernel: Kernel,
+    private readonly agents: AgentCatalog,
+  ) {}
 
   start(): Promise<void> {
     return this.view.start(this.kernel);
@@ -58,13 +67,19 @@ export class SpecCatalog {
       const why = refusedSource(name, source, this.kernel.config);
       return why ? [`secrets.${name}: ${why}`] : [];
     });
+    if (doc.agent?.type === 'snapshot' && doc.agent.snapshot_id !== undefined && !this.agents.exists(tenant, doc.agent.snapshot_id)) {
+      refused.push(`agent.snapshot_id: no agent snapshot ${doc.agent.snapshot_id} exists (GET /v1/agents/:name/versions lists them)`);
+    }
     if (refused.length > 0) throw new AppError('bad_request', `spec: ${refused.join('; ')}`);
-    const versions = this.byTenant.get(tenant)?.get(doc.id) ?? [];
-    const version = (versions[versions.length - 1]?.version ?? 0) + 1;
-    const stored: SpecStored = { tenant, event_id: newEventId(), ts: Date.now(), spec_id: doc.id, version, yaml, deleted: false };
-    const positions = await publish(this.kernel, TOPICS.specs, [{ key: key(tenant, doc.id, version), tenant, value: stored }]);
-    await this.view.waitFor(positions, this.kernel.config.replyTimeout);
-    return this.record(stored, doc);
+    return this.queue.run(`${tenant}/${doc.id}`, async () => {
+      const versions = this.byTenant.get(tenant)?.get(doc.id) ?? [];
+      const version = (versions[versions.length - 1]?.version ?? 0) + 1;
+      const stored: SpecStored = { tenant, event_id: newEventId(), ts: Date.now(), spec_id: doc.id, version, yaml, deleted: false };
+      const positions = await publish(this.kernel, TOPICS.specs, [{ key: key(tenant, doc.id, version), tenant, value: stored }]);
+      await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+      this.parsed.set(this.byTenant.get(tenant)?.get(doc.id)?.find((v) => v.version === version) ?? stored, doc);
+      return this.record(stored, doc);
+    });
   }
 
   /** The latest version, or version `version`; 404 when absent. */
@@ -72,7 +87,7 @@ export class SpecCatalog {
     const versions = this.byTenant.get(tenant)?.get(id);
     const stored = version === undefined ? versions?.[versions.length - 1] : versions?.find((v) => v.version === version);
     if (!stored) throw version === undefined || !versions ? notFound('spec', id) : notFound('spec version', `${id}@${version}`);
-    const doc = parseSpec(stored.yaml);
+    const doc = this.document(stored);
     return { stored, doc, record: this.record(stored, doc) };
   }
 
@@ -82,7 +97,7 @@ export class SpecCatalog {
     return [...specs.values()]
       .map((versions) => versions[versions.length - 1])
       .sort((a, b) => a.spec_id.localeCompare(b.spec_id))
-      .map((stored) => this.record(stored, parseSpec(stored.yaml)));
+      .map((stored) => this.record(stored, this.document(stored)));
   }
 
   /** Deletes every version: a deletion marker, then tombstones so compaction frees them. */
@@ -95,6 +110,15 @@ export class SpecCatalog {
       ...versions.map((v) => ({ key: key(tenant, id, v.version), tenant, value: null })),
     ]);
     await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+  }
+
+  private document(stored: SpecStored): SpecDocument {
+    let doc = this.parsed.get(stored);
+    if (!doc) {
+      doc = parseSpec(stored.yaml);
+      this.parsed.set(stored, doc);
+    }
+    return doc;
   }
 
   private record(stored: SpecStored, doc: SpecDocument): SpecRecord {

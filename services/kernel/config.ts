@@ -122,6 +122,7 @@ export const SETTINGS = {
   runnerMaxSandboxes: setting('SVC_RUNNER_MAX_SANDBOXES', '100', 'Sandboxes one runner holds at once; past it creation answers 503 `at_capacity` (0: no limit).', nonNegativeInt),
   sandboxHostRootfs: setting('SVC_SANDBOX_HOST_ROOTFS', 'false', 'When a spec\'s `base` image is not in the image store, boot on the host\'s read-only system directories (/usr, /etc, /bin, /lib) with a `warning` event instead of failing.', bool),
   artifactsDir: setting('SVC_ARTIFACTS_DIR', null, 'Where teardown exports go (default `<data dir>/artifacts`).', str),
+  blobDir: setting('SVC_BLOB_DIR', null, 'Where agent bundles are stored, once per content (default `<data dir>/blobs`); the api and the sandbox runners must share it.', str),
   sinkBatchRows: setting('SVC_SINK_BATCH_ROWS', '20000', 'The sink inserts into ClickHouse once this many rows wait...', positiveInt),
   sinkFlushInterval: setting('SVC_SINK_FLUSH_INTERVAL', '10ms', '...or once the oldest waiting row is this old.', durationMs),
   handlerMaxAttempts: setting('SVC_HANDLER_MAX_ATTEMPTS', '5', 'Tries of an event handler before the event goes to the dead-letter topic.', positiveInt),
@@ -131,7 +132,7 @@ export const SETTINGS = {
 type Settings = typeof SETTINGS;
 export type Config = {
   [K in keyof Settings]: Settings[K] extends SettingDef<infer T> ? (Settings[K]['default'] extends null ? T | null : T) : never;
-} & { baseUrl: string; dataDir: string };
+} & { baseUrl: string; dataDir: string; blobDir: string };
 
 /** Reads every setting from `env` (plus command-line overrides); throws one Error listing every problem. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Partial<Record<string, string>> = {}): Config {
@@ -161,6 +162,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
   }
   if (problems.length > 0) throw new Error(`Bad configuration:\n  ${problems.join('\n  ')}`);
   c.dataDir = path.resolve(c.dataDir);
+  c.blobDir = path.resolve(c.blobDir ?? path.join(c.dataDir, 'blobs'));
   c.baseUrl = c.baseUrl ?? `http://127.0.0.1:${c.port}`;
   return c;
 }

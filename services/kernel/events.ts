@@ -55,6 +55,26 @@ export interface DeadLettered {
   attempts: number;
 }
 
+/** A value of svc.agents (schemas/agent-snapshot-changed.avsc). */
+export interface AgentSnapshotChanged {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  id: string;
+  name: string;
+  version: number;
+  tag: string | null;
+  digest: string;
+  size_bytes: number;
+  storage_path: string;
+  runtime: string | null;
+  entrypoint: string[];
+  /** AgentAuth as JSON. */
+  auth: string | null;
+  created_at: number;
+  deleted: boolean;
+}
+
 /** A value of svc.specs (schemas/spec-stored.avsc). */
 export interface SpecStored {
   tenant: string;

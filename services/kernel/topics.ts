@@ -21,6 +21,7 @@ export const TOPICS = {
   idempotency: 'svc.idempotency',
   deadLetters: 'svc.dead-letters',
   specs: 'svc.specs',
+  agents: 'svc.agents',
   tenantSecrets: 'svc.tenant-secrets',
   sandboxRequests: 'svc.sandbox-requests',
   sandboxReplies: 'svc.sandbox-replies',

@@ -2,7 +2,7 @@
  * Event -> row mappings of the sink, one function per table. Column names follow the DDL in
  * kernel/store/migrations (otel_traces names for the span columns).
  */
-import type { AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent, TraceEventsIngested } from '../kernel/events.ts';
+import type { AgentSnapshotChanged, AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent, TraceEventsIngested } from '../kernel/events.ts';
 import type { LogRecord } from '../kernel/log/event-log.ts';
 
 /** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
@@ -68,6 +68,27 @@ export function deadLetterRow(d: DeadLettered, record: LogRecord): Record<string
     Attempts: d.attempts,
     FailedAt: clickhouseTimeMs(d.ts),
     Value: d.value ? d.value.toString('base64') : '',
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+export function agentSnapshotRow(a: AgentSnapshotChanged, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: a.tenant,
+    SnapshotId: a.id,
+    Name: a.name,
+    Version: a.version,
+    Tag: a.tag ?? '',
+    Digest: a.digest,
+    SizeBytes: a.size_bytes,
+    StoragePath: a.storage_path,
+    Runtime: a.runtime ?? '',
+    Entrypoint: a.entrypoint,
+    Auth: a.auth ?? '',
+    CreatedAt: clickhouseTimeMs(a.created_at),
+    Deleted: a.deleted ? 1 : 0,
+    UpdatedAt: clickhouseTimeMs(a.ts),
     LogPartition: record.partition,
     LogOffset: record.offset,
   };

@@ -4,12 +4,12 @@
  * registered with the kernel so a write can await visibility (read-your-writes).
  */
 import { subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
-import type { AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent } from '../kernel/events.ts';
+import type { AgentSnapshotChanged, AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent } from '../kernel/events.ts';
 import type { Consumer, LogRecord } from '../kernel/log/event-log.ts';
 import { sinkGroupId, topicSpec, TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
 import { TableWriter } from './table-writer.ts';
-import { auditRow, deadLetterRow, sandboxEventRow, sandboxRow, traceEventRows } from './rows.ts';
+import { agentSnapshotRow, auditRow, deadLetterRow, sandboxEventRow, sandboxRow, traceEventRows } from './rows.ts';
 
 type ToRows = (value: unknown, record: LogRecord) => Array<Record<string, unknown>>;
 
@@ -20,6 +20,7 @@ const PROJECTIONS: Record<string, ToRows> = {
   [TOPICS.sandboxes]: (v, r) => [sandboxRow(v as SandboxChanged, r)],
   [TOPICS.sandboxEvents]: (v, r) => [sandboxEventRow(v as SandboxEvent, r)],
   [TOPICS.audit]: (v, r) => [auditRow(v as AuditRecorded, r)],
+  [TOPICS.agents]: (v, r) => [agentSnapshotRow(v as AgentSnapshotChanged, r)],
 };
 
 export class SinkService implements Service {

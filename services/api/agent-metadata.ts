@@ -1,0 +1,102 @@
+/**
+ * The `metadata` field of POST /v1/agents: `{name, entrypoint, runtime?, tag?, auth?}`, checked
+ * against a JSON Schema (ajv) and reported field by field (`metadata.auth.required_env[0]: ...`).
+ */
+import { Ajv } from 'ajv';
+import { AppError, badRequest } from '../kernel/errors.ts';
+import { describeSchemaErrors } from '../kernel/json-schema-errors.ts';
+
+export interface AgentAuth {
+  required_env?: string[];
+  config_files?: Array<{ path: string; template: string }>;
+  egress?: Record<string, string[]>;
+}
+
+export interface AgentMetadata {
+  name: string;
+  entrypoint: string[];
+  runtime?: string;
+  tag?: string;
+  auth?: AgentAuth;
+}
+
+export const AGENT_NAME = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
+const ENV_NAME = '^[A-Za-z_][A-Za-z0-9_]{0,127}$';
+/** A hostname, or a glob whose first label is `*` (`*.example.com`). */
+export const HOST_PATTERN = '^(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$';
+/** A port (`443`) or a range (`8000-8100`). */
+const PORT_PATTERN = '^[0-9]{1,5}(-[0-9]{1,5})?$';
+
+export const AGENT_AUTH_SCHEMA = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    required_env: { type: 'array', items: { type: 'string', pattern: ENV_NAME }, uniqueItems: true, maxItems: 256 },
+    config_files: {
+      type: 'array',
+      maxItems: 64,
+      items: {
+        type: 'object',
+        additionalProperties: false,
+        required: ['path', 'template'],
+        properties: { path: { type: 'string', minLength: 1, maxLength: 1024 }, template: { type: 'string', maxLength: 65536 } },
+      },
+    },
+    egress: {
+      type: 'object',
+      maxProperties: 256,
+      propertyNames: { pattern: HOST_PATTERN, maxLength: 253 },
+      additionalProperties: { type: 'array', items: { type: 'string', pattern: PORT_PATTERN } },
+    },
+  },
+} as const;
+
+const METADATA_SCHEMA = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['name', 'entrypoint'],
+  properties: {
+    name: { type: 'string', pattern: AGENT_NAME },
+    entrypoint: { type: 'array', minItems: 1, maxItems: 256, items: { type: 'string', minLength: 1, maxLength: 4096 } },
+    runtime: { type: 'string', minLength: 1, maxLength: 128 },
+    tag: { type: 'string', pattern: AGENT_NAME, not: { const: 'latest' } },
+    auth: AGENT_AUTH_SCHEMA,
+  },
+} as const;
+
+const validate = new Ajv({ allErrors: true, strict: true }).compile(METADATA_SCHEMA);
+
+const TEMPLATE_REFERENCE = /\{\{\s*secrets\.([^}\s]*)\s*\}\}/g;
+
+/** Parses and checks the metadata JSON; throws a 400 listing every problem. */
+export function parseAgentMetadata(raw: string | undefined): AgentMetadata {
+  if (raw === undefined) throw badRequest('metadata', 'is required: a JSON field {name, entrypoint, runtime?, tag?, auth?}');
+  let value: unknown;
+  try {
+    value = JSON.parse(raw);
+  } catch (err) {
+    throw badRequest('metadata', `is not valid JSON (${(err as Error).message})`);
+  }
+  const problems = validate(value) ? [] : describeSchemaErrors(validate.errors ?? [], 'metadata', { 'metadata.tag': 'latest is set automatically to the newest version; choose another tag' });
+  const metadata = value as AgentMetadata;
+  if (problems.length === 0) {
+    for (const [i, file] of (metadata.auth?.config_files ?? []).entries()) {
+      const where = `metadata.auth.config_files[${i}]`;
+      if (file.path.split('/').includes('..')) problems.push(`${where}.path: must not contain ".."`);
+      else if (file.path.startsWith('/') && file.path !== '/workspace' && !file.path.startsWith('/workspace/')) {
+        problems.push(`${where}.path: must be in the workspace: a relative path, ~/..., or under /workspace`);
+      }
+      for (const [, name] of file.template.matchAll(TEMPLATE_REFERENCE)) {
+        if (!new RegExp(ENV_NAME).test(name)) problems.push(`${where}.template: {{secrets.${name}}} is not a valid secret name`);
+      }
+    }
+    for (const [host, ports] of Object.entries(metadata.auth?.egress ?? {})) {
+      for (const port of ports) {
+        const [low, high = low] = port.split('-').map(Number);
+        if (low < 1 || high > 65535 || high < low) problems.push(`metadata.auth.egress.${host}: port "${port}" is out of range 1-65535`);
+      }
+    }
+  }
+  if (problems.length > 0) throw new AppError('bad_request', problems.join('; '));
+  return metadata;
+}

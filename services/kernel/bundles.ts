@@ -1,0 +1,244 @@
+/**
+ * Agent bundles: `.tar.gz` blobs stored once per content under SVC_BLOB_DIR
+ * (`sha256/<2 hex>/<hex>.tar.gz`), checked while they stream in, and extracted once per digest
+ * for the sandboxes that mount them read-only at /agent.
+ *
+ * An upload streams through one pass: the sha256, the byte count against the size limit, the tar
+ * parser that checks every entry, and a temporary file; nothing holds the whole bundle in memory.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { createWriteStream } from 'node:fs';
+import { chmod, lstat, mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
+import path from 'node:path';
+import { Transform, type Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { extract, Parser, type ReadEntry } from 'tar';
+import { AppError, badRequest } from './errors.ts';
+
+/** A decompressed bundle may be at most this many times its compressed size limit (gzip bombs). */
+const MAX_EXPANSION = 10;
+const GZIP_MAGIC = [0x1f, 0x8b];
+/** Entry types a bundle may hold; devices and FIFOs have no place in agent code. */
+const ALLOWED_TYPES = new Set(['File', 'OldFile', 'ContiguousFile', 'Directory', 'SymbolicLink', 'Link']);
+
+export interface ReceivedBundle {
+  /** `sha256:<hex>` of the uploaded bytes. */
+  digest: string;
+  sizeBytes: number;
+  entries: number;
+  tempPath: string;
+}
+
+/** Why an entry path or link target would escape the bundle's root, or null when it stays inside. */
+function escapes(entryPath: string): string | null {
+  if (path.posix.isAbsolute(entryPath) || /^[A-Za-z]:/.test(entryPath)) return 'is an absolute path';
+  if (entryPath.split(/[\\/]/).includes('..')) return 'contains ".."';
+  return null;
+}
+
+function checkEntry(entry: ReadEntry): string | null {
+  const name = JSON.stringify(entry.path);
+  if (!ALLOWED_TYPES.has(entry.type)) return `entry ${name} is a ${entry.type}; only files, directories and links are allowed`;
+  const pathProblem = escapes(entry.path);
+  if (pathProblem) return `entry ${name} ${pathProblem}`;
+  if (entry.type === 'Link' && entry.linkpath !== undefined) {
+    const linkProblem = escapes(entry.linkpath);
+    if (linkProblem) return `hard link ${name} points outside the bundle (${JSON.stringify(entry.linkpath)})`;
+  }
+  if (entry.type === 'SymbolicLink' && entry.linkpath !== undefined) {
+    const target = path.posix.isAbsolute(entry.linkpath) ? entry.linkpath : path.posix.normalize(path.posix.join(path.posix.dirname(entry.path), entry.linkpath));
+    if (path.posix.isAbsolute(target) || target === '..' || target.startsWith('../')) {
+      return `symbolic link ${name} points outside the bundle (${JSON.stringify(entry.linkpath)})`;
+    }
+  }
+  return null;
+}
+
+/**
+ * Checks a stream as a gzip'd tar while passing it through: fails with a 400 naming `bundle` on
+ * the first bad entry or a corrupt archive, and with a 413 past `maxBytes`.
+ */
+class BundleCheck extends Transform {
+  readonly hash = createHash('sha256');
+  sizeBytes = 0;
+  entries = 0;
+  private expandedBytes = 0;
+  private problem: AppError | null = null;
+  private readonly parser = new Parser({ strict: true });
+
+  constructor(private readonly maxBytes: number) {
+    super();
+    this.parser.on('entry', (entry: ReadEntry) => {
+      this.entries++;
+      this.expandedBytes += entry.size ?? 0;
+      const problem = checkEntry(entry);
+      if (problem) this.fail(badRequest('bundle', problem));
+      else if (this.expandedBytes > maxBytes * MAX_EXPANSION) this.fail(badRequest('bundle', `expands to more than ${MAX_EXPANSION} times the size limit`));
+      entry.resume();
+    });
+    this.parser.on('error', (err: Error) => this.fail(badRequest('bundle', `is not a valid .tar.gz archive (${err.message.replace(/^TAR_BAD_ARCHIVE: /, '')})`)));
+  }
+
+  private fail(err: AppError): void {
+    this.problem ??= err;
+  }
+
+  /**
+   * After the first problem the rest of the upload is read and dropped, not refused mid-stream:
+   * the client is still sending, and most clients cannot read an answer they are not done sending.
+   */
+  override _transform(chunk: Buffer, _encoding: BufferEncoding, done: (err?: Error | null, data?: Buffer) => void): void {
+    if (this.sizeBytes === 0 && (chunk[0] !== GZIP_MAGIC[0] || (chunk.length > 1 && chunk[1] !== GZIP_MAGIC[1]))) {
+      this.fail(badRequest('bundle', 'is not gzip-compressed: upload a .tar.gz archive'));
+    }
+    this.sizeBytes += chunk.length;
+    if (this.sizeBytes > this.maxBytes) {
+      this.fail(new AppError('payload_too_large', `bundle: larger than the agent snapshot size limit of ${this.maxBytes} bytes (agents.max_size)`));
+    }
+    if (this.problem) return done();
+    this.hash.update(chunk);
+    this.parser.write(chunk);
+    done(null, chunk);
+  }
+
+  override _flush(done: (err?: Error | null) => void): void {
+    if (this.problem) return done(this.problem);
+    if (this.sizeBytes === 0) return done(badRequest('bundle', 'is empty'));
+    this.parser.end(() => {
+      if (!this.problem && this.entries === 0) this.problem = badRequest('bundle', 'holds no files');
+      done(this.problem);
+    });
+  }
+}
+
+export class BundleStore {
+  constructor(readonly dir: string) {}
+
+  /** The blob's path relative to the store (the snapshot's `storage_path`). */
+  static storagePath(digest: string): string {
+    const hex = digest.replace(/^sha256:/, '');
+    return `sha256/${hex.slice(0, 2)}/${hex}.tar.gz`;
+  }
+
+  absolute(storagePath: string): string {
+    return path.join(this.dir, storagePath);
+  }
+
+  /** Streams an upload to a temporary file, checking it on the way; the caller commits or discards it. */
+  async receive(source: Readable, maxBytes: number): Promise<ReceivedBundle> {
+    const tmpDir = path.join(this.dir, 'tmp');
+    await mkdir(tmpDir, { recursive: true });
+    const tempPath = path.join(tmpDir, `${Date.now()}-${randomBytes(6).toString('hex')}.part`);
+    const check = new BundleCheck(maxBytes);
+    try {
+      await pipeline(source, check, createWriteStream(tempPath));
+    } catch (err) {
+      await rm(tempPath, { force: true });
+      throw err;
+    }
+    return { digest: `sha256:${check.hash.digest('hex')}`, sizeBytes: check.sizeBytes, entries: check.entries, tempPath };
+  }
+
+  /** Moves a received bundle to its content address; identical bytes already stored are kept once. */
+  async commit(received: ReceivedBundle): Promise<string> {
+    const storagePath = BundleStore.storagePath(received.digest);
+    const target = this.absolute(storagePath);
+    if (await exists(target)) {
+      await rm(received.tempPath, { force: true });
+    } else {
+      await mkdir(path.dirname(target), { recursive: true });
+      await rename(received.tempPath, target);
+    }
+    return storagePath;
+  }
+
+  discard(received: ReceivedBundle): Promise<void> {
+    return rm(received.tempPath, { force: true });
+  }
+
+  async remove(digest: string): Promise<void> {
+    await rm(this.absolute(BundleStore.storagePath(digest)), { force: true });
+  }
+
+  has(digest: string): Promise<boolean> {
+    return exists(this.absolute(BundleStore.storagePath(digest)));
+  }
+
+  /** Temporary files left by uploads that died with their process. */
+  async sweepTemporary(): Promise<void> {
+    await rm(path.join(this.dir, 'tmp'), { recursive: true, force: true });
+  }
+}
+
+/**
+ * Bundles extracted once per digest under `<dir>/<hex>`, world-readable, for read-only mounts.
+ * Extraction goes to a temporary directory renamed into place, so a crash never leaves half a
+ * bundle that looks complete.
+ */
+export class ExtractedBundles {
+  private readonly inFlight = new Map<string, Promise<string>>();
+
+  constructor(
+    private readonly dir: string,
+    private readonly store: BundleStore,
+  ) {}
+
+  /** The extracted bundle's directory on the host. */
+  async ensure(digest: string): Promise<string> {
+    const hex = digest.replace(/^sha256:/, '');
+    const target = path.join(this.dir, hex);
+    if (await exists(target)) return target;
+    const pending = this.inFlight.get(hex) ?? this.extract(digest, target).finally(() => this.inFlight.delete(hex));
+    this.inFlight.set(hex, pending);
+    return pending;
+  }
+
+  private async extract(digest: string, target: string): Promise<string> {
+    const blob = this.store.absolute(BundleStore.storagePath(digest));
+    if (!(await exists(blob))) throw new Error(`the bundle ${digest} is not in the blob store (${this.store.dir})`);
+    const temp = `${target}.${randomBytes(4).toString('hex')}.tmp`;
+    await mkdir(temp, { recursive: true });
+    try {
+      // The checks ran at upload; these options refuse the same things again, defensively.
+      await extract({ file: blob, cwd: temp, strict: true, preservePaths: false, preserveOwner: false, noMtime: true });
+      await makeReadable(temp);
+      await rename(temp, target).catch(async (err: NodeJS.ErrnoException) => {
+        // Another boot extracted the same bundle first: keep that one.
+        if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
+        await rm(temp, { recursive: true, force: true });
+      });
+      return target;
+    } catch (err) {
+      await rm(temp, { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  /** Removes extracted copies whose blob is gone (the last snapshot row using it was deleted). */
+  async prune(inUse: ReadonlySet<string>): Promise<void> {
+    const names = await readdir(this.dir).catch(() => [] as string[]);
+    for (const name of names) {
+      if (!/^[0-9a-f]{64}$/.test(name) || inUse.has(`sha256:${name}`)) continue;
+      if (!(await this.store.has(`sha256:${name}`))) await rm(path.join(this.dir, name), { recursive: true, force: true });
+    }
+  }
+}
+
+/** Directories 0755, files readable by all (their execute bits kept): the sandbox user reads them. */
+async function makeReadable(dir: string): Promise<void> {
+  await chmod(dir, 0o755);
+  for (const name of await readdir(dir)) {
+    const full = path.join(dir, name);
+    const info = await lstat(full);
+    if (info.isSymbolicLink()) continue;
+    if (info.isDirectory()) await makeReadable(full);
+    else await chmod(full, (info.mode & 0o777) | 0o444 | (info.mode & 0o100 ? 0o055 : 0));
+  }
+}
+
+async function exists(file: string): Promise<boolean> {
+  return stat(file).then(
+    () => true,
+    () => false,
+  );
+}
