@@ -3,14 +3,9 @@
  * against a JSON Schema (ajv) and reported field by field (`metadata.auth.required_env[0]: ...`).
  */
 import { Ajv } from 'ajv';
+import type { AgentAuth } from '../kernel/agents.ts';
 import { AppError, badRequest } from '../kernel/errors.ts';
 import { describeSchemaErrors } from '../kernel/json-schema-errors.ts';
-
-export interface AgentAuth {
-  required_env?: string[];
-  config_files?: Array<{ path: string; template: string }>;
-  egress?: Record<string, string[]>;
-}
 
 export interface AgentMetadata {
   name: string;

@@ -11,7 +11,9 @@
 import { publish, type Kernel } from '../kernel/actor.ts';
 import { BundleStore, type ReceivedBundle } from '../kernel/bundles.ts';
 import { EntityView, latestPerKey } from '../kernel/entity-view.ts';
-import { AppError, notFound } from '../kernel/errors.ts';
+import type { ResolvedAgent } from '../kernel/agents.ts';
+import { AppError, badRequest, notFound } from '../kernel/errors.ts';
+import type { SpecDocument } from '../kernel/spec.ts';
 import type { AgentSnapshotChanged } from '../kernel/events.ts';
 import { newEventId, sha256Hex } from '../kernel/ids.ts';
 import { KeyedQueue } from '../kernel/keyed-queue.ts';
@@ -187,6 +189,32 @@ export class AgentCatalog {
       .map((rows) => rows.filter((r) => !r.deleted).at(-1))
       .filter((r): r is AgentSnapshotChanged => r !== undefined)
       .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  }
+
+  /**
+   * The snapshot a sandbox of this spec boots with: `snapshot_id` pins a row, `snapshot` takes the
+   * name's newest version. A 400 naming the spec's field when it no longer resolves.
+   */
+  resolveForSpec(tenant: string, doc: SpecDocument): ResolvedAgent | null {
+    const agent = doc.agent;
+    if (agent?.type !== 'snapshot') return null;
+    let row: AgentSnapshotChanged;
+    if (agent.snapshot_id !== undefined) {
+      if (!this.exists(tenant, agent.snapshot_id)) throw badRequest('agent.snapshot_id', `spec "${doc.id}" pins snapshot ${agent.snapshot_id}, which no longer exists`);
+      row = this.view.entities.get(agent.snapshot_id)!;
+    } else {
+      const live = this.rows(tenant, agent.snapshot!).filter((r) => !r.deleted);
+      if (live.length === 0) throw badRequest('agent.snapshot', `spec "${doc.id}" names agent "${agent.snapshot}", which has no stored snapshot (POST /v1/agents)`);
+      row = live[live.length - 1];
+    }
+    return {
+      snapshot_id: row.id,
+      name: row.name,
+      version: row.version,
+      digest: row.digest,
+      entrypoint: agent.entrypoint ?? row.entrypoint,
+      auth: row.auth === null ? null : (JSON.parse(row.auth) as ResolvedAgent['auth']),
+    };
   }
 
   /** Removes a row; the blob goes with the last live row that uses it. */

@@ -126,7 +126,7 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
     specsRouter(specs),
     agentsRouter(agents, config),
     secretsRouter(secrets),
-    sandboxesRouter({ kernel, auth, specs, sandboxes, requester, ingestLimiter: ingestEvents }),
+    sandboxesRouter({ kernel, auth, specs, agents, sandboxes, requester, ingestLimiter: ingestEvents }),
     adminRouter(kernel, auth),
   ];
   if (registry) {

@@ -6,6 +6,8 @@
 import { copyFile, mkdir, rm, writeFile as writeHostFile } from 'node:fs/promises';
 import path from 'node:path';
 import { publish, type Kernel } from '../kernel/actor.ts';
+import { renderConfigTemplate, type ResolvedAgent } from '../kernel/agents.ts';
+import type { ExtractedBundles } from '../kernel/bundles.ts';
 import { AppError } from '../kernel/errors.ts';
 import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../kernel/events.ts';
 import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
@@ -31,7 +33,12 @@ export interface CreateRequest {
   secrets: Record<string, string>;
   scenario_id?: string;
   run_id?: string;
+  /** The agent snapshot the spec names, resolved by the api; absent for other agent types. */
+  agent?: ResolvedAgent | null;
 }
+
+/** Where the agent bundle is mounted, read-only, in every sandbox of a snapshot agent. */
+export const AGENT_DIR = '/agent';
 
 type State = SandboxChanged['state'];
 
@@ -73,6 +80,7 @@ export class LiveSandbox {
     private readonly runtime: Runtime,
     private readonly tenantSecrets: TenantSecrets,
     private readonly sealer: Sealer,
+    private readonly bundles: ExtractedBundles,
     readonly tenant: string,
     readonly id: string,
     private readonly request: CreateRequest,
@@ -82,6 +90,11 @@ export class LiveSandbox {
     this.workspace = path.join(kernel.config.dataDir, 'workspaces', id);
     this.token = newSandboxToken();
     this.tokenHash = sha256Hex(this.token);
+  }
+
+  /** The digest of the agent bundle this sandbox mounts, if any. */
+  get agentDigest(): string | null {
+    return this.request.agent?.digest ?? null;
   }
 
   /** The Sandbox object of the spec. */
@@ -109,6 +122,7 @@ export class LiveSandbox {
     let step = 'secrets_resolved';
     try {
       this.secretValues = await this.resolveSecrets();
+      this.checkAgentEnv();
       void this.event('status', { step, count: Object.keys(this.secretValues).length });
 
       step = 'container_started';
@@ -120,6 +134,13 @@ export class LiveSandbox {
       this.env = this.baseEnv();
       const readOnlyMounts = [{ host: path.join(this.workspace, '.svc'), sandbox: '/workspace/.svc' }];
       if (this.spec.determinism.frozenTime) readOnlyMounts.push({ host: LIBFAKETIME, sandbox: LIBFAKETIME });
+      const agent = this.request.agent;
+      if (agent) {
+        const bundle = await this.bundles.ensure(agent.digest).catch((err: Error) => {
+          throw new BootError(step, `agent snapshot ${agent.name} v${agent.version} (${agent.snapshot_id}) could not be extracted: ${err.message}`);
+        });
+        readOnlyMounts.push({ host: bundle, sandbox: AGENT_DIR });
+      }
       this.box = await this.runtime.create({
         id: this.id,
         workspace: this.workspace,
@@ -151,6 +172,7 @@ export class LiveSandbox {
       void this.event('status', { step, count: this.spec.fixtures.length });
 
       step = 'setup_applied';
+      await this.writeAgentConfigFiles();
       for (const [i, file] of this.spec.setup.files.entries()) {
         const target = resolveWorkspacePath(this.workspace, file.path, `setup.files[${i}].path`);
         await mkdir(path.dirname(target.absolute), { recursive: true });
@@ -165,9 +187,16 @@ export class LiveSandbox {
       void this.event('status', { step, files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
 
       step = 'network_configured';
+      const egressAllow = this.egressAllow();
+      if (egressAllow.length > 0) {
+        const message = `egress to ${egressAllow.join(', ')} is declared, but this runtime gives sandboxes no outbound network yet: the sandbox has none`;
+        void this.event('warning', { message });
+        await this.audit.record('warning', { message });
+      }
       void this.event('status', {
         step,
         egress: this.spec.network.egress.default,
+        egress_allow: egressAllow,
         determinism: { frozen_time: this.spec.determinism.frozenTime, seed: this.spec.determinism.seed, dns: Object.keys(this.spec.determinism.dns).length },
       });
 
@@ -211,6 +240,46 @@ export class LiveSandbox {
       }
     }
     return { ...values, ...this.request.secrets };
+  }
+
+  /** A snapshot's `auth.required_env` must be set by the sandbox's secrets or the spec's env. */
+  private checkAgentEnv(): void {
+    const agent = this.request.agent;
+    const set = new Set([...Object.keys(this.secretValues), ...Object.keys(this.spec.setup.env), ...Object.keys(this.spec.agent?.env ?? {})]);
+    const missing = (agent?.auth?.required_env ?? []).filter((name) => !set.has(name));
+    if (agent && missing.length > 0) {
+      throw new BootError(
+        'secrets_resolved',
+        `required env var ${missing.join(', ')} of agent snapshot ${agent.name} v${agent.version} is missing: set it as a secret (the spec's secrets, PUT /v1/secrets/${missing[0]} or the request's secrets) or in setup.env`,
+      );
+    }
+  }
+
+  /** The snapshot's `auth.config_files`, with their secrets filled in; written by the service, not the agent. */
+  private async writeAgentConfigFiles(): Promise<void> {
+    for (const [i, file] of (this.request.agent?.auth?.config_files ?? []).entries()) {
+      const relative = file.path.replace(/^~\//, '').replace(/^\/workspace(\/|$)/, '');
+      let content: string;
+      try {
+        content = renderConfigTemplate(file.template, this.secretValues);
+      } catch (err) {
+        throw new BootError('setup_applied', `agent config file ${file.path}: ${(err as Error).message} (declare it under the spec's secrets or store it with PUT /v1/secrets)`);
+      }
+      const target = resolveWorkspacePath(this.workspace, relative, `agent.auth.config_files[${i}].path`);
+      await mkdir(path.dirname(target.absolute), { recursive: true });
+      await writeHostFile(target.absolute, content, { mode: 0o644 });
+    }
+  }
+
+  /**
+   * The spec's egress allow list plus the hosts the agent snapshot declares, unless the spec
+   * closes egress on purpose with an explicit empty `allow` list under a `deny` default.
+   */
+  private egressAllow(): string[] {
+    const { egress } = this.spec.network;
+    const closed = egress.default === 'deny' && Array.isArray((this.spec.raw.network as { egress?: { allow?: unknown } } | undefined)?.egress?.allow) && egress.allow.length === 0;
+    const agentHosts = closed || egress.default === 'allow' ? [] : Object.entries(this.request.agent?.auth?.egress ?? {}).map(([host, ports]) => (ports.length > 0 ? `${host}:${ports.join(',')}` : host));
+    return [...new Set([...egress.allow, ...agentHosts])];
   }
 
   private baseEnv(): Record<string, string> {

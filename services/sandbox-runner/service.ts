@@ -13,6 +13,7 @@
 import { rm } from 'node:fs/promises';
 import path from 'node:path';
 import { publish, subscribe, type Kernel, type Service } from '../kernel/actor.ts';
+import { BundleStore, ExtractedBundles } from '../kernel/bundles.ts';
 import { EntityView } from '../kernel/entity-view.ts';
 import { AppError, toErrorBody } from '../kernel/errors.ts';
 import type { SandboxChanged, SandboxRequested } from '../kernel/events.ts';
@@ -31,6 +32,8 @@ export class SandboxRunnerService implements Service {
   private runtime!: Runtime;
   private secrets!: TenantSecrets;
   private sealer!: Sealer;
+  /** Agent bundles extracted once per digest, mounted read-only at /agent. */
+  private bundles!: ExtractedBundles;
   private readonly sandboxes = new Map<string, LiveSandbox>();
   private readonly known = new EntityView<SandboxChanged>(TOPICS.sandboxes);
   private consumer: Consumer | null = null;
@@ -49,6 +52,8 @@ export class SandboxRunnerService implements Service {
     if (unavailable) kernel.logger.warn({ runtime: this.runtime.name, reason: unavailable }, 'no sandbox runtime works here: creating sandboxes will fail');
     this.secrets = new TenantSecrets(kernel);
     this.sealer = new Sealer(secretsKey(kernel.config));
+    this.bundles = new ExtractedBundles(path.join(kernel.config.dataDir, 'agent-bundles'), new BundleStore(kernel.config.blobDir));
+    await this.bundles.prune(new Set());
     await Promise.all([this.secrets.start(), this.known.start(kernel)]);
     await this.endOrphans();
     this.consumer = await subscribe<SandboxRequested>(kernel, {
@@ -121,9 +126,12 @@ export class SandboxRunnerService implements Service {
     const max = this.kernel.config.runnerMaxSandboxes;
     const booting = [...this.sandboxes.values()].length;
     if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });
-    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, this.sealer, request.tenant, request.sandbox_id, create, () => {
+    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, this.sealer, this.bundles, request.tenant, request.sandbox_id, create, () => {
       this.sandboxes.delete(request.sandbox_id);
       this.updateGauge();
+      // An extracted bundle whose snapshot was deleted goes once no sandbox mounts it.
+      const mounted = new Set([...this.sandboxes.values()].flatMap((s) => (s.agentDigest ? [s.agentDigest] : [])));
+      void this.bundles.prune(mounted).catch((err) => this.kernel.logger.warn({ err }, 'pruning extracted agent bundles failed'));
     });
     this.sandboxes.set(request.sandbox_id, live);
     this.updateGauge();

@@ -28,6 +28,8 @@ export interface TestServer {
   dataDir: string;
   env: Record<string, string>;
   output(): string;
+  /** The service's process id (for memory readings). */
+  pid(): number;
   /** Raw request with the admin key unless headers say otherwise. */
   request(method: string, p: string, options?: { body?: unknown; headers?: Record<string, string>; key?: string | null }): Promise<{ status: number; headers: Headers; body: any; text: string }>;
   /** SIGTERM and wait for a clean exit; returns the exit code. */
@@ -85,6 +87,7 @@ export async function startServer(env: Record<string, string> = {}, options: { d
     dataDir,
     env: fullEnv,
     output: () => out,
+    pid: () => child.pid!,
     async request(method, p, opts = {}) {
       const headers: Record<string, string> = { ...(opts.headers ?? {}) };
       const key = opts.key === undefined ? ADMIN_KEY : opts.key;

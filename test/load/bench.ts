@@ -3,16 +3,21 @@
  *   1. Event log: append + consume through a consumer group, records/s, embedded vs Kafka.
  *   2. Trace ingest end to end: POST /v1/traces in batches of 1,000 events until visible in
  *      GET /v1/traces, events/s, with the service on the embedded log vs on Kafka (chDB both).
+ *   3. Specs and agents: spec upload + read-back p50; a 50 MB bundle upload in MB/s with the
+ *      server's memory sampled (the upload must stream).
+ *   4. Sandboxes on the local runtime: create, command overhead, concurrency, state.
  * Kafka comes from infra/kafka (Maven Central); without java/mvn its rows say why they are missing.
  * Sizes: SVC_BENCH_LOG_RECORDS (default 200000), SVC_BENCH_INGEST_EVENTS (default 300000).
  */
-import { mkdtemp, rm } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import type { EventLog } from '../../services/kernel/log/event-log.ts';
 import { EmbeddedLog } from '../../services/kernel/log/embedded/embedded-log.ts';
 import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
-import { createTenantKey, startServer, traceEvent } from '../helpers/server.ts';
+import { create as createTar } from 'tar';
+import { ADMIN_KEY, createTenantKey, REPO, startServer, traceEvent } from '../helpers/server.ts';
 // @ts-expect-error plain JS module without types
 import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
 
@@ -156,6 +161,65 @@ async function benchSandboxes(): Promise<string[]> {
   return lines;
 }
 
+/** Resident memory of a process in MiB, from /proc. */
+async function rssMiB(pid: number): Promise<number> {
+  const status = await readFile(`/proc/${pid}/status`, 'utf8');
+  return Number(/^VmRSS:\s+(\d+) kB/m.exec(status)![1]) / 1024;
+}
+
+/** Spec upload + read-back, and a 50 MB agent bundle upload with the server's memory sampled. */
+async function benchSpecsAndAgents(): Promise<string[]> {
+  const server = await startServer({ SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bench-agent-'));
+  const lines: string[] = [];
+  const f = (n: number) => n.toFixed(1);
+  try {
+    const specYaml = /```yaml\n([\s\S]*?)```/.exec(await readFile(path.join(REPO, 'docs', 'spec-format.md'), 'utf8'))![1];
+    const roundTrips: number[] = [];
+    for (let i = 0; i < 220; i++) {
+      const started = performance.now();
+      const put = await server.request('POST', '/v1/specs', { body: specYaml, headers: { 'content-type': 'application/x-yaml' } });
+      if (put.status !== 201) throw new Error(`spec upload: ${put.status} ${put.text}`);
+      const read = await server.request('GET', `/v1/specs/${put.body.id}`);
+      if (read.body.version !== put.body.version) throw new Error('spec read-back: wrong version');
+      if (i >= 20) roundTrips.push(performance.now() - started); // the first 20 warm up
+    }
+    lines.push(`| spec upload + read-back (POST /v1/specs, then GET) of the documented full spec | p50 ${f(pct(roundTrips, 0.5))} ms | p95 ${f(pct(roundTrips, 0.95))} ms | |`);
+
+    const MB = 50;
+    const root = path.join(dir, 'agent');
+    await mkdir(root);
+    await writeFile(path.join(root, 'weights.bin'), randomBytes(MB * 1024 * 1024)); // incompressible: the .tar.gz stays ~50 MB
+    await writeFile(path.join(root, 'main.py'), 'print("hi")\n');
+    const tarball = path.join(dir, 'agent.tar.gz');
+    await createTar({ gzip: { level: 1 }, file: tarball, cwd: root }, ['main.py', 'weights.bin']);
+    const bundle = await readFile(tarball);
+    const pid = server.pid();
+    const uploads: Array<{ mbps: number; peak: number; base: number }> = [];
+    for (let i = 0; i < 3; i++) {
+      const base = await rssMiB(pid);
+      let peak = base;
+      const sampler = setInterval(() => void rssMiB(pid).then((m) => (peak = Math.max(peak, m)), () => {}), 10);
+      const form = new FormData();
+      form.append('metadata', JSON.stringify({ name: `big-${i}`, entrypoint: ['python', 'main.py'] }));
+      form.append('bundle', new Blob([bundle]), 'agent.tar.gz');
+      const started = performance.now();
+      const res = await fetch(`${server.url}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: form });
+      const ms = performance.now() - started;
+      clearInterval(sampler);
+      if (res.status !== 201) throw new Error(`agent upload: ${res.status} ${await res.text()}`);
+      uploads.push({ mbps: bundle.length / 1024 / 1024 / (ms / 1000), peak, base });
+    }
+    const mid = uploads.map((u) => u.mbps).sort((a, b) => a - b)[1];
+    const growth = Math.max(...uploads.map((u) => u.peak - u.base));
+    lines.push(`| upload of a ${(bundle.length / 1024 / 1024).toFixed(0)} MB agent bundle (POST /v1/agents) | ${f(mid)} MB/s (median of 3) | server RSS +${f(growth)} MiB at peak (${f(Math.max(...uploads.map((u) => u.peak)))} MiB) | streams: growth well under the bundle size |`);
+  } finally {
+    await server.cleanup();
+    await rm(dir, { recursive: true, force: true });
+  }
+  return lines;
+}
+
 async function main() {
   const rows: Row[] = [
     { what: 'log append + consume (300 B records)', embedded: null, kafka: null, unit: 'records/s' },
@@ -203,6 +267,10 @@ async function main() {
   } catch {
     bwrap = false;
   }
+  console.log('\n| specs and agent snapshots | | | |');
+  console.log('|---|---:|---:|---|');
+  for (const line of await benchSpecsAndAgents()) console.log(line);
+
   console.log('\n| sandboxes (local runtime) | | | |');
   console.log('|---|---:|---:|---|');
   if (!bwrap) console.log('| skipped: bubblewrap does not work here (apt-get install bubblewrap) | | | |');

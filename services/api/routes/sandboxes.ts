@@ -18,6 +18,7 @@ import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
 import type { SpecCatalog } from '../specs.ts';
+import type { AgentCatalog } from '../agents.ts';
 import { validateTraceBatch } from '../traces/validate-events.ts';
 import { ingestTraceEvents, sandboxTrace } from './traces.ts';
 
@@ -71,8 +72,8 @@ function filePath(ctx: Context): string {
   return joined;
 }
 
-export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; sandboxes: SandboxDirectory; requester: Requester; ingestLimiter: RateLimiter }): Router {
-  const { kernel, auth, specs, sandboxes, requester, ingestLimiter } = deps;
+export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxDirectory; requester: Requester; ingestLimiter: RateLimiter }): Router {
+  const { kernel, auth, specs, agents, sandboxes, requester, ingestLimiter } = deps;
   const { config } = kernel;
   const router = new Router({ prefix: '/v1/sandboxes' });
   const principal = (ctx: Context) => ctx.state.principal as Principal;
@@ -104,6 +105,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
       ...(spec.doc.network.ingress.default === 'allow' ? ['network ingress'] : []),
     ];
     if (unsupported.length > 0) throw badRequest('spec_id', `spec "${b.spec_id}" uses ${unsupported.join(', ')}, which this server cannot run yet`);
+    const agent = agents.resolveForSpec(p.tenant, spec.doc);
     const tenant = auth.tenant(p.tenant);
     const plan = tenant?.plan ?? config.defaultPlan;
     const quota = tenant?.max_concurrent_sandboxes ?? { free: config.concurrentSandboxesFree, pro: config.concurrentSandboxesPro, enterprise: config.concurrentSandboxesEnterprise }[plan];
@@ -118,6 +120,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
       timeout_ms: timeoutMs,
       metadata,
       secrets,
+      agent,
     });
     answer(ctx, reply);
     // The next GET must see it ready: wait for the entity event the runner wrote before replying.
