@@ -104,10 +104,16 @@ class BundleCheck extends Transform {
   override _flush(done: (err?: Error | null) => void): void {
     if (this.problem) return done(this.problem);
     if (this.sizeBytes === 0) return done(badRequest('bundle', 'is empty'));
-    this.parser.end(() => {
+    // A truncated archive ends in an 'error' and never in 'end': either settles the check.
+    let settled = false;
+    const settle = () => {
+      if (settled) return;
+      settled = true;
       if (!this.problem && this.entries === 0) this.problem = badRequest('bundle', 'holds no files');
       done(this.problem);
-    });
+    };
+    this.parser.on('error', settle);
+    this.parser.end(settle);
   }
 }
 

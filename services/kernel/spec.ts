@@ -1,9 +1,19 @@
 /**
- * The spec document: parsing and the validation the services rely on. Every problem is reported
- * with its path in the document (`resources.timeout: ...`), all of them in one 400.
- * docs/spec-format.md documents the blocks.
+ * The spec document: YAML parsing, validation against the JSON Schema schemas/spec.schema.json
+ * (the same file editors use; served at SPEC_SCHEMA_PATH), the rules a JSON Schema cannot say
+ * (references between blocks, the forbidden rules' audit toggles, weights, matrix parameters), and
+ * the normalised, defaulted document the services read. Every problem is reported with its path
+ * in the document (`resources.timeout: ...`), all of them in one 400. docs/spec-format.md
+ * documents the blocks.
+ *
+ * Naming in SpecDocument: blocks keep the document's field names with defaults filled in; a value
+ * converted to other units gets a name that says so (`timeoutMs`, `memoryBytes`); resources,
+ * determinism and network are camelCase, as they always were.
  */
-import { parse as parseYaml, YAMLParseError } from 'yaml';
+import { readFileSync } from 'node:fs';
+import { isIP } from 'node:net';
+import { Ajv, type ErrorObject } from 'ajv';
+import { parseDocument } from 'yaml';
 import { parseDuration } from './duration.ts';
 import { AppError } from './errors.ts';
 
@@ -13,24 +23,113 @@ export interface SpecSetupFile {
   mode: number;
 }
 
-export interface SpecFixture {
-  type: string;
-  from?: string;
-  to?: string;
-  [key: string]: unknown;
+export type SpecFixture =
+  | { type: 'copy'; from: string; to: string }
+  | { type: 'sql'; service: string; sql: string }
+  | { type: 'git'; url: string; ref?: string; to: string }
+  /** Applied after setup: files written, paths deleted, SQL run. */
+  | { type: 'drift'; files: SpecSetupFile[]; delete: string[]; sql: Array<{ service: string; sql: string }> };
+
+interface AgentCommon {
+  timeoutMs: number;
+  env: Record<string, string>;
 }
+/** Exactly one of `snapshot` (an agent name: its newest version) and `snapshot_id` is set. */
+export interface SnapshotAgent extends AgentCommon {
+  type: 'snapshot';
+  snapshot?: string;
+  snapshot_id?: string;
+  entrypoint?: string[];
+}
+export interface CliAgent extends AgentCommon {
+  type: 'cli';
+  /** A string runs with `sh -c` in the workspace; a list is the exec form. */
+  command: string | string[];
+}
+export interface ImageAgent extends AgentCommon {
+  type: 'image';
+  entrypoint?: string[];
+}
+export interface HostedAgent extends AgentCommon {
+  type: 'hosted';
+  url: string;
+  method: 'POST' | 'PUT';
+  /** Values may contain `{{secrets.NAME}}`. */
+  headers: Record<string, string>;
+  send_env: string[];
+}
+export type SpecAgent = SnapshotAgent | CliAgent | ImageAgent | HostedAgent;
+
+export type ComparisonOperator = '<' | '<=' | '>' | '>=' | '==' | '!=';
+/** `<metric> <operator> <value>`, parsed; `text` is as written. */
+export interface Condition {
+  text: string;
+  metric: string;
+  operator: ComparisonOperator;
+  value: number;
+}
+export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE' | 'HEAD' | 'OPTIONS';
+
+export type InvariantCheck =
+  | { type: 'command_exit'; command: string; expect_exit: number; timeoutMs: number }
+  | { type: 'file_exists'; path: string }
+  | { type: 'file_absent'; path: string }
+  /** Exactly one of `contains` and `regex` is set. */
+  | { type: 'file_content'; path: string; contains?: string; regex?: string }
+  /** `expected` is compared as a string with the first column of the first row. */
+  | { type: 'sql'; service: string; query: string; expected: string }
+  | { type: 'http_mock_assertions'; service: string; assertions: Array<{ method: HttpMethod; path: string; condition: Condition }> }
+  /** `form: file`: `script` is the (trimmed) path of a .py file in the workspace; `inline`: Python source. */
+  | { type: 'custom'; script: string; form: 'inline' | 'file'; timeoutMs: number }
+  | { type: 'llm_as_judge'; rubric: string; input: 'agent_output' | 'diff' | `file:${string}`; threshold: number; model?: string };
+
+export interface SpecInvariant {
+  check: InvariantCheck;
+  weight: number;
+  gate: boolean;
+}
+
+export type SpecService =
+  | {
+      type: 'http_mock';
+      name: string;
+      wait_for: { timeoutMs: number };
+      routes: Array<{ method: HttpMethod; path: string; response: { status: number; headers: Record<string, string>; body: unknown } }>;
+      record: boolean;
+    }
+  | { type: 'postgres'; name: string; wait_for: { timeoutMs: number }; version: number; database: string; user: string };
+
+export type AlertMetric = 'pass_rate' | 'mean_wall_ms' | 'p95_wall_ms' | 'total_cost_usd' | 'mean_cost_per_run_usd' | 'tool_success_rate' | 'side_effect_violations' | 'mean_tool_calls';
+
+/** An alert rule of the spec; its eval_id is the spec id. The field matching `notify` is set. */
+export interface SpecAlert {
+  name: string;
+  condition: Condition & { metric: AlertMetric };
+  window?: string;
+  notify: 'slack' | 'webhook' | 'email';
+  slack_channel?: string;
+  webhook_url?: string;
+  email_to?: string[];
+}
+
+export type MatrixValue = string | number | boolean;
 
 export interface SpecDocument {
   version: number;
   id: string;
   base: string;
   task: { prompt: string };
-  invariants: Record<string, unknown>;
+  agent: SpecAgent | null;
+  invariants: Record<string, SpecInvariant>;
+  /** Absent rules are absent; `http_except: []` forbids all HTTP. */
+  forbidden: { db_writes_outside?: string[]; http_except?: string[]; secrets_in_logs?: 'deny'; file_writes_outside?: string[] };
+  scoring: { pass_threshold: number; replica_aggregation: { strategy: 'majority' | 'all_must_pass' | 'percentage'; min_pass_rate?: number } };
+  parallelism: { replicas: number; matrix: Array<Record<string, MatrixValue>> };
   secrets: Record<string, string>;
   setup: { files: SpecSetupFile[]; commands: string[]; env: Record<string, string> };
   fixtures: SpecFixture[];
-  services: unknown[];
-  resources: { timeoutMs: number; memoryBytes: number; cpus: number; pids: number; diskBytes: number | null };
+  services: SpecService[];
+  resources: { timeoutMs: number; memoryBytes: number; cpus: number; pids: number; diskBytes: number | null; concurrencyLimit: number | null };
   determinism: { frozenTime: string | null; seed: number | null; dns: Record<string, string> };
   audit: {
     db_writes: boolean;
@@ -40,8 +139,13 @@ export interface SpecDocument {
     file_system: { watch: string[]; track: Array<'writes' | 'reads' | 'deletes'> };
   };
   snapshots: { checkpoints: 'none' | 'per_action' };
-  teardown: { always_run: boolean; export: Array<{ type: string; service?: string; to: string }> };
-  network: { egress: { default: 'deny' | 'allow'; allow: string[] }; ingress: { default: 'deny' | 'allow' } };
+  teardown: { always_run: boolean; export: Array<{ type: 'audit_log' | 'db_dump' | 'snapshot'; service?: string; to: string }> };
+  network: {
+    egress: { default: 'deny' | 'allow'; allow: string[] };
+    ingress: { default: 'deny' | 'allow'; allow: Array<{ from: 'host'; toPort: number }> };
+    dnsOverrides: Record<string, string>;
+  };
+  alerts: SpecAlert[];
   /** The parsed document as uploaded. */
   raw: Record<string, unknown>;
 }
@@ -51,10 +155,22 @@ export const SECRET_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
 const SIZE = /^(\d+(?:\.\d+)?)\s*(b|k|kb|ki|kib|m|mb|mi|mib|g|gb|gi|gib)?$/i;
 const UNITS: Record<string, number> = { b: 1, k: 1e3, kb: 1e3, ki: 1024, kib: 1024, m: 1e6, mb: 1e6, mi: 1024 ** 2, mib: 1024 ** 2, g: 1e9, gb: 1e9, gi: 1024 ** 3, gib: 1024 ** 3 };
 
+/** The defaults of the document; the schema's `default` annotations say the same (spec.test.ts checks). */
 export const SPEC_DEFAULTS = {
   memoryBytes: 512 * 1024 ** 2,
   cpus: 1,
   pids: 256,
+  sandboxTimeoutMs: 10 * 60_000,
+  agentTimeoutMs: 5 * 60_000,
+  checkTimeoutMs: 5 * 60_000,
+  waitForTimeoutMs: 30_000,
+  fileMode: 0o644,
+  weight: 1,
+  passThreshold: 1,
+  replicas: 1,
+  postgresVersion: 16,
+  postgresDatabase: 'app',
+  postgresUser: 'app',
 } as const;
 
 /** Sizes: an integer of bytes, or `512Mi`, `1Gi`, `500MB`, `2G`. */
@@ -67,217 +183,414 @@ export function parseSize(value: unknown): number {
   return bytes;
 }
 
-class Problems {
-  readonly list: string[] = [];
-  add(path: string, problem: string): void {
-    this.list.push(`${path}: ${problem}`);
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+const asArray = (v: unknown): unknown[] => (Array.isArray(v) ? v : []);
+const asObject = (v: unknown): Record<string, unknown> => (isObject(v) ? v : {});
+
+// --- the schema -------------------------------------------------------------------------------
+
+/** Where the service serves the schema; its `$id` names the same document. */
+export const SPEC_SCHEMA_PATH = '/schemas/spec/v1.json';
+export const SPEC_JSON_SCHEMA: Readonly<Record<string, unknown>> = JSON.parse(readFileSync(new URL('../../schemas/spec.schema.json', import.meta.url), 'utf8'));
+
+const succeeds = (f: () => unknown): boolean => {
+  try {
+    f();
+    return true;
+  } catch {
+    return false;
+  }
+};
+/** ISO 8601: a date (midnight UTC) or a date and time with its zone, so it means one instant. */
+const TIMESTAMP = /^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2}))?$/;
+
+// strictRequired off: `anyOf: [{required: [a]}, {required: [b]}]` names fields declared beside it.
+const ajv = new Ajv({ allErrors: true, verbose: true, strict: true, strictRequired: false, allowUnionTypes: true });
+// The message shown for a failed value, by editors (VS Code, yaml-language-server) and by parseSpec.
+ajv.addKeyword({ keyword: 'errorMessage', schemaType: 'string' });
+ajv.addFormat('svc-duration', { type: 'string', validate: (s: string) => succeeds(() => parseDuration(s)) && parseDuration(s) > 0 });
+ajv.addFormat('svc-size', { type: 'string', validate: (s: string) => succeeds(() => parseSize(s)) });
+ajv.addFormat('svc-http-url', { type: 'string', validate: (s: string) => URL.canParse(s) && /^https?:$/.test(new URL(s).protocol) && new URL(s).hostname !== '' });
+ajv.addFormat('svc-timestamp', { type: 'string', validate: (s: string) => TIMESTAMP.test(s) && !Number.isNaN(Date.parse(s)) });
+ajv.addFormat('svc-ip', { type: 'string', validate: (s: string) => isIP(s) !== 0 });
+ajv.addFormat('regex', { type: 'string', validate: (s: string) => succeeds(() => new RegExp(s)) });
+const validateSchema = ajv.compile(SPEC_JSON_SCHEMA);
+
+type Schema = Record<string, unknown>;
+
+/** Each `then` of a tagged variant (`if: {properties: {type: {const: cli}}}`) -> ` for type: cli`. */
+const VARIANT_OF = new Map<unknown, string>();
+(function indexVariants(node: unknown): void {
+  if (Array.isArray(node)) return node.forEach(indexVariants);
+  if (!isObject(node)) return;
+  const tags = isObject(node.if) && isObject(node.if.properties) ? Object.entries(node.if.properties) : [];
+  const [tag, rule] = tags[0] ?? [];
+  if (tag !== undefined && isObject(rule) && 'const' in rule) VARIANT_OF.set(node.then, ` for ${tag}: ${String(rule.const)}`);
+  Object.values(node).forEach(indexVariants);
+})(SPEC_JSON_SCHEMA);
+
+/** The node a `$ref` names (`#/definitions/checkType`), or the node itself. */
+function resolved(node: unknown): Schema | undefined {
+  if (!isObject(node) || typeof node.$ref !== 'string') return isObject(node) ? node : undefined;
+  const [, name] = /^#\/definitions\/(.+)$/.exec(node.$ref) ?? [];
+  const target = asObject(SPEC_JSON_SCHEMA.definitions)[name];
+  return isObject(target) ? target : undefined;
+}
+
+const list = (values: unknown): string => (Array.isArray(values) ? values.map(String).join(', ') : '');
+
+/** Every node that constrains a value carries its `errorMessage` (spec.test.ts checks); enums list their values. */
+function describe(error: ErrorObject, path: string): string {
+  const p = error.params as Record<string, unknown>;
+  const parent = error.parentSchema as Schema | undefined;
+  switch (error.keyword) {
+    case 'enum':
+      return /(^|\.)type$/.test(path) ? `unknown type ${JSON.stringify(error.data)}; one of ${list(p.allowedValues)}` : `must be one of ${list(p.allowedValues)}`;
+    case 'const':
+      return `must be ${String(p.allowedValue)}`;
+    case 'uniqueItems':
+      return `must not repeat an item (items ${String(p.j)} and ${String(p.i)} are the same)`;
+    default:
+      return typeof parent?.errorMessage === 'string' ? parent.errorMessage : (error.message ?? 'is invalid');
   }
 }
 
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+/** ajv's errors as `path: problem` lines: the chosen variant's own, without compound-keyword noise. */
+function schemaProblems(doc: unknown, errors: readonly ErrorObject[]): Array<{ path: string; problem: string }> {
+  // An anyOf carries its own message; the failures of its branches are noise. (schemaPaths are
+  // relative to the definition a $ref entered, so the instance path is compared too.)
+  const compounds = errors.filter((e) => e.keyword === 'anyOf');
+  const inCompound = (e: ErrorObject) => compounds.some((c) => e.schemaPath.startsWith(`${c.schemaPath}/`) && e.instancePath.startsWith(c.instancePath));
+  return errors
+    .filter((e) => e.keyword !== 'if' && e.keyword !== 'propertyNames' && !inCompound(e))
+    .map((error) => {
+      const at = pathOf(doc, error.instancePath);
+      const p = error.params as Record<string, unknown>;
+      const parent = error.parentSchema as Schema | undefined;
+      if (error.propertyName !== undefined) {
+        return { path: childPath(at, error.propertyName), problem: typeof parent?.errorMessage === 'string' ? parent.errorMessage : 'is not a valid name' };
+      }
+      if (error.keyword === 'required') {
+        const name = String(p.missingProperty);
+        const allowed = resolved(resolved(parent?.properties)?.[name])?.enum;
+        return { path: childPath(at, name), problem: `is required${VARIANT_OF.get(parent) ?? ''}${allowed ? `; one of ${list(allowed)}` : ''}` };
+      }
+      if (error.keyword === 'additionalProperties') {
+        const fields = Object.keys(resolved(parent?.properties) ?? {});
+        const variant = VARIANT_OF.get(parent);
+        return { path: childPath(at, String(p.additionalProperty)), problem: `${variant ? `is not a field${variant}` : 'unknown field'}; the fields are ${fields.join(', ')}` };
+      }
+      return { path: at, problem: describe(error, at) };
+    });
+}
+
+/** An ajv instancePath (`/invariants/a.b/check`) in the document's words (`invariants["a.b"].check`). */
+function pathOf(doc: unknown, instancePath: string): string {
+  let path = '';
+  let node = doc;
+  for (const raw of instancePath.split('/').slice(1)) {
+    const key = raw.replace(/~1/g, '/').replace(/~0/g, '~');
+    path = Array.isArray(node) ? `${path}[${key}]` : childPath(path, key);
+    node = isObject(node) || Array.isArray(node) ? (node as Record<string, unknown>)[key] : undefined;
+  }
+  return path;
+}
+
+/** `parent.key`, or `parent["odd key"]` when the key would not read as one path segment. */
+function childPath(parent: string, key: string): string {
+  if (!/^[A-Za-z0-9_-]+$/.test(key)) return `${parent}[${JSON.stringify(key)}]`;
+  return parent === '' ? key : `${parent}.${key}`;
+}
+
+// --- rules beyond the schema ------------------------------------------------------------------
+
+/** Each forbidden rule is enforced from the audit events of its toggle. */
+const FORBIDDEN_NEEDS: Record<string, { toggle: string; on: (audit: Record<string, unknown>) => boolean }> = {
+  db_writes_outside: { toggle: 'audit.db_writes: true', on: (a) => a.db_writes === true },
+  http_except: { toggle: 'audit.http_calls: true', on: (a) => a.http_calls === true },
+  secrets_in_logs: { toggle: 'audit.stdout_capture: true', on: (a) => a.stdout_capture === true },
+  file_writes_outside: { toggle: 'a non-empty audit.file_system.watch', on: (a) => asArray(asObject(a.file_system).watch).length > 0 },
+};
+
+const PARAM_REFERENCE = /\{\{\s*params\.([^}\s]*)\s*\}\}/g;
+
+interface ParamReference {
+  path: string;
+  name: string;
+}
+
+function crossFieldProblems(doc: Record<string, unknown>, schemaPaths: string[], paramReferences: ParamReference[]): Array<{ path: string; problem: string }> {
+  const problems: Array<{ path: string; problem: string }> = [];
+  const add = (path: string, problem: string) => problems.push({ path, problem });
+  const broken = (prefix: string) => schemaPaths.some((p) => p === prefix || p.startsWith(`${prefix}.`) || p.startsWith(`${prefix}[`));
+
+  const audit = asObject(doc.audit);
+  for (const [rule, need] of Object.entries(FORBIDDEN_NEEDS)) {
+    if (asObject(doc.forbidden)[rule] !== undefined && !need.on(audit)) add(`forbidden.${rule}`, `needs ${need.toggle}`);
+  }
+
+  // Declared services by name; references are checked only when services is valid.
+  const declared = new Map<string, { type: unknown; index: number }>();
+  for (const [index, service] of asArray(doc.services).entries()) {
+    const { name, type } = asObject(service);
+    if (typeof name !== 'string') continue;
+    const first = declared.get(name);
+    if (first) add(`services[${index}].name`, `"${name}" is already the name of services[${first.index}]`);
+    else declared.set(name, { type, index });
+  }
+  if (!broken('services')) {
+    const refer = (path: string, name: unknown, type?: string) => {
+      if (typeof name !== 'string') return;
+      const actual = declared.get(name)?.type;
+      if (actual === undefined) add(path, `no ${type ? `${type} ` : ''}service "${name}" is declared under services`);
+      else if (type && actual !== type) add(path, `service "${name}" is ${String(actual)}, not ${type}`);
+    };
+    for (const [i, fixture] of asArray(doc.fixtures).entries()) {
+      const f = asObject(fixture);
+      if (f.type === 'sql') refer(`fixtures[${i}].service`, f.service, 'postgres');
+      if (f.type === 'drift') for (const [j, s] of asArray(f.sql).entries()) refer(`fixtures[${i}].sql[${j}].service`, asObject(s).service, 'postgres');
+    }
+    for (const [name, invariant] of Object.entries(asObject(doc.invariants))) {
+      const check = asObject(asObject(invariant).check);
+      const where = `${childPath('invariants', name)}.check.service`;
+      if (check.type === 'sql') refer(where, check.service, 'postgres');
+      if (check.type === 'http_mock_assertions') refer(where, check.service, 'http_mock');
+    }
+    for (const [i, e] of asArray(asObject(doc.teardown).export).entries()) {
+      if (asObject(e).type === 'db_dump') refer(`teardown.export[${i}].service`, asObject(e).service, 'postgres');
+    }
+    for (const [i, name] of asArray(asObject(doc.forbidden).http_except).entries()) refer(`forbidden.http_except[${i}]`, name);
+  }
+
+  const weights = Object.values(asObject(doc.invariants)).map((inv) => asObject(inv).weight ?? SPEC_DEFAULTS.weight);
+  if (weights.length > 0 && weights.every((w) => typeof w === 'number') && (weights as number[]).reduce((a, b) => a + b, 0) <= 0) {
+    add('invariants', 'the weights add up to 0; at least one invariant needs a weight above 0');
+  }
+
+  const matrix = asObject(doc.parallelism).matrix ?? [{}];
+  if (Array.isArray(matrix) && matrix.every(isObject)) {
+    for (const { path, name } of paramReferences) {
+      const lacking = matrix.findIndex((entry) => !Object.hasOwn(entry, name));
+      if (lacking < 0) continue;
+      const which = matrix.every((entry) => !Object.hasOwn(entry, name)) ? 'parallelism.matrix' : `parallelism.matrix[${lacking}]`;
+      add(path, `refers to params.${name}, which ${which} does not define`);
+    }
+  }
+  return problems;
+}
+
+/**
+ * One pass over the document: the `{{ params.NAME }}` references of its strings (outside
+ * parallelism), and the places where a YAML alias loops back into its own anchor.
+ */
+function scan(root: unknown): { paramReferences: ParamReference[]; cycles: string[] } {
+  const paramReferences: ParamReference[] = [];
+  const cycles: string[] = [];
+  const done = new Set<object>();
+  const ancestors = new Set<object>();
+  const visit = (value: unknown, path: string) => {
+    if (typeof value === 'string') {
+      if (path !== 'parallelism' && !path.startsWith('parallelism.')) for (const [, name] of value.matchAll(PARAM_REFERENCE)) paramReferences.push({ path, name });
+      return;
+    }
+    if (typeof value !== 'object' || value === null) return;
+    if (ancestors.has(value)) return void cycles.push(path);
+    if (done.has(value)) return;
+    ancestors.add(value);
+    if (Array.isArray(value)) value.forEach((item, i) => visit(item, `${path}[${i}]`));
+    else for (const [key, item] of Object.entries(value)) visit(item, childPath(path, key));
+    ancestors.delete(value);
+    done.add(value);
+  };
+  visit(root, '');
+  return { paramReferences, cycles };
+}
+
+// --- parsing ----------------------------------------------------------------------------------
 
 /** Parses and validates a spec; throws a 400 listing every problem by its path. */
 export function parseSpec(yamlText: string): SpecDocument {
+  const doc = parseYamlDocument(yamlText);
+  const { paramReferences, cycles } = scan(doc);
+  // A loop is not a document (nor JSON): every other finding would only echo it.
+  if (cycles.length > 0) fail(cycles.map((path) => ({ path, problem: 'refers to itself through a YAML alias; a spec must be a tree' })));
+  const fromSchema = validateSchema(doc) ? [] : schemaProblems(doc, validateSchema.errors ?? []);
+  const problems = [...fromSchema, ...crossFieldProblems(doc, fromSchema.map((p) => p.path), paramReferences)];
+  if (problems.length > 0) fail(problems);
+  return normalise(doc);
+}
+
+function fail(problems: Array<{ path: string; problem: string }>): never {
+  const lines = [...new Set(problems.map(({ path, problem }) => (path === '' ? problem : `${path}: ${problem}`)))];
+  throw new AppError('bad_request', `spec: ${lines.join('; ')}`);
+}
+
+function parseYamlDocument(yamlText: string): Record<string, unknown> {
   let doc: unknown;
   try {
-    doc = parseYaml(yamlText);
+    // 'error', not 'silent': silent also drops the error of a second document in the text.
+    const parsed = parseDocument(yamlText, { logLevel: 'error' });
+    // Warnings (an unknown tag, say) would silently change a value: they are problems too.
+    const [problem] = [...parsed.errors, ...parsed.warnings];
+    if (problem) {
+      const where = problem.linePos ? ` at line ${problem.linePos[0].line}, column ${problem.linePos[0].col}` : '';
+      throw new AppError('bad_request', `spec: malformed YAML${where}: ${problem.message.split('\n')[0].replace(/ at line \d+, column \d+:?$/, '')}`);
+    }
+    doc = parsed.toJS();
   } catch (err) {
-    const where = err instanceof YAMLParseError && err.linePos ? ` at line ${err.linePos[0].line}, column ${err.linePos[0].col}` : '';
-    throw new AppError('bad_request', `spec: malformed YAML${where}: ${(err as Error).message.split('\n')[0]}`);
+    if (err instanceof AppError) throw err;
+    throw new AppError('bad_request', `spec: malformed YAML: ${(err as Error).message.split('\n')[0]}`);
   }
-  if (!isObject(doc)) throw new AppError('bad_request', 'spec: the document must be a YAML mapping');
-  const p = new Problems();
-  const get = <T>(path: string, check: (v: unknown) => T, fallback: T): T => {
-    const value = path.split('.').reduce<unknown>((o, k) => (isObject(o) ? o[k] : undefined), doc);
-    if (value === undefined || value === null) return fallback;
-    try {
-      return check(value);
-    } catch (err) {
-      p.add(path, (err as Error).message);
-      return fallback;
-    }
-  };
-  const required = (path: string) => {
-    if ((doc as Record<string, unknown>)[path] === undefined) p.add(path, 'is required');
-  };
-  for (const field of ['version', 'id', 'base', 'task', 'invariants']) required(field);
+  if (!isObject(doc)) {
+    const got = doc === null || doc === undefined ? 'an empty document' : Array.isArray(doc) ? 'a list' : `a ${typeof doc}`;
+    throw new AppError('bad_request', `spec: the document must be a YAML mapping of the spec's fields, got ${got}`);
+  }
+  return doc;
+}
 
-  const str = (v: unknown) => {
-    if (typeof v !== 'string' || v === '') throw new Error('must be a non-empty string');
-    return v;
-  };
-  const bool = (v: unknown) => {
-    if (typeof v !== 'boolean') throw new Error('must be true or false');
-    return v;
-  };
-  const strList = (v: unknown) => {
-    if (!Array.isArray(v) || !v.every((x) => typeof x === 'string')) throw new Error('must be a list of strings');
-    return v as string[];
-  };
-  const strMap = (v: unknown) => {
-    if (!isObject(v)) throw new Error('must be a mapping');
-    const out: Record<string, string> = {};
-    for (const [k, x] of Object.entries(v)) {
-      if (typeof x !== 'string' && typeof x !== 'number' && typeof x !== 'boolean') throw new Error(`${k}: must be a string`);
-      out[k] = String(x);
-    }
-    return out;
-  };
-  const duration = (v: unknown) => {
-    if (typeof v !== 'string' && typeof v !== 'number') throw new Error('must be a duration such as 30s, 5m or an integer of seconds');
-    const ms = parseDuration(v);
-    if (ms <= 0) throw new Error('must be longer than 0');
-    return ms;
-  };
-  const positiveInt = (v: unknown) => {
-    if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0) throw new Error('must be a positive integer');
-    return v;
-  };
-  const positiveNumber = (v: unknown) => {
-    if (typeof v !== 'number' || !(v > 0)) throw new Error('must be a positive number');
-    return v;
-  };
+// --- normalisation (the document is valid here) ----------------------------------------------
 
-  const version = get('version', (v) => {
-    if (v !== 1) throw new Error('must be 1 (the schema version of the spec document)');
-    return 1;
-  }, 1);
-  const id = get('id', (v) => {
-    if (typeof v !== 'string' || !SPEC_ID.test(v)) throw new Error('must be 1-128 characters of letters, digits, ".", "_" and "-"');
-    return v;
-  }, '');
-  const base = get('base', str, '');
-  const task = get('task', (v) => {
-    if (!isObject(v) || typeof v.prompt !== 'string') throw new Error('must be a mapping with a prompt string');
-    return { prompt: v.prompt };
-  }, { prompt: '' });
-  const invariants = get('invariants', (v) => {
-    if (!isObject(v)) throw new Error('must be a mapping from invariant name to {check, weight?, gate?}');
-    return v;
-  }, {});
-  const secrets = get('secrets', (v) => {
-    if (!isObject(v)) throw new Error('must be a mapping from secret name to its source');
-    const out: Record<string, string> = {};
-    for (const [name, source] of Object.entries(v)) {
-      if (!SECRET_NAME.test(name)) p.add(`secrets.${name}`, 'is not a valid secret name (letters, digits and _)');
-      else if (typeof source !== 'string' || !/^(env(:[A-Za-z_][A-Za-z0-9_]*)?|file:\/.+|command:.+|dashboard)$/.test(source)) {
-        p.add(`secrets.${name}`, 'must be env, env:<NAME>, file:<absolute path>, command:<cmd> or dashboard');
-      } else out[name] = source;
+/** A block of the validated document: its shape is the schema's, so fields are read without re-checking. */
+type Raw = Record<string, any>;
+
+const duration = (value: unknown, fallback: number): number => (value === undefined ? fallback : parseDuration(value as string | number));
+const strings = (map: unknown): Record<string, string> => Object.fromEntries(Object.entries(asObject(map)).map(([k, v]) => [k, String(v)]));
+const CONDITION = /^\s*([a-z0-9_]+)\s*(<=|>=|==|!=|<|>)\s*(-?\d+(?:\.\d+)?)\s*$/;
+
+function condition(text: string): Condition {
+  const [, metric, operator, value] = CONDITION.exec(text)!;
+  return { text: text.trim(), metric, operator: operator as ComparisonOperator, value: Number(value) };
+}
+
+function file(f: Raw): SpecSetupFile {
+  const mode = f.mode === undefined ? SPEC_DEFAULTS.fileMode : typeof f.mode === 'string' ? parseInt(f.mode, 8) : (f.mode as number);
+  return { path: f.path, content: f.content, mode };
+}
+
+function agent(a: Raw | undefined): SpecAgent | null {
+  if (a === undefined) return null;
+  const common = { timeoutMs: duration(a.timeout, SPEC_DEFAULTS.agentTimeoutMs), env: strings(a.env) };
+  switch (a.type as SpecAgent['type']) {
+    case 'snapshot':
+      return { type: 'snapshot', ...common, ...(a.snapshot !== undefined && { snapshot: a.snapshot }), ...(a.snapshot_id !== undefined && { snapshot_id: a.snapshot_id }), ...(a.entrypoint && { entrypoint: a.entrypoint }) };
+    case 'cli':
+      return { type: 'cli', ...common, command: a.command };
+    case 'image':
+      return { type: 'image', ...common, ...(a.entrypoint && { entrypoint: a.entrypoint }) };
+    case 'hosted':
+      return { type: 'hosted', ...common, url: a.url, method: a.method ?? 'POST', headers: strings(a.headers), send_env: a.send_env ?? [] };
+  }
+}
+
+function check(c: Raw): InvariantCheck {
+  switch (c.type as InvariantCheck['type']) {
+    case 'command_exit':
+      return { type: 'command_exit', command: c.command, expect_exit: c.expect_exit ?? 0, timeoutMs: duration(c.timeout, SPEC_DEFAULTS.checkTimeoutMs) };
+    case 'file_exists':
+    case 'file_absent':
+      return { type: c.type, path: c.path };
+    case 'file_content':
+      return { type: 'file_content', path: c.path, ...(c.contains !== undefined ? { contains: c.contains } : { regex: c.regex }) };
+    case 'sql':
+      return { type: 'sql', service: c.service, query: c.query, expected: String(c.expected) };
+    case 'http_mock_assertions':
+      return { type: 'http_mock_assertions', service: c.service, assertions: (c.assertions as Raw[]).map((a) => ({ method: a.method, path: a.path, condition: condition(a.condition) })) };
+    case 'custom': {
+      const path = (c.script as string).trim();
+      const isFile = !path.includes('\n') && path.endsWith('.py');
+      return { type: 'custom', script: isFile ? path : c.script, form: isFile ? 'file' : 'inline', timeoutMs: duration(c.timeout, SPEC_DEFAULTS.checkTimeoutMs) };
     }
-    return out;
-  }, {});
-  const setupFiles = get('setup.files', (v) => {
-    if (!Array.isArray(v)) throw new Error('must be a list of {path, content, mode?}');
-    return v.flatMap((f, i): SpecSetupFile[] => {
-      if (!isObject(f) || typeof f.path !== 'string' || f.path === '' || typeof f.content !== 'string') {
-        p.add(`setup.files[${i}]`, 'must be {path, content, mode?} with string path and content');
-        return [];
-      }
-      let mode = 0o644;
-      if (f.mode !== undefined) {
-        const m = typeof f.mode === 'string' && /^0?[0-7]{3}$/.test(f.mode) ? parseInt(f.mode, 8) : typeof f.mode === 'number' && f.mode >= 0 && f.mode <= 0o777 ? f.mode : null;
-        if (m === null) p.add(`setup.files[${i}].mode`, 'must be an octal mode such as "0644"');
-        else mode = m;
-      }
-      return [{ path: f.path, content: f.content, mode }];
-    });
-  }, []);
-  const setupCommands = get('setup.commands', strList, []);
-  const setupEnv = get('setup.env', strMap, {});
-  const fixtures = get('fixtures', (v) => {
-    if (!Array.isArray(v)) throw new Error('must be a list');
-    return v.flatMap((f, i): SpecFixture[] => {
-      if (!isObject(f) || typeof f.type !== 'string') {
-        p.add(`fixtures[${i}]`, 'must be a mapping with a type');
-        return [];
-      }
-      if (!['copy', 'sql', 'git', 'drift'].includes(f.type)) p.add(`fixtures[${i}].type`, `unknown type "${f.type}"; one of copy, sql, git, drift`);
-      if (f.type === 'copy' && (typeof f.from !== 'string' || typeof f.to !== 'string')) p.add(`fixtures[${i}]`, 'a copy fixture needs from and to');
-      return [f as SpecFixture];
-    });
-  }, []);
-  const services = get('services', (v) => {
-    if (!Array.isArray(v)) throw new Error('must be a list');
-    return v;
-  }, []);
-  const resources = {
-    timeoutMs: get('resources.timeout', duration, 10 * 60_000),
-    memoryBytes: get('resources.memory', parseSize, SPEC_DEFAULTS.memoryBytes),
-    cpus: get('resources.cpus', positiveNumber, SPEC_DEFAULTS.cpus),
-    pids: get('resources.pids', positiveInt, SPEC_DEFAULTS.pids),
-    diskBytes: get('resources.disk', parseSize, null as number | null),
-  };
-  get('resources.concurrency_limit', positiveInt, 0);
-  const determinism = {
-    frozenTime: get('determinism.frozen_time', (v) => {
-      const text = v instanceof Date ? v.toISOString() : v;
-      if (typeof text !== 'string' || Number.isNaN(Date.parse(text))) throw new Error('must be an ISO 8601 time');
-      return new Date(text).toISOString();
-    }, null as string | null),
-    seed: get('determinism.seed', (v) => {
-      if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw new Error('must be a non-negative integer');
-      return v;
-    }, null as number | null),
-    dns: get('determinism.dns', strMap, {}),
-  };
-  const track = get('audit.file_system.track', (v) => {
-    const list = strList(v);
-    for (const t of list) if (!['writes', 'reads', 'deletes'].includes(t)) throw new Error(`unknown "${t}"; writes, reads or deletes`);
-    return list as Array<'writes' | 'reads' | 'deletes'>;
-  }, ['writes', 'deletes'] as Array<'writes' | 'reads' | 'deletes'>);
-  const audit = {
-    db_writes: get('audit.db_writes', bool, false),
-    http_calls: get('audit.http_calls', bool, false),
-    process_spawns: get('audit.process_spawns', bool, false),
-    stdout_capture: get('audit.stdout_capture', bool, false),
-    file_system: { watch: get('audit.file_system.watch', strList, []), track },
-  };
-  const snapshots = {
-    checkpoints: get('snapshots.checkpoints', (v) => {
-      if (v !== 'per_action' && v !== 'none') throw new Error('must be per_action or none');
-      return v;
-    }, 'none' as 'none' | 'per_action'),
-  };
-  const teardown = {
-    always_run: get('teardown.always_run', bool, false),
-    export: get('teardown.export', (v) => {
-      if (!Array.isArray(v)) throw new Error('must be a list of {type, to, service?}');
-      return v.flatMap((e, i) => {
-        if (!isObject(e) || typeof e.type !== 'string' || typeof e.to !== 'string') {
-          p.add(`teardown.export[${i}]`, 'must be {type, to, service?}');
-          return [];
-        }
-        if (!['audit_log', 'db_dump', 'snapshot'].includes(e.type)) p.add(`teardown.export[${i}].type`, `unknown type "${e.type}"; audit_log, db_dump or snapshot`);
-        if (e.to.split('/').includes('..') || e.to.startsWith('/')) p.add(`teardown.export[${i}].to`, 'must be a relative path without ..');
-        return [{ type: e.type, to: e.to, ...(typeof e.service === 'string' ? { service: e.service } : {}) }];
-      });
-    }, []),
-  };
-  const defaultPolicy = (v: unknown) => {
-    if (v !== 'deny' && v !== 'allow') throw new Error('must be deny or allow');
-    return v;
-  };
-  const network = {
-    egress: { default: get('network.egress.default', defaultPolicy, 'deny' as 'deny' | 'allow'), allow: get('network.egress.allow', strList, []) },
-    ingress: { default: get('network.ingress.default', defaultPolicy, 'deny' as 'deny' | 'allow') },
-  };
-  if (p.list.length > 0) throw new AppError('bad_request', `spec: ${p.list.join('; ')}`);
+    case 'llm_as_judge':
+      return { type: 'llm_as_judge', rubric: c.rubric, input: c.input ?? 'agent_output', threshold: c.threshold, ...(c.model !== undefined && { model: c.model }) };
+  }
+}
+
+function service(s: Raw): SpecService {
+  const common = { name: s.name as string, wait_for: { timeoutMs: duration(s.wait_for?.timeout, SPEC_DEFAULTS.waitForTimeoutMs) } };
+  if (s.type === 'postgres') {
+    return { type: 'postgres', ...common, version: s.version ?? SPEC_DEFAULTS.postgresVersion, database: s.database ?? SPEC_DEFAULTS.postgresDatabase, user: s.user ?? SPEC_DEFAULTS.postgresUser };
+  }
+  const routes = ((s.routes ?? []) as Raw[]).map((r) => ({ method: r.method, path: r.path, response: { status: r.response.status, headers: strings(r.response.headers), body: r.response.body ?? '' } }));
+  return { type: 'http_mock', ...common, routes, record: s.record ?? false };
+}
+
+function fixture(f: Raw): SpecFixture {
+  switch (f.type as SpecFixture['type']) {
+    case 'copy':
+      return { type: 'copy', from: f.from, to: f.to };
+    case 'sql':
+      return { type: 'sql', service: f.service, sql: f.sql };
+    case 'git':
+      return { type: 'git', url: f.url, to: f.to, ...(f.ref !== undefined && { ref: f.ref }) };
+    case 'drift':
+      return { type: 'drift', files: ((f.files ?? []) as Raw[]).map(file), delete: f.delete ?? [], sql: ((f.sql ?? []) as Raw[]).map((s) => ({ service: s.service, sql: s.sql })) };
+  }
+}
+
+function alert(a: Raw): SpecAlert {
   return {
-    version,
-    id,
-    base,
-    task,
-    invariants,
-    secrets,
-    setup: { files: setupFiles, commands: setupCommands, env: setupEnv },
-    fixtures,
-    services,
-    resources,
-    determinism,
-    audit,
-    snapshots,
-    teardown,
-    network,
-    raw: doc,
+    name: a.name,
+    condition: condition(a.condition) as SpecAlert['condition'],
+    notify: a.notify,
+    ...(a.window !== undefined && { window: a.window }),
+    ...(a.slack_channel !== undefined && { slack_channel: a.slack_channel }),
+    ...(a.webhook_url !== undefined && { webhook_url: a.webhook_url }),
+    ...(a.email_to !== undefined && { email_to: a.email_to }),
+  };
+}
+
+function normalise(raw: Record<string, unknown>): SpecDocument {
+  const d = raw as Raw;
+  const { resources = {}, determinism = {}, audit = {}, teardown = {}, network = {}, scoring = {}, parallelism = {}, setup = {} } = d;
+  const aggregation = scoring.replica_aggregation ?? {};
+  return {
+    version: d.version,
+    id: d.id,
+    base: d.base,
+    task: { prompt: d.task.prompt },
+    agent: agent(d.agent),
+    invariants: Object.fromEntries(Object.entries(d.invariants as Record<string, Raw>).map(([name, inv]) => [name, { check: check(inv.check), weight: inv.weight ?? SPEC_DEFAULTS.weight, gate: inv.gate ?? false }])),
+    forbidden: { ...d.forbidden },
+    scoring: {
+      pass_threshold: scoring.pass_threshold ?? SPEC_DEFAULTS.passThreshold,
+      replica_aggregation: { strategy: aggregation.strategy ?? 'majority', ...(aggregation.min_pass_rate !== undefined && { min_pass_rate: aggregation.min_pass_rate }) },
+    },
+    parallelism: { replicas: parallelism.replicas ?? SPEC_DEFAULTS.replicas, matrix: parallelism.matrix ?? [{}] },
+    secrets: { ...d.secrets },
+    setup: { files: ((setup.files ?? []) as Raw[]).map(file), commands: setup.commands ?? [], env: strings(setup.env) },
+    fixtures: ((d.fixtures ?? []) as Raw[]).map(fixture),
+    services: ((d.services ?? []) as Raw[]).map(service),
+    resources: {
+      timeoutMs: duration(resources.timeout, SPEC_DEFAULTS.sandboxTimeoutMs),
+      memoryBytes: resources.memory === undefined ? SPEC_DEFAULTS.memoryBytes : parseSize(resources.memory),
+      cpus: resources.cpus ?? SPEC_DEFAULTS.cpus,
+      pids: resources.pids ?? SPEC_DEFAULTS.pids,
+      diskBytes: resources.disk === undefined ? null : parseSize(resources.disk),
+      concurrencyLimit: resources.concurrency_limit ?? null,
+    },
+    determinism: {
+      frozenTime: determinism.frozen_time === undefined ? null : new Date(determinism.frozen_time).toISOString(),
+      seed: determinism.seed ?? null,
+      dns: { ...determinism.dns },
+    },
+    audit: {
+      db_writes: audit.db_writes ?? false,
+      http_calls: audit.http_calls ?? false,
+      process_spawns: audit.process_spawns ?? false,
+      stdout_capture: audit.stdout_capture ?? false,
+      file_system: { watch: audit.file_system?.watch ?? [], track: audit.file_system?.track ?? ['writes', 'deletes'] },
+    },
+    snapshots: { checkpoints: d.snapshots?.checkpoints ?? 'none' },
+    teardown: {
+      always_run: teardown.always_run ?? false,
+      export: ((teardown.export ?? []) as Raw[]).map((e) => ({ type: e.type, to: e.to, ...(e.service !== undefined && { service: e.service }) })),
+    },
+    network: {
+      egress: { default: network.egress?.default ?? 'deny', allow: network.egress?.allow ?? [] },
+      ingress: { default: network.ingress?.default ?? 'deny', allow: ((network.ingress?.allow ?? []) as Raw[]).map((a) => ({ from: 'host' as const, toPort: a.to_port })) },
+      dnsOverrides: { ...network.dns_overrides },
+    },
+    alerts: ((d.alerts ?? []) as Raw[]).map(alert),
+    raw,
   };
 }

@@ -163,6 +163,8 @@ export class LiveSandbox {
 
       step = 'fixtures_applied';
       for (const [i, fixture] of this.spec.fixtures.entries()) {
+        // The api refuses the other types until their capabilities exist.
+        if (fixture.type !== 'copy') throw new BootError(step, `fixture ${i}: type ${fixture.type} is not supported yet`);
         // A copy fixture copies a directory of the image into the workspace, inside the sandbox.
         const to = resolveWorkspacePath(this.workspace, fixture.to, `fixtures[${i}].to`);
         const result = await this.box.exec({ command: `mkdir -p '/workspace/${to.relative}' && cp -a -- '${String(fixture.from).replace(/'/g, `'\\''`)}'/. '/workspace/${to.relative}/'`, timeoutMs: 60_000 });

@@ -4,6 +4,8 @@
  * tenant isolation, specs pinning a snapshot, and a restart.
  */
 import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import net from 'node:net';
 import { gzipSync } from 'node:zlib';
 import { readdir } from 'node:fs/promises';
 import path from 'node:path';
@@ -129,13 +131,27 @@ describe('agent snapshots', () => {
     assert.deepEqual(await tempFiles(server), []);
   });
 
-  test('an oversize bundle is a 413 whether or not the client declares its length', async () => {
-    const big = gzipSync(Buffer.alloc(0)); // a valid gzip start, then bulk past the limit
-    const oversize = Buffer.concat([big, Buffer.alloc(300 * 1024, 7)]);
+  test('an oversize bundle is a 413, found while streaming or from its declared length', async () => {
+    // 300 KiB of random bytes stay ~300 KiB gzip'd: past the 256 KiB limit in the middle of the stream.
+    const oversize = await makeBundle({ 'weights.bin': randomBytes(300 * 1024).toString('latin1') });
     const res = await uploadAgent(server, key, { ...META, name: 'big' }, oversize);
     assert.equal(res.status, 413, res.text);
     assert.equal(res.body.error, 'payload_too_large');
-    assert.match(res.body.message, /agents\.max_size/);
+    assert.match(res.body.message, /^bundle: .*agents\.max_size/);
+
+    // A body declared far past the limit is refused from its Content-Length, before it is read.
+    const raw = await new Promise<string>((resolve, reject) => {
+      const socket = net.connect(Number(new URL(server.url).port), '127.0.0.1', () => {
+        socket.write(`POST /v1/agents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: ${10 * 1024 * 1024}\r\n\r\n--b\r\n`);
+      });
+      let text = '';
+      socket.on('data', (d) => (text += d));
+      socket.on('end', () => resolve(text));
+      socket.on('error', reject);
+    });
+    assert.match(raw, /^HTTP\/1\.1 413 /);
+    assert.match(raw, /agents\.max_size/);
+    assert.equal((await get('/v1/agents/big/latest')).status, 404);
     assert.deepEqual(await tempFiles(server), []);
   });
 

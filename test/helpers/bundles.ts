@@ -53,7 +53,7 @@ export function sha256(bytes: Buffer): string {
 export async function uploadAgent(server: TestServer, key: string, metadata: unknown, bundle: Buffer | null, headers: Record<string, string> = {}) {
   const form = new FormData();
   if (metadata !== undefined) form.append('metadata', typeof metadata === 'string' ? metadata : JSON.stringify(metadata));
-  if (bundle) form.append('bundle', new Blob([bundle], { type: 'application/gzip' }), 'bundle.tar.gz');
+  if (bundle) form.append('bundle', new Blob([new Uint8Array(bundle)], { type: 'application/gzip' }), 'bundle.tar.gz');
   const res = await fetch(`${server.url}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${key}`, ...headers }, body: form });
   const text = await res.text();
   let body: any = text;

@@ -21,8 +21,10 @@ async function receiveUpload(ctx: Context, agents: AgentCatalog, config: Config)
   if (!ctx.is('multipart/form-data')) {
     throw new AppError('unsupported_media_type', 'body: send multipart/form-data with a `metadata` JSON field and a `bundle` .tar.gz file');
   }
+  // A body declared far past the limit is refused before it is read (and the connection closed);
+  // one near it is read and dropped, so that clients still sending can read the answer.
   const declared = Number(ctx.get('Content-Length') || 0);
-  if (declared > config.agentMaxSizeBytes + METADATA_MAX_BYTES * 2) {
+  if (declared > 2 * config.agentMaxSizeBytes + METADATA_MAX_BYTES) {
     ctx.set('Connection', 'close');
     throw new AppError('payload_too_large', `bundle: larger than the agent snapshot size limit of ${config.agentMaxSizeBytes} bytes (agents.max_size)`);
   }
