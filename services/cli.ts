@@ -6,7 +6,7 @@
  *   svc keys list [--tenant NAME]
  *   svc keys rotate <key-id>
  *   svc keys revoke <key-id>
- *   svc images import NAME DIR|TARBALL | list | resolve REFERENCE | rm NAME
+ *   svc images import NAME DIR|TARBALL [--entrypoint CMD] | list | resolve REFERENCE | rm NAME
  *                                         the local image store of the sandbox runtime (in SVC_DATA_DIR)
  * The key commands call the admin API of a running server (--url, default SVC_BASE_URL or
  * http://127.0.0.1:$SVC_PORT) with the admin key (--admin-key, default SVC_API_KEY). A new or
@@ -24,7 +24,7 @@ const USAGE = `usage:
   svc keys list [--tenant NAME] [--url URL] [--admin-key KEY]
   svc keys rotate <key-id> [--url URL] [--admin-key KEY]
   svc keys revoke <key-id> [--url URL] [--admin-key KEY]
-  svc images import NAME DIR|TARBALL | list | resolve REFERENCE | rm NAME`;
+  svc images import NAME DIR|TARBALL [--entrypoint CMD] | list | resolve REFERENCE | rm NAME`;
 
 async function admin(method: string, path: string, opts: { url?: string; 'admin-key'?: string }, body?: object): Promise<any> {
   const base = (opts.url ?? process.env.SVC_BASE_URL ?? `http://127.0.0.1:${process.env.SVC_PORT || 8080}`).replace(/\/+$/, '');

@@ -36,7 +36,11 @@ export class SpecCatalog {
     if (value === null || value.deleted) {
       entities.delete(record.key);
       if (value?.deleted) specs.delete(id);
-      else specs.set(id, (specs.get(id) ?? []).filter((v) => key(tenant, id, v.version) !== record.key));
+      else {
+        const rest = (specs.get(id) ?? []).filter((v) => key(tenant, id, v.version) !== record.key);
+        if (rest.length > 0) specs.set(id, rest);
+        else specs.delete(id);
+      }
       return;
     }
     entities.set(record.key, value);

@@ -9,7 +9,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { ImageStore, normalizeReference } from '../../services/sandbox-runner/runtime/images.ts';
+import { imagesCommand, ImageStore, normalizeReference } from '../../services/sandbox-runner/runtime/images.ts';
 import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
 import type { CreateSandboxOptions, SandboxHandle, SandboxResources } from '../../services/sandbox-runner/runtime/runtime.ts';
 
@@ -306,6 +306,12 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
         assert.match(r.stderr, /Read-only file system/);
         await sb.destroy();
       }
+      // An image may carry the command of an `image` agent.
+      const said: string[] = [];
+      assert.equal(await imagesCommand(['import', 'mini:3', src, '--entrypoint', '["python3", "agent.py"]'], path.join(root, 'data'), (l) => said.push(l)), 0, said.join('\n'));
+      assert.deepEqual((await store.listImages()).find((i) => i.name === 'mini:3')?.entrypoint, ['python3', 'agent.py']);
+      assert.equal(await imagesCommand(['import', 'mini:4', src, '--entrypoint', '[]'], path.join(root, 'data'), (l) => said.push(l)), 1);
+      assert.match(said.at(-1)!, /--entrypoint must be a JSON list/);
     });
   });
 }

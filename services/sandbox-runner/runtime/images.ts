@@ -2,7 +2,9 @@
  * The local image store: root filesystems the `local` runtime mounts read-only as a sandbox's /.
  *
  *   <dataDir>/images/<dir>/rootfs       the root filesystem
- *   <dataDir>/images/<dir>/image.json   { name, source, importedAt, bytes }
+ *   <dataDir>/images/<dir>/image.json   { name, source, importedAt, bytes, entrypoint? }
+ *
+ * `entrypoint` (exec form, set with `--entrypoint` at import) is what an `image` agent runs.
  *
  * (`ImageStore` and the free functions take the images directory, `<dataDir>/images`.)
  *
@@ -29,6 +31,8 @@ export interface ImageInfo {
   source: string;
   importedAt: string;
   bytes: number;
+  /** The image's agent command (exec form), for specs whose agent is `type: image`. */
+  entrypoint?: string[];
 }
 
 const REFERENCE = /^[a-z0-9]([a-z0-9._\-/]*[a-z0-9])?(:[0-9]+)?([a-z0-9._\-/]*[a-z0-9])?(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$/;
@@ -88,7 +92,7 @@ export class ImageStore {
    * replacing an image of that name. The import is staged and renamed into place, so a reader
    * never sees half an image.
    */
-  async importImage(name: string, source: string): Promise<ImageInfo> {
+  async importImage(name: string, source: string, entrypoint?: string[]): Promise<ImageInfo> {
     const normalized = normalizeReference(name);
     const src = path.resolve(source);
     const stat = await fs.promises.stat(src).catch(() => null);
@@ -108,7 +112,7 @@ export class ImageStore {
       const hosts = path.join(rootfs, 'etc/hosts');
       if (!fs.existsSync(hosts) && !isLink(hosts)) await fs.promises.writeFile(hosts, '');
       const bytes = Number((await run('du', ['-sb', rootfs])).split('\t')[0]) || 0;
-      const info = { name: normalized, source: src, importedAt: new Date().toISOString(), bytes };
+      const info = { name: normalized, source: src, importedAt: new Date().toISOString(), bytes, ...(entrypoint ? { entrypoint } : {}) };
       await fs.promises.writeFile(path.join(staging, 'image.json'), `${JSON.stringify(info, null, 2)}\n`);
       const target = path.join(this.dir, dirName(normalized));
       const old = path.join(this.dir, `.old-${randomBytes(6).toString('hex')}`);
@@ -132,16 +136,26 @@ export class ImageStore {
   }
 }
 
+/** `--entrypoint '["python", "agent.py"]'` (JSON, exec form) or `--entrypoint "python agent.py"` (split on spaces). */
+function parseEntrypoint(raw: string): string[] {
+  const value: unknown = raw.trim().startsWith('[') ? JSON.parse(raw) : raw.trim().split(/\s+/);
+  if (!Array.isArray(value) || value.length === 0 || !value.every((v) => typeof v === 'string' && v !== '')) {
+    throw new Error('--entrypoint must be a JSON list of strings or a command line');
+  }
+  return value;
+}
+
 /**
- * `svc images ...` for the CLI: `import NAME DIR|TARBALL`, `list`, `resolve REFERENCE`,
- * `rm NAME`. Returns the exit code; prints with `out`.
+ * `svc images ...` for the CLI: `import NAME DIR|TARBALL [--entrypoint CMD]`, `list`,
+ * `resolve REFERENCE`, `rm NAME`. Returns the exit code; prints with `out`.
  */
 export async function imagesCommand(args: string[], dataDir: string, out: (line: string) => void = console.log): Promise<number> {
   const store = new ImageStore(path.join(dataDir, 'images'));
-  const [sub, ...rest] = args;
+  const flag = args.indexOf('--entrypoint');
+  const [sub, ...rest] = flag === -1 ? args : [...args.slice(0, flag), ...args.slice(flag + 2)];
   try {
-    if (sub === 'import' && rest.length === 2) {
-      const info = await store.importImage(rest[0]!, rest[1]!);
+    if (sub === 'import' && rest.length === 2 && (flag === -1 || args[flag + 1] !== undefined)) {
+      const info = await store.importImage(rest[0]!, rest[1]!, flag === -1 ? undefined : parseEntrypoint(args[flag + 1]!));
       out(`imported ${info.name} (${(info.bytes / 1e6).toFixed(1)} MB) into ${info.rootfs}`);
       return 0;
     }
@@ -163,7 +177,7 @@ export async function imagesCommand(args: string[], dataDir: string, out: (line:
     out(`svc images: ${(err as Error).message}`);
     return 1;
   }
-  out('usage: svc images import NAME DIR|TARBALL | list | resolve REFERENCE | rm NAME');
+  out('usage: svc images import NAME DIR|TARBALL [--entrypoint CMD] | list | resolve REFERENCE | rm NAME');
   return 2;
 }
 
