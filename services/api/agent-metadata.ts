@@ -2,10 +2,9 @@
  * The `metadata` field of POST /v1/agents: `{name, entrypoint, runtime?, tag?, auth?}`, checked
  * against a JSON Schema (ajv) and reported field by field (`metadata.auth.required_env[0]: ...`).
  */
-import { Ajv } from 'ajv';
 import type { AgentAuth } from '../kernel/agents.ts';
 import { AppError, badRequest } from '../kernel/errors.ts';
-import { describeSchemaErrors } from '../kernel/json-schema-errors.ts';
+import { JsonSchemaValidator } from '../kernel/json-schema.ts';
 
 export interface AgentMetadata {
   name: string;
@@ -15,18 +14,18 @@ export interface AgentMetadata {
   auth?: AgentAuth;
 }
 
-export const AGENT_NAME = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
+const AGENT_NAME = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
 const ENV_NAME = '^[A-Za-z_][A-Za-z0-9_]{0,127}$';
 /** A hostname, or a glob whose first label is `*` (`*.example.com`). */
-export const HOST_PATTERN = '^(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$';
+const HOST_PATTERN = '^(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$';
 /** A port (`443`) or a range (`8000-8100`). */
 const PORT_PATTERN = '^[0-9]{1,5}(-[0-9]{1,5})?$';
 
-export const AGENT_AUTH_SCHEMA = {
+const AGENT_AUTH_SCHEMA = {
   type: 'object',
   additionalProperties: false,
   properties: {
-    required_env: { type: 'array', items: { type: 'string', pattern: ENV_NAME }, uniqueItems: true, maxItems: 256 },
+    required_env: { type: 'array', items: { type: 'string', pattern: ENV_NAME, errorMessage: 'must be an env var name (letters, digits and _, not starting with a digit)' }, uniqueItems: true, maxItems: 256 },
     config_files: {
       type: 'array',
       maxItems: 64,
@@ -40,8 +39,8 @@ export const AGENT_AUTH_SCHEMA = {
     egress: {
       type: 'object',
       maxProperties: 256,
-      propertyNames: { pattern: HOST_PATTERN, maxLength: 253 },
-      additionalProperties: { type: 'array', items: { type: 'string', pattern: PORT_PATTERN } },
+      propertyNames: { pattern: HOST_PATTERN, maxLength: 253, errorMessage: 'is not a hostname or a *.example.com glob' },
+      additionalProperties: { type: 'array', items: { type: 'string', pattern: PORT_PATTERN, errorMessage: 'must be a port such as "443" or a range such as "8000-8100"' } },
     },
   },
 } as const;
@@ -51,15 +50,15 @@ const METADATA_SCHEMA = {
   additionalProperties: false,
   required: ['name', 'entrypoint'],
   properties: {
-    name: { type: 'string', pattern: AGENT_NAME },
-    entrypoint: { type: 'array', minItems: 1, maxItems: 256, items: { type: 'string', minLength: 1, maxLength: 4096 } },
-    runtime: { type: 'string', minLength: 1, maxLength: 128 },
-    tag: { type: 'string', pattern: AGENT_NAME, not: { const: 'latest' } },
+    name: { type: 'string', pattern: AGENT_NAME, errorMessage: 'must be 1-128 letters, digits, ".", "_" and "-", starting with a letter or digit' },
+    entrypoint: { type: 'array', minItems: 1, maxItems: 256, items: { type: 'string', minLength: 1, maxLength: 4096, errorMessage: 'must be a non-empty string' }, errorMessage: 'must be a non-empty list of strings (exec form)' },
+    runtime: { type: 'string', minLength: 1, maxLength: 128, errorMessage: 'must be a string of 1-128 characters' },
+    tag: { type: 'string', pattern: AGENT_NAME, not: { const: 'latest' }, errorMessage: 'must be 1-128 letters, digits, ".", "_" and "-", and not latest (set automatically to the newest version)' },
     auth: AGENT_AUTH_SCHEMA,
   },
 } as const;
 
-const validate = new Ajv({ allErrors: true, strict: true }).compile(METADATA_SCHEMA);
+const validator = new JsonSchemaValidator(METADATA_SCHEMA);
 
 const TEMPLATE_REFERENCE = /\{\{\s*secrets\.([^}\s]*)\s*\}\}/g;
 
@@ -72,7 +71,7 @@ export function parseAgentMetadata(raw: string | undefined): AgentMetadata {
   } catch (err) {
     throw badRequest('metadata', `is not valid JSON (${(err as Error).message})`);
   }
-  const problems = validate(value) ? [] : describeSchemaErrors(validate.errors ?? [], 'metadata', { 'metadata.tag': 'latest is set automatically to the newest version; choose another tag' });
+  const problems = validator.problems(value, 'metadata').map(({ path, problem }) => `${path}: ${problem}`);
   const metadata = value as AgentMetadata;
   if (problems.length === 0) {
     for (const [i, file] of (metadata.auth?.config_files ?? []).entries()) {

@@ -12,10 +12,10 @@
  */
 import { readFileSync } from 'node:fs';
 import { isIP } from 'node:net';
-import { Ajv, type ErrorObject } from 'ajv';
 import { parseDocument } from 'yaml';
 import { parseDuration } from './duration.ts';
 import { AppError } from './errors.ts';
+import { childPath, JsonSchemaValidator, succeeds } from './json-schema.ts';
 
 export interface SpecSetupFile {
   path: string;
@@ -193,114 +193,16 @@ const asObject = (v: unknown): Record<string, unknown> => (isObject(v) ? v : {})
 export const SPEC_SCHEMA_PATH = '/schemas/spec/v1.json';
 export const SPEC_JSON_SCHEMA: Readonly<Record<string, unknown>> = JSON.parse(readFileSync(new URL('../../schemas/spec.schema.json', import.meta.url), 'utf8'));
 
-const succeeds = (f: () => unknown): boolean => {
-  try {
-    f();
-    return true;
-  } catch {
-    return false;
-  }
-};
 /** ISO 8601: a date (midnight UTC) or a date and time with its zone, so it means one instant. */
 const TIMESTAMP = /^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2}))?$/;
 
-// strictRequired off: `anyOf: [{required: [a]}, {required: [b]}]` names fields declared beside it.
-const ajv = new Ajv({ allErrors: true, verbose: true, strict: true, strictRequired: false, allowUnionTypes: true });
-// The message shown for a failed value, by editors (VS Code, yaml-language-server) and by parseSpec.
-ajv.addKeyword({ keyword: 'errorMessage', schemaType: 'string' });
-ajv.addFormat('svc-duration', { type: 'string', validate: (s: string) => succeeds(() => parseDuration(s)) && parseDuration(s) > 0 });
-ajv.addFormat('svc-size', { type: 'string', validate: (s: string) => succeeds(() => parseSize(s)) });
-ajv.addFormat('svc-http-url', { type: 'string', validate: (s: string) => URL.canParse(s) && /^https?:$/.test(new URL(s).protocol) && new URL(s).hostname !== '' });
-ajv.addFormat('svc-timestamp', { type: 'string', validate: (s: string) => TIMESTAMP.test(s) && !Number.isNaN(Date.parse(s)) });
-ajv.addFormat('svc-ip', { type: 'string', validate: (s: string) => isIP(s) !== 0 });
-ajv.addFormat('regex', { type: 'string', validate: (s: string) => succeeds(() => new RegExp(s)) });
-const validateSchema = ajv.compile(SPEC_JSON_SCHEMA);
-
-type Schema = Record<string, unknown>;
-
-/** Each `then` of a tagged variant (`if: {properties: {type: {const: cli}}}`) -> ` for type: cli`. */
-const VARIANT_OF = new Map<unknown, string>();
-(function indexVariants(node: unknown): void {
-  if (Array.isArray(node)) return node.forEach(indexVariants);
-  if (!isObject(node)) return;
-  const tags = isObject(node.if) && isObject(node.if.properties) ? Object.entries(node.if.properties) : [];
-  const [tag, rule] = tags[0] ?? [];
-  if (tag !== undefined && isObject(rule) && 'const' in rule) VARIANT_OF.set(node.then, ` for ${tag}: ${String(rule.const)}`);
-  Object.values(node).forEach(indexVariants);
-})(SPEC_JSON_SCHEMA);
-
-/** The node a `$ref` names (`#/definitions/checkType`), or the node itself. */
-function resolved(node: unknown): Schema | undefined {
-  if (!isObject(node) || typeof node.$ref !== 'string') return isObject(node) ? node : undefined;
-  const [, name] = /^#\/definitions\/(.+)$/.exec(node.$ref) ?? [];
-  const target = asObject(SPEC_JSON_SCHEMA.definitions)[name];
-  return isObject(target) ? target : undefined;
-}
-
-const list = (values: unknown): string => (Array.isArray(values) ? values.map(String).join(', ') : '');
-
-/** Every node that constrains a value carries its `errorMessage` (spec.test.ts checks); enums list their values. */
-function describe(error: ErrorObject, path: string): string {
-  const p = error.params as Record<string, unknown>;
-  const parent = error.parentSchema as Schema | undefined;
-  switch (error.keyword) {
-    case 'enum':
-      return /(^|\.)type$/.test(path) ? `unknown type ${JSON.stringify(error.data)}; one of ${list(p.allowedValues)}` : `must be one of ${list(p.allowedValues)}`;
-    case 'const':
-      return `must be ${String(p.allowedValue)}`;
-    case 'uniqueItems':
-      return `must not repeat an item (items ${String(p.j)} and ${String(p.i)} are the same)`;
-    default:
-      return typeof parent?.errorMessage === 'string' ? parent.errorMessage : (error.message ?? 'is invalid');
-  }
-}
-
-/** ajv's errors as `path: problem` lines: the chosen variant's own, without compound-keyword noise. */
-function schemaProblems(doc: unknown, errors: readonly ErrorObject[]): Array<{ path: string; problem: string }> {
-  // An anyOf carries its own message; the failures of its branches are noise. (schemaPaths are
-  // relative to the definition a $ref entered, so the instance path is compared too.)
-  const compounds = errors.filter((e) => e.keyword === 'anyOf');
-  const inCompound = (e: ErrorObject) => compounds.some((c) => e.schemaPath.startsWith(`${c.schemaPath}/`) && e.instancePath.startsWith(c.instancePath));
-  return errors
-    .filter((e) => e.keyword !== 'if' && e.keyword !== 'propertyNames' && !inCompound(e))
-    .map((error) => {
-      const at = pathOf(doc, error.instancePath);
-      const p = error.params as Record<string, unknown>;
-      const parent = error.parentSchema as Schema | undefined;
-      if (error.propertyName !== undefined) {
-        return { path: childPath(at, error.propertyName), problem: typeof parent?.errorMessage === 'string' ? parent.errorMessage : 'is not a valid name' };
-      }
-      if (error.keyword === 'required') {
-        const name = String(p.missingProperty);
-        const allowed = resolved(resolved(parent?.properties)?.[name])?.enum;
-        return { path: childPath(at, name), problem: `is required${VARIANT_OF.get(parent) ?? ''}${allowed ? `; one of ${list(allowed)}` : ''}` };
-      }
-      if (error.keyword === 'additionalProperties') {
-        const fields = Object.keys(resolved(parent?.properties) ?? {});
-        const variant = VARIANT_OF.get(parent);
-        return { path: childPath(at, String(p.additionalProperty)), problem: `${variant ? `is not a field${variant}` : 'unknown field'}; the fields are ${fields.join(', ')}` };
-      }
-      return { path: at, problem: describe(error, at) };
-    });
-}
-
-/** An ajv instancePath (`/invariants/a.b/check`) in the document's words (`invariants["a.b"].check`). */
-function pathOf(doc: unknown, instancePath: string): string {
-  let path = '';
-  let node = doc;
-  for (const raw of instancePath.split('/').slice(1)) {
-    const key = raw.replace(/~1/g, '/').replace(/~0/g, '~');
-    path = Array.isArray(node) ? `${path}[${key}]` : childPath(path, key);
-    node = isObject(node) || Array.isArray(node) ? (node as Record<string, unknown>)[key] : undefined;
-  }
-  return path;
-}
-
-/** `parent.key`, or `parent["odd key"]` when the key would not read as one path segment. */
-function childPath(parent: string, key: string): string {
-  if (!/^[A-Za-z0-9_-]+$/.test(key)) return `${parent}[${JSON.stringify(key)}]`;
-  return parent === '' ? key : `${parent}.${key}`;
-}
+const validator = new JsonSchemaValidator(SPEC_JSON_SCHEMA, {
+  'svc-duration': (s) => succeeds(() => parseDuration(s)) && parseDuration(s) > 0,
+  'svc-size': (s) => succeeds(() => parseSize(s)),
+  'svc-http-url': (s) => URL.canParse(s) && /^https?:$/.test(new URL(s).protocol) && new URL(s).hostname !== '',
+  'svc-timestamp': (s) => TIMESTAMP.test(s) && !Number.isNaN(Date.parse(s)),
+  'svc-ip': (s) => isIP(s) !== 0,
+});
 
 // --- rules beyond the schema ------------------------------------------------------------------
 
@@ -414,7 +316,7 @@ export function parseSpec(yamlText: string): SpecDocument {
   const { paramReferences, cycles } = scan(doc);
   // A loop is not a document (nor JSON): every other finding would only echo it.
   if (cycles.length > 0) fail(cycles.map((path) => ({ path, problem: 'refers to itself through a YAML alias; a spec must be a tree' })));
-  const fromSchema = validateSchema(doc) ? [] : schemaProblems(doc, validateSchema.errors ?? []);
+  const fromSchema = validator.problems(doc);
   const problems = [...fromSchema, ...crossFieldProblems(doc, fromSchema.map((p) => p.path), paramReferences)];
   if (problems.length > 0) fail(problems);
   return normalise(doc);
