@@ -255,3 +255,23 @@ describe('agent snapshots', () => {
     assert.equal(next.body.version, 4);
   });
 });
+
+describe('snapshot retention', () => {
+  test('retention.snapshots deletes old versions but never the newest of an agent', async () => {
+    const server = await startServer({ SVC_RETENTION_SNAPSHOTS: '1s' });
+    try {
+      const key = (await createTenantKey(server, 'acme')).key;
+      const bytes = await makeBundle({ 'a.py': 'print(1)\n' });
+      const v1 = (await uploadAgent(server, key, META, bytes)).body;
+      const v2 = (await uploadAgent(server, key, META, bytes)).body;
+      const deadline = Date.now() + 10_000;
+      while ((await server.request('GET', `/v1/snapshots/${v1.id}`, { key })).status !== 404) {
+        assert.ok(Date.now() < deadline, 'version 1 expired within 10 s');
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      assert.equal((await server.request('GET', '/v1/agents/coder/latest', { key })).body.id, v2.id, 'the newest version stays');
+    } finally {
+      await server.cleanup();
+    }
+  });
+});

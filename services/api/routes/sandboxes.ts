@@ -102,7 +102,8 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
       ...(spec.doc.services.length > 0 ? ['services (backing containers)'] : []),
       ...spec.doc.fixtures.filter((f) => f.type !== 'copy').map((f) => `fixtures of type ${f.type}`),
       ...(spec.doc.network.egress.default === 'allow' || spec.doc.network.egress.allow.length > 0 ? ['network egress rules'] : []),
-      ...(spec.doc.network.ingress.default === 'allow' ? ['network ingress'] : []),
+      ...(spec.doc.network.ingress.default === 'allow' || spec.doc.network.ingress.allow.length > 0 ? ['network ingress'] : []),
+      ...(Object.keys(spec.doc.network.dnsOverrides).length > 0 ? ['network dns_overrides'] : []),
     ];
     if (unsupported.length > 0) throw badRequest('spec_id', `spec "${b.spec_id}" uses ${unsupported.join(', ')}, which this server cannot run yet`);
     const agent = agents.resolveForSpec(p.tenant, spec.doc);
