@@ -31,7 +31,8 @@ export type SpecFixture =
   | { type: 'drift'; files: SpecSetupFile[]; delete: string[]; sql: Array<{ service: string; sql: string }> };
 
 interface AgentCommon {
-  timeoutMs: number;
+  /** `agent.timeout`; null when the spec leaves it to the server's SVC_AGENT_TIMEOUT (default 5m). */
+  timeoutMs: number | null;
   env: Record<string, string>;
 }
 /** Exactly one of `snapshot` (an agent name: its newest version) and `snapshot_id` is set. */
@@ -129,7 +130,8 @@ export interface SpecDocument {
   setup: { files: SpecSetupFile[]; commands: string[]; env: Record<string, string> };
   fixtures: SpecFixture[];
   services: SpecService[];
-  resources: { timeoutMs: number; memoryBytes: number; cpus: number; pids: number; diskBytes: number | null; concurrencyLimit: number | null };
+  /** `timeoutMs` is null when the spec leaves the lifetime to the server's SVC_SANDBOX_TIMEOUT (default 10m). */
+  resources: { timeoutMs: number | null; memoryBytes: number; cpus: number; pids: number; diskBytes: number | null; concurrencyLimit: number | null };
   determinism: { frozenTime: string | null; seed: number | null; dns: Record<string, string> };
   audit: {
     db_writes: boolean;
@@ -155,7 +157,11 @@ export const SECRET_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
 const SIZE = /^(\d+(?:\.\d+)?)\s*(b|k|kb|ki|kib|m|mb|mi|mib|g|gb|gi|gib)?$/i;
 const UNITS: Record<string, number> = { b: 1, k: 1e3, kb: 1e3, ki: 1024, kib: 1024, m: 1e6, mb: 1e6, mi: 1024 ** 2, mib: 1024 ** 2, g: 1e9, gb: 1e9, gi: 1024 ** 3, gib: 1024 ** 3 };
 
-/** The defaults of the document; the schema's `default` annotations say the same (spec.test.ts checks). */
+/**
+ * The defaults of the document; the schema's `default` annotations say the same (spec.test.ts
+ * checks). The two timeouts are the defaults of the server's settings, which decide when a spec
+ * says nothing.
+ */
 export const SPEC_DEFAULTS = {
   memoryBytes: 512 * 1024 ** 2,
   cpus: 1,
@@ -371,7 +377,7 @@ function file(f: Raw): SpecSetupFile {
 
 function agent(a: Raw | undefined): SpecAgent | null {
   if (a === undefined) return null;
-  const common = { timeoutMs: duration(a.timeout, SPEC_DEFAULTS.agentTimeoutMs), env: strings(a.env) };
+  const common = { timeoutMs: a.timeout === undefined ? null : parseDuration(a.timeout), env: strings(a.env) };
   switch (a.type as SpecAgent['type']) {
     case 'snapshot':
       return { type: 'snapshot', ...common, ...(a.snapshot !== undefined && { snapshot: a.snapshot }), ...(a.snapshot_id !== undefined && { snapshot_id: a.snapshot_id }), ...(a.entrypoint && { entrypoint: a.entrypoint }) };
@@ -463,7 +469,7 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
     fixtures: ((d.fixtures ?? []) as Raw[]).map(fixture),
     services: ((d.services ?? []) as Raw[]).map(service),
     resources: {
-      timeoutMs: duration(resources.timeout, SPEC_DEFAULTS.sandboxTimeoutMs),
+      timeoutMs: resources.timeout === undefined ? null : parseDuration(resources.timeout),
       memoryBytes: resources.memory === undefined ? SPEC_DEFAULTS.memoryBytes : parseSize(resources.memory),
       cpus: resources.cpus ?? SPEC_DEFAULTS.cpus,
       pids: resources.pids ?? SPEC_DEFAULTS.pids,

@@ -147,7 +147,7 @@ test('a minimal document gets every default', () => {
   assert.deepEqual(doc.forbidden, {});
   assert.deepEqual(doc.scoring, { pass_threshold: 1, replica_aggregation: { strategy: 'majority' } });
   assert.deepEqual(doc.parallelism, { replicas: 1, matrix: [{}] });
-  assert.deepEqual(doc.resources, { timeoutMs: 10 * 60_000, memoryBytes: 512 * 1024 ** 2, cpus: 1, pids: 256, diskBytes: null, concurrencyLimit: null });
+  assert.deepEqual(doc.resources, { timeoutMs: null, memoryBytes: 512 * 1024 ** 2, cpus: 1, pids: 256, diskBytes: null, concurrencyLimit: null });
   assert.deepEqual(doc.determinism, { frozenTime: null, seed: null, dns: {} });
   assert.deepEqual(doc.audit, { db_writes: false, http_calls: false, process_spawns: false, stdout_capture: false, file_system: { watch: [], track: ['writes', 'deletes'] } });
   assert.deepEqual(doc.network, { egress: { default: 'deny', allow: [] }, ingress: { default: 'deny', allow: [] }, dnsOverrides: {} });
@@ -159,15 +159,15 @@ test('a minimal document gets every default', () => {
 
 test('each agent type normalises with its own fields', () => {
   const agent = (a: Doc) => parseSpec(withBlocks({ agent: a })).agent;
-  assert.deepEqual(agent({ type: 'snapshot', snapshot: 'my-agent' }), { type: 'snapshot', timeoutMs: 5 * 60_000, env: {}, snapshot: 'my-agent' });
-  assert.deepEqual(agent({ type: 'snapshot', snapshot_id: `snap_${'0a1b'.repeat(8)}`, entrypoint: ['node', 'main.js'] }), { type: 'snapshot', timeoutMs: 300_000, env: {}, snapshot_id: `snap_${'0a1b'.repeat(8)}`, entrypoint: ['node', 'main.js'] });
+  assert.deepEqual(agent({ type: 'snapshot', snapshot: 'my-agent' }), { type: 'snapshot', timeoutMs: null, env: {}, snapshot: 'my-agent' });
+  assert.deepEqual(agent({ type: 'snapshot', snapshot_id: `snap_${'0a1b'.repeat(8)}`, entrypoint: ['node', 'main.js'] }), { type: 'snapshot', timeoutMs: null, env: {}, snapshot_id: `snap_${'0a1b'.repeat(8)}`, entrypoint: ['node', 'main.js'] });
   assert.deepEqual(agent({ type: 'cli', command: 'python agent.py "$TASK"', timeout: 600 }), { type: 'cli', timeoutMs: 600_000, env: {}, command: 'python agent.py "$TASK"' });
-  assert.deepEqual(agent({ type: 'image' }), { type: 'image', timeoutMs: 300_000, env: {} });
-  assert.deepEqual(agent({ type: 'image', entrypoint: ['/bin/agent'] }), { type: 'image', timeoutMs: 300_000, env: {}, entrypoint: ['/bin/agent'] });
-  assert.deepEqual(agent({ type: 'hosted', url: 'https://agent.example.com/run' }), { type: 'hosted', timeoutMs: 300_000, env: {}, url: 'https://agent.example.com/run', method: 'POST', headers: {}, send_env: [] });
+  assert.deepEqual(agent({ type: 'image' }), { type: 'image', timeoutMs: null, env: {} });
+  assert.deepEqual(agent({ type: 'image', entrypoint: ['/bin/agent'] }), { type: 'image', timeoutMs: null, env: {}, entrypoint: ['/bin/agent'] });
+  assert.deepEqual(agent({ type: 'hosted', url: 'https://agent.example.com/run' }), { type: 'hosted', timeoutMs: null, env: {}, url: 'https://agent.example.com/run', method: 'POST', headers: {}, send_env: [] });
   assert.deepEqual(
     agent({ type: 'hosted', url: 'http://10.0.0.2:8000/', method: 'PUT', headers: { Authorization: 'Bearer {{secrets.AGENT_KEY}}' }, send_env: ['APP_MODE'], env: { A: 'b' } }),
-    { type: 'hosted', timeoutMs: 300_000, env: { A: 'b' }, url: 'http://10.0.0.2:8000/', method: 'PUT', headers: { Authorization: 'Bearer {{secrets.AGENT_KEY}}' }, send_env: ['APP_MODE'] },
+    { type: 'hosted', timeoutMs: null, env: { A: 'b' }, url: 'http://10.0.0.2:8000/', method: 'PUT', headers: { Authorization: 'Bearer {{secrets.AGENT_KEY}}' }, send_env: ['APP_MODE'] },
   );
 });
 
