@@ -9,6 +9,11 @@ export const newEventId = (): string => randomUUID();
 export const newRequestId = (): string => `req_${hex(8)}`;
 export const newSandboxId = (): string => `sb-${hex(8)}`;
 export const newExperimentId = (): string => `exp-${hex(8)}`;
+/** A scenario (matrix entry `index`, 0-based) of an experiment: `scn-<experiment hex>-<index + 1>`. */
+export const scenarioIdOf = (experimentId: string, index: number): string => `scn-${experimentId.replace(/^exp-/, '')}-${index + 1}`;
+/** A run (replica `replica`, 1-based) of a scenario: `run-<experiment hex>-<index + 1>-<replica>`. */
+export const runIdOf = (experimentId: string, index: number, replica: number): string => `run-${experimentId.replace(/^exp-/, '')}-${index + 1}-${replica}`;
+export const newScoreRuleId = (): string => `rule_${hex(8)}`;
 export const newDatasetId = (): string => `ds_${hex(8)}`;
 export const newAlertId = (): string => `alert_${hex(8)}`;
 export const newKeyId = (): string => `key_${hex(8)}`;

@@ -1,0 +1,249 @@
+/**
+ * Experiments, runs and their outcomes: the shapes the api, the aggregator, the sandbox runner
+ * and the scorer exchange through topics (docs/experiments.md documents them for users).
+ *
+ *   api        POST /v1/experiments            -> svc.experiments  (status created)
+ *   api        POST /v1/experiments/:id/run    -> svc.experiments  (status queued)
+ *   aggregator plans replicas x matrix runs,   -> svc.run-requests (at most the concurrency in flight)
+ *   runner     boots, runs the agent, checks   -> svc.run-events   (started, finished + RunOutcome)
+ *   scorer     outcome -> scores, verdict      -> svc.run-scores
+ *   aggregator scores -> scenario verdicts, metrics, completion -> svc.experiments
+ *
+ * Scenario = one matrix entry; run = one replica of it (one sandbox, one agent execution).
+ */
+import { parse, stringify } from 'yaml';
+import { parseSpec, type SpecDocument } from './spec.ts';
+
+export type ParamValue = string | number | boolean;
+export type Params = Record<string, ParamValue>;
+
+export type ExperimentStatus = 'created' | 'queued' | 'running' | 'completed' | 'failed' | 'cancelled';
+
+/** A value of svc.experiments (schemas/experiment-changed.avsc). */
+export interface ExperimentChanged {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  experiment_id: string;
+  name: string;
+  spec_id: string;
+  spec_version: number;
+  status: ExperimentStatus;
+  created_at: number;
+  queued_at: number | null;
+  started_at: number | null;
+  completed_at: number | null;
+  /** replicas x matrix entries; 0 until queued. */
+  total_runs: number;
+  scored_runs: number;
+  /** Runs in flight at most: resources.concurrency_limit bounded by the tenant's sandbox quota. */
+  concurrency: number;
+  /** ExperimentOptions as JSON. */
+  options: string;
+  /** The request secrets, sealed (Sealer, context = experiment id); empty when none. */
+  secrets: Buffer;
+  yaml: string | null;
+  /** ResolvedAgent JSON, pinned when queued. */
+  agent: string | null;
+  /** Why the experiment failed or was cancelled. */
+  error: string | null;
+  /** ExperimentMetrics JSON, set when completed. */
+  metrics: string | null;
+}
+
+/** What POST /v1/experiments may override: what a reproducer pins. */
+export interface ExperimentOptions {
+  spec_version?: number;
+  agent_snapshot_id?: string;
+  /** Replaces the spec's parallelism.matrix. */
+  matrix?: Params[];
+  /** Replaces the spec's parallelism.replicas. */
+  replicas?: number;
+  /** Replaces the spec's determinism.seed for every run. */
+  seed?: number;
+}
+
+/** A value of svc.experiment-commands (schemas/experiment-command.avsc): the api asks the aggregator. */
+export interface ExperimentCommand {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  experiment_id: string;
+  command: 'run' | 'cancel';
+  yaml: string | null;
+  agent: string | null;
+  total_runs: number;
+  concurrency: number;
+}
+
+/** A value of svc.run-requests (schemas/run-requested.avsc): one run to execute. */
+export interface RunRequested {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  experiment_id: string;
+  scenario_id: string;
+  run_id: string;
+  /** Index of the matrix entry (0-based) and of the replica (1-based). */
+  scenario_index: number;
+  replica: number;
+  /** 1 on the first dispatch; a run whose runner was lost is dispatched again with attempt + 1. */
+  attempt: number;
+  spec_id: string;
+  spec_version: number;
+  yaml: string;
+  /** The matrix entry as JSON (Params). */
+  params: string;
+  /** SVC_RANDOM_SEED of the run: the spec's determinism.seed, else derived from the run id. */
+  seed: number;
+  /** The resolved agent snapshot as JSON (ResolvedAgent), or null for other agent types. */
+  agent: string | null;
+  /** The experiment's request secrets, sealed (Sealer, context = experiment id); empty when none. */
+  secrets: Buffer;
+}
+
+export type RunEventKind = 'started' | 'finished' | 'runner_started';
+
+/** A value of svc.run-events (schemas/run-event.avsc). */
+export interface RunEvent {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  kind: RunEventKind;
+  /** The runner process (its kernel instance id); for runner_started, the runner that (re)started. */
+  runner_id: string;
+  experiment_id: string | null;
+  run_id: string | null;
+  attempt: number;
+  sandbox_id: string | null;
+  /** kind finished: the RunOutcome as JSON. */
+  outcome: string | null;
+}
+
+/** What the runner observed; the scorer turns it into scores without re-running anything. */
+export interface RunOutcome {
+  /**
+   * completed: the agent ran (whatever its exit code) and the checks ran; boot_failed: the
+   * sandbox did not boot; agent_timeout: the agent exceeded agent.timeout; error: anything
+   * else that stopped the run (a refused capability, an infrastructure fault).
+   */
+  status: 'completed' | 'boot_failed' | 'agent_timeout' | 'error';
+  /** Why, for every status but completed. */
+  error: string | null;
+  sandbox_id: string | null;
+  /** ms since the epoch */
+  started_at: number;
+  ended_at: number;
+  wall_ms: number;
+  /** The agent process: exit code, whether it was killed at its timeout, the tails of its output (4 KB each, secrets redacted). */
+  agent: { exit_code: number | null; timed_out: boolean; duration_ms: number; stdout: string; stderr: string } | null;
+  /** Invariant name -> what its check found in the workspace. */
+  checks: Record<string, CheckResult>;
+  /** The workspace diff against the ready snapshot. */
+  diff: { added: string[]; modified: string[]; removed: string[] } | null;
+  /** The audit facts the forbidden rules need, each with the audit record (seq) that shows it. */
+  audit: {
+    file_writes: Array<{ path: string; seq: number; ts: string }>;
+    secret_findings: Array<{ name: string; seq: number; ts: string }>;
+  };
+}
+
+export interface CheckResult {
+  type: string;
+  /** null: not decided by the runner (llm_as_judge is graded by the scorer from judge_input). */
+  passed: boolean | null;
+  /** A score in [0, 1] when the check gives one (custom may); else the scorer uses passed ? 1 : 0. */
+  score: number | null;
+  message: string;
+  /** llm_as_judge: the text the judge grades (agent output, diff or a file), captured before teardown. */
+  judge_input?: string;
+}
+
+/** One invariant's part of a run's score. */
+export interface InvariantScore {
+  name: string;
+  type: string;
+  /** In [0, 1]; null when it could not be graded (a judge call failure). */
+  score: number | null;
+  weight: number;
+  gate: boolean;
+  passed: boolean;
+  message: string;
+  /** True when an llm_as_judge check failed to reach its judge: infrastructure, not a 0. */
+  judge_failure?: boolean;
+}
+
+export interface Violation {
+  rule: 'file_writes_outside' | 'secrets_in_logs' | 'http_except' | 'db_writes_outside';
+  message: string;
+  /** The audit record that caused it. */
+  audit: { seq: number; ts: string; path?: string; secret?: string };
+}
+
+/** A run's score: the scorer's answer to a RunOutcome. */
+export interface RunScore {
+  /** pass / fail by the spec's scoring rules; error when the run did not complete (boot, agent timeout, judge failure). */
+  verdict: 'pass' | 'fail' | 'error';
+  /** sum(weight x score) / sum(weight), 0 when a gate failed or a rule was violated; null for error. */
+  composite: number | null;
+  invariants: InvariantScore[];
+  violations: Violation[];
+  error: string | null;
+}
+
+/** A value of svc.run-scores (schemas/run-scored.avsc). */
+export interface RunScored {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  experiment_id: string;
+  scenario_id: string;
+  scenario_index: number;
+  run_id: string;
+  replica: number;
+  attempt: number;
+  params: string;
+  seed: number;
+  sandbox_id: string | null;
+  agent_snapshot_id: string | null;
+  verdict: RunScore['verdict'];
+  composite: number | null;
+  /** RunScore.invariants / violations as JSON. */
+  invariants: string;
+  violations: string;
+  error: string | null;
+  wall_ms: number;
+  /** The RunOutcome as JSON, kept so offline scoring can re-grade without re-running. */
+  outcome: string;
+}
+
+/** Reserved sandbox metadata keys a run's sandbox carries; trace ingest tags events from them. */
+export const RUN_METADATA = {
+  experimentId: 'svc.experiment_id',
+  scenarioId: 'svc.scenario_id',
+  runId: 'svc.run_id',
+  agent: 'svc.agent',
+  agentVersion: 'svc.agent_version',
+  agentSnapshotId: 'svc.agent_snapshot_id',
+} as const;
+
+/** The spec of one run: `{{ params.NAME }}` in every string of the document replaced by the run's matrix entry. */
+export function specForRun(yaml: string, params: Params): SpecDocument {
+  const substitute = (node: unknown): unknown => {
+    if (typeof node === 'string') return applyParams(node, params);
+    if (Array.isArray(node)) return node.map(substitute);
+    if (node !== null && typeof node === 'object') return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, substitute(v)]));
+    return node;
+  };
+  return parseSpec(stringify(substitute(parse(yaml))));
+}
+
+/** `{{ params.NAME }}` in a spec string, replaced by the run's matrix entry. */
+export function applyParams(text: string, params: Params): string {
+  return text.replace(/\{\{\s*params\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}/g, (match, name: string) => (name in params ? String(params[name]) : match));
+}
+
+/** Matrix entries reach the agent and the checks as SVC_PARAM_<NAME> environment variables. */
+export function paramsEnv(params: Params): Record<string, string> {
+  return Object.fromEntries(Object.entries(params).map(([name, value]) => [`SVC_PARAM_${name.toUpperCase()}`, String(value)]));
+}
