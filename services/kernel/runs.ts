@@ -116,6 +116,14 @@ export interface RunEvent {
   run_id: string | null;
   attempt: number;
   sandbox_id: string | null;
+  /** The run's place in its experiment (copied from its RunRequested; null/0 for runner_started). */
+  scenario_id: string | null;
+  scenario_index: number;
+  replica: number;
+  /** Params JSON */
+  params: string | null;
+  seed: number | null;
+  agent_snapshot_id: string | null;
   /** kind finished: the RunOutcome as JSON. */
   outcome: string | null;
 }
