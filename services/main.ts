@@ -11,9 +11,10 @@ import { openKernel } from './kernel/kernel.ts';
 import { createLogger } from './kernel/logger.ts';
 import { ApiService } from './api/service.ts';
 import { SinkService } from './sink/service.ts';
+import { AggregatorService } from './aggregator/service.ts';
 import { SandboxRunnerService } from './sandbox-runner/service.ts';
 
-export const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner'] as const;
+export const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner', 'aggregator'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
 
 export interface Running {
@@ -32,6 +33,7 @@ export async function startServices(config: Config, names: readonly ServiceName[
   // The sink starts first: the API's writes await its watermarks.
   if (names.includes('sink')) services.push(new SinkService());
   if (names.includes('sandbox-runner')) services.push(new SandboxRunnerService());
+  if (names.includes('aggregator')) services.push(new AggregatorService());
   if (names.includes('api')) services.push((api = new ApiService({ registry: opened.registry })));
   const started: Service[] = [];
   try {

@@ -37,6 +37,10 @@ export interface TraceEventsIngested {
   experiment_id: string | null;
   agent: string | null;
   agent_snapshot_id: string | null;
+  agent_version: number | null;
+  /** Tags of events from an experiment's run sandbox. */
+  scenario_id: string | null;
+  run_id: string | null;
   events: TraceEvent[];
 }
 

@@ -102,7 +102,8 @@ export interface RunRequested {
   secrets: Buffer;
 }
 
-export type RunEventKind = 'started' | 'finished' | 'runner_started';
+/** rejected: the runner had no free slot; the aggregator dispatches the run again later. */
+export type RunEventKind = 'started' | 'finished' | 'rejected' | 'runner_started';
 
 /** A value of svc.run-events (schemas/run-event.avsc). */
 export interface RunEvent {
@@ -235,15 +236,19 @@ export const RUN_METADATA = {
   agentSnapshotId: 'svc.agent_snapshot_id',
 } as const;
 
-/** The spec of one run: `{{ params.NAME }}` in every string of the document replaced by the run's matrix entry. */
-export function specForRun(yaml: string, params: Params): SpecDocument {
+/** The spec document of one run: `{{ params.NAME }}` in every string replaced by the run's matrix entry. */
+export function yamlForRun(yaml: string, params: Params): string {
   const substitute = (node: unknown): unknown => {
     if (typeof node === 'string') return applyParams(node, params);
     if (Array.isArray(node)) return node.map(substitute);
     if (node !== null && typeof node === 'object') return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, substitute(v)]));
     return node;
   };
-  return parseSpec(stringify(substitute(parse(yaml))));
+  return Object.keys(params).length === 0 ? yaml : stringify(substitute(parse(yaml)));
+}
+
+export function specForRun(yaml: string, params: Params): SpecDocument {
+  return parseSpec(yamlForRun(yaml, params));
 }
 
 /** `{{ params.NAME }}` in a spec string, replaced by the run's matrix entry. */

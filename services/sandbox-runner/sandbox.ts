@@ -35,6 +35,8 @@ export interface CreateRequest {
   run_id?: string;
   /** The agent snapshot the spec names, resolved by the api; absent for other agent types. */
   agent?: ResolvedAgent | null;
+  /** More environment for every command (a run's params, seed and ids), over the spec's. */
+  extra_env?: Record<string, string>;
 }
 
 /** Where the agent bundle is mounted, read-only, in every sandbox of a snapshot agent. */
@@ -95,6 +97,30 @@ export class LiveSandbox {
   /** The digest of the agent bundle this sandbox mounts, if any. */
   get agentDigest(): string | null {
     return this.request.agent?.digest ?? null;
+  }
+
+  /** The workspace directory on the host. */
+  get workspaceDir(): string {
+    return this.workspace;
+  }
+
+  /** The environment every command gets (secrets included: for the service's own use, never shown). */
+  get environment(): Readonly<Record<string, string>> {
+    return this.env;
+  }
+
+  /** Kills every process of the sandbox but its supervisor: the agent's whole tree, daemons included. */
+  async killAll(): Promise<void> {
+    await this.box!.killAll();
+  }
+
+  /**
+   * Runs a check of the service's (an invariant), not the agent's: not audited as a process of
+   * the agent, output redacted, in the sandbox as it is now.
+   */
+  async runCheck(command: string, options: { timeoutMs: number; env?: Record<string, string> }): Promise<{ exitCode: number; stdout: string; stderr: string; timedOut: boolean }> {
+    const r = await this.box!.exec({ command, timeoutMs: options.timeoutMs, env: options.env, maxCaptureBytes: 256 * 1024 });
+    return { exitCode: r.exitCode, stdout: this.redact(r.stdout), stderr: this.redact(r.stderr), timedOut: r.timedOut };
   }
 
   /** The Sandbox object of the spec. */
@@ -295,6 +321,7 @@ export class LiveSandbox {
       SVC_BASE_URL: this.kernel.config.baseUrl,
       SVC_API_KEY: this.token,
       SVC_SANDBOX_ID: this.id,
+      ...this.request.extra_env,
     };
     if (determinism.frozenTime) {
       env.LD_PRELOAD = LIBFAKETIME;
@@ -364,6 +391,10 @@ export class LiveSandbox {
     await this.audit!.record('process_spawn', { command: shown, exit_code: r.exitCode, duration_ms: r.durationMs, output_bytes: r.outputBytes, ...(this.spec.audit.stdout_capture ? { stdout: stdout.slice(0, chunk) } : {}) });
     if (this.spec.audit.stdout_capture) {
       for (let i = 0; i < stdout.length; i += chunk) await this.audit!.record('stdout', { command: shown, chunk: stdout.slice(i, i + chunk), index: i / chunk });
+      // A secret's value in captured stdout is a finding naming the secret (never its value): secrets_in_logs.
+      for (const [name, value] of Object.entries(this.secretValues)) {
+        if (value !== '' && r.stdout.includes(value)) await this.audit!.record('secret_finding', { name, command: shown });
+      }
     }
     await this.event('command', { command: shown, exit_code: r.exitCode, duration_ms: r.durationMs, ...(r.timedOut ? { timed_out: true } : {}), ...(r.oomKilled ? { oom_killed: true } : {}) });
     if (r.oomKilled) await this.event('warning', { message: `command "${shown}" was killed: the sandbox ran out of memory (limit ${this.spec.resources.memoryBytes} bytes)` });

@@ -25,6 +25,8 @@ import { TOPICS } from '../kernel/topics.ts';
 import { LocalRuntime } from './runtime/local-runtime.ts';
 import type { Runtime } from './runtime/runtime.ts';
 import { LiveSandbox, type CreateRequest } from './sandbox.ts';
+import { RunExecutor } from './runs.ts';
+import type { RunEvent, RunRequested } from '../kernel/runs.ts';
 
 export class SandboxRunnerService implements Service {
   readonly name = 'sandbox-runner';
@@ -37,6 +39,8 @@ export class SandboxRunnerService implements Service {
   private readonly sandboxes = new Map<string, LiveSandbox>();
   private readonly known = new EntityView<SandboxChanged>(TOPICS.sandboxes);
   private consumer: Consumer | null = null;
+  private runConsumer: Consumer | null = null;
+  private runs!: RunExecutor;
   private readonly inFlight = new Set<Promise<void>>();
   private stopping = false;
   /** Why the runtime cannot run sandboxes here, or null. */
@@ -64,14 +68,60 @@ export class SandboxRunnerService implements Service {
         for (const { value } of events) if (value) this.dispatch(value);
       },
     });
+    // Runs of experiments. A runner that (re)starts says so first: the aggregator dispatches again
+    // the runs this runner had started and can no longer finish.
+    this.runs = new RunExecutor(kernel, (tenant, id, request) => this.create(tenant, id, request), this.sealer, () => this.stopping);
+    await this.reportRun({ kind: 'runner_started', tenant: '', run: null });
+    this.runConsumer = await subscribe<RunRequested>(kernel, {
+      groupId: 'sandbox-runner-runs',
+      topics: [TOPICS.runRequests],
+      fromBeginning: false,
+      handle: async (events) => {
+        for (const { value } of events) if (value) this.dispatchRun(value);
+      },
+    });
     this.updateGauge();
+  }
+
+  private dispatchRun(run: RunRequested): void {
+    if (this.stopping) return;
+    const max = this.kernel.config.runnerMaxSandboxes;
+    // At capacity the run goes back to the aggregator, which dispatches it again when a slot frees.
+    const task = (max > 0 && this.sandboxes.size >= max ? this.reportRun({ kind: 'rejected', tenant: run.tenant, run }) : this.runs.execute(run))
+      .catch((err) => this.kernel.logger.error({ err, run_id: run.run_id }, 'run dispatch failed'))
+      .finally(() => this.inFlight.delete(task));
+    this.inFlight.add(task);
+  }
+
+  private async reportRun({ kind, tenant, run }: { kind: 'runner_started' | 'rejected'; tenant: string; run: RunRequested | null }): Promise<void> {
+    const event: RunEvent = {
+      tenant,
+      event_id: newEventId(),
+      ts: Date.now(),
+      kind,
+      runner_id: this.kernel.instanceId,
+      experiment_id: run?.experiment_id ?? null,
+      run_id: run?.run_id ?? null,
+      attempt: run?.attempt ?? 0,
+      sandbox_id: null,
+      scenario_id: run?.scenario_id ?? null,
+      scenario_index: run?.scenario_index ?? 0,
+      replica: run?.replica ?? 0,
+      params: run?.params ?? null,
+      seed: run?.seed ?? null,
+      agent_snapshot_id: null,
+      outcome: null,
+    };
+    await publish(this.kernel, TOPICS.runEvents, [{ key: run?.run_id ?? null, tenant, value: event }]);
   }
 
   async stop(): Promise<void> {
     this.stopping = true;
+    await this.runConsumer?.stop();
     await this.consumer?.stop();
-    await Promise.allSettled([...this.inFlight]);
+    // Sandboxes go first: a run in one ends at once (unreported; it runs again after the restart).
     await Promise.allSettled([...this.sandboxes.values()].map((s) => s.destroy('the runner stopped')));
+    await Promise.allSettled([...this.inFlight]);
     await Promise.all([this.secrets?.stop(), this.known.stop()]);
   }
 
@@ -108,7 +158,7 @@ export class SandboxRunnerService implements Service {
   private async handle(request: SandboxRequested): Promise<void> {
     const payload = JSON.parse(request.payload) as Record<string, unknown>;
     if (request.op === 'create') {
-      const live = await this.create(request, payload as unknown as CreateRequest);
+      const live = await this.create(request.tenant, request.sandbox_id, payload as unknown as CreateRequest);
       await reply(this.kernel, request, 201, live.view());
       return;
     }
@@ -121,24 +171,24 @@ export class SandboxRunnerService implements Service {
     await reply(this.kernel, request, result.status ?? 200, result.body, { contentType: result.contentType });
   }
 
-  private async create(request: SandboxRequested, create: CreateRequest): Promise<LiveSandbox> {
+  private async create(tenant: string, sandboxId: string, create: CreateRequest): Promise<LiveSandbox> {
     if (this.unavailable) throw new AppError('unavailable', `no sandbox runtime works on this server: ${this.unavailable}`);
     const max = this.kernel.config.runnerMaxSandboxes;
     const booting = [...this.sandboxes.values()].length;
     if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });
-    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, this.sealer, this.bundles, request.tenant, request.sandbox_id, create, () => {
-      this.sandboxes.delete(request.sandbox_id);
+    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, this.sealer, this.bundles, tenant, sandboxId, create, () => {
+      this.sandboxes.delete(sandboxId);
       this.updateGauge();
       // An extracted bundle whose snapshot was deleted goes once no sandbox mounts it.
       const mounted = new Set([...this.sandboxes.values()].flatMap((s) => (s.agentDigest ? [s.agentDigest] : [])));
       void this.bundles.prune(mounted).catch((err) => this.kernel.logger.warn({ err }, 'pruning extracted agent bundles failed'));
     });
-    this.sandboxes.set(request.sandbox_id, live);
+    this.sandboxes.set(sandboxId, live);
     this.updateGauge();
     try {
       await live.boot();
     } catch (err) {
-      this.sandboxes.delete(request.sandbox_id);
+      this.sandboxes.delete(sandboxId);
       throw err;
     }
     return live;

@@ -4,6 +4,7 @@
  */
 import type { AgentSnapshotChanged, AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent, TraceEventsIngested } from '../kernel/events.ts';
 import type { LogRecord } from '../kernel/log/event-log.ts';
+import type { ExperimentChanged, RunScored } from '../kernel/runs.ts';
 
 /** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
 export function clickhouseTimeUs(us: number): string {
@@ -21,6 +22,9 @@ export function traceEventRows(batch: TraceEventsIngested, record: LogRecord): A
   const ingestedAt = clickhouseTimeMs(batch.ts);
   const resource: Record<string, string> = {};
   if (batch.agent_snapshot_id) resource['svc.agent_snapshot_id'] = batch.agent_snapshot_id;
+  if (batch.agent_version !== null) resource['svc.agent_version'] = String(batch.agent_version);
+  if (batch.scenario_id) resource['svc.scenario_id'] = batch.scenario_id;
+  if (batch.run_id) resource['svc.run_id'] = batch.run_id;
   return batch.events.map((e) => ({
     Timestamp: clickhouseTimeUs(e.ts_us),
     TraceId: e.trace_id,
@@ -134,6 +138,60 @@ export function auditRow(a: AuditRecorded, record: LogRecord): Record<string, un
     Type: a.type,
     Details: a.details,
     EventId: a.event_id,
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+const nullableTimeMs = (ms: number | null) => (ms === null ? null : clickhouseTimeMs(ms));
+
+export function experimentRow(e: ExperimentChanged, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: e.tenant,
+    ExperimentId: e.experiment_id,
+    Name: e.name,
+    SpecId: e.spec_id,
+    SpecVersion: e.spec_version,
+    Status: e.status,
+    CreatedAt: clickhouseTimeMs(e.created_at),
+    QueuedAt: nullableTimeMs(e.queued_at),
+    StartedAt: nullableTimeMs(e.started_at),
+    CompletedAt: nullableTimeMs(e.completed_at),
+    TotalRuns: e.total_runs,
+    ScoredRuns: e.scored_runs,
+    Concurrency: e.concurrency,
+    Options: e.options,
+    Yaml: e.yaml ?? '',
+    Agent: e.agent ?? '',
+    Error: e.error ?? '',
+    Metrics: e.metrics ?? '',
+    UpdatedAt: clickhouseTimeMs(e.ts),
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+export function runScoreRow(s: RunScored, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: s.tenant,
+    ExperimentId: s.experiment_id,
+    ScenarioId: s.scenario_id,
+    ScenarioIndex: s.scenario_index,
+    RunId: s.run_id,
+    Replica: s.replica,
+    Attempt: s.attempt,
+    Params: s.params,
+    Seed: s.seed,
+    Verdict: s.verdict,
+    Composite: s.composite,
+    Invariants: s.invariants,
+    Violations: s.violations,
+    Error: s.error,
+    WallMs: s.wall_ms,
+    Outcome: s.outcome,
+    SandboxId: s.sandbox_id,
+    AgentSnapshotId: s.agent_snapshot_id,
+    ScoredAt: clickhouseTimeMs(s.ts),
     LogPartition: record.partition,
     LogOffset: record.offset,
   };

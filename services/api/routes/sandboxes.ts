@@ -19,6 +19,7 @@ import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
 import type { SpecCatalog } from '../specs.ts';
 import type { AgentCatalog } from '../agents.ts';
+import { RUN_METADATA } from '../../kernel/runs.ts';
 import { validateTraceBatch } from '../traces/validate-events.ts';
 import { ingestTraceEvents, sandboxTrace } from './traces.ts';
 
@@ -89,6 +90,8 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     if (typeof b.spec_id !== 'string' || b.spec_id === '') throw badRequest('spec_id', 'is required: the id of a stored spec');
     const timeoutMs = optionalDuration(b.timeout, 'timeout');
     const metadata = stringMap(b.metadata, 'metadata');
+    const reserved = Object.keys(metadata).find((k) => k.startsWith('svc.'));
+    if (reserved) throw badRequest(`metadata.${reserved}`, 'keys starting with "svc." are reserved for the service');
     const secrets = stringMap(b.secrets, 'secrets', SECRET_NAME);
     let spec;
     try {
@@ -188,7 +191,18 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
         for (const k of Object.keys(e.metadata)) e.metadata[k] = redactSecrets(e.metadata[k], secrets);
       }
     }
-    await ingestTraceEvents(kernel, sandbox.tenant, events, { sandbox_id: sandbox.sandbox_id, experiment_id: null, agent: null, agent_snapshot_id: null });
+    // A run's sandbox carries its experiment, scenario, run and agent in reserved metadata keys.
+    const tag = (key: string) => sandbox.metadata[key] || null;
+    const version = tag(RUN_METADATA.agentVersion);
+    await ingestTraceEvents(kernel, sandbox.tenant, events, {
+      sandbox_id: sandbox.sandbox_id,
+      experiment_id: tag(RUN_METADATA.experimentId),
+      scenario_id: tag(RUN_METADATA.scenarioId),
+      run_id: tag(RUN_METADATA.runId),
+      agent: tag(RUN_METADATA.agent),
+      agent_version: version === null ? null : Number(version),
+      agent_snapshot_id: tag(RUN_METADATA.agentSnapshotId),
+    });
     kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/sandboxes/:id/trace' }, events.length);
     ctx.body = { ingested: events.length };
   });

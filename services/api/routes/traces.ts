@@ -24,7 +24,13 @@ export interface IngestContext {
   experiment_id: string | null;
   agent: string | null;
   agent_snapshot_id: string | null;
+  agent_version: number | null;
+  scenario_id: string | null;
+  run_id: string | null;
 }
+
+/** Trace events from no sandbox carry no tags. */
+export const UNTAGGED: IngestContext = { sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null };
 
 /** Appends validated events for one tenant and waits until they are queryable. */
 export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: TraceEvent[], context: IngestContext): Promise<void> {
@@ -197,7 +203,7 @@ export function tracesRouter(kernel: Kernel, ingestLimiter: RateLimiter): Router
     const principal = ctx.state.principal as Principal;
     const events = validateTraceBatch(ctx.request.body, { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes });
     ingestLimiter.take(principal.keyId, events.length);
-    await ingestTraceEvents(kernel, principal.tenant, events, { sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null });
+    await ingestTraceEvents(kernel, principal.tenant, events, UNTAGGED);
     kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/traces' }, events.length);
     ctx.body = { ingested: events.length };
   });

@@ -27,6 +27,7 @@ export const AUDIT_TYPES = [
   'http_call',
   'process_spawn',
   'stdout',
+  'secret_finding',
   'warning',
 ] as const;
 export type AuditType = (typeof AUDIT_TYPES)[number];

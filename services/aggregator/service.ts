@@ -1,0 +1,303 @@
+/**
+ * The aggregator runs experiments: on a `run` command it plans replicas x matrix runs, dispatches
+ * them to the sandbox runners at most `concurrency` at a time (the rest wait as planned runs, each
+ * dispatched as an event when a slot frees), counts the scorer's verdicts, and completes the
+ * experiment with its metrics. It is the only writer of an experiment after `created`.
+ *
+ * Its state is rebuilt from the log on every start: the experiments (compacted), its own
+ * dispatches (svc.run-requests), the runners' reports (svc.run-events) and the scores
+ * (svc.run-scores). A run's status is derived from those facts, whatever order they were read in:
+ *   scored                         -> done (counted once, whatever the number of attempts)
+ *   finished                       -> waiting for its score (its slot is free)
+ *   rejected, or lost              -> dispatched again (attempt + 1)
+ *   otherwise                      -> in flight
+ * "Lost": the runner that started it (or, not yet started, any runner) restarted after its
+ * dispatch, or it has been in flight longer than its lease (agent timeout + 10 min).
+ * So a restart of any service in the middle of an experiment loses nothing; a run executed twice
+ * (a lease that lapsed on a slow runner) is still counted once.
+ */
+import { createHash } from 'node:crypto';
+import { publish, subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
+import { EntityView } from '../kernel/entity-view.ts';
+import { experimentMetrics } from '../kernel/experiment-metrics.ts';
+import { newEventId, runIdOf, scenarioIdOf } from '../kernel/ids.ts';
+import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
+import type { ExperimentChanged, ExperimentCommand, ExperimentOptions, Params, RunEvent, RunRequested, RunScored } from '../kernel/runs.ts';
+import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
+import { TOPICS } from '../kernel/topics.ts';
+
+const LEASE_MARGIN_MS = 10 * 60_000;
+const LEASE_CHECK_MS = 30_000;
+const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
+
+interface RunFacts {
+  runId: string;
+  scenarioId: string;
+  index: number;
+  replica: number;
+  /** attempt -> when dispatched */
+  dispatched: Map<number, number>;
+  /** attempt -> who started it, when */
+  started: Map<number, { runner: string; ts: number }>;
+  rejected: Set<number>;
+  finished: boolean;
+  scored: boolean;
+}
+
+interface Tracked {
+  runs: Map<string, RunFacts>;
+  /** Positions of the scores, so completion waits until the store holds them. */
+  scorePositions: RecordPosition[];
+}
+
+export class AggregatorService implements Service {
+  readonly name = 'aggregator';
+  private kernel!: Kernel;
+  /** The latest state of every experiment: the view's, or what this service just wrote. */
+  private readonly experiments = new Map<string, ExperimentChanged>();
+  private readonly tracked = new Map<string, Tracked>();
+  private readonly specs = new Map<string, SpecDocument>();
+  /** runner id -> when it last (re)started */
+  private readonly runnerStarts = new Map<string, number>();
+  private views: Array<EntityView<unknown>> = [];
+  private commands: Consumer | null = null;
+  private live = false;
+  private leaseTimer: NodeJS.Timeout | null = null;
+  /** Serialises the handling of one experiment's changes. */
+  private chain: Promise<unknown> = Promise.resolve();
+
+  async start(kernel: Kernel): Promise<void> {
+    this.kernel = kernel;
+    const fold = <T>(topic: string, apply: (value: T, event: Delivered<T>) => void) =>
+      new EntityView<T>(topic, (_entities, event) => {
+        if (event.value !== null) apply(event.value, event);
+      });
+    this.views = [
+      fold<ExperimentChanged>(TOPICS.experiments, (e) => this.onExperiment(e)),
+      fold<RunRequested>(TOPICS.runRequests, (r) => this.onDispatched(r)),
+      fold<RunEvent>(TOPICS.runEvents, (e) => this.onRunEvent(e)),
+      fold<RunScored>(TOPICS.runScores, (s, event) => this.onScored(s, { topic: event.record.topic, partition: event.record.partition, offset: event.record.offset })),
+    ] as Array<EntityView<unknown>>;
+    for (const view of this.views) await view.start(kernel);
+    this.live = true;
+    for (const id of this.experiments.keys()) this.schedule(id);
+    this.commands = await subscribe<ExperimentCommand>(kernel, {
+      groupId: 'aggregator',
+      topics: [TOPICS.experimentCommands],
+      fromBeginning: true,
+      handle: async (events) => {
+        for (const { value } of events) if (value) await this.serial(() => this.onCommand(value));
+      },
+    });
+    this.leaseTimer = setInterval(() => {
+      for (const id of this.tracked.keys()) this.schedule(id);
+    }, LEASE_CHECK_MS);
+    this.leaseTimer.unref();
+  }
+
+  async stop(): Promise<void> {
+    if (this.leaseTimer) clearInterval(this.leaseTimer);
+    await this.commands?.stop();
+    await Promise.all(this.views.map((v) => v.stop()));
+    await this.chain;
+  }
+
+  // --- facts --------------------------------------------------------------------------------
+
+  private onExperiment(e: ExperimentChanged): void {
+    const known = this.experiments.get(e.experiment_id);
+    if (!known || known.ts <= e.ts) this.experiments.set(e.experiment_id, e);
+  }
+
+  private facts(experimentId: string, runId: string, scenarioId: string, index: number, replica: number): RunFacts {
+    const fresh = (): RunFacts => ({ runId, scenarioId, index, replica, dispatched: new Map(), started: new Map(), rejected: new Set(), finished: false, scored: false });
+    // Finished experiments keep no state: history replayed at start stays out of memory.
+    if (TERMINAL.has(this.experiments.get(experimentId)?.status ?? '')) return fresh();
+    const tracked = this.tracked.get(experimentId) ?? { runs: new Map(), scorePositions: [] };
+    this.tracked.set(experimentId, tracked);
+    let facts = tracked.runs.get(runId);
+    if (!facts) {
+      facts = fresh();
+      tracked.runs.set(runId, facts);
+    }
+    return facts;
+  }
+
+  private onDispatched(r: RunRequested): void {
+    this.facts(r.experiment_id, r.run_id, r.scenario_id, r.scenario_index, r.replica).dispatched.set(r.attempt, r.ts);
+  }
+
+  private onRunEvent(e: RunEvent): void {
+    if (e.kind === 'runner_started') {
+      this.runnerStarts.set(e.runner_id, Math.max(this.runnerStarts.get(e.runner_id) ?? 0, e.ts));
+      if (this.live) for (const id of this.tracked.keys()) this.schedule(id);
+      return;
+    }
+    if (e.experiment_id === null || e.run_id === null || e.scenario_id === null) return;
+    const facts = this.facts(e.experiment_id, e.run_id, e.scenario_id, e.scenario_index, e.replica);
+    if (e.kind === 'started') facts.started.set(e.attempt, { runner: e.runner_id, ts: e.ts });
+    if (e.kind === 'rejected') facts.rejected.add(e.attempt);
+    if (e.kind === 'finished') facts.finished = true;
+    if (this.live) this.schedule(e.experiment_id);
+  }
+
+  private onScored(s: RunScored, position: RecordPosition): void {
+    const facts = this.facts(s.experiment_id, s.run_id, s.scenario_id, s.scenario_index, s.replica);
+    facts.scored = true;
+    facts.finished = true;
+    this.tracked.get(s.experiment_id)?.scorePositions.push(position);
+    if (this.live) this.schedule(s.experiment_id);
+  }
+
+  // --- decisions ----------------------------------------------------------------------------
+
+  private serial<T>(task: () => Promise<T>): Promise<T> {
+    const next = this.chain.then(task, task);
+    this.chain = next.catch(() => {});
+    return next;
+  }
+
+  private schedule(experimentId: string): void {
+    void this.serial(() => this.advance(experimentId)).catch((err) => this.kernel.logger.error({ err, experiment_id: experimentId }, 'experiment step failed'));
+  }
+
+  private async onCommand(command: ExperimentCommand): Promise<void> {
+    const experiment = this.experiments.get(command.experiment_id);
+    // The api wrote `created` before sending the command; the view may be a moment behind.
+    if (!experiment) throw new Error(`experiment ${command.experiment_id} is not in the view yet`);
+    if (command.command === 'cancel') {
+      if (!TERMINAL.has(experiment.status)) await this.write(experiment, { status: 'cancelled', completed_at: Date.now(), error: 'cancelled by request' });
+      return;
+    }
+    if (experiment.status !== 'created') return; // a repeated command
+    await this.write(experiment, { status: 'queued', queued_at: Date.now(), yaml: command.yaml, agent: command.agent, total_runs: command.total_runs, concurrency: command.concurrency });
+    await this.advance(experiment.experiment_id);
+  }
+
+  /** Dispatches what can run, re-dispatches what was lost, completes what is done. */
+  private async advance(experimentId: string): Promise<void> {
+    const experiment = this.experiments.get(experimentId);
+    if (experiment && TERMINAL.has(experiment.status)) this.tracked.delete(experimentId);
+    if (!experiment || experiment.yaml === null || TERMINAL.has(experiment.status) || experiment.status === 'created') return;
+    let spec: SpecDocument;
+    try {
+      spec = this.spec(experiment);
+    } catch (err) {
+      await this.write(experiment, { status: 'failed', completed_at: Date.now(), error: `the spec cannot be planned: ${(err as Error).message}` });
+      return;
+    }
+    const tracked = this.tracked.get(experimentId) ?? { runs: new Map(), scorePositions: [] };
+    this.tracked.set(experimentId, tracked);
+    const plan = planRuns(experiment, spec);
+    const now = Date.now();
+    const lease = (spec.agent?.timeoutMs ?? this.kernel.config.agentTimeout) + LEASE_MARGIN_MS;
+    const latestRestart = Math.max(0, ...this.runnerStarts.values());
+    let inFlight = 0;
+    let scored = 0;
+    let anyStarted = false;
+    const due: Array<{ run: PlannedRun; attempt: number }> = [];
+    for (const run of plan) {
+      const facts = tracked.runs.get(run.runId);
+      if (facts?.scored) scored++;
+      if (facts && facts.started.size > 0) anyStarted = true;
+      if (facts?.scored || facts?.finished) continue;
+      const attempt = facts && facts.dispatched.size > 0 ? Math.max(...facts.dispatched.keys()) : 0;
+      if (attempt === 0) {
+        due.push({ run, attempt: 1 });
+        continue;
+      }
+      const dispatchedAt = facts!.dispatched.get(attempt)!;
+      const started = facts!.started.get(attempt);
+      const lost = started ? (this.runnerStarts.get(started.runner) ?? 0) > started.ts : latestRestart > dispatchedAt;
+      if (facts!.rejected.has(attempt) || lost || now - dispatchedAt > lease) due.push({ run, attempt: attempt + 1 });
+      else inFlight++;
+    }
+    if (anyStarted && experiment.status === 'queued') await this.write(experiment, { status: 'running', started_at: Date.now() });
+    if (scored !== experiment.scored_runs) await this.write(this.experiments.get(experimentId)!, { scored_runs: scored });
+    if (scored === plan.length) {
+      await this.complete(experimentId, spec, tracked);
+      return;
+    }
+    // Runs lost or rejected go first: they were dispatched once already.
+    due.sort((a, b) => b.attempt - a.attempt);
+    const slots = Math.max(0, experiment.concurrency - inFlight);
+    const dispatch = due.slice(0, slots);
+    if (dispatch.length === 0) return;
+    const current = this.experiments.get(experimentId)!;
+    const requests: RunRequested[] = dispatch.map(({ run, attempt }) => ({
+      tenant: current.tenant,
+      event_id: newEventId(),
+      ts: Date.now(),
+      experiment_id: experimentId,
+      scenario_id: run.scenarioId,
+      run_id: run.runId,
+      scenario_index: run.index,
+      replica: run.replica,
+      attempt,
+      spec_id: current.spec_id,
+      spec_version: current.spec_version,
+      yaml: current.yaml!,
+      params: JSON.stringify(run.params),
+      seed: run.seed,
+      agent: current.agent,
+      secrets: current.secrets,
+    }));
+    for (const r of requests) this.onDispatched(r);
+    await publish(this.kernel, TOPICS.runRequests, requests.map((r) => ({ key: r.run_id, tenant: r.tenant, value: r })));
+  }
+
+  private async complete(experimentId: string, spec: SpecDocument, tracked: Tracked): Promise<void> {
+    const experiment = this.experiments.get(experimentId)!;
+    await this.kernel.visibility.waitFor(tracked.scorePositions, this.kernel.config.replyTimeout);
+    const metrics = await experimentMetrics(this.kernel.store, experiment.tenant, experimentId, spec.scoring);
+    await this.write(experiment, { status: 'completed', completed_at: Date.now(), metrics: JSON.stringify(metrics) });
+  }
+
+  private spec(experiment: ExperimentChanged): SpecDocument {
+    let spec = this.specs.get(experiment.experiment_id);
+    if (!spec) {
+      spec = parseSpec(experiment.yaml!);
+      this.specs.set(experiment.experiment_id, spec);
+    }
+    return spec;
+  }
+
+  private async write(experiment: ExperimentChanged, change: Partial<ExperimentChanged>): Promise<void> {
+    const next: ExperimentChanged = { ...experiment, ...change, event_id: newEventId(), ts: Math.max(Date.now(), experiment.ts + 1) };
+    this.experiments.set(next.experiment_id, next);
+    if (TERMINAL.has(next.status)) {
+      this.specs.delete(next.experiment_id);
+      this.tracked.delete(next.experiment_id);
+    }
+    await publish(this.kernel, TOPICS.experiments, [{ key: next.experiment_id, tenant: next.tenant, value: next }]);
+  }
+}
+
+interface PlannedRun {
+  runId: string;
+  scenarioId: string;
+  index: number;
+  replica: number;
+  params: Params;
+  seed: number;
+}
+
+/**
+ * Replicas x matrix entries, replica-major (every scenario's first replica before any second),
+ * so early results cover every scenario. Seeds: the request's, else the spec's, else one derived
+ * from the run id (stable across attempts).
+ */
+export function planRuns(experiment: ExperimentChanged, spec: SpecDocument): PlannedRun[] {
+  const options = JSON.parse(experiment.options) as ExperimentOptions;
+  const matrix = options.matrix ?? spec.parallelism.matrix;
+  const replicas = options.replicas ?? spec.parallelism.replicas;
+  const runs: PlannedRun[] = [];
+  for (let replica = 1; replica <= replicas; replica++) {
+    for (const [index, params] of matrix.entries()) {
+      const runId = runIdOf(experiment.experiment_id, index, replica);
+      const seed = options.seed ?? spec.determinism.seed ?? createHash('sha256').update(runId).digest().readUInt32BE(0) % 2 ** 31;
+      runs.push({ runId, scenarioId: scenarioIdOf(experiment.experiment_id, index), index, replica, params, seed });
+    }
+  }
+  return runs;
+}

@@ -1,0 +1,294 @@
+/**
+ * One run of an experiment on this runner: boot a sandbox from the run's spec (matrix params
+ * applied), run the agent under `agent.timeout`, kill everything the agent left running, run the
+ * checks from the read-only image and the service's side, collect the diff and the audit facts,
+ * tear down, and report a RunOutcome on svc.run-events. Scoring is the scorer's.
+ *
+ * The agent runs as a command of the sandbox, so it is audited like any other (process_spawn,
+ * stdout capture, secret findings). Checks are not the agent's: they run after the agent's whole
+ * process tree is gone, and file checks read the workspace from the host through the same
+ * symlink-safe paths as the files API.
+ */
+import { readFile as readHostFile } from 'node:fs/promises';
+import path from 'node:path';
+import { publish, type Kernel } from '../kernel/actor.ts';
+import type { ResolvedAgent } from '../kernel/agents.ts';
+import { AppError } from '../kernel/errors.ts';
+import { newEventId, newSandboxId } from '../kernel/ids.ts';
+import { paramsEnv, RUN_METADATA, yamlForRun, type CheckResult, type Params, type RunEvent, type RunOutcome, type RunRequested } from '../kernel/runs.ts';
+import { parseSpec, type InvariantCheck, type SpecDocument } from '../kernel/spec.ts';
+import type { Sealer } from '../kernel/tenant-secrets.ts';
+import { TOPICS } from '../kernel/topics.ts';
+import { listImages, normalizeReference } from './runtime/images.ts';
+import type { CreateRequest, LiveSandbox } from './sandbox.ts';
+import { auditLogPath } from './workspace/audit-log.ts';
+import { readFile } from './workspace/files.ts';
+import { resolveRealPath } from './workspace/paths.ts';
+
+const OUTPUT_TAIL = 4096;
+const JUDGE_INPUT_MAX = 64 * 1024;
+/** Room for boot, checks and teardown beyond the agent's own timeout in the sandbox's lifetime. */
+const LIFETIME_MARGIN_MS = 10 * 60_000;
+
+export type BootSandbox = (tenant: string, id: string, request: CreateRequest) => Promise<LiveSandbox>;
+
+const quote = (arg: string) => `'${arg.replace(/'/g, `'\\''`)}'`;
+const tail = (text: string) => (text.length > OUTPUT_TAIL ? text.slice(-OUTPUT_TAIL) : text);
+
+export class RunExecutor {
+  constructor(
+    private readonly kernel: Kernel,
+    private readonly boot: BootSandbox,
+    private readonly sealer: Sealer,
+    /** True once the runner is stopping: a run cut short by that is not reported, the aggregator runs it again. */
+    private readonly interrupted: () => boolean,
+  ) {}
+
+  /** Executes a run and reports it; never throws (a failure is the run's outcome). */
+  async execute(run: RunRequested): Promise<void> {
+    const params = JSON.parse(run.params) as Params;
+    const agent = run.agent === null ? null : (JSON.parse(run.agent) as ResolvedAgent);
+    const sandboxId = newSandboxId();
+    const report = (kind: RunEvent['kind'], outcome: RunOutcome | null) =>
+      publish(this.kernel, TOPICS.runEvents, [
+        {
+          key: run.run_id,
+          tenant: run.tenant,
+          value: {
+            tenant: run.tenant,
+            event_id: newEventId(),
+            ts: Date.now(),
+            kind,
+            runner_id: this.kernel.instanceId,
+            experiment_id: run.experiment_id,
+            run_id: run.run_id,
+            attempt: run.attempt,
+            sandbox_id: sandboxId,
+            scenario_id: run.scenario_id,
+            scenario_index: run.scenario_index,
+            replica: run.replica,
+            params: run.params,
+            seed: run.seed,
+            agent_snapshot_id: agent?.snapshot_id ?? null,
+            outcome: outcome === null ? null : JSON.stringify(outcome),
+          } satisfies RunEvent,
+        },
+      ]);
+    const started = Date.now();
+    let outcome: RunOutcome;
+    try {
+      await report('started', null);
+      outcome = await this.run(run, params, agent, sandboxId, started);
+    } catch (err) {
+      this.kernel.logger.error({ err, run_id: run.run_id, experiment_id: run.experiment_id }, 'run failed');
+      outcome = failed('error', `the run failed: ${(err as Error).message}`, sandboxId, started);
+    }
+    if (this.interrupted()) return;
+    await report('finished', outcome).catch((err) => this.kernel.logger.error({ err, run_id: run.run_id }, 'cannot report a finished run'));
+  }
+
+  private async run(run: RunRequested, params: Params, agent: ResolvedAgent | null, sandboxId: string, started: number): Promise<RunOutcome> {
+    const yaml = yamlForRun(run.yaml, params);
+    const spec = parseSpec(yaml);
+    const agentTimeoutMs = spec.agent?.timeoutMs ?? this.kernel.config.agentTimeout;
+    const secrets = run.secrets.length > 0 ? (JSON.parse(this.sealer.open(run.secrets, run.experiment_id)) as Record<string, string>) : {};
+    let sandbox: LiveSandbox;
+    try {
+      sandbox = await this.boot(run.tenant, sandboxId, {
+        spec_id: run.spec_id,
+        spec_version: run.spec_version,
+        yaml,
+        timeout_ms: (spec.resources.timeoutMs ?? this.kernel.config.sandboxTimeout) + agentTimeoutMs + LIFETIME_MARGIN_MS,
+        metadata: {
+          [RUN_METADATA.experimentId]: run.experiment_id,
+          [RUN_METADATA.scenarioId]: run.scenario_id,
+          [RUN_METADATA.runId]: run.run_id,
+          ...(agent ? { [RUN_METADATA.agent]: agent.name, [RUN_METADATA.agentVersion]: String(agent.version), [RUN_METADATA.agentSnapshotId]: agent.snapshot_id } : {}),
+        },
+        secrets,
+        scenario_id: run.scenario_id,
+        run_id: run.run_id,
+        agent,
+        extra_env: {
+          ...spec.agent?.env,
+          ...paramsEnv(params),
+          SVC_EXPERIMENT_ID: run.experiment_id,
+          SVC_SCENARIO_ID: run.scenario_id,
+          SVC_RUN_ID: run.run_id,
+          SVC_RANDOM_SEED: String(run.seed),
+          SVC_TASK_PROMPT: spec.task.prompt,
+          SVC_WORKSPACE: '/workspace',
+          ...(agent ? { SVC_AGENT_DIR: '/agent' } : {}),
+        },
+      });
+    } catch (err) {
+      return failed('boot_failed', (err as Error).message, null, started);
+    }
+    try {
+      // A custom check's script file is read as it was at ready: the agent cannot rewrite its grader.
+      const scripts = await this.readCheckScripts(sandbox, spec);
+      const agentRun = await this.runAgent(sandbox, spec, agent, agentTimeoutMs);
+      await sandbox.killAll();
+      if (agentRun.timed_out) {
+        return { ...failed('agent_timeout', `the agent exceeded its timeout of ${agentTimeoutMs} ms`, sandboxId, started), agent: agentRun };
+      }
+      const checks: Record<string, CheckResult> = {};
+      for (const [name, invariant] of Object.entries(spec.invariants)) {
+        checks[name] = await this.check(sandbox, invariant.check, scripts.get(name), agentRun).catch((err: Error) => ({
+          type: invariant.check.type,
+          passed: false,
+          score: null,
+          message: `the check could not run: ${err.message}`,
+        }));
+      }
+      const diff = (await sandbox.handle('diff', {})).body as RunOutcome['diff'];
+      const ended = Date.now();
+      return {
+        status: 'completed',
+        error: null,
+        sandbox_id: sandboxId,
+        started_at: started,
+        ended_at: ended,
+        wall_ms: ended - started,
+        agent: agentRun,
+        checks,
+        diff,
+        audit: await auditFacts(sandbox.workspaceDir),
+      };
+    } finally {
+      await sandbox.destroy('run finished').catch((err) => this.kernel.logger.warn({ err, sandbox_id: sandboxId }, 'run teardown failed'));
+    }
+  }
+
+  /** The agent of the spec's `agent` block, run to its end or its timeout. */
+  private async runAgent(sandbox: LiveSandbox, spec: SpecDocument, agent: ResolvedAgent | null, timeoutMs: number): Promise<NonNullable<RunOutcome['agent']>> {
+    const a = spec.agent;
+    if (a === null) return { exit_code: null, timed_out: false, duration_ms: 0, stdout: '', stderr: '' };
+    if (a.type === 'hosted') return this.callHostedAgent(sandbox, spec, timeoutMs);
+    let command: string;
+    if (a.type === 'snapshot') {
+      if (!agent) throw new AppError('bad_request', 'the run has no resolved agent snapshot');
+      command = `cd /agent && exec ${agent.entrypoint.map(quote).join(' ')}`;
+    } else if (a.type === 'cli') {
+      command = Array.isArray(a.command) ? `exec ${a.command.map(quote).join(' ')}` : a.command;
+    } else {
+      const image = (await listImages(path.join(this.kernel.config.dataDir, 'images'))).find((i) => i.name === normalizeReference(spec.base));
+      const entrypoint = a.entrypoint ?? image?.entrypoint;
+      if (!entrypoint) throw new AppError('bad_request', `image agent: neither agent.entrypoint nor the image "${spec.base}" (svc images import --entrypoint) names a command`);
+      command = `exec ${entrypoint.map(quote).join(' ')}`;
+    }
+    const result = (await sandbox.handle('command', { command, timeout_ms: timeoutMs })).body as {
+      stdout: string;
+      stderr: string;
+      exit_code: number;
+      duration_ms: number;
+      timed_out?: boolean;
+    };
+    return { exit_code: result.exit_code, timed_out: result.timed_out === true, duration_ms: result.duration_ms, stdout: tail(result.stdout), stderr: tail(result.stderr) };
+  }
+
+  /** A hosted agent gets the task and the sandbox's API coordinates; its answer ends the run. */
+  private async callHostedAgent(sandbox: LiveSandbox, spec: SpecDocument, timeoutMs: number): Promise<NonNullable<RunOutcome['agent']>> {
+    const a = spec.agent as Extract<SpecDocument['agent'], { type: 'hosted' }>;
+    const vars = sandbox.environment;
+    const sent = ['SVC_BASE_URL', 'SVC_API_KEY', 'SVC_SANDBOX_ID', ...Object.keys(a.env), ...a.send_env];
+    const started = Date.now();
+    try {
+      const res = await fetch(a.url, {
+        method: a.method,
+        headers: { 'content-type': 'application/json', ...a.headers },
+        body: JSON.stringify({ task: { prompt: spec.task.prompt }, env: Object.fromEntries(sent.filter((k) => k in vars).map((k) => [k, vars[k]])) }),
+        signal: AbortSignal.timeout(timeoutMs),
+      });
+      const text = tail(await res.text());
+      if (!res.ok) throw new AppError('bad_request', `the hosted agent answered ${res.status}: ${text.slice(0, 200)}`);
+      return { exit_code: 0, timed_out: false, duration_ms: Date.now() - started, stdout: text, stderr: '' };
+    } catch (err) {
+      if ((err as Error).name === 'TimeoutError') return { exit_code: null, timed_out: true, duration_ms: Date.now() - started, stdout: '', stderr: '' };
+      throw err;
+    }
+  }
+
+  private async readCheckScripts(sandbox: LiveSandbox, spec: SpecDocument): Promise<Map<string, string>> {
+    const scripts = new Map<string, string>();
+    for (const [name, { check }] of Object.entries(spec.invariants)) {
+      if (check.type !== 'custom' || check.form !== 'file') continue;
+      const file = await readFile(sandbox.workspaceDir, check.script, { field: `invariants.${name}.check.script` }).catch(() => null);
+      if (file) scripts.set(name, file.content.toString('utf8'));
+    }
+    return scripts;
+  }
+
+  private async check(sandbox: LiveSandbox, check: InvariantCheck, script: string | undefined, agentRun: NonNullable<RunOutcome['agent']>): Promise<CheckResult> {
+    const workspace = sandbox.workspaceDir;
+    const result = (passed: boolean, message: string): CheckResult => ({ type: check.type, passed, score: null, message });
+    switch (check.type) {
+      case 'command_exit': {
+        const r = await sandbox.runCheck(check.command, { timeoutMs: check.timeoutMs });
+        if (r.timedOut) return result(false, `timed out after ${check.timeoutMs} ms`);
+        const output = (r.stderr || r.stdout).trim().slice(-300);
+        return result(r.exitCode === check.expect_exit, `exit code ${r.exitCode} (expected ${check.expect_exit})${output ? `: ${output}` : ''}`);
+      }
+      case 'file_exists':
+      case 'file_absent': {
+        const exists = await resolveRealPath(workspace, check.path, 'path', { followFinal: true })
+          .then((target) => readHostFile(target.absolute).then(() => true, (err: NodeJS.ErrnoException) => err.code === 'EISDIR'))
+          .catch(() => false);
+        const wanted = check.type === 'file_exists';
+        return result(exists === wanted, `${check.path} ${exists ? 'exists' : 'does not exist'}`);
+      }
+      case 'file_content': {
+        const file = await readFile(workspace, check.path).catch(() => null);
+        if (!file) return result(false, `${check.path} does not exist or cannot be read`);
+        const text = file.content.toString('utf8');
+        if (check.contains !== undefined) return result(text.includes(check.contains), `${check.path} ${text.includes(check.contains) ? 'contains' : 'does not contain'} ${JSON.stringify(check.contains)}`);
+        const matches = new RegExp(check.regex!, 'm').test(text);
+        return result(matches, `${check.path} ${matches ? 'matches' : 'does not match'} /${check.regex}/`);
+      }
+      case 'custom': {
+        const source = check.form === 'inline' ? check.script : script;
+        if (source === undefined) return result(false, `${check.script} did not exist when the sandbox became ready`);
+        const r = await sandbox.runCheck('python3 -c "$SVC_CHECK_SCRIPT"', { timeoutMs: check.timeoutMs, env: { SVC_CHECK_SCRIPT: source } });
+        if (r.timedOut) return result(false, `timed out after ${check.timeoutMs} ms`);
+        const last = r.stdout.trim().split('\n').at(-1) ?? '';
+        try {
+          const answer = JSON.parse(last) as { passed?: unknown; score?: unknown; message?: unknown };
+          if (typeof answer.passed !== 'boolean') throw new Error('no boolean "passed"');
+          const score = typeof answer.score === 'number' && answer.score >= 0 && answer.score <= 1 ? answer.score : null;
+          return { type: 'custom', passed: answer.passed, score, message: typeof answer.message === 'string' ? answer.message : `passed: ${answer.passed}` };
+        } catch (err) {
+          return result(false, `the script must print a JSON object with "passed" as its last line (${(err as Error).message}); exit code ${r.exitCode}: ${(r.stderr || last).trim().slice(-300)}`);
+        }
+      }
+      case 'llm_as_judge':
+        return { type: 'llm_as_judge', passed: null, score: null, message: 'graded by the judge', judge_input: await this.judgeInput(sandbox, check.input, agentRun) };
+      default:
+        return result(false, `${check.type} checks need backing services, which this server cannot run yet`);
+    }
+  }
+
+  private async judgeInput(sandbox: LiveSandbox, input: string, agentRun: NonNullable<RunOutcome['agent']>): Promise<string> {
+    if (input === 'agent_output') return agentRun.stdout;
+    if (input === 'diff') return JSON.stringify((await sandbox.handle('diff', {})).body);
+    const file = await readFile(sandbox.workspaceDir, input.slice('file:'.length)).catch(() => null);
+    return file ? file.content.toString('utf8').slice(0, JUDGE_INPUT_MAX) : '';
+  }
+}
+
+function failed(status: RunOutcome['status'], error: string, sandboxId: string | null, started: number): RunOutcome {
+  const ended = Date.now();
+  return { status, error, sandbox_id: sandboxId, started_at: started, ended_at: ended, wall_ms: ended - started, agent: null, checks: {}, diff: null, audit: { file_writes: [], secret_findings: [] } };
+}
+
+/** The audit facts the forbidden rules read, each with its record's line number (seq, from 1). */
+async function auditFacts(workspace: string): Promise<RunOutcome['audit']> {
+  const text = await readHostFile(auditLogPath(workspace), 'utf8').catch(() => '');
+  const facts: RunOutcome['audit'] = { file_writes: [], secret_findings: [] };
+  for (const [i, line] of text.split('\n').entries()) {
+    if (line === '') continue;
+    const record = JSON.parse(line) as { ts: string; type: string; details: Record<string, unknown> };
+    if (record.type === 'file_write') facts.file_writes.push({ path: String(record.details.path), seq: i + 1, ts: record.ts });
+    if (record.type === 'secret_finding') facts.secret_findings.push({ name: String(record.details.name), seq: i + 1, ts: record.ts });
+  }
+  return facts;
+}
