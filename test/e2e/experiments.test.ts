@@ -278,7 +278,7 @@ invariants:
       const events = [traceEvent({ event_type: 'llm_call', tool: 'chat', cost: { model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, estimated_usd: 0.25 } }), traceEvent({ event_type: 'tool_use', tool: 'bash' })];
       const posted = await server.request('POST', `/v1/sandboxes/${sandbox.id}/trace`, { key: token, body: { events } });
       assert.equal(posted.status, 200, posted.text);
-      assert.equal((await req('POST', `/v1/sandboxes/${sandbox.id}/files`, { path: 'go.txt', content: 'go' })).status, 200);
+      assert.equal((await req('POST', `/v1/sandboxes/${sandbox.id}/files`, { path: 'go.txt', content: 'go' })).status, 201);
       const results = await finished(id);
       const run = runsOf(results)[0];
       assert.equal(run.verdict, 'pass');
