@@ -6,6 +6,7 @@
  *   3. Specs and agents: spec upload + read-back p50; a 50 MB bundle upload in MB/s with the
  *      server's memory sampled (the upload must stream).
  *   4. Sandboxes on the local runtime: create, command overhead, concurrency, state.
+ *   5. An experiment of 200 scenarios against the same sandbox work done directly.
  * Kafka comes from infra/kafka (Maven Central); without java/mvn its rows say why they are missing.
  * Sizes: SVC_BENCH_LOG_RECORDS (default 200000), SVC_BENCH_INGEST_EVENTS (default 300000).
  */
@@ -18,6 +19,7 @@ import { EmbeddedLog } from '../../services/kernel/log/embedded/embedded-log.ts'
 import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
 import { create as createTar } from 'tar';
 import { ADMIN_KEY, createTenantKey, REPO, startServer, traceEvent } from '../helpers/server.ts';
+import { makeBundle } from '../helpers/bundles.ts';
 // @ts-expect-error plain JS module without types
 import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
 
@@ -220,6 +222,67 @@ async function benchSpecsAndAgents(): Promise<string[]> {
   return lines;
 }
 
+/**
+ * An experiment of 200 scenarios with a trivial agent at concurrency 8, against the same sandbox
+ * work done directly through the API (create, run the agent, a check, the diff, destroy) by 8
+ * workers. The difference per scenario is the orchestration: events, dispatch, scoring, counting.
+ */
+async function benchExperiments(): Promise<string[]> {
+  const server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
+  const SCENARIOS = 200;
+  const CONCURRENCY = 8;
+  try {
+    const form = new FormData();
+    form.append('metadata', JSON.stringify({ name: 'trivial', entrypoint: ['sh', 'run.sh'] }));
+    form.append('bundle', new Blob([new Uint8Array(await makeBundle({ 'run.sh': 'echo ok > "$SVC_WORKSPACE/out.txt"\n' }))]), 'agent.tar.gz');
+    const upload = await fetch(`${server.url}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: form });
+    if (upload.status !== 201) throw new Error(`agent upload: ${upload.status}`);
+    const matrix = Array.from({ length: SCENARIOS }, (_, i) => `{i: ${i}}`).join(', ');
+    const spec = `version: 1\nid: bench-exp\nbase: debian:bookworm\ntask: {prompt: bench}\nagent: {type: snapshot, snapshot: trivial}\nparallelism: {matrix: [${matrix}]}\nresources: {concurrency_limit: ${CONCURRENCY}}\ninvariants: {out: {check: {type: file_exists, path: out.txt}}}\n`;
+    const put = await server.request('POST', '/v1/specs', { body: spec, headers: { 'content-type': 'application/x-yaml' } });
+    if (put.status !== 201) throw new Error(`spec: ${put.text}`);
+
+    // Direct: the same sandbox work through the API, 8 at a time.
+    const directStarted = performance.now();
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: CONCURRENCY }, async () => {
+        while (next < SCENARIOS) {
+          next++;
+          const created = await server.request('POST', '/v1/sandboxes', { body: { spec_id: 'bench-exp' } });
+          if (created.status !== 201) throw new Error(`create: ${created.text}`);
+          const id = created.body.id;
+          await server.request('POST', `/v1/sandboxes/${id}/commands`, { body: { command: 'cd /agent && exec sh run.sh' } });
+          await server.request('POST', `/v1/sandboxes/${id}/commands`, { body: { command: 'test -f out.txt' } });
+          await server.request('GET', `/v1/sandboxes/${id}/diff`);
+          await server.request('DELETE', `/v1/sandboxes/${id}`);
+        }
+      }),
+    );
+    const directMs = performance.now() - directStarted;
+
+    const started = performance.now();
+    const created = await server.request('POST', '/v1/experiments', { body: { name: 'bench', spec_id: 'bench-exp', run: true } });
+    if (created.status !== 201) throw new Error(`experiment: ${created.text}`);
+    let status = '';
+    while (status !== 'completed') {
+      const res = await server.request('GET', `/v1/experiments/${created.body.id}`);
+      status = res.body.status;
+      if (status === 'failed' || status === 'cancelled') throw new Error(`experiment ${status}: ${res.body.error}`);
+      if (status !== 'completed') await new Promise((r) => setTimeout(r, 50));
+    }
+    const experimentMs = performance.now() - started;
+    const perScenario = (ms: number) => (ms * CONCURRENCY) / SCENARIOS;
+    const f = (n: number) => n.toFixed(1);
+    return [
+      `| experiment of ${SCENARIOS} scenarios, trivial agent, concurrency ${CONCURRENCY} | ${f(SCENARIOS / (experimentMs / 1000))} scenarios/s (${f(experimentMs / 1000)} s) | the same sandbox work directly: ${f(SCENARIOS / (directMs / 1000))} scenarios/s (${f(directMs / 1000)} s) | |`,
+      `| orchestration per scenario (experiment minus direct, per slot) | ${f(perScenario(experimentMs) - perScenario(directMs))} ms | ${f(perScenario(experimentMs))} vs ${f(perScenario(directMs))} ms of slot time per scenario | target < 20 ms |`,
+    ];
+  } finally {
+    await server.cleanup();
+  }
+}
+
 async function main() {
   const rows: Row[] = [
     { what: 'log append + consume (300 B records)', embedded: null, kafka: null, unit: 'records/s' },
@@ -272,6 +335,12 @@ async function main() {
   console.log('|---|---:|---:|---|');
   if (!bwrap) console.log('| skipped: bubblewrap does not work here (apt-get install bubblewrap) | | | |');
   else for (const line of await benchSandboxes()) console.log(line);
+
+  if (bwrap) {
+    console.log('\n| experiments (local runtime) | | | |');
+    console.log('|---|---:|---:|---|');
+    for (const line of await benchExperiments()) console.log(line);
+  }
 
   // Last: its 50 MB buffers would make the bench process slower to fork for the sandbox figures.
   console.log('\n| specs and agent snapshots | | | |');

@@ -21,6 +21,9 @@ export function traceValue(n: number): Record<string, unknown> {
     experiment_id: null,
     agent: 'coder',
     agent_snapshot_id: 'snap_abc',
+    agent_version: 3,
+    scenario_id: null,
+    run_id: null,
     events: [
       {
         event_id: `ev-${n}`,
@@ -92,7 +95,7 @@ describe('EventSerde', () => {
   it('fills defaults of omitted optional fields', async () => {
     const value = { tenant: 't', event_id: 'e', ts: 1, events: [] };
     const decoded = await serde.decode<Record<string, unknown>>(TOPICS.traces, serde.encode(TOPICS.traces, value));
-    assert.deepEqual(plain(decoded), { ...value, sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null });
+    assert.deepEqual(plain(decoded), { ...value, sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null });
   });
 
   it('writes the Confluent wire format: magic byte 0, then the schema id big-endian', () => {

@@ -1,0 +1,139 @@
+/**
+ * What the api knows of experiments, from the log: an EntityView of the compacted svc.experiments
+ * topic by experiment id (live state and ownership), and where each one's latest event sits, so a
+ * write can await the sink before answering (the list and history read ClickHouse). The api
+ * writes only `created`; the aggregator every later state, which `waitForStatus` observes.
+ */
+import { publish, type Kernel } from '../kernel/actor.ts';
+import type { Principal } from '../kernel/auth.ts';
+import { EntityView } from '../kernel/entity-view.ts';
+import { AppError, notFound } from '../kernel/errors.ts';
+import type { RecordPosition } from '../kernel/log/event-log.ts';
+import type { ExperimentChanged, ExperimentOptions, ExperimentStatus, Params } from '../kernel/runs.ts';
+import { parseSpec, SPEC_DEFAULTS, type SpecDocument } from '../kernel/spec.ts';
+import { TOPICS } from '../kernel/topics.ts';
+import type { SpecCatalog } from './specs.ts';
+
+export const TERMINAL_STATUSES: readonly ExperimentStatus[] = ['completed', 'failed', 'cancelled'];
+
+/** What an experiment runs: its scenarios (null when neither the experiment nor the catalog still has its spec), replicas and scoring. */
+export interface ExperimentPlan {
+  options: ExperimentOptions;
+  matrix: Params[] | null;
+  replicas: number;
+  scoring: SpecDocument['scoring'];
+  yaml: string | null;
+}
+
+const DEFAULT_SCORING: SpecDocument['scoring'] = { pass_threshold: SPEC_DEFAULTS.passThreshold, replica_aggregation: { strategy: 'majority' } };
+
+export class ExperimentDirectory {
+  private readonly positions = new Map<string, RecordPosition>();
+  private readonly waiters = new Set<{ id: string; statuses: readonly ExperimentStatus[]; resolve: (e: ExperimentChanged | null) => void }>();
+  /** Parsed pinned documents by experiment id (the yaml never changes once queued). */
+  private readonly documents = new Map<string, SpecDocument>();
+  private readonly view = new EntityView<ExperimentChanged>(TOPICS.experiments, (entities, { record, value }) => {
+    if (record.key === null) return;
+    if (value === null) {
+      entities.delete(record.key);
+      this.positions.delete(record.key);
+      this.documents.delete(record.key);
+      return;
+    }
+    entities.set(record.key, value);
+    this.positions.set(record.key, { topic: record.topic, partition: record.partition, offset: record.offset });
+    for (const waiter of this.waiters) if (waiter.id === record.key && waiter.statuses.includes(value.status)) waiter.resolve(value);
+  });
+
+  constructor(
+    private readonly kernel: Kernel,
+    private readonly specs: SpecCatalog,
+  ) {}
+
+  start(): Promise<void> {
+    return this.view.start(this.kernel);
+  }
+
+  stop(): Promise<void> {
+    return this.view.stop();
+  }
+
+  get(id: string): ExperimentChanged | undefined {
+    return this.view.entities.get(id);
+  }
+
+  /** An experiment of the caller's tenant: 404 when unknown, 403 when another tenant's (exp- ids are global, DECISIONS.md). */
+  owned(principal: Principal, id: string): ExperimentChanged {
+    const experiment = this.view.entities.get(id);
+    if (!experiment) throw notFound('experiment', id);
+    if (experiment.tenant !== principal.tenant) throw new AppError('forbidden', `experiment ${id} belongs to another tenant`);
+    return experiment;
+  }
+
+  /** Appends an experiment's state; on return this view and the experiments table both show it. */
+  async put(experiment: ExperimentChanged): Promise<void> {
+    const positions = await publish(this.kernel, TOPICS.experiments, [{ key: experiment.experiment_id, tenant: experiment.tenant, value: experiment }]);
+    await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+    await this.kernel.visibility.waitFor(positions, this.kernel.config.replyTimeout);
+  }
+
+  /**
+   * Resolves with the experiment once the view shows it in one of `statuses` (a state the
+   * aggregator writes), then once the experiments table holds that state too; null after the
+   * reply timeout.
+   */
+  async waitForStatus(id: string, statuses: readonly ExperimentStatus[]): Promise<ExperimentChanged | null> {
+    const current = this.view.entities.get(id);
+    const reached =
+      current && statuses.includes(current.status)
+        ? current
+        : await new Promise<ExperimentChanged | null>((resolve) => {
+            const waiter = {
+              id,
+              statuses,
+              resolve: (e: ExperimentChanged | null) => {
+                clearTimeout(timer);
+                this.waiters.delete(waiter);
+                resolve(e);
+              },
+            };
+            const timer = setTimeout(() => waiter.resolve(null), this.kernel.config.replyTimeout);
+            this.waiters.add(waiter);
+          });
+    const position = this.positions.get(id);
+    if (reached && position) await this.kernel.visibility.waitFor([position], this.kernel.config.replyTimeout);
+    return reached;
+  }
+
+  /** The pinned spec: the experiment's own once queued, else the catalog's version (null when deleted since). */
+  pinned(experiment: ExperimentChanged): { doc: SpecDocument; yaml: string } | null {
+    if (experiment.yaml !== null) {
+      let doc = this.documents.get(experiment.experiment_id);
+      if (!doc) {
+        doc = parseSpec(experiment.yaml);
+        this.documents.set(experiment.experiment_id, doc);
+      }
+      return { doc, yaml: experiment.yaml };
+    }
+    try {
+      const spec = this.specs.get(experiment.tenant, experiment.spec_id, experiment.spec_version);
+      return { doc: spec.doc, yaml: spec.stored.yaml };
+    } catch (err) {
+      if (err instanceof AppError && err.code === 'not_found') return null;
+      throw err;
+    }
+  }
+
+  /** The request's overrides over the pinned spec. */
+  plan(experiment: ExperimentChanged): ExperimentPlan {
+    const options = JSON.parse(experiment.options) as ExperimentOptions;
+    const pinned = this.pinned(experiment);
+    return {
+      options,
+      matrix: options.matrix ?? pinned?.doc.parallelism.matrix ?? null,
+      replicas: options.replicas ?? pinned?.doc.parallelism.replicas ?? SPEC_DEFAULTS.replicas,
+      scoring: pinned?.doc.scoring ?? DEFAULT_SCORING,
+      yaml: pinned?.yaml ?? null,
+    };
+  }
+}
