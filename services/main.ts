@@ -13,8 +13,9 @@ import { ApiService } from './api/service.ts';
 import { SinkService } from './sink/service.ts';
 import { AggregatorService } from './aggregator/service.ts';
 import { SandboxRunnerService } from './sandbox-runner/service.ts';
+import { ScorerService } from './scorer/service.ts';
 
-export const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner', 'aggregator'] as const;
+export const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner', 'aggregator', 'scorer'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
 
 export interface Running {
@@ -34,6 +35,7 @@ export async function startServices(config: Config, names: readonly ServiceName[
   if (names.includes('sink')) services.push(new SinkService());
   if (names.includes('sandbox-runner')) services.push(new SandboxRunnerService());
   if (names.includes('aggregator')) services.push(new AggregatorService());
+  if (names.includes('scorer')) services.push(new ScorerService());
   if (names.includes('api')) services.push((api = new ApiService({ registry: opened.registry })));
   const started: Service[] = [];
   try {

@@ -22,6 +22,10 @@ import type { AgentCatalog } from './agents.ts';
 import { SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../kernel/spec.ts';
 import { secretsRouter } from './routes/secrets.ts';
 import { sandboxesRouter } from './routes/sandboxes.ts';
+import { experimentsRouter } from './routes/experiments.ts';
+import { scoringRouter } from './routes/scoring.ts';
+import type { ScoreRuleCatalog } from './score-rules.ts';
+import type { ExperimentDirectory } from './experiments.ts';
 import type { SpecCatalog } from './specs.ts';
 import type { SandboxDirectory } from './sandboxes.ts';
 import type { TenantSecrets } from '../kernel/tenant-secrets.ts';
@@ -40,13 +44,15 @@ export interface AppDeps {
   agents: AgentCatalog;
   secrets: TenantSecrets;
   sandboxes: SandboxDirectory;
+  experiments: ExperimentDirectory;
+  scoreRules: ScoreRuleCatalog;
   requester: Requester;
   /** The built-in schema registry, when this process serves it. */
   registry: BuiltInRegistry | null;
   health(): Promise<{ ok: boolean; body: object }>;
 }
 
-export function createApp({ kernel, auth, idempotency, specs, agents, secrets, sandboxes, requester, registry, health }: AppDeps): Koa {
+export function createApp({ kernel, auth, idempotency, specs, agents, secrets, sandboxes, experiments, scoreRules, requester, registry, health }: AppDeps): Koa {
   const { config, metrics, logger } = kernel;
   const app = new Koa();
   app.proxy = false;
@@ -127,6 +133,8 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
     agentsRouter(agents, config),
     secretsRouter(secrets),
     sandboxesRouter({ kernel, auth, specs, agents, sandboxes, requester, ingestLimiter: ingestEvents }),
+    experimentsRouter({ kernel, auth, specs, agents, experiments }),
+    scoringRouter({ kernel, specs, experiments, rules: scoreRules }),
     adminRouter(kernel, auth),
   ];
   if (registry) {

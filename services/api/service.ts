@@ -6,6 +6,8 @@ import type { BuiltInRegistry } from '../kernel/schema/registry.ts';
 import { createApp } from './app.ts';
 import { Idempotency } from './middleware/idempotency.ts';
 import { SandboxDirectory } from './sandboxes.ts';
+import { ExperimentDirectory } from './experiments.ts';
+import { ScoreRuleCatalog } from './score-rules.ts';
 import { SpecCatalog } from './specs.ts';
 import { AgentCatalog } from './agents.ts';
 import { TenantSecrets } from '../kernel/tenant-secrets.ts';
@@ -26,8 +28,10 @@ export class ApiService implements Service {
     const specs = new SpecCatalog(kernel, agents);
     const secrets = new TenantSecrets(kernel);
     const sandboxes = new SandboxDirectory(kernel);
+    const experiments = new ExperimentDirectory(kernel, specs);
+    const scoreRules = new ScoreRuleCatalog(kernel);
     const requester = new Requester(kernel);
-    this.parts = [auth, idempotency, agents, specs, secrets, sandboxes, requester];
+    this.parts = [auth, idempotency, agents, specs, secrets, sandboxes, experiments, scoreRules, requester];
     await Promise.all(this.parts.map((p) => p.start()));
     auth.acceptSandboxTokens((hash) => sandboxes.byTokenHash(hash));
     const app = createApp({
@@ -38,6 +42,8 @@ export class ApiService implements Service {
       agents,
       secrets,
       sandboxes,
+      experiments,
+      scoreRules,
       requester,
       registry: this.options.registry,
       health: async () => {

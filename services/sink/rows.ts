@@ -5,6 +5,7 @@
 import type { AgentSnapshotChanged, AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent, TraceEventsIngested } from '../kernel/events.ts';
 import type { LogRecord } from '../kernel/log/event-log.ts';
 import type { ExperimentChanged, RunScored } from '../kernel/runs.ts';
+import type { ScoreRecorded } from '../kernel/score-rules.ts';
 
 /** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
 export function clickhouseTimeUs(us: number): string {
@@ -191,6 +192,31 @@ export function runScoreRow(s: RunScored, record: LogRecord): Record<string, unk
     Outcome: s.outcome,
     SandboxId: s.sandbox_id,
     AgentSnapshotId: s.agent_snapshot_id,
+    ScoredAt: clickhouseTimeMs(s.ts),
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+export function scoreRow(s: ScoreRecorded, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: s.tenant,
+    ExperimentId: s.experiment_id,
+    RuleId: s.rule_id,
+    RunId: s.run_id,
+    ScenarioId: s.scenario_id,
+    ScenarioIndex: s.scenario_index,
+    Replica: s.replica,
+    RuleName: s.rule_name,
+    RuleType: s.rule_type,
+    RequestId: s.request_id,
+    Graded: s.score === null ? 0 : 1,
+    Score: s.score ?? 0,
+    Passed: s.passed ? 1 : 0,
+    JudgeFailure: s.judge_failure ? 1 : 0,
+    Reason: s.reason,
+    Details: s.details,
+    Error: s.error ?? '',
     ScoredAt: clickhouseTimeMs(s.ts),
     LogPartition: record.partition,
     LogOffset: record.offset,

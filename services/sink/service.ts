@@ -9,7 +9,9 @@ import type { Consumer, LogRecord } from '../kernel/log/event-log.ts';
 import { sinkGroupId, topicSpec, TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
 import { TableWriter } from './table-writer.ts';
-import { agentSnapshotRow, auditRow, deadLetterRow, sandboxEventRow, sandboxRow, traceEventRows } from './rows.ts';
+import { agentSnapshotRow, auditRow, deadLetterRow, experimentRow, runScoreRow, sandboxEventRow, sandboxRow, scoreRow, traceEventRows } from './rows.ts';
+import type { ExperimentChanged, RunScored } from '../kernel/runs.ts';
+import type { ScoreRecorded } from '../kernel/score-rules.ts';
 
 type ToRows = (value: unknown, record: LogRecord) => Array<Record<string, unknown>>;
 
@@ -21,6 +23,9 @@ const PROJECTIONS: Record<string, ToRows> = {
   [TOPICS.sandboxEvents]: (v, r) => [sandboxEventRow(v as SandboxEvent, r)],
   [TOPICS.audit]: (v, r) => [auditRow(v as AuditRecorded, r)],
   [TOPICS.agents]: (v, r) => [agentSnapshotRow(v as AgentSnapshotChanged, r)],
+  [TOPICS.experiments]: (v, r) => [experimentRow(v as ExperimentChanged, r)],
+  [TOPICS.runScores]: (v, r) => [runScoreRow(v as RunScored, r)],
+  [TOPICS.scores]: (v, r) => [scoreRow(v as ScoreRecorded, r)],
 };
 
 export class SinkService implements Service {

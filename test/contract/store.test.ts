@@ -263,6 +263,21 @@ function storeContract(name: string, harness: Harness | string): void {
       ]);
     });
 
+    test('a Nullable column keeps a 0 or an empty string even when every row of the batch has it', async () => {
+      await store.command('CREATE TABLE IF NOT EXISTS nullable_probe (Id String, Score Nullable(Float64), Note Nullable(String), Plain Float64) ENGINE = MergeTree ORDER BY Id');
+      await store.insert('nullable_probe', [
+        { Id: 'a', Score: 0, Note: '', Plain: 0 },
+        { Id: 'b', Score: 0, Note: '', Plain: 0 },
+      ]);
+      await store.insert('nullable_probe', [{ Id: 'c', Score: null, Note: null, Plain: 0 }]);
+      const rows = await store.query<{ Id: string; Score: number | null; Note: string | null; Plain: number }>('SELECT Id, Score, Note, Plain FROM nullable_probe ORDER BY Id');
+      assert.deepEqual(rows, [
+        { Id: 'a', Score: 0, Note: '', Plain: 0 },
+        { Id: 'b', Score: 0, Note: '', Plain: 0 },
+        { Id: 'c', Score: null, Note: null, Plain: 0 },
+      ]);
+    });
+
     test('dead_letters takes a row', async () => {
       const value = Buffer.from([0, 255, 1, 2]).toString('base64');
       await store.insert('dead_letters', [

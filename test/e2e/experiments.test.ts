@@ -295,7 +295,7 @@ invariants:
     });
 
     test('the judge grades llm_as_judge checks; its failure is a judge call failure, not a 0', async () => {
-      await putSpec(spec('judged', 'good', 'invariants:\n  quality: {check: {type: llm_as_judge, rubric: "Did the agent write out.txt?", input: agent_output, threshold: 0.8}}\n'));
+      await putSpec(spec('judged', 'good', 'scoring: {pass_threshold: 0.8}\ninvariants:\n  quality: {check: {type: llm_as_judge, rubric: "Did the agent write out.txt?", input: agent_output, threshold: 0.8}}\n'));
       judgeScore = 0.9;
       const graded = runsOf(await finished(await start('judged')))[0];
       assert.equal(graded.verdict, 'pass');

@@ -84,12 +84,25 @@ export class ChdbStore implements Store {
     await run(this.open().writers[0], sql, params);
   }
 
+  /** Per table, its Nullable columns: an empty value there is not the column's default. */
+  private readonly nullable = new Map<string, Promise<ReadonlySet<string>>>();
+
+  private nullableColumns(table: string): Promise<ReadonlySet<string>> {
+    let columns = this.nullable.get(table);
+    if (!columns) {
+      columns = this.query<{ name: string }>("SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {table:String} AND type LIKE 'Nullable(%'", { table }).then((rows) => new Set(rows.map((r) => r.name)));
+      columns.catch(() => this.nullable.delete(table));
+      this.nullable.set(table, columns);
+    }
+    return columns;
+  }
+
   async insert(table: string, rows: ReadonlyArray<Record<string, unknown>>): Promise<void> {
     if (rows.length === 0) return;
     assertTableName(table);
     // Raw passthrough: the payload is handed over as bytes and parsed by the engine's
     // multi-threaded JSONEachRow parser; no SQL text is built from the values.
-    const { columns, payload } = await encodeJsonCompactEachRow(rows);
+    const { columns, payload } = await encodeJsonCompactEachRow(rows, await this.nullableColumns(table));
     const { writers } = this.open();
     const lane = this.busy.indexOf(Math.min(...this.busy));
     this.busy[lane]++;

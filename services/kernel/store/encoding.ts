@@ -128,10 +128,14 @@ export async function encodeJsonEachRow(rows: ReadonlyArray<Record<string, unkno
  * The JSONCompactEachRow payload of rows that all have the keys of the first row (`columns`,
  * in that order), encoded in slices like encodeJsonEachRow.
  */
-export async function encodeJsonCompactEachRow(rows: ReadonlyArray<Record<string, unknown>>): Promise<{ columns: string[]; payload: Buffer }> {
+export async function encodeJsonCompactEachRow(
+  rows: ReadonlyArray<Record<string, unknown>>,
+  nullable: ReadonlySet<string> = new Set(),
+): Promise<{ columns: string[]; payload: Buffer }> {
   // A column that is empty in every row of the batch is left out: ClickHouse fills the
-  // column's default (the same empty value) without parsing it row by row.
-  const columns = Object.keys(rows[0] ?? {}).filter((c) => !rows.every((row) => isEmptyValue(row[c])));
+  // column's default (the same empty value) without parsing it row by row. A Nullable
+  // column's default is NULL, so there only an all-null column is left out.
+  const columns = Object.keys(rows[0] ?? {}).filter((c) => !rows.every((row) => (nullable.has(c) ? row[c] === null : isEmptyValue(row[c]))));
   const payload = await encodeInSlices(rows, (slice) => {
     let out = '';
     for (const row of slice) out += encodeCompactRow(row, columns) + '\n';

@@ -1,0 +1,107 @@
+/**
+ * A run's score from what its runner observed (RunOutcome) and the spec's rules, with nothing run
+ * again (docs/scoring.md):
+ *
+ * 1. Each invariant scores in [0, 1]: the check's own score when it gives one (custom may), else
+ *    1 when it passed and 0 when not. A check the runner reported nothing for failed. An
+ *    `llm_as_judge` check is graded here: the judge's score, passing at >= its threshold.
+ * 2. Composite = sum(weight x score) / sum(weight).
+ * 3. A failed gate forces the composite to 0, and so does any forbidden-rule violation; either
+ *    fails the run whatever `pass_threshold` is (even 0).
+ * 4. Composite >= scoring.pass_threshold: `pass`, else `fail`, exactly as the spec says. A
+ *    partial score (a judge's 0.9, a custom script's 0.5) therefore fails a run under the default
+ *    threshold of 1.0: a spec that grades on a scale sets its `pass_threshold`.
+ *
+ * `error` (composite null) when the run did not complete (boot failure, agent timeout, another
+ * error: the invariants were never checked) or when a judge call failed: infrastructure trouble,
+ * kept apart from the agent's own failures.
+ */
+import type { InvariantScore, RunOutcome, RunScore, Violation } from '../kernel/runs.ts';
+import type { SpecDocument } from '../kernel/spec.ts';
+import type { Judge } from './judge.ts';
+
+/** Composites are rounded to this many decimals, so 0.1 + 0.2 of 0.3 is exactly 1 against a threshold of 1. */
+const COMPOSITE_DECIMALS = 1e12;
+
+export async function scoreRun(spec: SpecDocument, outcome: RunOutcome, judge: Judge): Promise<RunScore> {
+  const violations = forbiddenViolations(spec.forbidden, outcome.audit);
+  if (outcome.status !== 'completed') {
+    return { verdict: 'error', composite: null, invariants: [], violations, error: outcome.error ?? `the run ended ${outcome.status}` };
+  }
+  const invariants = await Promise.all(Object.entries(spec.invariants).map(([name, invariant]) => scoreInvariant(name, invariant, outcome.checks[name], judge)));
+  const failedJudge = invariants.find((i) => i.judge_failure);
+  if (failedJudge) return { verdict: 'error', composite: null, invariants, violations, error: `${failedJudge.message} (invariant ${failedJudge.name})` };
+
+  const totalWeight = invariants.reduce((sum, i) => sum + i.weight, 0);
+  const weighted = invariants.reduce((sum, i) => sum + i.weight * (i.score ?? 0), 0);
+  const gateFailed = invariants.some((i) => i.gate && !i.passed);
+  const composite = gateFailed || violations.length > 0 || totalWeight <= 0 ? 0 : Math.round((weighted / totalWeight) * COMPOSITE_DECIMALS) / COMPOSITE_DECIMALS;
+  const passed = !gateFailed && violations.length === 0 && composite >= spec.scoring.pass_threshold;
+  return { verdict: passed ? 'pass' : 'fail', composite, invariants, violations, error: null };
+}
+
+async function scoreInvariant(name: string, invariant: SpecDocument['invariants'][string], result: RunOutcome['checks'][string] | undefined, judge: Judge): Promise<InvariantScore> {
+  const { check, weight, gate } = invariant;
+  const base = { name, type: check.type, weight, gate };
+  if (!result) return { ...base, score: 0, passed: false, message: 'no result: the runner could not run this check' };
+  if (check.type === 'llm_as_judge' && result.passed === null) {
+    try {
+      const grade = await judge({ rubric: check.rubric, input: result.judge_input ?? '', ...(check.model !== undefined && { model: check.model }) });
+      const passed = grade.score >= check.threshold;
+      return { ...base, score: grade.score, passed, message: `judge score ${grade.score} ${passed ? '>=' : '<'} threshold ${check.threshold}${grade.reason ? `: ${grade.reason}` : ''}` };
+    } catch (err) {
+      return { ...base, score: null, passed: false, message: `judge call failed: ${(err as Error).message}`, judge_failure: true };
+    }
+  }
+  if (result.passed === null) return { ...base, score: 0, passed: false, message: result.message || 'the runner did not decide this check' };
+  const own = result.score;
+  const score = own !== null && Number.isFinite(own) ? Math.min(1, Math.max(0, own)) : result.passed ? 1 : 0;
+  return { ...base, score, passed: result.passed, message: result.message };
+}
+
+/**
+ * The violations of the rules that the outcome's audit facts show, in audit order. `http_except`
+ * and `db_writes_outside` have no facts yet (no backing services, no HTTP capture): they find
+ * nothing; specs using them are refused at run time until then.
+ */
+export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit: RunOutcome['audit']): Violation[] {
+  const found: Violation[] = [];
+  if (forbidden.file_writes_outside !== undefined) {
+    const prefixes = forbidden.file_writes_outside.map(normalise);
+    const allowed = forbidden.file_writes_outside.join(', ');
+    for (const write of audit.file_writes) {
+      const path = normalise(write.path);
+      if (!prefixes.some((prefix) => within(path, prefix))) {
+        found.push({ rule: 'file_writes_outside', message: `wrote ${write.path}, outside ${allowed}`, audit: { seq: write.seq, ts: write.ts, path: write.path } });
+      }
+    }
+  }
+  if (forbidden.secrets_in_logs === 'deny') {
+    for (const finding of audit.secret_findings) {
+      found.push({ rule: 'secrets_in_logs', message: `the value of secret ${finding.name} appeared in captured stdout`, audit: { seq: finding.seq, ts: finding.ts, secret: finding.name } });
+    }
+  }
+  return found.sort((a, b) => a.audit.seq - b.audit.seq);
+}
+
+/**
+ * A path or prefix in one form: workspace-relative without `./`, `/workspace/` or a trailing `/`
+ * (`''` is the whole workspace); a path outside the workspace stays absolute (`/` is everything).
+ */
+function normalise(p: string): string {
+  const segments: string[] = [];
+  for (const segment of p.trim().split('/')) {
+    if (segment === '' || segment === '.') continue;
+    if (segment === '..') segments.pop();
+    else segments.push(segment);
+  }
+  const absolute = p.trim().startsWith('/');
+  if (absolute && segments[0] === 'workspace') return segments.slice(1).join('/');
+  return absolute ? `/${segments.join('/')}` : segments.join('/');
+}
+
+/** By whole path segments: `src` holds `src` and `src/a.py`, not `srcx`. */
+function within(path: string, prefix: string): boolean {
+  if (prefix === '' || prefix === '/') return prefix === '/' || !path.startsWith('/');
+  return path === prefix || path.startsWith(`${prefix}/`);
+}
