@@ -128,7 +128,7 @@ export class RunExecutor {
       // A custom check's script file is read as it was at ready: the agent cannot rewrite its grader.
       const scripts = await this.readCheckScripts(sandbox, spec);
       const agentRun = await this.runAgent(sandbox, spec, agent, agentTimeoutMs);
-      await sandbox.killAll();
+      await sandbox.endAgent();
       if (agentRun.timed_out) {
         return { ...failed('agent_timeout', `the agent exceeded its timeout of ${agentTimeoutMs} ms`, sandboxId, started), agent: agentRun };
       }

@@ -109,9 +109,14 @@ export class LiveSandbox {
     return this.env;
   }
 
-  /** Kills every process of the sandbox but its supervisor: the agent's whole tree, daemons included. */
-  async killAll(): Promise<void> {
+  /**
+   * Kills every process of the sandbox but its supervisor (the agent's whole tree, daemons
+   * included), then ends the file watch with everything the agent did recorded: what follows is
+   * the service's own work, not the agent's.
+   */
+  async endAgent(): Promise<void> {
     await this.box!.killAll();
+    await this.watcher?.stop();
   }
 
   /**

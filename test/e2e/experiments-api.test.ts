@@ -30,7 +30,8 @@ describe('experiments API', () => {
   const putSpec = (yaml: string, k = key) => server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
 
   before(async () => {
-    server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    // Host system directories as the image: the `slow` agent really sleeps, so cancels find it running.
+    server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_SANDBOX_HOST_ROOTFS: 'true' });
     key = (await createTenantKey(server, 'acme')).key;
     other = (await createTenantKey(server, 'globex')).key;
     assert.equal((await putSpec(SPEC('flow'))).status, 201);

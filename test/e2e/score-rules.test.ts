@@ -178,6 +178,7 @@ describe('score rules', () => {
         SPEC(
           'judged',
           `parallelism: {replicas: 2}
+scoring: {pass_threshold: 0.9}
 invariants:
   out: {check: {type: file_exists, path: out.txt}}
   quality: {check: {type: llm_as_judge, rubric: "Does it state the answer?", input: agent_output, threshold: 0.5}}

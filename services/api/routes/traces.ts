@@ -101,6 +101,9 @@ const FILTERS = ['experiment_id', 'sandbox_id', 'agent', 'event_type', 'tool', '
 
 interface TraceRow {
   ts_us: string;
+  AgentSnapshotId: string;
+  ScenarioId: string;
+  RunId: string;
   EventId: string;
   EventType: string;
   SpanName: string;
@@ -157,14 +160,18 @@ export function traceEventFromRow(row: TraceRow) {
     tenant: row.TenantId,
     sandbox_id: row.SandboxId,
     experiment_id: row.ExperimentId === '' ? null : row.ExperimentId,
+    scenario_id: row.ScenarioId === '' ? null : row.ScenarioId,
+    run_id: row.RunId === '' ? null : row.RunId,
     agent: row.ServiceName === '' ? null : row.ServiceName,
+    agent_snapshot_id: row.AgentSnapshotId === '' ? null : row.AgentSnapshotId,
   };
 }
 
 const SELECT_TRACE_EVENT = `
   toUnixTimestamp64Micro(Timestamp) AS ts_us, EventId, EventType, SpanName, Phase, TraceId, SpanId, ParentSpanId,
   intDiv(Duration, 1000000) AS DurationMs, StatusCode, Input, Output, HasCost, InputTokens, OutputTokens,
-  CacheReadTokens, ReasoningTokens, CostModel, EstimatedUsd, SpanAttributes, SandboxId, ExperimentId, ServiceName, TenantId`;
+  CacheReadTokens, ReasoningTokens, CostModel, EstimatedUsd, SpanAttributes, SandboxId, ExperimentId, ServiceName, TenantId,
+  AgentSnapshotId, ResourceAttributes['svc.scenario_id'] AS ScenarioId, ResourceAttributes['svc.run_id'] AS RunId`;
 
 function traceFilters(ctx: Context): { where: string[]; params: Record<string, unknown> } {
   checkQueryParams(ctx, FILTERS);
