@@ -3,8 +3,8 @@
  * and the scorer exchange through topics (docs/experiments.md documents them for users).
  *
  *   api        POST /v1/experiments            -> svc.experiments  (status created)
- *   api        POST /v1/experiments/:id/run    -> svc.experiments  (status queued)
- *   aggregator plans replicas x matrix runs,   -> svc.run-requests (at most the concurrency in flight)
+ *   api        POST /v1/experiments/:id/run    -> svc.experiment-commands (run; cancel likewise)
+ *   aggregator queued, plans replicas x matrix -> svc.experiments, svc.run-requests (at most the concurrency in flight)
  *   runner     boots, runs the agent, checks   -> svc.run-events   (started, finished + RunOutcome)
  *   scorer     outcome -> scores, verdict      -> svc.run-scores
  *   aggregator scores -> scenario verdicts, metrics, completion -> svc.experiments
