@@ -12,7 +12,7 @@
  * a scoring already asked for.
  */
 import type { RunTraceStats } from './experiment-metrics.ts';
-import type { RunScore } from './runs.ts';
+import type { RunScored } from './runs.ts';
 import type { ComparisonOperator, Condition } from './spec.ts';
 
 export type ScoreRuleType = 'llm_as_judge' | 'threshold' | 'rescore';
@@ -56,27 +56,7 @@ export function ruleFromEvent(e: ScoreRuleChanged): ScoreRule {
 }
 
 /** A stored run as offline scoring reads it: its row of run_scores and its trace totals. */
-export interface StoredRun {
-  run_id: string;
-  scenario_id: string;
-  scenario_index: number;
-  replica: number;
-  attempt: number;
-  params: string;
-  seed: number;
-  sandbox_id: string | null;
-  agent_snapshot_id: string | null;
-  verdict: RunScore['verdict'];
-  composite: number | null;
-  /** RunScore.invariants and violations as JSON. */
-  invariants: string;
-  violations: string;
-  error: string | null;
-  wall_ms: number;
-  /** RunOutcome JSON. */
-  outcome: string;
-  traces: RunTraceStats;
-}
+export type StoredRun = Omit<RunScored, 'tenant' | 'event_id' | 'ts' | 'experiment_id'> & { traces: RunTraceStats };
 
 /** A value of svc.score-requests (schemas/score-requested.avsc). */
 export interface ScoreRequested {

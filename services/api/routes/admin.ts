@@ -8,6 +8,7 @@ import type { Kernel } from '../../kernel/actor.ts';
 import { PLANS, type ApiKeyRecord, type Auth, type Plan, type Principal } from '../../kernel/auth.ts';
 import { AppError, badRequest, notFound } from '../../kernel/errors.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, parseLimit } from '../pagination.ts';
+import { jsonBody } from '../request-body.ts';
 
 function requireAdmin(ctx: Context, next: Next) {
   const principal = ctx.state.principal as Principal;
@@ -19,12 +20,6 @@ function keyView(k: ApiKeyRecord) {
   return { id: k.key_id, tenant: k.tenant, name: k.name, prefix: k.prefix, status: k.status, created_at: new Date(k.created_at).toISOString() };
 }
 
-function body(ctx: Context): Record<string, unknown> {
-  const b = ctx.request.body;
-  if (b === undefined || b === null || (typeof b === 'object' && !Array.isArray(b) && Object.keys(b).length === 0)) return {};
-  if (typeof b !== 'object' || Array.isArray(b)) throw badRequest('body', 'must be a JSON object');
-  return b as Record<string, unknown>;
-}
 
 export function adminRouter(kernel: Kernel, auth: Auth): Router {
   const router = new Router({ prefix: '/v1/admin' });
@@ -42,7 +37,7 @@ export function adminRouter(kernel: Kernel, auth: Auth): Router {
   });
 
   router.put('/tenants/:tenant', async (ctx) => {
-    const b = body(ctx);
+    const b = jsonBody(ctx);
     if (b.plan !== undefined && !PLANS.includes(b.plan as Plan)) throw badRequest('plan', `must be one of ${PLANS.join(', ')}`);
     const quota = b.max_concurrent_sandboxes;
     if (quota !== undefined && quota !== null && (typeof quota !== 'number' || !Number.isInteger(quota) || quota < 0)) {
@@ -53,7 +48,7 @@ export function adminRouter(kernel: Kernel, auth: Auth): Router {
   });
 
   router.post('/keys', async (ctx) => {
-    const b = body(ctx);
+    const b = jsonBody(ctx);
     if (typeof b.tenant !== 'string') throw badRequest('tenant', 'is required: the tenant the key belongs to');
     if (b.name !== undefined && b.name !== null && (typeof b.name !== 'string' || b.name.length > 200)) throw badRequest('name', 'must be a string of at most 200 characters');
     const { record, secret } = await auth.createKey(b.tenant, (b.name as string | undefined) ?? null);

@@ -25,6 +25,7 @@ import { countsOf, evalHistory, experimentSummary, exportJson, exportLines, list
 import { TERMINAL_STATUSES, type ExperimentDirectory } from '../experiments.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, parseLimit } from '../pagination.ts';
 import type { SpecCatalog } from '../specs.ts';
+import { jsonBody } from '../request-body.ts';
 
 const NAME_MAX = 200;
 const MATRIX_MAX = 1000;
@@ -45,12 +46,6 @@ interface CreateRequest {
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
-function body(ctx: Context): Record<string, unknown> {
-  const b = ctx.request.body;
-  if (b === undefined || b === null || b === '') return {};
-  if (!isObject(b)) throw badRequest('body', 'must be a JSON object');
-  return b;
-}
 
 /** Every problem of a creation body, each naming its field, in one 400. */
 function parseCreate(b: Record<string, unknown>): CreateRequest {
@@ -237,7 +232,7 @@ export function experimentsRouter(deps: { kernel: Kernel; auth: Auth; specs: Spe
 
   router.post('/v1/experiments', async (ctx) => {
     const p = principal(ctx);
-    const request = parseCreate(body(ctx));
+    const request = parseCreate(jsonBody(ctx));
     // An unknown spec is a 404 here (DECISIONS.md), unlike POST /v1/sandboxes.
     const spec = specVersion(p.tenant, request.spec_id, request.options.spec_version);
     const problems = matrixProblems(spec.doc, request.options.matrix);
@@ -293,7 +288,7 @@ export function experimentsRouter(deps: { kernel: Kernel; auth: Auth; specs: Spe
 
   router.post('/v1/experiments/compare', async (ctx) => {
     const p = principal(ctx);
-    const b = body(ctx);
+    const b = jsonBody(ctx);
     const sides = (['baseline_id', 'candidate_id'] as const).map((field) => {
       const id = b[field];
       if (typeof id !== 'string' || id === '') throw badRequest(field, 'is required: an experiment id');

@@ -22,15 +22,10 @@ import type { AgentCatalog } from '../agents.ts';
 import { RUN_METADATA } from '../../kernel/runs.ts';
 import { validateTraceBatch } from '../traces/validate-events.ts';
 import { ingestTraceEvents, sandboxTrace } from './traces.ts';
+import { jsonBody } from '../request-body.ts';
 
 const HEARTBEAT_MS = 15_000;
 
-function body(ctx: Context): Record<string, unknown> {
-  const b = ctx.request.body;
-  if (b === undefined || b === null || b === '') return {};
-  if (typeof b !== 'object' || Array.isArray(b)) throw badRequest('body', 'must be a JSON object');
-  return b as Record<string, unknown>;
-}
 
 function stringMap(value: unknown, field: string, key?: RegExp): Record<string, string> {
   if (value === undefined || value === null) return {};
@@ -86,7 +81,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.post('/', async (ctx) => {
     const p = principal(ctx);
     if (p.kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot create sandboxes');
-    const b = body(ctx);
+    const b = jsonBody(ctx);
     if (typeof b.spec_id !== 'string' || b.spec_id === '') throw badRequest('spec_id', 'is required: the id of a stored spec');
     const timeoutMs = optionalDuration(b.timeout, 'timeout');
     const metadata = stringMap(b.metadata, 'metadata');
@@ -152,14 +147,14 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   });
 
   router.post('/:id/commands', async (ctx) => {
-    const b = body(ctx);
+    const b = jsonBody(ctx);
     if (typeof b.command !== 'string' || b.command.trim() === '') throw badRequest('command', 'is required: a shell command string');
     if (b.background !== undefined && typeof b.background !== 'boolean') throw badRequest('background', 'must be true or false');
     await send(ctx, 'command', { command: b.command, timeout_ms: optionalDuration(b.timeout, 'timeout'), background: b.background === true });
   });
 
   router.post('/:id/files', async (ctx) => {
-    const b = body(ctx);
+    const b = jsonBody(ctx);
     if (typeof b.path !== 'string' || b.path === '') throw badRequest('path', 'is required');
     if (typeof b.content !== 'string') throw badRequest('content', 'is required: the file content as a string');
     await send(ctx, 'file_write', { path: b.path, content: b.content });
@@ -171,7 +166,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.get('/:id/diff', async (ctx) => send(ctx, 'diff'));
 
   router.post('/:id/timeout', async (ctx) => {
-    const b = body(ctx);
+    const b = jsonBody(ctx);
     if ((b.timeout === undefined) === (b.extend === undefined)) throw badRequest('timeout', 'give either timeout (reset the timer to this long from now) or extend (add this much)');
     const field = b.timeout !== undefined ? 'timeout' : 'extend';
     await send(ctx, 'timeout', { [`${field}_ms`]: optionalDuration(b[field], field) });

@@ -28,6 +28,7 @@ import type { ExperimentDirectory } from '../experiments.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
 import type { ScoreRuleCatalog } from '../score-rules.ts';
 import type { SpecCatalog } from '../specs.ts';
+import { jsonBody } from '../request-body.ts';
 
 const NAME_MAX = 200;
 const RUBRIC_MAX = 20_000;
@@ -40,14 +41,6 @@ const TYPE_FIELDS: Record<ScoreRuleType, string[]> = {
   rescore: [],
 };
 
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
-
-function body(ctx: Context): Record<string, unknown> {
-  const b = ctx.request.body;
-  if (b === undefined || b === null || b === '') return {};
-  if (!isObject(b)) throw badRequest('body', 'must be a JSON object');
-  return b;
-}
 
 interface RuleRequest {
   name: string;
@@ -165,7 +158,7 @@ export function scoringRouter(deps: { kernel: Kernel; specs: SpecCatalog; experi
 
   router.post('/v1/score-rules', async (ctx) => {
     const p = principal(ctx);
-    const request = parseRuleRequest(body(ctx));
+    const request = parseRuleRequest(jsonBody(ctx));
     if (request.eval_id !== null) {
       try {
         specs.get(p.tenant, request.eval_id);
@@ -204,7 +197,7 @@ export function scoringRouter(deps: { kernel: Kernel; specs: SpecCatalog; experi
 
   router.post('/v1/experiments/:id/score', async (ctx) => {
     const p = principal(ctx);
-    const b = body(ctx);
+    const b = jsonBody(ctx);
     for (const field of Object.keys(b)) if (field !== 'rule_ids') throw badRequest(field, 'unknown field; accepted: rule_ids');
     const ids = b.rule_ids;
     if (ids !== undefined && (!Array.isArray(ids) || ids.length === 0 || ids.length > RULE_IDS_MAX || !ids.every((id) => typeof id === 'string' && id !== ''))) {
