@@ -11,8 +11,8 @@
  *
  * Scenario = one matrix entry; run = one replica of it (one sandbox, one agent execution).
  */
-import { parse, stringify } from 'yaml';
-import { parseSpec, type SpecDocument } from './spec.ts';
+import { parse } from 'yaml';
+import { specFromDocument, type SpecDocument } from './spec.ts';
 
 export type ParamValue = string | number | boolean;
 export type Params = Record<string, ParamValue>;
@@ -140,7 +140,7 @@ export interface RunOutcome {
   /** Why, for every status but completed. */
   error: string | null;
   sandbox_id: string | null;
-  /** ms since the epoch */
+  /** ms since the epoch: from the run's start to its sandbox torn down. */
   started_at: number;
   ended_at: number;
   wall_ms: number;
@@ -236,19 +236,25 @@ export const RUN_METADATA = {
   agentSnapshotId: 'svc.agent_snapshot_id',
 } as const;
 
-/** The spec document of one run: `{{ params.NAME }}` in every string replaced by the run's matrix entry. */
-export function yamlForRun(yaml: string, params: Params): string {
+/** Parsed spec texts, by text: every run of an experiment shares one (a 200-entry matrix takes ms to parse). */
+const parsedTexts = new Map<string, Record<string, unknown>>();
+const PARSED_TEXTS_KEPT = 16;
+
+/** The spec of one run: `{{ params.NAME }}` in every string of the document replaced by the run's matrix entry. */
+export function specForRun(yaml: string, params: Params): SpecDocument {
+  let raw = parsedTexts.get(yaml);
+  if (!raw) {
+    raw = parse(yaml) as Record<string, unknown>;
+    parsedTexts.set(yaml, raw);
+    if (parsedTexts.size > PARSED_TEXTS_KEPT) parsedTexts.delete(parsedTexts.keys().next().value!);
+  }
   const substitute = (node: unknown): unknown => {
     if (typeof node === 'string') return applyParams(node, params);
     if (Array.isArray(node)) return node.map(substitute);
     if (node !== null && typeof node === 'object') return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, substitute(v)]));
     return node;
   };
-  return Object.keys(params).length === 0 ? yaml : stringify(substitute(parse(yaml)));
-}
-
-export function specForRun(yaml: string, params: Params): SpecDocument {
-  return parseSpec(yamlForRun(yaml, params));
+  return specFromDocument(substitute(raw) as Record<string, unknown>);
 }
 
 /** `{{ params.NAME }}` in a spec string, replaced by the run's matrix entry. */

@@ -318,7 +318,11 @@ function scan(root: unknown): { paramReferences: ParamReference[]; cycles: strin
 
 /** Parses and validates a spec; throws a 400 listing every problem by its path. */
 export function parseSpec(yamlText: string): SpecDocument {
-  const doc = parseYamlDocument(yamlText);
+  return specFromDocument(parseYamlDocument(yamlText));
+}
+
+/** Validates and normalises a document already parsed from YAML (a run's, with its params applied). */
+export function specFromDocument(doc: Record<string, unknown>): SpecDocument {
   const { paramReferences, cycles } = scan(doc);
   // A loop is not a document (nor JSON): every other finding would only echo it.
   if (cycles.length > 0) fail(cycles.map((path) => ({ path, problem: 'refers to itself through a YAML alias; a spec must be a tree' })));

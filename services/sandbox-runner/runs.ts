@@ -15,8 +15,8 @@ import { publish, type Kernel } from '../kernel/actor.ts';
 import type { ResolvedAgent } from '../kernel/agents.ts';
 import { AppError } from '../kernel/errors.ts';
 import { newEventId, newSandboxId } from '../kernel/ids.ts';
-import { paramsEnv, RUN_METADATA, yamlForRun, type CheckResult, type Params, type RunEvent, type RunOutcome, type RunRequested } from '../kernel/runs.ts';
-import { parseSpec, type InvariantCheck, type SpecDocument } from '../kernel/spec.ts';
+import { paramsEnv, RUN_METADATA, specForRun, type CheckResult, type Params, type RunEvent, type RunOutcome, type RunRequested } from '../kernel/runs.ts';
+import type { InvariantCheck, SpecDocument } from '../kernel/spec.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { listImages, normalizeReference } from './runtime/images.ts';
@@ -79,6 +79,9 @@ export class RunExecutor {
     try {
       await report('started', null);
       outcome = await this.run(run, params, agent, sandboxId, started);
+      // The run's wall time covers its teardown too: everything its sandbox cost.
+      outcome.ended_at = Date.now();
+      outcome.wall_ms = outcome.ended_at - started;
     } catch (err) {
       this.kernel.logger.error({ err, run_id: run.run_id, experiment_id: run.experiment_id }, 'run failed');
       outcome = failed('error', `the run failed: ${(err as Error).message}`, sandboxId, started);
@@ -88,8 +91,7 @@ export class RunExecutor {
   }
 
   private async run(run: RunRequested, params: Params, agent: ResolvedAgent | null, sandboxId: string, started: number): Promise<RunOutcome> {
-    const yaml = yamlForRun(run.yaml, params);
-    const spec = parseSpec(yaml);
+    const spec = specForRun(run.yaml, params);
     const agentTimeoutMs = spec.agent?.timeoutMs ?? this.kernel.config.agentTimeout;
     const secrets = run.secrets.length > 0 ? (JSON.parse(this.sealer.open(run.secrets, run.experiment_id)) as Record<string, string>) : {};
     let sandbox: LiveSandbox;
@@ -97,7 +99,8 @@ export class RunExecutor {
       sandbox = await this.boot(run.tenant, sandboxId, {
         spec_id: run.spec_id,
         spec_version: run.spec_version,
-        yaml,
+        yaml: run.yaml,
+        spec,
         timeout_ms: (spec.resources.timeoutMs ?? this.kernel.config.sandboxTimeout) + agentTimeoutMs + LIFETIME_MARGIN_MS,
         metadata: {
           [RUN_METADATA.experimentId]: run.experiment_id,

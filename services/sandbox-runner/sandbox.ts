@@ -37,6 +37,8 @@ export interface CreateRequest {
   agent?: ResolvedAgent | null;
   /** More environment for every command (a run's params, seed and ids), over the spec's. */
   extra_env?: Record<string, string>;
+  /** The parsed spec, when the caller has it (a run's, with its params applied); else `yaml` is parsed. */
+  spec?: SpecDocument;
 }
 
 /** Where the agent bundle is mounted, read-only, in every sandbox of a snapshot agent. */
@@ -88,7 +90,7 @@ export class LiveSandbox {
     private readonly request: CreateRequest,
     private readonly onGone: () => void,
   ) {
-    this.spec = parseSpec(request.yaml);
+    this.spec = request.spec ?? parseSpec(request.yaml);
     this.workspace = path.join(kernel.config.dataDir, 'workspaces', id);
     this.token = newSandboxToken();
     this.tokenHash = sha256Hex(this.token);
