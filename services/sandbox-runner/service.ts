@@ -158,7 +158,9 @@ export class SandboxRunnerService implements Service {
   private async handle(request: SandboxRequested): Promise<void> {
     const payload = JSON.parse(request.payload) as Record<string, unknown>;
     if (request.op === 'create') {
-      const live = await this.create(request.tenant, request.sandbox_id, payload as unknown as CreateRequest);
+      const { secrets_sealed: sealed, ...rest } = payload as { secrets_sealed?: string | null };
+      const secrets = sealed ? (JSON.parse(this.sealer.open(Buffer.from(sealed, 'base64'), `sandbox-request/${request.sandbox_id}`)) as Record<string, string>) : {};
+      const live = await this.create(request.tenant, request.sandbox_id, { ...(rest as unknown as CreateRequest), secrets });
       await reply(this.kernel, request, 201, live.view());
       return;
     }

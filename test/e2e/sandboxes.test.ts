@@ -4,7 +4,7 @@
  * against the real service.
  */
 import assert from 'node:assert/strict';
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
@@ -157,6 +157,12 @@ determinism:
       const audit = await req('GET', `/v1/sandboxes/${sb.id}/files/.svc/audit.jsonl`);
       assert.ok(!audit.text.includes('stored-secret-value') && !audit.text.includes('request-secret-value'), 'no secret in the audit log');
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
+      // Nor anywhere on the log: the create request carries the request's secrets sealed.
+      const logDir = path.join(server.dataDir, 'log');
+      for (const file of await readdir(logDir, { recursive: true })) {
+        const bytes = await readFile(path.join(logDir, file)).catch(() => Buffer.alloc(0));
+        assert.ok(!bytes.includes('request-secret-value') && !bytes.includes('stored-secret-value'), `no secret value in ${file}`);
+      }
     });
 
     test('a sandbox token reads its own sandbox and nothing else', async () => {

@@ -20,6 +20,7 @@ import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
 import type { SpecCatalog } from '../specs.ts';
 import type { AgentCatalog } from '../agents.ts';
 import { RUN_METADATA } from '../../kernel/runs.ts';
+import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
 import { validateTraceBatch } from '../traces/validate-events.ts';
 import { ingestTraceEvents, sandboxTrace } from './traces.ts';
 import { jsonBody } from '../request-body.ts';
@@ -72,6 +73,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   const { kernel, auth, specs, agents, sandboxes, requester, ingestLimiter } = deps;
   const { config } = kernel;
   const router = new Router({ prefix: '/v1/sandboxes' });
+  let sealer: Sealer | null = null;
   const principal = (ctx: Context) => ctx.state.principal as Principal;
   const send = async (ctx: Context, op: string, payload: object = {}) => {
     const sandbox = sandboxes.owned(principal(ctx), ctx.params.id);
@@ -118,7 +120,8 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
       yaml: spec.stored.yaml,
       timeout_ms: timeoutMs,
       metadata,
-      secrets,
+      // Request secrets never sit in plain text on the log: sealed for the runner.
+      secrets_sealed: Object.keys(secrets).length > 0 ? (sealer ??= new Sealer(secretsKey(config))).seal(JSON.stringify(secrets), `sandbox-request/${id}`).toString('base64') : null,
       agent,
     });
     answer(ctx, reply);
