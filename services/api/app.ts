@@ -16,8 +16,10 @@ import { RateLimiter } from './middleware/rate-limit.ts';
 import { adminRouter } from './routes/admin.ts';
 import { schemaRegistryRouter } from './routes/schema-registry.ts';
 import { tracesRouter } from './routes/traces.ts';
+import { otlpRouter } from './routes/otlp.ts';
 import { specsRouter } from './routes/specs.ts';
 import { agentsRouter } from './routes/agents.ts';
+import { spansRouter } from './routes/spans.ts';
 import type { AgentCatalog } from './agents.ts';
 import { SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../kernel/spec.ts';
 import { secretsRouter } from './routes/secrets.ts';
@@ -129,8 +131,10 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
   const routers = [
     root,
     tracesRouter(kernel, ingestEvents),
+    otlpRouter(kernel, ingestEvents),
     specsRouter(specs),
     agentsRouter(agents, config),
+    spansRouter(kernel, agents),
     secretsRouter(secrets),
     sandboxesRouter({ kernel, auth, specs, agents, sandboxes, requester, ingestLimiter: ingestEvents }),
     experimentsRouter({ kernel, auth, specs, agents, experiments }),

@@ -99,6 +99,12 @@ export const SETTINGS = {
   defaultPageSize: setting('SVC_PAGE_SIZE_DEFAULT', '100', 'Default `limit` of paginated endpoints.', positiveInt),
   maxPageSize: setting('SVC_PAGE_SIZE_MAX', '1000', 'Largest `limit` accepted; more is a 400.', positiveInt),
   traceEventsPerRequest: setting('SVC_TRACE_EVENTS_PER_REQUEST', '1000', 'Most trace events in one ingest request.', positiveInt),
+  traceRetention: setting('SVC_TRACE_RETENTION', '30d', 'How long trace events are kept: whole days (`30d`, `720h`) or `forever`; applied at start as a TTL on `trace_events`.', (raw) => {
+    if (raw === 'forever') return null;
+    const days = parseDuration(raw) / 86_400_000;
+    if (!Number.isInteger(days) || days < 1) throw new Error(`expected a whole number of days such as 30d, or forever, got "${raw}"`);
+    return days;
+  }),
   traceFieldBytes: setting('SVC_TRACE_FIELD_BYTES', '4096', 'Trace `input` and `output` are truncated to this many bytes.', positiveInt),
   stdoutChunkBytes: setting('SVC_STDOUT_CHUNK_BYTES', '4096', 'Captured stdout chunk size of audit `stdout` events.', positiveInt),
   stateChecksumMaxBytes: setting('SVC_STATE_CHECKSUM_MAX_BYTES', '1048576', 'Files larger than this get no checksum in sandbox state.', positiveInt),

@@ -59,6 +59,7 @@ export async function openKernel(config: Config, logger: Logger): Promise<Opened
     config.store === 'chdb' ? new ChdbStore({ path: path.join(config.dataDir, 'chdb') }) : new ClickHouseStore({ url: config.clickhouseUrl! });
   const applied = await store.migrate();
   if (applied.length > 0) logger.info({ applied }, 'store migrations applied');
+  await applyTraceRetention(store, config.traceRetention);
 
   const kernel: Kernel = {
     config,
@@ -79,4 +80,20 @@ export async function openKernel(config: Config, logger: Logger): Promise<Opened
       await store.close();
     },
   };
+}
+
+/**
+ * SVC_TRACE_RETENTION as a TTL on trace_events (see 0002_trace_events.sql). Altered only when it
+ * differs from the table's current TTL: a MODIFY TTL recomputes the TTL of every part.
+ */
+async function applyTraceRetention(store: Store, days: number | null): Promise<void> {
+  const [table] = await store.query<{ ttl: string }>(
+    "SELECT extract(engine_full, 'TTL toDateTime\\\\(Timestamp\\\\) \\\\+ toIntervalDay\\\\(\\\\d+\\\\)') AS ttl FROM system.tables WHERE database = currentDatabase() AND name = 'trace_events'",
+  );
+  const current = table?.ttl ?? '';
+  if (days === null) {
+    if (current !== '') await store.command('ALTER TABLE trace_events REMOVE TTL');
+  } else if (current !== `TTL toDateTime(Timestamp) + toIntervalDay(${days})`) {
+    await store.command(`ALTER TABLE trace_events MODIFY TTL toDateTime(Timestamp) + INTERVAL ${Math.trunc(days)} DAY`);
+  }
 }

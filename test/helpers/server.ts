@@ -51,6 +51,8 @@ export async function startServer(env: Record<string, string> = {}, options: { d
     SVC_API_KEY: ADMIN_KEY,
     SVC_LOG_LEVEL: 'warn',
     SVC_LOG_FSYNC: 'never',
+    // Test events carry fixed dates that a 30-day trace retention would drop.
+    SVC_TRACE_RETENTION: 'forever',
     ...env,
   };
   let child: ChildProcess;

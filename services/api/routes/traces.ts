@@ -99,7 +99,7 @@ export async function sandboxTrace(kernel: Kernel, tenant: string, sandboxId: st
 
 const FILTERS = ['experiment_id', 'sandbox_id', 'agent', 'event_type', 'tool', 'since'] as const;
 
-interface TraceRow {
+export interface TraceRow {
   ts_us: string;
   AgentSnapshotId: string;
   ScenarioId: string;
@@ -167,7 +167,7 @@ export function traceEventFromRow(row: TraceRow) {
   };
 }
 
-const SELECT_TRACE_EVENT = `
+export const SELECT_TRACE_EVENT = `
   toUnixTimestamp64Micro(Timestamp) AS ts_us, EventId, EventType, SpanName, Phase, TraceId, SpanId, ParentSpanId,
   intDiv(Duration, 1000000) AS DurationMs, StatusCode, Input, Output, HasCost, InputTokens, OutputTokens,
   CacheReadTokens, ReasoningTokens, CostModel, EstimatedUsd, SpanAttributes, SandboxId, ExperimentId, ServiceName, TenantId,

@@ -1,0 +1,242 @@
+/**
+ * Spans from trace events (DECISIONS.md): a span is one span_id, its `start` and `end` events
+ * combined, or its single `complete` or `invoked` event. Pages are keyset-paginated on the
+ * span's first event (Timestamp, SpanId), read in primary-key order: the `end` events of a page
+ * are fetched in a second, narrow query, so a span whose end arrives later keeps its place.
+ * Every query filters by tenant first. docs/traces.md ("Queries") describes the rules.
+ */
+import type { Store } from '../../kernel/store/store.ts';
+import { badRequest } from '../../kernel/errors.ts';
+import { formatTimestampUs } from './validate-events.ts';
+import { SELECT_TRACE_EVENT, traceEventFromRow, type TraceRow } from '../routes/traces.ts';
+
+/** Rounds of trace id resolution across ingest requests (each finds one more level of chains split between requests). */
+const RESOLVE_ROUNDS = 4;
+/** Most span ids looked at per round; a bigger trace is resolved on its first 10,000 spans. */
+const RESOLVE_SPANS = 10_000;
+
+/**
+ * The stored trace ids that belong to trace `id`. Ingest resolves a trace id within one request;
+ * when a parent chain leaves the request, the event's trace id is the last parent named, a span
+ * of the real trace: so a stored trace id equal to a span id of the trace joins it.
+ */
+export async function resolveTrace(store: Store, tenant: string, id: string): Promise<string[]> {
+  const members = new Set([id]);
+  let frontier = [id];
+  for (let round = 0; round < RESOLVE_ROUNDS && frontier.length > 0; round++) {
+    const spans = await store.query<{ SpanId: string }>(
+      `SELECT DISTINCT SpanId FROM trace_events WHERE TenantId = {tenant:String} AND TraceId IN {traces:Array(String)} LIMIT ${RESOLVE_SPANS}`,
+      { tenant, traces: frontier },
+    );
+    const candidates = spans.map((s) => s.SpanId).filter((s) => !members.has(s));
+    if (candidates.length === 0) break;
+    const found = await store.query<{ TraceId: string }>(
+      `SELECT DISTINCT TraceId FROM trace_events WHERE TenantId = {tenant:String} AND TraceId IN {candidates:Array(String)}`,
+      { tenant, candidates },
+    );
+    frontier = found.map((f) => f.TraceId).filter((t) => !members.has(t));
+    for (const t of frontier) members.add(t);
+  }
+  return [...members];
+}
+
+/** The trace rooted at span `root`: the trace ids of that parentless span (no SpanId index: scans the tenant's SpanId column). */
+async function tracesOfRoot(store: Store, tenant: string, root: string): Promise<{ canonical: string; members: string[] } | null> {
+  const rows = await store.query<{ TraceId: string }>(
+    `SELECT TraceId FROM trace_events WHERE TenantId = {tenant:String} AND SpanId = {root:String} AND ParentSpanId = '' LIMIT 1`,
+    { tenant, root },
+  );
+  if (rows.length === 0) return null;
+  return { canonical: rows[0].TraceId, members: await resolveTrace(store, tenant, rows[0].TraceId) };
+}
+
+export interface SpanQuery {
+  /** Stored trace id -> the trace id items report (resolution joins split traces); null: no trace restriction. */
+  traces: Map<string, string> | null;
+  where: string[];
+  params: Record<string, unknown>;
+}
+
+export const SPAN_FILTERS = ['trace_id', 'span_id', 'parent_span_id', 'root_span_id', 'root_span', 'tool', 'event_type'] as const;
+
+/** Builds the span query from validated filter values (empty values already refused). */
+export async function spanQuery(store: Store, tenant: string, q: Partial<Record<(typeof SPAN_FILTERS)[number], string>>): Promise<SpanQuery> {
+  const where: string[] = [];
+  const params: Record<string, unknown> = {};
+  const equals = (value: string | undefined, name: string, column: string) => {
+    if (value === undefined) return;
+    where.push(`${column} = {${name}:String}`);
+    params[name] = value;
+  };
+  equals(q.span_id, 'span_id', 'SpanId');
+  equals(q.parent_span_id, 'parent_span_id', 'ParentSpanId');
+  equals(q.tool, 'tool', 'SpanName');
+  equals(q.event_type, 'event_type', 'EventType');
+  if (q.root_span_id !== undefined && q.root_span !== undefined && q.root_span_id !== q.root_span) {
+    throw badRequest('root_span', 'is another name of root_span_id; give one, or the same value');
+  }
+  const root = q.root_span_id ?? q.root_span;
+  let traces: Map<string, string> | null = null;
+  if (q.trace_id !== undefined) {
+    traces = new Map((await resolveTrace(store, tenant, q.trace_id)).map((t) => [t, q.trace_id!]));
+  }
+  if (root !== undefined) {
+    const rooted = await tracesOfRoot(store, tenant, root);
+    const byRoot = new Map((rooted?.members ?? []).map((t) => [t, rooted!.canonical]));
+    traces = traces === null ? byRoot : new Map([...traces].filter(([t]) => byRoot.has(t)));
+  }
+  if (traces !== null) {
+    where.push('TraceId IN {traces:Array(String)}');
+    params.traces = [...traces.keys()];
+  }
+  return { traces, where, params };
+}
+
+interface EndRow {
+  SpanId: string;
+  ts_us: string;
+  DurationMs: string;
+  StatusCode: string;
+  Output: string;
+  HasCost: number;
+  InputTokens: string;
+  OutputTokens: string;
+  CacheReadTokens: string;
+  ReasoningTokens: string;
+  CostModel: string;
+  EstimatedUsd: number;
+  SpanAttributes: Record<string, string>;
+}
+
+export type SpanItem = ReturnType<typeof spanItem>;
+
+function spanItem(start: TraceRow, end: EndRow | undefined, traceId: string, rootSpanId: string) {
+  const e = traceEventFromRow(start);
+  const single = start.Phase !== 'start';
+  const endEvent = end ? traceEventFromRow({ ...start, ...end, Input: '', Phase: 'end' }) : null;
+  const startUs = Number(start.ts_us);
+  const durationMs = single ? e.duration_ms : endEvent ? endEvent.duration_ms : null;
+  const output = endEvent?.output ?? e.output;
+  const cost = endEvent?.cost ?? e.cost;
+  return {
+    span_id: e.span_id,
+    trace_id: traceId,
+    parent_span_id: e.parent_span_id,
+    root_span_id: rootSpanId,
+    event_type: e.event_type,
+    tool: e.tool,
+    // The single event's phase (`complete`, `invoked`), or `start` for a start/end pair.
+    phase: e.phase,
+    status: single ? e.status : endEvent ? endEvent.status : 'in_progress',
+    start: e.ts,
+    // A complete or invoked event's ts is its start; its end is start + duration.
+    end: single ? formatTimestampUs(startUs + e.duration_ms * 1000) : endEvent ? endEvent.ts : null,
+    duration_ms: durationMs,
+    ...(e.input !== undefined ? { input: e.input } : {}),
+    ...(output !== undefined ? { output } : {}),
+    ...(cost !== undefined ? { cost } : {}),
+    metadata: { ...e.metadata, ...(endEvent?.metadata ?? {}) },
+    sandbox_id: e.sandbox_id,
+    experiment_id: e.experiment_id,
+    scenario_id: e.scenario_id,
+    run_id: e.run_id,
+    agent: e.agent,
+    agent_snapshot_id: e.agent_snapshot_id,
+  };
+}
+
+/**
+ * One page of spans after `after` ([ts_us, span_id] of the last span of the previous page),
+ * oldest first. Returns up to `pageSize` items and the key of the last one when more follow.
+ */
+export async function spansPage(store: Store, tenant: string, query: SpanQuery, after: string[] | null, pageSize: number): Promise<{ items: SpanItem[]; next: string[] | null }> {
+  const conditions = ['TenantId = {tenant:String}', "Phase != 'end'", ...query.where];
+  const params: Record<string, unknown> = { ...query.params, tenant, page: pageSize + 1 };
+  if (after) {
+    if (!/^\d+$/.test(after[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
+    // The redundant lower bound lets the primary key and partition pruning serve the tuple comparison.
+    conditions.push('Timestamp >= fromUnixTimestamp64Micro({after_ts:Int64})');
+    conditions.push('(Timestamp, SpanId) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})');
+    params.after_ts = Number(after[0]);
+    params.after_id = after[1];
+  }
+  // LIMIT 1 BY drops a replayed duplicate that the ReplacingMergeTree has not merged yet.
+  const rows = await store.query<TraceRow>(
+    `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${conditions.join(' AND ')}
+     ORDER BY Timestamp, SpanId LIMIT 1 BY Timestamp, SpanId LIMIT {page:UInt32}`,
+    params,
+  );
+  const page = rows.slice(0, pageSize);
+  if (page.length === 0) return { items: [], next: null };
+  const traceOf = (r: TraceRow) => query.traces?.get(r.TraceId) ?? r.TraceId;
+  const started = page.filter((r) => r.Phase === 'start');
+  const [ends, roots] = await Promise.all([
+    started.length === 0
+      ? Promise.resolve([] as EndRow[])
+      : store.query<EndRow>(
+          // An end event's stored trace id is its start's, its parent's (chain left its request) or,
+          // for a root, its own span id: all bloom-filter lookups, after the page's first start.
+          `SELECT SpanId, toUnixTimestamp64Micro(Timestamp) AS ts_us, intDiv(Duration, 1000000) AS DurationMs, StatusCode, Output,
+                  HasCost, InputTokens, OutputTokens, CacheReadTokens, ReasoningTokens, CostModel, EstimatedUsd, SpanAttributes
+           FROM trace_events
+           WHERE TenantId = {tenant:String} AND Timestamp >= fromUnixTimestamp64Micro({from:Int64}) AND Phase = 'end'
+             AND SpanId IN {spans:Array(String)} AND TraceId IN {traces:Array(String)}
+           ORDER BY Timestamp LIMIT 1 BY SpanId`,
+          {
+            tenant,
+            from: Number(started[0].ts_us),
+            spans: started.map((r) => r.SpanId),
+            traces: [...new Set(started.flatMap((r) => [r.TraceId, r.SpanId, r.ParentSpanId, ...(query.traces?.keys() ?? [])]))],
+          },
+        ),
+    // A trace's root is its first parentless span; a trace without one (its root not stored) is rooted at its id.
+    store.query<{ TraceId: string; root: string }>(
+      `SELECT TraceId, argMin(SpanId, Timestamp) AS root FROM trace_events
+       WHERE TenantId = {tenant:String} AND TraceId IN {traces:Array(String)} AND ParentSpanId = '' GROUP BY TraceId`,
+      { tenant, traces: [...new Set([...page.map((r) => r.TraceId), ...(query.traces?.keys() ?? [])])] },
+    ),
+  ]);
+  const endOf = new Map(ends.map((e) => [e.SpanId, e]));
+  // Keyed by the reported trace id; a trace's own parentless span wins over one of a joined trace.
+  const rootOf = new Map<string, string>();
+  for (const r of roots) {
+    const trace = query.traces?.get(r.TraceId) ?? r.TraceId;
+    if (!rootOf.has(trace) || trace === r.TraceId) rootOf.set(trace, r.root);
+  }
+  const items = page.map((r) => spanItem(r, endOf.get(r.SpanId), traceOf(r), rootOf.get(traceOf(r)) ?? traceOf(r)));
+  const last = rows.length > pageSize ? page[page.length - 1] : null;
+  return { items, next: last ? [last.ts_us, last.SpanId] : null };
+}
+
+/** Events tagged with an agent: its name, or one of its snapshots. */
+export function agentEventsWhere(agent: string, snapshotIds: string[], byVersion: boolean): { where: string; params: Record<string, unknown> } {
+  return byVersion
+    ? { where: 'AgentSnapshotId IN {snapshots:Array(String)}', params: { snapshots: snapshotIds } }
+    : { where: '(ServiceName = {agent:String} OR AgentSnapshotId IN {snapshots:Array(String)})', params: { agent, snapshots: snapshotIds } };
+}
+
+/** Metrics over an agent's tool events (tool_use, tool_call; a start/end span counts once, by its end). */
+export async function agentMetrics(store: Store, tenant: string, where: string, params: Record<string, unknown>) {
+  const groups = await store.query<{ tool: string; is_total: number; n: string; errors: string; p50_ms: number; p95_ms: number }>(
+    `SELECT SpanName AS tool, toUInt8(grouping(SpanName)) AS is_total, count() AS n, countIf(StatusCode = 'Error') AS errors,
+            quantile(0.5)(Duration) / 1e6 AS p50_ms, quantile(0.95)(Duration) / 1e6 AS p95_ms
+     FROM (SELECT SpanName, StatusCode, Duration FROM trace_events
+           WHERE TenantId = {tenant:String} AND ${where} AND EventType IN ('tool_use', 'tool_call') AND Phase != 'start' LIMIT 1 BY EventId)
+     GROUP BY GROUPING SETS ((SpanName), ()) ORDER BY is_total, tool`,
+    { ...params, tenant },
+  );
+  const breakdown: Record<string, { count: number; success_rate: number; p50_ms: number; p95_ms: number }> = {};
+  for (const t of groups.filter((g) => !g.is_total)) {
+    const n = Number(t.n);
+    breakdown[t.tool] = { count: n, success_rate: (n - Number(t.errors)) / n, p50_ms: t.p50_ms, p95_ms: t.p95_ms };
+  }
+  const totals = groups.find((g) => g.is_total);
+  const total = Number(totals?.n ?? 0);
+  return {
+    total_tool_calls: total,
+    tool_success_rate: total === 0 ? 1 : (total - Number(totals!.errors)) / total,
+    p50_duration_ms: total === 0 ? 0 : totals!.p50_ms,
+    p95_duration_ms: total === 0 ? 0 : totals!.p95_ms,
+    tool_breakdown: breakdown,
+  };
+}
