@@ -136,9 +136,12 @@ export class BundleStore {
     await mkdir(tmpDir, { recursive: true });
     const tempPath = path.join(tmpDir, `${Date.now()}-${randomBytes(6).toString('hex')}.part`);
     const check = new BundleCheck(maxBytes);
+    const file = createWriteStream(tempPath);
     try {
-      await pipeline(source, check, createWriteStream(tempPath));
+      await pipeline(source, check, file);
     } catch (err) {
+      // The file may be opened after the failure: remove it once the stream is closed.
+      if (!file.closed) await new Promise<void>((resolve) => file.once('close', () => resolve()));
       await rm(tempPath, { force: true });
       throw err;
     }

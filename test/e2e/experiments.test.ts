@@ -254,8 +254,9 @@ invariants:
       assert.ok(worse.body.regressions.includes('pass_rate'), JSON.stringify(worse.body.regressions));
       const passRate = worse.body.metrics.find((m: any) => m.name === 'pass_rate');
       assert.deepEqual([passRate.baseline, passRate.candidate, passRate.delta, passRate.direction], [1, 0, -1, 'worse']);
+      // The better agent does more work, so its wall time may differ significantly; its pass rate does not regress.
       const better = await req('POST', '/v1/experiments/compare', { baseline_id: bad, candidate_id: good });
-      assert.equal(better.body.regressed, false);
+      assert.ok(!better.body.regressions.includes('pass_rate'), JSON.stringify(better.body.regressions));
       assert.equal(better.body.metrics.find((m: any) => m.name === 'pass_rate').direction, 'better');
     });
 

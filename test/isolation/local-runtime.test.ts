@@ -223,6 +223,11 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
         timeoutMs: 10_000,
         onOutput: (stream, chunk) => chunks.push(`${stream}:${chunk.toString()}`),
       });
+      // Live: the first line arrives while the command still waits for the flag.
+      for (const deadline = Date.now() + 5000; !chunks.join('').includes('waiting'); ) {
+        assert.ok(Date.now() < deadline, 'the first line streamed before the command ended');
+        await new Promise((r) => setTimeout(r, 10));
+      }
       const other = await sb.exec({ command: 'touch /tmp/flag; echo flagged' });
       assert.equal(other.stdout, 'flagged\n');
       const r = await waiting.done;

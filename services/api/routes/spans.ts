@@ -10,7 +10,7 @@ import type { Principal } from '../../kernel/auth.ts';
 import { badRequest, notFound } from '../../kernel/errors.ts';
 import type { AgentCatalog } from '../agents.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
-import { SELECT_TRACE_EVENT, traceEventFromRow, type TraceRow } from './traces.ts';
+import { traceEventFromRow, traceEventsPage } from './traces.ts';
 import { agentEventsWhere, agentMetrics, resolveTrace, SPAN_FILTERS, spanQuery, spansPage, type SpanQuery } from '../traces/spans.ts';
 import { EVENT_TYPES } from '../traces/validate-events.ts';
 
@@ -75,27 +75,12 @@ export function spansRouter(kernel: Kernel, agents: AgentCatalog): Router {
     const snapshots = raw === undefined ? agents.versions(tenant(ctx), name) : [agents.byVersion(tenant(ctx), name, Number(raw))];
     const { where, params } = agentEventsWhere(name, snapshots.map((s) => s.id), raw !== undefined);
     const limit = parseLimit(ctx.query.limit, config);
-    const key = decodeCursor(ctx.query.cursor, 2);
-    const conditions = ['TenantId = {tenant:String}', where];
-    const pageParams: Record<string, unknown> = { ...params, tenant: tenant(ctx), page: limit + 1 };
-    if (key) {
-      if (!/^\d+$/.test(key[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
-      conditions.push('Timestamp >= fromUnixTimestamp64Micro({after_ts:Int64})');
-      conditions.push('(Timestamp, EventId) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})');
-      pageParams.after_ts = Number(key[0]);
-      pageParams.after_id = key[1];
-    }
-    const [rows, metrics] = await Promise.all([
-      store.query<TraceRow>(
-        `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${conditions.join(' AND ')}
-         ORDER BY Timestamp, EventId LIMIT 1 BY Timestamp, EventId LIMIT {page:UInt32}`,
-        pageParams,
-      ),
+    const [{ rows, next }, metrics] = await Promise.all([
+      traceEventsPage(store, { tenant: tenant(ctx), where: [where], params, after: decodeCursor(ctx.query.cursor, 2), pageSize: limit, id: 'EventId' }),
       agentMetrics(store, tenant(ctx), where, params),
     ]);
-    const items = rows.slice(0, limit).map(traceEventFromRow);
-    const last = rows.length > limit ? rows[limit - 1] : null;
-    ctx.body = { items, ...(last ? { next_cursor: encodeCursor([last.ts_us, last.EventId]) } : {}), count: items.length, metrics };
+    const items = rows.map(traceEventFromRow);
+    ctx.body = { items, ...(next ? { next_cursor: encodeCursor(next) } : {}), count: items.length, metrics };
   });
 
   return router;

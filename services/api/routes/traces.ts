@@ -14,6 +14,7 @@ import { TOPICS } from '../../kernel/topics.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
 import type { TraceEvent } from '../../kernel/events.ts';
+import type { Store } from '../../kernel/store/store.ts';
 import { EVENT_TYPES, formatTimestampUs, parseTimestampUs, validateTraceBatch } from '../traces/validate-events.ts';
 
 /** Most bytes of trace events per log record; a larger batch is split (Kafka's default limit is 1 MiB). */
@@ -173,6 +174,34 @@ export const SELECT_TRACE_EVENT = `
   CacheReadTokens, ReasoningTokens, CostModel, EstimatedUsd, SpanAttributes, SandboxId, ExperimentId, ServiceName, TenantId,
   AgentSnapshotId, ResourceAttributes['svc.scenario_id'] AS ScenarioId, ResourceAttributes['svc.run_id'] AS RunId`;
 
+/**
+ * One keyset page of trace_events rows in (Timestamp, `id`) order, after the key `after`
+ * ([ts in µs, id]); `next` is the key of the page's last row when more follow.
+ */
+export async function traceEventsPage(
+  store: Store,
+  page: { tenant: string; where: string[]; params: Record<string, unknown>; after: string[] | null; pageSize: number; id: 'EventId' | 'SpanId' },
+): Promise<{ rows: TraceRow[]; next: string[] | null }> {
+  const conditions = ['TenantId = {tenant:String}', ...page.where];
+  const params: Record<string, unknown> = { ...page.params, tenant: page.tenant, page: page.pageSize + 1 };
+  if (page.after) {
+    if (!/^\d+$/.test(page.after[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
+    // The redundant lower bound lets the primary key and partition pruning serve the tuple comparison.
+    conditions.push('Timestamp >= fromUnixTimestamp64Micro({after_ts:Int64})');
+    conditions.push(`(Timestamp, ${page.id}) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})`);
+    params.after_ts = Number(page.after[0]);
+    params.after_id = page.after[1];
+  }
+  // LIMIT 1 BY drops a replayed duplicate that the ReplacingMergeTree has not merged yet.
+  const rows = await store.query<TraceRow>(
+    `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${conditions.join(' AND ')}
+     ORDER BY Timestamp, ${page.id} LIMIT 1 BY Timestamp, ${page.id} LIMIT {page:UInt32}`,
+    params,
+  );
+  const last = rows.length > page.pageSize ? rows[page.pageSize - 1] : null;
+  return { rows: rows.slice(0, page.pageSize), next: last ? [last.ts_us, last[page.id]] : null };
+}
+
 function traceFilters(ctx: Context): { where: string[]; params: Record<string, unknown> } {
   checkQueryParams(ctx, FILTERS);
   const q = ctx.query as Record<string, string | undefined>;
@@ -220,26 +249,8 @@ export function tracesRouter(kernel: Kernel, ingestLimiter: RateLimiter): Router
     const { where, params } = traceFilters(ctx);
     const limit = parseLimit(ctx.query.limit, config);
     const fetchPage = async (cursor: string | null, pageSize: number) => {
-      const key = decodeCursor(cursor ?? undefined, 2);
-      const conditions = ['TenantId = {tenant:String}', ...where];
-      const pageParams: Record<string, unknown> = { ...params, tenant: principal.tenant, page: pageSize + 1 };
-      if (key) {
-        if (!/^\d+$/.test(key[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
-        // The redundant lower bound lets the primary key and partition pruning serve the tuple comparison.
-        conditions.push('Timestamp >= fromUnixTimestamp64Micro({after_ts:Int64})');
-        conditions.push('(Timestamp, EventId) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})');
-        pageParams.after_ts = Number(key[0]);
-        pageParams.after_id = key[1];
-      }
-      // LIMIT 1 BY drops a replayed duplicate that the ReplacingMergeTree has not merged yet.
-      const rows = await store.query<TraceRow>(
-        `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${conditions.join(' AND ')}
-         ORDER BY Timestamp, EventId LIMIT 1 BY Timestamp, EventId LIMIT {page:UInt32}`,
-        pageParams,
-      );
-      const items = rows.slice(0, pageSize).map(traceEventFromRow);
-      const last = rows.length > pageSize ? rows[pageSize - 1] : null;
-      return { items, next: last ? encodeCursor([last.ts_us, last.EventId]) : null };
+      const { rows, next } = await traceEventsPage(store, { tenant: principal.tenant, where, params, after: decodeCursor(cursor ?? undefined, 2), pageSize, id: 'EventId' });
+      return { items: rows.map(traceEventFromRow), next: next ? encodeCursor(next) : null };
     };
     if (wantsNdjson(ctx)) {
       decodeCursor(ctx.query.cursor, 2);

@@ -8,7 +8,7 @@
 import type { Store } from '../../kernel/store/store.ts';
 import { badRequest } from '../../kernel/errors.ts';
 import { formatTimestampUs } from './validate-events.ts';
-import { SELECT_TRACE_EVENT, traceEventFromRow, type TraceRow } from '../routes/traces.ts';
+import { traceEventFromRow, traceEventsPage, type TraceRow } from '../routes/traces.ts';
 
 /** Rounds of trace id resolution across ingest requests (each finds one more level of chains split between requests). */
 const RESOLVE_ROUNDS = 4;
@@ -150,23 +150,8 @@ function spanItem(start: TraceRow, end: EndRow | undefined, traceId: string, roo
  * oldest first. Returns up to `pageSize` items and the key of the last one when more follow.
  */
 export async function spansPage(store: Store, tenant: string, query: SpanQuery, after: string[] | null, pageSize: number): Promise<{ items: SpanItem[]; next: string[] | null }> {
-  const conditions = ['TenantId = {tenant:String}', "Phase != 'end'", ...query.where];
-  const params: Record<string, unknown> = { ...query.params, tenant, page: pageSize + 1 };
-  if (after) {
-    if (!/^\d+$/.test(after[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
-    // The redundant lower bound lets the primary key and partition pruning serve the tuple comparison.
-    conditions.push('Timestamp >= fromUnixTimestamp64Micro({after_ts:Int64})');
-    conditions.push('(Timestamp, SpanId) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})');
-    params.after_ts = Number(after[0]);
-    params.after_id = after[1];
-  }
-  // LIMIT 1 BY drops a replayed duplicate that the ReplacingMergeTree has not merged yet.
-  const rows = await store.query<TraceRow>(
-    `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${conditions.join(' AND ')}
-     ORDER BY Timestamp, SpanId LIMIT 1 BY Timestamp, SpanId LIMIT {page:UInt32}`,
-    params,
-  );
-  const page = rows.slice(0, pageSize);
+  // A span is listed by its first event; its end is joined below.
+  const { rows: page, next } = await traceEventsPage(store, { tenant, where: ["Phase != 'end'", ...query.where], params: query.params, after, pageSize, id: 'SpanId' });
   if (page.length === 0) return { items: [], next: null };
   const traceOf = (r: TraceRow) => query.traces?.get(r.TraceId) ?? r.TraceId;
   const started = page.filter((r) => r.Phase === 'start');
@@ -204,8 +189,7 @@ export async function spansPage(store: Store, tenant: string, query: SpanQuery, 
     if (!rootOf.has(trace) || trace === r.TraceId) rootOf.set(trace, r.root);
   }
   const items = page.map((r) => spanItem(r, endOf.get(r.SpanId), traceOf(r), rootOf.get(traceOf(r)) ?? traceOf(r)));
-  const last = rows.length > pageSize ? page[page.length - 1] : null;
-  return { items, next: last ? [last.ts_us, last.SpanId] : null };
+  return { items, next };
 }
 
 /** Events tagged with an agent: its name, or one of its snapshots. */
