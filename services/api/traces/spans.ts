@@ -92,21 +92,11 @@ export async function spanQuery(store: Store, tenant: string, q: Partial<Record<
   return { traces, where, params };
 }
 
-interface EndRow {
-  SpanId: string;
-  ts_us: string;
-  DurationMs: string;
-  StatusCode: string;
-  Output: string;
-  HasCost: number;
-  InputTokens: string;
-  OutputTokens: string;
-  CacheReadTokens: string;
-  ReasoningTokens: string;
-  CostModel: string;
-  EstimatedUsd: number;
-  SpanAttributes: Record<string, string>;
-}
+/** The columns of an end event that complete its span. */
+type EndRow = Pick<
+  TraceRow,
+  'SpanId' | 'ts_us' | 'DurationMs' | 'StatusCode' | 'Output' | 'HasCost' | 'InputTokens' | 'OutputTokens' | 'CacheReadTokens' | 'ReasoningTokens' | 'CostModel' | 'EstimatedUsd' | 'SpanAttributes'
+>;
 
 export type SpanItem = ReturnType<typeof spanItem>;
 
