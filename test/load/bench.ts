@@ -18,6 +18,7 @@ import path from 'node:path';
 import type { EventLog } from '../../services/kernel/log/event-log.ts';
 import { EmbeddedLog } from '../../services/kernel/log/embedded/embedded-log.ts';
 import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
+import protobuf from 'protobufjs';
 import { create as createTar } from 'tar';
 import { ADMIN_KEY, createTenantKey, REPO, startServer, traceEvent } from '../helpers/server.ts';
 import { makeBundle } from '../helpers/bundles.ts';
@@ -164,6 +165,65 @@ async function benchSandboxes(): Promise<string[]> {
   return lines;
 }
 
+/** OTLP/HTTP protobuf ingest: 1,000-span requests (half of them gen_ai model calls) until visible. */
+async function benchOtlp(env: Record<string, string>): Promise<number> {
+  const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', ...env });
+  try {
+    const { key } = await createTenantKey(server, 'bench');
+    const root = new protobuf.Root();
+    const protoDir = path.join(REPO, 'services', 'api', 'traces', 'otlp-proto');
+    root.resolvePath = (_origin, target) => (path.isAbsolute(target) ? target : path.join(protoDir, target));
+    root.loadSync('opentelemetry/proto/collector/trace/v1/trace_service.proto');
+    const Request = root.lookupType('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
+    const now = BigInt(Date.now()) * 1_000_000n;
+    const attr = (k: string, v: string | number) => ({ key: k, value: typeof v === 'number' ? { intValue: v } : { stringValue: v } });
+    // Distinct span ids per body: a repeated body would be the same spans again.
+    const bodies = Array.from({ length: 60 }, (_, b) =>
+      Request.encode(
+        Request.fromObject({
+          resourceSpans: [
+            {
+              resource: { attributes: [attr('service.name', 'bench-agent')] },
+              scopeSpans: [
+                {
+                  spans: Array.from({ length: 1000 }, (_, i) => ({
+                    traceId: randomBytes(16),
+                    spanId: randomBytes(8),
+                    name: i % 2 ? 'chat gpt-4o' : `tool-${i % 20}`,
+                    startTimeUnixNano: String(now + BigInt(b * 1000 + i)),
+                    endTimeUnixNano: String(now + BigInt(b * 1000 + i) + 5_000_000n),
+                    attributes:
+                      i % 2
+                        ? [attr('gen_ai.operation.name', 'chat'), attr('gen_ai.request.model', 'gpt-4o'), attr('gen_ai.usage.input_tokens', 900), attr('gen_ai.usage.output_tokens', 120), attr('gen_ai.prompt', 'p'.repeat(200))]
+                        : [attr('tool.args', 'a'.repeat(200))],
+                    status: { code: 1 },
+                  })),
+                },
+              ],
+            },
+          ],
+        }),
+      ).finish(),
+    );
+    const post = (i: number) =>
+      fetch(`${server.url}/otel/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/x-protobuf' }, body: new Uint8Array(bodies[i % bodies.length]) }).then(async (res) => {
+        if (res.status !== 200) throw new Error(`POST /otel/v1/traces: ${res.status} ${await res.text()}`);
+      });
+    for (let i = 0; i < 20; i += INGEST_CONCURRENCY) await Promise.all(Array.from({ length: INGEST_CONCURRENCY }, (_, j) => post(i + j)));
+    const requests = bodies.length - 20;
+    let next = 20;
+    const started = performance.now();
+    await Promise.all(
+      Array.from({ length: INGEST_CONCURRENCY }, async () => {
+        while (next < bodies.length) await post(next++);
+      }),
+    );
+    return (requests * 1000) / ((performance.now() - started) / 1000);
+  } finally {
+    await server.cleanup();
+  }
+}
+
 /** Resident memory of a process in MiB, from /proc. */
 async function rssMiB(pid: number): Promise<number> {
   const status = await readFile(`/proc/${pid}/status`, 'utf8');
@@ -296,6 +356,7 @@ async function benchLogAndIngest(): Promise<void> {
   const rows: Row[] = [
     { what: 'log append + consume (300 B records)', embedded: null, kafka: null, unit: 'records/s' },
     { what: 'trace ingest end to end (POST 1,000 → visible)', embedded: null, kafka: null, unit: 'events/s' },
+    { what: 'OTLP protobuf ingest end to end (1,000 spans → visible)', embedded: null, kafka: null, unit: 'spans/s' },
   ];
   const notes: string[] = [];
 
@@ -304,6 +365,7 @@ async function benchLogAndIngest(): Promise<void> {
   rows[0].embedded = await benchLog(embedded);
   await embedded.close();
   rows[1].embedded = await benchIngest({});
+  rows[2].embedded = await benchOtlp({});
 
   const missing: string[] = missingTools();
   if (missing.length > 0) {
@@ -315,6 +377,7 @@ async function benchLogAndIngest(): Promise<void> {
       rows[0].kafka = await benchLog(log);
       await log.close();
       rows[1].kafka = await benchIngest({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
+      rows[2].kafka = await benchOtlp({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
     } finally {
       await kafka.stop();
     }
