@@ -119,6 +119,15 @@ export class Auth {
     return this.tenants.entities.get(name);
   }
 
+  /** How many sandboxes the tenant may have at once: its custom quota, else its plan's. */
+  sandboxQuota(tenant: string): { plan: TenantRecord['plan']; quota: number } {
+    const { config } = this.kernel;
+    const record = this.tenant(tenant);
+    const plan = record?.plan ?? config.defaultPlan;
+    const byPlan = { free: config.concurrentSandboxesFree, pro: config.concurrentSandboxesPro, enterprise: config.concurrentSandboxesEnterprise };
+    return { plan, quota: record?.max_concurrent_sandboxes ?? byPlan[plan] };
+  }
+
   listTenants(): TenantRecord[] {
     return [...this.tenants.entities.values()].sort((a, b) => a.tenant.localeCompare(b.tenant));
   }

@@ -9,6 +9,7 @@
  * (`is not a field for type: cli`).
  */
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
+import { isObject } from './is-object.ts';
 
 type Schema = Record<string, unknown>;
 export interface Problem {
@@ -16,7 +17,6 @@ export interface Problem {
   problem: string;
 }
 
-const isObject = (v: unknown): v is Schema => typeof v === 'object' && v !== null && !Array.isArray(v);
 const list = (values: unknown): string => (Array.isArray(values) ? values.map(String).join(', ') : '');
 
 export const succeeds = (f: () => unknown): boolean => {

@@ -16,6 +16,7 @@ import { parseDocument } from 'yaml';
 import { parseDuration } from './duration.ts';
 import { AppError } from './errors.ts';
 import { childPath, JsonSchemaValidator, succeeds } from './json-schema.ts';
+import { isObject } from './is-object.ts';
 
 export interface SpecSetupFile {
   path: string;
@@ -189,7 +190,6 @@ export function parseSize(value: unknown): number {
   return bytes;
 }
 
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 const asArray = (v: unknown): unknown[] => (Array.isArray(v) ? v : []);
 const asObject = (v: unknown): Record<string, unknown> => (isObject(v) ? v : {});
 

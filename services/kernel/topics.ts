@@ -9,6 +9,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse } from 'yaml';
 import type { CleanupPolicy, TopicSpec } from './log/event-log.ts';
+import { isObject } from './is-object.ts';
 
 export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const DEFAULT_TOPICS_DIR = join(REPO_ROOT, 'topics');
@@ -153,6 +154,3 @@ export function topicSpec(catalog: TopicSpec[], name: string): TopicSpec {
   return spec;
 }
 
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}

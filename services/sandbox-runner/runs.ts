@@ -135,16 +135,17 @@ export class RunExecutor {
       if (agentRun.timed_out) {
         return { ...failed('agent_timeout', `the agent exceeded its timeout of ${agentTimeoutMs} ms`, sandboxId, started), agent: agentRun };
       }
+      // The workspace as the agent left it: checks only read it, so one capture serves the judge and the outcome.
+      const diff = (await sandbox.handle('diff', {})).body as NonNullable<RunOutcome['diff']>;
       const checks: Record<string, CheckResult> = {};
       for (const [name, invariant] of Object.entries(spec.invariants)) {
-        checks[name] = await this.check(sandbox, invariant.check, scripts.get(name), agentRun).catch((err: Error) => ({
+        checks[name] = await this.check(sandbox, invariant.check, scripts.get(name), agentRun, diff).catch((err: Error) => ({
           type: invariant.check.type,
           passed: false,
           score: null,
           message: `the check could not run: ${err.message}`,
         }));
       }
-      const diff = (await sandbox.handle('diff', {})).body as RunOutcome['diff'];
       const ended = Date.now();
       return {
         status: 'completed',
@@ -222,7 +223,7 @@ export class RunExecutor {
     return scripts;
   }
 
-  private async check(sandbox: LiveSandbox, check: InvariantCheck, script: string | undefined, agentRun: NonNullable<RunOutcome['agent']>): Promise<CheckResult> {
+  private async check(sandbox: LiveSandbox, check: InvariantCheck, script: string | undefined, agentRun: NonNullable<RunOutcome['agent']>, diff: NonNullable<RunOutcome['diff']>): Promise<CheckResult> {
     const workspace = sandbox.workspaceDir;
     const result = (passed: boolean, message: string): CheckResult => ({ type: check.type, passed, score: null, message });
     switch (check.type) {
@@ -264,15 +265,15 @@ export class RunExecutor {
         }
       }
       case 'llm_as_judge':
-        return { type: 'llm_as_judge', passed: null, score: null, message: 'graded by the judge', judge_input: await this.judgeInput(sandbox, check.input, agentRun) };
+        return { type: 'llm_as_judge', passed: null, score: null, message: 'graded by the judge', judge_input: await this.judgeInput(sandbox, check.input, agentRun, diff) };
       default:
         return result(false, `${check.type} checks need backing services, which this server cannot run yet`);
     }
   }
 
-  private async judgeInput(sandbox: LiveSandbox, input: string, agentRun: NonNullable<RunOutcome['agent']>): Promise<string> {
+  private async judgeInput(sandbox: LiveSandbox, input: string, agentRun: NonNullable<RunOutcome['agent']>, diff: NonNullable<RunOutcome['diff']>): Promise<string> {
     if (input === 'agent_output') return agentRun.stdout;
-    if (input === 'diff') return JSON.stringify((await sandbox.handle('diff', {})).body);
+    if (input === 'diff') return JSON.stringify(diff);
     const file = await readFile(sandbox.workspaceDir, input.slice('file:'.length)).catch(() => null);
     return file ? file.content.toString('utf8').slice(0, JUDGE_INPUT_MAX) : '';
   }

@@ -26,6 +26,8 @@ import { TERMINAL_STATUSES, type ExperimentDirectory } from '../experiments.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, parseLimit } from '../pagination.ts';
 import type { SpecCatalog } from '../specs.ts';
 import { jsonBody } from '../request-body.ts';
+import { refuseUnsupported } from '../../kernel/capabilities.ts';
+import { isObject } from '../../kernel/is-object.ts';
 
 const NAME_MAX = 200;
 const MATRIX_MAX = 1000;
@@ -44,7 +46,6 @@ interface CreateRequest {
   run: boolean;
 }
 
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
 
 /** Every problem of a creation body, each naming its field, in one 400. */
@@ -107,33 +108,6 @@ function parseCreate(b: Record<string, unknown>): CreateRequest {
   return { name: b.name as string, spec_id: b.spec_id as string, secrets, options, run: b.run === true };
 }
 
-/**
- * What a spec uses that no runner can execute yet (DECISIONS.md: the spec is stored, running it
- * is refused naming the capability), each with where it is used.
- */
-function unsupportedCapabilities(doc: SpecDocument): string[] {
-  const found: string[] = [];
-  const add = (what: string, where: string[]) => where.length > 0 && found.push(`${what} (${where.join(', ')})`);
-  add('backing services', doc.services.map((s) => `services.${s.name}`));
-  for (const type of ['sql', 'git', 'drift'] as const) {
-    add(`fixtures of type ${type}`, doc.fixtures.flatMap((f, i) => (f.type === type ? [`fixtures[${i}]`] : [])));
-  }
-  const { egress, ingress, dnsOverrides } = doc.network;
-  add('network egress rules', egress.default === 'allow' || egress.allow.length > 0 ? ['network.egress'] : []);
-  add('network ingress rules', ingress.default === 'allow' || ingress.allow.length > 0 ? ['network.ingress'] : []);
-  add('network dns_overrides', Object.keys(dnsOverrides).length > 0 ? ['network.dns_overrides'] : []);
-  for (const type of ['sql', 'http_mock_assertions'] as const) {
-    add(`${type} invariants`, Object.entries(doc.invariants).flatMap(([name, inv]) => (inv.check.type === type ? [`invariants.${name}`] : [])));
-  }
-  for (const rule of ['http_except', 'db_writes_outside'] as const) add(`the forbidden rule ${rule}`, doc.forbidden[rule] !== undefined ? [`forbidden.${rule}`] : []);
-  return found;
-}
-
-function refuseUnsupported(doc: SpecDocument): void {
-  const found = unsupportedCapabilities(doc);
-  if (found.length > 0) throw new AppError('bad_request', `spec "${doc.id}" uses ${found.join(', ')}, which this server cannot run yet`);
-}
-
 /** The `{{ params.NAME }}` names the document's strings use (outside parallelism, as spec validation reads them). */
 function referencedParams(raw: Record<string, unknown>): Set<string> {
   const names = new Set<string>();
@@ -188,9 +162,7 @@ export function experimentsRouter(deps: { kernel: Kernel; auth: Auth; specs: Spe
 
   /** Runs in flight at most: the spec's concurrency_limit within the tenant's sandbox quota. */
   const concurrency = (tenant: string, doc: SpecDocument): number => {
-    const record = auth.tenant(tenant);
-    const plan = record?.plan ?? config.defaultPlan;
-    const quota = record?.max_concurrent_sandboxes ?? { free: config.concurrentSandboxesFree, pro: config.concurrentSandboxesPro, enterprise: config.concurrentSandboxesEnterprise }[plan];
+    const { plan, quota } = auth.sandboxQuota(tenant);
     if (quota === 0) throw new AppError('rate_limited', `the ${plan} plan's concurrent sandbox quota is 0: no run can start`, { retryAfter: 60 });
     return Math.min(doc.resources.concurrencyLimit ?? quota, quota);
   };
@@ -209,7 +181,7 @@ export function experimentsRouter(deps: { kernel: Kernel; auth: Auth; specs: Spe
         if (err instanceof AppError && err.code === 'not_found') throw new AppError('conflict', `spec "${current.spec_id}" version ${current.spec_version} was deleted; the experiment cannot run`);
         throw err;
       }
-      refuseUnsupported(spec.doc);
+      refuseUnsupported(spec.doc, 'run');
       const agent = resolveAgent(current.tenant, spec.doc, options.agent_snapshot_id);
       const matrix = options.matrix ?? spec.doc.parallelism.matrix;
       const replicas = options.replicas ?? spec.doc.parallelism.replicas;
@@ -244,7 +216,7 @@ export function experimentsRouter(deps: { kernel: Kernel; auth: Auth; specs: Spe
     if (problems.length > 0) throw new AppError('bad_request', problems.join('; '));
     if (request.run) {
       // Refused before anything is created: a reproducer either runs or leaves nothing behind.
-      refuseUnsupported(spec.doc);
+      refuseUnsupported(spec.doc, 'run');
       resolveAgent(p.tenant, spec.doc, snapshotId);
       concurrency(p.tenant, spec.doc);
     }

@@ -20,6 +20,7 @@ import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
 import type { SpecCatalog } from '../specs.ts';
 import type { AgentCatalog } from '../agents.ts';
 import { RUN_METADATA } from '../../kernel/runs.ts';
+import { refuseUnsupported } from '../../kernel/capabilities.ts';
 import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
 import { validateTraceBatch } from '../traces/validate-events.ts';
 import { ingestTraceEvents, sandboxTrace } from './traces.ts';
@@ -98,18 +99,9 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
       if (err instanceof AppError && err.code === 'not_found') throw badRequest('spec_id', `no spec "${b.spec_id}" is stored`);
       throw err;
     }
-    const unsupported = [
-      ...(spec.doc.services.length > 0 ? ['services (backing containers)'] : []),
-      ...spec.doc.fixtures.filter((f) => f.type !== 'copy').map((f) => `fixtures of type ${f.type}`),
-      ...(spec.doc.network.egress.default === 'allow' || spec.doc.network.egress.allow.length > 0 ? ['network egress rules'] : []),
-      ...(spec.doc.network.ingress.default === 'allow' || spec.doc.network.ingress.allow.length > 0 ? ['network ingress'] : []),
-      ...(Object.keys(spec.doc.network.dnsOverrides).length > 0 ? ['network dns_overrides'] : []),
-    ];
-    if (unsupported.length > 0) throw badRequest('spec_id', `spec "${b.spec_id}" uses ${unsupported.join(', ')}, which this server cannot run yet`);
+    refuseUnsupported(spec.doc, 'sandbox', 'spec_id');
     const agent = agents.resolveForSpec(p.tenant, spec.doc);
-    const tenant = auth.tenant(p.tenant);
-    const plan = tenant?.plan ?? config.defaultPlan;
-    const quota = tenant?.max_concurrent_sandboxes ?? { free: config.concurrentSandboxesFree, pro: config.concurrentSandboxesPro, enterprise: config.concurrentSandboxesEnterprise }[plan];
+    const { plan, quota } = auth.sandboxQuota(p.tenant);
     if (sandboxes.live(p.tenant).length >= quota) {
       throw new AppError('rate_limited', `concurrent sandbox quota reached: ${quota} for the ${plan} plan`, { retryAfter: 5 });
     }

@@ -9,6 +9,7 @@ import protobuf from 'protobufjs';
 import { badRequest } from '../../kernel/errors.ts';
 import type { TraceEvent } from '../../kernel/events.ts';
 import { truncateUtf8 } from './validate-events.ts';
+import { isObject } from '../../kernel/is-object.ts';
 
 const PROTO_DIR = fileURLToPath(new URL('./otlp-proto/', import.meta.url));
 const root = new protobuf.Root();
@@ -44,9 +45,6 @@ export function otlpJsonResponse(partial: OtlpPartialSuccess | null): object {
 
 type Obj = Record<string, unknown>;
 
-function isObject(value: unknown): value is Obj {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
 
 function list(value: unknown, field: string): unknown[] {
   if (value === undefined || value === null) return [];

@@ -6,6 +6,7 @@
 import { badRequest } from '../../kernel/errors.ts';
 import type { TraceEvent } from '../../kernel/events.ts';
 import { newEventId } from '../../kernel/ids.ts';
+import { isObject } from '../../kernel/is-object.ts';
 
 export const EVENT_TYPES = ['llm_call', 'tool_use', 'tool_call'] as const;
 export const PHASES = ['start', 'end', 'complete', 'invoked'] as const;
@@ -49,9 +50,6 @@ export function truncateUtf8(value: string, maxBytes: number): string {
   return buf.subarray(0, end).toString('utf8');
 }
 
-function isObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
 
 function optionalString(event: Record<string, unknown>, field: string, at: string): string | null {
   const value = event[field];

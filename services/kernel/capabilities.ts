@@ -1,0 +1,33 @@
+/**
+ * What a spec uses that this server cannot execute yet (DECISIONS.md: the spec is stored; creating
+ * a sandbox or running an experiment from it is refused, naming the capability and where it is
+ * used). A sandbox needs its environment; a run also needs the checks and forbidden rules.
+ */
+import { AppError } from './errors.ts';
+import type { SpecDocument } from './spec.ts';
+
+function unsupportedCapabilities(doc: SpecDocument, use: 'sandbox' | 'run'): string[] {
+  const found: string[] = [];
+  const add = (what: string, where: string[]) => where.length > 0 && found.push(`${what} (${where.join(', ')})`);
+  add('backing services', doc.services.map((s) => `services.${s.name}`));
+  for (const type of ['sql', 'git', 'drift'] as const) {
+    add(`fixtures of type ${type}`, doc.fixtures.flatMap((f, i) => (f.type === type ? [`fixtures[${i}]`] : [])));
+  }
+  const { egress, ingress, dnsOverrides } = doc.network;
+  add('network egress rules', egress.default === 'allow' || egress.allow.length > 0 ? ['network.egress'] : []);
+  add('network ingress rules', ingress.default === 'allow' || ingress.allow.length > 0 ? ['network.ingress'] : []);
+  add('network dns_overrides', Object.keys(dnsOverrides).length > 0 ? ['network.dns_overrides'] : []);
+  if (use === 'run') {
+    for (const type of ['sql', 'http_mock_assertions'] as const) {
+      add(`${type} invariants`, Object.entries(doc.invariants).flatMap(([name, inv]) => (inv.check.type === type ? [`invariants.${name}`] : [])));
+    }
+    for (const rule of ['http_except', 'db_writes_outside'] as const) add(`the forbidden rule ${rule}`, doc.forbidden[rule] !== undefined ? [`forbidden.${rule}`] : []);
+  }
+  return found;
+}
+
+/** A 400 naming what the spec uses that cannot run yet (after `field: ` when the request named the spec in one). */
+export function refuseUnsupported(doc: SpecDocument, use: 'sandbox' | 'run', field?: string): void {
+  const found = unsupportedCapabilities(doc, use);
+  if (found.length > 0) throw new AppError('bad_request', `${field ? `${field}: ` : ''}spec "${doc.id}" uses ${found.join(', ')}, which this server cannot run yet`);
+}
