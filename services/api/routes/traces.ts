@@ -13,22 +13,15 @@ import { newEventId } from '../../kernel/ids.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
-import type { TraceEvent } from '../../kernel/events.ts';
+import type { TraceEvent, TraceEventsIngested } from '../../kernel/events.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { EVENT_TYPES, formatTimestampUs, parseTimestampUs, validateTraceBatch } from '../traces/validate-events.ts';
 
 /** Most bytes of trace events per log record; a larger batch is split (Kafka's default limit is 1 MiB). */
 const MAX_RECORD_BYTES = 900 * 1024;
 
-export interface IngestContext {
-  sandbox_id: string | null;
-  experiment_id: string | null;
-  agent: string | null;
-  agent_snapshot_id: string | null;
-  agent_version: number | null;
-  scenario_id: string | null;
-  run_id: string | null;
-}
+/** Where ingested events came from: the tags every event of a batch shares. */
+export type IngestContext = Omit<TraceEventsIngested, 'tenant' | 'event_id' | 'ts' | 'events'>;
 
 /** Trace events from no sandbox carry no tags. */
 export const UNTAGGED: IngestContext = { sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null };
