@@ -34,6 +34,7 @@ import type { TenantSecrets } from '../kernel/tenant-secrets.ts';
 import type { Requester } from '../kernel/request-reply.ts';
 
 /** Ingest endpoints are limited in events per second, not requests (DECISIONS.md). */
+const OTLP_PATH = '/otel/v1/traces';
 const INGEST_PATHS = [/^\/v1\/traces$/, /^\/v1\/sandboxes\/[^/]+\/trace$/, /^\/otel\/v1\/traces$/];
 /** Reachable without a key. Operator calls (the admin key on /v1/admin/*) are not rate limited. */
 const PUBLIC_PATHS = new Set(['/health', SPEC_SCHEMA_PATH]);
@@ -61,6 +62,7 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
   const reads = new RateLimiter(config.rateLimitReads, 'read requests');
   const writes = new RateLimiter(config.rateLimitWrites, 'write requests');
   const ingestEvents = new RateLimiter(config.rateLimitIngestEvents, 'ingested trace events');
+  let ingestInFlight = 0;
 
   app.use(async (ctx: Context, next: Next) => {
     ctx.state.requestId = newRequestId();
@@ -82,15 +84,28 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
     if (PUBLIC_PATHS.has(ctx.path)) return next();
     const principal = auth.authenticate(ctx.get('Authorization') || undefined);
     ctx.state.principal = principal;
-    // A sandbox token is valid only for its own sandbox's resources.
-    if (principal.kind === 'sandbox' && !ctx.path.startsWith(`/v1/sandboxes/${principal.keyId}`)) {
-      throw new AppError('forbidden', 'a sandbox token is valid only for its own sandbox (/v1/sandboxes/<its id>)');
+    // A sandbox token is valid only for its own sandbox's resources, and its OTLP exporter.
+    if (principal.kind === 'sandbox' && !ctx.path.startsWith(`/v1/sandboxes/${principal.keyId}`) && ctx.path !== OTLP_PATH) {
+      throw new AppError('forbidden', 'a sandbox token is valid only for its own sandbox (/v1/sandboxes/<its id>) and /otel/v1/traces');
     }
     const operatorCall = principal.kind === 'admin' && ctx.path.startsWith('/v1/admin/');
-    if (!operatorCall && (!INGEST_PATHS.some((p) => p.test(ctx.path)) || ctx.method !== 'POST')) {
-      (ctx.method === 'GET' || ctx.method === 'HEAD' ? reads : writes).take(principal.keyId);
+    const ingest = ctx.method === 'POST' && INGEST_PATHS.some((p) => p.test(ctx.path));
+    if (!ingest) {
+      if (!operatorCall) (ctx.method === 'GET' || ctx.method === 'HEAD' ? reads : writes).take(principal.keyId);
+      return next();
     }
-    return next();
+    // Pushback instead of unbounded memory: an ingest request holds its body until its events
+    // are queryable, so when the sink falls behind, requests pile up here and the next is refused
+    // before its body is read. Accepted events are on the log already and are never dropped.
+    if (ingestInFlight >= config.ingestMaxInFlight) {
+      throw new AppError('overloaded', `the service is behind on trace ingest (${config.ingestMaxInFlight} ingest requests in progress); retry after the Retry-After delay`, { retryAfter: 1 });
+    }
+    ingestInFlight++;
+    try {
+      return await next();
+    } finally {
+      ingestInFlight--;
+    }
   });
 
   app.use(
@@ -131,7 +146,7 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
   const routers = [
     root,
     tracesRouter(kernel, ingestEvents),
-    otlpRouter(kernel, ingestEvents),
+    otlpRouter(kernel, sandboxes, ingestEvents),
     specsRouter(specs),
     agentsRouter(agents, config),
     spansRouter(kernel, agents),

@@ -15,6 +15,7 @@ export const ERROR_CODES = {
   internal: 500,
   unavailable: 503,
   at_capacity: 503,
+  overloaded: 503,
   timeout: 504,
 } as const;
 
@@ -34,7 +35,7 @@ export class AppError extends Error {
     this.code = code;
     this.status = ERROR_CODES[code];
     this.retryAfter = options.retryAfter;
-    this.retriable = code === 'rate_limited' || code === 'unavailable' || code === 'at_capacity' || code === 'timeout';
+    this.retriable = code === 'rate_limited' || code === 'unavailable' || code === 'at_capacity' || code === 'overloaded' || code === 'timeout';
   }
 }
 

@@ -20,7 +20,7 @@ import { newEventId, runIdOf, scenarioIdOf } from '../../services/kernel/ids.ts'
 import type { ExperimentChanged, InvariantScore, RunOutcome, RunScored, Violation } from '../../services/kernel/runs.ts';
 import { cochranMantelHaenszel, passAtK, passHatK, quantile, wilsonInterval } from '../../services/kernel/stats.ts';
 import { TOPICS } from '../../services/kernel/topics.ts';
-import { ingestTraceEvents, UNTAGGED } from '../../services/api/routes/traces.ts';
+import { ingestTraceEvents, UNTAGGED } from '../../services/api/traces/ingest.ts';
 import { startServices, type Running } from '../../services/main.ts';
 import { ADMIN_KEY, freePort } from '../helpers/server.ts';
 

@@ -201,6 +201,31 @@ determinism:
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
     });
 
+    test("an OpenTelemetry exporter with the sandbox token: spans are the sandbox's, redacted; other ingest paths refuse it", async () => {
+      const sb = await create('basic', { secrets: { API_TOKEN: 'tok-otel-secret-5678' } });
+      const token = (await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'printf %s "$SVC_API_KEY" | base64' })).body.stdout;
+      const sbKey = Buffer.from(token, 'base64').toString();
+      const span = {
+        traceId: '5b8efff798038103d269b633813fc60c',
+        spanId: 'eee19b7ec3c1b174',
+        name: 'otel.fetch',
+        startTimeUnixNano: String(BigInt(Date.now()) * 1_000_000n),
+        attributes: [{ key: 'http.request.header.authorization', value: { stringValue: 'Bearer tok-otel-secret-5678' } }],
+      };
+      const res = await req('POST', '/otel/v1/traces', { resourceSpans: [{ scopeSpans: [{ spans: [span] }] }] }, sbKey);
+      assert.equal(res.status, 200, res.text);
+      const trace = await req('GET', `/v1/sandboxes/${sb.id}/trace`);
+      assert.equal(trace.body.events.length, 1);
+      const [event] = trace.body.events;
+      assert.equal(event.sandbox_id, sb.id);
+      assert.equal(event.tool, 'otel.fetch');
+      assert.equal(event.metadata['http.request.header.authorization'], 'Bearer [REDACTED:API_TOKEN]');
+      assert.ok(!JSON.stringify(trace.body).includes('tok-otel-secret-5678'));
+      assert.equal((await req('POST', '/v1/traces', [traceEvent()], sbKey)).status, 403, 'untagged ingest is for API keys');
+      await req('DELETE', `/v1/sandboxes/${sb.id}`);
+      assert.equal((await req('POST', '/otel/v1/traces', { resourceSpans: [] }, sbKey)).status, 401, 'the token dies with its sandbox');
+    });
+
     test("the agent's own file activity under watched paths is audited; checkpoints per action; a frozen clock", async () => {
       await putSpec(SPEC('watched', `audit:
   file_system: {watch: ["/"], track: [writes, reads, deletes]}

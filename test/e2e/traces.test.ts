@@ -201,3 +201,38 @@ describe('POST /v1/traces and GET /v1/traces, end to end', () => {
     assert.equal((await server.request('GET', '/v1/traces?tool=retried', { key: acme })).body.count, 2);
   });
 });
+
+describe('POST /v1/traces under overload', () => {
+  let server: TestServer;
+  before(async () => {
+    server = await startServer({ SVC_INGEST_MAX_IN_FLIGHT: '2', SVC_RATE_LIMIT_INGEST_EVENTS: '0' });
+  });
+  after(async () => server?.cleanup());
+
+  test('past the in-flight bound it answers 503 overloaded with Retry-After; every accepted event is stored, no refused one is', async () => {
+    const { key } = await createTenantKey(server, 'acme');
+    const batches = Array.from({ length: 40 }, (_, b) => ({
+      events: Array.from({ length: 500 }, (_, i) => traceEvent({ event_id: `load-${b}-${i}`, span_id: `s${b}-${i}`, tool: `load-${b}`, input: 'x'.repeat(100) })),
+    }));
+    const post = (b: number) => server.request('POST', '/v1/traces', { key, body: batches[b] });
+    const stored = async (b: number) => (await server.request('GET', `/v1/traces?tool=load-${b}&limit=1000`, { key })).body.count as number;
+
+    const first = await Promise.all(batches.map((_, b) => post(b)));
+    const refused = first.flatMap((res, b) => (res.status === 503 ? [b] : []));
+    assert.ok(refused.length > 0, 'forty concurrent batches against a bound of two: some are pushed back');
+    for (const [b, res] of first.entries()) {
+      if (res.status === 503) {
+        assert.equal(res.body.error, 'overloaded');
+        assert.ok(Number(res.headers.get('retry-after')) >= 1, 'carries Retry-After');
+        assert.equal(await stored(b), 0, `refused batch ${b} stored nothing`);
+      } else {
+        assert.equal(res.status, 200, res.text);
+        assert.equal(await stored(b), 500, `accepted batch ${b} is whole`);
+      }
+    }
+    // A client that honours Retry-After and sends within the bound gets everything in, once.
+    await new Promise((r) => setTimeout(r, 1000 * Number(first[refused[0]].headers.get('retry-after'))));
+    for (const b of refused) assert.equal((await post(b)).status, 200);
+    for (let b = 0; b < batches.length; b++) assert.equal(await stored(b), 500, `batch ${b}`);
+  });
+});

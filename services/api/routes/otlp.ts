@@ -1,6 +1,7 @@
 /**
  * POST /otel/v1/traces: OTLP/HTTP trace ingest, protobuf or JSON, optionally gzip'd. Spans become
- * trace events of the key's tenant with no sandbox (docs/traces.md, "OTLP"); the answer is an
+ * trace events of the key's tenant; with a sandbox token, of that sandbox, tagged and redacted
+ * like POST /v1/sandboxes/:id/trace (docs/traces.md, "OTLP"); the answer is an
  * ExportTraceServiceResponse in the request's encoding, with partialSuccess for dropped spans.
  */
 import { promisify } from 'node:util';
@@ -12,7 +13,8 @@ import type { Principal } from '../../kernel/auth.ts';
 import { AppError } from '../../kernel/errors.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { decodeOtlpProtobuf, encodeOtlpResponse, otlpJsonResponse, otlpToTraceEvents } from '../traces/otlp.ts';
-import { ingestTraceEvents, UNTAGGED } from './traces.ts';
+import type { SandboxDirectory } from '../sandboxes.ts';
+import { ingestTraceEvents, redactTraceEvents, sandboxContext, UNTAGGED } from '../traces/ingest.ts';
 
 /** Most bytes of an OTLP request body, after decompression. */
 const MAX_BODY_BYTES = 16 * 1024 * 1024;
@@ -33,7 +35,7 @@ async function protobufBody(req: Parameters<typeof getRawBody>[0], encoding: str
   }
 }
 
-export function otlpRouter(kernel: Kernel, ingestLimiter: RateLimiter): Router {
+export function otlpRouter(kernel: Kernel, sandboxes: SandboxDirectory, ingestLimiter: RateLimiter): Router {
   const router = new Router();
   const { config } = kernel;
 
@@ -54,7 +56,13 @@ export function otlpRouter(kernel: Kernel, ingestLimiter: RateLimiter): Router {
 
     const { events, rejected, errors } = otlpToTraceEvents(request, { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes });
     ingestLimiter.take(principal.keyId, events.length);
-    await ingestTraceEvents(kernel, principal.tenant, events, UNTAGGED);
+    if (principal.kind === 'sandbox') {
+      const sandbox = sandboxes.owned(principal, principal.keyId);
+      redactTraceEvents(events, sandboxes.secretsOf(sandbox));
+      await ingestTraceEvents(kernel, principal.tenant, events, sandboxContext(sandbox));
+    } else {
+      await ingestTraceEvents(kernel, principal.tenant, events, UNTAGGED);
+    }
     kernel.metrics.ingestedEvents.inc({ endpoint: '/otel/v1/traces' }, events.length);
 
     const partial = rejected > 0 ? { rejectedSpans: rejected, errorMessage: errors.join('; ') } : null;

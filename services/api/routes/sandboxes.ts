@@ -14,16 +14,15 @@ import type { SandboxReplied } from '../../kernel/events.ts';
 import { newSandboxId } from '../../kernel/ids.ts';
 import type { Requester } from '../../kernel/request-reply.ts';
 import { SECRET_NAME } from '../../kernel/spec.ts';
-import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
 import type { SpecCatalog } from '../specs.ts';
 import type { AgentCatalog } from '../agents.ts';
-import { RUN_METADATA } from '../../kernel/runs.ts';
 import { refuseUnsupported } from '../../kernel/capabilities.ts';
 import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
 import { validateTraceBatch } from '../traces/validate-events.ts';
-import { ingestTraceEvents, sandboxTrace } from './traces.ts';
+import { ingestTraceEvents, redactTraceEvents, sandboxContext } from '../traces/ingest.ts';
+import { sandboxTrace } from './traces.ts';
 import { jsonBody } from '../request-body.ts';
 
 const HEARTBEAT_MS = 15_000;
@@ -172,27 +171,8 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     const sandbox = sandboxes.owned(p, ctx.params.id);
     const events = validateTraceBatch(ctx.request.body, { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes });
     ingestLimiter.take(p.keyId, events.length);
-    // Secret values never reach the trace store (DECISIONS.md).
-    const secrets = sandboxes.secretsOf(sandbox);
-    if (Object.keys(secrets).length > 0) {
-      for (const e of events) {
-        if (e.input !== null) e.input = redactSecrets(e.input, secrets);
-        if (e.output !== null) e.output = redactSecrets(e.output, secrets);
-        for (const k of Object.keys(e.metadata)) e.metadata[k] = redactSecrets(e.metadata[k], secrets);
-      }
-    }
-    // A run's sandbox carries its experiment, scenario, run and agent in reserved metadata keys.
-    const tag = (key: string) => sandbox.metadata[key] || null;
-    const version = tag(RUN_METADATA.agentVersion);
-    await ingestTraceEvents(kernel, sandbox.tenant, events, {
-      sandbox_id: sandbox.sandbox_id,
-      experiment_id: tag(RUN_METADATA.experimentId),
-      scenario_id: tag(RUN_METADATA.scenarioId),
-      run_id: tag(RUN_METADATA.runId),
-      agent: tag(RUN_METADATA.agent),
-      agent_version: version === null ? null : Number(version),
-      agent_snapshot_id: tag(RUN_METADATA.agentSnapshotId),
-    });
+    redactTraceEvents(events, sandboxes.secretsOf(sandbox));
+    await ingestTraceEvents(kernel, sandbox.tenant, events, sandboxContext(sandbox));
     kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/sandboxes/:id/trace' }, events.length);
     ctx.body = { ingested: events.length };
   });

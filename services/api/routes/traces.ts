@@ -1,57 +1,18 @@
 /**
- * POST /v1/traces: events without a sandbox, stamped with the key's tenant, appended to
- * svc.traces; the call returns once the sink has made them queryable (read-your-writes).
+ * POST /v1/traces: events without a sandbox, stamped with the key's tenant (traces/ingest.ts).
  * GET /v1/traces: the tenant's trace events from ClickHouse, oldest first, keyset-paginated on
  * (Timestamp, EventId), or streamed as NDJSON.
  */
 import Router from '@koa/router';
 import type { Context } from 'koa';
-import { publish, type Kernel } from '../../kernel/actor.ts';
+import type { Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
 import { badRequest } from '../../kernel/errors.ts';
-import { newEventId } from '../../kernel/ids.ts';
-import { TOPICS } from '../../kernel/topics.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
-import type { TraceEvent, TraceEventsIngested } from '../../kernel/events.ts';
 import type { Store } from '../../kernel/store/store.ts';
+import { ingestTraceEvents, UNTAGGED } from '../traces/ingest.ts';
 import { EVENT_TYPES, formatTimestampUs, parseTimestampUs, validateTraceBatch } from '../traces/validate-events.ts';
-
-/** Most bytes of trace events per log record; a larger batch is split (Kafka's default limit is 1 MiB). */
-const MAX_RECORD_BYTES = 900 * 1024;
-
-/** Where ingested events came from: the tags every event of a batch shares. */
-export type IngestContext = Omit<TraceEventsIngested, 'tenant' | 'event_id' | 'ts' | 'events'>;
-
-/** Trace events from no sandbox carry no tags. */
-export const UNTAGGED: IngestContext = { sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null };
-
-/** Appends validated events for one tenant and waits until they are queryable. */
-export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: TraceEvent[], context: IngestContext): Promise<void> {
-  if (events.length === 0) return;
-  const records: TraceEvent[][] = [[]];
-  let bytes = 0;
-  for (const event of events) {
-    let size = 300 + (event.input?.length ?? 0) + (event.output?.length ?? 0);
-    for (const key in event.metadata) size += key.length + event.metadata[key].length + 4;
-    if (bytes + size > MAX_RECORD_BYTES && records[records.length - 1].length > 0) {
-      records.push([]);
-      bytes = 0;
-    }
-    records[records.length - 1].push(event);
-    bytes += size;
-  }
-  const ts = Date.now();
-  const positions = await publish(
-    kernel,
-    TOPICS.traces,
-    records.map((chunk) => {
-      const id = newEventId();
-      return { key: id, tenant, value: { tenant, event_id: id, ts, ...context, events: chunk } };
-    }),
-  );
-  await kernel.visibility.waitFor(positions, kernel.config.replyTimeout);
-}
 
 /**
  * GET /v1/sandboxes/:id/trace: every trace event of a sandbox (oldest first, up to 10,000) and
