@@ -99,6 +99,7 @@ export const SETTINGS = {
   defaultPageSize: setting('SVC_PAGE_SIZE_DEFAULT', '100', 'Default `limit` of paginated endpoints.', positiveInt),
   maxPageSize: setting('SVC_PAGE_SIZE_MAX', '1000', 'Largest `limit` accepted; more is a 400.', positiveInt),
   traceEventsPerRequest: setting('SVC_TRACE_EVENTS_PER_REQUEST', '1000', 'Most trace events in one ingest request.', positiveInt),
+  ingestMaxInFlight: setting('SVC_INGEST_MAX_IN_FLIGHT', '64', 'Ingest requests handled at once, from reading the body until the events are queryable; past it, 503 `overloaded` with `Retry-After` before the body is read.', positiveInt),
   traceRetention: setting('SVC_TRACE_RETENTION', '30d', 'How long trace events are kept: whole days (`30d`, `720h`) or `forever`; applied at start as a TTL on `trace_events`.', (raw) => {
     if (raw === 'forever') return null;
     const days = parseDuration(raw) / 86_400_000;
