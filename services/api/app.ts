@@ -30,6 +30,7 @@ import type { ScoreRuleCatalog } from './score-rules.ts';
 import type { ExperimentDirectory } from './experiments.ts';
 import type { SpecCatalog } from './specs.ts';
 import type { SandboxDirectory } from './sandboxes.ts';
+import { readIngestBody, type TraceIngest } from './traces/ingest.ts';
 import type { TenantSecrets } from '../kernel/tenant-secrets.ts';
 import type { Requester } from '../kernel/request-reply.ts';
 
@@ -41,6 +42,7 @@ const PUBLIC_PATHS = new Set(['/health', SPEC_SCHEMA_PATH]);
 
 export interface AppDeps {
   kernel: Kernel;
+  ingest: TraceIngest;
   auth: Auth;
   idempotency: Idempotency;
   specs: SpecCatalog;
@@ -55,7 +57,7 @@ export interface AppDeps {
   health(): Promise<{ ok: boolean; body: object }>;
 }
 
-export function createApp({ kernel, auth, idempotency, specs, agents, secrets, sandboxes, experiments, scoreRules, requester, registry, health }: AppDeps): Koa {
+export function createApp({ kernel, auth, idempotency, specs, agents, secrets, sandboxes, experiments, scoreRules, requester, ingest, registry, health }: AppDeps): Koa {
   const { config, metrics, logger } = kernel;
   const app = new Koa();
   app.proxy = false;
@@ -89,8 +91,8 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
       throw new AppError('forbidden', 'a sandbox token is valid only for its own sandbox (/v1/sandboxes/<its id>) and /otel/v1/traces');
     }
     const operatorCall = principal.kind === 'admin' && ctx.path.startsWith('/v1/admin/');
-    const ingest = ctx.method === 'POST' && INGEST_PATHS.some((p) => p.test(ctx.path));
-    if (!ingest) {
+    ctx.state.ingest = ctx.method === 'POST' && INGEST_PATHS.some((p) => p.test(ctx.path));
+    if (!ctx.state.ingest) {
       if (!operatorCall) (ctx.method === 'GET' || ctx.method === 'HEAD' ? reads : writes).take(principal.keyId);
       return next();
     }
@@ -108,21 +110,25 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
     }
   });
 
-  app.use(
-    koaBody({
-      jsonLimit: '32mb',
-      textLimit: '32mb',
-      includeUnparsed: true,
-      jsonStrict: true,
-      text: true,
-      urlencoded: false,
-      multipart: false,
-      json: true,
-      onError: (err) => {
-        throw err;
-      },
-    }),
-  );
+  const parseBody = koaBody({
+    jsonLimit: '32mb',
+    textLimit: '32mb',
+    includeUnparsed: true,
+    jsonStrict: true,
+    text: true,
+    urlencoded: false,
+    multipart: false,
+    json: true,
+    onError: (err) => {
+      throw err;
+    },
+  });
+  // Ingest bodies are read raw and parsed in a worker thread (traces/ingest.ts).
+  app.use(async (ctx: Context, next: Next) => {
+    if (!ctx.state.ingest) return parseBody(ctx, next);
+    ctx.state.rawBody = await readIngestBody(ctx);
+    return next();
+  });
   app.use(idempotency.middleware());
 
   const root = new Router();
@@ -145,13 +151,13 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
 
   const routers = [
     root,
-    tracesRouter(kernel, ingestEvents),
-    otlpRouter(kernel, sandboxes, ingestEvents),
+    tracesRouter(kernel, ingest, ingestEvents),
+    otlpRouter(kernel, ingest, sandboxes, ingestEvents),
     specsRouter(specs),
     agentsRouter(agents, config),
     spansRouter(kernel, agents),
     secretsRouter(secrets),
-    sandboxesRouter({ kernel, auth, specs, agents, sandboxes, requester, ingestLimiter: ingestEvents }),
+    sandboxesRouter({ kernel, auth, specs, agents, sandboxes, requester, ingest, ingestLimiter: ingestEvents }),
     experimentsRouter({ kernel, auth, specs, agents, experiments }),
     scoringRouter({ kernel, specs, experiments, rules: scoreRules }),
     adminRouter(kernel, auth),

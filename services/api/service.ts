@@ -12,6 +12,7 @@ import { SpecCatalog } from './specs.ts';
 import { AgentCatalog } from './agents.ts';
 import { TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { Requester } from '../kernel/request-reply.ts';
+import { TraceIngest } from './traces/ingest.ts';
 
 /** The HTTP API. Holds the auth and idempotency views; everything else it reads from the log or the store. */
 export class ApiService implements Service {
@@ -31,7 +32,8 @@ export class ApiService implements Service {
     const experiments = new ExperimentDirectory(kernel, specs);
     const scoreRules = new ScoreRuleCatalog(kernel);
     const requester = new Requester(kernel);
-    this.parts = [auth, idempotency, agents, specs, secrets, sandboxes, experiments, scoreRules, requester];
+    const ingest = new TraceIngest(kernel);
+    this.parts = [auth, idempotency, agents, specs, secrets, sandboxes, experiments, scoreRules, requester, ingest];
     await Promise.all(this.parts.map((p) => p.start()));
     auth.acceptSandboxTokens((hash) => sandboxes.byTokenHash(hash));
     const app = createApp({
@@ -45,6 +47,7 @@ export class ApiService implements Service {
       experiments,
       scoreRules,
       requester,
+      ingest,
       registry: this.options.registry,
       health: async () => {
         const [log, store] = await Promise.all([

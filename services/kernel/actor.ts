@@ -61,16 +61,21 @@ export function instanceIdFor(config: Config): string {
 }
 
 /** Encodes and appends events to one topic; resolves with their positions once durable. */
-export async function publish(kernel: Kernel, topic: string, events: OutgoingEvent[]): Promise<RecordPosition[]> {
+export function publish(kernel: Kernel, topic: string, events: OutgoingEvent[]): Promise<RecordPosition[]> {
+  return publishEncoded(
+    kernel,
+    topic,
+    events.map((e) => ({ key: e.key, tenant: e.tenant, value: e.value === null ? null : kernel.serde.encode(topic, e.value) })),
+  );
+}
+
+/** Appends values already in the wire format (encoded off the event loop, e.g. by the ingest workers). */
+export async function publishEncoded(kernel: Kernel, topic: string, records: Array<{ key: string | null; tenant: string; value: Buffer | null }>): Promise<RecordPosition[]> {
   const positions = await kernel.log.append(
     topic,
-    events.map((e) => ({
-      key: e.key,
-      value: e.value === null ? null : kernel.serde.encode(topic, e.value),
-      headers: { tenant: e.tenant },
-    })),
+    records.map((r) => ({ key: r.key, value: r.value, headers: { tenant: r.tenant } })),
   );
-  kernel.metrics.appendedRecords.inc({ topic }, events.length);
+  kernel.metrics.appendedRecords.inc({ topic }, records.length);
   return positions;
 }
 

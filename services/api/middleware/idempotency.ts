@@ -3,7 +3,8 @@ import { publish, type Kernel } from '../../kernel/actor.ts';
 import { EntityView } from '../../kernel/entity-view.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
 import { renderError } from './errors.ts';
-import { newEventId, sha256Hex } from '../../kernel/ids.ts';
+import { createHash } from 'node:crypto';
+import { newEventId } from '../../kernel/ids.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { Principal } from '../../kernel/auth.ts';
 
@@ -51,8 +52,9 @@ export class Idempotency {
       const principal = ctx.state.principal as Principal;
       const mapKey = `${principal.keyId}:${idempotencyKey}`;
       const body = (ctx.request as { body?: Record<symbol, unknown> }).body;
-      const raw = body?.[UNPARSED];
-      const fingerprint = sha256Hex(`${ctx.method} ${ctx.url}\n${typeof raw === 'string' ? raw : JSON.stringify(body ?? null)}`);
+      // Ingest bodies are read raw (traces/ingest.ts), the others parsed by koa-body.
+      const raw: unknown = ctx.state.rawBody ?? body?.[UNPARSED];
+      const fingerprint = createHash('sha256').update(`${ctx.method} ${ctx.url}\n`).update(Buffer.isBuffer(raw) || typeof raw === 'string' ? raw : JSON.stringify(body ?? null)).digest('hex');
 
       const recorded = this.view.entities.get(mapKey);
       if (recorded && recorded.ts + this.kernel.config.idempotencyTtl > Date.now()) {

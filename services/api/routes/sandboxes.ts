@@ -20,9 +20,8 @@ import type { SpecCatalog } from '../specs.ts';
 import type { AgentCatalog } from '../agents.ts';
 import { refuseUnsupported } from '../../kernel/capabilities.ts';
 import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
-import { validateTraceBatch } from '../traces/validate-events.ts';
-import { ingestTraceEvents, redactTraceEvents, sandboxContext } from '../traces/ingest.ts';
-import { sandboxTrace } from './traces.ts';
+import { sandboxContext, type TraceIngest } from '../traces/ingest.ts';
+import { MAX_JSON_BODY_BYTES, requireJson, sandboxTrace } from './traces.ts';
 import { jsonBody } from '../request-body.ts';
 
 const HEARTBEAT_MS = 15_000;
@@ -69,8 +68,8 @@ function filePath(ctx: Context): string {
   return joined;
 }
 
-export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxDirectory; requester: Requester; ingestLimiter: RateLimiter }): Router {
-  const { kernel, auth, specs, agents, sandboxes, requester, ingestLimiter } = deps;
+export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxDirectory; requester: Requester; ingest: TraceIngest; ingestLimiter: RateLimiter }): Router {
+  const { kernel, auth, specs, agents, sandboxes, requester, ingest, ingestLimiter } = deps;
   const { config } = kernel;
   const router = new Router({ prefix: '/v1/sandboxes' });
   let sealer: Sealer | null = null;
@@ -169,12 +168,12 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.post('/:id/trace', async (ctx) => {
     const p = principal(ctx);
     const sandbox = sandboxes.owned(p, ctx.params.id);
-    const events = validateTraceBatch(ctx.request.body, { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes });
-    ingestLimiter.take(p.keyId, events.length);
-    redactTraceEvents(events, sandboxes.secretsOf(sandbox));
-    await ingestTraceEvents(kernel, sandbox.tenant, events, sandboxContext(sandbox));
-    kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/sandboxes/:id/trace' }, events.length);
-    ctx.body = { ingested: events.length };
+    requireJson(ctx);
+    const decoded = await ingest.decode(ctx, { format: 'trace-json', maxBodyBytes: MAX_JSON_BODY_BYTES, tenant: sandbox.tenant, context: sandboxContext(sandbox), secrets: sandboxes.secretsOf(sandbox) });
+    ingestLimiter.take(p.keyId, decoded.count);
+    await ingest.append(sandbox.tenant, decoded);
+    kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/sandboxes/:id/trace' }, decoded.count);
+    ctx.body = { ingested: decoded.count };
   });
 
   router.get('/:id/trace', async (ctx) => {

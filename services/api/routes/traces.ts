@@ -7,12 +7,12 @@ import Router from '@koa/router';
 import type { Context } from 'koa';
 import type { Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
-import { badRequest } from '../../kernel/errors.ts';
+import { AppError, badRequest } from '../../kernel/errors.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
 import type { Store } from '../../kernel/store/store.ts';
-import { ingestTraceEvents, UNTAGGED } from '../traces/ingest.ts';
-import { EVENT_TYPES, formatTimestampUs, parseTimestampUs, validateTraceBatch } from '../traces/validate-events.ts';
+import { type TraceIngest, UNTAGGED } from '../traces/ingest.ts';
+import { EVENT_TYPES, formatTimestampUs, parseTimestampUs } from '../traces/validate-events.ts';
 
 /**
  * GET /v1/sandboxes/:id/trace: every trace event of a sandbox (oldest first, up to 10,000) and
@@ -50,6 +50,14 @@ export async function sandboxTrace(kernel: Kernel, tenant: string, sandboxId: st
       tool_breakdown: breakdown,
     },
   };
+}
+
+/** Most bytes of a JSON ingest body (the events' input and output are cut to 4 KB anyway). */
+export const MAX_JSON_BODY_BYTES = 32 * 1024 * 1024;
+
+/** JSON ingest bodies are JSON: anything else is 415. */
+export function requireJson(ctx: Context): void {
+  if (!ctx.request.is('json')) throw new AppError('unsupported_media_type', `Content-Type must be application/json, got ${ctx.get('Content-Type') || 'none'}`);
 }
 
 const FILTERS = ['experiment_id', 'sandbox_id', 'agent', 'event_type', 'tool', 'since'] as const;
@@ -185,17 +193,18 @@ function traceFilters(ctx: Context): { where: string[]; params: Record<string, u
   return { where, params };
 }
 
-export function tracesRouter(kernel: Kernel, ingestLimiter: RateLimiter): Router {
+export function tracesRouter(kernel: Kernel, ingest: TraceIngest, ingestLimiter: RateLimiter): Router {
   const router = new Router();
   const { config, store } = kernel;
 
   router.post('/v1/traces', async (ctx) => {
     const principal = ctx.state.principal as Principal;
-    const events = validateTraceBatch(ctx.request.body, { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes });
-    ingestLimiter.take(principal.keyId, events.length);
-    await ingestTraceEvents(kernel, principal.tenant, events, UNTAGGED);
-    kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/traces' }, events.length);
-    ctx.body = { ingested: events.length };
+    requireJson(ctx);
+    const decoded = await ingest.decode(ctx, { format: 'trace-json', maxBodyBytes: MAX_JSON_BODY_BYTES, tenant: principal.tenant, context: UNTAGGED });
+    ingestLimiter.take(principal.keyId, decoded.count);
+    await ingest.append(principal.tenant, decoded);
+    kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/traces' }, decoded.count);
+    ctx.body = { ingested: decoded.count };
   });
 
   router.get('/v1/traces', async (ctx) => {

@@ -1,24 +1,23 @@
 /**
  * The one way trace events enter the service, whatever the endpoint (POST /v1/traces,
- * POST /v1/sandboxes/:id/trace, POST /otel/v1/traces): stamped with the tenant and the tags of
- * where they came from, appended to svc.traces, and answered once the sink made them queryable
- * (read-your-writes).
+ * POST /v1/sandboxes/:id/trace, POST /otel/v1/traces): the body is parsed, validated, redacted
+ * and encoded by a worker thread (ingest-worker.ts), the events are stamped with the tenant and
+ * the tags of where they came from, appended to svc.traces, and the request is answered once
+ * the sink made them queryable (read-your-writes).
  */
-import { publish, type Kernel } from '../../kernel/actor.ts';
-import type { SandboxChanged, TraceEvent, TraceEventsIngested } from '../../kernel/events.ts';
-import { newEventId } from '../../kernel/ids.ts';
+import os from 'node:os';
+import type { Context } from 'koa';
+import getRawBody from 'raw-body';
+import { Piscina } from 'piscina';
+import { publish, publishEncoded, type Kernel } from '../../kernel/actor.ts';
+import { AppError } from '../../kernel/errors.ts';
+import type { SandboxChanged, TraceEvent } from '../../kernel/events.ts';
 import { RUN_METADATA } from '../../kernel/runs.ts';
-import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 import { TOPICS } from '../../kernel/topics.ts';
+import type { IngestFormat, IngestOutcome, IngestTask, IngestWorkerData } from './ingest-worker.ts';
+import { traceRecords, type IngestContext } from './trace-records.ts';
 
-/** Most bytes of trace events per log record; a larger batch is split (Kafka's default limit is 1 MiB). */
-const MAX_RECORD_BYTES = 900 * 1024;
-
-/** Where ingested events came from: the tags every event of a batch shares. */
-export type IngestContext = Omit<TraceEventsIngested, 'tenant' | 'event_id' | 'ts' | 'events'>;
-
-/** Trace events from no sandbox carry no tags. */
-export const UNTAGGED: IngestContext = { sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null };
+export { UNTAGGED, type IngestContext } from './trace-records.ts';
 
 /** The tags of a sandbox's events: a run's sandbox carries its experiment, scenario, run and agent in reserved metadata keys. */
 export function sandboxContext(sandbox: SandboxChanged): IngestContext {
@@ -35,39 +34,81 @@ export function sandboxContext(sandbox: SandboxChanged): IngestContext {
   };
 }
 
-/** Secret values never reach the trace store (DECISIONS.md): replaced in input, output and metadata. */
-export function redactTraceEvents(events: TraceEvent[], secrets: Record<string, string>): void {
-  if (Object.keys(secrets).length === 0) return;
-  for (const e of events) {
-    if (e.input !== null) e.input = redactSecrets(e.input, secrets);
-    if (e.output !== null) e.output = redactSecrets(e.output, secrets);
-    for (const k of Object.keys(e.metadata)) e.metadata[k] = redactSecrets(e.metadata[k], secrets);
+/** Appends already validated events of one tenant (in-process callers) and waits until they are queryable. */
+export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: TraceEvent[], context: IngestContext): Promise<void> {
+  if (events.length === 0) return;
+  const records = traceRecords(tenant, events, context, Date.now()).map((r) => ({ ...r, tenant }));
+  await kernel.visibility.waitFor(await publish(kernel, TOPICS.traces, records), kernel.config.replyTimeout);
+}
+
+/** Most bytes of any ingest request body as sent; each endpoint may allow less. */
+const MAX_INGEST_BODY_BYTES = 32 * 1024 * 1024;
+
+const tooLarge = (limit: number) => new AppError('payload_too_large', `body: larger than the limit of ${limit} bytes`);
+
+/** Reads an ingest request's body as bytes (app.ts, before the idempotency check fingerprints it). */
+export async function readIngestBody(ctx: Context): Promise<Buffer> {
+  try {
+    return await getRawBody(ctx.req, { limit: MAX_INGEST_BODY_BYTES });
+  } catch (err) {
+    if ((err as { type?: string }).type === 'entity.too.large') throw tooLarge(MAX_INGEST_BODY_BYTES);
+    throw new AppError('bad_request', `body: could not be read (${(err as Error).message})`);
   }
 }
 
-/** Appends validated events for one tenant and waits until they are queryable. */
-export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: TraceEvent[], context: IngestContext): Promise<void> {
-  if (events.length === 0) return;
-  const records: TraceEvent[][] = [[]];
-  let bytes = 0;
-  for (const event of events) {
-    let size = 300 + (event.input?.length ?? 0) + (event.output?.length ?? 0);
-    for (const key in event.metadata) size += key.length + event.metadata[key].length + 4;
-    if (bytes + size > MAX_RECORD_BYTES && records[records.length - 1].length > 0) {
-      records.push([]);
-      bytes = 0;
-    }
-    records[records.length - 1].push(event);
-    bytes += size;
+/** A decoded ingest request: how many events it holds (for the rate limit) and their encoded records. */
+export type DecodedIngest = Extract<IngestOutcome, { ok: true }>;
+
+export class TraceIngest {
+  private pool: Piscina<IngestTask, IngestOutcome> | null = null;
+
+  constructor(private readonly kernel: Kernel) {}
+
+  async start(): Promise<void> {
+    const { serde } = this.kernel;
+    const workerData: IngestWorkerData = { schema: serde.type(TOPICS.traces).schema() as IngestWorkerData['schema'], schemaId: serde.schemaId(TOPICS.traces) };
+    this.pool = new Piscina({
+      filename: new URL('./ingest-worker.ts', import.meta.url).href,
+      workerData,
+      // One per core: while the event loop appends and waits, the workers parse the next bodies.
+      maxThreads: os.availableParallelism(),
+      minThreads: 1,
+      idleTimeout: 60_000,
+    });
   }
-  const ts = Date.now();
-  const positions = await publish(
-    kernel,
-    TOPICS.traces,
-    records.map((chunk) => {
-      const id = newEventId();
-      return { key: id, tenant, value: { tenant, event_id: id, ts, ...context, events: chunk } };
-    }),
-  );
-  await kernel.visibility.waitFor(positions, kernel.config.replyTimeout);
+
+  async stop(): Promise<void> {
+    await this.pool?.destroy();
+    this.pool = null;
+  }
+
+  /** Reads the request body and has a worker parse, validate, redact and encode it; a 4xx AppError for a bad body. */
+  async decode(ctx: Context, request: { format: IngestFormat; maxBodyBytes: number; tenant: string; context: IngestContext; secrets?: Record<string, string> }): Promise<DecodedIngest> {
+    const encoding = (ctx.get('Content-Encoding') || 'identity').toLowerCase();
+    if (encoding !== 'identity' && encoding !== 'gzip') throw new AppError('unsupported_media_type', `Content-Encoding ${encoding} is not supported (gzip or none)`);
+    const body = ctx.state.rawBody as Buffer;
+    if (body.length > request.maxBodyBytes) throw tooLarge(request.maxBodyBytes);
+    const { config } = this.kernel;
+    const outcome = await this.pool!.run({
+      format: request.format,
+      body,
+      gzip: encoding === 'gzip',
+      maxBodyBytes: request.maxBodyBytes,
+      limits: { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes },
+      tenant: request.tenant,
+      context: request.context,
+      secrets: request.secrets ?? {},
+      ts: Date.now(),
+    });
+    if (!outcome.ok) throw new AppError(outcome.code, outcome.message);
+    return outcome;
+  }
+
+  /** Appends decoded records and waits until their events are queryable. */
+  async append(tenant: string, decoded: DecodedIngest): Promise<void> {
+    if (decoded.records.length === 0) return;
+    const records = decoded.records.map((r) => ({ key: r.key, tenant, value: Buffer.from(r.value.buffer, r.value.byteOffset, r.value.byteLength) }));
+    const positions = await publishEncoded(this.kernel, TOPICS.traces, records);
+    await this.kernel.visibility.waitFor(positions, this.kernel.config.replyTimeout);
+  }
 }

@@ -60,11 +60,31 @@ export function writerId(buf: Buffer, topic = 'value'): number {
   return buf.readUInt32BE(1);
 }
 
+/** Writes values in the wire format through one growing scratch buffer (ingest workers use it too). */
+export class WireEncoder {
+  private scratch = Buffer.allocUnsafe(64 * 1024);
+
+  /** The wire-format bytes of `value` written with `type` under registry id `id`; avsc throws on an invalid value. */
+  encode(type: avro.Type, id: number, value: unknown): Buffer {
+    let end = type.encode(value, this.scratch, HEADER_SIZE);
+    if (end < 0) {
+      // Too small: `end` is minus the missing bytes. Grow and write again.
+      this.scratch = Buffer.allocUnsafe(Math.max(this.scratch.length * 2, this.scratch.length - end + 1024));
+      end = type.encode(value, this.scratch, HEADER_SIZE);
+    }
+    const out = Buffer.allocUnsafe(end);
+    out[0] = MAGIC_BYTE;
+    out.writeUInt32BE(id, 1);
+    this.scratch.copy(out, HEADER_SIZE, HEADER_SIZE, end);
+    return out;
+  }
+}
+
 export class EventSerde {
   private readonly codecs = new Map<string, TopicCodec>();
   /** Writer schemas by registry id, shared by every topic (ids are global). */
   private readonly writers = new Map<number, Promise<avro.Type>>();
-  private scratch = Buffer.allocUnsafe(64 * 1024);
+  private readonly encoder = new WireEncoder();
 
   constructor(
     private readonly registry: SchemaRegistry,
@@ -111,22 +131,11 @@ export class EventSerde {
   /** Encodes a value in the wire format; a SerdeError naming the first invalid field otherwise. */
   encode(topic: string, value: unknown): Buffer {
     const codec = this.codec(topic);
-    let end: number;
     try {
-      end = codec.type.encode(value, this.scratch, HEADER_SIZE);
-      if (end < 0) {
-        // Too small: `end` is minus the missing bytes. Grow and write again.
-        this.scratch = Buffer.allocUnsafe(Math.max(this.scratch.length * 2, this.scratch.length - end + 1024));
-        end = codec.type.encode(value, this.scratch, HEADER_SIZE);
-      }
+      return this.encoder.encode(codec.type, codec.id, value);
     } catch (err) {
       throw this.invalid(codec, value, err);
     }
-    const out = Buffer.allocUnsafe(end);
-    out[0] = MAGIC_BYTE;
-    out.writeUInt32BE(codec.id, 1);
-    this.scratch.copy(out, HEADER_SIZE, HEADER_SIZE, end);
-    return out;
   }
 
   /** Decodes one value, fetching its writer schema from the registry when it is new. */
