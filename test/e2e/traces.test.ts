@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import { gzipSync } from 'node:zlib';
 import { createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
 
 describe('POST /v1/traces and GET /v1/traces, end to end', () => {
@@ -107,6 +108,24 @@ describe('POST /v1/traces and GET /v1/traces, end to end', () => {
     assert.equal(res.status, 400);
     assert.equal(res.body.error, 'bad_request');
     assert.match(res.body.message, /^body: invalid JSON/);
+  });
+
+  test('a gzip body is inflated; another content type is 415, another encoding 415, an oversized body 413', async () => {
+    const body = gzipSync(JSON.stringify({ events: [traceEvent({ tool: 'gzipped' })] }));
+    const zipped = await fetch(`${server.url}/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/json', 'content-encoding': 'gzip' }, body });
+    assert.equal(zipped.status, 200, await zipped.clone().text());
+    assert.deepEqual(await zipped.json(), { ingested: 1 });
+    const plain = await server.request('POST', '/v1/traces', { key: acme, body: JSON.stringify({ events: [traceEvent()] }), headers: { 'content-type': 'text/plain' } });
+    assert.equal(plain.status, 415);
+    assert.equal(plain.body.error, 'unsupported_media_type');
+    const brotli = await server.request('POST', '/v1/traces', { key: acme, body: { events: [] }, headers: { 'content-encoding': 'br' } });
+    assert.equal(brotli.status, 415);
+    const huge = await server.request('POST', '/v1/traces', { key: acme, body: `{"events": ["${'x'.repeat(33 * 1024 * 1024)}"]}` });
+    assert.equal(huge.status, 413);
+    assert.equal(huge.body.error, 'payload_too_large');
+    const bomb = gzipSync(Buffer.alloc(40 * 1024 * 1024, 0x20));
+    const inflated = await fetch(`${server.url}/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/json', 'content-encoding': 'gzip' }, body: bomb });
+    assert.equal(inflated.status, 413, 'the inflated size counts');
   });
 
   test('exactly 1,000 events are accepted in one request', async () => {

@@ -51,6 +51,8 @@ export async function readIngestBody(ctx: Context): Promise<Buffer> {
   try {
     return await getRawBody(ctx.req, { limit: MAX_INGEST_BODY_BYTES });
   } catch (err) {
+    // The rest of the body stays unread: close the connection rather than parse it as the next request.
+    ctx.set('Connection', 'close');
     if ((err as { type?: string }).type === 'entity.too.large') throw tooLarge(MAX_INGEST_BODY_BYTES);
     throw new AppError('bad_request', `body: could not be read (${(err as Error).message})`);
   }
