@@ -17,6 +17,7 @@ import { redactSecrets, type Sealer, type TenantSecrets } from '../kernel/tenant
 import { TOPICS } from '../kernel/topics.ts';
 import { resolveImage } from './runtime/images.ts';
 import type { ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
+import { SERVICE_URL_IN_SANDBOX } from './runtime/service-bridge.ts';
 import { AuditLog } from './workspace/audit-log.ts';
 import { deleteFile, readFile, writeFile } from './workspace/files.ts';
 import { FsWatcher } from './workspace/fs-watcher.ts';
@@ -182,6 +183,7 @@ export class LiveSandbox {
         env: this.env,
         resources: { memoryBytes: this.spec.resources.memoryBytes, cpus: this.spec.resources.cpus, pids: this.spec.resources.pids, diskBytes: this.spec.resources.diskBytes },
         hosts: this.spec.determinism.dns,
+        service: serviceAddress(this.kernel.config.baseUrl) ?? undefined,
       });
       this.audit = new AuditLog({ workspace: this.workspace, sandboxId: this.id, redact: (text) => this.redact(text), onRecord: (r) => void this.publishAudit(r) });
       void this.event('status', { step, runtime: this.runtime.name });
@@ -325,7 +327,8 @@ export class LiveSandbox {
       LANG: 'C.UTF-8',
       ...this.secretValues,
       ...this.spec.setup.env,
-      SVC_BASE_URL: this.kernel.config.baseUrl,
+      // Inside, the service is reached through the sandbox's bridge (runtime/service-bridge.ts).
+      SVC_BASE_URL: serviceAddress(this.kernel.config.baseUrl) ? SERVICE_URL_IN_SANDBOX : this.kernel.config.baseUrl,
       SVC_API_KEY: this.token,
       SVC_SANDBOX_ID: this.id,
       ...this.request.extra_env,
@@ -560,4 +563,11 @@ export class LiveSandbox {
     await publish(this.kernel, TOPICS.audit, [{ key: this.id, tenant: this.tenant, value }]);
     await this.event('audit', record);
   }
+}
+
+/** The host and port a sandbox's bridge forwards to: the service's base URL when it is plain HTTP (TLS names would not match 127.0.0.1 inside). */
+function serviceAddress(baseUrl: string): { host: string; port: number } | null {
+  const url = new URL(baseUrl);
+  if (url.protocol !== 'http:') return null;
+  return { host: url.hostname.replace(/^\[|\]$/g, ''), port: Number(url.port || 80) };
 }

@@ -201,6 +201,24 @@ determinism:
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
     });
 
+    test('from inside, SVC_BASE_URL reaches the service (and only it): an agent posts its own traces', async () => {
+      const sb = await create('basic');
+      const event = JSON.stringify([traceEvent({ tool: 'from-inside', span_id: 'in-1' })]);
+      const post = await req('POST', `/v1/sandboxes/${sb.id}/commands`, {
+        command: `printf %s "$SVC_BASE_URL"; echo; curl -sS -X POST "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/trace" -H "authorization: Bearer $SVC_API_KEY" -H 'content-type: application/json' --data-binary @- <<'EOF'\n${event}\nEOF`,
+      });
+      assert.equal(post.body.exit_code, 0, post.text);
+      const [url, answer] = post.body.stdout.split('\n');
+      assert.match(url, /^http:\/\/127\.0\.0\.1:\d+$/);
+      assert.deepEqual(JSON.parse(answer), { ingested: 1 });
+      const trace = await req('GET', `/v1/sandboxes/${sb.id}/trace`);
+      assert.deepEqual(trace.body.events.map((e: { tool: string; sandbox_id: string }) => [e.tool, e.sandbox_id]), [['from-inside', sb.id]]);
+      // The service's real address is not reachable from inside: the sandbox has no network.
+      const direct = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: `curl -sS -m 2 ${server.url}/health` });
+      assert.notEqual(direct.body.exit_code, 0, direct.text);
+      await req('DELETE', `/v1/sandboxes/${sb.id}`);
+    });
+
     test("an OpenTelemetry exporter with the sandbox token: spans are the sandbox's, redacted; other ingest paths refuse it", async () => {
       const sb = await create('basic', { secrets: { API_TOKEN: 'tok-otel-secret-5678' } });
       const token = (await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'printf %s "$SVC_API_KEY" | base64' })).body.stdout;

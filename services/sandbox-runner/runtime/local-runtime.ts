@@ -27,6 +27,7 @@ import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../../kernel/logger.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
+import { pidInOtherNetns, ServiceBridge } from './service-bridge.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';
 import {
   EXIT_KILLED,
@@ -187,6 +188,11 @@ export class LocalRuntime implements Runtime {
     const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, warnings, this.logger);
     try {
       await sandbox.ready(this.bootTimeoutMs);
+      if (options.service) {
+        const inside = pidInOtherNetns(child.pid!);
+        if (inside === null) throw new Error('no process of the sandbox is in its network namespace');
+        sandbox.bridge = await ServiceBridge.open(inside, path.join(sandboxDir, 'service.sock'), options.service);
+      }
     } catch (err) {
       await sandbox.destroy();
       throw err;
@@ -273,6 +279,8 @@ class LocalSandbox implements SandboxHandle {
   private readyResolve: (() => void) | null = null;
   private readyReject: ((err: Error) => void) | null = null;
   private cleaned = false;
+  /** The way out to the service, when asked for (service-bridge.ts). */
+  bridge: ServiceBridge | null = null;
 
   constructor(
     options: CreateSandboxOptions,
@@ -503,6 +511,7 @@ class LocalSandbox implements SandboxHandle {
   private async cleanup(): Promise<void> {
     if (this.cleaned) return;
     this.cleaned = true;
+    await this.bridge?.close();
     if (!(await this.cgroup.remove())) this.logger?.warn({ sandbox_id: this.id }, 'could not remove the sandbox cgroups');
     await fs.promises.rm(this.sandboxDir, { recursive: true, force: true });
   }

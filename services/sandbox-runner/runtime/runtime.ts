@@ -36,6 +36,8 @@ export interface CreateSandboxOptions {
   resources: SandboxResources;
   /** static /etc/hosts entries (name -> ip) */
   hosts?: Record<string, string>;
+  /** the service's HTTP address, made reachable inside at SERVICE_URL_IN_SANDBOX (service-bridge.ts) */
+  service?: { host: string; port: number };
 }
 
 export interface ExecOptions {

@@ -1,0 +1,103 @@
+/**
+ * The one way out of a sandbox: to the service itself, so an agent's SDK or OpenTelemetry
+ * exporter can post its traces (SVC_BASE_URL inside a sandbox is SERVICE_URL_IN_SANDBOX).
+ *
+ * A sandbox has its own network namespace holding only loopback. socat, started by the runner
+ * (root) inside that namespace with nsenter, listens on 127.0.0.1:SERVICE_PORT_IN_SANDBOX there
+ * and connects every accepted connection to a unix socket in the sandbox's host-side state
+ * directory: a unix socket is a file, not bound to a network namespace, and the sandbox cannot
+ * see that directory. This process accepts on that socket and pipes each connection to the
+ * service's HTTP address. Nothing else is reachable: socat forwards to one socket only.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+
+export const SERVICE_PORT_IN_SANDBOX = 17080;
+export const SERVICE_URL_IN_SANDBOX = `http://127.0.0.1:${SERVICE_PORT_IN_SANDBOX}`;
+
+/** How long socat may take to listen inside the sandbox. */
+const LISTEN_TIMEOUT_MS = 5000;
+
+export class ServiceBridge {
+  private constructor(
+    private readonly server: net.Server,
+    private readonly forwarder: ChildProcess,
+    private readonly sockets: Set<net.Socket>,
+  ) {}
+
+  /** Opens the bridge into the network namespace of `pidInSandbox`, forwarding to `service`. */
+  static async open(pidInSandbox: number, socketPath: string, service: { host: string; port: number }): Promise<ServiceBridge> {
+    const sockets = new Set<net.Socket>();
+    const server = net.createServer((inbound) => {
+      sockets.add(inbound);
+      const outbound = net.connect(service.port, service.host);
+      sockets.add(outbound);
+      const close = () => {
+        inbound.destroy();
+        outbound.destroy();
+        sockets.delete(inbound);
+        sockets.delete(outbound);
+      };
+      inbound.on('error', close).on('close', close);
+      outbound.on('error', close).on('close', close);
+      inbound.pipe(outbound).pipe(inbound);
+    });
+    await fs.promises.rm(socketPath, { force: true });
+    await new Promise<void>((resolve, reject) => server.once('error', reject).listen(socketPath, () => resolve()));
+    await fs.promises.chmod(socketPath, 0o600);
+    const forwarder = spawn(
+      'nsenter',
+      [`--net=/proc/${pidInSandbox}/ns/net`, '--', 'socat', `TCP-LISTEN:${SERVICE_PORT_IN_SANDBOX},bind=127.0.0.1,reuseaddr,fork`, `UNIX-CONNECT:${socketPath}`],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    const bridge = new ServiceBridge(server, forwarder, sockets);
+    try {
+      await waitListening(pidInSandbox, forwarder);
+    } catch (err) {
+      await bridge.close();
+      throw err;
+    }
+    return bridge;
+  }
+
+  async close(): Promise<void> {
+    if (this.forwarder.exitCode === null && this.forwarder.signalCode === null) this.forwarder.kill('SIGKILL');
+    for (const socket of this.sockets) socket.destroy();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+}
+
+/** The pid of the first descendant of `root` in another network namespace than this process (the sandbox's). */
+export function pidInOtherNetns(root: number): number | null {
+  const mine = fs.readlinkSync('/proc/self/ns/net');
+  const queue = [root];
+  while (queue.length > 0) {
+    const pid = queue.shift()!;
+    try {
+      if (fs.readlinkSync(`/proc/${pid}/ns/net`) !== mine) return pid;
+      for (const task of fs.readdirSync(`/proc/${pid}/task`)) {
+        const children = fs.readFileSync(`/proc/${pid}/task/${task}/children`, 'utf8').trim();
+        if (children) queue.push(...children.split(/\s+/).map(Number));
+      }
+    } catch {
+      // the process is gone
+    }
+  }
+  return null;
+}
+
+/** Resolves once a socket listens on the bridge's port in that namespace (its /proc/<pid>/net/tcp). */
+async function waitListening(pid: number, forwarder: ChildProcess): Promise<void> {
+  const local = `0100007F:${SERVICE_PORT_IN_SANDBOX.toString(16).toUpperCase().padStart(4, '0')}`;
+  let stderr = '';
+  forwarder.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString('utf8')));
+  const deadline = Date.now() + LISTEN_TIMEOUT_MS;
+  for (;;) {
+    const table = await fs.promises.readFile(`/proc/${pid}/net/tcp`, 'utf8').catch(() => '');
+    if (table.split('\n').some((line) => line.trim().split(/\s+/)[1] === local && line.trim().split(/\s+/)[3] === '0A')) return;
+    if (forwarder.exitCode !== null || forwarder.signalCode !== null) throw new Error(`the service bridge (nsenter + socat) exited: ${stderr.trim() || forwarder.exitCode} (apt-get install socat)`);
+    if (Date.now() > deadline) throw new Error(`the service bridge did not listen within ${LISTEN_TIMEOUT_MS} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 2));
+  }
+}
