@@ -20,6 +20,7 @@ import { otlpRouter } from './routes/otlp.ts';
 import { specsRouter } from './routes/specs.ts';
 import { agentsRouter } from './routes/agents.ts';
 import { spansRouter } from './routes/spans.ts';
+import { sqlEndpoint } from './routes/sql.ts';
 import type { AgentCatalog } from './agents.ts';
 import { SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../kernel/spec.ts';
 import { secretsRouter } from './routes/secrets.ts';
@@ -81,6 +82,9 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
     }
   });
   app.use(errorMiddleware(logger));
+  // The analysts' SQL endpoint speaks ClickHouse's HTTP interface (its own auth, raw body, text
+  // errors), so it sits before the auth, rate limits and body parser below.
+  app.use(sqlEndpoint(kernel, auth));
 
   app.use(async (ctx: Context, next: Next) => {
     if (PUBLIC_PATHS.has(ctx.path)) return next();

@@ -23,7 +23,7 @@ import { mkdirSync } from 'node:fs';
 import { drainPending, Session } from 'chdb';
 import { assertTableName, encodeJsonCompactEachRow, normalizeParams, parseJsonEachRow } from './encoding.ts';
 import { migrate, MIGRATIONS_DIR } from './migrations.ts';
-import type { QueryParams, Store } from './store.ts';
+import { SETTING_NAME, StoreQueryError, type QueryParams, type RawQuery, type RawQueryStore, type RawResult, type Store } from './store.ts';
 
 export interface ChdbStoreOptions {
   /** Directory of the persistent chDB database (created if missing). */
@@ -48,7 +48,7 @@ const CONNECTION_ARGS = [
 /** Writer sessions; inserts beyond this many at once queue on a lane. */
 const INSERT_LANES = 2;
 
-export class ChdbStore implements Store {
+export class ChdbStore implements Store, RawQueryStore {
   readonly kind = 'chdb' as const;
   readonly path: string;
   private lanes: { reader: Session; writers: Session[] } | undefined;
@@ -122,6 +122,39 @@ export class ChdbStore implements Store {
     }
   }
 
+  /**
+   * An analyst's query (the SQL endpoint) on a session of its own, opened for this query and
+   * closed after it: it never queues behind the reader or the writers, nor they behind it. The
+   * query's settings are the session's engine arguments, the caller's enforced ones last (the last
+   * occurrence of a setting wins; measured on chDB 3.4: arguments are per session, a second
+   * session's settings are untouched, and opening one costs 0.1-3 ms). Returns the engine's bytes
+   * in the asked format, untouched.
+   */
+  async rawQuery(query: RawQuery): Promise<RawResult> {
+    this.open();
+    const args = [...CONNECTION_ARGS];
+    for (const [name, value] of query.settings) {
+      if (!SETTING_NAME.test(name) || /[\0\r\n]/.test(value)) throw new StoreQueryError(115, `Code: 115. DB::Exception: Invalid setting ${JSON.stringify(name)}. (UNKNOWN_SETTING)`);
+      args.push(`--${name}=${value}`);
+    }
+    const session = new Session(this.path, { connectionArgs: args });
+    const started = performance.now();
+    try {
+      if (query.database !== undefined) await session.queryAsync(`USE ${quoteIdentifier(query.database)}`, { format: 'TabSeparated' });
+      const params = Object.keys(query.params).length > 0 ? query.params : undefined;
+      const result = params
+        ? await session.queryBindAsync(query.sql, params, { format: query.format })
+        : await session.queryAsync(query.sql, { format: query.format });
+      return { bytes: result.bytes(), rowsRead: result.rowsRead, bytesRead: result.bytesRead, elapsedMs: performance.now() - started };
+    } catch (err) {
+      const code = (err as { clickhouseCode?: unknown }).clickhouseCode;
+      if (typeof code === 'number') throw new StoreQueryError(code, (err as Error).message);
+      throw err;
+    } finally {
+      session.close();
+    }
+  }
+
   /** Closes both sessions and waits until the engine has really let go of the directory. Idempotent. */
   async close(): Promise<void> {
     const lanes = this.lanes;
@@ -136,6 +169,11 @@ export class ChdbStore implements Store {
     if (!this.lanes) throw new Error(`chdb store at ${this.path} is closed`);
     return this.lanes;
   }
+}
+
+/** A ClickHouse identifier in backquotes. */
+function quoteIdentifier(name: string): string {
+  return `\`${name.replace(/\\/g, '\\\\').replace(/`/g, '\\`')}\``;
 }
 
 async function run(session: Session, sql: string, params: QueryParams | undefined): Promise<string> {

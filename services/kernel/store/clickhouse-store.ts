@@ -19,7 +19,7 @@ import { ClickHouseLogLevel, createClient, type ClickHouseClient } from '@clickh
 import { AppError } from '../errors.ts';
 import { assertTableName, encodeRow, normalizeParams, parseJsonEachRow } from './encoding.ts';
 import { migrate, MIGRATIONS_DIR } from './migrations.ts';
-import type { QueryParams, Store } from './store.ts';
+import { StoreQueryError, type QueryParams, type RawQuery, type RawQueryStore, type RawResult, type Store } from './store.ts';
 
 export interface ClickHouseStoreOptions {
   /** `http[s]://user:pass@host:port/database` */
@@ -33,16 +33,18 @@ export interface ClickHouseStoreOptions {
 /** Network-level failures: the server is unreachable, the call may succeed later. */
 const UNAVAILABLE = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENOTFOUND', 'EPIPE', 'EAI_AGAIN']);
 
-export class ClickHouseStore implements Store {
+export class ClickHouseStore implements Store, RawQueryStore {
   readonly kind = 'clickhouse' as const;
   private readonly client: ClickHouseClient;
   private readonly migrationsDir: string;
   private readonly host: string;
+  private readonly database: string;
 
   constructor(options: ClickHouseStoreOptions) {
     this.migrationsDir = options.migrationsDir ?? MIGRATIONS_DIR;
     const url = new URL(options.url);
     this.host = `${url.protocol}//${url.host}`; // for messages: never the credentials
+    this.database = decodeURIComponent(url.pathname.replace(/^\/+|\/+$/g, '')) || 'default';
     this.client = createClient({
       url: options.url,
       request_timeout: options.requestTimeoutMs ?? 30_000,
@@ -78,6 +80,50 @@ export class ClickHouseStore implements Store {
     // piecemeal rather than in one event-loop-blocking join (a raw byte stream is refused by the
     // client for JSON formats).
     await this.call(() => this.client.insert({ table, values: Readable.from(rows), format: 'JSONEachRow' }));
+  }
+
+  /**
+   * An analyst's query (the SQL endpoint), proxied to the server as one HTTP request: the settings
+   * as URL settings (the enforced readonly and limits last, so they win; the server checks them
+   * all against the configured user's constraints before applying any), the parameters as
+   * `param_<name>`, the result bytes as the server sent them. The server's `database` is the one
+   * of SVC_CLICKHOUSE_URL; another one is refused (qualify tables as `db.table` instead).
+   */
+  async rawQuery(query: RawQuery): Promise<RawResult> {
+    if (query.database !== undefined && query.database !== this.database) {
+      throw new StoreQueryError(81, `Code: 81. DB::Exception: Database ${query.database} is not served here: this endpoint queries ${this.database} on the ClickHouse server; qualify tables as db.table. (UNKNOWN_DATABASE)`);
+    }
+    const settings: Record<string, string> = {};
+    for (const [name, value] of query.settings) settings[name] = value;
+    settings.default_format = query.format;
+    const started = performance.now();
+    try {
+      const result = await this.call(() =>
+        this.client.exec({
+          query: query.sql,
+          query_id: query.queryId,
+          clickhouse_settings: settings as never,
+          ...(Object.keys(query.params).length > 0 ? { query_params: query.params } : {}),
+        }),
+      );
+      const chunks: Buffer[] = [];
+      for await (const chunk of result.stream) chunks.push(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as Uint8Array));
+      const summary = result.summary ?? {};
+      return {
+        bytes: Buffer.concat(chunks),
+        rowsRead: Number((summary as { read_rows?: string }).read_rows ?? 0),
+        bytesRead: Number((summary as { read_bytes?: string }).read_bytes ?? 0),
+        elapsedMs: performance.now() - started,
+      };
+    } catch (err) {
+      const code = Number((err as { code?: unknown }).code);
+      if (err instanceof Error && !(err instanceof AppError) && Number.isInteger(code) && code > 0) {
+        const type = (err as { type?: unknown }).type;
+        const text = /^Code: \d+\./.test(err.message) ? err.message : `Code: ${code}. DB::Exception: ${err.message}${typeof type === 'string' && !err.message.includes(`(${type})`) ? ` (${type})` : ''}`;
+        throw new StoreQueryError(code, text);
+      }
+      throw err;
+    }
   }
 
   async ping(): Promise<boolean> {

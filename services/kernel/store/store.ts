@@ -21,3 +21,54 @@ export interface Store {
   ping(): Promise<boolean>;
   close(): Promise<void>;
 }
+
+/**
+ * An analyst's query on the SQL endpoint (services/api/routes/sql.ts, docs/analysts.md). The caller
+ * vets the SQL and the settings; the store runs it apart from the service's own reads and writes
+ * and hands back the engine's bytes untouched.
+ */
+export interface RawQuery {
+  sql: string;
+  /** Output format when the SQL has no FORMAT clause (ClickHouse's `default_format`). */
+  format: string;
+  /**
+   * Settings of this query, applied in this order: the caller puts the enforced ones (readonly,
+   * limits) last, so that they win.
+   */
+  settings: ReadonlyArray<readonly [name: string, value: string]>;
+  /** `{name:Type}` parameters, as ClickHouse's text form (`param_<name>` URL parameters). */
+  params: Record<string, string>;
+  /** Database of unqualified table names; the store's own when absent. */
+  database?: string;
+  queryId: string;
+}
+
+export interface RawResult {
+  bytes: Uint8Array;
+  rowsRead: number;
+  bytesRead: number;
+  elapsedMs: number;
+}
+
+/** A query the engine refused or failed: ClickHouse's error code and its `Code: N. DB::Exception: ...` text. */
+export class StoreQueryError extends Error {
+  constructor(
+    readonly clickhouseCode: number,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'StoreQueryError';
+  }
+}
+
+/** A setting name as it may be passed to an engine (`--name=value`, a URL parameter). */
+export const SETTING_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/** The raw query path both adapters implement (kept apart from Store so tests' fakes need not). */
+export interface RawQueryStore {
+  rawQuery(query: RawQuery): Promise<RawResult>;
+}
+
+export function hasRawQuery(store: Store): store is Store & RawQueryStore {
+  return typeof (store as Partial<RawQueryStore>).rawQuery === 'function';
+}
