@@ -12,6 +12,8 @@ import { after, before, describe, test } from 'node:test';
 import { gunzipSync } from 'node:zlib';
 import { ClickHouseLogLevel, createClient } from '@clickhouse/client';
 import { Session } from 'chdb';
+import { ClickHouseStore } from '../../services/kernel/store/clickhouse-store.ts';
+import { StoreQueryError } from '../../services/kernel/store/store.ts';
 import { ADMIN_KEY, createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
 
 /**
@@ -573,5 +575,31 @@ describe('the SQL endpoint, end to end', () => {
     // otel_traces' own columns for the in-progress span.
     const [open] = await json("SELECT InProgress, StatusCode, Duration, TenantId FROM otel_traces WHERE TraceId = 'abcdefg' AND SpanId = 'open'");
     assert.deepEqual(open, { InProgress: 1, StatusCode: 'Unset', Duration: '0', TenantId: 'acme' });
+  });
+});
+
+describe('the SQL path proxied to a ClickHouse server (SVC_STORE=clickhouse)', () => {
+  const url = process.env.SVC_TEST_CLICKHOUSE_URL;
+  test('the engine bytes in the asked format, readonly and the limits enforced by the server', { skip: url ? false : 'SVC_TEST_CLICKHOUSE_URL is unset (npm test starts a ClickHouse server)' }, async () => {
+    const store = new ClickHouseStore({ url: url! });
+    const enforced: Array<[string, string]> = [['readonly', '1'], ['max_execution_time', '2'], ['max_memory_usage', '200000000'], ['max_result_bytes', '1000000']];
+    const run = (sql: string, format = 'TabSeparated', extra: Array<[string, string]> = []) =>
+      store.rawQuery({ sql, format, settings: [...extra, ...enforced], params: {}, queryId: `q-${Math.random()}` });
+    try {
+      assert.equal(Buffer.from((await run('SELECT 1 AS x, 2 AS y')).bytes).toString(), '1\t2\n');
+      assert.equal(Buffer.from((await run('SELECT 1 AS x FORMAT JSONEachRow', 'TabSeparated')).bytes).toString(), '{"x":1}\n');
+      const native = Buffer.from((await run('SELECT 1 AS x', 'Native')).bytes);
+      assert.deepEqual(decodeNative(native, 0).rows, [{ x: 1 }]);
+      assert.equal(Buffer.from((await run("SELECT name, value FROM system.settings WHERE name IN ('readonly', 'max_threads') ORDER BY name", 'TabSeparated', [['max_threads', '1']])).bytes).toString(), 'max_threads\t1\nreadonly\t1\n');
+      for (const sql of ['CREATE TABLE sql_probe (a UInt8) ENGINE = Memory', 'SELECT 1 SETTINGS readonly = 0', 'SELECT 1 SETTINGS max_execution_time = 1000']) {
+        await assert.rejects(run(sql), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 164 && /^Code: 164\. DB::Exception: /.test(err.message), sql);
+      }
+      await assert.rejects(run('SELECT count() FROM system.numbers'), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 159);
+      await assert.rejects(run('SELECT * FROM nope'), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 60);
+      await assert.rejects(run('SELECT no_such_function()'), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 46);
+      await assert.rejects(store.rawQuery({ sql: 'SELECT 1', format: 'TabSeparated', settings: enforced, params: {}, queryId: 'q', database: 'another_db' }), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 81);
+    } finally {
+      await store.close();
+    }
   });
 });

@@ -116,10 +116,13 @@ export class ClickHouseStore implements Store, RawQueryStore {
         elapsedMs: performance.now() - started,
       };
     } catch (err) {
-      const code = Number((err as { code?: unknown }).code);
+      // A modern server's error carries its code; an old one's (18.16) only says it in the text.
+      const code = Number((err as { code?: unknown }).code ?? /^Code: (\d+)/.exec(err instanceof Error ? err.message : '')?.[1]);
       if (err instanceof Error && !(err instanceof AppError) && Number.isInteger(code) && code > 0) {
         const type = (err as { type?: unknown }).type;
-        const text = /^Code: \d+\./.test(err.message) ? err.message : `Code: ${code}. DB::Exception: ${err.message}${typeof type === 'string' && !err.message.includes(`(${type})`) ? ` (${type})` : ''}`;
+        // 18.16 writes `Code: N, e.displayText() = DB::Exception: <text>, e.what() = DB::Exception`.
+        const old = /^Code: \d+, e\.displayText\(\) = DB::Exception: (.*?)(?:, e\.what\(\) = .*)?$/s.exec(err.message);
+        const text = old ? `Code: ${code}. DB::Exception: ${old[1]}` : /^Code: \d+\./.test(err.message) ? err.message : `Code: ${code}. DB::Exception: ${err.message}${typeof type === 'string' && !err.message.includes(`(${type})`) ? ` (${type})` : ''}`;
         throw new StoreQueryError(code, text);
       }
       throw err;
