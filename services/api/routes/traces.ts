@@ -144,22 +144,39 @@ export async function traceEventsPage(
   store: Store,
   page: { tenant: string; where: string[]; params: Record<string, unknown>; after: string[] | null; pageSize: number; id: 'EventId' | 'SpanId' },
 ): Promise<{ rows: TraceRow[]; next: string[] | null }> {
-  const conditions = ['TenantId = {tenant:String}', ...page.where];
-  const params: Record<string, unknown> = { ...page.params, tenant: page.tenant, page: page.pageSize + 1 };
-  if (page.after) {
-    if (!/^\d+$/.test(page.after[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
-    // The redundant lower bound lets the primary key and partition pruning serve the tuple comparison.
-    conditions.push('Timestamp >= fromUnixTimestamp64Micro({after_ts:Int64})');
-    conditions.push(`(Timestamp, ${page.id}) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})`);
-    params.after_ts = Number(page.after[0]);
-    params.after_id = page.after[1];
+  if (page.after && !/^\d+$/.test(page.after[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
+  // No `LIMIT 1 BY` in the SQL: with it ClickHouse reads and sorts every matching row instead of
+  // reading in key order and stopping after the page (measured over 10M events: 0.7-2 s for a
+  // first page, vs 20-50 ms). A replayed duplicate that the ReplacingMergeTree has not merged yet
+  // has the same (Timestamp, id), so it comes right after its twin and is dropped here; when
+  // duplicates made the page short, the read goes on after the last key.
+  const want = page.pageSize + 1;
+  const rows: TraceRow[] = [];
+  let after = page.after;
+  for (;;) {
+    const limit = want - rows.length;
+    const conditions = ['TenantId = {tenant:String}', ...page.where];
+    const params: Record<string, unknown> = { ...page.params, tenant: page.tenant, page: limit };
+    if (after) {
+      // The redundant lower bound lets the primary key and partition pruning serve the tuple comparison.
+      conditions.push('Timestamp >= fromUnixTimestamp64Micro({after_ts:Int64})');
+      conditions.push(`(Timestamp, ${page.id}) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})`);
+      params.after_ts = Number(after[0]);
+      params.after_id = after[1];
+    }
+    const batch = await store.query<TraceRow>(
+      `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${conditions.join(' AND ')}
+       ORDER BY Timestamp, ${page.id} LIMIT {page:UInt32}`,
+      params,
+    );
+    for (const row of batch) {
+      const previous = rows.at(-1);
+      if (previous && previous.ts_us === row.ts_us && previous[page.id] === row[page.id]) continue;
+      rows.push(row);
+    }
+    if (batch.length < limit || rows.length >= want) break;
+    after = [batch[batch.length - 1].ts_us, batch[batch.length - 1][page.id]];
   }
-  // LIMIT 1 BY drops a replayed duplicate that the ReplacingMergeTree has not merged yet.
-  const rows = await store.query<TraceRow>(
-    `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${conditions.join(' AND ')}
-     ORDER BY Timestamp, ${page.id} LIMIT 1 BY Timestamp, ${page.id} LIMIT {page:UInt32}`,
-    params,
-  );
   const last = rows.length > page.pageSize ? rows[page.pageSize - 1] : null;
   return { rows: rows.slice(0, page.pageSize), next: last ? [last.ts_us, last[page.id]] : null };
 }
