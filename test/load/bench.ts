@@ -1,16 +1,21 @@
 /**
  * `npm run bench`: speed figures measured side by side in one run, with their ratios.
  *   1. Event log: append + consume through a consumer group, records/s, embedded vs Kafka.
- *   2. Trace ingest end to end: POST /v1/traces in batches of 1,000 events until visible in
- *      GET /v1/traces, events/s, with the service on the embedded log vs on Kafka (chDB both).
+ *   2. Trace ingest end to end: POST /v1/traces in batches of 1,000 events (and OTLP protobuf
+ *      requests of 1,000 spans) until visible in GET /v1/traces, events/s, with the service on the
+ *      embedded log vs on Kafka (chDB both), with the server's peak memory during each run; and the
+ *      ceiling: chDB alone inserting the same rows (test/load/chdb-direct.ts), with the ratios.
  *   3. Specs and agents: spec upload + read-back p50; a 50 MB bundle upload in MB/s with the
  *      server's memory sampled (the upload must stream).
  *   4. Sandboxes on the local runtime: create, command overhead, concurrency, state.
  *   5. An experiment of 200 scenarios against the same sandbox work done directly.
+ *   6. `queries`: GET /v1/traces (filtered, paginated) and GET /v1/traces/:id latency over a store
+ *      filled with SVC_BENCH_QUERY_EVENTS (default 10,000,000) events, before and after merging.
  * Kafka comes from infra/kafka (Maven Central); without java/mvn its rows say why they are missing.
- * Sizes: SVC_BENCH_LOG_RECORDS (default 200000), SVC_BENCH_INGEST_EVENTS (default 300000).
+ * Sizes: SVC_BENCH_LOG_RECORDS (default 200000), SVC_BENCH_INGEST_EVENTS (default 300000),
+ * SVC_BENCH_QUERY_EVENTS (default 10000000).
  */
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -18,15 +23,17 @@ import path from 'node:path';
 import type { EventLog } from '../../services/kernel/log/event-log.ts';
 import { EmbeddedLog } from '../../services/kernel/log/embedded/embedded-log.ts';
 import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
-import protobuf from 'protobufjs';
 import { create as createTar } from 'tar';
-import { ADMIN_KEY, createTenantKey, REPO, startServer, traceEvent } from '../helpers/server.ts';
+import { ADMIN_KEY, createTenantKey, REPO, startServer, type TestServer } from '../helpers/server.ts';
+import { otlpBodies, traceBodies } from './bodies.ts';
+import { benchQueries } from './queries.ts';
 import { makeBundle } from '../helpers/bundles.ts';
 // @ts-expect-error plain JS module without types
 import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
 
 const LOG_RECORDS = Number(process.env.SVC_BENCH_LOG_RECORDS ?? 200_000);
 const INGEST_EVENTS = Number(process.env.SVC_BENCH_INGEST_EVENTS ?? 300_000);
+const QUERY_EVENTS = Number(process.env.SVC_BENCH_QUERY_EVENTS ?? 10_000_000);
 // Sixteen clients posting at once: a fleet of agents, not one.
 const INGEST_CONCURRENCY = 16;
 
@@ -35,6 +42,37 @@ interface Row {
   embedded: number | null;
   kafka: number | null;
   unit: string;
+  target: string;
+}
+
+/** An ingest run: its rate, and the server's peak resident memory during it. */
+interface IngestRun {
+  rate: number;
+  peakMiB: number;
+}
+
+/** Samples the server's resident memory every 100 ms; `stop` gives the peak (VmHWM as a floor). */
+function sampleMemory(server: TestServer): { stop: () => Promise<number> } {
+  const pid = server.pid();
+  let peak = 0;
+  const sampler = setInterval(() => void rssMiB(pid).then((m) => (peak = Math.max(peak, m)), () => {}), 100);
+  return {
+    async stop() {
+      clearInterval(sampler);
+      const status = await readFile(`/proc/${pid}/status`, 'utf8');
+      return Math.max(peak, Number(/^VmHWM:\s+(\d+) kB/m.exec(status)![1]) / 1024);
+    },
+  };
+}
+
+/** Runs test/load/chdb-direct.ts in a child process (chDB binds one data dir per process) and parses its JSON. */
+async function chdbDirect<T>(...args: string[]): Promise<T> {
+  const stdout = await new Promise<string>((resolve, reject) =>
+    execFile(process.execPath, ['--import', 'tsx', path.join(REPO, 'test', 'load', 'chdb-direct.ts'), ...args], { cwd: REPO, maxBuffer: 64 * 1024 * 1024 }, (err, out, errOut) =>
+      err ? reject(new Error(`chdb-direct ${args.join(' ')}: ${err.message}\n${errOut}`)) : resolve(out),
+    ),
+  );
+  return JSON.parse(stdout.trim().split('\n').at(-1)!) as T;
 }
 
 async function benchLog(log: EventLog): Promise<number> {
@@ -67,17 +105,12 @@ async function benchLog(log: EventLog): Promise<number> {
   return LOG_RECORDS / seconds;
 }
 
-async function benchIngest(env: Record<string, string>): Promise<number> {
+async function benchIngest(env: Record<string, string>): Promise<IngestRun> {
   const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', ...env });
+  const memory = sampleMemory(server);
   try {
     const { key } = await createTenantKey(server, 'bench');
-    const bodies = Array.from({ length: 8 }, (_, b) =>
-      JSON.stringify({
-        events: Array.from({ length: 1000 }, (_, i) =>
-          traceEvent({ tool: `tool-${i % 20}`, span_id: `b${b}-${i}`, input: 'i'.repeat(200), output: 'o'.repeat(200), metadata: { 'gen_ai.system': 'openai' } }),
-        ),
-      }),
-    );
+    const bodies = traceBodies(8);
     const post = (i: number) =>
       fetch(`${server.url}/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: bodies[i % bodies.length] }).then(async (res) => {
         if (res.status !== 200) throw new Error(`POST /v1/traces: ${res.status} ${await res.text()}`);
@@ -96,7 +129,7 @@ async function benchIngest(env: Record<string, string>): Promise<number> {
     const check = await server.request('GET', '/v1/traces?tool=tool-0&limit=1', { key });
     if (check.status !== 200 || check.body.count !== 1) throw new Error(`events not visible: ${check.text}`);
     const seconds = (performance.now() - started) / 1000;
-    return (requests * 1000) / seconds;
+    return { rate: (requests * 1000) / seconds, peakMiB: await memory.stop() };
   } finally {
     await server.cleanup();
   }
@@ -166,45 +199,12 @@ async function benchSandboxes(): Promise<string[]> {
 }
 
 /** OTLP/HTTP protobuf ingest: 1,000-span requests (half of them gen_ai model calls) until visible. */
-async function benchOtlp(env: Record<string, string>): Promise<number> {
+async function benchOtlp(env: Record<string, string>): Promise<IngestRun> {
   const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', ...env });
+  const memory = sampleMemory(server);
   try {
     const { key } = await createTenantKey(server, 'bench');
-    const root = new protobuf.Root();
-    const protoDir = path.join(REPO, 'services', 'api', 'traces', 'otlp-proto');
-    root.resolvePath = (_origin, target) => (path.isAbsolute(target) ? target : path.join(protoDir, target));
-    root.loadSync('opentelemetry/proto/collector/trace/v1/trace_service.proto');
-    const Request = root.lookupType('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
-    const now = BigInt(Date.now()) * 1_000_000n;
-    const attr = (k: string, v: string | number) => ({ key: k, value: typeof v === 'number' ? { intValue: v } : { stringValue: v } });
-    // Distinct span ids per body: a repeated body would be the same spans again.
-    const bodies = Array.from({ length: 60 }, (_, b) =>
-      Request.encode(
-        Request.fromObject({
-          resourceSpans: [
-            {
-              resource: { attributes: [attr('service.name', 'bench-agent')] },
-              scopeSpans: [
-                {
-                  spans: Array.from({ length: 1000 }, (_, i) => ({
-                    traceId: randomBytes(16),
-                    spanId: randomBytes(8),
-                    name: i % 2 ? 'chat gpt-4o' : `tool-${i % 20}`,
-                    startTimeUnixNano: String(now + BigInt(b * 1000 + i)),
-                    endTimeUnixNano: String(now + BigInt(b * 1000 + i) + 5_000_000n),
-                    attributes:
-                      i % 2
-                        ? [attr('gen_ai.operation.name', 'chat'), attr('gen_ai.request.model', 'gpt-4o'), attr('gen_ai.usage.input_tokens', 900), attr('gen_ai.usage.output_tokens', 120), attr('gen_ai.prompt', 'p'.repeat(200))]
-                        : [attr('tool.args', 'a'.repeat(200))],
-                    status: { code: 1 },
-                  })),
-                },
-              ],
-            },
-          ],
-        }),
-      ).finish(),
-    );
+    const bodies = otlpBodies(60);
     const post = (i: number) =>
       fetch(`${server.url}/otel/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/x-protobuf' }, body: new Uint8Array(bodies[i % bodies.length]) }).then(async (res) => {
         if (res.status !== 200) throw new Error(`POST /otel/v1/traces: ${res.status} ${await res.text()}`);
@@ -218,7 +218,8 @@ async function benchOtlp(env: Record<string, string>): Promise<number> {
         while (next < bodies.length) await post(next++);
       }),
     );
-    return (requests * 1000) / ((performance.now() - started) / 1000);
+    const rate = (requests * 1000) / ((performance.now() - started) / 1000);
+    return { rate, peakMiB: await memory.stop() };
   } finally {
     await server.cleanup();
   }
@@ -349,14 +350,18 @@ async function benchExperiments(): Promise<string[]> {
 }
 
 /** `SVC_BENCH_ONLY=sandboxes,experiments` runs only those sections (default: all, in this order). */
-const SECTIONS = ['log', 'sandboxes', 'experiments', 'agents'] as const;
+const SECTIONS = ['log', 'sandboxes', 'experiments', 'agents', 'queries'] as const;
 const only = process.env.SVC_BENCH_ONLY?.split(',') ?? [...SECTIONS];
 
 async function benchLogAndIngest(): Promise<void> {
   const rows: Row[] = [
-    { what: 'log append + consume (300 B records)', embedded: null, kafka: null, unit: 'records/s' },
-    { what: 'trace ingest end to end (POST 1,000 → visible)', embedded: null, kafka: null, unit: 'events/s' },
-    { what: 'OTLP protobuf ingest end to end (1,000 spans → visible)', embedded: null, kafka: null, unit: 'spans/s' },
+    { what: 'log append + consume (300 B records)', embedded: null, kafka: null, unit: 'records/s', target: '' },
+    { what: 'trace ingest end to end (POST /v1/traces 1,000 → visible)', embedded: null, kafka: null, unit: 'events/s', target: '>= 60,000 embedded; kafka >= 0.50x' },
+    { what: '  server peak RSS during that run', embedded: null, kafka: null, unit: 'MiB', target: '' },
+    { what: 'OTLP protobuf ingest end to end (1,000 spans → visible)', embedded: null, kafka: null, unit: 'spans/s', target: '>= 40,000 embedded; kafka >= 0.50x' },
+    { what: '  server peak RSS during that run', embedded: null, kafka: null, unit: 'MiB', target: '' },
+    { what: 'chDB alone: the sink\'s rows of those POST events, 2 insert lanes', embedded: null, kafka: null, unit: 'rows/s', target: 'the ceiling' },
+    { what: 'chDB alone: the sink\'s rows of those OTLP spans, 2 insert lanes', embedded: null, kafka: null, unit: 'rows/s', target: 'the ceiling' },
   ];
   const notes: string[] = [];
 
@@ -364,8 +369,13 @@ async function benchLogAndIngest(): Promise<void> {
   const embedded = new EmbeddedLog({ dir: path.join(dir, 'log'), fsync: 'always' });
   rows[0].embedded = await benchLog(embedded);
   await embedded.close();
-  rows[1].embedded = await benchIngest({});
-  rows[2].embedded = await benchOtlp({});
+  const post = await benchIngest({});
+  [rows[1].embedded, rows[2].embedded] = [post.rate, post.peakMiB];
+  const otlp = await benchOtlp({});
+  [rows[3].embedded, rows[4].embedded] = [otlp.rate, otlp.peakMiB];
+  // The ceiling, with no server running: chDB in a child process on its own temp dir.
+  rows[5].embedded = (await chdbDirect<{ rows_per_s: number }>('ceiling', 'traces', String(INGEST_EVENTS))).rows_per_s;
+  rows[6].embedded = (await chdbDirect<{ rows_per_s: number }>('ceiling', 'otlp', String(INGEST_EVENTS))).rows_per_s;
 
   const missing: string[] = missingTools();
   if (missing.length > 0) {
@@ -376,8 +386,10 @@ async function benchLogAndIngest(): Promise<void> {
       const log = new KafkaLog({ brokers: [kafka.brokers] });
       rows[0].kafka = await benchLog(log);
       await log.close();
-      rows[1].kafka = await benchIngest({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
-      rows[2].kafka = await benchOtlp({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
+      const kPost = await benchIngest({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
+      [rows[1].kafka, rows[2].kafka] = [kPost.rate, kPost.peakMiB];
+      const kOtlp = await benchOtlp({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
+      [rows[3].kafka, rows[4].kafka] = [kOtlp.rate, kOtlp.peakMiB];
     } finally {
       await kafka.stop();
     }
@@ -385,13 +397,15 @@ async function benchLogAndIngest(): Promise<void> {
   await rm(dir, { recursive: true, force: true });
 
   const fmt = (n: number | null) => (n === null ? '—' : Math.round(n).toLocaleString('en-US'));
-  console.log('| measure | embedded | kafka | kafka / embedded | unit |');
-  console.log('|---|---:|---:|---:|---|');
+  const x = (n: number | null, d: number | null) => (n && d ? `${(n / d).toFixed(2)}x` : '—');
+  console.log('| measure | embedded | kafka | kafka / embedded | unit | target |');
+  console.log('|---|---:|---:|---:|---|---|');
   for (const r of rows) {
-    const ratio = r.embedded && r.kafka ? `${(r.kafka / r.embedded).toFixed(2)}x` : '—';
-    console.log(`| ${r.what} | ${fmt(r.embedded)} | ${fmt(r.kafka)} | ${ratio} | ${r.unit} |`);
+    const ratio = r.unit === 'MiB' ? '' : x(r.kafka, r.embedded);
+    console.log(`| ${r.what} | ${fmt(r.embedded)} | ${fmt(r.kafka)} | ${ratio} | ${r.unit} | ${r.target} |`);
   }
-  console.log('\ntargets: embedded ingest >= 50,000 events/s; the Kafka path within 2x of embedded (ratio >= 0.50x)');
+  console.log(`| POST /v1/traces ingest / chDB alone | ${x(rows[1].embedded, rows[5].embedded)} | ${x(rows[1].kafka, rows[5].embedded)} | | | embedded >= 0.55x |`);
+  console.log(`| OTLP ingest / chDB alone | ${x(rows[3].embedded, rows[6].embedded)} | ${x(rows[3].kafka, rows[6].embedded)} | | | |`);
   for (const n of notes) console.log(`note: ${n}`);
 }
 
@@ -418,6 +432,7 @@ async function main() {
   if (only.includes('experiments')) await table('experiments (local runtime)', benchExperiments, true);
   // Last: its 50 MB buffers would make the bench process slower to fork for the sandbox figures.
   if (only.includes('agents')) await table('specs and agent snapshots', benchSpecsAndAgents, false);
+  if (only.includes('queries')) await table(`trace queries over ${QUERY_EVENTS.toLocaleString('en-US')} stored events`, () => benchQueries(QUERY_EVENTS, chdbDirect), false);
 }
 
 await main();
