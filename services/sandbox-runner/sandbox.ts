@@ -224,6 +224,7 @@ export class LiveSandbox {
       void this.event('status', { step, files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
 
       step = 'network_configured';
+      await this.box.serviceReachable;
       const egressAllow = this.egressAllow();
       if (egressAllow.length > 0) {
         const message = `egress to ${egressAllow.join(', ')} is declared, but this runtime gives sandboxes no outbound network yet: the sandbox has none`;

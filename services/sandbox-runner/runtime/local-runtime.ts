@@ -27,7 +27,7 @@ import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../../kernel/logger.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
-import { pidInOtherNetns, ServiceBridge } from './service-bridge.ts';
+import { pidInOtherNetns, ServiceBridge, type Launch } from './service-bridge.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';
 import {
   EXIT_KILLED,
@@ -188,11 +188,7 @@ export class LocalRuntime implements Runtime {
     const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, warnings, this.logger);
     try {
       await sandbox.ready(this.bootTimeoutMs);
-      if (options.service) {
-        const inside = pidInOtherNetns(child.pid!);
-        if (inside === null) throw new Error('no process of the sandbox is in its network namespace');
-        sandbox.bridge = await ServiceBridge.open(inside, path.join(sandboxDir, 'service.sock'), options.service);
-      }
+      if (options.service) sandbox.openBridge(path.join(sandboxDir, 'service.sock'), options.service, (command, args) => this.launcher.spawn(command, args));
     } catch (err) {
       await sandbox.destroy();
       throw err;
@@ -280,7 +276,8 @@ class LocalSandbox implements SandboxHandle {
   private readyReject: ((err: Error) => void) | null = null;
   private cleaned = false;
   /** The way out to the service, when asked for (service-bridge.ts). */
-  bridge: ServiceBridge | null = null;
+  private bridge: Promise<ServiceBridge> | null = null;
+  serviceReachable: Promise<void> = Promise.resolve();
 
   constructor(
     options: CreateSandboxOptions,
@@ -508,10 +505,18 @@ class LocalSandbox implements SandboxHandle {
     return this.destroying;
   }
 
+  /** Starts the bridge to the service in the background; `serviceReachable` says when it listens. */
+  openBridge(socketPath: string, service: { host: string; port: number }, launch: Launch): void {
+    const inside = pidInOtherNetns(this.child.pid!);
+    this.bridge = inside === null ? Promise.reject(new Error('no process of the sandbox is in its network namespace')) : ServiceBridge.open(inside, socketPath, service, launch);
+    this.serviceReachable = this.bridge.then(() => undefined);
+    this.serviceReachable.catch(() => {});
+  }
+
   private async cleanup(): Promise<void> {
     if (this.cleaned) return;
     this.cleaned = true;
-    await this.bridge?.close();
+    await this.bridge?.then((b) => b.close(), () => undefined);
     if (!(await this.cgroup.remove())) this.logger?.warn({ sandbox_id: this.id }, 'could not remove the sandbox cgroups');
     await fs.promises.rm(this.sandboxDir, { recursive: true, force: true });
   }

@@ -89,6 +89,8 @@ export interface SandboxHandle {
   destroy(): Promise<void>;
   /** resolves when the sandbox has ended, on its own or by destroy() */
   readonly exited: Promise<void>;
+  /** resolves once CreateSandboxOptions.service is reachable inside (at once without it); set up while the boot goes on */
+  readonly serviceReachable: Promise<void>;
 }
 
 export interface Runtime {

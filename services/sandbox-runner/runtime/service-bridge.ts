@@ -9,11 +9,20 @@
  * see that directory. This process accepts on that socket and pipes each connection to the
  * service's HTTP address. Nothing else is reachable: socat forwards to one socket only.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
+import type { Readable, Writable } from 'node:stream';
 
 export const SERVICE_PORT_IN_SANDBOX = 17080;
+
+/** A started process, as the runtime's launcher gives it (no fork of the service's large process). */
+export interface Forwarder {
+  readonly exitCode: number | null;
+  readonly signalCode: NodeJS.Signals | null;
+  readonly stdio: ReadonlyArray<Readable | Writable | null>;
+  kill(signal?: NodeJS.Signals): boolean;
+}
+export type Launch = (command: string, args: string[]) => Promise<Forwarder>;
 export const SERVICE_URL_IN_SANDBOX = `http://127.0.0.1:${SERVICE_PORT_IN_SANDBOX}`;
 
 /** How long socat may take to listen inside the sandbox. */
@@ -22,12 +31,12 @@ const LISTEN_TIMEOUT_MS = 5000;
 export class ServiceBridge {
   private constructor(
     private readonly server: net.Server,
-    private readonly forwarder: ChildProcess,
+    private readonly forwarder: Forwarder,
     private readonly sockets: Set<net.Socket>,
   ) {}
 
   /** Opens the bridge into the network namespace of `pidInSandbox`, forwarding to `service`. */
-  static async open(pidInSandbox: number, socketPath: string, service: { host: string; port: number }): Promise<ServiceBridge> {
+  static async open(pidInSandbox: number, socketPath: string, service: { host: string; port: number }, launch: Launch): Promise<ServiceBridge> {
     const sockets = new Set<net.Socket>();
     const server = net.createServer((inbound) => {
       sockets.add(inbound);
@@ -46,11 +55,13 @@ export class ServiceBridge {
     await fs.promises.rm(socketPath, { force: true });
     await new Promise<void>((resolve, reject) => server.once('error', reject).listen(socketPath, () => resolve()));
     await fs.promises.chmod(socketPath, 0o600);
-    const forwarder = spawn(
-      'nsenter',
-      [`--net=/proc/${pidInSandbox}/ns/net`, '--', 'socat', `TCP-LISTEN:${SERVICE_PORT_IN_SANDBOX},bind=127.0.0.1,reuseaddr,fork`, `UNIX-CONNECT:${socketPath}`],
-      { stdio: ['ignore', 'ignore', 'pipe'] },
-    );
+    let forwarder: Forwarder;
+    try {
+      forwarder = await launch('nsenter', [`--net=/proc/${pidInSandbox}/ns/net`, '--', 'socat', `TCP-LISTEN:${SERVICE_PORT_IN_SANDBOX},bind=127.0.0.1,reuseaddr,fork`, `UNIX-CONNECT:${socketPath}`]);
+    } catch (err) {
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      throw err;
+    }
     const bridge = new ServiceBridge(server, forwarder, sockets);
     try {
       await waitListening(pidInSandbox, forwarder);
@@ -88,10 +99,10 @@ export function pidInOtherNetns(root: number): number | null {
 }
 
 /** Resolves once a socket listens on the bridge's port in that namespace (its /proc/<pid>/net/tcp). */
-async function waitListening(pid: number, forwarder: ChildProcess): Promise<void> {
+async function waitListening(pid: number, forwarder: Forwarder): Promise<void> {
   const local = `0100007F:${SERVICE_PORT_IN_SANDBOX.toString(16).toUpperCase().padStart(4, '0')}`;
   let stderr = '';
-  forwarder.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString('utf8')));
+  forwarder.stdio[2]?.on('data', (chunk: Buffer) => (stderr += chunk.toString('utf8')));
   const deadline = Date.now() + LISTEN_TIMEOUT_MS;
   for (;;) {
     const table = await fs.promises.readFile(`/proc/${pid}/net/tcp`, 'utf8').catch(() => '');
