@@ -188,7 +188,10 @@ export class LocalRuntime implements Runtime {
     const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, warnings, this.logger);
     try {
       await sandbox.ready(this.bootTimeoutMs);
-      if (options.service) sandbox.openBridge(path.join(sandboxDir, 'service.sock'), options.service, (command, args) => this.launcher.spawn(command, args));
+      // The bridge's forwarder goes into the sandbox's cgroups (destroy kills it with the rest) and
+      // dies with the service like the sandbox does: launch dies with it, and the forwarder with launch.
+      const launch: Launch = (command, args) => this.launcher.spawn(supervisor, ['launch', cgroup.procsFiles().join(','), '--', 'setpriv', '--pdeathsig', 'KILL', '--', command, ...args]);
+      if (options.service) sandbox.openBridge(path.join(sandboxDir, 'service.sock'), options.service, launch);
     } catch (err) {
       await sandbox.destroy();
       throw err;
