@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { readdir, readFile } from 'node:fs/promises';
+import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
@@ -217,6 +218,9 @@ determinism:
       const direct = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: `curl -sS -m 2 ${server.url}/health` });
       assert.notEqual(direct.body.exit_code, 0, direct.text);
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
+      const forwarders = () => readdirSync('/proc').filter((pid) => /^\d+$/.test(pid) && (readFileSafe(`/proc/${pid}/cmdline`) ?? '').includes(`${sb.id}/service.sock`));
+      for (let i = 0; i < 50 && forwarders().length > 0; i++) await new Promise((r) => setTimeout(r, 20));
+      assert.deepEqual(forwarders(), [], 'the bridge is gone with its sandbox');
     });
 
     test("an OpenTelemetry exporter with the sandbox token: spans are the sandbox's, redacted; other ingest paths refuse it", async () => {
@@ -407,4 +411,12 @@ determinism:
       }
     });
   });
+}
+
+function readFileSafe(file: string): string | null {
+  try {
+    return readFileSync(file, 'utf8');
+  } catch {
+    return null;
+  }
 }
