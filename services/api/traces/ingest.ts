@@ -91,6 +91,8 @@ export class TraceIngest {
     const body = ctx.state.rawBody as Buffer;
     if (body.length > request.maxBodyBytes) throw tooLarge(request.maxBodyBytes);
     const { config } = this.kernel;
+    // Moved, not copied, to the worker when the body owns its memory (raw-body's concat of a large body does).
+    const transferList = body.byteOffset === 0 && body.byteLength === body.buffer.byteLength ? [body.buffer as ArrayBuffer] : [];
     const outcome = await this.pool!.run({
       format: request.format,
       body,
@@ -101,7 +103,7 @@ export class TraceIngest {
       context: request.context,
       secrets: request.secrets ?? {},
       ts: Date.now(),
-    });
+    }, { transferList });
     if (!outcome.ok) throw new AppError(outcome.code, outcome.message);
     return outcome;
   }
