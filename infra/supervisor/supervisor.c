@@ -11,6 +11,15 @@
  *       -1000, inherited by bwrap and the supervisor but reset to 0 for every command) before
  *       it execs, so everything bwrap creates is inside the sandbox's cgroups from the start.
  *
+ *   supervisor forward ROOT_PID PORT UNIX_SOCKET
+ *       The bridge from a sandbox to the service (runtime/service-bridge.ts): waits for a
+ *       descendant of ROOT_PID (the sandbox's `launch`) in another network namespace than its
+ *       own (the sandbox's, as bwrap creates it), enters that namespace, listens on
+ *       127.0.0.1:PORT there, and relays every accepted connection, in a child of its own, to
+ *       UNIX_SOCKET on the host (a unix socket is a file, not bound to a network namespace).
+ *       Started alongside the sandbox, through `launch`; it and its relays die with their
+ *       parents.
+ *
  *   supervisor serve UID GID
  *       Runs inside the bubblewrap namespaces as root (with only the capabilities bwrap leaves
  *       it: SETUID, SETGID, SETPCAP, KILL). Reads requests on fd 3, writes replies on fd 4.
@@ -54,7 +63,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -591,13 +604,134 @@ static int launch(char *cgroups, char **argv) {
   return 128 + WTERMSIG(status);
 }
 
+/* Writes all of buf, or fails. */
+static int write_all(int fd, const char *buf, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, buf, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    buf += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* Copies bytes both ways between a sandbox connection and the service's unix socket until both
+   directions have ended; an end of one direction is passed on as a half-close. */
+static void relay(int conn, const char *path) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  int up = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  strncpy(addr.sun_path, path, sizeof addr.sun_path - 1);
+  if (up < 0 || connect(up, (struct sockaddr *)&addr, sizeof addr) < 0) return;
+  struct pollfd fds[2] = {{.fd = conn, .events = POLLIN}, {.fd = up, .events = POLLIN}};
+  int ends[2] = {conn, up};
+  static char buf[65536];
+  int open_sides = 2;
+  while (open_sides > 0) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    for (int i = 0; i < 2; i++) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        shutdown(ends[1 - i], SHUT_WR);
+        fds[i].fd = -1;
+        open_sides--;
+        continue;
+      }
+      if (write_all(ends[1 - i], buf, (size_t)n) < 0) return;
+    }
+  }
+}
+
+/* The first descendant of root (breadth first) whose network namespace is not `mine`, or -1. */
+static pid_t other_netns_descendant(pid_t root, const char *mine) {
+  pid_t queue[256];
+  int head = 0, tail = 0;
+  queue[tail++] = root;
+  while (head < tail) {
+    pid_t pid = queue[head++];
+    char path[64], link[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/net", (int)pid);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n > 0) {
+      link[n] = 0;
+      if (strcmp(link, mine) != 0) return pid;
+    }
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    int child;
+    while (tail < 256 && fscanf(f, "%d", &child) == 1) queue[tail++] = (pid_t)child;
+    fclose(f);
+  }
+  return -1;
+}
+
+static int forward(const char *root, const char *port, const char *path) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() == 1) return 125;
+  signal(SIGCHLD, SIG_IGN); /* relays are reaped by the kernel */
+  signal(SIGPIPE, SIG_IGN);
+  char mine[64];
+  ssize_t n = readlink("/proc/self/ns/net", mine, sizeof mine - 1);
+  if (n <= 0) return 125;
+  mine[n] = 0;
+  pid_t inside = -1;
+  for (int waited_ms = 0; (inside = other_netns_descendant((pid_t)atoi(root), mine)) < 0; waited_ms++) {
+    if (waited_ms >= 30000 || kill((pid_t)atoi(root), 0) < 0) {
+      fprintf(stderr, "supervisor: no process of the sandbox is in its own network namespace\n");
+      return 125;
+    }
+    usleep(1000);
+  }
+  char netns[64];
+  snprintf(netns, sizeof netns, "/proc/%d/ns/net", (int)inside);
+  int ns = open(netns, O_RDONLY | O_CLOEXEC);
+  if (ns < 0 || setns(ns, CLONE_NEWNET) < 0) {
+    fprintf(stderr, "supervisor: cannot enter %s: %s\n", netns, strerror(errno));
+    return 125;
+  }
+  close(ns);
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port)), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(listener, 128) < 0) {
+    fprintf(stderr, "supervisor: cannot listen on 127.0.0.1:%s: %s\n", port, strerror(errno));
+    return 125;
+  }
+  for (;;) {
+    int conn = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+    if (conn < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) continue;
+      perror("supervisor: accept");
+      return 125;
+    }
+    pid_t child = fork();
+    if (child == 0) {
+      close(listener);
+      relay(conn, path);
+      _exit(0);
+    }
+    close(conn);
+  }
+}
+
 int main(int argc, char **argv) {
+  if (argc == 5 && strcmp(argv[1], "forward") == 0) return forward(argv[2], argv[3], argv[4]);
   if (argc >= 5 && strcmp(argv[1], "launch") == 0 && strcmp(argv[3], "--") == 0) return launch(argv[2], argv + 4);
   if (argc == 4 && strcmp(argv[1], "serve") == 0) {
     sandbox_uid = (uid_t)atoi(argv[2]);
     sandbox_gid = (gid_t)atoi(argv[3]);
     return serve();
   }
-  fprintf(stderr, "usage: supervisor launch CGPROCS[,...] -- PROGRAM ARGS... | supervisor serve UID GID\n");
+  fprintf(stderr, "usage: supervisor launch CGPROCS[,...] -- PROGRAM ARGS... | supervisor serve UID GID | supervisor forward ROOT_PID PORT UNIX_SOCKET\n");
   return 2;
 }

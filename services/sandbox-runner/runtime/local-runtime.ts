@@ -27,7 +27,7 @@ import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../../kernel/logger.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
-import { pidInOtherNetns, ServiceBridge, type Launch } from './service-bridge.ts';
+import { ServiceBridge, type LaunchForwarder } from './service-bridge.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';
 import {
   EXIT_KILLED,
@@ -187,11 +187,10 @@ export class LocalRuntime implements Runtime {
     }
     const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, warnings, this.logger);
     try {
-      // The bridge's forwarder goes into the sandbox's cgroups (destroy kills it with the rest) and
-      // dies with the service like the sandbox does: launch dies with it, and the forwarder with launch.
-      // It is set up while the supervisor boots.
-      const launch: Launch = (command, args) => this.launcher.spawn(supervisor, ['launch', cgroup.procsFiles().join(','), '--', 'setpriv', '--pdeathsig', 'KILL', '--', command, ...args]);
-      if (options.service) sandbox.openBridge(path.join(sandboxDir, 'service.sock'), options.service, launch, this.bootTimeoutMs);
+      // The bridge's forwarder stays out of the sandbox's cgroups (it is not the agent's: a fork
+      // bomb must not take its pids) and dies with the service like the sandbox does (launch and
+      // forward die with their parents). It comes up while the supervisor boots.
+      if (options.service) sandbox.openBridge(path.join(sandboxDir, 'service.sock'), options.service, (args) => this.launcher.spawn(supervisor, ['launch', '-', '--', supervisor, 'forward', ...args]));
       await sandbox.ready(this.bootTimeoutMs);
     } catch (err) {
       await sandbox.destroy();
@@ -510,18 +509,8 @@ class LocalSandbox implements SandboxHandle {
   }
 
   /** Starts the bridge to the service in the background; `serviceReachable` says when it listens. */
-  openBridge(socketPath: string, service: { host: string; port: number }, launch: Launch, timeoutMs: number): void {
-    this.bridge = (async () => {
-      // bwrap creates the network namespace as it starts: wait for a process in it.
-      const deadline = Date.now() + timeoutMs;
-      let inside = pidInOtherNetns(this.child.pid!);
-      while (inside === null) {
-        if (Date.now() > deadline || this.gone) throw new Error('no process of the sandbox is in its network namespace');
-        await new Promise((resolve) => setTimeout(resolve, 1));
-        inside = pidInOtherNetns(this.child.pid!);
-      }
-      return ServiceBridge.open(inside, socketPath, service, launch);
-    })();
+  openBridge(socketPath: string, service: { host: string; port: number }, launch: LaunchForwarder): void {
+    this.bridge = ServiceBridge.open(this.child.pid!, socketPath, service, launch);
     this.serviceReachable = this.bridge.then(() => undefined);
     this.serviceReachable.catch(() => {});
   }

@@ -2,18 +2,19 @@
  * The one way out of a sandbox: to the service itself, so an agent's SDK or OpenTelemetry
  * exporter can post its traces (SVC_BASE_URL inside a sandbox is SERVICE_URL_IN_SANDBOX).
  *
- * A sandbox has its own network namespace holding only loopback. socat, started by the runner
- * (root) inside that namespace with nsenter, listens on 127.0.0.1:SERVICE_PORT_IN_SANDBOX there
- * and connects every accepted connection to a unix socket in the sandbox's host-side state
- * directory: a unix socket is a file, not bound to a network namespace, and the sandbox cannot
- * see that directory. This process accepts on that socket and pipes each connection to the
- * service's HTTP address. Nothing else is reachable: socat forwards to one socket only.
+ * A sandbox has its own network namespace holding only loopback. The supervisor's `forward`
+ * mode (infra/supervisor/supervisor.c), started by the runner, enters that namespace, listens on
+ * 127.0.0.1:SERVICE_PORT_IN_SANDBOX there, and relays every connection to a unix socket in the
+ * sandbox's host-side state directory: a unix socket is a file, not bound to a network
+ * namespace, and the sandbox cannot see that directory. This process accepts on that socket and
+ * pipes each connection to the service's HTTP address. Nothing else is reachable through it.
  */
 import fs from 'node:fs';
 import net from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 
 export const SERVICE_PORT_IN_SANDBOX = 17080;
+export const SERVICE_URL_IN_SANDBOX = `http://127.0.0.1:${SERVICE_PORT_IN_SANDBOX}`;
 
 /** A started process, as the runtime's launcher gives it (no fork of the service's large process). */
 export interface Forwarder {
@@ -22,11 +23,11 @@ export interface Forwarder {
   readonly stdio: ReadonlyArray<Readable | Writable | null>;
   kill(signal?: NodeJS.Signals): boolean;
 }
-export type Launch = (command: string, args: string[]) => Promise<Forwarder>;
-export const SERVICE_URL_IN_SANDBOX = `http://127.0.0.1:${SERVICE_PORT_IN_SANDBOX}`;
+/** Starts `supervisor forward ARGS...` (infra/supervisor/supervisor.c). */
+export type LaunchForwarder = (args: string[]) => Promise<Forwarder>;
 
-/** How long socat may take to listen inside the sandbox. */
-const LISTEN_TIMEOUT_MS = 5000;
+/** How long the forwarder may take to listen inside the sandbox. */
+const LISTEN_TIMEOUT_MS = 15_000;
 
 export class ServiceBridge {
   private constructor(
@@ -35,8 +36,12 @@ export class ServiceBridge {
     private readonly sockets: Set<net.Socket>,
   ) {}
 
-  /** Opens the bridge into the network namespace of `pidInSandbox`, forwarding to `service`. */
-  static async open(pidInSandbox: number, socketPath: string, service: { host: string; port: number }, launch: Launch): Promise<ServiceBridge> {
+  /**
+   * Opens the bridge into the network namespace of the sandbox started as `sandboxRoot` (its
+   * `launch` process), forwarding to `service`; called as the sandbox starts, so the forwarder
+   * comes up while the sandbox boots.
+   */
+  static async open(sandboxRoot: number, socketPath: string, service: { host: string; port: number }, launch: LaunchForwarder): Promise<ServiceBridge> {
     const sockets = new Set<net.Socket>();
     const server = net.createServer((inbound) => {
       sockets.add(inbound);
@@ -57,14 +62,14 @@ export class ServiceBridge {
     await fs.promises.chmod(socketPath, 0o600);
     let forwarder: Forwarder;
     try {
-      forwarder = await launch('nsenter', [`--net=/proc/${pidInSandbox}/ns/net`, '--', 'socat', `TCP-LISTEN:${SERVICE_PORT_IN_SANDBOX},bind=127.0.0.1,reuseaddr,fork`, `UNIX-CONNECT:${socketPath}`]);
+      forwarder = await launch([String(sandboxRoot), String(SERVICE_PORT_IN_SANDBOX), socketPath]);
     } catch (err) {
       await new Promise<void>((resolve) => server.close(() => resolve()));
       throw err;
     }
     const bridge = new ServiceBridge(server, forwarder, sockets);
     try {
-      await waitListening(pidInSandbox, forwarder);
+      await listening(sandboxRoot, forwarder);
     } catch (err) {
       await bridge.close();
       throw err;
@@ -98,16 +103,22 @@ export function pidInOtherNetns(root: number): number | null {
   return null;
 }
 
-/** Resolves once a socket listens on the bridge's port in that namespace (its /proc/<pid>/net/tcp). */
-async function waitListening(pid: number, forwarder: Forwarder): Promise<void> {
+/**
+ * Resolves once a socket listens on the bridge's port in the sandbox's network namespace (the
+ * /proc/<pid>/net/tcp of a sandbox process); rejects with what the forwarder said when it exits
+ * first.
+ */
+async function listening(sandboxRoot: number, forwarder: Forwarder): Promise<void> {
   const local = `0100007F:${SERVICE_PORT_IN_SANDBOX.toString(16).toUpperCase().padStart(4, '0')}`;
-  let stderr = '';
-  forwarder.stdio[2]?.on('data', (chunk: Buffer) => (stderr += chunk.toString('utf8')));
+  let said = '';
+  forwarder.stdio[2]?.on('data', (chunk: Buffer) => (said += chunk.toString('utf8')));
   const deadline = Date.now() + LISTEN_TIMEOUT_MS;
+  let inside: number | null = null;
   for (;;) {
-    const table = await fs.promises.readFile(`/proc/${pid}/net/tcp`, 'utf8').catch(() => '');
-    if (table.split('\n').some((line) => line.trim().split(/\s+/)[1] === local && line.trim().split(/\s+/)[3] === '0A')) return;
-    if (forwarder.exitCode !== null || forwarder.signalCode !== null) throw new Error(`the service bridge (nsenter + socat) exited: ${stderr.trim() || forwarder.exitCode} (apt-get install socat)`);
+    inside ??= pidInOtherNetns(sandboxRoot);
+    const table = inside === null ? '' : await fs.promises.readFile(`/proc/${inside}/net/tcp`, 'utf8').catch(() => '');
+    if (table.split('\n').some((line) => line.includes(` ${local} `) && line.trim().split(/\s+/)[3] === '0A')) return;
+    if (forwarder.exitCode !== null || forwarder.signalCode !== null) throw new Error(`the service bridge exited: ${said.trim() || `status ${forwarder.exitCode ?? forwarder.signalCode}`}`);
     if (Date.now() > deadline) throw new Error(`the service bridge did not listen within ${LISTEN_TIMEOUT_MS} ms`);
     await new Promise((resolve) => setTimeout(resolve, 2));
   }
