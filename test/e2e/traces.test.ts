@@ -1,7 +1,11 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { gzipSync } from 'node:zlib';
-import { createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
+import { spawn } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { ADMIN_KEY, createTenantKey, freePort, REPO, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
 
 describe('POST /v1/traces and GET /v1/traces, end to end', () => {
   let server: TestServer;
@@ -253,5 +257,32 @@ describe('POST /v1/traces under overload', () => {
     await new Promise((r) => setTimeout(r, 1000 * Number(first[refused[0]].headers.get('retry-after'))));
     for (const b of refused) assert.equal((await post(b)).status, 200);
     for (let b = 0; b < batches.length; b++) assert.equal(await stored(b), 500, `batch ${b}`);
+  });
+});
+
+describe('`svc start` (tsx registered in-process, not by --import)', () => {
+  test('ingests through its worker threads like npm start', async () => {
+    const port = await freePort();
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), 'svc-start-'));
+    const child = spawn(process.execPath, [path.join(REPO, 'bin', 'svc.mjs'), 'start'], {
+      env: { ...process.env, SVC_PORT: String(port), SVC_HOST: '127.0.0.1', SVC_DATA_DIR: dataDir, SVC_API_KEY: ADMIN_KEY, SVC_LOG_LEVEL: 'warn', SVC_TRACE_RETENTION: 'forever' },
+      stdio: 'ignore',
+    });
+    try {
+      const url = `http://127.0.0.1:${port}`;
+      for (let i = 0; i < 600; i++) {
+        if (await fetch(`${url}/health`).then((r) => r.ok, () => false)) break;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      const headers = { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' };
+      const posted = await fetch(`${url}/v1/traces`, { method: 'POST', headers, body: JSON.stringify([traceEvent({ tool: 'svc-start' })]) });
+      assert.equal(posted.status, 200, await posted.clone().text());
+      const listed = await (await fetch(`${url}/v1/traces?tool=svc-start`, { headers })).json();
+      assert.equal(listed.count, 1);
+    } finally {
+      child.kill('SIGTERM');
+      await new Promise((r) => child.once('exit', r));
+      await rm(dataDir, { recursive: true, force: true });
+    }
   });
 });

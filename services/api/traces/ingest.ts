@@ -70,13 +70,15 @@ export class TraceIngest {
     const { serde } = this.kernel;
     const workerData: IngestWorkerData = { schema: serde.type(TOPICS.traces).schema() as IngestWorkerData['schema'], schemaId: serde.schemaId(TOPICS.traces) };
     this.pool = new Piscina({
-      filename: new URL('./ingest-worker.ts', import.meta.url).href,
+      filename: new URL('./ingest-worker.mjs', import.meta.url).href,
       workerData,
       // One per core: while the event loop appends and waits, the workers parse the next bodies.
       maxThreads: os.availableParallelism(),
       minThreads: 1,
       idleTimeout: 60_000,
     });
+    // A worker that fails outside a task (e.g. cannot load) is logged; its tasks reject as 500s.
+    this.pool.on('error', (err: unknown) => this.kernel.logger.error({ err }, 'ingest worker failed'));
   }
 
   async stop(): Promise<void> {
@@ -93,7 +95,7 @@ export class TraceIngest {
     const { config } = this.kernel;
     // Moved, not copied, to the worker when the body owns its memory (raw-body's concat of a large body does).
     const transferList = body.byteOffset === 0 && body.byteLength === body.buffer.byteLength ? [body.buffer as ArrayBuffer] : [];
-    const outcome = await this.pool!.run({
+    const task: IngestTask = {
       format: request.format,
       body,
       gzip: encoding === 'gzip',
@@ -103,9 +105,21 @@ export class TraceIngest {
       context: request.context,
       secrets: request.secrets ?? {},
       ts: Date.now(),
-    }, { transferList });
+    };
+    let outcome: IngestOutcome;
+    try {
+      outcome = await this.run(task, transferList);
+    } catch (err) {
+      if ((err as Error).name === 'AbortError') throw new AppError('unavailable', `the ingest workers did not answer within ${config.replyTimeout} ms`, { retryAfter: 1 });
+      throw err;
+    }
     if (!outcome.ok) throw new AppError(outcome.code, outcome.message);
     return outcome;
+  }
+
+  /** A task on the pool, given up after SVC_REPLY_TIMEOUT (a worker that cannot start never answers). */
+  private run(task: IngestTask, transferList: ArrayBuffer[]): Promise<IngestOutcome> {
+    return this.pool!.run(task, { transferList, signal: AbortSignal.timeout(this.kernel.config.replyTimeout) });
   }
 
   /** Appends decoded records and waits until their events are queryable. */
