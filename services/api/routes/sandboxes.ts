@@ -20,8 +20,8 @@ import type { SpecCatalog } from '../specs.ts';
 import type { AgentCatalog } from '../agents.ts';
 import { refuseUnsupported } from '../../kernel/capabilities.ts';
 import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
-import { sandboxContext, type TraceIngest } from '../traces/ingest.ts';
-import { MAX_JSON_BODY_BYTES, requireJson, sandboxTrace } from './traces.ts';
+import { MAX_INGEST_BODY_BYTES, requireJson, sandboxContext, type TraceIngest } from '../traces/ingest.ts';
+import { sandboxTrace } from './traces.ts';
 import { jsonBody } from '../request-body.ts';
 
 const HEARTBEAT_MS = 15_000;
@@ -169,7 +169,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     const p = principal(ctx);
     const sandbox = sandboxes.owned(p, ctx.params.id);
     requireJson(ctx);
-    const decoded = await ingest.decode(ctx, { format: 'trace-json', maxBodyBytes: MAX_JSON_BODY_BYTES, tenant: sandbox.tenant, context: sandboxContext(sandbox), secrets: sandboxes.secretsOf(sandbox) });
+    const decoded = await ingest.decode(ctx, { format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, tenant: sandbox.tenant, context: sandboxContext(sandbox), secrets: sandboxes.secretsOf(sandbox) });
     ingestLimiter.take(p.keyId, decoded.count);
     await ingest.append(sandbox.tenant, decoded);
     kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/sandboxes/:id/trace' }, decoded.count);

@@ -7,11 +7,11 @@ import Router from '@koa/router';
 import type { Context } from 'koa';
 import type { Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
-import { AppError, badRequest } from '../../kernel/errors.ts';
+import { badRequest } from '../../kernel/errors.ts';
 import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
 import type { Store } from '../../kernel/store/store.ts';
-import { type TraceIngest, UNTAGGED } from '../traces/ingest.ts';
+import { MAX_INGEST_BODY_BYTES, requireJson, type TraceIngest, UNTAGGED } from '../traces/ingest.ts';
 import { EVENT_TYPES, formatTimestampUs, parseTimestampUs } from '../traces/validate-events.ts';
 
 /**
@@ -50,14 +50,6 @@ export async function sandboxTrace(kernel: Kernel, tenant: string, sandboxId: st
       tool_breakdown: breakdown,
     },
   };
-}
-
-/** Most bytes of a JSON ingest body (the events' input and output are cut to 4 KB anyway). */
-export const MAX_JSON_BODY_BYTES = 32 * 1024 * 1024;
-
-/** JSON ingest bodies are JSON: anything else is 415. */
-export function requireJson(ctx: Context): void {
-  if (!ctx.request.is('json')) throw new AppError('unsupported_media_type', `Content-Type must be application/json, got ${ctx.get('Content-Type') || 'none'}`);
 }
 
 const FILTERS = ['experiment_id', 'sandbox_id', 'agent', 'event_type', 'tool', 'since'] as const;
@@ -217,7 +209,7 @@ export function tracesRouter(kernel: Kernel, ingest: TraceIngest, ingestLimiter:
   router.post('/v1/traces', async (ctx) => {
     const principal = ctx.state.principal as Principal;
     requireJson(ctx);
-    const decoded = await ingest.decode(ctx, { format: 'trace-json', maxBodyBytes: MAX_JSON_BODY_BYTES, tenant: principal.tenant, context: UNTAGGED });
+    const decoded = await ingest.decode(ctx, { format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, tenant: principal.tenant, context: UNTAGGED });
     ingestLimiter.take(principal.keyId, decoded.count);
     await ingest.append(principal.tenant, decoded);
     kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/traces' }, decoded.count);

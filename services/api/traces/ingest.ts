@@ -34,15 +34,20 @@ export function sandboxContext(sandbox: SandboxChanged): IngestContext {
   };
 }
 
-/** Appends already validated events of one tenant (in-process callers) and waits until they are queryable. */
+/** Appends already validated events of one tenant from inside the process (tests inject tagged traces so) and waits until they are queryable. */
 export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: TraceEvent[], context: IngestContext): Promise<void> {
   if (events.length === 0) return;
   const records = traceRecords(tenant, events, context, Date.now()).map((r) => ({ ...r, tenant }));
   await kernel.visibility.waitFor(await publish(kernel, TOPICS.traces, records), kernel.config.replyTimeout);
 }
 
-/** Most bytes of any ingest request body as sent; each endpoint may allow less. */
-const MAX_INGEST_BODY_BYTES = 32 * 1024 * 1024;
+/** Most bytes of an ingest request body, as sent and after inflating; OTLP allows less. */
+export const MAX_INGEST_BODY_BYTES = 32 * 1024 * 1024;
+
+/** JSON ingest bodies are JSON: anything else is 415. */
+export function requireJson(ctx: Context): void {
+  if (!ctx.request.is('json')) throw new AppError('unsupported_media_type', `Content-Type must be application/json, got ${ctx.get('Content-Type') || 'none'}`);
+}
 
 const tooLarge = (limit: number) => new AppError('payload_too_large', `body: larger than the limit of ${limit} bytes`);
 
