@@ -173,7 +173,9 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
   describe('local runtime: resources', () => {
     test('a fork bomb is held at pids.max and reported; the sandbox and the host carry on', async () => {
       const sb = await sandbox({ resources: { ...RESOURCES, pids: 64 } });
-      const r = await sb.exec({ command: 'bomb() { bomb | bomb & }; bomb; while :; do :; done', timeoutMs: 2500 });
+      // The bomb runs in a subshell: dash exits at a failed fork, and the command's own shell must
+      // reach the loop whatever the bomb's first forks meet, so that only the timeout ends it.
+      const r = await sb.exec({ command: '(bomb() { bomb | bomb & }; bomb); while :; do :; done', timeoutMs: 2500 });
       const usage = await sb.usage();
       const seen = JSON.stringify({ ...r, stderr: r.stderr.slice(0, 300), usage });
       assert.equal(r.exitCode, 124, seen);
