@@ -64,7 +64,6 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
   app.proxy = false;
   const reads = new RateLimiter(config.rateLimitReads, 'read requests');
   const writes = new RateLimiter(config.rateLimitWrites, 'write requests');
-  const ingestEvents = new RateLimiter(config.rateLimitIngestEvents, 'ingested trace events');
   let ingestInFlight = 0;
 
   app.use(async (ctx: Context, next: Next) => {
@@ -155,13 +154,13 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
 
   const routers = [
     root,
-    tracesRouter(kernel, ingest, ingestEvents),
-    otlpRouter(kernel, ingest, sandboxes, ingestEvents),
+    tracesRouter(kernel, ingest),
+    otlpRouter(ingest, sandboxes),
     specsRouter(specs),
     agentsRouter(agents, config),
     spansRouter(kernel, agents),
     secretsRouter(secrets),
-    sandboxesRouter({ kernel, auth, specs, agents, sandboxes, requester, ingest, ingestLimiter: ingestEvents }),
+    sandboxesRouter({ kernel, auth, specs, agents, sandboxes, requester, ingest }),
     experimentsRouter({ kernel, auth, specs, agents, experiments }),
     scoringRouter({ kernel, specs, experiments, rules: scoreRules }),
     adminRouter(kernel, auth),

@@ -12,6 +12,8 @@ import type { Principal } from '../kernel/auth.ts';
 import { Sealer, secretsKey } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
+import { RUN_METADATA } from '../kernel/runs.ts';
+import type { TraceSource } from './traces/ingest.ts';
 
 /** How long a destroyed sandbox's stream stays available (a late or reconnecting client). */
 const STREAM_GRACE_MS = 5 * 60_000;
@@ -89,11 +91,32 @@ export class SandboxDirectory {
     });
   }
 
-  /** The sandbox's secret values (sealed on its entity by the runner), to redact what it ingests. */
-  secretsOf(sandbox: SandboxChanged): Record<string, string> {
-    if (!sandbox.secrets_sealed) return {};
-    this.sealer ??= new Sealer(secretsKey(this.kernel.config));
-    return JSON.parse(this.sealer.open(sandbox.secrets_sealed, `sandbox/${sandbox.sandbox_id}`)) as Record<string, string>;
+  /**
+   * Where the trace events a sandbox posts come from: its tenant, the tags a run's sandbox
+   * carries in reserved metadata keys, and its secret values (sealed on its entity by the
+   * runner) to redact.
+   */
+  traceSource(sandbox: SandboxChanged): TraceSource {
+    const tag = (key: string) => sandbox.metadata[key] || null;
+    const version = tag(RUN_METADATA.agentVersion);
+    let secrets: Record<string, string> = {};
+    if (sandbox.secrets_sealed) {
+      this.sealer ??= new Sealer(secretsKey(this.kernel.config));
+      secrets = JSON.parse(this.sealer.open(sandbox.secrets_sealed, `sandbox/${sandbox.sandbox_id}`)) as Record<string, string>;
+    }
+    return {
+      tenant: sandbox.tenant,
+      context: {
+        sandbox_id: sandbox.sandbox_id,
+        experiment_id: tag(RUN_METADATA.experimentId),
+        scenario_id: tag(RUN_METADATA.scenarioId),
+        run_id: tag(RUN_METADATA.runId),
+        agent: tag(RUN_METADATA.agent),
+        agent_version: version === null ? null : Number(version),
+        agent_snapshot_id: tag(RUN_METADATA.agentSnapshotId),
+      },
+      secrets,
+    };
   }
 
   /** The sandbox a `svc_sb_` token belongs to, while the sandbox lives. */

@@ -5,18 +5,16 @@
  * ExportTraceServiceResponse in the request's encoding, with partialSuccess for dropped spans.
  */
 import Router from '@koa/router';
-import type { Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
 import { AppError } from '../../kernel/errors.ts';
-import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { encodeOtlpResponse, otlpJsonResponse } from '../traces/otlp.ts';
 import type { SandboxDirectory } from '../sandboxes.ts';
-import { sandboxContext, type TraceIngest, UNTAGGED } from '../traces/ingest.ts';
+import { type TraceIngest, untagged } from '../traces/ingest.ts';
 
 /** Most bytes of an OTLP request body, after decompression. */
 const MAX_BODY_BYTES = 16 * 1024 * 1024;
 
-export function otlpRouter(kernel: Kernel, ingest: TraceIngest, sandboxes: SandboxDirectory, ingestLimiter: RateLimiter): Router {
+export function otlpRouter(ingest: TraceIngest, sandboxes: SandboxDirectory): Router {
   const router = new Router();
 
   router.post('/otel/v1/traces', async (ctx) => {
@@ -26,17 +24,9 @@ export function otlpRouter(kernel: Kernel, ingest: TraceIngest, sandboxes: Sandb
       throw new AppError('unsupported_media_type', `Content-Type must be application/x-protobuf or application/json, got ${ctx.get('Content-Type') || 'none'}`);
     }
     const format = type === 'application/x-protobuf' ? 'otlp-protobuf' : 'otlp-json';
-    const sandbox = principal.kind === 'sandbox' ? sandboxes.owned(principal, principal.keyId) : null;
-    const decoded = await ingest.decode(ctx, {
-      format,
-      maxBodyBytes: MAX_BODY_BYTES,
-      tenant: principal.tenant,
-      context: sandbox ? sandboxContext(sandbox) : UNTAGGED,
-      secrets: sandbox ? sandboxes.secretsOf(sandbox) : {},
-    });
-    ingestLimiter.take(principal.keyId, decoded.count);
-    await ingest.append(principal.tenant, decoded);
-    kernel.metrics.ingestedEvents.inc({ endpoint: '/otel/v1/traces' }, decoded.count);
+    // A sandbox token posts as its sandbox (tagged, its secrets redacted), a key as its tenant.
+    const source = principal.kind === 'sandbox' ? sandboxes.traceSource(sandboxes.owned(principal, principal.keyId)) : untagged(principal.tenant);
+    const decoded = await ingest.ingest(ctx, { endpoint: '/otel/v1/traces', format, maxBodyBytes: MAX_BODY_BYTES, keyId: principal.keyId, source });
 
     const { rejected, errors } = decoded;
     const partial = rejected > 0 ? { rejectedSpans: rejected, errorMessage: errors.join('; ') } : null;

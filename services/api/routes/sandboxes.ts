@@ -14,13 +14,12 @@ import type { SandboxReplied } from '../../kernel/events.ts';
 import { newSandboxId } from '../../kernel/ids.ts';
 import type { Requester } from '../../kernel/request-reply.ts';
 import { SECRET_NAME } from '../../kernel/spec.ts';
-import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
 import type { SpecCatalog } from '../specs.ts';
 import type { AgentCatalog } from '../agents.ts';
 import { refuseUnsupported } from '../../kernel/capabilities.ts';
 import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
-import { MAX_INGEST_BODY_BYTES, requireJson, sandboxContext, type TraceIngest } from '../traces/ingest.ts';
+import { MAX_INGEST_BODY_BYTES, requireJson, type TraceIngest } from '../traces/ingest.ts';
 import { sandboxTrace } from './traces.ts';
 import { jsonBody } from '../request-body.ts';
 
@@ -68,8 +67,8 @@ function filePath(ctx: Context): string {
   return joined;
 }
 
-export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxDirectory; requester: Requester; ingest: TraceIngest; ingestLimiter: RateLimiter }): Router {
-  const { kernel, auth, specs, agents, sandboxes, requester, ingest, ingestLimiter } = deps;
+export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxDirectory; requester: Requester; ingest: TraceIngest }): Router {
+  const { kernel, auth, specs, agents, sandboxes, requester, ingest } = deps;
   const { config } = kernel;
   const router = new Router({ prefix: '/v1/sandboxes' });
   let sealer: Sealer | null = null;
@@ -169,10 +168,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     const p = principal(ctx);
     const sandbox = sandboxes.owned(p, ctx.params.id);
     requireJson(ctx);
-    const decoded = await ingest.decode(ctx, { format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, tenant: sandbox.tenant, context: sandboxContext(sandbox), secrets: sandboxes.secretsOf(sandbox) });
-    ingestLimiter.take(p.keyId, decoded.count);
-    await ingest.append(sandbox.tenant, decoded);
-    kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/sandboxes/:id/trace' }, decoded.count);
+    const decoded = await ingest.ingest(ctx, { endpoint: '/v1/sandboxes/:id/trace', format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, keyId: p.keyId, source: sandboxes.traceSource(sandbox) });
     ctx.body = { ingested: decoded.count };
   });
 

@@ -8,10 +8,9 @@ import type { Context } from 'koa';
 import type { Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
 import { badRequest } from '../../kernel/errors.ts';
-import type { RateLimiter } from '../middleware/rate-limit.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
 import type { Store } from '../../kernel/store/store.ts';
-import { MAX_INGEST_BODY_BYTES, requireJson, type TraceIngest, UNTAGGED } from '../traces/ingest.ts';
+import { MAX_INGEST_BODY_BYTES, requireJson, type TraceIngest, untagged } from '../traces/ingest.ts';
 import { EVENT_TYPES, formatTimestampUs, parseTimestampUs } from '../traces/validate-events.ts';
 
 /**
@@ -202,17 +201,14 @@ function traceFilters(ctx: Context): { where: string[]; params: Record<string, u
   return { where, params };
 }
 
-export function tracesRouter(kernel: Kernel, ingest: TraceIngest, ingestLimiter: RateLimiter): Router {
+export function tracesRouter(kernel: Kernel, ingest: TraceIngest): Router {
   const router = new Router();
   const { config, store } = kernel;
 
   router.post('/v1/traces', async (ctx) => {
     const principal = ctx.state.principal as Principal;
     requireJson(ctx);
-    const decoded = await ingest.decode(ctx, { format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, tenant: principal.tenant, context: UNTAGGED });
-    ingestLimiter.take(principal.keyId, decoded.count);
-    await ingest.append(principal.tenant, decoded);
-    kernel.metrics.ingestedEvents.inc({ endpoint: '/v1/traces' }, decoded.count);
+    const decoded = await ingest.ingest(ctx, { endpoint: '/v1/traces', format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, keyId: principal.keyId, source: untagged(principal.tenant) });
     ctx.body = { ingested: decoded.count };
   });
 

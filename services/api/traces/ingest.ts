@@ -11,28 +11,13 @@ import getRawBody from 'raw-body';
 import { Piscina } from 'piscina';
 import { publish, publishEncoded, type Kernel } from '../../kernel/actor.ts';
 import { AppError } from '../../kernel/errors.ts';
-import type { SandboxChanged, TraceEvent } from '../../kernel/events.ts';
-import { RUN_METADATA } from '../../kernel/runs.ts';
+import type { TraceEvent } from '../../kernel/events.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { IngestFormat, IngestOutcome, IngestTask, IngestWorkerData } from './ingest-worker.ts';
-import { traceRecords, type IngestContext } from './trace-records.ts';
+import { RateLimiter } from '../middleware/rate-limit.ts';
+import { traceRecords, UNTAGGED, type IngestContext } from './trace-records.ts';
 
 export { UNTAGGED, type IngestContext } from './trace-records.ts';
-
-/** The tags of a sandbox's events: a run's sandbox carries its experiment, scenario, run and agent in reserved metadata keys. */
-export function sandboxContext(sandbox: SandboxChanged): IngestContext {
-  const tag = (key: string) => sandbox.metadata[key] || null;
-  const version = tag(RUN_METADATA.agentVersion);
-  return {
-    sandbox_id: sandbox.sandbox_id,
-    experiment_id: tag(RUN_METADATA.experimentId),
-    scenario_id: tag(RUN_METADATA.scenarioId),
-    run_id: tag(RUN_METADATA.runId),
-    agent: tag(RUN_METADATA.agent),
-    agent_version: version === null ? null : Number(version),
-    agent_snapshot_id: tag(RUN_METADATA.agentSnapshotId),
-  };
-}
 
 /** Appends already validated events of one tenant from inside the process (tests inject tagged traces so) and waits until they are queryable. */
 export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: TraceEvent[], context: IngestContext): Promise<void> {
@@ -66,10 +51,39 @@ export async function readIngestBody(ctx: Context): Promise<Buffer> {
 /** A decoded ingest request: how many events it holds (for the rate limit) and their encoded records. */
 export type DecodedIngest = Extract<IngestOutcome, { ok: true }>;
 
+/** Where a request's events come from: their tenant, the tags they carry, the secret values to redact. */
+export interface TraceSource {
+  tenant: string;
+  context: IngestContext;
+  secrets: Record<string, string>;
+}
+
+/** Events posted with an API key: the key's tenant, no sandbox, nothing to redact. */
+export function untagged(tenant: string): TraceSource {
+  return { tenant, context: UNTAGGED, secrets: {} };
+}
+
 export class TraceIngest {
   private pool: Piscina<IngestTask, IngestOutcome> | null = null;
+  /** Trace events per second per API key, whichever endpoint they come through. */
+  private readonly limiter: RateLimiter;
 
-  constructor(private readonly kernel: Kernel) {}
+  constructor(private readonly kernel: Kernel) {
+    this.limiter = new RateLimiter(kernel.config.rateLimitIngestEvents, 'ingested trace events');
+  }
+
+  /**
+   * One ingest request end to end: decode its body in a worker, count its events against the
+   * key's rate limit, append them and wait until they are queryable. Returns what was decoded
+   * (OTLP answers with the spans it rejected).
+   */
+  async ingest(ctx: Context, request: { endpoint: string; format: IngestFormat; maxBodyBytes: number; keyId: string; source: TraceSource }): Promise<DecodedIngest> {
+    const decoded = await this.decode(ctx, request.format, request.maxBodyBytes, request.source);
+    this.limiter.take(request.keyId, decoded.count);
+    await this.append(request.source.tenant, decoded);
+    this.kernel.metrics.ingestedEvents.inc({ endpoint: request.endpoint }, decoded.count);
+    return decoded;
+  }
 
   async start(): Promise<void> {
     const { serde } = this.kernel;
@@ -91,24 +105,24 @@ export class TraceIngest {
     this.pool = null;
   }
 
-  /** Reads the request body and has a worker parse, validate, redact and encode it; a 4xx AppError for a bad body. */
-  async decode(ctx: Context, request: { format: IngestFormat; maxBodyBytes: number; tenant: string; context: IngestContext; secrets?: Record<string, string> }): Promise<DecodedIngest> {
+  /** Has a worker parse, validate, redact and encode the request body (read by app.ts); a 4xx AppError for a bad body. */
+  private async decode(ctx: Context, format: IngestFormat, maxBodyBytes: number, source: TraceSource): Promise<DecodedIngest> {
     const encoding = (ctx.get('Content-Encoding') || 'identity').toLowerCase();
     if (encoding !== 'identity' && encoding !== 'gzip') throw new AppError('unsupported_media_type', `Content-Encoding ${encoding} is not supported (gzip or none)`);
     const body = ctx.state.rawBody as Buffer;
-    if (body.length > request.maxBodyBytes) throw tooLarge(request.maxBodyBytes);
+    if (body.length > maxBodyBytes) throw tooLarge(maxBodyBytes);
     const { config } = this.kernel;
     // Moved, not copied, to the worker when the body owns its memory (raw-body's concat of a large body does).
     const transferList = body.byteOffset === 0 && body.byteLength === body.buffer.byteLength ? [body.buffer as ArrayBuffer] : [];
     const task: IngestTask = {
-      format: request.format,
+      format,
       body,
       gzip: encoding === 'gzip',
-      maxBodyBytes: request.maxBodyBytes,
+      maxBodyBytes,
       limits: { maxEvents: config.traceEventsPerRequest, maxFieldBytes: config.traceFieldBytes },
-      tenant: request.tenant,
-      context: request.context,
-      secrets: request.secrets ?? {},
+      tenant: source.tenant,
+      context: source.context,
+      secrets: source.secrets,
       ts: Date.now(),
     };
     let outcome: IngestOutcome;
@@ -128,7 +142,7 @@ export class TraceIngest {
   }
 
   /** Appends decoded records and waits until their events are queryable. */
-  async append(tenant: string, decoded: DecodedIngest): Promise<void> {
+  private async append(tenant: string, decoded: DecodedIngest): Promise<void> {
     if (decoded.records.length === 0) return;
     const records = decoded.records.map((r) => ({ key: r.key, tenant, value: Buffer.from(r.value.buffer, r.value.byteOffset, r.value.byteLength) }));
     const positions = await publishEncoded(this.kernel, TOPICS.traces, records);
