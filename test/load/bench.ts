@@ -51,16 +51,26 @@ interface IngestRun {
   peakMiB: number;
 }
 
-/** Samples the server's resident memory every 100 ms; `stop` gives the peak (VmHWM as a floor). */
+/** Samples a process's resident memory every `everyMs`; `stop` gives the peak seen. */
+function sampleRss(pid: number, everyMs: number): { stop: () => number } {
+  let peak = 0;
+  const sampler = setInterval(() => void rssMiB(pid).then((m) => (peak = Math.max(peak, m)), () => {}), everyMs);
+  return {
+    stop() {
+      clearInterval(sampler);
+      return peak;
+    },
+  };
+}
+
+/** The server's peak resident memory since it started: sampled, with its VmHWM as a floor. */
 function sampleMemory(server: TestServer): { stop: () => Promise<number> } {
   const pid = server.pid();
-  let peak = 0;
-  const sampler = setInterval(() => void rssMiB(pid).then((m) => (peak = Math.max(peak, m)), () => {}), 100);
+  const sampler = sampleRss(pid, 100);
   return {
     async stop() {
-      clearInterval(sampler);
       const status = await readFile(`/proc/${pid}/status`, 'utf8');
-      return Math.max(peak, Number(/^VmHWM:\s+(\d+) kB/m.exec(status)![1]) / 1024);
+      return Math.max(sampler.stop(), Number(/^VmHWM:\s+(\d+) kB/m.exec(status)![1]) / 1024);
     },
   };
 }
@@ -105,29 +115,42 @@ async function benchLog(log: EventLog): Promise<number> {
   return LOG_RECORDS / seconds;
 }
 
-async function benchIngest(env: Record<string, string>): Promise<IngestRun> {
+/** The two ingest endpoints the bench drives: JSON trace events and OTLP protobuf spans. */
+const INGEST_PATHS = {
+  traces: { path: '/v1/traces', contentType: 'application/json', check: '/v1/traces?tool=tool-0&limit=1' },
+  otlp: { path: '/otel/v1/traces', contentType: 'application/x-protobuf', check: '/v1/traces?limit=1' },
+} as const;
+
+/**
+ * Sustained ingest through one endpoint: INGEST_CONCURRENCY clients post 1,000-event bodies
+ * until INGEST_EVENTS are in, each POST answering once its events are queryable; after 40
+ * warm-up bodies (JIT, the first inserts and merges). OTLP bodies are all distinct (their event
+ * ids derive from the span ids, so a repeated body would be stored once).
+ */
+async function benchIngest(kind: keyof typeof INGEST_PATHS, env: Record<string, string>): Promise<IngestRun> {
+  const { path: endpoint, contentType, check } = INGEST_PATHS[kind];
   const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', ...env });
   const memory = sampleMemory(server);
   try {
     const { key } = await createTenantKey(server, 'bench');
-    const bodies = traceBodies(8);
-    const post = (i: number) =>
-      fetch(`${server.url}/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: bodies[i % bodies.length] }).then(async (res) => {
-        if (res.status !== 200) throw new Error(`POST /v1/traces: ${res.status} ${await res.text()}`);
-      });
-    // Warm up (JIT, the first inserts and merges) with 40 batches, then measure.
-    for (let i = 0; i < 40; i += INGEST_CONCURRENCY) await Promise.all(Array.from({ length: INGEST_CONCURRENCY }, (_, j) => post(i + j)));
+    const warmup = 40;
     const requests = Math.ceil(INGEST_EVENTS / 1000);
-    let next = 0;
+    const bodies: Array<string | Uint8Array<ArrayBuffer>> = kind === 'traces' ? traceBodies(8) : otlpBodies(warmup + requests).map((b) => new Uint8Array(b));
+    const post = (i: number) =>
+      fetch(`${server.url}${endpoint}`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': contentType }, body: bodies[i % bodies.length] }).then(async (res) => {
+        if (res.status !== 200) throw new Error(`POST ${endpoint}: ${res.status} ${await res.text()}`);
+      });
+    for (let i = 0; i < warmup; i += INGEST_CONCURRENCY) await Promise.all(Array.from({ length: INGEST_CONCURRENCY }, (_, j) => post(i + j)));
+    let next = warmup;
     const started = performance.now();
     await Promise.all(
       Array.from({ length: INGEST_CONCURRENCY }, async () => {
-        while (next < requests) await post(next++);
+        while (next < warmup + requests) await post(next++);
       }),
     );
     // Every POST returned after its events were queryable; check with a GET that they are.
-    const check = await server.request('GET', '/v1/traces?tool=tool-0&limit=1', { key });
-    if (check.status !== 200 || check.body.count !== 1) throw new Error(`events not visible: ${check.text}`);
+    const seen = await server.request('GET', check, { key });
+    if (seen.status !== 200 || seen.body.count !== 1) throw new Error(`events not visible: ${seen.text}`);
     const seconds = (performance.now() - started) / 1000;
     return { rate: (requests * 1000) / seconds, peakMiB: await memory.stop() };
   } finally {
@@ -198,33 +221,6 @@ async function benchSandboxes(): Promise<string[]> {
   return lines;
 }
 
-/** OTLP/HTTP protobuf ingest: 1,000-span requests (half of them gen_ai model calls) until visible. */
-async function benchOtlp(env: Record<string, string>): Promise<IngestRun> {
-  const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', ...env });
-  const memory = sampleMemory(server);
-  try {
-    const { key } = await createTenantKey(server, 'bench');
-    const bodies = otlpBodies(60);
-    const post = (i: number) =>
-      fetch(`${server.url}/otel/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/x-protobuf' }, body: new Uint8Array(bodies[i % bodies.length]) }).then(async (res) => {
-        if (res.status !== 200) throw new Error(`POST /otel/v1/traces: ${res.status} ${await res.text()}`);
-      });
-    for (let i = 0; i < 20; i += INGEST_CONCURRENCY) await Promise.all(Array.from({ length: INGEST_CONCURRENCY }, (_, j) => post(i + j)));
-    const requests = bodies.length - 20;
-    let next = 20;
-    const started = performance.now();
-    await Promise.all(
-      Array.from({ length: INGEST_CONCURRENCY }, async () => {
-        while (next < bodies.length) await post(next++);
-      }),
-    );
-    const rate = (requests * 1000) / ((performance.now() - started) / 1000);
-    return { rate, peakMiB: await memory.stop() };
-  } finally {
-    await server.cleanup();
-  }
-}
-
 /** Resident memory of a process in MiB, from /proc. */
 async function rssMiB(pid: number): Promise<number> {
   const status = await readFile(`/proc/${pid}/status`, 'utf8');
@@ -262,15 +258,14 @@ async function benchSpecsAndAgents(): Promise<string[]> {
     const uploads: Array<{ mbps: number; peak: number; base: number }> = [];
     for (let i = 0; i < 3; i++) {
       const base = await rssMiB(pid);
-      let peak = base;
-      const sampler = setInterval(() => void rssMiB(pid).then((m) => (peak = Math.max(peak, m)), () => {}), 10);
+      const sampler = sampleRss(pid, 10);
       const form = new FormData();
       form.append('metadata', JSON.stringify({ name: `big-${i}`, entrypoint: ['python', 'main.py'] }));
       form.append('bundle', new Blob([bundle]), 'agent.tar.gz');
       const started = performance.now();
       const res = await fetch(`${server.url}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: form });
       const ms = performance.now() - started;
-      clearInterval(sampler);
+      const peak = Math.max(base, sampler.stop());
       if (res.status !== 201) throw new Error(`agent upload: ${res.status} ${await res.text()}`);
       uploads.push({ mbps: bundle.length / 1024 / 1024 / (ms / 1000), peak, base });
     }
@@ -369,9 +364,9 @@ async function benchLogAndIngest(): Promise<void> {
   const embedded = new EmbeddedLog({ dir: path.join(dir, 'log'), fsync: 'always' });
   rows[0].embedded = await benchLog(embedded);
   await embedded.close();
-  const post = await benchIngest({});
+  const post = await benchIngest('traces', {});
   [rows[1].embedded, rows[2].embedded] = [post.rate, post.peakMiB];
-  const otlp = await benchOtlp({});
+  const otlp = await benchIngest('otlp', {});
   [rows[3].embedded, rows[4].embedded] = [otlp.rate, otlp.peakMiB];
   // The ceiling, with no server running: chDB in a child process on its own temp dir.
   rows[5].embedded = (await chdbDirect<{ rows_per_s: number }>('ceiling', 'traces', String(INGEST_EVENTS))).rows_per_s;
@@ -386,9 +381,9 @@ async function benchLogAndIngest(): Promise<void> {
       const log = new KafkaLog({ brokers: [kafka.brokers] });
       rows[0].kafka = await benchLog(log);
       await log.close();
-      const kPost = await benchIngest({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
+      const kPost = await benchIngest('traces', { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
       [rows[1].kafka, rows[2].kafka] = [kPost.rate, kPost.peakMiB];
-      const kOtlp = await benchOtlp({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
+      const kOtlp = await benchIngest('otlp', { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
       [rows[3].kafka, rows[4].kafka] = [kOtlp.rate, kOtlp.peakMiB];
     } finally {
       await kafka.stop();
