@@ -17,8 +17,8 @@
  *       own (the sandbox's, as bwrap creates it), enters that namespace, listens on
  *       127.0.0.1:PORT there, and relays every accepted connection, in a child of its own, to
  *       UNIX_SOCKET on the host (a unix socket is a file, not bound to a network namespace).
- *       Started alongside the sandbox, through `launch`; it and its relays die with their
- *       parents.
+ *       At most 64 relays at once (more connections wait in the backlog). Started alongside
+ *       the sandbox, outside its cgroups; it and its relays die with their parents.
  *
  *   supervisor serve UID GID
  *       Runs inside the bubblewrap namespaces as root (with only the capabilities bwrap leaves
@@ -620,8 +620,9 @@ static int write_all(int fd, const char *buf, size_t n) {
 
 /* Copies bytes both ways between a sandbox connection and the service's unix socket until both
    directions have ended; an end of one direction is passed on as a half-close. */
-static void relay(int conn, const char *path) {
+static void relay(int conn, const char *path, pid_t forwarder) {
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() != forwarder) return; /* the forwarder died before the prctl */
   int up = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   strncpy(addr.sun_path, path, sizeof addr.sun_path - 1);
@@ -674,18 +675,24 @@ static pid_t other_netns_descendant(pid_t root, const char *mine) {
   return -1;
 }
 
+/* Relays at once; past it, connections wait in the listen backlog until one ends. */
+#define MAX_RELAYS 64
+
 static int forward(const char *root, const char *port, const char *path) {
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   if (getppid() == 1) return 125;
-  signal(SIGCHLD, SIG_IGN); /* relays are reaped by the kernel */
   signal(SIGPIPE, SIG_IGN);
+  if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+    fprintf(stderr, "supervisor: socket path too long for a unix socket: %s\n", path);
+    return 125;
+  }
   char mine[64];
   ssize_t n = readlink("/proc/self/ns/net", mine, sizeof mine - 1);
   if (n <= 0) return 125;
   mine[n] = 0;
   pid_t inside = -1;
   for (int waited_ms = 0; (inside = other_netns_descendant((pid_t)atoi(root), mine)) < 0; waited_ms++) {
-    if (waited_ms >= 30000 || kill((pid_t)atoi(root), 0) < 0) {
+    if (waited_ms >= 15000 || kill((pid_t)atoi(root), 0) < 0) {
       fprintf(stderr, "supervisor: no process of the sandbox is in its own network namespace\n");
       return 125;
     }
@@ -707,19 +714,25 @@ static int forward(const char *root, const char *port, const char *path) {
     fprintf(stderr, "supervisor: cannot listen on 127.0.0.1:%s: %s\n", port, strerror(errno));
     return 125;
   }
+  pid_t self = getpid();
+  int live = 0;
   for (;;) {
+    while (live > 0 && waitpid(-1, NULL, live >= MAX_RELAYS ? 0 : WNOHANG) > 0) live--;
     int conn = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
     if (conn < 0) {
-      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(10000); /* the connection stays queued */
+      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) continue;
       perror("supervisor: accept");
       return 125;
     }
     pid_t child = fork();
     if (child == 0) {
       close(listener);
-      relay(conn, path);
+      relay(conn, path, self);
       _exit(0);
     }
+    if (child < 0) perror("supervisor: fork of a relay");
+    else live++;
     close(conn);
   }
 }

@@ -183,7 +183,7 @@ export class LiveSandbox {
         env: this.env,
         resources: { memoryBytes: this.spec.resources.memoryBytes, cpus: this.spec.resources.cpus, pids: this.spec.resources.pids, diskBytes: this.spec.resources.diskBytes },
         hosts: this.spec.determinism.dns,
-        service: serviceAddress(this.kernel.config.baseUrl) ?? undefined,
+        service: serviceAddress(this.kernel.config.baseUrl)?.address,
       });
       this.audit = new AuditLog({ workspace: this.workspace, sandboxId: this.id, redact: (text) => this.redact(text), onRecord: (r) => void this.publishAudit(r) });
       void this.event('status', { step, runtime: this.runtime.name });
@@ -329,7 +329,7 @@ export class LiveSandbox {
       ...this.secretValues,
       ...this.spec.setup.env,
       // Inside, the service is reached through the sandbox's bridge (runtime/service-bridge.ts).
-      SVC_BASE_URL: serviceAddress(this.kernel.config.baseUrl) ? SERVICE_URL_IN_SANDBOX : this.kernel.config.baseUrl,
+      SVC_BASE_URL: serviceAddress(this.kernel.config.baseUrl)?.urlInside ?? this.kernel.config.baseUrl,
       SVC_API_KEY: this.token,
       SVC_SANDBOX_ID: this.id,
       ...this.request.extra_env,
@@ -566,9 +566,12 @@ export class LiveSandbox {
   }
 }
 
-/** The host and port a sandbox's bridge forwards to: the service's base URL when it is plain HTTP (TLS names would not match 127.0.0.1 inside). */
-function serviceAddress(baseUrl: string): { host: string; port: number } | null {
+/**
+ * The host and port a sandbox's bridge forwards to, and the base URL it gives the sandbox (the
+ * base URL's path kept): only for a plain-HTTP base URL (TLS names would not match 127.0.0.1).
+ */
+function serviceAddress(baseUrl: string): { address: { host: string; port: number }; urlInside: string } | null {
   const url = new URL(baseUrl);
   if (url.protocol !== 'http:') return null;
-  return { host: url.hostname.replace(/^\[|\]$/g, ''), port: Number(url.port || 80) };
+  return { address: { host: url.hostname.replace(/^\[|\]$/g, ''), port: Number(url.port || 80) }, urlInside: `${SERVICE_URL_IN_SANDBOX}${url.pathname.replace(/\/+$/, '')}` };
 }

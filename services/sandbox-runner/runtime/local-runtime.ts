@@ -27,7 +27,7 @@ import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../../kernel/logger.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
-import { ServiceBridge, type LaunchForwarder } from './service-bridge.ts';
+import { ServiceBridge } from './service-bridge.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';
 import {
   EXIT_KILLED,
@@ -187,10 +187,9 @@ export class LocalRuntime implements Runtime {
     }
     const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, warnings, this.logger);
     try {
-      // The bridge's forwarder stays out of the sandbox's cgroups (it is not the agent's: a fork
-      // bomb must not take its pids) and dies with the service like the sandbox does (launch and
-      // forward die with their parents). It comes up while the supervisor boots.
-      if (options.service) sandbox.openBridge(path.join(sandboxDir, 'service.sock'), options.service, (args) => this.launcher.spawn(supervisor, ['launch', '-', '--', supervisor, 'forward', ...args]));
+      // The bridge's forwarder stays out of the sandbox's cgroups: it is not the agent's, and a
+      // fork bomb must not take its pids. It comes up while the supervisor boots.
+      if (options.service) sandbox.openBridge(path.join(sandboxDir, 'service.sock'), options.service, this.launcher, supervisor);
       await sandbox.ready(this.bootTimeoutMs);
     } catch (err) {
       await sandbox.destroy();
@@ -509,8 +508,8 @@ class LocalSandbox implements SandboxHandle {
   }
 
   /** Starts the bridge to the service in the background; `serviceReachable` says when it listens. */
-  openBridge(socketPath: string, service: { host: string; port: number }, launch: LaunchForwarder): void {
-    this.bridge = ServiceBridge.open(this.child.pid!, socketPath, service, launch);
+  openBridge(socketPath: string, service: { host: string; port: number }, launcher: Launcher, supervisor: string): void {
+    this.bridge = ServiceBridge.open(this.child.pid!, socketPath, service, launcher, supervisor);
     this.serviceReachable = this.bridge.then(() => undefined);
     this.serviceReachable.catch(() => {});
   }

@@ -11,20 +11,10 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
-import type { Readable, Writable } from 'node:stream';
+import type { Launcher, LaunchedProcess } from './launcher.ts';
 
-export const SERVICE_PORT_IN_SANDBOX = 17080;
+const SERVICE_PORT_IN_SANDBOX = 17080;
 export const SERVICE_URL_IN_SANDBOX = `http://127.0.0.1:${SERVICE_PORT_IN_SANDBOX}`;
-
-/** A started process, as the runtime's launcher gives it (no fork of the service's large process). */
-export interface Forwarder {
-  readonly exitCode: number | null;
-  readonly signalCode: NodeJS.Signals | null;
-  readonly stdio: ReadonlyArray<Readable | Writable | null>;
-  kill(signal?: NodeJS.Signals): boolean;
-}
-/** Starts `supervisor forward ARGS...` (infra/supervisor/supervisor.c). */
-export type LaunchForwarder = (args: string[]) => Promise<Forwarder>;
 
 /** How long the forwarder may take to listen inside the sandbox. */
 const LISTEN_TIMEOUT_MS = 15_000;
@@ -32,37 +22,38 @@ const LISTEN_TIMEOUT_MS = 15_000;
 export class ServiceBridge {
   private constructor(
     private readonly server: net.Server,
-    private readonly forwarder: Forwarder,
+    private readonly forwarder: LaunchedProcess,
     private readonly sockets: Set<net.Socket>,
   ) {}
 
   /**
    * Opens the bridge into the network namespace of the sandbox started as `sandboxRoot` (its
-   * `launch` process), forwarding to `service`; called as the sandbox starts, so the forwarder
-   * comes up while the sandbox boots.
+   * `launch` process), forwarding to `service`: `supervisor forward`, started by the launcher
+   * (a direct child of it, so it dies with the service) as the sandbox starts, comes up while
+   * the sandbox boots.
    */
-  static async open(sandboxRoot: number, socketPath: string, service: { host: string; port: number }, launch: LaunchForwarder): Promise<ServiceBridge> {
+  static async open(sandboxRoot: number, socketPath: string, service: { host: string; port: number }, launcher: Launcher, supervisor: string): Promise<ServiceBridge> {
     const sockets = new Set<net.Socket>();
-    const server = net.createServer((inbound) => {
-      sockets.add(inbound);
-      const outbound = net.connect(service.port, service.host);
-      sockets.add(outbound);
-      const close = () => {
-        inbound.destroy();
-        outbound.destroy();
-        sockets.delete(inbound);
-        sockets.delete(outbound);
-      };
-      inbound.on('error', close).on('close', close);
-      outbound.on('error', close).on('close', close);
+    // Half-open both ways: a client that ends its request still gets the whole response, and a
+    // response the service ends is flushed before the sandbox's side closes.
+    const server = net.createServer({ allowHalfOpen: true }, (inbound) => {
+      const outbound = net.connect({ port: service.port, host: service.host, allowHalfOpen: true });
+      for (const socket of [inbound, outbound]) {
+        sockets.add(socket);
+        socket.on('close', () => sockets.delete(socket));
+        socket.on('error', () => {
+          inbound.destroy();
+          outbound.destroy();
+        });
+      }
       inbound.pipe(outbound).pipe(inbound);
     });
     await fs.promises.rm(socketPath, { force: true });
     await new Promise<void>((resolve, reject) => server.once('error', reject).listen(socketPath, () => resolve()));
     await fs.promises.chmod(socketPath, 0o600);
-    let forwarder: Forwarder;
+    let forwarder: LaunchedProcess;
     try {
-      forwarder = await launch([String(sandboxRoot), String(SERVICE_PORT_IN_SANDBOX), socketPath]);
+      forwarder = await launcher.spawn(supervisor, ['forward', String(sandboxRoot), String(SERVICE_PORT_IN_SANDBOX), socketPath]);
     } catch (err) {
       await new Promise<void>((resolve) => server.close(() => resolve()));
       throw err;
@@ -85,7 +76,7 @@ export class ServiceBridge {
 }
 
 /** The pid of the first descendant of `root` in another network namespace than this process (the sandbox's). */
-export function pidInOtherNetns(root: number): number | null {
+function pidInOtherNetns(root: number): number | null {
   const mine = fs.readlinkSync('/proc/self/ns/net');
   const queue = [root];
   while (queue.length > 0) {
@@ -108,10 +99,12 @@ export function pidInOtherNetns(root: number): number | null {
  * /proc/<pid>/net/tcp of a sandbox process); rejects with what the forwarder said when it exits
  * first.
  */
-async function listening(sandboxRoot: number, forwarder: Forwarder): Promise<void> {
+async function listening(sandboxRoot: number, forwarder: LaunchedProcess): Promise<void> {
   const local = `0100007F:${SERVICE_PORT_IN_SANDBOX.toString(16).toUpperCase().padStart(4, '0')}`;
   let said = '';
-  forwarder.stdio[2]?.on('data', (chunk: Buffer) => (said += chunk.toString('utf8')));
+  forwarder.stdio[2]?.on('data', (chunk: Buffer) => {
+    if (said.length < 4096) said += chunk.toString('utf8');
+  });
   const deadline = Date.now() + LISTEN_TIMEOUT_MS;
   let inside: number | null = null;
   for (;;) {
