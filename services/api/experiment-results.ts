@@ -5,6 +5,7 @@
  * shape. Runs are the latest row per run of run_scores (FINAL); costs, tokens and tool calls come
  * from the trace events of the run's sandbox (kernel/experiment-metrics.ts).
  */
+import { shellQuote } from '../kernel/shell.ts';
 import type { ResolvedAgent } from '../kernel/agents.ts';
 import { computeMetrics, experimentMetrics, NO_TRACES, runFacts, runTraceStats, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats, type VerdictCounts } from '../kernel/experiment-metrics.ts';
 import { scenarioIdOf } from '../kernel/ids.ts';
@@ -285,7 +286,6 @@ interface ResultContext {
   baseUrl: string;
 }
 
-const quote = (text: string) => `'${text.replace(/'/g, `'\\''`)}'`;
 
 /**
  * One shell command that creates and runs an experiment of just this run: the same spec version,
@@ -303,7 +303,7 @@ export function reproducer(baseUrl: string, experiment: Pick<ExperimentChanged, 
     seed: run.seed,
     run: true,
   };
-  return `curl -sS -X POST ${quote(`${baseUrl}/v1/experiments`)} -H "Authorization: Bearer $SVC_API_KEY" -H 'Content-Type: application/json' -d ${quote(JSON.stringify(body))}`;
+  return `curl -sS -X POST ${shellQuote(`${baseUrl}/v1/experiments`)} -H "Authorization: Bearer $SVC_API_KEY" -H 'Content-Type: application/json' -d ${shellQuote(JSON.stringify(body))}`;
 }
 
 function runResult(ctx: ResultContext, row: RunRow, params: Params, traces: RunTraceStats, withReproducer: boolean): RunResult {

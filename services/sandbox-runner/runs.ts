@@ -9,6 +9,7 @@
  * process tree is gone, and file checks read the workspace from the host through the same
  * symlink-safe paths as the files API.
  */
+import { shellQuote } from '../kernel/shell.ts';
 import { readFile as readHostFile } from 'node:fs/promises';
 import path from 'node:path';
 import { publish, type Kernel } from '../kernel/actor.ts';
@@ -32,7 +33,6 @@ const LIFETIME_MARGIN_MS = 10 * 60_000;
 
 export type BootSandbox = (tenant: string, id: string, request: CreateRequest) => Promise<LiveSandbox>;
 
-const quote = (arg: string) => `'${arg.replace(/'/g, `'\\''`)}'`;
 const tail = (text: string) => (text.length > OUTPUT_TAIL ? text.slice(-OUTPUT_TAIL) : text);
 
 export class RunExecutor {
@@ -172,14 +172,14 @@ export class RunExecutor {
     let command: string;
     if (a.type === 'snapshot') {
       if (!agent) throw new AppError('bad_request', 'the run has no resolved agent snapshot');
-      command = `cd /agent && exec ${agent.entrypoint.map(quote).join(' ')}`;
+      command = `cd /agent && exec ${agent.entrypoint.map(shellQuote).join(' ')}`;
     } else if (a.type === 'cli') {
-      command = Array.isArray(a.command) ? `exec ${a.command.map(quote).join(' ')}` : a.command;
+      command = Array.isArray(a.command) ? `exec ${a.command.map(shellQuote).join(' ')}` : a.command;
     } else {
       const image = (await listImages(path.join(this.kernel.config.dataDir, 'images'))).find((i) => i.name === normalizeReference(spec.base));
       const entrypoint = a.entrypoint ?? image?.entrypoint;
       if (!entrypoint) throw new AppError('bad_request', `image agent: neither agent.entrypoint nor the image "${spec.base}" (svc images import --entrypoint) names a command`);
-      command = `exec ${entrypoint.map(quote).join(' ')}`;
+      command = `exec ${entrypoint.map(shellQuote).join(' ')}`;
     }
     const result = (await sandbox.handle('command', { command, timeout_ms: timeoutMs })).body as {
       stdout: string;

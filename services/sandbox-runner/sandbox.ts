@@ -3,6 +3,7 @@
  * its operations (commands, files, state, diff, timeout) and its teardown. Every change of
  * state is an event: svc.sandboxes (the entity), svc.sandbox-events (its stream), svc.audit.
  */
+import { shellQuote } from '../kernel/shell.ts';
 import { copyFile, mkdir, rm, writeFile as writeHostFile } from 'node:fs/promises';
 import path from 'node:path';
 import { publish, type Kernel } from '../kernel/actor.ts';
@@ -202,7 +203,7 @@ export class LiveSandbox {
         if (fixture.type !== 'copy') throw new BootError(step, `fixture ${i}: type ${fixture.type} is not supported yet`);
         // A copy fixture copies a directory of the image into the workspace, inside the sandbox.
         const to = resolveWorkspacePath(this.workspace, fixture.to, `fixtures[${i}].to`);
-        const result = await this.box.exec({ command: `mkdir -p '/workspace/${to.relative}' && cp -a -- '${String(fixture.from).replace(/'/g, `'\\''`)}'/. '/workspace/${to.relative}/'`, timeoutMs: 60_000 });
+        const result = await this.box.exec({ command: `mkdir -p '/workspace/${to.relative}' && cp -a -- ${shellQuote(`${fixture.from}/.`)} '/workspace/${to.relative}/'`, timeoutMs: 60_000 });
         if (result.exitCode !== 0) throw new BootError(step, `fixture ${i} (copy ${fixture.from} -> ${fixture.to}) failed: ${this.redact(result.stderr).trim().slice(-500)}`);
         void this.event('fixture', { index: i, type: fixture.type, to: to.relative });
       }

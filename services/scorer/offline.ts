@@ -12,7 +12,7 @@
  * - `rescore`: the spec's own scoring applied again to the stored check results (after a judge
  *   outage, say): its score is the new composite, and the new RunScore supersedes the run's.
  */
-import { runTraceStats } from '../kernel/experiment-metrics.ts';
+import { NO_TRACES, runTraceStats } from '../kernel/experiment-metrics.ts';
 import type { InvariantScore, RunOutcome, RunScore, Violation } from '../kernel/runs.ts';
 import { holds, parseRunCondition, type RunMetric, type ScoreRecorded, type ScoreRule, type StoredRun } from '../kernel/score-rules.ts';
 import type { SpecDocument } from '../kernel/spec.ts';
@@ -75,7 +75,7 @@ export async function* storedRuns(store: Store, tenant: string, experimentId: st
       error: r.Error,
       wall_ms: Number(r.WallMs),
       outcome: r.Outcome,
-      traces: traces.get(r.RunId) ?? { cost_usd: 0, input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, reasoning_tokens: 0, llm_calls: 0, tool_calls: 0, tool_errors: 0 },
+      traces: traces.get(r.RunId) ?? NO_TRACES,
     }));
     if (rows.length < RUN_PAGE) return;
     after = rows[rows.length - 1]!.RunId;

@@ -20,7 +20,8 @@ import { newEventId, runIdOf, scenarioIdOf } from '../../services/kernel/ids.ts'
 import type { ExperimentChanged, InvariantScore, RunOutcome, RunScored, Violation } from '../../services/kernel/runs.ts';
 import { cochranMantelHaenszel, passAtK, passHatK, quantile, wilsonInterval } from '../../services/kernel/stats.ts';
 import { TOPICS } from '../../services/kernel/topics.ts';
-import { ingestTraceEvents, UNTAGGED } from '../../services/api/traces/ingest.ts';
+import { traceRecords, UNTAGGED, type IngestContext } from '../../services/api/traces/trace-records.ts';
+import type { TraceEvent } from '../../services/kernel/events.ts';
 import { startServices, type Running } from '../../services/main.ts';
 import { ADMIN_KEY, freePort } from '../helpers/server.ts';
 
@@ -107,7 +108,7 @@ describe('experiment results on scored runs', () => {
     // The sandbox of each run reported model calls and tool calls, tagged with its run.
     const { kernel } = running;
     for (const [i, s] of baseline.scores.entries()) {
-      await ingestTraceEvents(kernel, TENANT, traces(i), { ...UNTAGGED, sandbox_id: s.sandbox_id, experiment_id: baseline.id, scenario_id: s.scenario_id, run_id: s.run_id });
+      await ingestTagged(kernel, TENANT, traces(i), { ...UNTAGGED, sandbox_id: s.sandbox_id, experiment_id: baseline.id, scenario_id: s.scenario_id, run_id: s.run_id });
     }
     // The py replica 1 is scored again later (offline re-scoring): the latest row wins.
     const rescored = { ...score(baseline.id, 1, 1, 'fail', Date.now() + 5000), event_id: newEventId() };
@@ -327,5 +328,11 @@ function traces(i: number) {
     event({ event_type: 'llm_call', tool: 'openai.create', phase: 'complete', span_id: `llm-${i}`, cost: { input_tokens: 100 * (i + 1), output_tokens: 10 * (i + 1), cache_read_tokens: 0, reasoning_tokens: 0, model: 'gpt', estimated_usd: 0.004 * (i + 1) } }),
     event({ event_type: 'tool_use', tool: 'bash', phase: 'invoked', span_id: `tool-a-${i}`, parent_span_id: `llm-${i}` }),
     event({ event_type: 'tool_call', tool: 'edit', phase: 'complete', span_id: `tool-b-${i}`, status: i % 2 === 1 ? 'error' : 'ok' }),
-  ] as Parameters<typeof ingestTraceEvents>[2];
+  ] as TraceEvent[];
+}
+
+/** Trace events with the tags of a run's sandbox, appended as the ingest workers would, then awaited until queryable. */
+async function ingestTagged(kernel: Running['kernel'], tenant: string, events: TraceEvent[], context: IngestContext): Promise<void> {
+  const records = traceRecords(tenant, events, context, Date.now()).map((r) => ({ ...r, tenant }));
+  await kernel.visibility.waitFor(await publish(kernel, TOPICS.traces, records), kernel.config.replyTimeout);
 }

@@ -22,7 +22,7 @@ import type { TraceEvent, TraceEventsIngested } from '../../services/kernel/even
 import { traceEventRows } from '../../services/sink/rows.ts';
 import { validateTraceBatch } from '../../services/api/traces/validate-events.ts';
 import { decodeOtlpProtobuf, otlpToTraceEvents } from '../../services/api/traces/otlp.ts';
-import { UNTAGGED } from '../../services/api/traces/ingest.ts';
+import { UNTAGGED } from '../../services/api/traces/trace-records.ts';
 import { otlpBodies, traceBodies } from './bodies.ts';
 
 const LIMITS = { maxEvents: 1000, maxFieldBytes: 4096 };

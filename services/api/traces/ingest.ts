@@ -9,22 +9,12 @@ import os from 'node:os';
 import type { Context } from 'koa';
 import getRawBody from 'raw-body';
 import { Piscina } from 'piscina';
-import { publish, publishEncoded, type Kernel } from '../../kernel/actor.ts';
+import { publishEncoded, type Kernel } from '../../kernel/actor.ts';
 import { AppError } from '../../kernel/errors.ts';
-import type { TraceEvent } from '../../kernel/events.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { IngestFormat, IngestOutcome, IngestTask, IngestWorkerData } from './ingest-worker.ts';
 import { RateLimiter } from '../middleware/rate-limit.ts';
-import { traceRecords, UNTAGGED, type IngestContext } from './trace-records.ts';
-
-export { UNTAGGED, type IngestContext } from './trace-records.ts';
-
-/** Appends already validated events of one tenant from inside the process (tests inject tagged traces so) and waits until they are queryable. */
-export async function ingestTraceEvents(kernel: Kernel, tenant: string, events: TraceEvent[], context: IngestContext): Promise<void> {
-  if (events.length === 0) return;
-  const records = traceRecords(tenant, events, context, Date.now()).map((r) => ({ ...r, tenant }));
-  await kernel.visibility.waitFor(await publish(kernel, TOPICS.traces, records), kernel.config.replyTimeout);
-}
+import { UNTAGGED, type IngestContext } from './trace-records.ts';
 
 /** Most bytes of an ingest request body, as sent and after inflating; OTLP allows less. */
 export const MAX_INGEST_BODY_BYTES = 32 * 1024 * 1024;

@@ -186,10 +186,6 @@ export async function resolveImage(imagesDir: string, reference: string): Promis
   return new ImageStore(imagesDir).resolveImage(reference);
 }
 
-export function importImage(imagesDir: string, name: string, source: string): Promise<ImageInfo> {
-  return new ImageStore(imagesDir).importImage(name, source);
-}
-
 export function listImages(imagesDir: string): Promise<ImageInfo[]> {
   return new ImageStore(imagesDir).listImages();
 }
