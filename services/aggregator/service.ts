@@ -12,7 +12,7 @@
  *   rejected, or lost              -> dispatched again (attempt + 1)
  *   otherwise                      -> in flight
  * "Lost": the runner that started it (or, not yet started, any runner) restarted after its
- * dispatch, or it has been in flight longer than its lease (agent timeout + 10 min).
+ * dispatch, or it has been in flight longer than its lease (the run's lifetime, runLifetimeMs, plus a minute).
  * So a restart of any service in the middle of an experiment loses nothing; a run executed twice
  * (a lease that lapsed on a slow runner) is still counted once.
  */
@@ -22,11 +22,12 @@ import { EntityView } from '../kernel/entity-view.ts';
 import { experimentMetrics } from '../kernel/experiment-metrics.ts';
 import { newEventId, runIdOf, scenarioIdOf } from '../kernel/ids.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
-import type { ExperimentChanged, ExperimentCommand, ExperimentOptions, Params, RunEvent, RunRequested, RunScored } from '../kernel/runs.ts';
+import { runLifetimeMs, type ExperimentChanged, type ExperimentCommand, type ExperimentOptions, type Params, type RunEvent, type RunRequested, type RunScored } from '../kernel/runs.ts';
 import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
 import { TOPICS } from '../kernel/topics.ts';
 
-const LEASE_MARGIN_MS = 10 * 60_000;
+/** Beyond a run's lifetime (its sandbox is gone by then), time for the runner to report it. */
+const LEASE_SLACK_MS = 60_000;
 const LEASE_CHECK_MS = 30_000;
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
 
@@ -190,7 +191,7 @@ export class AggregatorService implements Service {
     this.tracked.set(experimentId, tracked);
     const plan = planRuns(experiment, spec);
     const now = Date.now();
-    const lease = (spec.agent?.timeoutMs ?? this.kernel.config.agentTimeout) + LEASE_MARGIN_MS;
+    const lease = runLifetimeMs(spec, this.kernel.config) + LEASE_SLACK_MS;
     const latestRestart = Math.max(0, ...this.runnerStarts.values());
     let inFlight = 0;
     let scored = 0;

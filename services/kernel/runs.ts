@@ -12,6 +12,7 @@
  * Scenario = one matrix entry; run = one replica of it (one sandbox, one agent execution).
  */
 import { parse } from 'yaml';
+import type { Config } from './config.ts';
 import { specFromDocument, type SpecDocument } from './spec.ts';
 
 export type ParamValue = string | number | boolean;
@@ -227,6 +228,18 @@ export interface RunScored {
 }
 
 /** Reserved sandbox metadata keys a run's sandbox carries; trace ingest tags events from them. */
+/** Room for boot, checks and teardown beyond the sandbox's and the agent's timeouts. */
+const RUN_LIFETIME_MARGIN_MS = 10 * 60_000;
+
+/**
+ * How long a run's sandbox may live: the sandbox timeout plus the agent's, plus room for boot,
+ * checks and teardown. The runner gives it to the sandbox; the aggregator's lease on the run
+ * is derived from it, so a run still within its lifetime is never dispatched again.
+ */
+export function runLifetimeMs(spec: SpecDocument, config: Pick<Config, 'sandboxTimeout' | 'agentTimeout'>): number {
+  return (spec.resources.timeoutMs ?? config.sandboxTimeout) + (spec.agent?.timeoutMs ?? config.agentTimeout) + RUN_LIFETIME_MARGIN_MS;
+}
+
 export const RUN_METADATA = {
   experimentId: 'svc.experiment_id',
   scenarioId: 'svc.scenario_id',

@@ -16,7 +16,7 @@ import { publish, type Kernel } from '../kernel/actor.ts';
 import type { ResolvedAgent } from '../kernel/agents.ts';
 import { AppError } from '../kernel/errors.ts';
 import { newEventId, newSandboxId } from '../kernel/ids.ts';
-import { paramsEnv, RUN_METADATA, specForRun, type CheckResult, type Params, type RunEvent, type RunOutcome, type RunRequested } from '../kernel/runs.ts';
+import { paramsEnv, RUN_METADATA, runLifetimeMs, specForRun, type CheckResult, type Params, type RunEvent, type RunOutcome, type RunRequested } from '../kernel/runs.ts';
 import type { InvariantCheck, SpecDocument } from '../kernel/spec.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
@@ -28,8 +28,6 @@ import { resolveRealPath } from './workspace/paths.ts';
 
 const OUTPUT_TAIL = 4096;
 const JUDGE_INPUT_MAX = 64 * 1024;
-/** Room for boot, checks and teardown beyond the agent's own timeout in the sandbox's lifetime. */
-const LIFETIME_MARGIN_MS = 10 * 60_000;
 
 export type BootSandbox = (tenant: string, id: string, request: CreateRequest) => Promise<LiveSandbox>;
 
@@ -101,7 +99,7 @@ export class RunExecutor {
         spec_version: run.spec_version,
         yaml: run.yaml,
         spec,
-        timeout_ms: (spec.resources.timeoutMs ?? this.kernel.config.sandboxTimeout) + agentTimeoutMs + LIFETIME_MARGIN_MS,
+        timeout_ms: runLifetimeMs(spec, this.kernel.config),
         metadata: {
           [RUN_METADATA.experimentId]: run.experiment_id,
           [RUN_METADATA.scenarioId]: run.scenario_id,
