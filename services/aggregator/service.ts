@@ -64,8 +64,10 @@ export class AggregatorService implements Service {
   private commands: Consumer | null = null;
   private live = false;
   private leaseTimer: NodeJS.Timeout | null = null;
-  /** Serialises the handling of one experiment's changes. */
+  /** Serialises the handling of experiments' changes (one at a time, all experiments). */
   private chain: Promise<unknown> = Promise.resolve();
+  /** Experiments with a pass queued that has not started yet. */
+  private readonly scheduled = new Set<string>();
 
   async start(kernel: Kernel): Promise<void> {
     this.kernel = kernel;
@@ -158,8 +160,17 @@ export class AggregatorService implements Service {
     return next;
   }
 
+  /**
+   * Queues one pass over the experiment; a pass already queued and not yet started covers the
+   * new event too (a batch of run events is one pass, not one per event).
+   */
   private schedule(experimentId: string): void {
-    void this.serial(() => this.advance(experimentId)).catch((err) => this.kernel.logger.error({ err, experiment_id: experimentId }, 'experiment step failed'));
+    if (this.scheduled.has(experimentId)) return;
+    this.scheduled.add(experimentId);
+    void this.serial(() => {
+      this.scheduled.delete(experimentId);
+      return this.advance(experimentId);
+    }).catch((err) => this.kernel.logger.error({ err, experiment_id: experimentId }, 'experiment step failed'));
   }
 
   private async onCommand(command: ExperimentCommand): Promise<void> {
