@@ -35,6 +35,7 @@
  *   1 EXEC     payload: COMMAND \0 (KEY=VALUE \0)*
  *   2 KILL     kill the command's whole process tree (SIGKILL), then it reports EXIT
  *   3 KILLALL  kill every process of the sandbox except the supervisor (and bwrap's pid 1)
+ * A request longer than MAX_REQUEST is answered with ERROR and skipped, never fatal.
  * Supervisor -> host (each frame at most PIPE_BUF bytes, so writes from the supervisor and
  * the shepherds never interleave):
  *   10 READY     id 0, payload: supervisor pid (u32)
@@ -54,6 +55,7 @@
 #include <linux/audit.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/netlink.h>
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <sched.h>
@@ -190,6 +192,27 @@ static int install_seccomp(void) {
     f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)denied[i], 0, 1);
     f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
   }
+  /* socket(domain, type, protocol): only the families a command needs. AF_VSOCK reaches the
+     hypervisor past the network namespace; AF_PACKET, AF_ALG, AF_KEY and the rest are kernel
+     surface no command uses. Netlink: routes and socket diagnostics only (ip, ss). */
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_socket, 0, 11);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 8, 0);
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET, 7, 0);
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET6, 6, 0);
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_NETLINK, 0, 4);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2]));
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NETLINK_ROUTE, 3, 0);
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NETLINK_SOCK_DIAG, 2, 0);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPROTONOSUPPORT);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EAFNOSUPPORT);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  /* socketpair: AF_UNIX only */
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_socketpair, 0, 4);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 1, 0);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EAFNOSUPPORT);
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
 #ifdef __NR_clone3
   f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone3, 0, 1);
   f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
@@ -486,6 +509,7 @@ static int serve(void) {
   send_u32(T_READY, 0, (uint32_t)getpid());
 
   size_t cap = 65536, have = 0;
+  size_t skip = 0; /* bytes of a refused (oversize) request still to discard */
   unsigned char *buf = malloc(cap);
   if (!buf) return 1;
   for (;;) {
@@ -515,11 +539,34 @@ static int serve(void) {
       return 1;
     }
     have += (size_t)n;
-    size_t off = 0;
+    size_t off = skip < have ? skip : have;
+    skip -= off;
     while (have - off >= 4) {
       uint32_t len;
       memcpy(&len, buf + off, 4);
-      if (len < 5 || len > MAX_REQUEST) return 1;
+      if (len > MAX_REQUEST) {
+        /* refused with an error frame and skipped as it arrives: no frame ends the supervisor */
+        if (have - off < HEADER) break;
+        uint32_t id;
+        memcpy(&id, buf + off + 5, 4);
+        char msg[128];
+        snprintf(msg, sizeof msg, "request of %u bytes is over the supervisor's limit of %d bytes", len, MAX_REQUEST);
+        send_frame(T_ERROR, id, msg, strlen(msg));
+        size_t whole = 4 + (size_t)len, here = have - off;
+        if (here >= whole) {
+          off += whole;
+          continue;
+        }
+        skip = whole - here;
+        off = have;
+        break;
+      }
+      if (len < 5) {
+        /* no type and id: nothing to answer; skip it */
+        if (have - off < 4 + (size_t)len) break;
+        off += 4 + (size_t)len;
+        continue;
+      }
       if (have - off < 4 + (size_t)len) {
         /* make room for the whole frame plus a terminating NUL */
         while (cap < 4 + (size_t)len + 1) {
@@ -710,7 +757,10 @@ static int forward(const char *root, const char *port, const char *path) {
   int one = 1;
   setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port)), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(listener, 128) < 0) {
+  /* the namespace may be entered before bwrap has brought its loopback up: 127.0.0.1 comes soon */
+  int bound = -1;
+  for (int waited_ms = 0; listener >= 0 && (bound = bind(listener, (struct sockaddr *)&addr, sizeof addr)) < 0 && errno == EADDRNOTAVAIL && waited_ms < 5000; waited_ms++) usleep(1000);
+  if (listener < 0 || bound < 0 || listen(listener, 128) < 0) {
     fprintf(stderr, "supervisor: cannot listen on 127.0.0.1:%s: %s\n", port, strerror(errno));
     return 125;
   }

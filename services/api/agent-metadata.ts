@@ -5,6 +5,7 @@
 import type { AgentAuth } from '../kernel/agents.ts';
 import { AppError, badRequest } from '../kernel/errors.ts';
 import { JsonSchemaValidator } from '../kernel/json-schema.ts';
+import { checkJsonDepth } from './json-depth.ts';
 
 export interface AgentMetadata {
   name: string;
@@ -65,6 +66,7 @@ const TEMPLATE_REFERENCE = /\{\{\s*secrets\.([^}\s]*)\s*\}\}/g;
 /** Parses and checks the metadata JSON; throws a 400 listing every problem. */
 export function parseAgentMetadata(raw: string | undefined): AgentMetadata {
   if (raw === undefined) throw badRequest('metadata', 'is required: a JSON field {name, entrypoint, runtime?, tag?, auth?}');
+  checkJsonDepth(raw, 'metadata');
   let value: unknown;
   try {
     value = JSON.parse(raw);

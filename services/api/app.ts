@@ -32,6 +32,7 @@ import type { ExperimentDirectory } from './experiments.ts';
 import type { SpecCatalog } from './specs.ts';
 import type { SandboxDirectory } from './sandboxes.ts';
 import { readIngestBody, type TraceIngest } from './traces/ingest.ts';
+import { checkJsonDepth } from './json-depth.ts';
 import type { TenantSecrets } from '../kernel/tenant-secrets.ts';
 import type { Requester } from '../kernel/request-reply.ts';
 
@@ -128,7 +129,14 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
   });
   // Ingest bodies are read raw and parsed in a worker thread (traces/ingest.ts).
   app.use(async (ctx: Context, next: Next) => {
-    if (!ctx.state.ingest) return parseBody(ctx, next);
+    if (!ctx.state.ingest) {
+      return parseBody(ctx, () => {
+        // A parsed JSON body's text, checked before any handler walks the value.
+        const { body, rawBody } = ctx.request as { body?: unknown; rawBody?: unknown };
+        if (typeof body === 'object' && body !== null && typeof rawBody === 'string') checkJsonDepth(rawBody);
+        return next();
+      });
+    }
     ctx.state.rawBody = await readIngestBody(ctx);
     return next();
   });

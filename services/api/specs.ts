@@ -9,7 +9,8 @@ import { EntityView } from '../kernel/entity-view.ts';
 import { AppError, notFound } from '../kernel/errors.ts';
 import type { SpecStored } from '../kernel/events.ts';
 import { newEventId } from '../kernel/ids.ts';
-import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
+import { parseSpec, specDurations, type SpecDocument } from '../kernel/spec.ts';
+import { lifetimeProblem } from '../kernel/sandbox-lifetime.ts';
 import { refusedSource } from '../kernel/secret-sources.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import type { AgentCatalog } from './agents.ts';
@@ -71,6 +72,10 @@ export class SpecCatalog {
       const why = refusedSource(name, source, this.kernel.config);
       return why ? [`secrets.${name}: ${why}`] : [];
     });
+    for (const { path, ms } of specDurations(doc)) {
+      const problem = lifetimeProblem(ms, this.kernel.config.sandboxMaxLifetime);
+      if (problem) refused.push(`${path}: ${problem}`);
+    }
     if (doc.agent?.type === 'snapshot' && doc.agent.snapshot_id !== undefined && !this.agents.exists(tenant, doc.agent.snapshot_id)) {
       refused.push(`agent.snapshot_id: no agent snapshot ${doc.agent.snapshot_id} exists (GET /v1/agents/:name/versions lists them)`);
     }

@@ -4,7 +4,10 @@
  * for the sandboxes that mount them read-only at /agent.
  *
  * An upload streams through one pass: the sha256, the byte count against the size limit, the tar
- * parser that checks every entry, and a temporary file; nothing holds the whole bundle in memory.
+ * parser that checks every entry, and a temporary file; nothing holds the whole bundle in memory
+ * (only its links: at the end each one is resolved against the others, as the kernel would in an
+ * extracted copy, and a link that climbs out of the bundle through another link is refused; the
+ * workspace's own path-safe layer never follows one anyway, but a bundle that needs it is refused).
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
@@ -33,6 +36,59 @@ export interface ReceivedBundle {
 function escapes(entryPath: string): string | null {
   if (path.posix.isAbsolute(entryPath) || /^[A-Za-z]:/.test(entryPath)) return 'is an absolute path';
   if (entryPath.split(/[\\/]/).includes('..')) return 'contains ".."';
+  return null;
+}
+
+/** The kernel's own limit on symlinks followed in one lookup (MAXSYMLINKS). */
+const MAX_SYMLINK_HOPS = 40;
+
+/** An entry's path as a key: `/`-separated, no `./` or trailing `/`. */
+function entryKey(entryPath: string): string {
+  return path.posix.normalize(entryPath.replace(/\\/g, '/')).replace(/^(\.\/)+|\/+$/g, '');
+}
+
+/**
+ * Where `segments` (from the bundle's root) lead once the bundle's own symlinks are followed, the
+ * way the kernel follows them in an extracted copy: `outside` when they climb above the root, `loop`
+ * past the kernel's symlink limit. A link that is lexically fine can still escape through another
+ * one (`up -> ../..` deep down, `esc -> deep/up/../..`). `followFinal` false for a hard link's target.
+ */
+function resolveInBundle(links: ReadonlyMap<string, string>, segments: string[], followFinal: boolean): 'inside' | 'outside' | 'loop' {
+  const at: string[] = [];
+  const queue = [...segments];
+  let hops = 0;
+  while (queue.length > 0) {
+    const seg = queue.shift()!;
+    if (seg === '' || seg === '.') continue;
+    if (seg === '..') {
+      if (at.length === 0) return 'outside';
+      at.pop();
+      continue;
+    }
+    const target = links.get([...at, seg].join('/'));
+    if (target !== undefined && (queue.length > 0 || followFinal)) {
+      if (++hops > MAX_SYMLINK_HOPS) return 'loop';
+      if (path.posix.isAbsolute(target)) return 'outside';
+      queue.unshift(...target.split('/'));
+      continue;
+    }
+    at.push(seg);
+  }
+  return 'inside';
+}
+
+/** The first link of the bundle that escapes it physically (through its other links), or null. */
+function physicalEscape(links: ReadonlyMap<string, string>, hardLinks: ReadonlyMap<string, string>): string | null {
+  const problem = (kind: string, name: string, target: string, where: 'inside' | 'outside' | 'loop') =>
+    where === 'inside' ? null : `${kind} ${JSON.stringify(name)} ${where === 'outside' ? 'points outside the bundle through another link' : 'is part of a symbolic link loop'} (${JSON.stringify(target)})`;
+  for (const [name, target] of links) {
+    const found = problem('symbolic link', name, target, resolveInBundle(links, [...name.split('/').slice(0, -1), ...target.split('/')], true));
+    if (found) return found;
+  }
+  for (const [name, target] of hardLinks) {
+    const found = problem('hard link', name, target, resolveInBundle(links, target.split('/'), false));
+    if (found) return found;
+  }
   return null;
 }
 
@@ -65,15 +121,21 @@ class BundleCheck extends Transform {
   private expandedBytes = 0;
   private problem: AppError | null = null;
   private readonly parser = new Parser({ strict: true });
+  /** Symbolic and hard links by entry path, checked against each other once all are in. */
+  private readonly links = new Map<string, string>();
+  private readonly hardLinks = new Map<string, string>();
 
   constructor(private readonly maxBytes: number) {
     super();
     this.parser.on('entry', (entry: ReadEntry) => {
       this.entries++;
-      this.expandedBytes += entry.size ?? 0;
+      // Headers count too: they bound the links kept in memory.
+      this.expandedBytes += 512 + (entry.size ?? 0);
       const problem = checkEntry(entry);
       if (problem) this.fail(badRequest('bundle', problem));
       else if (this.expandedBytes > maxBytes * MAX_EXPANSION) this.fail(badRequest('bundle', `expands to more than ${MAX_EXPANSION} times the size limit`));
+      else if (entry.type === 'SymbolicLink' && entry.linkpath !== undefined) this.links.set(entryKey(entry.path), entry.linkpath);
+      else if (entry.type === 'Link' && entry.linkpath !== undefined) this.hardLinks.set(entryKey(entry.path), entryKey(entry.linkpath));
       entry.resume();
     });
     this.parser.on('error', (err: Error) => this.fail(badRequest('bundle', `is not a valid .tar.gz archive (${err.message.replace(/^TAR_BAD_ARCHIVE: /, '')})`)));
@@ -110,6 +172,8 @@ class BundleCheck extends Transform {
       if (settled) return;
       settled = true;
       if (!this.problem && this.entries === 0) this.problem = badRequest('bundle', 'holds no files');
+      const escape = this.problem ? null : physicalEscape(this.links, this.hardLinks);
+      if (escape) this.problem = badRequest('bundle', escape);
       done(this.problem);
     };
     this.parser.on('error', settle);

@@ -5,7 +5,8 @@
  * message naming the variable.
  */
 import path from 'node:path';
-import { parseDuration } from './duration.ts';
+import { formatDuration, parseDuration } from './duration.ts';
+import { parseSize } from './spec.ts';
 
 type Parser<T> = (raw: string) => T;
 
@@ -36,6 +37,7 @@ const bool: Parser<boolean> = (raw) => {
   throw new Error(`expected true or false, got "${raw}"`);
 };
 const durationMs: Parser<number> = (raw) => parseDuration(raw);
+const size: Parser<number> = (raw) => parseSize(raw);
 function oneOf<T extends string>(...values: T[]): Parser<T> {
   return (raw) => {
     if (!(values as string[]).includes(raw)) throw new Error(`expected one of ${values.join(', ')}, got "${raw}"`);
@@ -84,7 +86,7 @@ export const SETTINGS = {
   authRequired: setting('SVC_AUTH_REQUIRED', 'true', '`false` lets requests without a key act as the default tenant (trusted local use only).', bool),
   defaultTenant: setting('SVC_DEFAULT_TENANT', 'default', 'Tenant of the admin key and of unauthenticated requests when auth is off.', str),
   defaultPlan: setting('SVC_DEFAULT_PLAN', 'pro', 'Plan of new tenants: `free`, `pro` or `enterprise`.', oneOf('free', 'pro', 'enterprise')),
-  secretsKey: setting('SVC_SECRETS_KEY', null, 'Key (64 hex characters) that encrypts tenant-stored secrets on the log. Unset: one is generated into the data dir; a distributed deployment must set the same key everywhere.', (raw) => {
+  secretsKey: setting('SVC_SECRETS_KEY', null, 'Key (64 hex characters) that seals what may hold secret values on the log: tenant-stored and request secrets, requests to the sandbox runners and their replies. Unset: one is generated into the data dir (so a copy of the data dir can open them); a distributed deployment must set the same key everywhere.', (raw) => {
     if (!/^[0-9a-fA-F]{64}$/.test(raw)) throw new Error('expected 64 hex characters (32 bytes)');
     return raw;
   }),
@@ -110,6 +112,12 @@ export const SETTINGS = {
   stdoutChunkBytes: setting('SVC_STDOUT_CHUNK_BYTES', '4096', 'Captured stdout chunk size of audit `stdout` events.', positiveInt),
   stateChecksumMaxBytes: setting('SVC_STATE_CHECKSUM_MAX_BYTES', '1048576', 'Files larger than this get no checksum in sandbox state.', positiveInt),
   sandboxTimeout: setting('SVC_SANDBOX_TIMEOUT', '10m', 'Default sandbox lifetime.', durationMs),
+  sandboxMaxLifetime: setting('SVC_SANDBOX_MAX_LIFETIME', '24h', 'Longest a sandbox may live, counted from its creation, and the longest duration a request or a spec may give (create\'s `timeout`, the timeout endpoint, a command\'s `timeout`, the spec\'s timeouts); more is a 400. At most 24d.', (raw) => {
+    const ms = parseDuration(raw);
+    // Node timers (commands, checks) hold at most 2^31-1 ms, about 24.8 days.
+    if (ms <= 0 || ms > 24 * 86_400_000) throw new Error(`expected a duration from 1s to 24d, got "${raw}"`);
+    return ms;
+  }),
   agentTimeout: setting('SVC_AGENT_TIMEOUT', '5m', 'Default agent timeout.', durationMs),
   concurrentSandboxesFree: setting('SVC_CONCURRENT_SANDBOXES_FREE', '5', 'Concurrent sandboxes of a `free` tenant.', nonNegativeInt),
   concurrentSandboxesPro: setting('SVC_CONCURRENT_SANDBOXES_PRO', '50', 'Concurrent sandboxes of a `pro` tenant.', nonNegativeInt),
@@ -132,6 +140,10 @@ export const SETTINGS = {
   runtime: setting('SVC_RUNTIME', 'auto', 'Sandbox isolation runtime: `auto` (detected: `local` where bubblewrap works) or pinned to `local`. `docker`, `firecracker` and `nomad` come later.', oneOf('auto', 'local')),
   runnerMaxSandboxes: setting('SVC_RUNNER_MAX_SANDBOXES', '100', 'Sandboxes one runner holds at once; past it creation answers 503 `at_capacity` (0: no limit).', nonNegativeInt),
   sandboxHostRootfs: setting('SVC_SANDBOX_HOST_ROOTFS', 'false', 'When a spec\'s `base` image is not in the image store, boot on the host\'s read-only system directories (/usr, /etc, /bin, /lib) with a `warning` event instead of failing.', bool),
+  sandboxDiskDefault: setting('SVC_SANDBOX_DISK_DEFAULT', '1Gi', 'Workspace size of a sandbox whose spec sets no `resources.disk` (`512Mi`, `1Gi`, `5GB` or bytes). Each workspace is a filesystem of its own of that size (a sparse file: the host pays only for what is written); a write past it fails with ENOSPC inside the sandbox.', size),
+  sandboxDiskMax: setting('SVC_SANDBOX_DISK_MAX', '16Gi', 'Largest `resources.disk` a sandbox may have; a spec asking more fails the sandbox\'s creation (400).', size),
+  auditRecordsPerSecond: setting('SVC_AUDIT_RECORDS_PER_SECOND', '1000', 'Audit records one sandbox may write per second; the rest of that second are dropped and counted, by type, in one `warning` record.', positiveInt),
+  auditMaxRecords: setting('SVC_AUDIT_MAX_RECORDS', '100000', 'Audit records one sandbox may write in all; past it records are dropped, said in a `warning` record at the cap and counted, by type, in one at teardown.', positiveInt),
   artifactsDir: setting('SVC_ARTIFACTS_DIR', null, 'Where teardown exports go (default `<data dir>/artifacts`).', str),
   blobDir: setting('SVC_BLOB_DIR', null, 'Where agent bundles are stored, once per content (default `<data dir>/blobs`); the api and the sandbox runners must share it.', str),
   sqlMaxExecutionTime: setting('SVC_SQL_MAX_EXECUTION_TIME', '30s', 'Longest run of one query on the analysts\' SQL endpoint (`/v1/admin/sql`); past it the query fails with ClickHouse\'s TIMEOUT_EXCEEDED. A query may ask for less (`max_execution_time`), never more.', durationMs),
@@ -173,6 +185,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
       problems.push('SVC_API_KEY: an admin key is required (or --api-key); set SVC_AUTH_REQUIRED=false for trusted local use without keys');
     }
     if (c.apiKey !== null && c.apiKey.length < 16) problems.push('SVC_API_KEY: the admin key must have at least 16 characters');
+    for (const [env, value] of [['SVC_SANDBOX_TIMEOUT', c.sandboxTimeout], ['SVC_AGENT_TIMEOUT', c.agentTimeout]] as const) {
+      if (value > c.sandboxMaxLifetime) problems.push(`${env}: must be at most SVC_SANDBOX_MAX_LIFETIME (${formatDuration(c.sandboxMaxLifetime)})`);
+    }
   }
   if (problems.length > 0) throw new Error(`Bad configuration:\n  ${problems.join('\n  ')}`);
   c.dataDir = path.resolve(c.dataDir);

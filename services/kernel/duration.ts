@@ -17,3 +17,11 @@ export function parseDuration(input: string | number): number {
   }
   return value;
 }
+
+/** Milliseconds in the largest unit that divides them evenly (`90m`, `1d`), for messages. */
+export function formatDuration(value: number): string {
+  for (const [unit, size] of [['d', 86_400_000], ['h', 3_600_000], ['m', 60_000], ['s', 1000]] as const) {
+    if (value % size === 0) return `${value / size}${unit}`;
+  }
+  return `${value}ms`;
+}

@@ -98,7 +98,9 @@ export interface SandboxRequested {
   correlation_id: string;
   sandbox_id: string;
   op: string;
+  /** JSON; empty when sealed */
   payload: string;
+  payload_sealed: Buffer | null;
 }
 
 /** A value of svc.sandbox-replies (schemas/sandbox-replied.avsc). */
@@ -111,7 +113,9 @@ export interface SandboxReplied {
   status: number;
   error: string | null;
   content_type: string;
+  /** empty when sealed */
   body: Buffer;
+  body_sealed: Buffer | null;
 }
 
 /** A value of svc.sandboxes (schemas/sandbox-changed.avsc). */

@@ -314,6 +314,21 @@ function scan(root: unknown): { paramReferences: ParamReference[]; cycles: strin
   return { paramReferences, cycles };
 }
 
+/**
+ * The durations a spec sets itself, by path (defaults left out): the server bounds them by
+ * SVC_SANDBOX_MAX_LIFETIME at upload, which this parser does not know.
+ */
+export function specDurations(doc: SpecDocument): Array<{ path: string; ms: number }> {
+  const raw = doc.raw as Raw;
+  const found: Array<[string, unknown]> = [
+    ['resources.timeout', raw.resources?.timeout],
+    ['agent.timeout', raw.agent?.timeout],
+    ...Object.entries(asObject(raw.invariants)).map(([name, inv]): [string, unknown] => [`${childPath('invariants', name)}.check.timeout`, (inv as Raw)?.check?.timeout]),
+    ...asArray(raw.services).map((service, i): [string, unknown] => [`services[${i}].wait_for.timeout`, (service as Raw)?.wait_for?.timeout]),
+  ];
+  return found.filter(([, value]) => value !== undefined).map(([path, value]) => ({ path, ms: parseDuration(value as string | number) }));
+}
+
 // --- parsing ----------------------------------------------------------------------------------
 
 /** Parses and validates a spec; throws a 400 listing every problem by its path. */

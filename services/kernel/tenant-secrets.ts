@@ -27,18 +27,22 @@ export function secretsKey(config: Kernel['config']): Buffer {
 export class Sealer {
   constructor(private readonly key: Buffer) {}
 
-  seal(value: string, context: string): Buffer {
+  seal(value: string | Buffer, context: string): Buffer {
     const nonce = randomBytes(12);
     const cipher = createCipheriv('aes-256-gcm', this.key, nonce);
     cipher.setAAD(Buffer.from(context));
-    return Buffer.concat([nonce, cipher.update(value, 'utf8'), cipher.final(), cipher.getAuthTag()]);
+    return Buffer.concat([nonce, cipher.update(typeof value === 'string' ? Buffer.from(value, 'utf8') : value), cipher.final(), cipher.getAuthTag()]);
   }
 
   open(blob: Buffer, context: string): string {
+    return this.openBytes(blob, context).toString('utf8');
+  }
+
+  openBytes(blob: Buffer, context: string): Buffer {
     const decipher = createDecipheriv('aes-256-gcm', this.key, blob.subarray(0, 12));
     decipher.setAAD(Buffer.from(context));
     decipher.setAuthTag(blob.subarray(blob.length - 16));
-    return Buffer.concat([decipher.update(blob.subarray(12, blob.length - 16)), decipher.final()]).toString('utf8');
+    return Buffer.concat([decipher.update(blob.subarray(12, blob.length - 16)), decipher.final()]);
   }
 }
 
@@ -85,11 +89,61 @@ export class TenantSecrets {
   }
 }
 
-/** Replaces every secret value (4+ characters) in text with [REDACTED:<NAME>]. */
-export function redactSecrets(text: string, secrets: Record<string, string>): string {
-  let out = text;
+/** Shorter secret values are not redacted: they would turn up everywhere by chance. */
+const MIN_REDACTED_CHARS = 4;
+
+/**
+ * Replaces every secret value (4+ characters) in text with [REDACTED:<NAME>], longest first (a
+ * value holding another goes whole), also where it appears escaped inside JSON text. Text cut
+ * short can end with the beginning of a value, which whole-value matching misses: `maxBytes`
+ * redacts first and then cuts to that many UTF-8 bytes, and `cut` says the caller's text was
+ * already cut at its end (captured output past its limit). Either way, a cut text also loses a
+ * tail that begins a secret value. Callers that cut text themselves (chunks) cut what this returned.
+ */
+export function redactSecrets(text: string, secrets: Record<string, string>, options: { maxBytes?: number; cut?: boolean } = {}): string {
+  const forms: Array<[name: string, form: string]> = [];
   for (const [name, value] of Object.entries(secrets)) {
-    if (value.length >= 4 && out.includes(value)) out = out.split(value).join(`[REDACTED:${name}]`);
+    if (value.length < MIN_REDACTED_CHARS) continue;
+    forms.push([name, value]);
+    const escaped = JSON.stringify(value).slice(1, -1);
+    if (escaped !== value) forms.push([name, escaped]);
   }
-  return out;
+  forms.sort((a, b) => b[1].length - a[1].length);
+  let out = text;
+  for (const [name, form] of forms) if (out.includes(form)) out = out.split(form).join(`[REDACTED:${name}]`);
+  let cut = options.cut === true;
+  if (options.maxBytes !== undefined) {
+    const short = truncateUtf8(out, options.maxBytes);
+    cut ||= short.length < out.length;
+    out = short;
+  }
+  if (!cut || forms.length === 0) return out;
+  // Bytes decoded across the cut end in U+FFFD, which would hide a value's beginning before it.
+  out = out.replace(/\uFFFD+$/, '');
+  let tail = 0;
+  for (const [, form] of forms) {
+    for (let k = Math.min(form.length - 1, out.length); k > tail; k--) {
+      if (out.charCodeAt(out.length - k) === form.charCodeAt(0) && out.endsWith(form.slice(0, k))) {
+        tail = k;
+        break;
+      }
+    }
+  }
+  return out.slice(0, out.length - tail);
+}
+
+/** Cuts a string to at most `maxBytes` of UTF-8 without splitting a character. */
+export function truncateUtf8(value: string, maxBytes: number): string {
+  if (value.length * 3 <= maxBytes || Buffer.byteLength(value) <= maxBytes) return value;
+  const buf = Buffer.from(value).subarray(0, maxBytes);
+  // Drop a partial multi-byte sequence at the end (continuation bytes are 10xxxxxx).
+  let end = buf.length;
+  let i = end - 1;
+  while (i >= 0 && (buf[i] & 0xc0) === 0x80) i--;
+  if (i >= 0) {
+    const lead = buf[i];
+    const need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+    if (end - i < need) end = i;
+  }
+  return buf.subarray(0, end).toString('utf8');
 }

@@ -6,11 +6,10 @@
  *
  * The agent runs as a command of the sandbox, so it is audited like any other (process_spawn,
  * stdout capture, secret findings). Checks are not the agent's: they run after the agent's whole
- * process tree is gone, and file checks read the workspace from the host through the same
- * symlink-safe paths as the files API.
+ * process tree is gone, and file checks read the workspace from the host through the files API's
+ * own path-safe layer (workspace/beneath.ts).
  */
 import { shellQuote } from '../kernel/shell.ts';
-import { readFile as readHostFile } from 'node:fs/promises';
 import path from 'node:path';
 import { publish, type Kernel } from '../kernel/actor.ts';
 import type { ResolvedAgent } from '../kernel/agents.ts';
@@ -22,9 +21,9 @@ import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { listImages, normalizeReference } from './runtime/images.ts';
 import type { CreateRequest, LiveSandbox } from './sandbox.ts';
-import { auditLogPath } from './workspace/audit-log.ts';
-import { readFile } from './workspace/files.ts';
-import { resolveRealPath } from './workspace/paths.ts';
+import { AUDIT_FILE } from './workspace/audit-log.ts';
+import { exists as fileExists, readFile } from './workspace/files.ts';
+import { SERVICE_DIR } from './workspace/paths.ts';
 
 const OUTPUT_TAIL = 4096;
 const JUDGE_INPUT_MAX = 64 * 1024;
@@ -202,7 +201,8 @@ export class RunExecutor {
         body: JSON.stringify({ task: { prompt: spec.task.prompt }, env: Object.fromEntries(sent.filter((k) => k in vars).map((k) => [k, vars[k]])) }),
         signal: AbortSignal.timeout(timeoutMs),
       });
-      const text = tail(await res.text());
+      // Its answer goes into the run's outcome (log and store): redacted whole, before the tail is cut.
+      const text = tail(sandbox.redact(await res.text()));
       if (!res.ok) throw new AppError('bad_request', `the hosted agent answered ${res.status}: ${text.slice(0, 200)}`);
       return { exit_code: 0, timed_out: false, duration_ms: Date.now() - started, stdout: text, stderr: '' };
     } catch (err) {
@@ -233,9 +233,7 @@ export class RunExecutor {
       }
       case 'file_exists':
       case 'file_absent': {
-        const exists = await resolveRealPath(workspace, check.path, 'path', { followFinal: true })
-          .then((target) => readHostFile(target.absolute).then(() => true, (err: NodeJS.ErrnoException) => err.code === 'EISDIR'))
-          .catch(() => false);
+        const exists = await fileExists(workspace, check.path).catch(() => false);
         const wanted = check.type === 'file_exists';
         return result(exists === wanted, `${check.path} ${exists ? 'exists' : 'does not exist'}`);
       }
@@ -284,7 +282,7 @@ function failed(status: RunOutcome['status'], error: string, sandboxId: string |
 
 /** The audit facts the forbidden rules read, each with its record's line number (seq, from 1). */
 async function auditFacts(workspace: string): Promise<RunOutcome['audit']> {
-  const text = await readHostFile(auditLogPath(workspace), 'utf8').catch(() => '');
+  const text = await readFile(workspace, `${SERVICE_DIR}/${AUDIT_FILE}`, { maxBytes: Infinity }).then((f) => f.content.toString('utf8'), () => '');
   const facts: RunOutcome['audit'] = { file_writes: [], secret_findings: [] };
   for (const [i, line] of text.split('\n').entries()) {
     if (line === '') continue;

@@ -2,9 +2,11 @@
  * One live sandbox on this runner: its boot pipeline (the nine steps, each a `status` event),
  * its operations (commands, files, state, diff, timeout) and its teardown. Every change of
  * state is an event: svc.sandboxes (the entity), svc.sandbox-events (its stream), svc.audit.
+ * Its own file work in the workspace (setup and config files, files API, state, exports) goes
+ * through the path-safe layer (workspace/files.ts and beneath.ts): the agent may be racing it.
  */
 import { shellQuote } from '../kernel/shell.ts';
-import { copyFile, mkdir, rm, writeFile as writeHostFile } from 'node:fs/promises';
+import { mkdir, writeFile as writeHostFile } from 'node:fs/promises';
 import path from 'node:path';
 import { publish, type Kernel } from '../kernel/actor.ts';
 import { renderConfigTemplate, type ResolvedAgent } from '../kernel/agents.ts';
@@ -14,15 +16,17 @@ import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../kernel/even
 import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
 import { resolveHostSecret } from '../kernel/secret-sources.ts';
 import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
+import { changedExpiry } from '../kernel/sandbox-lifetime.ts';
 import { redactSecrets, type Sealer, type TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { resolveImage } from './runtime/images.ts';
 import type { ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
 import { SERVICE_URL_IN_SANDBOX } from './runtime/service-bridge.ts';
-import { AuditLog } from './workspace/audit-log.ts';
-import { deleteFile, readFile, writeFile } from './workspace/files.ts';
+import { AUDIT_FILE, AuditLog } from './workspace/audit-log.ts';
+import { removeBeneath } from './workspace/beneath.ts';
+import { copyFileOut, deleteFile, readFile, writeFile } from './workspace/files.ts';
 import { FsWatcher } from './workspace/fs-watcher.ts';
-import { resolveWorkspacePath } from './workspace/paths.ts';
+import { resolveRealPath, resolveWorkspacePath, SERVICE_DIR } from './workspace/paths.ts';
 import { captureState, ChecksumCache, diffStates, type FilesystemState } from './workspace/state.ts';
 
 /** What the api sends to create a sandbox (the spec travels with it, already stored and valid). */
@@ -56,6 +60,11 @@ class BootError extends AppError {
     super('bad_request', `sandbox boot failed at step ${step}: ${message}`);
   }
 }
+
+/** A refused path of a boot step's own file work (400/403 naming the field) fails the boot at that step. */
+const failedAt = (step: string) => (err: unknown): never => {
+  throw err instanceof AppError ? new BootError(step, err.message) : err;
+};
 
 export class LiveSandbox {
   state: State = 'creating';
@@ -129,7 +138,7 @@ export class LiveSandbox {
    */
   async runCheck(command: string, options: { timeoutMs: number; env?: Record<string, string> }): Promise<{ exitCode: number; stdout: string; stderr: string; timedOut: boolean }> {
     const r = await this.box!.exec({ command, timeoutMs: options.timeoutMs, env: options.env, maxCaptureBytes: 256 * 1024 });
-    return { exitCode: r.exitCode, stdout: this.redact(r.stdout), stderr: this.redact(r.stderr), timedOut: r.timedOut };
+    return { exitCode: r.exitCode, stdout: this.output(r, 'stdout'), stderr: this.output(r, 'stderr'), timedOut: r.timedOut };
   }
 
   /** The Sandbox object of the spec. */
@@ -186,7 +195,14 @@ export class LiveSandbox {
         hosts: this.spec.determinism.dns,
         service: serviceAddress(this.kernel.config.baseUrl)?.address,
       });
-      this.audit = new AuditLog({ workspace: this.workspace, sandboxId: this.id, redact: (text) => this.redact(text), onRecord: (r) => void this.publishAudit(r) });
+      this.audit = new AuditLog({
+        workspace: this.workspace,
+        sandboxId: this.id,
+        redact: (text) => this.redact(text),
+        onRecord: (r) => void this.publishAudit(r),
+        recordsPerSecond: config.auditRecordsPerSecond,
+        maxRecords: config.auditMaxRecords,
+      });
       void this.event('status', { step, runtime: this.runtime.name });
       if (rootfs === null) {
         const message = `image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`;
@@ -201,10 +217,12 @@ export class LiveSandbox {
       for (const [i, fixture] of this.spec.fixtures.entries()) {
         // The api refuses the other types until their capabilities exist.
         if (fixture.type !== 'copy') throw new BootError(step, `fixture ${i}: type ${fixture.type} is not supported yet`);
-        // A copy fixture copies a directory of the image into the workspace, inside the sandbox.
+        // A copy fixture copies a directory of the image into the workspace, inside the sandbox (as its
+        // user: links it brings are the sandbox's view). Never into `.svc`, also not through a link.
         const to = resolveWorkspacePath(this.workspace, fixture.to, `fixtures[${i}].to`);
+        await resolveRealPath(this.workspace, to, `fixtures[${i}].to`, { forWrite: true }).catch(failedAt(step));
         const result = await this.box.exec({ command: `mkdir -p '/workspace/${to.relative}' && cp -a -- ${shellQuote(`${fixture.from}/.`)} '/workspace/${to.relative}/'`, timeoutMs: 60_000 });
-        if (result.exitCode !== 0) throw new BootError(step, `fixture ${i} (copy ${fixture.from} -> ${fixture.to}) failed: ${this.redact(result.stderr).trim().slice(-500)}`);
+        if (result.exitCode !== 0) throw new BootError(step, `fixture ${i} (copy ${fixture.from} -> ${fixture.to}) failed: ${this.output(result, 'stderr').trim().slice(-500)}`);
         void this.event('fixture', { index: i, type: fixture.type, to: to.relative });
       }
       void this.event('status', { step, count: this.spec.fixtures.length });
@@ -212,14 +230,14 @@ export class LiveSandbox {
       step = 'setup_applied';
       await this.writeAgentConfigFiles();
       for (const [i, file] of this.spec.setup.files.entries()) {
-        const target = resolveWorkspacePath(this.workspace, file.path, `setup.files[${i}].path`);
-        await mkdir(path.dirname(target.absolute), { recursive: true });
-        await writeHostFile(target.absolute, file.content, { mode: file.mode });
+        // Through the files API's own write: never through a link out of the workspace (a fixture may
+        // have brought one), never into `.svc`.
+        await writeFile(this.workspace, file.path, file.content, { field: `setup.files[${i}].path`, mode: file.mode }).catch(failedAt(step));
       }
       for (const command of this.spec.setup.commands) {
         const result = await this.box.exec({ command, timeoutMs: 5 * 60_000 });
         if (result.exitCode !== 0) {
-          throw new BootError(step, `setup command "${this.redact(command)}" exited with ${result.exitCode}: ${this.redact(result.stderr || result.stdout).trim().slice(-500)}`);
+          throw new BootError(step, `setup command "${this.redact(command)}" exited with ${result.exitCode}: ${this.output(result, result.stderr ? 'stderr' : 'stdout').trim().slice(-500)}`);
         }
       }
       void this.event('status', { step, files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
@@ -255,6 +273,7 @@ export class LiveSandbox {
       void this.event('status', { step: 'ready' });
       await this.event('status', { state: 'ready' });
       this.armTimer();
+      void this.box.exited.then(() => this.lost());
     } catch (err) {
       const message = err instanceof AppError ? err.message : `sandbox boot failed at step ${step}: ${(err as Error).message}`;
       await this.event('status', { step, error: message });
@@ -304,9 +323,7 @@ export class LiveSandbox {
       } catch (err) {
         throw new BootError('setup_applied', `agent config file ${file.path}: ${(err as Error).message} (declare it under the spec's secrets or store it with PUT /v1/secrets)`);
       }
-      const target = resolveWorkspacePath(this.workspace, relative, `agent.auth.config_files[${i}].path`);
-      await mkdir(path.dirname(target.absolute), { recursive: true });
-      await writeHostFile(target.absolute, content, { mode: 0o644 });
+      await writeFile(this.workspace, relative, content, { field: `agent.auth.config_files[${i}].path` }).catch(failedAt('setup_applied'));
     }
   }
 
@@ -387,7 +404,12 @@ export class LiveSandbox {
     const timeoutMs = payload.timeout_ms as number | null;
     const background = payload.background === true;
     if (this.state === 'ready') await this.setState('running');
-    const run = this.box!.exec({ command, timeoutMs: timeoutMs ?? undefined, maxCaptureBytes: 1024 * 1024 }).then((r) => this.afterCommand(command, r));
+    const run = this.box!.exec({ command, timeoutMs: timeoutMs ?? undefined, maxCaptureBytes: 1024 * 1024 })
+      // exec rejects only when the sandbox is gone (destroyed, or ended on its own meanwhile).
+      .catch((err: Error) => {
+        throw new AppError('conflict', `sandbox ${this.id} ended while the command ran: ${err.message}`);
+      })
+      .then((r) => this.afterCommand(command, r));
     if (background) {
       run.catch((err) => this.kernel.logger.warn({ err, sandbox_id: this.id }, 'background command failed'));
       return { status: 202, body: { command: this.redact(command), background: true } };
@@ -397,8 +419,9 @@ export class LiveSandbox {
 
   private async afterCommand(command: string, r: ExecResult) {
     const shown = this.redact(command);
-    const stdout = this.redact(r.stdout);
-    const stderr = this.redact(r.stderr);
+    // Redacted whole, before the audit cuts stdout into chunks.
+    const stdout = this.output(r, 'stdout');
+    const stderr = this.output(r, 'stderr');
     const chunk = this.kernel.config.stdoutChunkBytes;
     await this.audit!.record('process_spawn', { command: shown, exit_code: r.exitCode, duration_ms: r.durationMs, output_bytes: r.outputBytes, ...(this.spec.audit.stdout_capture ? { stdout: stdout.slice(0, chunk) } : {}) });
     if (this.spec.audit.stdout_capture) {
@@ -453,12 +476,21 @@ export class LiveSandbox {
     return { body: { path: relative, deleted: true } };
   }
 
-  /** `{timeout_ms}` resets the timer to that long from now; `{extend_ms}` adds to what is left (the api validated them). */
+  /**
+   * `{timeout_ms}` resets the timer to that long from now; `{extend_ms}` adds to what is left.
+   * Checked against the maximum lifetime before anything changes; applied once the entity has it.
+   */
   private async timeout(payload: Record<string, unknown>) {
-    this.expiresAt = typeof payload.timeout_ms === 'number' ? Date.now() + payload.timeout_ms : this.expiresAt + (payload.extend_ms as number);
+    const previous = this.expiresAt;
+    this.expiresAt = changedExpiry({ createdAt: this.createdAt, expiresAt: previous }, payload, this.kernel.config.sandboxMaxLifetime);
+    try {
+      await this.setState(this.state);
+    } catch (err) {
+      this.expiresAt = previous;
+      throw err;
+    }
     this.armTimer();
-    await this.setState(this.state);
-    await this.event('status', { step: 'timeout_changed', expires_at: new Date(this.expiresAt).toISOString() });
+    void this.event('status', { step: 'timeout_changed', expires_at: new Date(this.expiresAt).toISOString() });
     return { body: this.view() };
   }
 
@@ -475,28 +507,57 @@ export class LiveSandbox {
 
   // --- teardown ---------------------------------------------------------------------------
 
-  /** Idempotent: exports, kills, removes the workspace; the stream ends with {state: destroyed}. */
-  destroy(reason: string): Promise<void> {
+  /**
+   * Idempotent: exports, kills, removes the workspace; the stream ends with {state: destroyed}.
+   * A step that fails does not stop the others, and the sandbox ends `stopped` whatever failed
+   * (the failures are its `error` and a `warning` event), so its quota slot and token go with it.
+   */
+  destroy(reason: string, end: 'stopped' | 'error' = 'stopped'): Promise<void> {
     this.destroying ??= (async () => {
       if (this.timer) clearTimeout(this.timer);
-      await this.teardown(reason);
-      await this.setState('stopped', reason === 'destroyed' ? null : reason);
+      const failures = await this.teardown(reason);
+      const error = [...(reason === 'destroyed' ? [] : [reason]), ...failures].join('; ') || null;
+      // A runner that cannot write this retries it on the next DELETE (service.ts).
+      await this.setState(end, error);
+      if (failures.length > 0) void this.event('warning', { message: `teardown: ${failures.join('; ')}` });
       await this.event('status', { state: 'destroyed', reason });
     })();
     return this.destroying;
   }
 
-  private async teardown(reason: string): Promise<void> {
-    try {
-      await this.watcher?.stop();
-      await this.audit?.close();
-      if (this.state !== 'error' || this.spec.teardown.always_run) await this.runExports().catch((err) => this.kernel.logger.warn({ err, sandbox_id: this.id }, 'teardown export failed'));
-      await this.box?.destroy();
-    } finally {
-      await rm(this.workspace, { recursive: true, force: true });
-      this.onGone();
-      this.kernel.logger.info({ sandbox_id: this.id, tenant: this.tenant, reason }, 'sandbox torn down');
-    }
+  /**
+   * The sandbox ended on its own, not by destroy (its supervisor died: every process of it is
+   * gone): torn down, and `error` with why, instead of `running` with every command failing.
+   */
+  private lost(): void {
+    if (this.destroying) return;
+    const reason = 'the sandbox ended on its own: its supervisor exited, and every process of the sandbox with it';
+    void this.destroy(reason, 'error').catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'teardown of a lost sandbox failed'));
+  }
+
+  /** Tries every step even when one before failed; returns what failed. */
+  private async teardown(reason: string): Promise<string[]> {
+    const failures: string[] = [];
+    const step = async (what: string, run: () => Promise<unknown> | undefined) => {
+      try {
+        await run();
+      } catch (err) {
+        failures.push(`${what} failed: ${(err as Error).message}`);
+        this.kernel.logger.warn({ err, sandbox_id: this.id, step: what }, 'sandbox teardown step failed');
+      }
+    };
+    await step('stopping the file watch', () => this.watcher?.stop());
+    await step('closing the audit log', () => this.audit?.close());
+    if (this.state !== 'error' || this.spec.teardown.always_run) await step('exporting', () => this.runExports());
+    await step('destroying the sandbox', () => this.box?.destroy());
+    await step('removing the workspace', async () => {
+      // Never by path: should a process of the sandbox have survived, it may be swapping links.
+      const left = removeBeneath(this.workspace);
+      if (left > 0) throw new Error(`${left} entries could not be removed`);
+    });
+    this.onGone();
+    this.kernel.logger.info({ sandbox_id: this.id, tenant: this.tenant, reason, failures }, 'sandbox torn down');
+    return failures;
   }
 
   private async runExports(): Promise<void> {
@@ -506,7 +567,7 @@ export class LiveSandbox {
       const target = path.join(root, this.tenant, to);
       if (!target.startsWith(path.join(root, this.tenant) + path.sep)) continue;
       await mkdir(path.dirname(target), { recursive: true });
-      if (exp.type === 'audit_log') await copyFile(path.join(this.workspace, '.svc', 'audit.jsonl'), target).catch(() => writeHostFile(target, ''));
+      if (exp.type === 'audit_log') await copyFileOut(this.workspace, `${SERVICE_DIR}/${AUDIT_FILE}`, target).catch(() => writeHostFile(target, ''));
       else if (exp.type === 'snapshot') await writeHostFile(target, JSON.stringify(await this.captureState()));
       await this.event('export', { type: exp.type, to });
     }
@@ -517,6 +578,11 @@ export class LiveSandbox {
   /** Replaces every secret value in text with [REDACTED:<NAME>]. */
   redact(text: string): string {
     return redactSecrets(text, this.secretValues);
+  }
+
+  /** A command's captured stream, redacted; one cut at the capture limit also loses a secret's beginning at its end. */
+  private output(r: ExecResult, stream: 'stdout' | 'stderr'): string {
+    return redactSecrets(r[stream], this.secretValues, { cut: r.truncated[stream] });
   }
 
   private async setState(state: State, error: string | null = null): Promise<void> {

@@ -10,7 +10,6 @@
  * sandboxes the log says it owned (state `error`, reason "runner restarted"), so none claims to
  * be ready while gone.
  */
-import { rm } from 'node:fs/promises';
 import path from 'node:path';
 import { publish, subscribe, type Kernel, type Service } from '../kernel/actor.ts';
 import { BundleStore, ExtractedBundles } from '../kernel/bundles.ts';
@@ -19,12 +18,13 @@ import { AppError, toErrorBody } from '../kernel/errors.ts';
 import type { SandboxChanged, SandboxRequested } from '../kernel/events.ts';
 import { newEventId } from '../kernel/ids.ts';
 import type { Consumer } from '../kernel/log/event-log.ts';
-import { reply } from '../kernel/request-reply.ts';
+import { reply, requestPayload } from '../kernel/request-reply.ts';
 import { Sealer, secretsKey, TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { LocalRuntime } from './runtime/local-runtime.ts';
 import type { Runtime } from './runtime/runtime.ts';
 import { LiveSandbox, type CreateRequest } from './sandbox.ts';
+import { removeBeneath } from './workspace/beneath.ts';
 import { RunExecutor } from './runs.ts';
 import type { RunEvent, RunRequested } from '../kernel/runs.ts';
 
@@ -48,7 +48,12 @@ export class SandboxRunnerService implements Service {
 
   async start(kernel: Kernel): Promise<void> {
     this.kernel = kernel;
-    this.runtime = new LocalRuntime({ stateDir: path.join(kernel.config.dataDir, 'runtime'), logger: kernel.logger.child({ component: 'runtime' }) });
+    this.runtime = new LocalRuntime({
+      stateDir: path.join(kernel.config.dataDir, 'runtime'),
+      diskDefaultBytes: kernel.config.sandboxDiskDefault,
+      diskMaxBytes: kernel.config.sandboxDiskMax,
+      logger: kernel.logger.child({ component: 'runtime' }),
+    });
     // Runtime selection: `auto` takes the first that works here (only `local` exists so far);
     // a pinned runtime that does not work stops the start instead of failing every sandbox.
     const unavailable = (this.unavailable = await this.runtime.available());
@@ -127,15 +132,33 @@ export class SandboxRunnerService implements Service {
 
   /** Sandboxes this runner owned before a restart are gone: say so instead of leaving them "ready". */
   private async endOrphans(): Promise<void> {
-    const orphans = [...this.known.entities.values()].filter((s) => s.runner_id === this.kernel.instanceId && (s.state === 'creating' || s.state === 'ready' || s.state === 'running'));
+    const orphans = [...this.known.entities.values()].filter((s) => this.lost(s));
     if (orphans.length === 0) return;
     this.kernel.logger.warn({ count: orphans.length }, 'ending sandboxes left by a previous run of this runner');
+    await this.end(orphans, 'the sandbox runner restarted; the sandbox is gone');
+  }
+
+  /** The log shows the sandbox live on this runner, which does not hold it (any more). */
+  private lost(s: SandboxChanged | undefined): s is SandboxChanged {
+    return s !== undefined && s.runner_id === this.kernel.instanceId && (s.state === 'creating' || s.state === 'ready' || s.state === 'running') && !this.sandboxes.has(s.sandbox_id);
+  }
+
+  /** Writes the end of sandboxes this runner lost, so none keeps its quota slot or its token. */
+  private async end(lost: SandboxChanged[], error: string): Promise<void> {
     await publish(
       this.kernel,
       TOPICS.sandboxes,
-      orphans.map((s) => ({ key: s.sandbox_id, tenant: s.tenant, value: { ...s, event_id: newEventId(), ts: Date.now(), state: 'error', error: 'the sandbox runner restarted; the sandbox is gone' } })),
+      lost.map((s) => ({ key: s.sandbox_id, tenant: s.tenant, value: { ...s, event_id: newEventId(), ts: Date.now(), state: 'error', error } })),
     );
-    await Promise.all(orphans.map((s) => rm(s.path, { recursive: true, force: true })));
+    // The end is written; a workspace that cannot go (still mounted, say) only leaves a warning.
+    for (const s of lost) {
+      try {
+        const left = removeBeneath(s.path);
+        if (left > 0) this.kernel.logger.warn({ sandbox_id: s.sandbox_id, left }, 'could not remove all of the workspace of a lost sandbox');
+      } catch (err) {
+        this.kernel.logger.warn({ err, sandbox_id: s.sandbox_id }, 'could not remove the workspace of a lost sandbox');
+      }
+    }
   }
 
   private dispatch(request: SandboxRequested): void {
@@ -156,21 +179,39 @@ export class SandboxRunnerService implements Service {
   }
 
   private async handle(request: SandboxRequested): Promise<void> {
-    const payload = JSON.parse(request.payload) as Record<string, unknown>;
+    const payload = requestPayload(this.kernel, request);
     if (request.op === 'create') {
-      const { secrets_sealed: sealed, ...rest } = payload as { secrets_sealed?: string | null };
-      const secrets = sealed ? (JSON.parse(this.sealer.open(Buffer.from(sealed, 'base64'), `sandbox-request/${request.sandbox_id}`)) as Record<string, string>) : {};
-      const live = await this.create(request.tenant, request.sandbox_id, { ...(rest as unknown as CreateRequest), secrets });
+      const live = await this.create(request.tenant, request.sandbox_id, payload as unknown as CreateRequest);
       await reply(this.kernel, request, 201, live.view());
       return;
     }
     const live = this.sandboxes.get(request.sandbox_id);
+    const stopped = { body: { id: request.sandbox_id, state: 'stopped' } };
     if (!live || live.tenant !== request.tenant) {
-      if (request.op === 'destroy') return reply(this.kernel, request, 200, { id: request.sandbox_id, state: 'stopped' });
-      throw new AppError('not_found', `sandbox ${request.sandbox_id} not found`);
+      if (request.op !== 'destroy') throw new AppError('not_found', `sandbox ${request.sandbox_id} not found`);
+      await this.endUnrecorded(request, 'torn down; its end is recorded late');
+      return reply(this.kernel, request, 200, stopped.body);
     }
-    const result = await live.handle(request.op, payload);
+    let result: { status?: number; body: unknown; contentType?: string };
+    try {
+      result = await live.handle(request.op, payload);
+    } catch (err) {
+      if (request.op !== 'destroy' || !(await this.endUnrecorded(request, `torn down, but its end could not be recorded: ${(err as Error).message}`))) throw err;
+      result = stopped;
+    }
     await reply(this.kernel, request, result.status ?? 200, result.body, { contentType: result.contentType });
+  }
+
+  /**
+   * A destroy tore the sandbox down but its end did not reach the log (LiveSandbox.destroy):
+   * written from the last state the log has of it, so its slot and token go. False when the
+   * log shows no such sandbox of this runner still live.
+   */
+  private async endUnrecorded(request: SandboxRequested, error: string): Promise<boolean> {
+    const known = this.known.entities.get(request.sandbox_id);
+    if (known?.tenant !== request.tenant || !this.lost(known)) return false;
+    await this.end([known], error);
+    return true;
   }
 
   private async create(tenant: string, sandboxId: string, create: CreateRequest): Promise<LiveSandbox> {

@@ -292,15 +292,21 @@ determinism:
       const events = sse(`${server.url}/v1/sandboxes/${sb.id}/events`, key);
       const bomb = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'bomb() { bomb | bomb & }; bomb; sleep 1; echo survived', timeout: '5s' });
       assert.equal(bomb.status, 200, bomb.text);
-      // The bomb's background processes burn out at the limit on their own; until then a fork may be refused.
-      let hog = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'head -c 200M /dev/zero | tail > /dev/null', timeout: '20s' });
-      for (let i = 0; i < 20 && hog.body.exit_code === 126 && /pids limit/.test(hog.body.stderr); i++) {
-        await new Promise((r) => setTimeout(r, 250));
-        hog = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'head -c 200M /dev/zero | tail > /dev/null', timeout: '20s' });
-      }
+      // The bomb's background processes burn out at the limit on their own; until then a fork may be
+      // refused, to the supervisor (126, pids limit) or to the command's own shell (2, Cannot fork).
+      const afterBomb = async (command: string) => {
+        let res = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command, timeout: '20s' });
+        for (let i = 0; i < 40 && /pids limit|Cannot fork/.test(res.body.stderr); i++) {
+          await new Promise((r) => setTimeout(r, 250));
+          res = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command, timeout: '20s' });
+        }
+        return res;
+      };
+      const hog = await afterBomb('head -c 200M /dev/zero | tail > /dev/null');
       assert.equal(hog.body.exit_code, 137, hog.text);
       assert.equal(hog.body.oom_killed, true);
-      assert.equal((await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'echo still here' })).body.stdout, 'still here\n');
+      const alive = await afterBomb('echo still here');
+      assert.equal(alive.body.stdout, 'still here\n', alive.text);
       assert.equal((await server.request('GET', '/health', { key: null })).status, 200);
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
       const warnings = (await events).filter((e) => e.event_type === 'warning').map((e) => e.data.message);

@@ -262,6 +262,39 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       assert.equal(fs.existsSync(sb.workspace), true, 'the workspace is the caller’s to delete');
     });
 
+    test('the workspace is a filesystem of diskBytes, with what it held kept; destroy unmounts it; a new runtime sweeps what a dead one left', async () => {
+      const mounted = (dir: string) => fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === dir);
+      const create = async () => {
+        const id = `sb-${randomBytes(6).toString('hex')}`;
+        const workspace = path.join(root, 'workspaces', id);
+        fs.mkdirSync(path.join(workspace, 'kept'), { recursive: true });
+        fs.writeFileSync(path.join(workspace, 'kept', 'f.txt'), 'before');
+        const sb = await runtime.create({ id, workspace, rootfs: null, env: {}, resources: { ...RESOURCES, diskBytes: 32 * 1024 * 1024 } });
+        live.push(sb);
+        return Object.assign(sb, { workspace, image: path.join(root, 'state', 'disks', `${id}.img`) });
+      };
+      const sb = await create();
+      assert.ok(mounted(sb.workspace));
+      const r = await sb.exec({ command: 'cat kept/f.txt; echo; ls -A; stat -c %U kept/f.txt; stat -f -c "%b %S" .' });
+      const [kept, entries, owner, size] = r.stdout.trim().split('\n');
+      assert.equal(kept, 'before');
+      assert.equal(entries, 'kept', 'no lost+found');
+      assert.equal(owner, 'nobody');
+      const [blocks, blockSize] = size!.split(' ').map(Number) as [number, number];
+      assert.ok(blocks * blockSize <= 32 * 1024 * 1024, `${blocks * blockSize} bytes`);
+      await sb.destroy();
+      assert.equal(mounted(sb.workspace), false, 'unmounted at destroy');
+      assert.equal(fs.existsSync(sb.image), false, 'its file deleted');
+
+      // A runner that dies with a sandbox up leaves its mount; the next runtime on that state dir sweeps it.
+      const left = await create();
+      const next = new LocalRuntime({ stateDir: path.join(root, 'state') });
+      assert.equal(await next.available(), null);
+      assert.equal(mounted(left.workspace), false, 'swept');
+      assert.equal(fs.existsSync(left.image), false);
+      await left.destroy();
+    });
+
     test('20 sandboxes created concurrently all come up', async () => {
       const all = await Promise.all(Array.from({ length: 20 }, () => sandbox()));
       const names = await Promise.all(all.map(async (sb) => (await sb.exec({ command: 'hostname' })).stdout.trim()));

@@ -43,3 +43,12 @@ test('fsync policy forms', () => {
   assert.equal(loadConfig({ ...base, SVC_LOG_FSYNC: 'never' }).logFsync, 'never');
   assert.deepEqual(loadConfig({ ...base, SVC_LOG_FSYNC: 'interval:200ms' }).logFsync, { intervalMs: 200 });
 });
+
+test('the maximum sandbox lifetime bounds the default timeouts and Node timers', () => {
+  assert.equal(loadConfig(base).sandboxMaxLifetime, 24 * 3_600_000);
+  assert.equal(loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '2h', SVC_SANDBOX_TIMEOUT: '2h' }).sandboxMaxLifetime, 7_200_000);
+  assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '30d' }), /SVC_SANDBOX_MAX_LIFETIME: expected a duration from 1s to 24d/);
+  assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '0' }), /SVC_SANDBOX_MAX_LIFETIME/);
+  assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '5m' }), /SVC_SANDBOX_TIMEOUT: must be at most SVC_SANDBOX_MAX_LIFETIME/);
+  assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '1m', SVC_SANDBOX_TIMEOUT: '1m' }), /SVC_AGENT_TIMEOUT: must be at most SVC_SANDBOX_MAX_LIFETIME/);
+});

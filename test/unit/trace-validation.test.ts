@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { formatTimestampUs, parseTimestampUs, truncateUtf8, validateTraceBatch } from '../../services/api/traces/validate-events.ts';
+import { formatTimestampUs, parseTimestampUs, validateTraceBatch } from '../../services/api/traces/validate-events.ts';
+import { truncateUtf8 } from '../../services/kernel/tenant-secrets.ts';
 
 const limits = { maxEvents: 1000, maxFieldBytes: 4096 };
 const ev = (o: Record<string, unknown> = {}) => ({ ts: '2026-01-01T00:00:00Z', event_type: 'tool_call', tool: 't', phase: 'complete', span_id: 's', ...o });

@@ -22,7 +22,7 @@ test('records are JSON lines {ts, sandbox_id, type, details} in .svc/audit.jsonl
     log.record('stdout', { text: 'token=s3cr3t-value\n"quoted"', nested: [{ 's3cr3t-value': 's3cr3t-value' }] }),
     log.record('http_call', { method: 'GET', host: 'api', path: '/', status: 200, duration_ms: 1, request_bytes: 0, response_bytes: 2 }),
   ];
-  const records = await Promise.all(writes);
+  const records = (await Promise.all(writes)).map((r) => r!);
   await log.close();
   const text = await readFile(path.join(ws, '.svc', 'audit.jsonl'), 'utf8');
   assert.ok(!text.includes('s3cr3t-value'));
@@ -68,4 +68,38 @@ test('a .svc/audit.jsonl symlink is not followed', async () => {
 
 test('the log is empty before anything is recorded', async () => {
   assert.deepEqual(await AuditLog.read(path.join(ws, 'nowhere')), []);
+});
+
+test('a flood is bounded: at most recordsPerSecond a second, the rest counted by type in one warning per window; at most maxRecords in all', async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'ws-audit-flood-'));
+  try {
+    const published: AuditRecord[] = [];
+    const log = new AuditLog({ workspace: dir, sandboxId: 'sb-f', recordsPerSecond: 5, maxRecords: 12, onRecord: (r) => published.push(r) });
+    const first = await Promise.all([...Array.from({ length: 20 }, (_, i) => log.record('file_write', { path: `w${i}` })), ...Array.from({ length: 10 }, (_, i) => log.record('file_delete', { path: `d${i}` }))]);
+    assert.equal(first.filter((r) => r !== null).length, 5, 'five of the first window are written');
+    // The window's summary comes when it ends, with nothing more recorded.
+    await new Promise((r) => setTimeout(r, 1100));
+    let records = await AuditLog.read(dir);
+    const summary = records.find((r) => r.type === 'warning')!;
+    assert.deepEqual(summary.details.dropped, { file_write: 15, file_delete: 10 });
+    assert.match(String(summary.details.message), /25 audit records dropped: more than 5 in one second/);
+    assert.ok(Date.parse(String(summary.details.to)) - Date.parse(String(summary.details.from)) === 1000);
+    // Past maxRecords (the summary counts too), everything is dropped; one warning says so, one at close counts it.
+    for (let second = 0; second < 2; second++) {
+      await Promise.all(Array.from({ length: 8 }, (_, i) => log.record('file_read', { path: `r${second}-${i}` })));
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+    await log.close();
+    records = await AuditLog.read(dir);
+    const warnings = records.filter((r) => r.type === 'warning');
+    assert.ok(records.length <= 12 + 3, `${records.length} records`);
+    assert.ok(warnings.some((w) => /the audit log is full \(12 records\)/.test(String(w.details.message))), JSON.stringify(warnings));
+    const last = records.at(-1)!;
+    assert.equal(last.type, 'warning');
+    assert.match(String(last.details.message), /dropped after the log was full/);
+    assert.ok((last.details.dropped as Record<string, number>).file_read > 0);
+    assert.deepEqual(published, records, 'only what is written is published');
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 });

@@ -8,17 +8,17 @@ import type { Context } from 'koa';
 import { PassThrough } from 'node:stream';
 import type { Kernel } from '../../kernel/actor.ts';
 import type { Auth, Principal } from '../../kernel/auth.ts';
-import { parseDuration } from '../../kernel/duration.ts';
+import { changedExpiry, lifetimeProblem, sandboxDuration } from '../../kernel/sandbox-lifetime.ts';
 import { AppError, badRequest, type ErrorCode } from '../../kernel/errors.ts';
 import type { SandboxReplied } from '../../kernel/events.ts';
 import { newSandboxId } from '../../kernel/ids.ts';
+import { commandSizeProblem } from '../../kernel/sandbox-limits.ts';
 import type { Requester } from '../../kernel/request-reply.ts';
 import { SECRET_NAME } from '../../kernel/spec.ts';
 import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
 import type { SpecCatalog } from '../specs.ts';
 import type { AgentCatalog } from '../agents.ts';
 import { refuseUnsupported } from '../../kernel/capabilities.ts';
-import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
 import { MAX_INGEST_BODY_BYTES, requireJson, type TraceIngest } from '../traces/ingest.ts';
 import { sandboxTrace } from './traces.ts';
 import { jsonBody } from '../request-body.ts';
@@ -36,17 +36,6 @@ function stringMap(value: unknown, field: string, key?: RegExp): Record<string, 
   return value as Record<string, string>;
 }
 
-function optionalDuration(value: unknown, field: string): number | null {
-  if (value === undefined || value === null) return null;
-  try {
-    if (typeof value !== 'string' && typeof value !== 'number') throw new Error('must be a duration such as 30s or 10m');
-    const ms = parseDuration(value);
-    if (ms <= 0) throw new Error('must be longer than 0');
-    return ms;
-  } catch (err) {
-    throw badRequest(field, (err as Error).message);
-  }
-}
 
 /** Renders a runner reply: its status and body, or the error it carries. */
 function answer(ctx: Context, reply: SandboxReplied): void {
@@ -71,8 +60,9 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   const { kernel, auth, specs, agents, sandboxes, requester, ingest } = deps;
   const { config } = kernel;
   const router = new Router({ prefix: '/v1/sandboxes' });
-  let sealer: Sealer | null = null;
   const principal = (ctx: Context) => ctx.state.principal as Principal;
+  /** A request's duration, bounded by the maximum sandbox lifetime (sandbox-lifetime.ts); null when absent. */
+  const duration = (value: unknown, field: string) => (value === undefined || value === null ? null : sandboxDuration(value, field, config.sandboxMaxLifetime));
   const send = async (ctx: Context, op: string, payload: object = {}) => {
     const sandbox = sandboxes.owned(principal(ctx), ctx.params.id);
     answer(ctx, await requester.request(sandbox.tenant, sandbox.sandbox_id, op, payload));
@@ -83,7 +73,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     if (p.kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot create sandboxes');
     const b = jsonBody(ctx);
     if (typeof b.spec_id !== 'string' || b.spec_id === '') throw badRequest('spec_id', 'is required: the id of a stored spec');
-    const timeoutMs = optionalDuration(b.timeout, 'timeout');
+    const timeoutMs = duration(b.timeout, 'timeout');
     const metadata = stringMap(b.metadata, 'metadata');
     const reserved = Object.keys(metadata).find((k) => k.startsWith('svc.'));
     if (reserved) throw badRequest(`metadata.${reserved}`, 'keys starting with "svc." are reserved for the service');
@@ -97,6 +87,9 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
       throw err;
     }
     refuseUnsupported(spec.doc, 'sandbox', 'spec_id');
+    // A spec stored before the maximum was lowered: its lifetime is refused, not cut short.
+    const tooLong = timeoutMs === null && spec.doc.resources.timeoutMs !== null ? lifetimeProblem(spec.doc.resources.timeoutMs, config.sandboxMaxLifetime) : null;
+    if (tooLong) throw badRequest('spec_id', `the spec's resources.timeout ${tooLong}; give a shorter timeout`);
     const agent = agents.resolveForSpec(p.tenant, spec.doc);
     const { plan, quota } = auth.sandboxQuota(p.tenant);
     if (sandboxes.live(p.tenant).length >= quota) {
@@ -109,8 +102,8 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
       yaml: spec.stored.yaml,
       timeout_ms: timeoutMs,
       metadata,
-      // Request secrets never sit in plain text on the log: sealed for the runner.
-      secrets_sealed: Object.keys(secrets).length > 0 ? (sealer ??= new Sealer(secretsKey(config))).seal(JSON.stringify(secrets), `sandbox-request/${id}`).toString('base64') : null,
+      // Sealed on the log with the rest of the request (request-reply.ts).
+      secrets,
       agent,
     });
     answer(ctx, reply);
@@ -141,8 +134,10 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.post('/:id/commands', async (ctx) => {
     const b = jsonBody(ctx);
     if (typeof b.command !== 'string' || b.command.trim() === '') throw badRequest('command', 'is required: a shell command string');
+    const tooLong = commandSizeProblem(b.command);
+    if (tooLong) throw badRequest('command', tooLong);
     if (b.background !== undefined && typeof b.background !== 'boolean') throw badRequest('background', 'must be true or false');
-    await send(ctx, 'command', { command: b.command, timeout_ms: optionalDuration(b.timeout, 'timeout'), background: b.background === true });
+    await send(ctx, 'command', { command: b.command, timeout_ms: duration(b.timeout, 'timeout'), background: b.background === true });
   });
 
   router.post('/:id/files', async (ctx) => {
@@ -158,10 +153,16 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.get('/:id/diff', async (ctx) => send(ctx, 'diff'));
 
   router.post('/:id/timeout', async (ctx) => {
+    const sandbox = sandboxes.owned(principal(ctx), ctx.params.id);
+    // The lifetime is its owner's to change, not the agent's inside (docs/sandboxes.md).
+    if (principal(ctx).kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot change its sandbox\'s timeout; the owner\'s API key can');
     const b = jsonBody(ctx);
     if ((b.timeout === undefined) === (b.extend === undefined)) throw badRequest('timeout', 'give either timeout (reset the timer to this long from now) or extend (add this much)');
     const field = b.timeout !== undefined ? 'timeout' : 'extend';
-    await send(ctx, 'timeout', { [`${field}_ms`]: optionalDuration(b[field], field) });
+    const change = { [`${field}_ms`]: sandboxDuration(b[field], field, config.sandboxMaxLifetime) };
+    // The runner checks again (sandbox-lifetime.ts): two changes at once would each pass this view.
+    changedExpiry({ createdAt: sandbox.created_at, expiresAt: sandbox.expires_at }, change, config.sandboxMaxLifetime);
+    answer(ctx, await requester.request(sandbox.tenant, sandbox.sandbox_id, 'timeout', change));
   });
 
   router.post('/:id/trace', async (ctx) => {

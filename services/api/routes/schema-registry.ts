@@ -22,6 +22,7 @@ import {
   REGISTRY_ERRORS,
   SchemaRegistryError,
 } from '../../kernel/schema/registry.ts';
+import { checkJsonDepth } from '../json-depth.ts';
 
 const RESPONSE_TYPE = 'application/vnd.schemaregistry.v1+json';
 const JSON_TYPES = ['application/vnd.schemaregistry.v1+json', 'application/vnd.schemaregistry+json', 'application/json'];
@@ -142,11 +143,13 @@ function toRegistryError(err: unknown): { status: number; errorCode: number; mes
 
 /** Parses JSON bodies of the registry's content types (leaves an already parsed body alone). */
 function jsonBody() {
-  const parser = koaBody({ jsonTypes: JSON_TYPES, jsonLimit: '1mb', jsonStrict: true, urlencoded: false, text: false, multipart: false });
+  const parser = koaBody({ jsonTypes: JSON_TYPES, jsonLimit: '1mb', jsonStrict: true, includeUnparsed: true, urlencoded: false, text: false, multipart: false });
   return async (ctx: Context, next: Next): Promise<void> => {
     if (ctx.request.body !== undefined) return next();
     try {
       await parser(ctx, async () => undefined);
+      const { rawBody } = ctx.request as { rawBody?: unknown };
+      if (typeof rawBody === 'string') checkJsonDepth(rawBody);
     } catch (err) {
       const e = err as { status?: number; message?: string };
       const status = e.status === 413 ? 413 : 400;

@@ -16,6 +16,7 @@ import { WireEncoder } from '../../kernel/schema/serde.ts';
 import { decodeOtlpProtobuf, otlpToTraceEvents } from './otlp.ts';
 import { redactTraceEvents, traceRecords, type IngestContext } from './trace-records.ts';
 import { validateTraceBatch } from './validate-events.ts';
+import { checkJsonDepth } from '../json-depth.ts';
 
 export type IngestFormat = 'trace-json' | 'otlp-protobuf' | 'otlp-json';
 
@@ -60,21 +61,25 @@ function inflate(task: IngestTask): Buffer {
 }
 
 function parseJson(body: Buffer): unknown {
+  const text = body.toString('utf8');
+  checkJsonDepth(text);
   try {
-    return JSON.parse(body.toString('utf8'));
+    return JSON.parse(text);
   } catch (err) {
     throw new AppError('bad_request', `body: invalid JSON (${(err as Error).message})`);
   }
 }
 
 function events(task: IngestTask, body: Buffer): { events: TraceEvent[]; rejected: number; errors: string[] } {
+  // Fields cut at the limits are redacted as they are cut.
+  const limits = { ...task.limits, secrets: task.secrets };
   switch (task.format) {
     case 'trace-json':
-      return { events: validateTraceBatch(parseJson(body), task.limits), rejected: 0, errors: [] };
+      return { events: validateTraceBatch(parseJson(body), limits), rejected: 0, errors: [] };
     case 'otlp-json':
-      return otlpToTraceEvents(parseJson(body), task.limits);
+      return otlpToTraceEvents(parseJson(body), limits);
     case 'otlp-protobuf':
-      return otlpToTraceEvents(decodeOtlpProtobuf(body), task.limits);
+      return otlpToTraceEvents(decodeOtlpProtobuf(body), limits);
   }
 }
 

@@ -8,8 +8,9 @@ import { fileURLToPath } from 'node:url';
 import protobuf from 'protobufjs';
 import { badRequest } from '../../kernel/errors.ts';
 import type { TraceEvent } from '../../kernel/events.ts';
-import { truncateUtf8 } from './validate-events.ts';
+import type { TraceLimits } from './validate-events.ts';
 import { isObject } from '../../kernel/is-object.ts';
+import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 
 const PROTO_DIR = fileURLToPath(new URL('./otlp-proto/', import.meta.url));
 const root = new protobuf.Root();
@@ -101,10 +102,15 @@ function anyValueJson(value: unknown): unknown {
   return null;
 }
 
-function flattenAttributes(attributes: unknown, prefix: string, into: Record<string, string>, maxBytes: number): void {
+/** A value cut to the field limit, its secrets redacted before the cut (a value across it would leave its beginning). */
+function fieldText(value: string, limits: TraceLimits): string {
+  return redactSecrets(value, limits.secrets ?? {}, { maxBytes: limits.maxFieldBytes });
+}
+
+function flattenAttributes(attributes: unknown, prefix: string, into: Record<string, string>, limits: TraceLimits): void {
   if (!Array.isArray(attributes)) return;
   for (const kv of attributes) {
-    if (isObject(kv) && typeof kv.key === 'string' && kv.key !== '') into[prefix + kv.key] = truncateUtf8(anyValueString(kv.value), maxBytes);
+    if (isObject(kv) && typeof kv.key === 'string' && kv.key !== '') into[prefix + kv.key] = fieldText(anyValueString(kv.value), limits);
   }
 }
 
@@ -138,7 +144,7 @@ function costOf(attrs: Record<string, string>): TraceEvent['cost'] {
   };
 }
 
-function spanToEvent(span: unknown, resource: Record<string, string>, at: string, maxFieldBytes: number): TraceEvent {
+function spanToEvent(span: unknown, resource: Record<string, string>, at: string, limits: TraceLimits): TraceEvent {
   if (!isObject(span)) throw new SpanRejected(`${at} must be an object`);
   const traceId = hexId(span.traceId, 16, `${at}.traceId`, false)!;
   const spanId = hexId(span.spanId, 8, `${at}.spanId`, false)!;
@@ -151,23 +157,24 @@ function spanToEvent(span: unknown, resource: Record<string, string>, at: string
   if (end < start) throw new SpanRejected(`${at}.endTimeUnixNano is before startTimeUnixNano`);
 
   const attrs: Record<string, string> = {};
-  flattenAttributes(span.attributes, '', attrs, maxFieldBytes);
+  flattenAttributes(span.attributes, '', attrs, limits);
   const metadata = { ...resource, ...attrs };
   const status = isObject(span.status) ? span.status : {};
   const error = status.code === 2 || status.code === 'STATUS_CODE_ERROR';
-  if (error && typeof status.message === 'string' && status.message !== '') metadata['otel.status_message'] = truncateUtf8(status.message, maxFieldBytes);
+  if (error && typeof status.message === 'string' && status.message !== '') metadata['otel.status_message'] = fieldText(status.message, limits);
 
   const operation = attrs['gen_ai.operation.name'];
   const toolUse = operation === 'execute_tool';
   const llm = !toolUse && ((operation !== undefined && LLM_OPERATIONS.has(operation)) || LLM_MARKERS.some((k) => attrs[k] !== undefined));
   const input = attrs['gen_ai.prompt'] ?? attrs['input.value'];
   const output = attrs['gen_ai.completion'] ?? attrs['output.value'];
+  const tool = redactSecrets(toolUse ? attrs['gen_ai.tool.name'] || name : name, limits.secrets ?? {});
   return {
     // Deterministic, so an exporter's retry of the same batch is stored once.
     event_id: `otlp-${traceId}-${spanId}`,
     ts_us: Number(start / 1000n),
     event_type: toolUse ? 'tool_use' : llm ? 'llm_call' : 'tool_call',
-    tool: (toolUse ? attrs['gen_ai.tool.name'] || name : name).slice(0, 256),
+    tool: tool.length > 256 ? redactSecrets(tool.slice(0, 256), limits.secrets ?? {}, { cut: true }) : tool,
     phase: 'complete',
     trace_id: traceId,
     span_id: spanId,
@@ -192,7 +199,7 @@ interface OtlpMapped {
  * Maps every span of an ExportTraceServiceRequest to a trace event. A malformed request shape is
  * a 400; a malformed span is dropped and counted, so the rest of the batch is stored.
  */
-export function otlpToTraceEvents(request: unknown, limits: { maxEvents: number; maxFieldBytes: number }): OtlpMapped {
+export function otlpToTraceEvents(request: unknown, limits: TraceLimits): OtlpMapped {
   if (!isObject(request)) throw badRequest('body', 'must be an ExportTraceServiceRequest object');
   const resourceSpans = list(request.resourceSpans, 'resourceSpans');
   const batches: { spans: unknown[]; resource: Record<string, string>; at: string }[] = [];
@@ -200,7 +207,7 @@ export function otlpToTraceEvents(request: unknown, limits: { maxEvents: number;
   resourceSpans.forEach((rs, i) => {
     if (!isObject(rs)) throw badRequest(`resourceSpans[${i}]`, 'must be an object');
     const resource: Record<string, string> = {};
-    if (isObject(rs.resource)) flattenAttributes(rs.resource.attributes, 'resource.', resource, limits.maxFieldBytes);
+    if (isObject(rs.resource)) flattenAttributes(rs.resource.attributes, 'resource.', resource, limits);
     list(rs.scopeSpans, `resourceSpans[${i}].scopeSpans`).forEach((ss, j) => {
       if (!isObject(ss)) throw badRequest(`resourceSpans[${i}].scopeSpans[${j}]`, 'must be an object');
       const spans = list(ss.spans, `resourceSpans[${i}].scopeSpans[${j}].spans`);
@@ -214,7 +221,7 @@ export function otlpToTraceEvents(request: unknown, limits: { maxEvents: number;
   for (const { spans, resource, at } of batches) {
     spans.forEach((span, k) => {
       try {
-        const event = spanToEvent(span, resource, `${at}[${k}]`, limits.maxFieldBytes);
+        const event = spanToEvent(span, resource, `${at}[${k}]`, limits);
         out.events.push(event);
       } catch (err) {
         if (!(err instanceof SpanRejected)) throw err;

@@ -16,13 +16,25 @@ export type IngestContext = Omit<TraceEventsIngested, 'tenant' | 'event_id' | 't
 /** Trace events from no sandbox carry no tags. */
 export const UNTAGGED: IngestContext = { sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null };
 
-/** Secret values never reach the trace store (DECISIONS.md): replaced in input, output and metadata. */
+/**
+ * Secret values never reach the trace store (DECISIONS.md): replaced in every string of an event,
+ * metadata keys included. Fields cut at a limit were redacted before the cut, in validation.
+ */
 export function redactTraceEvents(events: TraceEvent[], secrets: Record<string, string>): void {
   if (Object.keys(secrets).length === 0) return;
+  const redact = (text: string) => redactSecrets(text, secrets);
   for (const e of events) {
-    if (e.input !== null) e.input = redactSecrets(e.input, secrets);
-    if (e.output !== null) e.output = redactSecrets(e.output, secrets);
-    for (const k of Object.keys(e.metadata)) e.metadata[k] = redactSecrets(e.metadata[k], secrets);
+    e.event_id = redact(e.event_id);
+    e.tool = redact(e.tool);
+    e.trace_id = redact(e.trace_id);
+    e.span_id = redact(e.span_id);
+    if (e.parent_span_id !== null) e.parent_span_id = redact(e.parent_span_id);
+    if (e.input !== null) e.input = redact(e.input);
+    if (e.output !== null) e.output = redact(e.output);
+    if (e.cost !== null) e.cost.model = redact(e.cost.model);
+    const metadata: Record<string, string> = {};
+    for (const [k, v] of Object.entries(e.metadata)) metadata[redact(k)] = redact(v);
+    e.metadata = metadata;
   }
 }
 

@@ -7,6 +7,7 @@ import { badRequest } from '../../kernel/errors.ts';
 import type { TraceEvent } from '../../kernel/events.ts';
 import { newEventId } from '../../kernel/ids.ts';
 import { isObject } from '../../kernel/is-object.ts';
+import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 
 export const EVENT_TYPES = ['llm_call', 'tool_use', 'tool_call'] as const;
 export const PHASES = ['start', 'end', 'complete', 'invoked'] as const;
@@ -34,20 +35,11 @@ export function formatTimestampUs(us: number): string {
   return micros === 0 ? iso : `${iso.slice(0, -1)}${String(micros).padStart(3, '0')}Z`;
 }
 
-/** Cuts a string to at most `maxBytes` of UTF-8 without splitting a character. */
-export function truncateUtf8(value: string, maxBytes: number): string {
-  if (value.length * 3 <= maxBytes || Buffer.byteLength(value) <= maxBytes) return value;
-  const buf = Buffer.from(value).subarray(0, maxBytes);
-  // Drop a partial multi-byte sequence at the end (continuation bytes are 10xxxxxx).
-  let end = buf.length;
-  let i = end - 1;
-  while (i >= 0 && (buf[i] & 0xc0) === 0x80) i--;
-  if (i >= 0) {
-    const lead = buf[i];
-    const need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
-    if (end - i < need) end = i;
-  }
-  return buf.subarray(0, end).toString('utf8');
+/** Limits of one ingest request, and the secret values its text is redacted of as it is cut. */
+export interface TraceLimits {
+  maxEvents: number;
+  maxFieldBytes: number;
+  secrets?: Record<string, string>;
 }
 
 
@@ -97,7 +89,7 @@ function validateMetadata(value: unknown, at: string): Record<string, string> {
   return out;
 }
 
-function validateEvent(raw: unknown, at: string, maxFieldBytes: number): TraceEvent {
+function validateEvent(raw: unknown, at: string, limits: TraceLimits): TraceEvent {
   if (!isObject(raw)) throw badRequest(at, 'must be an object');
   const ts = parseTimestampUs(raw.ts);
   if (ts === null) throw badRequest(`${at}.ts`, 'must be an ISO 8601 timestamp with a zone, e.g. 2026-01-31T12:00:00.000Z');
@@ -124,8 +116,9 @@ function validateEvent(raw: unknown, at: string, maxFieldBytes: number): TraceEv
     parent_span_id: parent === '' ? null : parent,
     duration_ms: nonNegativeInt(raw.duration_ms, `${at}.duration_ms`),
     status: oneOf(raw.status, STATUSES, `${at}.status`, 'ok'),
-    input: input === null ? null : truncateUtf8(input, maxFieldBytes),
-    output: output === null ? null : truncateUtf8(output, maxFieldBytes),
+    // Redacted before the cut: a value across it would leave its beginning (the rest of the event is redacted after).
+    input: input === null ? null : redactSecrets(input, limits.secrets ?? {}, { maxBytes: limits.maxFieldBytes }),
+    output: output === null ? null : redactSecrets(output, limits.secrets ?? {}, { maxBytes: limits.maxFieldBytes }),
     cost: validateCost(raw.cost, `${at}.cost`),
     metadata: validateMetadata(raw.metadata, `${at}.metadata`),
   };
@@ -158,12 +151,12 @@ function resolveTraceIds(events: TraceEvent[]): void {
 }
 
 /** Accepts `{events: [...]}` or a bare array; returns the normalised events. */
-export function validateTraceBatch(body: unknown, limits: { maxEvents: number; maxFieldBytes: number }): TraceEvent[] {
+export function validateTraceBatch(body: unknown, limits: TraceLimits): TraceEvent[] {
   const list = Array.isArray(body) ? body : isObject(body) ? body.events : undefined;
   const field = Array.isArray(body) ? 'body' : 'events';
   if (!Array.isArray(list)) throw badRequest(field, 'must be an array of trace events');
   if (list.length > limits.maxEvents) throw badRequest(field, `at most ${limits.maxEvents} events per request, got ${list.length}`);
-  const events = list.map((raw, i) => validateEvent(raw, `${field}[${i}]`, limits.maxFieldBytes));
+  const events = list.map((raw, i) => validateEvent(raw, `${field}[${i}]`, limits));
   resolveTraceIds(events);
   return events;
 }

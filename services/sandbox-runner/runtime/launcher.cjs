@@ -4,9 +4,11 @@
 // handed back to the runner over the IPC channel, so the runner talks to the supervisor
 // directly. Plain CommonJS: it runs without the TypeScript loader.
 'use strict';
-const { spawn } = require('node:child_process');
+const { execFile, execFileSync, spawn } = require('node:child_process');
 
 const children = new Map();
+/** key -> {command, args}: what undoes a `run` (a workspace's mount) should the runner die first. */
+const undo = new Map();
 
 process.on('message', (m) => {
   if (m.op === 'spawn') {
@@ -28,7 +30,27 @@ process.on('message', (m) => {
     for (const fd of [2, 3, 4, 5]) process.send({ id: m.id, fd }, child.stdio[fd]);
   } else if (m.op === 'kill') {
     children.get(m.id)?.kill(m.signal);
+  } else if (m.op === 'run') {
+    // A short command (mkfs, mount): the runner gets its exit and stderr at its end, not its pipes.
+    execFile(m.command, m.args, { timeout: m.timeoutMs, killSignal: 'SIGKILL' }, (err, _stdout, stderr) => {
+      const code = err ? (typeof err.code === 'number' ? err.code : null) : 0;
+      if (code === 0 && m.undo) undo.set(m.undo.key, m.undo);
+      const text = String(stderr || (err && code === null && !err.signal ? err.message : ''));
+      process.send({ id: m.id, ran: { code, signal: err?.signal ?? null, stderr: text.slice(-4096) } });
+    });
+  } else if (m.op === 'forget') {
+    undo.delete(m.key);
   }
 });
-// The runner is gone: so are we (and, through their parent-death signal, the supervisors).
-process.on('disconnect', () => process.exit(0));
+// The runner is gone: so are we (and, through their parent-death signal, the supervisors). What
+// it could not undo itself (a killed runner leaves its workspaces mounted) is undone first.
+process.on('disconnect', () => {
+  for (const { command, args } of undo.values()) {
+    try {
+      execFileSync(command, args, { stdio: 'ignore', timeout: 5000 });
+    } catch {
+      // the next start's sweep of the state directory catches it
+    }
+  }
+  process.exit(0);
+});

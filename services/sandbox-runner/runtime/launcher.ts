@@ -30,11 +30,20 @@ export class LaunchedProcess extends EventEmitter {
   }
 }
 
-type Message = { id: number; pid?: number; fd?: number; exit?: { code: number | null; signal: NodeJS.Signals | null }; error?: string };
+type Message = { id: number; pid?: number; fd?: number; exit?: { code: number | null; signal: NodeJS.Signals | null }; error?: string; ran?: RunResult };
+
+/** How a command started with `run` ended. */
+export interface RunResult {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  /** its last 4 KiB */
+  stderr: string;
+}
 
 export class Launcher {
   private child: ChildProcess | null = null;
   private readonly launched = new Map<number, { process: LaunchedProcess; fds: number; ready: (err?: Error) => void }>();
+  private readonly runs = new Map<number, (result: RunResult) => void>();
   private next = 0;
 
   private start(): ChildProcess {
@@ -46,6 +55,10 @@ export class Launcher {
       for (const [id, entry] of this.launched) {
         entry.ready(new Error('the launcher exited'));
         this.finish(id, { code: null, signal: 'SIGKILL' });
+      }
+      for (const [id, done] of this.runs) {
+        this.runs.delete(id);
+        done({ code: null, signal: 'SIGKILL', stderr: 'the launcher exited' });
       }
       if (this.child === child) this.child = null;
     });
@@ -91,12 +104,41 @@ export class Launcher {
     });
   }
 
+  /**
+   * Runs a short command to its end (killed after `timeoutMs`). Not `spawn`: the pipes of a
+   * process that exits at once may close in the launcher before they are handed over. `undo`,
+   * kept once the command succeeded, is what the launcher runs should this process die before it
+   * calls `forget(undo.key)` (a mount it no longer can unmount itself).
+   */
+  run(command: string, args: string[], options: { timeoutMs?: number; undo?: { key: string; command: string; args: string[] } } = {}): Promise<RunResult> {
+    const child = this.start();
+    const id = ++this.next;
+    if (this.pending++ === 0) this.channel(child)?.ref();
+    return new Promise((resolve) => {
+      this.runs.set(id, (result) => {
+        if (--this.pending === 0) this.channel(this.child)?.unref();
+        resolve(result);
+      });
+      child.send({ op: 'run', id, command, args, timeoutMs: options.timeoutMs ?? 60_000, undo: options.undo });
+    });
+  }
+
+  /** Drops what `run` was told to undo under `key` (it is undone, or needs no undoing). */
+  forget(key: string): void {
+    this.child?.send({ op: 'forget', key });
+  }
+
   close(): void {
     this.child?.kill();
     this.child = null;
   }
 
   private onMessage(m: Message, handle: (Readable & Writable) | undefined): void {
+    if (m.ran) {
+      this.runs.get(m.id)?.(m.ran);
+      this.runs.delete(m.id);
+      return;
+    }
     const entry = this.launched.get(m.id);
     if (!entry) return;
     if (m.pid !== undefined) entry.process.pid = m.pid;

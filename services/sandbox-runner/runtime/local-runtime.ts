@@ -16,8 +16,9 @@
  *  - only a loopback interface: no route out, no way to the host's loopback services;
  *  - cgroup limits on memory (+swap), pids and CPU; the OOM killer and pids.max act inside
  *    the sandbox only, and both are reported (oomKilled, usage()).
- * Disk: /tmp and /dev/shm are tmpfs, charged to the memory limit. The workspace is a host
- * directory: its size is not enforced by this runtime (a warning says so when diskBytes is set).
+ * Disk: /tmp and /dev/shm are tmpfs, charged to the memory limit. The workspace is a filesystem
+ * of its own, `diskBytes` large (workspace-disk.ts: a loop-mounted ext4 file), where the host has
+ * loop devices; elsewhere its size is not enforced (a warning on the handle says so).
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -26,9 +27,11 @@ import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../../kernel/logger.ts';
+import { commandSizeProblem, envSizeProblem, MAX_COMMANDS_AT_ONCE } from '../../kernel/sandbox-limits.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
 import { ServiceBridge } from './service-bridge.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';
+import { diskTools, WorkspaceDisks, type WorkspaceDisk } from './workspace-disk.ts';
 import {
   EXIT_KILLED,
   EXIT_TIMEOUT,
@@ -55,6 +58,10 @@ export interface LocalRuntimeOptions {
   supervisorSource?: string;
   /** how long a sandbox may take to come up (default 15 s) */
   bootTimeoutMs?: number;
+  /** workspace size when `resources.diskBytes` is null (default 1 GiB) */
+  diskDefaultBytes?: number;
+  /** largest `resources.diskBytes` a sandbox may ask for (default 16 GiB) */
+  diskMaxBytes?: number;
   logger?: Logger;
 }
 
@@ -90,6 +97,10 @@ export class LocalRuntime implements Runtime {
   private readonly launcher = new Launcher();
   private readonly source: string;
   private readonly bootTimeoutMs: number;
+  private readonly diskDefaultBytes: number;
+  private readonly diskMaxBytes: number;
+  /** the workspaces' disks, or why workspaces get no size limit here */
+  private disks: WorkspaceDisks | string | null = null;
   private readonly logger: Logger | undefined;
   private supervisor: Promise<string> | null = null;
   private availability: Promise<string | null> | null = null;
@@ -102,6 +113,8 @@ export class LocalRuntime implements Runtime {
     this.bwrap = options.bwrap ?? 'bwrap';
     this.source = options.supervisorSource ?? DEFAULT_SOURCE;
     this.bootTimeoutMs = options.bootTimeoutMs ?? 15_000;
+    this.diskDefaultBytes = options.diskDefaultBytes ?? 1024 ** 3;
+    this.diskMaxBytes = options.diskMaxBytes ?? 16 * 1024 ** 3;
     this.logger = options.logger;
   }
 
@@ -120,6 +133,10 @@ export class LocalRuntime implements Runtime {
     if (!cgroupLayout()) return 'no memory and pids cgroup controllers are mounted under /sys/fs/cgroup';
     const swept = sweepStaleCgroups(this.cgroupParent);
     if (swept) this.logger?.info({ groups: swept }, 'removed the cgroups of sandboxes left by a previous run');
+    const disks = this.workspaceDisks();
+    if (typeof disks === 'string') this.logger?.warn({ reason: disks }, 'workspaces get no disk limit on this host');
+    const stale = typeof disks === 'string' ? 0 : disks.sweep();
+    if (stale) this.logger?.info({ disks: stale }, 'removed the workspace disks of sandboxes left by a previous run');
     try {
       await this.supervisorBinary();
     } catch (err) {
@@ -154,13 +171,24 @@ export class LocalRuntime implements Runtime {
     return binary;
   }
 
+  private workspaceDisks(): WorkspaceDisks | string {
+    if (this.disks === null) {
+      const tools = diskTools();
+      this.disks = typeof tools === 'string' ? tools : new WorkspaceDisks({ dir: path.join(this.stateDir, 'disks'), defaultBytes: this.diskDefaultBytes, uid: this.uid, gid: this.gid, tools, launcher: this.launcher });
+    }
+    return this.disks;
+  }
+
   async create(options: CreateSandboxOptions): Promise<SandboxHandle> {
     if (!/^[A-Za-z0-9_.-]+$/.test(options.id)) throw new Error(`invalid sandbox id: ${options.id}`);
+    const envProblem = envSizeProblem(options.env);
+    if (envProblem) throw new Error(`env: ${envProblem}`);
+    const diskBytes = options.resources.diskBytes ?? this.diskDefaultBytes;
+    if (diskBytes > this.diskMaxBytes) throw new Error(`resources.disk: ${diskBytes} bytes is more than this server allows a sandbox (${this.diskMaxBytes} bytes, SVC_SANDBOX_DISK_MAX)`);
     const supervisor = await this.supervisorBinary();
     const workspace = path.resolve(options.workspace);
     const readOnlyMounts = (options.readOnlyMounts ?? []).map((m) => ({ host: path.resolve(m.host), sandbox: m.sandbox }));
     await fs.promises.mkdir(workspace, { recursive: true });
-    await chownTree(workspace, this.uid, this.gid, new Set(readOnlyMounts.map((m) => m.host)));
 
     const sandboxDir = path.join(this.stateDir, 'sandboxes', options.id);
     await fs.promises.mkdir(sandboxDir, { recursive: true });
@@ -168,8 +196,18 @@ export class LocalRuntime implements Runtime {
     await fs.promises.writeFile(hostsFile, hostsText(options.id, options.hosts ?? {}));
 
     const warnings: string[] = [];
-    if (options.resources.diskBytes != null) warnings.push('disk limit not enforced on the workspace by the local runtime (a host directory); /tmp is a tmpfs bounded by the memory limit');
-    const cgroup = SandboxCgroup.create(this.cgroupParent, options.id, options.resources);
+    const disks = this.workspaceDisks();
+    let disk: WorkspaceDisk | null = null;
+    if (typeof disks === 'string') warnings.push(`disk limit not enforced on the workspace (${disks}); /tmp is a tmpfs bounded by the memory limit`);
+    else disk = await disks.mount(options.id, workspace, diskBytes);
+    let cgroup: SandboxCgroup;
+    try {
+      await chownTree(workspace, this.uid, this.gid, new Set(readOnlyMounts.map((m) => m.host)));
+      cgroup = SandboxCgroup.create(this.cgroupParent, options.id, options.resources);
+    } catch (err) {
+      await disk?.release();
+      throw err;
+    }
     warnings.push(...cgroup.warnings);
 
     const args = this.bwrapArgs(options, workspace, readOnlyMounts, supervisor, hostsFile);
@@ -183,9 +221,10 @@ export class LocalRuntime implements Runtime {
       argsStream.end(Buffer.from(args.map((a) => `${a}\0`).join(''), 'utf8'));
     } catch (err) {
       await cgroup.remove();
+      await disk?.release();
       throw err;
     }
-    const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, warnings, this.logger);
+    const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, disk, warnings, this.logger);
     try {
       // The bridge's forwarder stays out of the sandbox's cgroups: it is not the agent's, and a
       // fork bomb must not take its pids. It comes up while the supervisor boots.
@@ -251,6 +290,7 @@ interface Pending {
   stdout: Buffer[];
   stderr: Buffer[];
   captured: { stdout: number; stderr: number };
+  truncated: { stdout: boolean; stderr: boolean };
   outputBytes: number;
   limit: number;
   timedOut: boolean;
@@ -286,6 +326,7 @@ class LocalSandbox implements SandboxHandle {
     private readonly child: LaunchedProcess,
     private readonly cgroup: SandboxCgroup,
     private readonly sandboxDir: string,
+    private readonly disk: WorkspaceDisk | null,
     readonly warnings: string[],
     private readonly logger: Logger | undefined,
   ) {
@@ -386,6 +427,7 @@ class LocalSandbox implements SandboxHandle {
         (stream === 'stdout' ? p.stdout : p.stderr).push(room >= copy.length ? copy : copy.subarray(0, room));
         p.captured[stream] += Math.min(room, copy.length);
       }
+      if (room < copy.length) p.truncated[stream] = true;
       try {
         p.options.onOutput?.(stream, copy);
       } catch (err) {
@@ -417,6 +459,7 @@ class LocalSandbox implements SandboxHandle {
       timedOut: p.timedOut,
       oomKilled,
       outputBytes: p.outputBytes,
+      truncated: p.truncated,
     });
   }
 
@@ -426,6 +469,16 @@ class LocalSandbox implements SandboxHandle {
       const started = Promise.reject(err);
       started.catch(() => {});
       return { started, done: Promise.reject(err) };
+    }
+    const env = { ...this.env, ...options.env };
+    // Refused here, as exec would refuse it (exit 126), before it is sent to the supervisor. Commands
+    // at once are bounded too: each holds up to twice maxCaptureBytes of output here.
+    const commandProblem = commandSizeProblem(options.command);
+    const envProblem = envSizeProblem(env);
+    const busy = this.pending.size >= MAX_COMMANDS_AT_ONCE ? `${MAX_COMMANDS_AT_ONCE} commands are running in this sandbox already, the most at once` : null;
+    if (commandProblem || envProblem || busy) {
+      const stderr = `sandbox: ${commandProblem ? `the command ${commandProblem}` : envProblem ? `env: ${envProblem}` : busy}\n`;
+      return { started: Promise.resolve(), done: Promise.resolve({ exitCode: 126, stdout: '', stderr, durationMs: 0, timedOut: false, oomKilled: false, outputBytes: 0, truncated: { stdout: false, stderr: false } }) };
     }
     const id = this.nextId++;
     let onStarted!: (error: Error | null) => void;
@@ -440,6 +493,7 @@ class LocalSandbox implements SandboxHandle {
         stdout: [],
         stderr: [],
         captured: { stdout: 0, stderr: 0 },
+        truncated: { stdout: false, stderr: false },
         outputBytes: 0,
         limit: options.maxCaptureBytes ?? DEFAULT_CAPTURE,
         timedOut: false,
@@ -457,7 +511,6 @@ class LocalSandbox implements SandboxHandle {
       }
       this.pending.set(id, p);
     });
-    const env = { ...this.env, ...options.env };
     const parts = [options.command.replace(/\0/g, '')];
     for (const [key, value] of Object.entries(env)) {
       if (!key || key.includes('=') || key.includes('\0')) continue;
@@ -502,7 +555,12 @@ class LocalSandbox implements SandboxHandle {
         await this.exited;
         clearTimeout(timer);
       }
-      await this.cleanup();
+      try {
+        await this.cleanup();
+      } finally {
+        // Only at destroy, not when the sandbox ends on its own: the caller may still read the workspace.
+        await this.disk?.release();
+      }
     })();
     return this.destroying;
   }

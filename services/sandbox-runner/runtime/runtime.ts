@@ -11,7 +11,7 @@ export interface SandboxResources {
   cpus: number;
   /** most processes and threads alive at once */
   pids: number;
-  /** workspace size limit; null = none. See the runtime for what it can enforce. */
+  /** workspace size limit; null = the runtime's default. See the runtime for what it can enforce. */
   diskBytes: number | null;
 }
 
@@ -62,6 +62,8 @@ export interface ExecResult {
   oomKilled: boolean;
   /** bytes of output produced (stdout + stderr), captured or not */
   outputBytes: number;
+  /** per stream: more was produced than maxCaptureBytes, so the captured text ends where it was cut */
+  truncated: { stdout: boolean; stderr: boolean };
 }
 
 export interface SandboxUsage {
@@ -85,7 +87,7 @@ export interface SandboxHandle {
   /** kills every process of the sandbox except the supervisor */
   killAll(): Promise<void>;
   usage(): Promise<SandboxUsage>;
-  /** idempotent: kills everything and removes the cgroups; leaves the workspace to the caller */
+  /** idempotent: kills everything and removes the cgroups; the workspace's contents go with its own filesystem (if it has one), its directory is left to the caller */
   destroy(): Promise<void>;
   /** resolves when the sandbox has ended, on its own or by destroy() */
   readonly exited: Promise<void>;

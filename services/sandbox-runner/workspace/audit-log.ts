@@ -11,6 +11,13 @@
  * Records are written in the order `record` is called, one `write` per line on an O_APPEND
  * descriptor. `onRecord` is called after the line is written (the runner publishes each record as a
  * sandbox event); an exception it throws is swallowed, it never breaks auditing.
+ *
+ * Bounded, so an agent that floods (renames in a loop) costs the service neither memory nor its
+ * event log: at most `recordsPerSecond` records in each one-second window, the rest of the window
+ * dropped (`record` resolves with null) and counted in one `warning` record when the window ends
+ * (`{dropped: {type: count}, from, to}`); at most `maxRecords` in all, then a `warning` says the
+ * log is full, and one at `close` counts what was dropped after it. Those warnings are the only
+ * records past the limits: at most one per window, two in all.
  */
 import { constants } from 'node:fs';
 import { lstat, mkdir, open, readFile, type FileHandle } from 'node:fs/promises';
@@ -48,7 +55,13 @@ export interface AuditLogOptions {
   onRecord?: (record: AuditRecord) => void;
   /** fsync after every line (default false: the OS flushes; the log is closed at teardown). */
   fsync?: boolean;
+  /** Most records in one second (default: no limit). */
+  recordsPerSecond?: number;
+  /** Most records in all (default: no limit). */
+  maxRecords?: number;
 }
+
+const WINDOW_MS = 1000;
 
 export function auditLogPath(workspace: string): string {
   return path.join(workspace, SERVICE_DIR, AUDIT_FILE);
@@ -62,6 +75,13 @@ export class AuditLog {
   private tail: Promise<unknown> = Promise.resolve();
   private closed = false;
   private count = 0;
+  /** Records let through so far (written or being written). */
+  private admitted = 0;
+  /** The current window: when it began, records let through in it, records dropped in it by type. */
+  private window = { start: 0, admitted: 0, dropped: new Map<AuditType, number>() };
+  private windowTimer: NodeJS.Timeout | undefined;
+  /** Dropped because the log is full, by type. */
+  private readonly overCap = new Map<AuditType, number>();
 
   constructor(options: AuditLogOptions) {
     this.options = options;
@@ -90,13 +110,66 @@ export class AuditLog {
     return this.opening;
   }
 
-  /** Appends one record; resolves with it (as written) once it is in the file. */
-  record(type: AuditType, details: Record<string, unknown> = {}, options: { ts?: Date } = {}): Promise<AuditRecord> {
+  /**
+   * Appends one record; resolves with it (as written) once it is in the file, or with null at once
+   * when a limit drops it.
+   */
+  record(type: AuditType, details: Record<string, unknown> = {}, options: { ts?: Date } = {}): Promise<AuditRecord | null> {
     if (this.closed) return Promise.reject(new Error('audit log is closed'));
     if (!(AUDIT_TYPES as readonly string[]).includes(type)) return Promise.reject(new Error(`unknown audit type ${type}`));
+    if (!this.admit(type)) return Promise.resolve(null);
+    return this.append(type, details, options.ts);
+  }
+
+  /** Whether the limits let a record of `type` through now; counts it, or its drop. */
+  private admit(type: AuditType): boolean {
+    const { recordsPerSecond, maxRecords } = this.options;
+    if (maxRecords !== undefined && this.admitted >= maxRecords) {
+      if (this.overCap.size === 0) {
+        void this.append('warning', { message: `the audit log is full (${maxRecords} records): later records are dropped, and counted when it closes` }).catch(() => undefined);
+      }
+      this.overCap.set(type, (this.overCap.get(type) ?? 0) + 1);
+      return false;
+    }
+    if (recordsPerSecond !== undefined) {
+      const now = Date.now();
+      if (now - this.window.start >= WINDOW_MS) {
+        this.summariseWindow();
+        this.window = { start: now, admitted: 0, dropped: new Map() };
+      }
+      if (this.window.admitted >= recordsPerSecond) {
+        this.window.dropped.set(type, (this.window.dropped.get(type) ?? 0) + 1);
+        // Said when the window ends, even if nothing more comes.
+        this.windowTimer ??= setTimeout(() => this.summariseWindow(), this.window.start + WINDOW_MS - now).unref();
+        return false;
+      }
+      this.window.admitted++;
+    }
+    this.admitted++;
+    return true;
+  }
+
+  /** The `warning` that counts what the current window dropped, if it dropped anything. */
+  private summariseWindow(): void {
+    if (this.windowTimer) clearTimeout(this.windowTimer);
+    this.windowTimer = undefined;
+    const { start, dropped } = this.window;
+    if (dropped.size === 0) return;
+    this.window.dropped = new Map();
+    const total = [...dropped.values()].reduce((a, b) => a + b, 0);
+    this.admitted++;
+    void this.append('warning', {
+      message: `${total} audit records dropped: more than ${this.options.recordsPerSecond} in one second`,
+      dropped: Object.fromEntries(dropped),
+      from: new Date(start).toISOString(),
+      to: new Date(start + WINDOW_MS).toISOString(),
+    }).catch(() => undefined);
+  }
+
+  private append(type: AuditType, details: Record<string, unknown>, ts?: Date): Promise<AuditRecord> {
     const redact = this.options.redact;
     const record: AuditRecord = {
-      ts: (options.ts ?? new Date()).toISOString(),
+      ts: (ts ?? new Date()).toISOString(),
       sandbox_id: this.options.sandboxId,
       type,
       details: (redact ? redactDeep(details, redact) : details) as Record<string, unknown>,
@@ -122,6 +195,11 @@ export class AuditLog {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    this.summariseWindow();
+    if (this.overCap.size > 0) {
+      const total = [...this.overCap.values()].reduce((a, b) => a + b, 0);
+      void this.append('warning', { message: `${total} audit records dropped after the log was full (${this.options.maxRecords} records)`, dropped: Object.fromEntries(this.overCap) }).catch(() => undefined);
+    }
     await this.tail;
     if (this.opening) await this.opening.catch(() => undefined);
     await this.handle?.close();

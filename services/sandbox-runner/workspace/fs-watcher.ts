@@ -5,6 +5,11 @@
  *
  * How: one `inotifywait -m -r` child per sandbox, watching the host directory that is bind-mounted at
  * /workspace. Node's fs.watch is not used: it reports neither reads nor which operation happened.
+ * The agent may swap a directory for a symlink to anywhere on the host at any moment, so nothing
+ * here follows one: inotifywait (which does, when it adds the watch of a new directory) runs under
+ * bubblewrap in a mount namespace holding only the workspace (see `confined`), and the watcher's
+ * own looks (new-directory scans, sizes) go through beneath.ts, by descriptor. No record ever
+ * names a host file or another sandbox's.
  * inotify sees every process that touches the files, whoever it is, so:
  *  - start the watcher after setup and fixtures (the boot pipeline does: "apply setup ... start audit
  *    capture"), so those writes are never the agent's;
@@ -36,22 +41,28 @@
  *    read() call, not for mmap or empty files). Opening a file read-write and only reading it is not
  *    seen as a read.
  *  Bursts are coalesced: repeated records of the same type for the same path within `coalesceMs`
- *  (100 ms) are one record (per-path order is kept: write, delete, write stays three records).
+ *  (100 ms) are one record (per-path order is kept: write, delete, write stays three records); at
+ *  most MAX_PENDING wait for that window, more flush at once (a flood of events never queues up
+ *  here, and the audit log's limits drop what is too much).
  *  Directories created faster than inotifywait can add a watch (`mkdir -p a/b && echo x > a/b/f`) are
  *  scanned when their CREATE arrives, so files written in them are not missed (they may, rarely, be
  *  recorded twice). An overflowing inotify queue, watch errors and an unexpected exit of the child
  *  are recorded as `warning` records.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { lstatSync } from 'node:fs';
-import { lstat, mkdir, readdir, realpath, unlink, writeFile } from 'node:fs/promises';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { constants, type Dirent } from 'node:fs';
+import { access, lstat, mkdir, realpath, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import { badRequest } from '../../kernel/errors.ts';
 import type { AuditType } from './audit-log.ts';
-import { isServicePath, resolveSegments, SANDBOX_WORKSPACE, SERVICE_DIR, workspaceSegments } from './paths.ts';
+import { closeFd, lstatBeneath, openDirAt, openDirBeneath, readdirFd, resolveBeneath } from './beneath.ts';
+import { isServicePath, SANDBOX_WORKSPACE, SERVICE_DIR, workspaceSegments } from './paths.ts';
 
 /** Under `.svc/`: where the watcher creates its barrier files (the agent cannot write there). */
 const BARRIER_DIR = 'watch';
+/** Records waiting to be coalesced, at most. */
+const MAX_PENDING = 1000;
 
 export type TrackKind = 'writes' | 'reads' | 'deletes';
 export type OpKind = 'write' | 'read' | 'delete';
@@ -123,8 +134,9 @@ export async function resolveWatchPrefixes(workspace: string, watch: unknown, fi
       prefixes.push('');
       continue;
     }
-    const segs = workspaceSegments(w, f);
-    const rel = (await resolveSegments(root, segs, f, true)).join('/');
+    const resolved = resolveBeneath(root, workspaceSegments(w, f), { field: f });
+    closeFd(resolved.dir);
+    const rel = resolved.relative;
     if (isServicePath(rel)) throw badRequest(f, '.svc is the service\'s directory and is not watched');
     prefixes.push(rel);
   }
@@ -187,7 +199,10 @@ export class FsWatcher {
     // `.svc` is not watched (the audit log is written there), except the barrier directory.
     args.push('--', ...roots, `@${path.join(root, SERVICE_DIR)}`);
     if (this.barrierDir) args.push(this.barrierDir);
-    const child = spawn(this.opts.command ?? 'inotifywait', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    const [command, argv] = await confined(this.opts.command ?? 'inotifywait', root, args).catch((err: Error) => {
+      throw new Error(`cannot run inotifywait (install inotify-tools): ${err.message}`);
+    });
+    const child = spawn(command, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
     this.child = child;
     child.stdout!.setEncoding('utf8');
     child.stdout!.on('data', (chunk: string) => this.onStdout(chunk));
@@ -205,8 +220,8 @@ export class FsWatcher {
         reject(err);
       };
       child.on('error', (err) => {
-        const hint = (err as NodeJS.ErrnoException).code === 'ENOENT' ? ' (install inotify-tools)' : '';
-        fail(new Error(`cannot run inotifywait${hint}: ${err.message}`));
+        const hint = (err as NodeJS.ErrnoException).code === 'ENOENT' ? ' (install bubblewrap)' : '';
+        fail(new Error(`cannot run inotifywait under bwrap${hint}: ${err.message}`));
       });
       child.stderr!.setEncoding('utf8');
       child.stderr!.on('data', (chunk: string) => {
@@ -349,15 +364,11 @@ export class FsWatcher {
             this.scanNewDir(rel);
           } else {
             this.dirty.add(rel);
-            try {
-              const st = lstatSync(clean);
-              // No CLOSE_WRITE follows a symlink or a hard link.
-              if (st.isSymbolicLink() || (st.isFile() && st.nlink > 1)) {
-                this.dirty.delete(rel);
-                this.enqueue('file_write', rel, { path: rel });
-              }
-            } catch {
-              // Gone already: its DELETE follows.
+            // No CLOSE_WRITE follows a symlink or a hard link. (Gone already: its DELETE follows.)
+            const st = lstatBeneath(this.root, rel);
+            if (st && (st.isSymbolicLink() || (st.isFile() && st.nlink > 1))) {
+              this.dirty.delete(rel);
+              this.enqueue('file_write', rel, { path: rel });
             }
           }
           break;
@@ -399,26 +410,53 @@ export class FsWatcher {
     return this.suppressions.some((s) => (!s.kinds || s.kinds.has(kind)) && (!s.paths || s.paths.has(rel)));
   }
 
-  /** Files already in a directory when its CREATE arrives were perhaps written before its watch. */
+  /**
+   * Files already in a directory when its CREATE arrives were perhaps written before its watch.
+   * Walked by descriptor (beneath.ts), never through a symlink: the agent may have swapped the
+   * directory for a link to a host directory or another sandbox's workspace by now.
+   */
   private scanNewDir(rel: string): void {
     const scan = (async () => {
-      const stack = [rel];
-      while (stack.length > 0) {
-        const dir = stack.pop()!;
-        let entries;
-        try {
-          entries = await readdir(path.join(this.root, dir), { withFileTypes: true });
-        } catch {
-          continue;
-        }
-        for (const d of entries) {
-          const child = `${dir}/${d.name}`;
-          if (d.isDirectory()) stack.push(child);
-          else if ((d.isFile() || d.isSymbolicLink()) && this.inScope(child) && !this.suppressed(child, 'write')) {
+      let top: number;
+      try {
+        top = openDirBeneath(this.root, rel.split('/'));
+      } catch {
+        return; // gone, or no longer a directory
+      }
+      // Depth first, one held descriptor per level.
+      const stack: { fd: number; rel: string; entries?: Dirent[]; next: number }[] = [{ fd: top, rel, next: 0 }];
+      try {
+        while (stack.length > 0) {
+          const dir = stack.at(-1)!;
+          if (!dir.entries) {
+            try {
+              dir.entries = readdirFd(dir.fd);
+            } catch {
+              dir.entries = [];
+            }
+          }
+          const d = dir.entries[dir.next++];
+          if (!d) {
+            closeFd(stack.pop()!.fd);
+            await new Promise<void>((resolve) => setImmediate(resolve));
+            continue;
+          }
+          const child = `${dir.rel}/${d.name}`;
+          if (d.isDirectory()) {
+            // Deeper than a path the API can name is not scanned (it bounds the held descriptors).
+            if (Buffer.byteLength(child) >= 4096) continue;
+            try {
+              stack.push({ fd: openDirAt(dir.fd, d.name), rel: child, next: 0 });
+            } catch {
+              // Gone or swapped for something else since the listing: not entered.
+            }
+          } else if ((d.isFile() || d.isSymbolicLink()) && this.inScope(child) && !this.suppressed(child, 'write')) {
             // Still open for writing: its CLOSE_WRITE will record it.
             if (!this.dirty.has(child)) this.enqueue('file_write', child, { path: child });
           }
         }
+      } finally {
+        for (const dir of stack) closeFd(dir.fd);
       }
     })();
     this.scans.add(scan);
@@ -441,7 +479,8 @@ export class FsWatcher {
     const item: Pending = { type, rel, details, ts: new Date() };
     this.pending.push(item);
     this.lastByPath.set(rel, item);
-    if (!this.timer) {
+    if (this.pending.length >= MAX_PENDING) this.flush();
+    else if (!this.timer) {
       this.timer = setTimeout(() => this.flush(), this.coalesceMs);
       this.timer.unref();
     }
@@ -455,13 +494,10 @@ export class FsWatcher {
     this.lastByPath = new Map();
     for (const item of items) {
       if (item.type === 'file_write' && !item.details.directory) {
-        try {
-          const st = lstatSync(path.join(this.root, item.rel));
-          if (st.isFile()) item.details.bytes = st.size;
-          else if (st.isSymbolicLink()) item.details.symlink = true;
-        } catch {
-          // Gone since: no byte count.
-        }
+        // Gone since (or reached only through a symlink now): no byte count.
+        const st = lstatBeneath(this.root, item.rel);
+        if (st?.isFile()) item.details.bytes = st.size;
+        else if (st?.isSymbolicLink()) item.details.symlink = true;
       }
       const p = this.opts.audit
         ? this.opts.audit.record(item.type, item.details, { ts: item.ts })
@@ -473,6 +509,44 @@ export class FsWatcher {
   }
 }
 
+/**
+ * inotifywait -r follows symlinks: a directory swapped for a link right after its CREATE gets the
+ * link's target watched (opendir and a trailing `/` follow it even with --no-dereference), and its
+ * events would name host files. So it runs under bubblewrap in a mount namespace holding only the
+ * workspace (at its own path, read-only; inotify still sees every write) and the binary with its
+ * libraries: a link out of the workspace leads nowhere there.
+ */
+async function confined(command: string, root: string, args: string[]): Promise<[string, string[]]> {
+  const binary = await findExecutable(command);
+  const files = [binary, ...(await sharedLibraries(binary))];
+  const binds = files.flatMap((f) => ['--ro-bind', f, f]);
+  return ['bwrap', ['--die-with-parent', '--unshare-all', ...binds, '--ro-bind', root, root, '--', binary, ...args]];
+}
+
+/** `command` as an absolute path (PATH searched); ENOENT when there is none. */
+async function findExecutable(command: string): Promise<string> {
+  const candidates = command.includes('/') ? [path.resolve(command)] : (process.env.PATH ?? '').split(':').filter(Boolean).map((d) => path.join(d, command));
+  for (const c of candidates) {
+    if (await access(c, constants.X_OK).then(() => true, () => false)) return realpath(c);
+  }
+  throw Object.assign(new Error(`${command} not found`), { code: 'ENOENT' });
+}
+
+const libraries = new Map<string, Promise<string[]>>();
+
+/** The shared libraries (and loader) `binary` loads, as `ldd` lists them; none for a static binary. */
+function sharedLibraries(binary: string): Promise<string[]> {
+  let found = libraries.get(binary);
+  if (!found) {
+    found = promisify(execFile)('ldd', [binary]).then(
+      ({ stdout }) => [...stdout.matchAll(/(?:=>\s*)?(\/\S+)\s+\(0x/g)].map((m) => m[1]!),
+      () => [],
+    );
+    libraries.set(binary, found);
+  }
+  return found;
+}
+
 /** Directories to hand to inotifywait: each prefix's nearest existing directory, nested ones dropped. */
 async function watchRoots(root: string, prefixes: string[]): Promise<string[]> {
   const dirs = new Set<string>();
@@ -480,7 +554,7 @@ async function watchRoots(root: string, prefixes: string[]): Promise<string[]> {
     let rel = p;
     for (;;) {
       const abs = rel === '' ? root : path.join(root, rel);
-      const st = await lstat(abs).catch(() => undefined);
+      const st = rel === '' ? await lstat(root).catch(() => undefined) : lstatBeneath(root, rel);
       if (st?.isDirectory()) {
         dirs.add(abs);
         break;

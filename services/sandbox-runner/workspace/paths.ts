@@ -18,13 +18,15 @@
  *    `forbidden` (the path is well-formed, the caller just may not change it), checked on the
  *    resolved path so a symlink to `.svc` does not get around it.
  *
- * `resolveWorkspacePath` applies the lexical rules only (no filesystem access). `resolveRealPath`
- * adds the symlink rules; files.ts then re-checks at open time (see there) so a symlink swapped in
- * between the check and the operation cannot redirect it either.
+ * `resolveWorkspacePath` applies the lexical rules only (no filesystem access). The symlink rules
+ * are beneath.ts's: every operation resolves its path there, by descriptor, at the moment it acts,
+ * so a symlink swapped in meanwhile cannot redirect it. `resolveRealPath` is that resolution as a
+ * plain answer (where a name leads now).
  */
-import { lstat, readlink, realpath } from 'node:fs/promises';
+import { realpath } from 'node:fs/promises';
 import path from 'node:path';
-import { AppError, badRequest } from '../../kernel/errors.ts';
+import { badRequest } from '../../kernel/errors.ts';
+import { closeFd, resolveBeneath } from './beneath.ts';
 
 /** Where the workspace is mounted inside the sandbox. */
 export const SANDBOX_WORKSPACE = '/workspace';
@@ -33,7 +35,6 @@ export const SERVICE_DIR = '.svc';
 
 const MAX_PATH_BYTES = 4096;
 const MAX_SEGMENT_BYTES = 255;
-const MAX_SYMLINK_HOPS = 40;
 
 export interface WorkspacePath {
   /** Normalised workspace-relative path, `/`-separated, never empty, never starting with `/`. */
@@ -100,9 +101,10 @@ export interface ResolveOptions {
 }
 
 /**
- * The lexical rules plus symlinks, resolved as the sandbox sees them. Components that do not exist
- * yet are appended as named (a write creates them). Throws 400 naming `field` when the chain leaves
- * the workspace, 403 when `forWrite` and the resolved path is under `.svc`.
+ * The lexical rules plus symlinks, resolved as the sandbox sees them (beneath.ts, by descriptor).
+ * Components that do not exist yet are appended as named (a write creates them). Throws 400 naming
+ * `field` when the chain leaves the workspace, 403 when `forWrite` and the resolved path is under
+ * `.svc`. The answer is a name, already stale when it returns: operations use `resolveBeneath`.
  */
 export async function resolveRealPath(
   workspace: string,
@@ -113,64 +115,7 @@ export async function resolveRealPath(
   const segments = workspaceSegments(input, field);
   const relative = segments.join('/');
   const root = await realpath(workspace);
-  const resolved = await resolveSegments(root, segments, field, options.followFinal ?? true);
-  const realRelative = resolved.join('/');
-  if (realRelative === '') throw badRequest(field, 'resolves to the workspace itself, not a file');
-  if (options.forWrite && (isServicePath(relative) || isServicePath(realRelative))) {
-    throw new AppError('forbidden', `${field}: ${SERVICE_DIR}/ is managed by the service and cannot be changed`);
-  }
-  return { relative, absolute: path.join(workspace, relative), root, realRelative, real: path.join(root, realRelative) };
-}
-
-/**
- * Walks `segments` from the real workspace root, following symlinks (sandbox view). Returns the
- * resolved segments relative to the root; components after the first missing one are kept as named.
- */
-export async function resolveSegments(root: string, segments: string[], field: string, followFinal: boolean): Promise<string[]> {
-  const escape = () => badRequest(field, 'resolves outside the workspace (through a symlink)');
-  const done: string[] = [];
-  const queue = [...segments];
-  let hops = 0;
-  let missing = false;
-  while (queue.length > 0) {
-    const seg = queue.shift()!;
-    if (seg === '' || seg === '.') continue;
-    if (seg === '..') {
-      // Only symlink targets bring `..` here (callers' `..` is refused up front).
-      if (done.length === 0) throw escape();
-      done.pop();
-      continue;
-    }
-    if (missing) {
-      done.push(seg);
-      continue;
-    }
-    const here = path.join(root, ...done, seg);
-    let isLink = false;
-    try {
-      isLink = (await lstat(here)).isSymbolicLink();
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      if (code !== 'ENOENT' && code !== 'ENOTDIR') throw err;
-      missing = true;
-    }
-    const isFinal = queue.length === 0;
-    if (!isLink || (isFinal && !followFinal)) {
-      done.push(seg);
-      continue;
-    }
-    if (++hops > MAX_SYMLINK_HOPS) throw badRequest(field, 'too many levels of symbolic links');
-    const target = await readlink(here);
-    if (target.startsWith('/')) {
-      let inside: string | undefined;
-      if (target === SANDBOX_WORKSPACE || target.startsWith(`${SANDBOX_WORKSPACE}/`)) inside = target.slice(SANDBOX_WORKSPACE.length);
-      else if (target === root || target.startsWith(`${root}/`)) inside = target.slice(root.length); // written on the host
-      if (inside === undefined) throw escape();
-      done.length = 0;
-      queue.unshift(...inside.split('/'));
-    } else {
-      queue.unshift(...target.split('/'));
-    }
-  }
-  return done;
+  const resolved = resolveBeneath(root, segments, { field, followFinal: options.followFinal ?? true, forWrite: options.forWrite });
+  closeFd(resolved.dir);
+  return { relative, absolute: path.join(workspace, relative), root, realRelative: resolved.relative, real: path.join(root, resolved.relative) };
 }

@@ -12,7 +12,13 @@
  *    a link to a directory is one entry, its contents are not walked;
  *  - other special files (fifos, sockets, devices) and directories themselves are not listed;
  *  - a file that vanishes or cannot be read while the capture runs is left out / listed without
- *    checksum.
+ *    checksum; paths longer than 4096 bytes (deeper than the files API can name) are not listed.
+ *
+ * The walk goes by descriptor (beneath.ts): each directory is opened O_NOFOLLOW|O_DIRECTORY in its
+ * held parent and listed through its own descriptor, each file opened O_NOFOLLOW in its held
+ * directory and described by fstat of what was opened. A directory the agent swaps for a symlink
+ * (to /root, another sandbox's workspace) while the capture runs is listed as the symlink it has
+ * become, never entered: no host name, size or hash can come back.
  *
  * Speed: see the comment on `captureState` (time-sliced synchronous work for small files, bounded
  * parallel hashing for bigger ones); and a
@@ -27,9 +33,8 @@
  * that turned into a symlink (or back) is modified.
  */
 import { createHash } from 'node:crypto';
-import { closeSync, constants, fstatSync, lstatSync, openSync, readdirSync, readlinkSync, readSync, type BigIntStats, type Dirent } from 'node:fs';
-import { open } from 'node:fs/promises';
-import path from 'node:path';
+import { closeSync, constants, fstatSync, readSync, type BigIntStats, type Dirent } from 'node:fs';
+import { closeFd, lstatAt, openAt, openDirAt, openHandleAt, openRoot, readdirFd, readlinkAt } from './beneath.ts';
 
 export const SKIPPED_DIRS: ReadonlySet<string> = new Set(['node_modules', '.git', '__pycache__', '.svc']);
 export const DEFAULT_CHECKSUM_MAX_BYTES = 1024 * 1024;
@@ -150,24 +155,25 @@ export async function captureState(workspace: string, options: CaptureOptions = 
     if (startedNs - r.st.ctimeNs > racyNs && startedNs - r.st.mtimeNs > racyNs) nextCache.set(rel, cacheEntry(r.st, r.checksum));
   };
 
-  const visitFile = (abs: string, rel: string, dirs: [string, string][]): void => {
+  /** Looks at `name` in the held directory `dir`; a directory found there is queued when `descend`. */
+  const visit = (dir: DirRef, name: string, rel: string, dirs: PendingDir[], descend = true): void => {
     let st: BigIntStats;
     try {
-      st = lstatSync(abs, { bigint: true });
+      st = lstatAt(dir.fd, name, { bigint: true });
     } catch (err) {
       if (gone(err)) return;
       throw err;
     }
     if (st.isDirectory()) {
-      if (!SKIPPED_DIRS.has(path.basename(abs))) dirs.push([abs, rel]);
+      if (descend && !SKIPPED_DIRS.has(name) && Buffer.byteLength(rel) < MAX_REL_BYTES) dirs.push(dir.child(name, rel));
       return;
     }
     const entry: FileEntry = { size: Number(st.size), mode: modeString(st.mode) };
     if (st.isSymbolicLink()) {
       try {
-        entry.symlink = readlinkSync(abs);
+        entry.symlink = readlinkAt(dir.fd, name);
       } catch (err) {
-        if (gone(err)) return;
+        if (gone(err) || (err as NodeJS.ErrnoException).code === 'EINVAL') return; // gone or no longer a link
         throw err;
       }
       entry.checksum = sha256(Buffer.from(entry.symlink));
@@ -184,38 +190,99 @@ export async function captureState(workspace: string, options: CaptureOptions = 
       return;
     }
     const startedNs = BigInt(Date.now()) * 1_000_000n;
-    if (st.size <= BigInt(syncMax)) hashed_(rel, entry, hashFileSync(abs, maxBytes), startedNs);
-    else asyncWork.push(limit(() => hashFile(abs, maxBytes)).then((r) => hashed_(rel, entry, r, startedNs)));
+    if (st.size <= BigInt(syncMax)) {
+      hashed_(rel, entry, hashFileSync(dir.fd, name, maxBytes), startedNs);
+      return;
+    }
+    // The directory stays open until the file is: the file is opened in it, by name, later.
+    dir.refs++;
+    asyncWork.push(limit(() => hashFile(dir, name, maxBytes)).then((r) => hashed_(rel, entry, r, startedNs)));
   };
 
-  const dirs: [string, string][] = [[workspace, '']];
-  while (dirs.length > 0) {
-    const [abs, rel] = dirs.pop()!;
-    let entries: Dirent[];
-    try {
-      entries = readdirSync(abs, { withFileTypes: true });
-    } catch (err) {
-      if (gone(err) || (rel !== '' && (err as NodeJS.ErrnoException).code === 'EACCES')) continue;
-      throw err;
-    }
-    for (const d of entries) {
-      const childRel = rel === '' ? d.name : `${rel}/${d.name}`;
-      const childAbs = path.join(abs, d.name);
-      if (d.isDirectory()) {
-        if (!SKIPPED_DIRS.has(d.name)) dirs.push([childAbs, childRel]);
-      } else if (!(d.isFIFO() || d.isSocket() || d.isCharacterDevice() || d.isBlockDevice())) {
-        // Files, symlinks, and DT_UNKNOWN entries (some filesystems): lstat decides.
-        visitFile(childAbs, childRel, dirs);
-        await maybeYield();
+  const dirs: PendingDir[] = [{ parent: null, name: '', rel: '' }];
+  const root = new DirRef(openRoot(workspace));
+  try {
+    while (dirs.length > 0) {
+      const pending = dirs.pop()!;
+      let dir: DirRef;
+      if (pending.parent === null) {
+        dir = root;
+      } else {
+        // O_NOFOLLOW|O_DIRECTORY in the held parent: a directory swapped for a symlink is not entered.
+        let fd: number;
+        try {
+          fd = openDirAt(pending.parent.fd, pending.name);
+        } catch (err) {
+          const code = (err as NodeJS.ErrnoException).code;
+          // Now a file or a symlink: listed as what it is (and if it flips back to a directory, skipped).
+          if (code === 'ENOTDIR') visit(pending.parent, pending.name, pending.rel, dirs, false);
+          else if (!gone(err) && code !== 'EACCES') throw err;
+          continue;
+        } finally {
+          pending.parent.release();
+        }
+        dir = new DirRef(fd);
       }
+      try {
+        let entries: Dirent[];
+        try {
+          entries = readdirFd(dir.fd);
+        } catch (err) {
+          if (gone(err) || (pending.rel !== '' && (err as NodeJS.ErrnoException).code === 'EACCES')) continue;
+          throw err;
+        }
+        for (const d of entries) {
+          const childRel = pending.rel === '' ? d.name : `${pending.rel}/${d.name}`;
+          if (d.isDirectory()) {
+            // Deeper than a path the API can name (4096 bytes) is not listed: it bounds the held descriptors too.
+            if (!SKIPPED_DIRS.has(d.name) && Buffer.byteLength(childRel) < MAX_REL_BYTES) dirs.push(dir.child(d.name, childRel));
+          } else if (!(d.isFIFO() || d.isSocket() || d.isCharacterDevice() || d.isBlockDevice())) {
+            // Files, symlinks, and DT_UNKNOWN entries (some filesystems): lstat decides.
+            visit(dir, d.name, childRel, dirs);
+            await maybeYield();
+          }
+        }
+      } finally {
+        dir.release();
+      }
+      await maybeYield();
     }
-    await maybeYield();
+    await Promise.all(asyncWork);
+  } finally {
+    // After an error: let what was started finish, and close every directory still held.
+    await Promise.allSettled(asyncWork);
+    for (const p of dirs) p.parent?.release();
   }
-  await Promise.all(asyncWork);
   cache?.replace(nextCache, hashed);
   const files: Record<string, FileEntry> = {};
   for (const rel of [...found.keys()].sort(compare)) files[rel] = found.get(rel)!;
   return { captured_at, files };
+}
+
+/** The longest workspace-relative path listed (the files API's own limit). */
+const MAX_REL_BYTES = 4096;
+
+/** A directory held open while entries of it are still to be looked at; closed with the last. */
+class DirRef {
+  refs = 1;
+  constructor(readonly fd: number) {}
+
+  /** A subdirectory to open later, by name, in this one (which stays open until then). */
+  child(name: string, rel: string): PendingDir {
+    this.refs++;
+    return { parent: this, name, rel };
+  }
+
+  release(): void {
+    if (--this.refs === 0) closeFd(this.fd);
+  }
+}
+
+interface PendingDir {
+  /** Null for the workspace itself. */
+  parent: DirRef | null;
+  name: string;
+  rel: string;
 }
 
 /** Paths added, modified and removed between two states, each list sorted. */
@@ -240,8 +307,8 @@ function sameFile(a: FileEntry, b: FileEntry): boolean {
 
 type Hashed = { st: BigIntStats; checksum: string };
 
-// O_NOFOLLOW and O_NONBLOCK: a file swapped for a symlink or a fifo since lstat is not followed / does not hang.
-const OPEN_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK;
+// O_NONBLOCK: a file swapped for a fifo since lstat does not hang (openAt adds O_NOFOLLOW).
+const OPEN_FLAGS = constants.O_RDONLY | constants.O_NONBLOCK;
 
 function openFailed(err: unknown): 'gone' | undefined {
   const code = (err as NodeJS.ErrnoException).code;
@@ -250,10 +317,10 @@ function openFailed(err: unknown): 'gone' | undefined {
   throw err;
 }
 
-function hashFileSync(abs: string, maxBytes: number): Hashed | 'gone' | undefined {
+function hashFileSync(dirFd: number, name: string, maxBytes: number): Hashed | 'gone' | undefined {
   let fd: number;
   try {
-    fd = openSync(abs, OPEN_FLAGS);
+    fd = openAt(dirFd, name, OPEN_FLAGS);
   } catch (err) {
     return openFailed(err);
   }
@@ -274,12 +341,15 @@ function hashFileSync(abs: string, maxBytes: number): Hashed | 'gone' | undefine
   }
 }
 
-async function hashFile(abs: string, maxBytes: number): Promise<Hashed | 'gone' | undefined> {
+/** Opens `name` in `dir` (releasing the directory once the file is open), then hashes off the event loop. */
+async function hashFile(dir: DirRef, name: string, maxBytes: number): Promise<Hashed | 'gone' | undefined> {
   let fh;
   try {
-    fh = await open(abs, OPEN_FLAGS);
+    fh = await openHandleAt(dir.fd, name, OPEN_FLAGS);
   } catch (err) {
     return openFailed(err);
+  } finally {
+    dir.release();
   }
   try {
     const st = await fh.stat({ bigint: true });

@@ -1,0 +1,367 @@
+/**
+ * The one way the service touches names inside a sandbox's workspace from the host: every read,
+ * write, listing and stat of the files API, setup files, agent config files, state, diff,
+ * snapshots, the audit watcher's scans and the run checks goes through here.
+ *
+ * The agent runs while the service works and may swap any directory for a symlink at any moment
+ * (even atomically, renameat2 RENAME_EXCHANGE), so a path string is never trusted twice. Node has
+ * no openat2 (RESOLVE_BENEATH), so this is openat done by hand: a directory is held open by its
+ * descriptor, and a name inside it is reached as `/proc/self/fd/<fd>/<name>`: the kernel jumps to
+ * the directory that descriptor holds (whatever its path is now) and looks up that one name there.
+ * With O_NOFOLLOW (opens) or lstat/readlink/unlink/mkdir (which never follow the last name), no
+ * symlink is ever followed by the kernel; the symlinks the sandbox view does follow are read and
+ * resolved here, one name at a time from a held directory, and a chain that would leave the
+ * workspace is refused. A name is one path segment, never `.` or `..`, so nothing climbs out of a
+ * held directory. The agent cannot move a held directory out of its tree either (rename across
+ * the sandbox's bind mount is EXDEV).
+ *
+ * `resolveBeneath` resolves a caller's path as the sandbox sees it (symlinks inside the workspace
+ * followed, `/workspace/...` targets meaning the workspace) and hands back the final name's
+ * directory, held open. Races (a name that changed kind between two syscalls) are looked at again,
+ * at most 40 times, then a 400 `changed while being resolved`; never a 500.
+ *
+ * Linux only (/proc/self/fd); sandboxes only run there.
+ */
+import { closeSync, constants, lstatSync, mkdirSync, openSync, readdirSync, readlinkSync, realpathSync, rmdirSync, unlinkSync, type BigIntStats, type Dirent, type Stats } from 'node:fs';
+import { open, type FileHandle } from 'node:fs/promises';
+import { AppError, badRequest } from '../../kernel/errors.ts';
+import { SANDBOX_WORKSPACE, SERVICE_DIR } from './paths.ts';
+
+const { O_RDONLY, O_NOFOLLOW } = constants;
+const O_DIRECTORY = constants.O_DIRECTORY ?? 0;
+/** The kernel's own limit (MAXSYMLINKS); also bounds retries after races. */
+const MAX_SYMLINK_HOPS = 40;
+
+/** `name` inside the directory held by `dirFd`: openat(dirFd, name) as a path. */
+function at(dirFd: number, name: string): string {
+  if (name === '' || name === '.' || name === '..' || name.includes('/') || name.includes('\0')) throw new Error(`not a single path segment: ${JSON.stringify(name)}`);
+  return `/proc/self/fd/${dirFd}/${name}`;
+}
+
+/** Opens the workspace directory itself (the service's own path; its parents may be symlinks). */
+export function openRoot(root: string): number {
+  return openSync(root, O_RDONLY | O_DIRECTORY);
+}
+
+/** Opens the directory `name` in `dirFd`; ENOTDIR when it is anything else, a symlink included. */
+export function openDirAt(dirFd: number, name: string): number {
+  return openSync(at(dirFd, name), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+}
+
+/** Opens `name` in `dirFd` (O_NOFOLLOW always: ELOOP when it is a symlink). */
+export function openAt(dirFd: number, name: string, flags: number, mode?: number): number {
+  return openSync(at(dirFd, name), flags | O_NOFOLLOW, mode);
+}
+
+/** `openAt` as a FileHandle, for I/O off the event loop. */
+export function openHandleAt(dirFd: number, name: string, flags: number, mode?: number): Promise<FileHandle> {
+  return open(at(dirFd, name), flags | O_NOFOLLOW, mode);
+}
+
+export function lstatAt(dirFd: number, name: string): Stats;
+export function lstatAt(dirFd: number, name: string, options: { bigint: true }): BigIntStats;
+export function lstatAt(dirFd: number, name: string, options?: { bigint: true }): Stats | BigIntStats {
+  return options ? lstatSync(at(dirFd, name), options) : lstatSync(at(dirFd, name));
+}
+
+export function readlinkAt(dirFd: number, name: string): string {
+  return readlinkSync(at(dirFd, name));
+}
+
+function mkdirAt(dirFd: number, name: string, mode: number): void {
+  mkdirSync(at(dirFd, name), { mode });
+}
+
+export function unlinkAt(dirFd: number, name: string): void {
+  unlinkSync(at(dirFd, name));
+}
+
+/** The entries of the directory held by `dirFd` (the held one, whatever its name is now). */
+export function readdirFd(dirFd: number): Dirent[] {
+  return readdirSync(`/proc/self/fd/${dirFd}`, { withFileTypes: true });
+}
+
+export function closeFd(fd: number): void {
+  if (fd >= 0) closeSync(fd);
+}
+
+/** Directories deeper than this are left in place by `removeBeneath` (each level holds a descriptor). */
+const MAX_REMOVE_DEPTH = 1024;
+
+/**
+ * Removes the directory `root` and everything in it, each name unlinked in its held parent, so a
+ * directory the agent swaps for a symlink meanwhile is removed as the link, never followed (a
+ * recursive `rm` by path would delete host files as root). Returns how many names it had to
+ * leave (nested deeper than MAX_REMOVE_DEPTH, or changing under it); 0 when `root` is gone.
+ */
+export function removeBeneath(root: string): number {
+  let top: number;
+  try {
+    top = openRoot(root);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return 0;
+    throw err;
+  }
+  let left = 0;
+  // Each level: its directory, the names still to remove, and the child directory being emptied.
+  const stack: Array<{ fd: number; names: string[]; entered?: string }> = [{ fd: top, names: readdirFd(top).map((e) => e.name) }];
+  try {
+    while (stack.length > 0) {
+      const dir = stack[stack.length - 1];
+      const name = dir.names.pop();
+      if (name === undefined) {
+        closeSync(dir.fd);
+        stack.pop();
+        const parent = stack[stack.length - 1];
+        if (parent?.entered !== undefined) removeName(parent.fd, parent.entered, () => left++);
+        continue;
+      }
+      let child: number | undefined;
+      try {
+        if (stack.length < MAX_REMOVE_DEPTH) child = openDirAt(dir.fd, name);
+      } catch {
+        // Not a directory (a file, a symlink, gone): unlinked below as it is.
+      }
+      if (child === undefined) {
+        removeName(dir.fd, name, () => left++);
+        continue;
+      }
+      dir.entered = name;
+      stack.push({ fd: child, names: readdirFd(child).map((e) => e.name) });
+    }
+  } finally {
+    for (const { fd } of stack) closeSync(fd);
+  }
+  try {
+    rmdirSync(root);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') left++;
+  }
+  return left;
+}
+
+/** Unlinks `name` in `dirFd` (rmdir when it is an empty directory); counts it with `onLeft` when it cannot go. */
+function removeName(dirFd: number, name: string, onLeft: () => void): void {
+  try {
+    unlinkSync(at(dirFd, name));
+    return;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return;
+    if (code !== 'EISDIR' && code !== 'EPERM') return onLeft();
+  }
+  try {
+    rmdirSync(at(dirFd, name));
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') onLeft();
+  }
+}
+
+/**
+ * Opens the directory at workspace-relative `segments` without following any symlink (the path is
+ * a real one, e.g. from inotify). Throws the errno error (ENOTDIR for a symlink on the way).
+ */
+export function openDirBeneath(root: string, segments: readonly string[]): number {
+  let fd = openRoot(root);
+  try {
+    for (const seg of segments) {
+      const next = openDirAt(fd, seg);
+      closeSync(fd);
+      fd = next;
+    }
+    return fd;
+  } catch (err) {
+    closeSync(fd);
+    throw err;
+  }
+}
+
+/** lstat of a real workspace-relative path, no symlink followed on the way; undefined when not there. */
+export function lstatBeneath(root: string, relative: string): Stats | undefined {
+  const segments = relative.split('/');
+  const name = segments.pop()!;
+  let dir: number;
+  try {
+    dir = openDirBeneath(root, segments);
+  } catch {
+    return undefined;
+  }
+  try {
+    return lstatAt(dir, name);
+  } catch {
+    return undefined;
+  } finally {
+    closeSync(dir);
+  }
+}
+
+export interface ResolveOptions {
+  /** Field named in 400s. */
+  field: string;
+  /** Follow a symlink in the last component (default true; a delete removes the link itself). */
+  followFinal?: boolean;
+  /** Refuse (403 `forbidden`) anything under `.svc`, before creating anything. */
+  forWrite?: boolean;
+  /** Create missing parent directories with this mode (writes). */
+  createDirs?: number;
+}
+
+export interface Resolved {
+  /** Workspace-relative path after symlinks (sandbox view); components past a missing one as named. */
+  relative: string;
+  /** The directory holding `name`, open (the caller closes it with closeFd); -1 when a parent is missing. */
+  dir: number;
+  /** The last component, inside `dir`. */
+  name: string;
+}
+
+/**
+ * Resolves normalised `segments` (paths.ts `workspaceSegments`) beneath `root` as the sandbox sees
+ * them. 400 naming `field` when a symlink chain leaves the workspace or loops, or a component keeps
+ * changing under the walk; 403 under `.svc` when `forWrite` (checked before anything is created).
+ */
+export function resolveBeneath(root: string, segments: readonly string[], options: ResolveOptions): Resolved {
+  const { field } = options;
+  const followFinal = options.followFinal ?? true;
+  const escape = () => badRequest(field, 'resolves outside the workspace (through a symlink)');
+  const fds = [openRoot(root)];
+  /** Components below the root; while not `missing`, names[i] is held by fds[i + 1]. */
+  const names: string[] = [];
+  const queue = [...segments];
+  let hops = 0;
+  let races = 0;
+  let missing = false;
+  let realRoot: string | undefined;
+  const follow = (target: string) => {
+    if (++hops > MAX_SYMLINK_HOPS) throw badRequest(field, 'too many levels of symbolic links');
+    const parts = (t: string) => t.split('/').filter((s) => s !== '' && s !== '.');
+    if (!target.startsWith('/')) {
+      queue.unshift(...parts(target));
+      return;
+    }
+    realRoot ??= realpathSync(`/proc/self/fd/${fds[0]}`);
+    let inside: string | undefined;
+    if (target === SANDBOX_WORKSPACE || target.startsWith(`${SANDBOX_WORKSPACE}/`)) inside = target.slice(SANDBOX_WORKSPACE.length);
+    else if (target === realRoot || target.startsWith(`${realRoot}/`)) inside = target.slice(realRoot.length); // written on the host
+    if (inside === undefined) throw escape();
+    while (fds.length > 1) closeSync(fds.pop()!);
+    names.length = 0;
+    queue.unshift(...parts(inside));
+  };
+  /** `seg` changed kind between two syscalls (the agent is racing us): look at it again. */
+  const again = (seg: string) => {
+    if (++races > MAX_SYMLINK_HOPS) throw badRequest(field, 'changed while being resolved; try again');
+    queue.unshift(seg);
+  };
+  /** Follows the symlink `seg` of the top directory; false when it is no longer one. */
+  const followLink = (seg: string): boolean => {
+    let target: string;
+    try {
+      target = readlinkAt(fds.at(-1)!, seg);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'EINVAL' || code === 'ENOENT') return false;
+      throw err;
+    }
+    follow(target);
+    return true;
+  };
+  try {
+    while (queue.length > 0) {
+      const seg = queue.shift()!;
+      if (seg === '' || seg === '.') continue;
+      if (seg === '..') {
+        // Only symlink targets bring `..` here (callers' `..` is refused up front).
+        if (names.length === 0) throw escape();
+        names.pop();
+        if (!missing) closeSync(fds.pop()!);
+        continue;
+      }
+      if (options.forWrite && names.length === 0 && seg === SERVICE_DIR) {
+        throw new AppError('forbidden', `${field}: ${SERVICE_DIR}/ is managed by the service and cannot be changed`);
+      }
+      if (missing) {
+        names.push(seg);
+        continue;
+      }
+      const dir = fds.at(-1)!;
+      if (queue.length === 0) {
+        // The last component stays a name in its held directory, for the caller's own operation.
+        let st: Stats | undefined;
+        try {
+          st = lstatAt(dir, seg);
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+        }
+        if (st?.isSymbolicLink() && followFinal) {
+          if (!followLink(seg)) again(seg);
+          continue;
+        }
+        fds.pop();
+        return { relative: [...names, seg].join('/'), dir, name: seg };
+      }
+      try {
+        fds.push(openDirAt(dir, seg));
+        names.push(seg);
+        continue;
+      } catch (err) {
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code === 'ENOENT' && options.createDirs === undefined) {
+          missing = true;
+          names.push(seg);
+          continue;
+        }
+        if (code === 'ENOENT') {
+          try {
+            mkdirAt(dir, seg, options.createDirs!);
+          } catch (e) {
+            if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+          }
+          again(seg);
+          continue;
+        }
+        if (code !== 'ENOTDIR') throw err;
+      }
+      // Not a directory: a symlink to follow, a file (400), or it changed since the open.
+      let st: Stats | undefined;
+      try {
+        st = lstatAt(dir, seg);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      }
+      if (st && !st.isSymbolicLink() && !st.isDirectory()) throw badRequest(field, 'a parent component is not a directory');
+      if (!st?.isSymbolicLink() || !followLink(seg)) again(seg);
+    }
+    if (names.length === 0) throw badRequest(field, 'resolves to the workspace itself, not a file');
+    if (missing) return { relative: names.join('/'), dir: -1, name: names.at(-1)! };
+    // The path ended in a directory reached through a symlink (`x -> sub`, `x -> ..`).
+    closeSync(fds.pop()!);
+    return { relative: names.join('/'), dir: fds.pop()!, name: names.at(-1)! };
+  } finally {
+    for (const fd of fds) closeSync(fd);
+  }
+}
+
+/** An errno error of an operation on a resolved name, as the API's answer (unknown ones stay 500s). */
+export function mapErrno(err: unknown, field: string, relative: string): unknown {
+  if (err instanceof AppError) return err;
+  switch ((err as NodeJS.ErrnoException).code) {
+    case 'ENOENT':
+      return new AppError('not_found', `file ${relative} not found`);
+    case 'ENOTDIR':
+      return badRequest(field, 'a parent component is not a directory');
+    case 'EISDIR':
+      return badRequest(field, 'is a directory');
+    case 'ELOOP':
+    case 'EMLINK':
+      return badRequest(field, 'changed to a symbolic link while being resolved; try again');
+    case 'EINVAL':
+      return badRequest(field, 'changed while being resolved; try again');
+    case 'ENAMETOOLONG':
+      return badRequest(field, 'is too long');
+    case 'ENXIO':
+      return badRequest(field, 'is not a regular file');
+    default:
+      return err;
+  }
+}
