@@ -10,30 +10,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
 import { backend } from '../helpers/backend.ts';
-
-const SPEC = (id: string, extra = '') => `version: 1
-id: ${id}
-base: debian:bookworm
-task:
-  prompt: fix the bug
-invariants:
-  tests_pass:
-    check: {type: command_exit, command: "true"}
-${extra}`;
-
-async function sse(url: string, key: string, headers: Record<string, string> = {}, limitMs = 20_000): Promise<Array<{ id?: string; event_type: string; data: any }>> {
-  const res = await fetch(url, { headers: { authorization: `Bearer ${key}`, accept: 'text/event-stream', ...headers }, signal: AbortSignal.timeout(limitMs) });
-  assert.equal(res.status, 200);
-  const text = await res.text();
-  return text
-    .split('\n\n')
-    .filter((block) => block.includes('data: '))
-    .map((block) => {
-      const id = /^id: (.*)$/m.exec(block)?.[1];
-      const data = JSON.parse(/^data: (.*)$/m.exec(block)![1]);
-      return { id, ...data };
-    });
-}
+import { SPEC, sse } from '../helpers/sandboxes.ts';
 
 const runtime = backend('SVC_TEST_BWRAP', 'sandboxes on the local runtime');
 

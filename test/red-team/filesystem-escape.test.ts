@@ -13,18 +13,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
+import { SPEC } from '../helpers/sandboxes.ts';
 import { makeBundle, uploadAgent } from '../helpers/bundles.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
-
-const SPEC = (id: string, extra = '') => `version: 1
-id: ${id}
-base: debian:bookworm
-task:
-  prompt: fix the bug
-invariants:
-  tests_pass:
-    check: {type: command_exit, command: "true"}
-${extra}`;
 
 /** Run inside the sandbox, in the background: swaps two names with renameat2(RENAME_EXCHANGE) until killed. */
 const SWAP = (a: string, b: string) =>

@@ -6,39 +6,15 @@
  * the runner), the sandbox token cannot change its lifetime, and DELETE always ends a sandbox.
  */
 import assert from 'node:assert/strict';
-import { readdirSync, readFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { readdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 import { backend } from '../helpers/backend.ts';
-
-const SPEC = (id: string, extra = '') => `version: 1
-id: ${id}
-base: debian:bookworm
-task:
-  prompt: fix the bug
-invariants:
-  tests_pass:
-    check: {type: command_exit, command: "true"}
-${extra}`;
+import { SPEC, sandboxPids } from '../helpers/sandboxes.ts';
 
 const QUOTA = 3;
-
-/** The pids of the sandbox's processes on the host: its supervisor and everything under it (its cgroups name it). */
-function sandboxPids(id: string): number[] {
-  const pids: number[] = [];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      if (readFileSync(`/proc/${entry}/cgroup`, 'utf8').includes(id)) pids.push(Number(entry));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return pids;
-}
 
 const runtime = backend('SVC_TEST_BWRAP', 'red team: sandbox lifetime');
 

@@ -14,24 +14,15 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
 import { MAX_COMMAND_BYTES, MAX_COMMANDS_AT_ONCE } from '../../services/kernel/sandbox-limits.ts';
 import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
 import { backend } from '../helpers/backend.ts';
+import { SPEC, supervisorPid } from '../helpers/sandboxes.ts';
 import { ADMIN_KEY, createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
-
-const SPEC = (id: string, extra = '') => `version: 1
-id: ${id}
-base: debian:bookworm
-task:
-  prompt: fix the bug
-invariants:
-  tests_pass:
-    check: {type: command_exit, command: "true"}
-${extra}`;
 
 const PER_SECOND = 50;
 const MAX_RECORDS = 150;
@@ -54,20 +45,6 @@ async function until<T>(what: string, probe: () => Promise<T | undefined | null 
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 200));
   }
-}
-
-/** The host pid of the sandbox's `supervisor serve` (its cgroups name the sandbox). */
-function supervisorPid(id: string): number | undefined {
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
-      if (cmdline[0] === '/run/svc/supervisor' && cmdline[1] === 'serve' && readFileSync(`/proc/${entry}/cgroup`, 'utf8').includes(id)) return Number(entry);
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return undefined;
 }
 
 const runtime = backend('SVC_TEST_BWRAP', 'red team: resource exhaustion');
