@@ -127,7 +127,7 @@ export class SandboxRunnerService implements Service {
     // Sandboxes go first: a run in one ends at once (unreported; it runs again after the restart).
     await Promise.allSettled([...this.sandboxes.values()].map((s) => s.destroy('the runner stopped')));
     await Promise.allSettled([...this.inFlight]);
-    await Promise.all([this.secrets?.stop(), this.known.stop()]);
+    await Promise.all([this.secrets?.stop(), this.known.stop(), this.runtime?.close()]);
   }
 
   /** Sandboxes this runner owned before a restart are gone: say so instead of leaving them "ready". */

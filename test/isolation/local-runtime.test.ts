@@ -20,6 +20,7 @@ const live: SandboxHandle[] = [];
 
 after(async () => {
   await Promise.all(live.map((sb) => sb.destroy()));
+  await runtime.close();
   fs.rmSync(root, { recursive: true, force: true });
 });
 
@@ -293,6 +294,7 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       assert.equal(mounted(left.workspace), false, 'swept');
       assert.equal(fs.existsSync(left.image), false);
       await left.destroy();
+      await next.close();
     });
 
     test('20 sandboxes created concurrently all come up', async () => {

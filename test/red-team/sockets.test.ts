@@ -66,6 +66,7 @@ if (runtimeOk) {
     });
     after(async () => {
       await sb?.destroy();
+      await runtime.close();
       fs.rmSync(root, { recursive: true, force: true });
     });
 

@@ -171,6 +171,10 @@ export class LocalRuntime implements Runtime {
     return binary;
   }
 
+  async close(): Promise<void> {
+    if (this.disks !== null && typeof this.disks !== 'string') await this.disks.close();
+  }
+
   private workspaceDisks(): WorkspaceDisks | string {
     if (this.disks === null) {
       const tools = diskTools();

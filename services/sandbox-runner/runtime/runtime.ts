@@ -101,6 +101,8 @@ export interface Runtime {
   available(): Promise<string | null>;
   /** resolves when the sandbox is ready for commands */
   create(options: CreateSandboxOptions): Promise<SandboxHandle>;
+  /** releases what the runtime holds ahead of sandboxes (after its sandboxes are destroyed) */
+  close(): Promise<void>;
 }
 
 /** exit code of a command killed by its timeout (as coreutils `timeout`) */

@@ -12,7 +12,8 @@
  *    disk, at most 32 MiB): the service, as root, still writes the audit log in `.svc/` when the
  *    agent (the sandbox uid) has filled the disk, and the agent never gets those blocks.
  *  - No `lost+found` (removed after the mount: the workspace starts empty).
- *  - About 11 ms per sandbox here: mkfs.ext4 5 ms, mount 6 ms.
+ *  - A spare of the default size is made and mounted aside ahead; a create moves it into place
+ *    (mount --move, 2-4 ms) instead of a loop mount (mkfs 5 ms, then 8-15 ms for the mount).
  */
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -48,9 +49,10 @@ export function diskTools(): DiskTools | string {
 
 /** The disks of one runtime's workspaces, in its state directory. */
 export class WorkspaceDisks {
-  /** A formatted file of the default size, made ahead: a create then only mounts it (mkfs is about half of the cost). */
-  private spare: Promise<string | null> | null = null;
+  /** A disk of the default size, made and mounted aside ahead: a create then only moves it (a loop mount costs 8-15 ms). */
+  private spare: Promise<WorkspaceDisk | null> | null = null;
   private spares = 0;
+  private closed = false;
 
   constructor(private readonly options: { dir: string; defaultBytes: number; uid: number; gid: number; tools: DiskTools; launcher: Launcher }) {}
 
@@ -62,11 +64,18 @@ export class WorkspaceDisks {
   /**
    * A filesystem of `bytes` (at least MIN_DISK_BYTES), its root owned by the sandbox uid, mounted
    * at `mountpoint`: an existing directory whose entries are copied onto it (the mount hides them).
+   * A disk of the default size is the spare, already mounted aside: it is only moved into place.
    */
   async mount(id: string, mountpoint: string, bytes: number): Promise<WorkspaceDisk> {
+    const size = diskSize(bytes);
+    const spare = size === diskSize(this.options.defaultBytes) ? await this.takeSpare(size) : null;
+    if (spare) {
+      const moved = await WorkspaceDisk.move(spare, mountpoint, this.options.tools, this.options.launcher).catch(() => null);
+      if (moved) return moved;
+    }
     const image = path.join(this.options.dir, `${id}.img`);
     try {
-      await this.format(image, Math.ceil(Math.max(MIN_DISK_BYTES, bytes) / 4096) * 4096);
+      await this.make(image, size);
       return await WorkspaceDisk.mount(image, mountpoint, this.options.tools, this.options.launcher);
     } catch (err) {
       await fs.promises.rm(image, { force: true });
@@ -74,15 +83,28 @@ export class WorkspaceDisks {
     }
   }
 
-  private async format(image: string, bytes: number): Promise<void> {
-    if (bytes !== Math.ceil(Math.max(MIN_DISK_BYTES, this.options.defaultBytes) / 4096) * 4096) return this.make(image, bytes);
-    const taken = this.spare;
+  /** Releases the spare: a runtime that stops leaves nothing mounted. */
+  async close(): Promise<void> {
+    this.closed = true;
+    const spare = this.spare;
     this.spare = null;
-    const file = taken && (await taken);
-    const spare = path.join(this.options.dir, `spare-${++this.spares}.img`);
-    this.spare ??= this.make(spare, bytes).then(() => spare, () => null);
-    // A spare swept meanwhile (another runtime started on this directory) is made anew.
-    if (!file || !(await fs.promises.rename(file, image).then(() => true, () => false))) await this.make(image, bytes);
+    await (await spare)?.release();
+  }
+
+  /** The spare made ahead (null when making it failed), and the next one started. */
+  private async takeSpare(size: number): Promise<WorkspaceDisk | null> {
+    const taken = this.spare;
+    if (this.closed) return null;
+    const n = ++this.spares;
+    const image = path.join(this.options.dir, `spare-${n}.img`);
+    const staging = path.join(this.options.dir, `spare-${n}.mnt`);
+    this.spare = this.make(image, size)
+      .then(() => WorkspaceDisk.mount(image, staging, this.options.tools, this.options.launcher, { create: true }))
+      .catch(async () => {
+        await fs.promises.rm(image, { force: true });
+        return null;
+      });
+    return taken ? await taken : null;
   }
 
   /** A sparse file of `bytes`, formatted ext4. */
@@ -109,13 +131,14 @@ export class WorkspaceDisk {
 
   private constructor(
     readonly image: string,
-    readonly mountpoint: string,
+    private mountpoint: string,
     private readonly tools: DiskTools,
     private readonly launcher: Launcher,
   ) {}
 
-  /** Mounts the formatted `image` at `mountpoint`, with the directory's entries copied onto it. */
-  static async mount(image: string, mountpoint: string, tools: DiskTools, launcher: Launcher): Promise<WorkspaceDisk> {
+  /** Mounts the formatted `image` at `mountpoint` (made when `create`), with the directory's entries copied onto it. */
+  static async mount(image: string, mountpoint: string, tools: DiskTools, launcher: Launcher, options: { create?: boolean } = {}): Promise<WorkspaceDisk> {
+    if (options.create) await fs.promises.mkdir(mountpoint, { mode: 0o700 });
     const disk = new WorkspaceDisk(image, mountpoint, tools, launcher);
     // The directory as it is before the mount, reachable through this descriptor afterwards.
     const below = await fs.promises.open(mountpoint, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW);
@@ -126,10 +149,35 @@ export class WorkspaceDisk {
       await run(launcher, tools.mount, ['-t', 'ext4', '-o', 'loop,nosuid,nodev,noinit_itable', image, mountpoint], undo);
       disk.mounted = true;
       await fs.promises.rmdir(path.join(mountpoint, 'lost+found'));
-      const before = `/proc/self/fd/${below.fd}`;
-      for (const name of await fs.promises.readdir(before)) {
-        await fs.promises.cp(path.join(before, name), path.join(mountpoint, name), { recursive: true, verbatimSymlinks: true, preserveTimestamps: true, errorOnExist: true, force: false });
-      }
+      await copyOnto(below.fd, mountpoint);
+    } catch (err) {
+      await disk.release().catch(() => undefined);
+      throw err;
+    } finally {
+      await below.close();
+    }
+    return disk;
+  }
+
+  /**
+   * Moves this mounted disk to `mountpoint` (mount --move: no new loop device, no new mount), with
+   * the directory's entries copied onto it. Null, and the disk released, when it cannot be moved.
+   */
+  static async move(disk: WorkspaceDisk, mountpoint: string, tools: DiskTools, launcher: Launcher): Promise<WorkspaceDisk | null> {
+    const staging = disk.mountpoint;
+    const below = await fs.promises.open(mountpoint, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW);
+    try {
+      await run(launcher, tools.mount, ['--move', staging, mountpoint], { key: mountpoint, command: tools.umount, args: ['-l', mountpoint] });
+    } catch {
+      await below.close();
+      await disk.release().catch(() => undefined);
+      return null;
+    }
+    disk.mountpoint = mountpoint;
+    launcher.forget(staging);
+    try {
+      await fs.promises.rmdir(staging);
+      await copyOnto(below.fd, mountpoint);
     } catch (err) {
       await disk.release().catch(() => undefined);
       throw err;
@@ -152,6 +200,28 @@ export class WorkspaceDisk {
     })();
     return this.released;
   }
+}
+
+/** Recreates the entries of the directory held by `belowFd` (hidden by a mount since) on `mountpoint`. */
+async function copyOnto(belowFd: number, mountpoint: string): Promise<void> {
+  const before = `/proc/self/fd/${belowFd}`;
+  for (const name of await fs.promises.readdir(before)) {
+    const from = path.join(before, name);
+    const to = path.join(mountpoint, name);
+    const st = await fs.promises.lstat(from);
+    // The usual case is an empty directory (`.svc`): made anew, far cheaper than a recursive copy.
+    if (st.isDirectory() && (await fs.promises.readdir(from)).length === 0) {
+      await fs.promises.mkdir(to, { mode: st.mode & 0o7777 });
+      await fs.promises.chown(to, st.uid, st.gid);
+    } else {
+      await fs.promises.cp(from, to, { recursive: true, verbatimSymlinks: true, preserveTimestamps: true, errorOnExist: true, force: false });
+    }
+  }
+}
+
+/** Bytes rounded up to whole 4 KiB blocks, at least MIN_DISK_BYTES. */
+function diskSize(bytes: number): number {
+  return Math.ceil(Math.max(MIN_DISK_BYTES, bytes) / 4096) * 4096;
 }
 
 /**
@@ -187,6 +257,14 @@ function sweepStaleDisks(dir: string, tools: DiskTools): number {
     spawnSync(tools.losetup, ['-d', `/dev/${loop}`]); // when autoclear has not already
   }
   for (const name of images) fs.rmSync(path.join(dir, name), { force: true });
+  // The spares' staging directories, empty once unmounted.
+  for (const name of fs.readdirSync(dir).filter((n) => n.endsWith('.mnt'))) {
+    try {
+      fs.rmdirSync(path.join(dir, name));
+    } catch {
+      // still mounted (not ours to unmount) or not empty: left alone
+    }
+  }
   return images.length;
 }
 
