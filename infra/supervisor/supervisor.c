@@ -366,7 +366,7 @@ static void shepherd(uint32_t id, char *command, char **envp) {
   }
   pid_t child = fork();
   if (child < 0) {
-    send_error(id, "fork");
+    send_error(id, "fork (is the sandbox at its pids limit?)");
     _exit(1);
   }
   if (child == 0) run_command(command, envp, out[1], err[1]);
