@@ -68,18 +68,26 @@ export class WorkspaceDisks {
    */
   async mount(id: string, mountpoint: string, bytes: number): Promise<WorkspaceDisk> {
     const size = diskSize(bytes);
-    const spare = size === diskSize(this.options.defaultBytes) ? await this.takeSpare(size) : null;
-    if (spare) {
-      const moved = await WorkspaceDisk.move(spare, mountpoint, this.options.tools, this.options.launcher).catch(() => null);
-      if (moved) return moved;
-    }
-    const image = path.join(this.options.dir, `${id}.img`);
+    const isDefault = size === diskSize(this.options.defaultBytes);
+    const taken = isDefault ? this.spare : null;
+    if (isDefault) this.spare = null;
     try {
-      await this.make(image, size);
-      return await WorkspaceDisk.mount(image, mountpoint, this.options.tools, this.options.launcher);
-    } catch (err) {
-      await fs.promises.rm(image, { force: true });
-      throw new Error(`cannot give the workspace its disk: ${(err as Error).message}`);
+      const spare = taken && (await taken);
+      if (spare) {
+        const moved = await WorkspaceDisk.move(spare, mountpoint, this.options.tools, this.options.launcher).catch(() => null);
+        if (moved) return moved;
+      }
+      const image = path.join(this.options.dir, `${id}.img`);
+      try {
+        await this.make(image, size);
+        return await WorkspaceDisk.mount(image, mountpoint, this.options.tools, this.options.launcher);
+      } catch (err) {
+        await fs.promises.rm(image, { force: true });
+        throw new Error(`cannot give the workspace its disk: ${(err as Error).message}`);
+      }
+    } finally {
+      // The next spare only now: its mkfs and mount would hold up this create's own tools.
+      if (isDefault) this.refill(size);
     }
   }
 
@@ -91,10 +99,9 @@ export class WorkspaceDisks {
     await (await spare)?.release();
   }
 
-  /** The spare made ahead (null when making it failed), and the next one started. */
-  private async takeSpare(size: number): Promise<WorkspaceDisk | null> {
-    const taken = this.spare;
-    if (this.closed) return null;
+  /** Starts making and mounting the next spare aside, unless one is on its way or the runtime closed. */
+  private refill(size: number): void {
+    if (this.closed || this.spare) return;
     const n = ++this.spares;
     const image = path.join(this.options.dir, `spare-${n}.img`);
     const staging = path.join(this.options.dir, `spare-${n}.mnt`);
@@ -104,7 +111,6 @@ export class WorkspaceDisks {
         await fs.promises.rm(image, { force: true });
         return null;
       });
-    return taken ? await taken : null;
   }
 
   /** A sparse file of `bytes`, formatted ext4. */
