@@ -6,12 +6,12 @@
  * from the trace events of the run's sandbox (kernel/experiment-metrics.ts).
  */
 import { shellQuote } from '../kernel/shell.ts';
-import type { ResolvedAgent } from '../kernel/agents.ts';
-import { computeMetrics, experimentMetrics, NO_TRACES, runFacts, runTraceStats, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats, type VerdictCounts } from '../kernel/experiment-metrics.ts';
+import type { ResolvedAgent } from '../domain/agents.ts';
+import { computeMetrics, experimentMetrics, NO_TRACES, runFacts, runTraceStats, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats, type VerdictCounts } from '../domain/experiment-metrics.ts';
 import { scenarioIdOf } from '../kernel/ids.ts';
-import type { ExperimentChanged, InvariantScore, Params, RunScore, Violation } from '../kernel/runs.ts';
+import type { ExperimentChanged, InvariantScore, Params, RunScore, Violation } from '../domain/runs.ts';
 import { parseSpec } from '../kernel/spec.ts';
-import { countsAsPassing, mean, passAtK, passHatK, scenarioVerdict, wilsonInterval, type Interval, type ScenarioVerdict } from '../kernel/stats.ts';
+import { countsAsPassing, mean, passAtK, passHatK, scenarioVerdict, wilsonInterval, type Interval, type ScenarioVerdict } from '../domain/stats.ts';
 import type { Store } from '../kernel/store/store.ts';
 import type { ExperimentPlan } from './experiments.ts';
 

@@ -6,13 +6,13 @@
 import { subscribe, type Kernel } from '../kernel/actor.ts';
 import { EntityView, latestPerKey } from '../kernel/entity-view.ts';
 import { AppError, notFound } from '../kernel/errors.ts';
-import type { SandboxChanged, SandboxEvent } from '../kernel/events.ts';
+import type { SandboxChanged, SandboxEvent } from '../domain/events.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
 import type { Principal } from '../kernel/auth.ts';
 import { Sealer, secretsKey } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
-import { RUN_METADATA } from '../kernel/runs.ts';
+import { RUN_METADATA } from '../domain/runs.ts';
 import type { TraceSource } from './traces/ingest.ts';
 
 /** How long a destroyed sandbox's stream stays available (a late or reconnecting client). */

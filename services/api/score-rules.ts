@@ -7,7 +7,7 @@ import { publish, type Kernel } from '../kernel/actor.ts';
 import type { Principal } from '../kernel/auth.ts';
 import { EntityView } from '../kernel/entity-view.ts';
 import { AppError, notFound } from '../kernel/errors.ts';
-import type { ScoreRuleChanged } from '../kernel/score-rules.ts';
+import type { ScoreRuleChanged } from '../domain/score-rules.ts';
 import { TOPICS } from '../kernel/topics.ts';
 
 export class ScoreRuleCatalog {

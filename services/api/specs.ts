@@ -7,10 +7,10 @@
 import { publish, type Kernel } from '../kernel/actor.ts';
 import { EntityView } from '../kernel/entity-view.ts';
 import { AppError, notFound } from '../kernel/errors.ts';
-import type { SpecStored } from '../kernel/events.ts';
+import type { SpecStored } from '../domain/events.ts';
 import { newEventId } from '../kernel/ids.ts';
 import { parseSpec, specDurations, type SpecDocument } from '../kernel/spec.ts';
-import { lifetimeProblem } from '../kernel/sandbox-lifetime.ts';
+import { lifetimeProblem } from '../domain/sandbox-lifetime.ts';
 import { refusedSource } from '../kernel/secret-sources.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import type { AgentCatalog } from './agents.ts';

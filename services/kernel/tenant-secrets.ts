@@ -8,7 +8,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { publish, type Kernel } from './actor.ts';
 import { EntityView } from './entity-view.ts';
-import type { TenantSecretChanged } from './events.ts';
+import type { TenantSecretChanged } from '../domain/events.ts';
 import { newEventId } from './ids.ts';
 import { TOPICS } from './topics.ts';
 

@@ -15,7 +15,7 @@ import { publish, subscribe, type Kernel, type Service } from '../kernel/actor.t
 import { BundleStore, ExtractedBundles } from '../kernel/bundles.ts';
 import { EntityView } from '../kernel/entity-view.ts';
 import { AppError, toErrorBody } from '../kernel/errors.ts';
-import type { SandboxChanged, SandboxRequested } from '../kernel/events.ts';
+import type { SandboxChanged, SandboxRequested } from '../domain/events.ts';
 import { newEventId } from '../kernel/ids.ts';
 import type { Consumer } from '../kernel/log/event-log.ts';
 import { reply, requestPayload } from '../kernel/request-reply.ts';
@@ -26,7 +26,7 @@ import type { Runtime } from './runtime/runtime.ts';
 import { LiveSandbox, type CreateRequest } from './sandbox.ts';
 import { removeBeneath } from './workspace/beneath.ts';
 import { RunExecutor } from './runs.ts';
-import type { RunEvent, RunRequested } from '../kernel/runs.ts';
+import type { RunEvent, RunRequested } from '../domain/runs.ts';
 
 export class SandboxRunnerService implements Service {
   readonly name = 'sandbox-runner';

@@ -12,9 +12,9 @@
  * - `rescore`: the spec's own scoring applied again to the stored check results (after a judge
  *   outage, say): its score is the new composite, and the new RunScore supersedes the run's.
  */
-import { NO_TRACES, runTraceStats } from '../kernel/experiment-metrics.ts';
-import type { InvariantScore, RunOutcome, RunScore, Violation } from '../kernel/runs.ts';
-import { holds, parseRunCondition, type RunMetric, type ScoreRecorded, type ScoreRule, type StoredRun } from '../kernel/score-rules.ts';
+import { NO_TRACES, runTraceStats } from '../domain/experiment-metrics.ts';
+import type { InvariantScore, RunOutcome, RunScore, Violation } from '../domain/runs.ts';
+import { holds, parseRunCondition, type RunMetric, type ScoreRecorded, type ScoreRule, type StoredRun } from '../domain/score-rules.ts';
 import type { SpecDocument } from '../kernel/spec.ts';
 import type { Store } from '../kernel/store/store.ts';
 import type { Judge } from './judge.ts';

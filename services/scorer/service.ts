@@ -20,8 +20,8 @@ import { publish, subscribe, type Delivered, type Kernel, type OutgoingEvent, ty
 import { EntityView } from '../kernel/entity-view.ts';
 import { newEventId } from '../kernel/ids.ts';
 import type { Consumer } from '../kernel/log/event-log.ts';
-import { specForRun, type ExperimentChanged, type Params, type RunEvent, type RunOutcome, type RunScore, type RunScored } from '../kernel/runs.ts';
-import type { ScoreRecorded, ScoreRequested, ScoreRule, StoredRun } from '../kernel/score-rules.ts';
+import { specForRun, type ExperimentChanged, type Params, type RunEvent, type RunOutcome, type RunScore, type RunScored } from '../domain/runs.ts';
+import type { ScoreRecorded, ScoreRequested, ScoreRule, StoredRun } from '../domain/score-rules.ts';
 import type { SpecDocument } from '../kernel/spec.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { createJudge, type Judge } from './judge.ts';

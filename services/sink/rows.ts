@@ -2,10 +2,10 @@
  * Event -> row mappings of the sink, one function per table. Column names follow the DDL in
  * kernel/store/migrations (otel_traces names for the span columns).
  */
-import type { AgentSnapshotChanged, AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent, TraceEventsIngested } from '../kernel/events.ts';
+import type { AgentSnapshotChanged, AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent, TraceEventsIngested } from '../domain/events.ts';
 import type { LogRecord } from '../kernel/log/event-log.ts';
-import type { ExperimentChanged, RunScored } from '../kernel/runs.ts';
-import type { ScoreRecorded } from '../kernel/score-rules.ts';
+import type { ExperimentChanged, RunScored } from '../domain/runs.ts';
+import type { ScoreRecorded } from '../domain/score-rules.ts';
 
 /** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
 export function clickhouseTimeUs(us: number): string {

@@ -18,7 +18,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { ChdbStore } from '../../services/kernel/store/chdb-store.ts';
 import type { LogRecord } from '../../services/kernel/log/event-log.ts';
-import type { TraceEvent, TraceEventsIngested } from '../../services/kernel/events.ts';
+import type { TraceEvent, TraceEventsIngested } from '../../services/domain/events.ts';
 import { traceEventRows } from '../../services/sink/rows.ts';
 import { validateTraceBatch } from '../../services/api/traces/validate-events.ts';
 import { decodeOtlpProtobuf, otlpToTraceEvents } from '../../services/api/traces/otlp.ts';

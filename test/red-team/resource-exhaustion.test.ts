@@ -18,7 +18,7 @@ import { readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
-import { MAX_COMMAND_BYTES, MAX_COMMANDS_AT_ONCE } from '../../services/kernel/sandbox-limits.ts';
+import { MAX_COMMAND_BYTES, MAX_COMMANDS_AT_ONCE } from '../../services/domain/sandbox-limits.ts';
 import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
 import { backend } from '../helpers/backend.ts';
 import { SPEC, supervisorPid } from '../helpers/sandboxes.ts';

@@ -6,8 +6,8 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { compareExperiments, paramsKey, type CompareSide } from '../../services/api/experiment-compare.ts';
-import { computeMetrics, NO_TRACES, type RunFact, type RunTraceStats } from '../../services/kernel/experiment-metrics.ts';
+import { compareExperiments, paramsKey, type CompareSide } from '../../services/domain/compare.ts';
+import { computeMetrics, NO_TRACES, type RunFact, type RunTraceStats } from '../../services/domain/experiment-metrics.ts';
 import {
   chiSquaredSurvival,
   cochranMantelHaenszel,
@@ -22,7 +22,7 @@ import {
   studentTTwoSided,
   welchTTest,
   wilsonInterval,
-} from '../../services/kernel/stats.ts';
+} from '../../services/domain/stats.ts';
 
 const close = (actual: number | null, expected: number, tolerance = 1e-4) => {
   assert.ok(actual !== null && Math.abs(actual - expected) <= tolerance, `expected ${expected} ± ${tolerance}, got ${actual}`);

@@ -12,7 +12,7 @@ import { AppError, badRequest } from '../../kernel/errors.ts';
 import { parseAgentMetadata } from '../agent-metadata.ts';
 import { snapshotView, type AgentCatalog } from '../agents.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, parseLimit, type Page } from '../pagination.ts';
-import type { AgentSnapshotChanged } from '../../kernel/events.ts';
+import type { AgentSnapshotChanged } from '../../domain/events.ts';
 
 const METADATA_MAX_BYTES = 64 * 1024;
 

@@ -20,7 +20,7 @@ import {
   type ScoreRuleConfig,
   type ScoreRequested,
   type ScoreRuleType,
-} from '../../kernel/score-rules.ts';
+} from '../../domain/score-rules.ts';
 import { SPEC_ID } from '../../kernel/spec.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { TOPICS } from '../../kernel/topics.ts';

@@ -11,7 +11,7 @@ import zlib from 'node:zlib';
 import { workerData } from 'node:worker_threads';
 import avro from 'avsc';
 import { AppError, type ErrorCode } from '../../kernel/errors.ts';
-import type { TraceEvent } from '../../kernel/events.ts';
+import type { TraceEvent } from '../../domain/events.ts';
 import { WireEncoder } from '../../kernel/schema/serde.ts';
 import { decodeOtlpProtobuf, otlpToTraceEvents } from './otlp.ts';
 import { redactTraceEvents, traceRecords, type IngestContext } from './trace-records.ts';

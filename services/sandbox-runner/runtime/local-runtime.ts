@@ -27,7 +27,7 @@ import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '../../kernel/logger.ts';
-import { commandSizeProblem, envSizeProblem, MAX_COMMANDS_AT_ONCE } from '../../kernel/sandbox-limits.ts';
+import { commandSizeProblem, envSizeProblem, MAX_COMMANDS_AT_ONCE } from '../../domain/sandbox-limits.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
 import { ServiceBridge } from './service-bridge.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';

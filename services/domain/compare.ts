@@ -14,10 +14,10 @@
  * A metric or scenario regressed when its test is significant and its effect points the bad way.
  * The other metrics are reported without a test. docs/experiments.md explains it for users.
  */
-import { computeMetrics, NO_TRACES, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats } from '../kernel/experiment-metrics.ts';
+import { computeMetrics, NO_TRACES, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats } from './experiment-metrics.ts';
 import { scenarioIdOf } from '../kernel/ids.ts';
-import type { Params } from '../kernel/runs.ts';
-import { cochranMantelHaenszel, welchTTest, type ReplicaAggregation, type ScenarioVerdict, type Table2x2 } from '../kernel/stats.ts';
+import type { Params } from './runs.ts';
+import { cochranMantelHaenszel, welchTTest, type ReplicaAggregation, type ScenarioVerdict, type Table2x2 } from './stats.ts';
 
 export const ALPHA = 0.05;
 

@@ -5,7 +5,7 @@
  * experiment and, in ResourceAttributes, the run). docs/experiments.md defines each metric.
  */
 import { countsAsPassing, mean, quantile, scenarioVerdict, type ReplicaAggregation, type ScenarioVerdict } from './stats.ts';
-import type { Store } from './store/store.ts';
+import type { Store } from '../kernel/store/store.ts';
 import type { RunScore } from './runs.ts';
 
 export interface VerdictCounts {

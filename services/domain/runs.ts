@@ -12,8 +12,8 @@
  * Scenario = one matrix entry; run = one replica of it (one sandbox, one agent execution).
  */
 import { parse } from 'yaml';
-import type { Config } from './config.ts';
-import { specFromDocument, type SpecDocument } from './spec.ts';
+import type { Config } from '../kernel/config.ts';
+import { specFromDocument, type SpecDocument } from '../kernel/spec.ts';
 
 export type ParamValue = string | number | boolean;
 export type Params = Record<string, ParamValue>;

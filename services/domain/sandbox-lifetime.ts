@@ -4,8 +4,8 @@
  * passes that long after its creation. The api checks before it asks a runner; the runner checks
  * a timeout change again, as two changes at once would each pass the api's view.
  */
-import { badRequest } from './errors.ts';
-import { formatDuration, parseDuration } from './duration.ts';
+import { badRequest } from '../kernel/errors.ts';
+import { formatDuration, parseDuration } from '../kernel/duration.ts';
 
 /** Why `ms` is too long for a sandbox, or null. */
 export function lifetimeProblem(ms: number, maxMs: number): string | null {

@@ -3,8 +3,8 @@
  * a sandbox or running an experiment from it is refused, naming the capability and where it is
  * used). A sandbox needs its environment; a run also needs the checks and forbidden rules.
  */
-import { AppError } from './errors.ts';
-import type { SpecDocument } from './spec.ts';
+import { AppError } from '../kernel/errors.ts';
+import type { SpecDocument } from '../kernel/spec.ts';
 
 function unsupportedCapabilities(doc: SpecDocument, use: 'sandbox' | 'run'): string[] {
   const found: string[] = [];
