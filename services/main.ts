@@ -56,12 +56,18 @@ export async function startServices(config: Config, names: readonly ServiceName[
     api,
     stop: () =>
       (stopping ??= (async () => {
-        for (const service of [...started].reverse()) await service.stop();
+        for (const service of [...started].reverse()) {
+          logger.info({ service: service.name }, 'stopping');
+          await service.stop();
+        }
         await opened.close();
         logger.info('stopped');
       })()),
   };
 }
+
+/** How long a graceful stop (SIGTERM, SIGINT) may take before the process exits anyway. */
+const SHUTDOWN_DEADLINE_MS = 30_000;
 
 /** `node services/main.ts [--api-key KEY] [run <service...>]`. */
 export async function main(argv: string[]): Promise<void> {
@@ -84,6 +90,12 @@ export async function main(argv: string[]): Promise<void> {
   const running = await startServices(config, names);
   const shutdown = (signal: string) => {
     process.stderr.write(`received ${signal}, stopping\n`);
+    // A stop that hangs must not keep the process (and its port, its data dir) forever: the
+    // last 'stopping' log line names the service that did not finish.
+    setTimeout(() => {
+      process.stderr.write(`shutdown did not finish within ${SHUTDOWN_DEADLINE_MS / 1000} s; exiting\n`);
+      process.exit(1);
+    }, SHUTDOWN_DEADLINE_MS).unref();
     running.stop().then(
       () => process.exit(0),
       (err) => {

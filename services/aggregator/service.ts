@@ -19,7 +19,7 @@
 import { createHash } from 'node:crypto';
 import { publish, subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
 import { EntityView } from '../kernel/entity-view.ts';
-import { experimentMetrics } from '../domain/experiment-metrics.ts';
+import { experimentMetrics } from '../queries/experiment-metrics.ts';
 import { newEventId, runIdOf, scenarioIdOf } from '../kernel/ids.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
 import { runLifetimeMs, type ExperimentChanged, type ExperimentCommand, type ExperimentOptions, type Params, type RunEvent, type RunRequested, type RunScored } from '../domain/runs.ts';

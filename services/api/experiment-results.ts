@@ -3,11 +3,12 @@
  * history), RunResults (GET /v1/experiments/:id), scenarios with their runs (GET /v1/scenarios),
  * the export bundle, and the reproducer command of a run. docs/experiments.md documents every
  * shape. Runs are the latest row per run of run_scores (FINAL); costs, tokens and tool calls come
- * from the trace events of the run's sandbox (kernel/experiment-metrics.ts).
+ * from the trace events of the run's sandbox (queries/experiment-metrics.ts).
  */
 import { shellQuote } from '../kernel/shell.ts';
 import type { ResolvedAgent } from '../domain/agents.ts';
-import { computeMetrics, experimentMetrics, NO_TRACES, runFacts, runTraceStats, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats, type VerdictCounts } from '../domain/experiment-metrics.ts';
+import { computeMetrics, NO_TRACES, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats, type VerdictCounts } from '../domain/experiment-metrics.ts';
+import { experimentMetrics, runFacts, runTraceStats } from '../queries/experiment-metrics.ts';
 import { scenarioIdOf } from '../kernel/ids.ts';
 import type { ExperimentChanged, InvariantScore, Params, RunScore, Violation } from '../domain/runs.ts';
 import { parseSpec } from '../kernel/spec.ts';

@@ -12,7 +12,8 @@
  * - `rescore`: the spec's own scoring applied again to the stored check results (after a judge
  *   outage, say): its score is the new composite, and the new RunScore supersedes the run's.
  */
-import { NO_TRACES, runTraceStats } from '../domain/experiment-metrics.ts';
+import { NO_TRACES } from '../domain/experiment-metrics.ts';
+import { runTraceStats } from '../queries/experiment-metrics.ts';
 import type { InvariantScore, RunOutcome, RunScore, Violation } from '../domain/runs.ts';
 import { holds, parseRunCondition, type RunMetric, type ScoreRecorded, type ScoreRule, type StoredRun } from '../domain/score-rules.ts';
 import type { SpecDocument } from '../kernel/spec.ts';

@@ -12,7 +12,7 @@ import { publish, type Kernel } from '../../kernel/actor.ts';
 import type { ResolvedAgent } from '../../domain/agents.ts';
 import type { Auth, Principal } from '../../kernel/auth.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
-import { experimentMetrics, runFacts, runTraceStats } from '../../domain/experiment-metrics.ts';
+import { experimentMetrics, runFacts, runTraceStats } from '../../queries/experiment-metrics.ts';
 import { newEventId, newExperimentId } from '../../kernel/ids.ts';
 import { KeyedQueue } from '../../kernel/keyed-queue.ts';
 import type { ExperimentChanged, ExperimentCommand, ExperimentOptions, Params } from '../../domain/runs.ts';
