@@ -1,0 +1,134 @@
+/**
+ * The house's guard: every relative import under services/ points down the layer order of
+ * ../shared/DESIGN.md "Layout" (README "Architecture"):
+ *
+ *   kernel  -> kernel only (infrastructure, no product word)
+ *   domain  -> domain, kernel (the product's vocabulary, pure)
+ *   queries -> queries, domain, kernel (ClickHouse reads shared by more than one party)
+ *   actor   -> its own folder, queries, domain, kernel; never another actor's folder
+ *   main.ts, cli.ts (services/ itself) -> anything; nothing imports them
+ *
+ * A failure names the file and the import. A new folder under services/ fails until it is given
+ * a layer here.
+ */
+import assert from 'node:assert/strict';
+import { readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { test } from 'node:test';
+import { REPO } from '../helpers/server.ts';
+
+const SERVICES = path.join(REPO, 'services');
+const ACTORS = new Set(['api', 'sandbox-runner', 'scorer', 'aggregator', 'sink', 'alerter']);
+const RANK: Record<string, number> = { kernel: 0, domain: 1, queries: 2 };
+const SOURCE = /\.(ts|mts|cts|js|mjs|cjs)$/;
+
+/**
+ * Arrows against the order that exist today and are to be removed by issue 12's later slices.
+ * Each must still exist (the test fails when one is gone, so this list only shrinks).
+ */
+const KNOWN: ReadonlyArray<{ from: string; import: string; why: string }> = [
+  { from: 'kernel/request-reply.ts', import: '../domain/events.ts', why: 'request/reply is still hard-wired to the sandbox request/reply shapes; it becomes generic' },
+  { from: 'kernel/tenant-secrets.ts', import: '../domain/events.ts', why: 'the secret store reads the TenantSecretChanged shape, which lives with the other event shapes' },
+];
+
+/** The layer of a file, by its path relative to services/: 'top' for main.ts and cli.ts. */
+function layerOf(rel: string): string {
+  const parts = rel.split('/');
+  if (parts.length === 1) return 'top';
+  const folder = parts[0];
+  if (folder in RANK || ACTORS.has(folder)) return folder;
+  throw new Error(`services/${rel}: the folder services/${folder}/ has no layer in test/unit/layers.test.ts`);
+}
+
+/** The relative import specifiers of a source text: static import/export, import(), require(). */
+export function relativeImports(source: string): string[] {
+  const found: string[] = [];
+  const patterns = [
+    /\bfrom\s*(['"])(\.{1,2}\/[^'"]+)\1/g,
+    /\bimport\s*\(\s*(['"])(\.{1,2}\/[^'"]+)\1\s*\)/g,
+    /\brequire\s*\(\s*(['"])(\.{1,2}\/[^'"]+)\1\s*\)/g,
+    /^\s*import\s*(['"])(\.{1,2}\/[^'"]+)\1/gm,
+  ];
+  for (const pattern of patterns) for (const m of source.matchAll(pattern)) found.push(m[2]);
+  return found;
+}
+
+/** Why `from` may not import `to` (both relative to services/), or null when it may. */
+function against(from: string, to: string): string | null {
+  const a = layerOf(from);
+  if (to.startsWith('../')) return null; // outside services/ (a schema, package.json): no layer
+  const b = layerOf(to);
+  if (a === 'top') return null;
+  if (b === 'top') return `${b} (${to}) is imported by nothing`;
+  if (a in RANK) {
+    if (b in RANK && RANK[b] <= RANK[a]) return null;
+    return `${a} may not import ${b}`;
+  }
+  // a is an actor
+  if (b in RANK || b === a) return null;
+  return `the actor ${a} may not import the actor ${b}`;
+}
+
+/** Every arrow against the order in `files` (path relative to services/ -> source text). */
+export function violations(files: ReadonlyMap<string, string>): Array<{ from: string; import: string; message: string }> {
+  const found: Array<{ from: string; import: string; message: string }> = [];
+  for (const [from, source] of files) {
+    for (const spec of relativeImports(source)) {
+      const to = path.posix.normalize(path.posix.join(path.posix.dirname(from), spec));
+      const why = against(from, to);
+      if (why !== null) found.push({ from, import: spec, message: `services/${from}: import '${spec}': ${why}` });
+    }
+  }
+  return found;
+}
+
+function sourcesUnder(dir: string, files = new Map<string, string>()): Map<string, string> {
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const full = path.join(dir, entry.name);
+    if (entry.isDirectory()) {
+      if (entry.name !== 'node_modules') sourcesUnder(full, files);
+    } else if (SOURCE.test(entry.name)) {
+      files.set(path.relative(SERVICES, full).split(path.sep).join('/'), readFileSync(full, 'utf8'));
+    }
+  }
+  return files;
+}
+
+test('every import under services/ points down the layer order', () => {
+  const files = sourcesUnder(SERVICES);
+  // Not vacuous: the scan sees the tree and its imports into every shared layer.
+  assert.ok(files.size > 50, `only ${files.size} files under services/`);
+  const edges = [...files].flatMap(([from, source]) => relativeImports(source).map((spec) => path.posix.join(path.posix.dirname(from), spec)));
+  assert.ok(edges.length > 200, `only ${edges.length} relative imports under services/`);
+  for (const layer of Object.keys(RANK)) assert.ok(edges.some((to) => to.startsWith(`${layer}/`)), `no import into ${layer}/`);
+
+  const found = violations(files);
+  const known = (v: { from: string; import: string }) => KNOWN.some((k) => k.from === v.from && k.import === v.import);
+  assert.deepEqual(found.filter((v) => !known(v)).map((v) => v.message), []);
+  const gone = KNOWN.filter((k) => !found.some((v) => v.from === k.from && v.import === k.import));
+  assert.deepEqual(gone, [], 'these known exceptions are fixed: remove them from KNOWN');
+});
+
+test('the checker reports each kind of bad arrow, naming the file and the import', () => {
+  const synthetic = new Map<string, string>([
+    ['kernel/bad.ts', "import { x } from '../domain/runs.ts';\nimport { y } from './errors.ts';"],
+    ['domain/bad.ts', "import type { Q } from '../queries/experiment-metrics.ts';\nimport { AppError } from '../kernel/errors.ts';"],
+    ['queries/bad.ts', "export { z } from '../api/app.ts';\nimport { s } from '../domain/stats.ts';"],
+    ['scorer/bad.ts', "const m = await import('../api/app.ts');\nimport { t } from './score.ts';\nimport { e } from '../queries/experiment-metrics.ts';"],
+    ['sink/bad.cjs', "const r = require('../sandbox-runner/runs.ts');"],
+    ['api/deep/bad.ts', "import '../../main.ts';\nimport { k } from '../../kernel/ids.ts';\nimport { a } from '../app.ts';"],
+    ['main.ts', "import { s } from './scorer/service.ts';\nimport { r } from './sandbox-runner/service.ts';"],
+  ]);
+  assert.deepEqual(
+    violations(synthetic).map((v) => v.message),
+    [
+      "services/kernel/bad.ts: import '../domain/runs.ts': kernel may not import domain",
+      "services/domain/bad.ts: import '../queries/experiment-metrics.ts': domain may not import queries",
+      "services/queries/bad.ts: import '../api/app.ts': queries may not import api",
+      "services/scorer/bad.ts: import '../api/app.ts': the actor scorer may not import the actor api",
+      "services/sink/bad.cjs: import '../sandbox-runner/runs.ts': the actor sink may not import the actor sandbox-runner",
+      "services/api/deep/bad.ts: import '../../main.ts': top (main.ts) is imported by nothing",
+    ],
+  );
+  assert.throws(() => violations(new Map([['newfolder/x.ts', "import { y } from '../kernel/ids.ts';"]])), /services\/newfolder\/ has no layer/);
+});
