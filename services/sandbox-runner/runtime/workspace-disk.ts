@@ -146,22 +146,13 @@ export class WorkspaceDisk {
   static async mount(image: string, mountpoint: string, tools: DiskTools, launcher: Launcher, options: { create?: boolean } = {}): Promise<WorkspaceDisk> {
     if (options.create) await fs.promises.mkdir(mountpoint, { mode: 0o700 });
     const disk = new WorkspaceDisk(image, mountpoint, tools, launcher);
-    // The directory as it is before the mount, reachable through this descriptor afterwards.
-    const below = await fs.promises.open(mountpoint, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW);
-    try {
+    await disk.attach(mountpoint, async () => {
       // Should the runner be killed, the launcher unmounts it (it outlives the runner a moment).
-      const undo = { key: mountpoint, command: tools.umount, args: ['-l', mountpoint] };
       // noinit_itable: the file is sparse, its inode tables read as zeros already.
-      await run(launcher, tools.mount, ['-t', 'ext4', '-o', 'loop,nosuid,nodev,noinit_itable', image, mountpoint], undo);
+      await run(launcher, tools.mount, ['-t', 'ext4', '-o', 'loop,nosuid,nodev,noinit_itable', image, mountpoint], undoAt(tools, mountpoint));
       disk.mounted = true;
       await fs.promises.rmdir(path.join(mountpoint, 'lost+found'));
-      await copyOnto(below.fd, mountpoint);
-    } catch (err) {
-      await disk.release().catch(() => undefined);
-      throw err;
-    } finally {
-      await below.close();
-    }
+    });
     return disk;
   }
 
@@ -171,26 +162,38 @@ export class WorkspaceDisk {
    */
   static async move(disk: WorkspaceDisk, mountpoint: string, tools: DiskTools, launcher: Launcher): Promise<WorkspaceDisk | null> {
     const staging = disk.mountpoint;
+    let moved = false;
+    try {
+      await disk.attach(mountpoint, async () => {
+        await run(launcher, tools.mount, ['--move', staging, mountpoint], undoAt(tools, mountpoint));
+        moved = true;
+        disk.mountpoint = mountpoint;
+        launcher.forget(staging);
+        await fs.promises.rmdir(staging);
+      });
+    } catch (err) {
+      if (!moved) return null;
+      throw err;
+    }
+    return disk;
+  }
+
+  /**
+   * Runs `mountHere` (which puts this disk at `mountpoint`), then recreates on the disk what the
+   * directory held before (the mount hides it); released when any of it fails.
+   */
+  private async attach(mountpoint: string, mountHere: () => Promise<void>): Promise<void> {
+    // The directory as it is before the mount, reachable through this descriptor afterwards.
     const below = await fs.promises.open(mountpoint, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW);
     try {
-      await run(launcher, tools.mount, ['--move', staging, mountpoint], { key: mountpoint, command: tools.umount, args: ['-l', mountpoint] });
-    } catch {
-      await below.close();
-      await disk.release().catch(() => undefined);
-      return null;
-    }
-    disk.mountpoint = mountpoint;
-    launcher.forget(staging);
-    try {
-      await fs.promises.rmdir(staging);
+      await mountHere();
       await copyOnto(below.fd, mountpoint);
     } catch (err) {
-      await disk.release().catch(() => undefined);
+      await this.release().catch(() => undefined);
       throw err;
     } finally {
       await below.close();
     }
-    return disk;
   }
 
   /** Unmounts (lazily: a straggling open file does not keep the workspace busy) and deletes the file. Idempotent. */
@@ -287,6 +290,11 @@ function mountInfo(): Array<{ device: string; point: string }> {
 }
 
 const mountPoints = () => mountInfo().map((m) => m.point);
+
+/** What the launcher runs to unmount `mountpoint` should this process die first. */
+function undoAt(tools: DiskTools, mountpoint: string): { key: string; command: string; args: string[] } {
+  return { key: mountpoint, command: tools.umount, args: ['-l', mountpoint] };
+}
 
 /** Runs a tool through the launcher (a fork of the service itself costs tens of ms); rejects with its stderr. */
 async function run(launcher: Launcher, command: string, args: string[], undo?: { key: string; command: string; args: string[] }): Promise<void> {
