@@ -9,6 +9,8 @@ const { execFile, execFileSync, spawn } = require('node:child_process');
 const children = new Map();
 /** key -> {command, args}: what undoes a `run` (a workspace's mount) should the runner die first. */
 const undo = new Map();
+/** The `run` commands still running. */
+const running = new Set();
 
 process.on('message', (m) => {
   if (m.op === 'spawn') {
@@ -32,12 +34,17 @@ process.on('message', (m) => {
     children.get(m.id)?.kill(m.signal);
   } else if (m.op === 'run') {
     // A short command (mkfs, mount): the runner gets its exit and stderr at its end, not its pipes.
-    execFile(m.command, m.args, { timeout: m.timeoutMs, killSignal: 'SIGKILL' }, (err, _stdout, stderr) => {
+    // The undo is kept from the start: should the runner die while this runs, it is undone anyway
+    // (a no-op when the command never got that far); dropped if the command fails.
+    if (m.undo) undo.set(m.undo.key, m.undo);
+    const child = execFile(m.command, m.args, { timeout: m.timeoutMs, killSignal: 'SIGKILL' }, (err, _stdout, stderr) => {
+      running.delete(child);
       const code = err ? (typeof err.code === 'number' ? err.code : null) : 0;
-      if (code === 0 && m.undo) undo.set(m.undo.key, m.undo);
+      if (code !== 0 && m.undo) undo.delete(m.undo.key);
       const text = String(stderr || (err && code === null && !err.signal ? err.message : ''));
       process.send({ id: m.id, ran: { code, signal: err?.signal ?? null, stderr: text.slice(-4096) } });
     });
+    running.add(child);
   } else if (m.op === 'forget') {
     undo.delete(m.key);
   }
@@ -45,6 +52,8 @@ process.on('message', (m) => {
 // The runner is gone: so are we (and, through their parent-death signal, the supervisors). What
 // it could not undo itself (a killed runner leaves its workspaces mounted) is undone first.
 process.on('disconnect', () => {
+  // A mount still running would hold libmount's lock against the unmounts below: it ends first.
+  for (const child of running) child.kill('SIGKILL');
   for (const { command, args } of undo.values()) {
     try {
       execFileSync(command, args, { stdio: 'ignore', timeout: 5000 });
