@@ -23,7 +23,7 @@ import { experimentMetrics } from '../queries/experiment-metrics.ts';
 import { newEventId, runIdOf, scenarioIdOf } from '../kernel/ids.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
 import { runLifetimeMs, type ExperimentChanged, type ExperimentCommand, type ExperimentOptions, type Params, type RunEvent, type RunRequested, type RunScored } from '../domain/runs.ts';
-import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
+import { parseSpec, type SpecDocument } from '../domain/spec.ts';
 import { TOPICS } from '../kernel/topics.ts';
 
 /** Beyond a run's lifetime (its sandbox is gone by then), time for the runner to report it. */

@@ -13,7 +13,7 @@ import { BundleStore, type ReceivedBundle } from '../kernel/bundles.ts';
 import { EntityView, latestPerKey } from '../kernel/entity-view.ts';
 import type { ResolvedAgent } from '../domain/agents.ts';
 import { AppError, badRequest, notFound } from '../kernel/errors.ts';
-import type { SpecDocument } from '../kernel/spec.ts';
+import type { SpecDocument } from '../domain/spec.ts';
 import type { AgentSnapshotChanged } from '../domain/events.ts';
 import { newEventId, sha256Hex } from '../kernel/ids.ts';
 import { KeyedQueue } from '../kernel/keyed-queue.ts';

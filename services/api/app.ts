@@ -22,7 +22,7 @@ import { agentsRouter } from './routes/agents.ts';
 import { spansRouter } from './routes/spans.ts';
 import { sqlEndpoint } from './routes/sql.ts';
 import type { AgentCatalog } from './agents.ts';
-import { SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../kernel/spec.ts';
+import { SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../domain/spec.ts';
 import { secretsRouter } from './routes/secrets.ts';
 import { sandboxesRouter } from './routes/sandboxes.ts';
 import { experimentsRouter } from './routes/experiments.ts';

@@ -11,7 +11,7 @@ import { computeMetrics, NO_TRACES, tallyScenarios, type ExperimentMetrics, type
 import { experimentMetrics, runFacts, runTraceStats } from '../queries/experiment-metrics.ts';
 import { scenarioIdOf } from '../kernel/ids.ts';
 import type { ExperimentChanged, InvariantScore, Params, RunScore, Violation } from '../domain/runs.ts';
-import { parseSpec } from '../kernel/spec.ts';
+import { parseSpec } from '../domain/spec.ts';
 import { countsAsPassing, mean, passAtK, passHatK, scenarioVerdict, wilsonInterval, type Interval, type ScenarioVerdict } from '../domain/stats.ts';
 import type { Store } from '../kernel/store/store.ts';
 import type { ExperimentPlan } from './experiments.ts';

@@ -10,7 +10,7 @@ import { EntityView } from '../kernel/entity-view.ts';
 import { AppError, notFound } from '../kernel/errors.ts';
 import type { RecordPosition } from '../kernel/log/event-log.ts';
 import type { ExperimentChanged, ExperimentOptions, ExperimentStatus, Params } from '../domain/runs.ts';
-import { parseSpec, SPEC_DEFAULTS, type SpecDocument } from '../kernel/spec.ts';
+import { parseSpec, SPEC_DEFAULTS, type SpecDocument } from '../domain/spec.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import type { SpecCatalog } from './specs.ts';
 

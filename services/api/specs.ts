@@ -9,7 +9,7 @@ import { EntityView } from '../kernel/entity-view.ts';
 import { AppError, notFound } from '../kernel/errors.ts';
 import type { SpecStored } from '../domain/events.ts';
 import { newEventId } from '../kernel/ids.ts';
-import { parseSpec, specDurations, type SpecDocument } from '../kernel/spec.ts';
+import { parseSpec, specDurations, type SpecDocument } from '../domain/spec.ts';
 import { lifetimeProblem } from '../domain/sandbox-lifetime.ts';
 import { refusedSource } from '../kernel/secret-sources.ts';
 import { TOPICS } from '../kernel/topics.ts';

@@ -4,7 +4,7 @@
  * used). A sandbox needs its environment; a run also needs the checks and forbidden rules.
  */
 import { AppError } from '../kernel/errors.ts';
-import type { SpecDocument } from '../kernel/spec.ts';
+import type { SpecDocument } from './spec.ts';
 
 function unsupportedCapabilities(doc: SpecDocument, use: 'sandbox' | 'run'): string[] {
   const found: string[] = [];

@@ -13,7 +13,7 @@
  */
 import { parse } from 'yaml';
 import type { Config } from '../kernel/config.ts';
-import { specFromDocument, type SpecDocument } from '../kernel/spec.ts';
+import { specFromDocument, type SpecDocument } from './spec.ts';
 
 export type ParamValue = string | number | boolean;
 export type Params = Record<string, ParamValue>;

@@ -13,7 +13,7 @@
  */
 import type { RunTraceStats } from './experiment-metrics.ts';
 import type { RunScored } from './runs.ts';
-import type { ComparisonOperator, Condition } from '../kernel/spec.ts';
+import type { ComparisonOperator, Condition } from './spec.ts';
 
 export type ScoreRuleType = 'llm_as_judge' | 'threshold' | 'rescore';
 export const SCORE_RULE_TYPES: readonly ScoreRuleType[] = ['llm_as_judge', 'threshold', 'rescore'];

@@ -10,13 +10,14 @@
  * converted to other units gets a name that says so (`timeoutMs`, `memoryBytes`); resources,
  * determinism and network are camelCase, as they always were.
  */
-import { readFileSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { parseDocument } from 'yaml';
-import { parseDuration } from './duration.ts';
-import { AppError } from './errors.ts';
-import { childPath, JsonSchemaValidator, succeeds } from './json-schema.ts';
-import { isObject } from './is-object.ts';
+import specSchema from '../../schemas/spec.schema.json' with { type: 'json' };
+import { parseDuration } from '../kernel/duration.ts';
+import { parseSize } from '../kernel/size.ts';
+import { AppError } from '../kernel/errors.ts';
+import { childPath, JsonSchemaValidator, succeeds } from '../kernel/json-schema.ts';
+import { isObject } from '../kernel/is-object.ts';
 
 export interface SpecSetupFile {
   path: string;
@@ -155,8 +156,6 @@ export interface SpecDocument {
 
 export const SPEC_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 export const SECRET_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
-const SIZE = /^(\d+(?:\.\d+)?)\s*(b|k|kb|ki|kib|m|mb|mi|mib|g|gb|gi|gib)?$/i;
-const UNITS: Record<string, number> = { b: 1, k: 1e3, kb: 1e3, ki: 1024, kib: 1024, m: 1e6, mb: 1e6, mi: 1024 ** 2, mib: 1024 ** 2, g: 1e9, gb: 1e9, gi: 1024 ** 3, gib: 1024 ** 3 };
 
 /**
  * The defaults of the document; the schema's `default` annotations say the same (spec.test.ts
@@ -180,16 +179,6 @@ export const SPEC_DEFAULTS = {
   postgresUser: 'app',
 } as const;
 
-/** Sizes: an integer of bytes, or `512Mi`, `1Gi`, `500MB`, `2G`. */
-export function parseSize(value: unknown): number {
-  if (typeof value === 'number' && Number.isInteger(value) && value > 0) return value;
-  const m = typeof value === 'string' ? SIZE.exec(value.trim()) : null;
-  if (!m) throw new Error('must be a size such as 512Mi, 1Gi, 500MB or a number of bytes');
-  const bytes = Math.floor(Number(m[1]) * UNITS[(m[2] ?? 'b').toLowerCase()]);
-  if (bytes <= 0) throw new Error('must be more than 0 bytes');
-  return bytes;
-}
-
 const asArray = (v: unknown): unknown[] => (Array.isArray(v) ? v : []);
 const asObject = (v: unknown): Record<string, unknown> => (isObject(v) ? v : {});
 
@@ -197,7 +186,7 @@ const asObject = (v: unknown): Record<string, unknown> => (isObject(v) ? v : {})
 
 /** Where the service serves the schema; its `$id` names the same document. */
 export const SPEC_SCHEMA_PATH = '/schemas/spec/v1.json';
-export const SPEC_JSON_SCHEMA: Readonly<Record<string, unknown>> = JSON.parse(readFileSync(new URL('../../schemas/spec.schema.json', import.meta.url), 'utf8'));
+export const SPEC_JSON_SCHEMA: Readonly<Record<string, unknown>> = specSchema;
 
 /** ISO 8601: a date (midnight UTC) or a date and time with its zone, so it means one instant. */
 const TIMESTAMP = /^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2}))?$/;

@@ -6,7 +6,7 @@
  */
 import path from 'node:path';
 import { formatDuration, parseDuration } from './duration.ts';
-import { parseSize } from './spec.ts';
+import { parseSize } from './size.ts';
 
 type Parser<T> = (raw: string) => T;
 

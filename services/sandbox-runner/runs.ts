@@ -16,7 +16,7 @@ import type { ResolvedAgent } from '../domain/agents.ts';
 import { AppError } from '../kernel/errors.ts';
 import { newEventId, newSandboxId } from '../kernel/ids.ts';
 import { paramsEnv, RUN_METADATA, runLifetimeMs, specForRun, type CheckResult, type Params, type RunEvent, type RunOutcome, type RunRequested } from '../domain/runs.ts';
-import type { InvariantCheck, SpecDocument } from '../kernel/spec.ts';
+import type { InvariantCheck, SpecDocument } from '../domain/spec.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { listImages, normalizeReference } from './runtime/images.ts';

@@ -15,7 +15,7 @@ import { AppError } from '../kernel/errors.ts';
 import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../domain/events.ts';
 import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
 import { resolveHostSecret } from '../kernel/secret-sources.ts';
-import { parseSpec, type SpecDocument } from '../kernel/spec.ts';
+import { parseSpec, type SpecDocument } from '../domain/spec.ts';
 import { changedExpiry } from '../domain/sandbox-lifetime.ts';
 import { redactSecrets, type Sealer, type TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';

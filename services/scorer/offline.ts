@@ -16,7 +16,7 @@ import { NO_TRACES } from '../domain/experiment-metrics.ts';
 import { runTraceStats } from '../queries/experiment-metrics.ts';
 import type { InvariantScore, RunOutcome, RunScore, Violation } from '../domain/runs.ts';
 import { holds, parseRunCondition, type RunMetric, type ScoreRecorded, type ScoreRule, type StoredRun } from '../domain/score-rules.ts';
-import type { SpecDocument } from '../kernel/spec.ts';
+import type { SpecDocument } from '../domain/spec.ts';
 import type { Store } from '../kernel/store/store.ts';
 import type { Judge } from './judge.ts';
 import { scoreRun } from './score.ts';

@@ -17,7 +17,7 @@
  * kept apart from the agent's own failures.
  */
 import type { InvariantScore, RunOutcome, RunScore, Violation } from '../domain/runs.ts';
-import type { SpecDocument } from '../kernel/spec.ts';
+import type { SpecDocument } from '../domain/spec.ts';
 import type { Judge } from './judge.ts';
 
 /** Composites are rounded to this many decimals, so 0.1 + 0.2 of 0.3 is exactly 1 against a threshold of 1. */

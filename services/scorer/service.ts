@@ -22,7 +22,7 @@ import { newEventId } from '../kernel/ids.ts';
 import type { Consumer } from '../kernel/log/event-log.ts';
 import { specForRun, type ExperimentChanged, type Params, type RunEvent, type RunOutcome, type RunScore, type RunScored } from '../domain/runs.ts';
 import type { ScoreRecorded, ScoreRequested, ScoreRule, StoredRun } from '../domain/score-rules.ts';
-import type { SpecDocument } from '../kernel/spec.ts';
+import type { SpecDocument } from '../domain/spec.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { createJudge, type Judge } from './judge.ts';
 import { gradeRun, storedRuns } from './offline.ts';

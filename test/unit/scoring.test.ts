@@ -11,7 +11,7 @@ import { after, before, beforeEach, describe, test } from 'node:test';
 import { stringify } from 'yaml';
 import type { RunOutcome, RunScore } from '../../services/domain/runs.ts';
 import { parseRunCondition, type ScoreRule, type StoredRun } from '../../services/domain/score-rules.ts';
-import { parseSpec, type SpecDocument } from '../../services/kernel/spec.ts';
+import { parseSpec, type SpecDocument } from '../../services/domain/spec.ts';
 import { createJudge, JudgeFailure, parseGrade, type Judge } from '../../services/scorer/judge.ts';
 import { gradeRun } from '../../services/scorer/offline.ts';
 import { forbiddenViolations, scoreRun } from '../../services/scorer/score.ts';

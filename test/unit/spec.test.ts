@@ -5,7 +5,8 @@ import { test } from 'node:test';
 import { parse as parseYaml, stringify } from 'yaml';
 import { parseDuration } from '../../services/kernel/duration.ts';
 import { AppError } from '../../services/kernel/errors.ts';
-import { parseSize, parseSpec, SPEC_DEFAULTS, SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../../services/kernel/spec.ts';
+import { parseSize } from '../../services/kernel/size.ts';
+import { parseSpec, SPEC_DEFAULTS, SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../../services/domain/spec.ts';
 
 type Doc = Record<string, unknown>;
 

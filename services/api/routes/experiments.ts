@@ -16,7 +16,7 @@ import { experimentMetrics, runFacts, runTraceStats } from '../../queries/experi
 import { newEventId, newExperimentId } from '../../kernel/ids.ts';
 import { KeyedQueue } from '../../kernel/keyed-queue.ts';
 import type { ExperimentChanged, ExperimentCommand, ExperimentOptions, Params } from '../../domain/runs.ts';
-import { SECRET_NAME, type SpecDocument } from '../../kernel/spec.ts';
+import { SECRET_NAME, type SpecDocument } from '../../domain/spec.ts';
 import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { AgentCatalog } from '../agents.ts';

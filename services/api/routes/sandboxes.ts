@@ -14,7 +14,7 @@ import type { SandboxReplied } from '../../domain/events.ts';
 import { newSandboxId } from '../../kernel/ids.ts';
 import { commandSizeProblem } from '../../domain/sandbox-limits.ts';
 import type { Requester } from '../../kernel/request-reply.ts';
-import { SECRET_NAME } from '../../kernel/spec.ts';
+import { SECRET_NAME } from '../../domain/spec.ts';
 import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
 import type { SpecCatalog } from '../specs.ts';
 import type { AgentCatalog } from '../agents.ts';

@@ -21,7 +21,7 @@ import {
   type ScoreRequested,
   type ScoreRuleType,
 } from '../../domain/score-rules.ts';
-import { SPEC_ID } from '../../kernel/spec.ts';
+import { SPEC_ID } from '../../domain/spec.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { ExperimentDirectory } from '../experiments.ts';

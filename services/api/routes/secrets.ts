@@ -6,7 +6,7 @@ import Router from '@koa/router';
 import type { Context } from 'koa';
 import type { Principal } from '../../kernel/auth.ts';
 import { badRequest, notFound } from '../../kernel/errors.ts';
-import { SECRET_NAME } from '../../kernel/spec.ts';
+import { SECRET_NAME } from '../../domain/spec.ts';
 import type { TenantSecrets } from '../../kernel/tenant-secrets.ts';
 
 const MAX_SECRET_BYTES = 64 * 1024;
