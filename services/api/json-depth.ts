@@ -22,6 +22,7 @@ const CLOSE_ARRAY = 0x5d;
  * parser, which reports it.
  */
 export function checkJsonDepth(text: string, field?: string): void {
+  if (!nestsTooDeep(text)) return;
   // Per open container: its key or index so far (null: an object's key not read yet).
   const path: Array<string | number | null> = [];
   let keyExpected = false;
@@ -47,6 +48,19 @@ export function checkJsonDepth(text: string, field?: string): void {
       else keyExpected = true;
     }
   }
+}
+
+/** Depth alone, without the path: the common case (a body within the limit) costs one quick pass. */
+function nestsTooDeep(text: string): boolean {
+  let depth = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === QUOTE) i = stringEnd(text, i);
+    else if (c === OPEN_OBJECT || c === OPEN_ARRAY) {
+      if (++depth > MAX_JSON_DEPTH) return true;
+    } else if (c === CLOSE_OBJECT || c === CLOSE_ARRAY) depth--;
+  }
+  return false;
 }
 
 /** The index of the quote that closes the string opened at `start` (indexOf: long strings are most of a big body). */
