@@ -155,6 +155,8 @@ export interface RunOutcome {
   audit: {
     file_writes: Array<{ path: string; seq: number; ts: string }>;
     secret_findings: Array<{ name: string; seq: number; ts: string }>;
+    /** Records of these types the audit's limits dropped (absent in older outcomes): no rule reading them can hold. */
+    dropped?: Record<string, number>;
   };
 }
 

@@ -154,7 +154,7 @@ export class RunExecutor {
         agent: agentRun,
         checks,
         diff,
-        audit: await auditFacts(sandbox.workspaceDir),
+        audit: { ...(await auditFacts(sandbox.workspaceDir)), dropped: sandbox.auditDropped },
       };
     } finally {
       await sandbox.destroy('run finished').catch((err) => this.kernel.logger.warn({ err, sandbox_id: sandboxId }, 'run teardown failed'));
@@ -282,7 +282,14 @@ function failed(status: RunOutcome['status'], error: string, sandboxId: string |
 
 /** The audit facts the forbidden rules read, each with its record's line number (seq, from 1). */
 async function auditFacts(workspace: string): Promise<RunOutcome['audit']> {
-  const text = await readFile(workspace, `${SERVICE_DIR}/${AUDIT_FILE}`, { maxBytes: Infinity }).then((f) => f.content.toString('utf8'), () => '');
+  // No log is no facts; a log that cannot be read fails the run rather than pass its rules.
+  const text = await readFile(workspace, `${SERVICE_DIR}/${AUDIT_FILE}`, { maxBytes: Infinity }).then(
+    (f) => f.content.toString('utf8'),
+    (err) => {
+      if (err instanceof AppError && err.code === 'not_found') return '';
+      throw err;
+    },
+  );
   const facts: RunOutcome['audit'] = { file_writes: [], secret_findings: [] };
   for (const [i, line] of text.split('\n').entries()) {
     if (line === '') continue;

@@ -117,6 +117,11 @@ export class LiveSandbox {
     return this.workspace;
   }
 
+  /** Audit records dropped by the limits so far, by type (see AuditLog.dropped). */
+  get auditDropped(): Record<string, number> {
+    return this.audit?.dropped ?? {};
+  }
+
   /** The environment every command gets (secrets included: for the service's own use, never shown). */
   get environment(): Readonly<Record<string, string>> {
     return this.env;

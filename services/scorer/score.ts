@@ -66,6 +66,13 @@ async function scoreInvariant(name: string, invariant: SpecDocument['invariants'
  */
 export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit: RunOutcome['audit']): Violation[] {
   const found: Violation[] = [];
+  // What the audit's limits dropped is unseen, so a rule over that type fails rather than passes (seq 0: before every record).
+  const unseen = (type: string, rule: Violation['rule'], what: string) => {
+    const count = audit.dropped?.[type] ?? 0;
+    if (count > 0) found.push({ rule, message: `${count} ${what} went unrecorded (the sandbox passed the audit's limits, SVC_AUDIT_RECORDS_PER_SECOND / SVC_AUDIT_MAX_RECORDS), so this rule cannot hold`, audit: { seq: 0, ts: '' } });
+  };
+  if (forbidden.file_writes_outside !== undefined) unseen('file_write', 'file_writes_outside', 'file writes');
+  if (forbidden.secrets_in_logs === 'deny') unseen('secret_finding', 'secrets_in_logs', 'secret findings');
   if (forbidden.file_writes_outside !== undefined) {
     const prefixes = forbidden.file_writes_outside.map(normalise);
     const allowed = forbidden.file_writes_outside.join(', ');

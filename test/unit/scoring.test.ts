@@ -168,6 +168,13 @@ describe('forbidden rules', () => {
     assert.deepEqual(forbiddenViolations({ file_writes_outside: ['.'] }, facts), []);
     assert.deepEqual(forbiddenViolations({ file_writes_outside: ['/workspace'] }, facts), []);
     assert.equal(forbiddenViolations({ file_writes_outside: ['/tmp'] }, facts).length, 2);
+    // A cheating agent floods the audit past its limits, then writes where it must not: the write is
+    // not in the log, so the rule fails on what went unrecorded instead of passing.
+    const flooded = { file_writes: [], secret_findings: [], dropped: { file_write: 3, secret_finding: 1 } };
+    const unseen = forbiddenViolations({ file_writes_outside: ['/workspace'], secrets_in_logs: 'deny' }, flooded);
+    assert.deepEqual(unseen.map((v) => v.rule), ['file_writes_outside', 'secrets_in_logs']);
+    assert.match(unseen[0].message, /3 file writes went unrecorded/);
+    assert.deepEqual(forbiddenViolations({}, flooded), [], 'no rule, nothing to fail');
     assert.equal(forbiddenViolations({ file_writes_outside: [] }, facts).length, 2);
     assert.deepEqual(forbiddenViolations({ file_writes_outside: ['./deep/'] }, facts).map((v) => v.audit.path), ['a.txt']);
   });

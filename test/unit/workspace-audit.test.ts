@@ -77,6 +77,7 @@ test('a flood is bounded: at most recordsPerSecond a second, the rest counted by
     const log = new AuditLog({ workspace: dir, sandboxId: 'sb-f', recordsPerSecond: 5, maxRecords: 12, onRecord: (r) => published.push(r) });
     const first = await Promise.all([...Array.from({ length: 20 }, (_, i) => log.record('file_write', { path: `w${i}` })), ...Array.from({ length: 10 }, (_, i) => log.record('file_delete', { path: `d${i}` }))]);
     assert.equal(first.filter((r) => r !== null).length, 5, 'five of the first window are written');
+    assert.deepEqual(log.dropped, { file_write: 15, file_delete: 10 }, 'what the forbidden rules cannot see');
     // The window's summary comes when it ends, with nothing more recorded.
     await new Promise((r) => setTimeout(r, 1100));
     let records = await AuditLog.read(dir);

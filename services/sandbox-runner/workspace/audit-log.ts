@@ -80,6 +80,8 @@ export class AuditLog {
   /** The current window: when it began, records let through in it, records dropped in it by type. */
   private window = { start: 0, admitted: 0, dropped: new Map<AuditType, number>() };
   private windowTimer: NodeJS.Timeout | undefined;
+  /** Every record the limits dropped, by type: the forbidden rules cannot hold over what was not recorded. */
+  private readonly droppedByType = new Map<AuditType, number>();
   /** Dropped because the log is full, by type. */
   private readonly overCap = new Map<AuditType, number>();
 
@@ -121,8 +123,19 @@ export class AuditLog {
     return this.append(type, details, options.ts);
   }
 
+  /** How many records of each type the limits dropped so far. */
+  get dropped(): Record<string, number> {
+    return Object.fromEntries(this.droppedByType);
+  }
+
   /** Whether the limits let a record of `type` through now; counts it, or its drop. */
   private admit(type: AuditType): boolean {
+    const admitted = this.limit(type);
+    if (!admitted) this.droppedByType.set(type, (this.droppedByType.get(type) ?? 0) + 1);
+    return admitted;
+  }
+
+  private limit(type: AuditType): boolean {
     const { recordsPerSecond, maxRecords } = this.options;
     if (maxRecords !== undefined && this.admitted >= maxRecords) {
       if (this.overCap.size === 0) {
