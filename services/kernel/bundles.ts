@@ -32,6 +32,11 @@ export interface ReceivedBundle {
   tempPath: string;
 }
 
+/** Longest entry path or link target (Linux's PATH_MAX): long-name headers could carry megabytes. */
+const PATH_MAX = 4096;
+/** Work allowed for resolving every link against the others (about a second at most). */
+const MAX_LINK_RESOLUTION_CHARS = 100_000_000;
+
 /** Why an entry path or link target would escape the bundle's root, or null when it stays inside. */
 function escapes(entryPath: string): string | null {
   if (path.posix.isAbsolute(entryPath) || /^[A-Za-z]:/.test(entryPath)) return 'is an absolute path';
@@ -53,7 +58,7 @@ function entryKey(entryPath: string): string {
  * past the kernel's symlink limit. A link that is lexically fine can still escape through another
  * one (`up -> ../..` deep down, `esc -> deep/up/../..`). `followFinal` false for a hard link's target.
  */
-function resolveInBundle(links: ReadonlyMap<string, string>, segments: string[], followFinal: boolean): 'inside' | 'outside' | 'loop' {
+function resolveInBundle(links: ReadonlyMap<string, string>, segments: string[], followFinal: boolean, budget: { chars: number }): 'inside' | 'outside' | 'loop' | 'too_complex' {
   const at: string[] = [];
   const queue = [...segments];
   let hops = 0;
@@ -65,7 +70,10 @@ function resolveInBundle(links: ReadonlyMap<string, string>, segments: string[],
       at.pop();
       continue;
     }
-    const target = links.get([...at, seg].join('/'));
+    const key = [...at, seg].join('/');
+    // Each lookup costs its key's length: a bundle of many deep links is refused, not checked for minutes.
+    if ((budget.chars -= key.length) < 0) return 'too_complex';
+    const target = links.get(key);
     if (target !== undefined && (queue.length > 0 || followFinal)) {
       if (++hops > MAX_SYMLINK_HOPS) return 'loop';
       if (path.posix.isAbsolute(target)) return 'outside';
@@ -79,21 +87,27 @@ function resolveInBundle(links: ReadonlyMap<string, string>, segments: string[],
 
 /** The first link of the bundle that escapes it physically (through its other links), or null. */
 function physicalEscape(links: ReadonlyMap<string, string>, hardLinks: ReadonlyMap<string, string>): string | null {
-  const problem = (kind: string, name: string, target: string, where: 'inside' | 'outside' | 'loop') =>
-    where === 'inside' ? null : `${kind} ${JSON.stringify(name)} ${where === 'outside' ? 'points outside the bundle through another link' : 'is part of a symbolic link loop'} (${JSON.stringify(target)})`;
+  const budget = { chars: MAX_LINK_RESOLUTION_CHARS };
+  const problem = (kind: string, name: string, target: string, where: 'inside' | 'outside' | 'loop' | 'too_complex') =>
+    where === 'inside'
+      ? null
+      : where === 'too_complex'
+        ? `has more or deeper links than can be checked (over ${MAX_LINK_RESOLUTION_CHARS} path characters resolved)`
+        : `${kind} ${JSON.stringify(name)} ${where === 'outside' ? 'points outside the bundle through another link' : 'is part of a symbolic link loop'} (${JSON.stringify(target)})`;
   for (const [name, target] of links) {
-    const found = problem('symbolic link', name, target, resolveInBundle(links, [...name.split('/').slice(0, -1), ...target.split('/')], true));
+    const found = problem('symbolic link', name, target, resolveInBundle(links, [...name.split('/').slice(0, -1), ...target.split('/')], true, budget));
     if (found) return found;
   }
   for (const [name, target] of hardLinks) {
-    const found = problem('hard link', name, target, resolveInBundle(links, target.split('/'), false));
+    const found = problem('hard link', name, target, resolveInBundle(links, target.split('/'), false, budget));
     if (found) return found;
   }
   return null;
 }
 
 function checkEntry(entry: ReadEntry): string | null {
-  const name = JSON.stringify(entry.path);
+  const name = JSON.stringify(entry.path.slice(0, 200));
+  if (Buffer.byteLength(entry.path) > PATH_MAX || Buffer.byteLength(entry.linkpath ?? '') > PATH_MAX) return `entry ${name} has a path or link target over ${PATH_MAX} bytes`;
   if (!ALLOWED_TYPES.has(entry.type)) return `entry ${name} is a ${entry.type}; only files, directories and links are allowed`;
   const pathProblem = escapes(entry.path);
   if (pathProblem) return `entry ${name} ${pathProblem}`;
@@ -130,7 +144,7 @@ class BundleCheck extends Transform {
     this.parser.on('entry', (entry: ReadEntry) => {
       this.entries++;
       // Headers count too: they bound the links kept in memory.
-      this.expandedBytes += 512 + (entry.size ?? 0);
+      this.expandedBytes += 512 + (entry.size ?? 0) + Buffer.byteLength(entry.path) + Buffer.byteLength(entry.linkpath ?? '');
       const problem = checkEntry(entry);
       if (problem) this.fail(badRequest('bundle', problem));
       else if (this.expandedBytes > maxBytes * MAX_EXPANSION) this.fail(badRequest('bundle', `expands to more than ${MAX_EXPANSION} times the size limit`));
