@@ -133,7 +133,7 @@ export function createApp({ kernel, auth, idempotency, specs, agents, secrets, s
       return parseBody(ctx, () => {
         // A parsed JSON body's text, checked before any handler walks the value.
         const { body, rawBody } = ctx.request as { body?: unknown; rawBody?: unknown };
-        if (typeof body === 'object' && body !== null && typeof rawBody === 'string') checkJsonDepth(rawBody);
+        if (ctx.request.is('json') && typeof body === 'object' && body !== null && typeof rawBody === 'string') checkJsonDepth(rawBody);
         return next();
       });
     }

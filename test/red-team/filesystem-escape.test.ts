@@ -7,6 +7,7 @@
  * 500. Every host-side access now goes through one path-safe layer (workspace/beneath.ts).
  */
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, mkdtemp, readdir, readFile, realpath, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -94,6 +95,16 @@ if (runtime) {
       // The same links without the escape are fine.
       const fine = await makeBundle({ 'main.py': 'print(1)', 'a/b/keep.txt': 'x' }, { links: { 'a/b/up': '../..', ok: 'a/b/up/main.py' } });
       assert.equal((await uploadAgent(server, key, { name: 'linker', entrypoint: ['python3', 'main.py'] }, fine)).status, 201);
+    });
+
+    test('a bundle whose link target is megabytes long (a pax header, tiny compressed) is refused, not checked for minutes', async () => {
+      // No filesystem holds such a link, so python's tarfile writes the entry itself.
+      const script = "import io,sys,tarfile\nb=io.BytesIO()\nt=tarfile.open(fileobj=b,mode='w:gz',format=tarfile.PAX_FORMAT)\nm=tarfile.TarInfo('main.py');m.size=8;t.addfile(m,io.BytesIO(b'print(1)'))\nl=tarfile.TarInfo('deep');l.type=tarfile.SYMTYPE;l.linkname='a/'*500000+'x';t.addfile(l)\nt.close();sys.stdout.buffer.write(b.getvalue())";
+      const bundle = execFileSync('python3', ['-c', script], { maxBuffer: 64 * 1024 * 1024 });
+      assert.ok(bundle.length < 64 * 1024, `${bundle.length} bytes compressed`);
+      const res = await uploadAgent(server, key, { name: 'longlink', entrypoint: ['python3', 'main.py'] }, bundle);
+      assert.equal(res.status, 400, res.text);
+      assert.match(res.body.message, /^bundle: .*over 4096 bytes/);
     });
 
     test('.svc is not writable by setup.files or a copy fixture', async () => {
