@@ -19,10 +19,13 @@
 import { createHash } from 'node:crypto';
 import { publish, subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
 import { EntityView } from '../kernel/entity-view.ts';
-import { experimentMetrics } from '../queries/experiment-metrics.ts';
+import { experimentMetrics } from '../queries/run-facts.ts';
 import { newEventId, runIdOf, scenarioIdOf } from '../kernel/ids.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
-import { runLifetimeMs, type ExperimentChanged, type ExperimentCommand, type ExperimentOptions, type Params, type RunEvent, type RunRequested, type RunScored } from '../domain/runs.ts';
+import { runLifetimeMs } from '../domain/run-plan.ts';
+import type { ExperimentChanged, ExperimentCommand, ExperimentOptions } from '../domain/events/experiment-events.ts';
+import type { Params } from '../domain/params.ts';
+import type { RunEvent, RunRequested, RunScored } from '../domain/events/run-events.ts';
 import { parseSpec, type SpecDocument } from '../domain/spec.ts';
 import { TOPICS } from '../kernel/topics.ts';
 

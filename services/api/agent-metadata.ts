@@ -2,7 +2,7 @@
  * The `metadata` field of POST /v1/agents: `{name, entrypoint, runtime?, tag?, auth?}`, checked
  * against a JSON Schema (ajv) and reported field by field (`metadata.auth.required_env[0]: ...`).
  */
-import type { AgentAuth } from '../domain/agents.ts';
+import type { AgentAuth } from '../domain/agent-auth.ts';
 import { AppError, badRequest } from '../kernel/errors.ts';
 import { JsonSchemaValidator } from '../kernel/json-schema.ts';
 import { checkJsonDepth } from './json-depth.ts';

@@ -3,18 +3,20 @@
  * history), RunResults (GET /v1/experiments/:id), scenarios with their runs (GET /v1/scenarios),
  * the export bundle, and the reproducer command of a run. docs/experiments.md documents every
  * shape. Runs are the latest row per run of run_scores (FINAL); costs, tokens and tool calls come
- * from the trace events of the run's sandbox (queries/experiment-metrics.ts).
+ * from the trace events of the run's sandbox (queries/run-facts.ts).
  */
 import { shellQuote } from '../kernel/shell.ts';
-import type { ResolvedAgent } from '../domain/agents.ts';
+import type { ResolvedAgent } from '../domain/agent-auth.ts';
 import { computeMetrics, NO_TRACES, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats, type VerdictCounts } from '../domain/experiment-metrics.ts';
-import { experimentMetrics, runFacts, runTraceStats } from '../queries/experiment-metrics.ts';
+import { experimentMetrics, runFacts, runTraceStats } from '../queries/run-facts.ts';
 import { scenarioIdOf } from '../kernel/ids.ts';
-import type { ExperimentChanged, InvariantScore, Params, RunScore, Violation } from '../domain/runs.ts';
+import type { ExperimentChanged } from '../domain/events/experiment-events.ts';
+import type { InvariantScore, RunScore, Violation } from '../domain/events/run-events.ts';
+import type { Params } from '../domain/params.ts';
 import { parseSpec } from '../domain/spec.ts';
 import { countsAsPassing, mean, passAtK, passHatK, scenarioVerdict, wilsonInterval, type Interval, type ScenarioVerdict } from '../domain/stats.ts';
 import type { Store } from '../kernel/store/store.ts';
-import type { ExperimentPlan } from './experiments.ts';
+import type { ExperimentPlan } from './catalogs/experiment-catalog.ts';
 
 const iso = (ms: number | string | null): string | null => (ms === null ? null : new Date(Number(ms)).toISOString());
 const noCounts = (): VerdictCounts => ({ pass: 0, fail: 0, flaky: 0, error: 0 });

@@ -16,7 +16,7 @@
  */
 import { computeMetrics, NO_TRACES, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats } from './experiment-metrics.ts';
 import { scenarioIdOf } from '../kernel/ids.ts';
-import type { Params } from './runs.ts';
+import type { Params } from './params.ts';
 import { cochranMantelHaenszel, welchTTest, type ReplicaAggregation, type ScenarioVerdict, type Table2x2 } from './stats.ts';
 
 export const ALPHA = 0.05;

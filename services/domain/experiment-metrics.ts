@@ -3,10 +3,10 @@
  * snapshot at completion, the alert metrics of the spec), computed from the latest score of
  * every run (run_scores) and the trace events its sandbox reported (trace_events, tagged with the
  * experiment and, in ResourceAttributes, the run). docs/experiments.md defines each metric.
- * The reads of those tables are in queries/experiment-metrics.ts.
+ * The reads of those tables are in queries/run-facts.ts.
  */
 import { countsAsPassing, mean, quantile, scenarioVerdict, type ReplicaAggregation, type ScenarioVerdict } from './stats.ts';
-import type { RunScore } from './runs.ts';
+import type { RunScore } from './events/run-events.ts';
 
 export interface VerdictCounts {
   pass: number;

@@ -12,10 +12,10 @@
  * a scoring already asked for.
  */
 import type { RunTraceStats } from './experiment-metrics.ts';
-import type { RunScored } from './runs.ts';
+import type { RunScored } from './events/run-events.ts';
 import type { ComparisonOperator, Condition } from './spec.ts';
+import type { ScoreRuleChanged, ScoreRuleType } from './events/score-events.ts';
 
-export type ScoreRuleType = 'llm_as_judge' | 'threshold' | 'rescore';
 export const SCORE_RULE_TYPES: readonly ScoreRuleType[] = ['llm_as_judge', 'threshold', 'rescore'];
 
 /** What an `llm_as_judge` rule reads of a stored run. */
@@ -37,65 +37,12 @@ export type ScoreRule = {
   created_at: string;
 } & ScoreRuleConfig;
 
-/** A value of svc.score-rules (schemas/score-rule-changed.avsc), keyed by rule id. */
-export interface ScoreRuleChanged {
-  tenant: string;
-  event_id: string;
-  ts: number;
-  rule_id: string;
-  name: string;
-  eval_id: string | null;
-  type: ScoreRuleType;
-  /** ScoreRuleConfig without its `type`, as JSON. */
-  config: string;
-  created_at: number;
-}
-
 export function ruleFromEvent(e: ScoreRuleChanged): ScoreRule {
   return { id: e.rule_id, name: e.name, eval_id: e.eval_id, created_at: new Date(e.created_at).toISOString(), ...JSON.parse(e.config), type: e.type } as ScoreRule;
 }
 
 /** A stored run as offline scoring reads it: its row of run_scores and its trace totals. */
 export type StoredRun = Omit<RunScored, 'tenant' | 'event_id' | 'ts' | 'experiment_id'> & { traces: RunTraceStats };
-
-/** A value of svc.score-requests (schemas/score-requested.avsc). */
-export interface ScoreRequested {
-  tenant: string;
-  event_id: string;
-  ts: number;
-  /** Names one POST /v1/experiments/:id/score; every record it produces carries it. */
-  request_id: string;
-  experiment_id: string;
-  /** ScoreRule[] as JSON. */
-  rules: string;
-  /** A StoredRun as JSON; null asks for every stored run of the experiment. */
-  run: string | null;
-}
-
-/** A value of svc.scores (schemas/score-recorded.avsc): one rule's grade of one run. */
-export interface ScoreRecorded {
-  tenant: string;
-  event_id: string;
-  ts: number;
-  request_id: string;
-  experiment_id: string;
-  scenario_id: string;
-  scenario_index: number;
-  run_id: string;
-  replica: number;
-  rule_id: string;
-  rule_name: string;
-  rule_type: ScoreRuleType;
-  /** In [0, 1]; null when the run could not be graded by this rule (see error). */
-  score: number | null;
-  passed: boolean | null;
-  /** True when the judge could not be reached or answered nonsense: infrastructure, not a 0. */
-  judge_failure: boolean;
-  reason: string;
-  /** Type-specific facts as JSON (docs/scoring.md). */
-  details: string;
-  error: string | null;
-}
 
 /** The per-run metrics a `threshold` rule's condition may name, with what each measures. */
 export const RUN_METRICS = {

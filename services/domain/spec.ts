@@ -18,6 +18,7 @@ import { parseSize } from '../kernel/size.ts';
 import { AppError } from '../kernel/errors.ts';
 import { childPath, JsonSchemaValidator, succeeds } from '../kernel/json-schema.ts';
 import { isObject } from '../kernel/is-object.ts';
+import { definesParams, referencedNames } from './params.ts';
 
 export interface SpecSetupFile {
   path: string;
@@ -209,8 +210,6 @@ const FORBIDDEN_NEEDS: Record<string, { toggle: string; on: (audit: Record<strin
   file_writes_outside: { toggle: 'a non-empty audit.file_system.watch', on: (a) => asArray(asObject(a.file_system).watch).length > 0 },
 };
 
-const PARAM_REFERENCE = /\{\{\s*params\.([^}\s]*)\s*\}\}/g;
-
 interface ParamReference {
   path: string;
   name: string;
@@ -287,7 +286,7 @@ function scan(root: unknown): { paramReferences: ParamReference[]; cycles: strin
   const ancestors = new Set<object>();
   const visit = (value: unknown, path: string) => {
     if (typeof value === 'string') {
-      if (path !== 'parallelism' && !path.startsWith('parallelism.')) for (const [, name] of value.matchAll(PARAM_REFERENCE)) paramReferences.push({ path, name });
+      if (!definesParams(path)) for (const name of referencedNames(value)) paramReferences.push({ path, name });
       return;
     }
     if (typeof value !== 'object' || value === null) return;

@@ -8,7 +8,7 @@
  */
 import { subscribe, publish, type Kernel } from './actor.ts';
 import { AppError } from './errors.ts';
-import type { SandboxReplied, SandboxRequested } from '../domain/events.ts';
+import type { SandboxReplied, SandboxRequested } from '../domain/events/sandbox-events.ts';
 import { newEventId } from './ids.ts';
 import type { Consumer } from './log/event-log.ts';
 import { Sealer, secretsKey } from './tenant-secrets.ts';

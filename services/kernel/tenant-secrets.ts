@@ -8,9 +8,18 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { publish, type Kernel } from './actor.ts';
 import { EntityView } from './entity-view.ts';
-import type { TenantSecretChanged } from '../domain/events.ts';
+
 import { newEventId } from './ids.ts';
 import { TOPICS } from './topics.ts';
+
+/** A value of svc.tenant-secrets (schemas/tenant-secret-changed.avsc). */
+export interface TenantSecretChanged {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  name: string;
+  ciphertext: Buffer | null;
+}
 
 /** The 32-byte key: from SVC_SECRETS_KEY, else created once in the data dir (mode 0600). */
 export function secretsKey(config: Kernel['config']): Buffer {

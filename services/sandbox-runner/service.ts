@@ -15,7 +15,7 @@ import { publish, subscribe, type Kernel, type Service } from '../kernel/actor.t
 import { BundleStore, ExtractedBundles } from '../kernel/bundles.ts';
 import { EntityView } from '../kernel/entity-view.ts';
 import { AppError, toErrorBody } from '../kernel/errors.ts';
-import type { SandboxChanged, SandboxRequested } from '../domain/events.ts';
+import type { SandboxChanged, SandboxRequested } from '../domain/events/sandbox-events.ts';
 import { newEventId } from '../kernel/ids.ts';
 import type { Consumer } from '../kernel/log/event-log.ts';
 import { reply, requestPayload } from '../kernel/request-reply.ts';
@@ -25,8 +25,8 @@ import { LocalRuntime } from './runtime/local-runtime.ts';
 import type { Runtime } from './runtime/runtime.ts';
 import { LiveSandbox, type CreateRequest } from './sandbox.ts';
 import { removeBeneath } from './workspace/beneath.ts';
-import { RunExecutor } from './runs.ts';
-import type { RunEvent, RunRequested } from '../domain/runs.ts';
+import { RunExecutor } from './run-executor.ts';
+import type { RunEvent, RunRequested } from '../domain/events/run-events.ts';
 
 export class SandboxRunnerService implements Service {
   readonly name = 'sandbox-runner';

@@ -13,9 +13,10 @@
  *   outage, say): its score is the new composite, and the new RunScore supersedes the run's.
  */
 import { NO_TRACES } from '../domain/experiment-metrics.ts';
-import { runTraceStats } from '../queries/experiment-metrics.ts';
-import type { InvariantScore, RunOutcome, RunScore, Violation } from '../domain/runs.ts';
-import { holds, parseRunCondition, type RunMetric, type ScoreRecorded, type ScoreRule, type StoredRun } from '../domain/score-rules.ts';
+import { runTraceStats } from '../queries/run-facts.ts';
+import type { InvariantScore, RunOutcome, RunScore, Violation } from '../domain/events/run-events.ts';
+import { holds, parseRunCondition, type RunMetric, type ScoreRule, type StoredRun } from '../domain/score-rules.ts';
+import type { ScoreRecorded } from '../domain/events/score-events.ts';
 import type { SpecDocument } from '../domain/spec.ts';
 import type { Store } from '../kernel/store/store.ts';
 import type { Judge } from './judge.ts';

@@ -16,7 +16,7 @@
  * error: the invariants were never checked) or when a judge call failed: infrastructure trouble,
  * kept apart from the agent's own failures.
  */
-import type { InvariantScore, RunOutcome, RunScore, Violation } from '../domain/runs.ts';
+import type { InvariantScore, RunOutcome, RunScore, Violation } from '../domain/events/run-events.ts';
 import type { SpecDocument } from '../domain/spec.ts';
 import type { Judge } from './judge.ts';
 

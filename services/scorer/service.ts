@@ -20,8 +20,12 @@ import { publish, subscribe, type Delivered, type Kernel, type OutgoingEvent, ty
 import { EntityView } from '../kernel/entity-view.ts';
 import { newEventId } from '../kernel/ids.ts';
 import type { Consumer } from '../kernel/log/event-log.ts';
-import { specForRun, type ExperimentChanged, type Params, type RunEvent, type RunOutcome, type RunScore, type RunScored } from '../domain/runs.ts';
-import type { ScoreRecorded, ScoreRequested, ScoreRule, StoredRun } from '../domain/score-rules.ts';
+import { specForRun } from '../domain/run-plan.ts';
+import type { ExperimentChanged } from '../domain/events/experiment-events.ts';
+import type { Params } from '../domain/params.ts';
+import type { RunEvent, RunOutcome, RunScore, RunScored } from '../domain/events/run-events.ts';
+import type { ScoreRecorded, ScoreRequested } from '../domain/events/score-events.ts';
+import type { ScoreRule, StoredRun } from '../domain/score-rules.ts';
 import type { SpecDocument } from '../domain/spec.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { createJudge, type Judge } from './judge.ts';

@@ -2,10 +2,14 @@
  * Event -> row mappings of the sink, one function per table. Column names follow the DDL in
  * kernel/store/migrations (otel_traces names for the span columns).
  */
-import type { AgentSnapshotChanged, AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent, TraceEventsIngested } from '../domain/events.ts';
+import type { AgentSnapshotChanged } from '../domain/events/agent-events.ts';
+import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../domain/events/sandbox-events.ts';
+import type { DeadLettered } from '../kernel/dead-letters.ts';
+import type { TraceEventsIngested } from '../domain/events/trace-events.ts';
 import type { LogRecord } from '../kernel/log/event-log.ts';
-import type { ExperimentChanged, RunScored } from '../domain/runs.ts';
-import type { ScoreRecorded } from '../domain/score-rules.ts';
+import type { ExperimentChanged } from '../domain/events/experiment-events.ts';
+import type { RunScored } from '../domain/events/run-events.ts';
+import type { ScoreRecorded } from '../domain/events/score-events.ts';
 
 /** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
 export function clickhouseTimeUs(us: number): string {

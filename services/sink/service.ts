@@ -4,14 +4,17 @@
  * registered with the kernel so a write can await visibility (read-your-writes).
  */
 import { subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
-import type { AgentSnapshotChanged, AuditRecorded, DeadLettered, SandboxChanged, SandboxEvent } from '../domain/events.ts';
+import type { AgentSnapshotChanged } from '../domain/events/agent-events.ts';
+import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../domain/events/sandbox-events.ts';
+import type { DeadLettered } from '../kernel/dead-letters.ts';
 import type { Consumer, LogRecord } from '../kernel/log/event-log.ts';
 import { sinkGroupId, topicSpec, TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
 import { TableWriter } from './table-writer.ts';
 import { agentSnapshotRow, auditRow, deadLetterRow, experimentRow, runScoreRow, sandboxEventRow, sandboxRow, scoreRow, traceEventRows } from './rows.ts';
-import type { ExperimentChanged, RunScored } from '../domain/runs.ts';
-import type { ScoreRecorded } from '../domain/score-rules.ts';
+import type { ExperimentChanged } from '../domain/events/experiment-events.ts';
+import type { RunScored } from '../domain/events/run-events.ts';
+import type { ScoreRecorded } from '../domain/events/score-events.ts';
 
 type ToRows = (value: unknown, record: LogRecord) => Array<Record<string, unknown>>;
 

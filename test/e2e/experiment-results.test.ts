@@ -17,11 +17,12 @@ import { after, before, describe, test } from 'node:test';
 import { publish } from '../../services/kernel/actor.ts';
 import { loadConfig } from '../../services/kernel/config.ts';
 import { newEventId, runIdOf, scenarioIdOf } from '../../services/kernel/ids.ts';
-import type { ExperimentChanged, InvariantScore, RunOutcome, RunScored, Violation } from '../../services/domain/runs.ts';
+import type { ExperimentChanged } from '../../services/domain/events/experiment-events.ts';
+import type { InvariantScore, RunOutcome, RunScored, Violation } from '../../services/domain/events/run-events.ts';
 import { cochranMantelHaenszel, passAtK, passHatK, quantile, wilsonInterval } from '../../services/domain/stats.ts';
 import { TOPICS } from '../../services/kernel/topics.ts';
 import { traceRecords, UNTAGGED, type IngestContext } from '../../services/api/traces/trace-records.ts';
-import type { TraceEvent } from '../../services/domain/events.ts';
+import type { TraceEvent } from '../../services/domain/events/trace-events.ts';
 import { startServices, type Running } from '../../services/main.ts';
 import { ADMIN_KEY, freePort } from '../helpers/server.ts';
 

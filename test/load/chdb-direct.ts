@@ -18,10 +18,10 @@ import os from 'node:os';
 import path from 'node:path';
 import { ChdbStore } from '../../services/kernel/store/chdb-store.ts';
 import type { LogRecord } from '../../services/kernel/log/event-log.ts';
-import type { TraceEvent, TraceEventsIngested } from '../../services/domain/events.ts';
+import type { TraceEvent, TraceEventsIngested } from '../../services/domain/events/trace-events.ts';
 import { traceEventRows } from '../../services/sink/rows.ts';
 import { validateTraceBatch } from '../../services/api/traces/validate-events.ts';
-import { decodeOtlpProtobuf, otlpToTraceEvents } from '../../services/api/traces/otlp.ts';
+import { decodeOtlpProtobuf, otlpToTraceEvents } from '../../services/api/traces/otlp-mapping.ts';
 import { UNTAGGED } from '../../services/api/traces/trace-records.ts';
 import { otlpBodies, traceBodies } from './bodies.ts';
 

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { decodeOtlpProtobuf, encodeOtlpResponse, otlpJsonResponse, otlpToTraceEvents } from '../../services/api/traces/otlp.ts';
+import { decodeOtlpProtobuf, encodeOtlpResponse, otlpJsonResponse, otlpToTraceEvents } from '../../services/api/traces/otlp-mapping.ts';
 
 const LIMITS = { maxEvents: 1000, maxFieldBytes: 64 };
 const TRACE = '5b8efff798038103d269b633813fc60c';

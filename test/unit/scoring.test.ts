@@ -9,7 +9,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import { stringify } from 'yaml';
-import type { RunOutcome, RunScore } from '../../services/domain/runs.ts';
+import type { RunOutcome, RunScore } from '../../services/domain/events/run-events.ts';
 import { parseRunCondition, type ScoreRule, type StoredRun } from '../../services/domain/score-rules.ts';
 import { parseSpec, type SpecDocument } from '../../services/domain/spec.ts';
 import { createJudge, JudgeFailure, parseGrade, type Judge } from '../../services/scorer/judge.ts';

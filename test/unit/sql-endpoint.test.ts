@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { Session } from 'chdb';
 import { checkQuery } from '../../services/api/sql/check.ts';
-import { SqlError, fromEngineError } from '../../services/api/sql/errors.ts';
+import { SqlError, fromEngineError } from '../../services/api/sql/sql-errors.ts';
 import { nativeForRevision, parseType } from '../../services/api/sql/native.ts';
 
 const refusedWith = (sql: string, code: number) => () =>

@@ -2,7 +2,7 @@ import type { Context, Next } from 'koa';
 import { publish, type Kernel } from '../../kernel/actor.ts';
 import { EntityView } from '../../kernel/entity-view.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
-import { renderError } from './errors.ts';
+import { renderError } from './error-responses.ts';
 import { createHash } from 'node:crypto';
 import { newEventId } from '../../kernel/ids.ts';
 import { TOPICS } from '../../kernel/topics.ts';

@@ -10,9 +10,9 @@ import type { ReceivedBundle } from '../../kernel/bundles.ts';
 import type { Config } from '../../kernel/config.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
 import { parseAgentMetadata } from '../agent-metadata.ts';
-import { snapshotView, type AgentCatalog } from '../agents.ts';
+import { snapshotView, type AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, parseLimit, type Page } from '../pagination.ts';
-import type { AgentSnapshotChanged } from '../../domain/events.ts';
+import type { AgentSnapshotChanged } from '../../domain/events/agent-events.ts';
 
 const METADATA_MAX_BYTES = 64 * 1024;
 

@@ -2,29 +2,30 @@
  * Experiments (docs/experiments.md): creation (`created`, written here), run and cancel (commands
  * to the aggregator, which writes every later state; the call answers once this process's view
  * shows the aggregator's answer), RunResults, the list, metrics, compare, scenarios, eval history
- * and export. Live state comes from the ExperimentDirectory; runs, scores and traces from
+ * and export. Live state comes from the ExperimentCatalog; runs, scores and traces from
  * ClickHouse.
  */
 import Router from '@koa/router';
 import type { Context } from 'koa';
 import { Readable } from 'node:stream';
 import { publish, type Kernel } from '../../kernel/actor.ts';
-import type { ResolvedAgent } from '../../domain/agents.ts';
+import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import type { Auth, Principal } from '../../kernel/auth.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
-import { experimentMetrics, runFacts, runTraceStats } from '../../queries/experiment-metrics.ts';
+import { experimentMetrics, runFacts, runTraceStats } from '../../queries/run-facts.ts';
 import { newEventId, newExperimentId } from '../../kernel/ids.ts';
 import { KeyedQueue } from '../../kernel/keyed-queue.ts';
-import type { ExperimentChanged, ExperimentCommand, ExperimentOptions, Params } from '../../domain/runs.ts';
+import type { ExperimentChanged, ExperimentCommand, ExperimentOptions } from '../../domain/events/experiment-events.ts';
+import { type Params, referencedParams } from '../../domain/params.ts';
 import { SECRET_NAME, type SpecDocument } from '../../domain/spec.ts';
 import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
 import { TOPICS } from '../../kernel/topics.ts';
-import type { AgentCatalog } from '../agents.ts';
+import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { compareExperiments } from '../../domain/compare.ts';
 import { countsOf, evalHistory, experimentSummary, exportJson, exportLines, listExperiments, runResults, scenarioPage, type ScenarioStatus } from '../experiment-results.ts';
-import { TERMINAL_STATUSES, type ExperimentDirectory } from '../experiments.ts';
+import { TERMINAL_STATUSES, type ExperimentCatalog } from '../catalogs/experiment-catalog.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, parseLimit } from '../pagination.ts';
-import type { SpecCatalog } from '../specs.ts';
+import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 import { jsonBody } from '../request-body.ts';
 import { refuseUnsupported } from '../../domain/capabilities.ts';
 import { isObject } from '../../kernel/is-object.ts';
@@ -33,7 +34,6 @@ const NAME_MAX = 200;
 const MATRIX_MAX = 1000;
 const REPLICAS_MAX = 100;
 const PARAM_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
-const PARAM_REFERENCE = /\{\{\s*params\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}/g;
 const CREATE_FIELDS = ['name', 'spec_id', 'secrets', 'spec_version', 'agent_snapshot_id', 'matrix', 'replicas', 'seed', 'run'];
 const SCENARIO_STATUSES: readonly ScenarioStatus[] = ['pass', 'fail', 'flaky', 'error', 'pending'];
 const AFTER_CREATED: ExperimentChanged['status'][] = ['queued', 'running', 'completed', 'failed', 'cancelled'];
@@ -108,18 +108,6 @@ function parseCreate(b: Record<string, unknown>): CreateRequest {
   return { name: b.name as string, spec_id: b.spec_id as string, secrets, options, run: b.run === true };
 }
 
-/** The `{{ params.NAME }}` names the document's strings use (outside parallelism, as spec validation reads them). */
-function referencedParams(raw: Record<string, unknown>): Set<string> {
-  const names = new Set<string>();
-  const visit = (value: unknown): void => {
-    if (typeof value === 'string') for (const [, name] of value.matchAll(PARAM_REFERENCE)) names.add(name);
-    else if (Array.isArray(value)) value.forEach(visit);
-    else if (isObject(value)) Object.values(value).forEach(visit);
-  };
-  for (const [key, value] of Object.entries(raw)) if (key !== 'parallelism') visit(value);
-  return names;
-}
-
 /** A request matrix entry must define every parameter the spec refers to. */
 function matrixProblems(doc: SpecDocument, matrix: Params[] | undefined): string[] {
   if (!matrix) return [];
@@ -134,7 +122,7 @@ function keysetCursor(raw: unknown): [number, string] | null {
   return [Number(key[0]), key[1]];
 }
 
-export function experimentsRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; experiments: ExperimentDirectory }): Router {
+export function experimentsRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; experiments: ExperimentCatalog }): Router {
   const { kernel, auth, specs, agents, experiments } = deps;
   const { config, store } = kernel;
   const router = new Router();

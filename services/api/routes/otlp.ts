@@ -7,14 +7,14 @@
 import Router from '@koa/router';
 import type { Principal } from '../../kernel/auth.ts';
 import { AppError } from '../../kernel/errors.ts';
-import { encodeOtlpResponse, otlpJsonResponse } from '../traces/otlp.ts';
-import type { SandboxDirectory } from '../sandboxes.ts';
+import { encodeOtlpResponse, otlpJsonResponse } from '../traces/otlp-mapping.ts';
+import type { SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
 import { type TraceIngest, untagged } from '../traces/ingest.ts';
 
 /** Most bytes of an OTLP request body, after decompression. */
 const MAX_BODY_BYTES = 16 * 1024 * 1024;
 
-export function otlpRouter(ingest: TraceIngest, sandboxes: SandboxDirectory): Router {
+export function otlpRouter(ingest: TraceIngest, sandboxes: SandboxCatalog): Router {
   const router = new Router();
 
   router.post('/otel/v1/traces', async (ctx) => {

@@ -10,14 +10,14 @@ import type { Kernel } from '../../kernel/actor.ts';
 import type { Auth, Principal } from '../../kernel/auth.ts';
 import { changedExpiry, lifetimeProblem, sandboxDuration } from '../../domain/sandbox-lifetime.ts';
 import { AppError, badRequest, type ErrorCode } from '../../kernel/errors.ts';
-import type { SandboxReplied } from '../../domain/events.ts';
+import type { SandboxReplied } from '../../domain/events/sandbox-events.ts';
 import { newSandboxId } from '../../kernel/ids.ts';
 import { commandSizeProblem } from '../../domain/sandbox-limits.ts';
 import type { Requester } from '../../kernel/request-reply.ts';
 import { SECRET_NAME } from '../../domain/spec.ts';
-import { sandboxView, type SandboxDirectory } from '../sandboxes.ts';
-import type { SpecCatalog } from '../specs.ts';
-import type { AgentCatalog } from '../agents.ts';
+import { sandboxView, type SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
+import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
+import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { refuseUnsupported } from '../../domain/capabilities.ts';
 import { MAX_INGEST_BODY_BYTES, requireJson, type TraceIngest } from '../traces/ingest.ts';
 import { sandboxTrace } from './traces.ts';
@@ -56,7 +56,7 @@ function filePath(ctx: Context): string {
   return joined;
 }
 
-export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxDirectory; requester: Requester; ingest: TraceIngest }): Router {
+export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxCatalog; requester: Requester; ingest: TraceIngest }): Router {
   const { kernel, auth, specs, agents, sandboxes, requester, ingest } = deps;
   const { config } = kernel;
   const router = new Router({ prefix: '/v1/sandboxes' });

@@ -10,24 +10,15 @@ import { publish, type Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
 import { newEventId, newScoreRuleId } from '../../kernel/ids.ts';
-import {
-  JUDGE_RULE_INPUTS,
-  parseRunCondition,
-  ruleFromEvent,
-  SCORE_RULE_TYPES,
-  type JudgeRuleInput,
-  type ScoreRuleChanged,
-  type ScoreRuleConfig,
-  type ScoreRequested,
-  type ScoreRuleType,
-} from '../../domain/score-rules.ts';
+import { JUDGE_RULE_INPUTS, type JudgeRuleInput, parseRunCondition, ruleFromEvent, SCORE_RULE_TYPES, type ScoreRuleConfig } from '../../domain/score-rules.ts';
+import type { ScoreRequested, ScoreRuleChanged, ScoreRuleType } from '../../domain/events/score-events.ts';
 import { SPEC_ID } from '../../domain/spec.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { TOPICS } from '../../kernel/topics.ts';
-import type { ExperimentDirectory } from '../experiments.ts';
+import type { ExperimentCatalog } from '../catalogs/experiment-catalog.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
-import type { ScoreRuleCatalog } from '../score-rules.ts';
-import type { SpecCatalog } from '../specs.ts';
+import type { ScoreRuleCatalog } from '../catalogs/score-rule-catalog.ts';
+import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 import { jsonBody } from '../request-body.ts';
 
 const NAME_MAX = 200;
@@ -150,7 +141,7 @@ function scoreCursor(raw: unknown): string[] | null {
   return key;
 }
 
-export function scoringRouter(deps: { kernel: Kernel; specs: SpecCatalog; experiments: ExperimentDirectory; rules: ScoreRuleCatalog }): Router {
+export function scoringRouter(deps: { kernel: Kernel; specs: SpecCatalog; experiments: ExperimentCatalog; rules: ScoreRuleCatalog }): Router {
   const { kernel, specs, experiments, rules } = deps;
   const { config, store } = kernel;
   const router = new Router();

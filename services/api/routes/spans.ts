@@ -8,10 +8,10 @@ import type { Context } from 'koa';
 import type { Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
 import { badRequest, notFound } from '../../kernel/errors.ts';
-import type { AgentCatalog } from '../agents.ts';
+import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
 import { traceEventFromRow, traceEventsPage } from './traces.ts';
-import { agentEventsWhere, agentMetrics, resolveTrace, SPAN_FILTERS, spanQuery, spansPage, type SpanQuery } from '../traces/spans.ts';
+import { agentEventsWhere, agentMetrics, resolveTrace, SPAN_FILTERS, spanQuery, spansPage, type SpanQuery } from '../traces/span-reads.ts';
 import { EVENT_TYPES } from '../traces/validate-events.ts';
 
 export function spansRouter(kernel: Kernel, agents: AgentCatalog): Router {

@@ -8,7 +8,7 @@ import getRawBody from 'raw-body';
 import type { Principal } from '../../kernel/auth.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
 import { checkQueryParams } from '../pagination.ts';
-import type { SpecCatalog } from '../specs.ts';
+import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 
 const YAML_TYPES = ['application/x-yaml', 'application/yaml', 'text/yaml', 'text/x-yaml'];
 const MAX_SPEC_BYTES = 1024 * 1024;

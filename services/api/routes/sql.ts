@@ -32,7 +32,7 @@ import type { Auth } from '../../kernel/auth.ts';
 import { AppError } from '../../kernel/errors.ts';
 import { hasRawQuery, SETTING_NAME, StoreQueryError } from '../../kernel/store/store.ts';
 import { checkQuery, denyTableFunctions } from '../sql/check.ts';
-import { fromEngineError, renderSqlError, SqlError } from '../sql/errors.ts';
+import { fromEngineError, renderSqlError, SqlError } from '../sql/sql-errors.ts';
 import { nativeForRevision } from '../sql/native.ts';
 
 export const SQL_PATH = '/v1/admin/sql';

@@ -17,7 +17,7 @@
  *
  * It also finds the query's FORMAT clause, which wins over `default_format`.
  */
-import { SqlError } from './errors.ts';
+import { SqlError } from './sql-errors.ts';
 
 type TokenKind = 'word' | 'quoted' | 'string' | 'number' | 'punct';
 interface Token {

@@ -13,7 +13,7 @@
  * Types whose data it cannot walk (Dynamic, Variant, JSON, Object, AggregateFunction) are an
  * error naming the column: ask for RowBinary, or leave out client_protocol_version.
  */
-import { SqlError } from './errors.ts';
+import { SqlError } from './sql-errors.ts';
 
 const MIN_REVISION_WITH_CUSTOM_SERIALIZATION = 54454;
 

@@ -3,7 +3,7 @@
  * split so no record passes Kafka's default 1 MiB limit. Pure, so the api's event loop and the
  * ingest workers (ingest-worker.ts) build records the same way.
  */
-import type { TraceEvent, TraceEventsIngested } from '../../domain/events.ts';
+import type { TraceEvent, TraceEventsIngested } from '../../domain/events/trace-events.ts';
 import { newEventId } from '../../kernel/ids.ts';
 import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 

@@ -4,7 +4,7 @@
  * Valid events are normalised into the TraceEvent shape of schemas/trace-events-ingested.avsc.
  */
 import { badRequest } from '../../kernel/errors.ts';
-import type { TraceEvent } from '../../domain/events.ts';
+import type { TraceEvent } from '../../domain/events/trace-events.ts';
 import { newEventId } from '../../kernel/ids.ts';
 import { isObject } from '../../kernel/is-object.ts';
 import { redactSecrets } from '../../kernel/tenant-secrets.ts';

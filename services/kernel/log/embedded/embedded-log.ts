@@ -9,19 +9,7 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import type {
-  Batch,
-  CleanupPolicy,
-  ConsumeOptions,
-  Consumer,
-  EventLog,
-  LogRecord,
-  ProduceRecord,
-  RecordPosition,
-  TopicSpec,
-  BackendLogger,
-} from '../event-log.ts';
-import { consoleLogger } from '../event-log.ts';
+import { type BackendLogger, type Batch, type CleanupPolicy, consoleLogger, type ConsumeOptions, type Consumer, type EventLog, type LogRecord, type ProduceRecord, type RecordPosition, type TopicSpec } from '../event-log.ts';
 import { partitionForKey } from '../murmur2.ts';
 import { DirLock } from './lock.ts';
 import { OffsetStore } from './offsets-store.ts';

@@ -6,7 +6,7 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import type { LogRecord } from '../event-log.ts';
+import type { BackendLogger, LogRecord } from '../event-log.ts';
 import { checkFrame, decodeAt, encodeInto, encodedSize, peekKey, type EncodableRecord } from './record-format.ts';
 import type { SyncScheduler } from './sync.ts';
 
@@ -15,7 +15,6 @@ const INDEX_INTERVAL = 16 * 1024;
 const SCAN_CHUNK = 4 * 1024 * 1024;
 const MAX_READ_CHUNK = 4 * 1024 * 1024;
 
-import type { BackendLogger } from '../event-log.ts';
 
 export interface Segment {
   base: number;

@@ -11,27 +11,8 @@
  *   and retries after a backoff (doubling, 200 ms to 5 s).
  * - read: a direct Fetch to the partition leader (see replay.ts): no group, no commits.
  */
-import { Kafka, Partitioners, logLevel } from 'kafkajs';
-import type {
-  Admin,
-  Consumer as KafkaConsumer,
-  EachBatchPayload,
-  LogEntry,
-  Message,
-  Producer,
-} from 'kafkajs';
-import type {
-  Batch,
-  ConsumeOptions,
-  Consumer,
-  EventLog,
-  LogRecord,
-  ProduceRecord,
-  RecordPosition,
-  TopicSpec,
-  BackendLogger,
-} from '../event-log.ts';
-import { consoleLogger } from '../event-log.ts';
+import { type Admin, type Consumer as KafkaConsumer, type EachBatchPayload, Kafka, type LogEntry, logLevel, type Message, Partitioners, type Producer } from 'kafkajs';
+import { type BackendLogger, type Batch, consoleLogger, type ConsumeOptions, type Consumer, type EventLog, type LogRecord, type ProduceRecord, type RecordPosition, type TopicSpec } from '../event-log.ts';
 import { toLogRecord } from './records.ts';
 import { PartitionReader } from './replay.ts';
 

@@ -7,7 +7,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import protobuf from 'protobufjs';
 import { badRequest } from '../../kernel/errors.ts';
-import type { TraceEvent } from '../../domain/events.ts';
+import type { TraceEvent } from '../../domain/events/trace-events.ts';
 import type { TraceLimits } from './validate-events.ts';
 import { isObject } from '../../kernel/is-object.ts';
 import { redactSecrets } from '../../kernel/tenant-secrets.ts';

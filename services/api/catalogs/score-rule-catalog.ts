@@ -3,12 +3,12 @@
  * (a tombstone deletes). Lists and ownership are served from it; a write answers once the view
  * shows it, so the next read in this process sees it.
  */
-import { publish, type Kernel } from '../kernel/actor.ts';
-import type { Principal } from '../kernel/auth.ts';
-import { EntityView } from '../kernel/entity-view.ts';
-import { AppError, notFound } from '../kernel/errors.ts';
-import type { ScoreRuleChanged } from '../domain/score-rules.ts';
-import { TOPICS } from '../kernel/topics.ts';
+import { publish, type Kernel } from '../../kernel/actor.ts';
+import type { Principal } from '../../kernel/auth.ts';
+import { EntityView } from '../../kernel/entity-view.ts';
+import { AppError, notFound } from '../../kernel/errors.ts';
+import type { ScoreRuleChanged } from '../../domain/events/score-events.ts';
+import { TOPICS } from '../../kernel/topics.ts';
 
 export class ScoreRuleCatalog {
   private readonly view = new EntityView<ScoreRuleChanged>(TOPICS.scoreRules);

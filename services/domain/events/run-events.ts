@@ -9,73 +9,10 @@
  *   scorer     outcome -> scores, verdict      -> svc.run-scores
  *   aggregator scores -> scenario verdicts, metrics, completion -> svc.experiments
  *
+ * The .avsc files in schemas/ are the source of truth; these types follow them.
+ *
  * Scenario = one matrix entry; run = one replica of it (one sandbox, one agent execution).
  */
-import { parse } from 'yaml';
-import type { Config } from '../kernel/config.ts';
-import { specFromDocument, type SpecDocument } from './spec.ts';
-
-export type ParamValue = string | number | boolean;
-export type Params = Record<string, ParamValue>;
-
-export type ExperimentStatus = 'created' | 'queued' | 'running' | 'completed' | 'failed' | 'cancelled';
-
-/** A value of svc.experiments (schemas/experiment-changed.avsc). */
-export interface ExperimentChanged {
-  tenant: string;
-  event_id: string;
-  ts: number;
-  experiment_id: string;
-  name: string;
-  spec_id: string;
-  spec_version: number;
-  status: ExperimentStatus;
-  created_at: number;
-  queued_at: number | null;
-  started_at: number | null;
-  completed_at: number | null;
-  /** replicas x matrix entries; 0 until queued. */
-  total_runs: number;
-  scored_runs: number;
-  /** Runs in flight at most: resources.concurrency_limit bounded by the tenant's sandbox quota. */
-  concurrency: number;
-  /** ExperimentOptions as JSON. */
-  options: string;
-  /** The request secrets, sealed (Sealer, context = experiment id); empty when none. */
-  secrets: Buffer;
-  yaml: string | null;
-  /** ResolvedAgent JSON, pinned when queued. */
-  agent: string | null;
-  /** Why the experiment failed or was cancelled. */
-  error: string | null;
-  /** ExperimentMetrics JSON, set when completed. */
-  metrics: string | null;
-}
-
-/** What POST /v1/experiments may override: what a reproducer pins. */
-export interface ExperimentOptions {
-  spec_version?: number;
-  agent_snapshot_id?: string;
-  /** Replaces the spec's parallelism.matrix. */
-  matrix?: Params[];
-  /** Replaces the spec's parallelism.replicas. */
-  replicas?: number;
-  /** Replaces the spec's determinism.seed for every run. */
-  seed?: number;
-}
-
-/** A value of svc.experiment-commands (schemas/experiment-command.avsc): the api asks the aggregator. */
-export interface ExperimentCommand {
-  tenant: string;
-  event_id: string;
-  ts: number;
-  experiment_id: string;
-  command: 'run' | 'cancel';
-  yaml: string | null;
-  agent: string | null;
-  total_runs: number;
-  concurrency: number;
-}
 
 /** A value of svc.run-requests (schemas/run-requested.avsc): one run to execute. */
 export interface RunRequested {
@@ -227,57 +164,4 @@ export interface RunScored {
   wall_ms: number;
   /** The RunOutcome as JSON, kept so offline scoring can re-grade without re-running. */
   outcome: string;
-}
-
-/** Reserved sandbox metadata keys a run's sandbox carries; trace ingest tags events from them. */
-/** Room for boot, checks and teardown beyond the sandbox's and the agent's timeouts. */
-const RUN_LIFETIME_MARGIN_MS = 10 * 60_000;
-
-/**
- * How long a run's sandbox may live: the sandbox timeout plus the agent's, plus room for boot,
- * checks and teardown. The runner gives it to the sandbox; the aggregator's lease on the run
- * is derived from it, so a run still within its lifetime is never dispatched again.
- */
-export function runLifetimeMs(spec: SpecDocument, config: Pick<Config, 'sandboxTimeout' | 'agentTimeout'>): number {
-  return (spec.resources.timeoutMs ?? config.sandboxTimeout) + (spec.agent?.timeoutMs ?? config.agentTimeout) + RUN_LIFETIME_MARGIN_MS;
-}
-
-export const RUN_METADATA = {
-  experimentId: 'svc.experiment_id',
-  scenarioId: 'svc.scenario_id',
-  runId: 'svc.run_id',
-  agent: 'svc.agent',
-  agentVersion: 'svc.agent_version',
-  agentSnapshotId: 'svc.agent_snapshot_id',
-} as const;
-
-/** Parsed spec texts, by text: every run of an experiment shares one (a 200-entry matrix takes ms to parse). */
-const parsedTexts = new Map<string, Record<string, unknown>>();
-const PARSED_TEXTS_KEPT = 16;
-
-/** The spec of one run: `{{ params.NAME }}` in every string of the document replaced by the run's matrix entry. */
-export function specForRun(yaml: string, params: Params): SpecDocument {
-  let raw = parsedTexts.get(yaml);
-  if (!raw) {
-    raw = parse(yaml) as Record<string, unknown>;
-    parsedTexts.set(yaml, raw);
-    if (parsedTexts.size > PARSED_TEXTS_KEPT) parsedTexts.delete(parsedTexts.keys().next().value!);
-  }
-  const substitute = (node: unknown): unknown => {
-    if (typeof node === 'string') return applyParams(node, params);
-    if (Array.isArray(node)) return node.map(substitute);
-    if (node !== null && typeof node === 'object') return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, substitute(v)]));
-    return node;
-  };
-  return specFromDocument(substitute(raw) as Record<string, unknown>);
-}
-
-/** `{{ params.NAME }}` in a spec string, replaced by the run's matrix entry. */
-export function applyParams(text: string, params: Params): string {
-  return text.replace(/\{\{\s*params\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}/g, (match, name: string) => (name in params ? String(params[name]) : match));
-}
-
-/** Matrix entries reach the agent and the checks as SVC_PARAM_<NAME> environment variables. */
-export function paramsEnv(params: Params): Record<string, string> {
-  return Object.fromEntries(Object.entries(params).map(([name, value]) => [`SVC_PARAM_${name.toUpperCase()}`, String(value)]));
 }

@@ -4,15 +4,16 @@
  * write can await the sink before answering (the list and history read ClickHouse). The api
  * writes only `created`; the aggregator every later state, which `waitForStatus` observes.
  */
-import { publish, type Kernel } from '../kernel/actor.ts';
-import type { Principal } from '../kernel/auth.ts';
-import { EntityView } from '../kernel/entity-view.ts';
-import { AppError, notFound } from '../kernel/errors.ts';
-import type { RecordPosition } from '../kernel/log/event-log.ts';
-import type { ExperimentChanged, ExperimentOptions, ExperimentStatus, Params } from '../domain/runs.ts';
-import { parseSpec, SPEC_DEFAULTS, type SpecDocument } from '../domain/spec.ts';
-import { TOPICS } from '../kernel/topics.ts';
-import type { SpecCatalog } from './specs.ts';
+import { publish, type Kernel } from '../../kernel/actor.ts';
+import type { Principal } from '../../kernel/auth.ts';
+import { EntityView } from '../../kernel/entity-view.ts';
+import { AppError, notFound } from '../../kernel/errors.ts';
+import type { RecordPosition } from '../../kernel/log/event-log.ts';
+import type { ExperimentChanged, ExperimentOptions, ExperimentStatus } from '../../domain/events/experiment-events.ts';
+import type { Params } from '../../domain/params.ts';
+import { parseSpec, SPEC_DEFAULTS, type SpecDocument } from '../../domain/spec.ts';
+import { TOPICS } from '../../kernel/topics.ts';
+import type { SpecCatalog } from './spec-catalog.ts';
 
 export const TERMINAL_STATUSES: readonly ExperimentStatus[] = ['completed', 'failed', 'cancelled'];
 
@@ -27,7 +28,7 @@ export interface ExperimentPlan {
 
 const DEFAULT_SCORING: SpecDocument['scoring'] = { pass_threshold: SPEC_DEFAULTS.passThreshold, replica_aggregation: { strategy: 'majority' } };
 
-export class ExperimentDirectory {
+export class ExperimentCatalog {
   private readonly positions = new Map<string, RecordPosition>();
   private readonly waiters = new Set<{ id: string; statuses: readonly ExperimentStatus[]; resolve: (e: ExperimentChanged | null) => void }>();
   /** Parsed pinned documents by experiment id (the yaml never changes once queued). */

@@ -12,10 +12,12 @@
 import { shellQuote } from '../kernel/shell.ts';
 import path from 'node:path';
 import { publish, type Kernel } from '../kernel/actor.ts';
-import type { ResolvedAgent } from '../domain/agents.ts';
+import type { ResolvedAgent } from '../domain/agent-auth.ts';
 import { AppError } from '../kernel/errors.ts';
 import { newEventId, newSandboxId } from '../kernel/ids.ts';
-import { paramsEnv, RUN_METADATA, runLifetimeMs, specForRun, type CheckResult, type Params, type RunEvent, type RunOutcome, type RunRequested } from '../domain/runs.ts';
+import { type Params, paramsEnv } from '../domain/params.ts';
+import { RUN_METADATA, runLifetimeMs, specForRun } from '../domain/run-plan.ts';
+import type { CheckResult, RunEvent, RunOutcome, RunRequested } from '../domain/events/run-events.ts';
 import type { InvariantCheck, SpecDocument } from '../domain/spec.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';

@@ -3,17 +3,17 @@
  * owner, token hash) and the event streams of svc.sandbox-events for SSE. Streams of destroyed
  * sandboxes are dropped a while after their last event, so memory follows the live sandboxes.
  */
-import { subscribe, type Kernel } from '../kernel/actor.ts';
-import { EntityView, latestPerKey } from '../kernel/entity-view.ts';
-import { AppError, notFound } from '../kernel/errors.ts';
-import type { SandboxChanged, SandboxEvent } from '../domain/events.ts';
-import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
-import type { Principal } from '../kernel/auth.ts';
-import { Sealer, secretsKey } from '../kernel/tenant-secrets.ts';
-import { TOPICS } from '../kernel/topics.ts';
-import { Watermark } from '../kernel/watermark.ts';
-import { RUN_METADATA } from '../domain/runs.ts';
-import type { TraceSource } from './traces/ingest.ts';
+import { subscribe, type Kernel } from '../../kernel/actor.ts';
+import { EntityView, latestPerKey } from '../../kernel/entity-view.ts';
+import { AppError, notFound } from '../../kernel/errors.ts';
+import type { SandboxChanged, SandboxEvent } from '../../domain/events/sandbox-events.ts';
+import type { Consumer, RecordPosition } from '../../kernel/log/event-log.ts';
+import type { Principal } from '../../kernel/auth.ts';
+import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
+import { TOPICS } from '../../kernel/topics.ts';
+import { Watermark } from '../../kernel/watermark.ts';
+import { RUN_METADATA } from '../../domain/run-plan.ts';
+import type { TraceSource } from '../traces/ingest.ts';
 
 /** How long a destroyed sandbox's stream stays available (a late or reconnecting client). */
 const STREAM_GRACE_MS = 5 * 60_000;
@@ -24,7 +24,7 @@ export interface SandboxStream {
   endedAt: number | null;
 }
 
-export class SandboxDirectory {
+export class SandboxCatalog {
   private readonly byToken = new Map<string, SandboxChanged>();
   readonly view = new EntityView<SandboxChanged>(
     TOPICS.sandboxes,

@@ -4,17 +4,17 @@
  * so they are scoped per tenant (DECISIONS.md): another tenant's spec of the same id is simply
  * not found.
  */
-import { publish, type Kernel } from '../kernel/actor.ts';
-import { EntityView } from '../kernel/entity-view.ts';
-import { AppError, notFound } from '../kernel/errors.ts';
-import type { SpecStored } from '../domain/events.ts';
-import { newEventId } from '../kernel/ids.ts';
-import { parseSpec, specDurations, type SpecDocument } from '../domain/spec.ts';
-import { lifetimeProblem } from '../domain/sandbox-lifetime.ts';
-import { refusedSource } from '../kernel/secret-sources.ts';
-import { TOPICS } from '../kernel/topics.ts';
-import type { AgentCatalog } from './agents.ts';
-import { KeyedQueue } from '../kernel/keyed-queue.ts';
+import { publish, type Kernel } from '../../kernel/actor.ts';
+import { EntityView } from '../../kernel/entity-view.ts';
+import { AppError, notFound } from '../../kernel/errors.ts';
+import type { SpecStored } from '../../domain/events/spec-events.ts';
+import { newEventId } from '../../kernel/ids.ts';
+import { parseSpec, specDurations, type SpecDocument } from '../../domain/spec.ts';
+import { lifetimeProblem } from '../../domain/sandbox-lifetime.ts';
+import { refusedSource } from '../../kernel/secret-sources.ts';
+import { TOPICS } from '../../kernel/topics.ts';
+import type { AgentCatalog } from './agent-catalog.ts';
+import { KeyedQueue } from '../../kernel/keyed-queue.ts';
 
 export interface SpecRecord {
   id: string;

@@ -8,17 +8,17 @@
  * flagged, so a version number or id is never handed out twice; its blob is freed when no live
  * row of any tenant uses the same bytes.
  */
-import { publish, type Kernel } from '../kernel/actor.ts';
-import { BundleStore, type ReceivedBundle } from '../kernel/bundles.ts';
-import { EntityView, latestPerKey } from '../kernel/entity-view.ts';
-import type { ResolvedAgent } from '../domain/agents.ts';
-import { AppError, badRequest, notFound } from '../kernel/errors.ts';
-import type { SpecDocument } from '../domain/spec.ts';
-import type { AgentSnapshotChanged } from '../domain/events.ts';
-import { newEventId, sha256Hex } from '../kernel/ids.ts';
-import { KeyedQueue } from '../kernel/keyed-queue.ts';
-import { TOPICS } from '../kernel/topics.ts';
-import type { AgentMetadata } from './agent-metadata.ts';
+import { publish, type Kernel } from '../../kernel/actor.ts';
+import { BundleStore, type ReceivedBundle } from '../../kernel/bundles.ts';
+import { EntityView, latestPerKey } from '../../kernel/entity-view.ts';
+import type { ResolvedAgent } from '../../domain/agent-auth.ts';
+import { AppError, badRequest, notFound } from '../../kernel/errors.ts';
+import type { SpecDocument } from '../../domain/spec.ts';
+import type { AgentSnapshotChanged } from '../../domain/events/agent-events.ts';
+import { newEventId, sha256Hex } from '../../kernel/ids.ts';
+import { KeyedQueue } from '../../kernel/keyed-queue.ts';
+import { TOPICS } from '../../kernel/topics.ts';
+import type { AgentMetadata } from '../agent-metadata.ts';
 
 export const SNAPSHOT_ID = /^snap_[0-9a-f]{32}$/;
 const RETENTION_SWEEP_MS = 60 * 60_000;

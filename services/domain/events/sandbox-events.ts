@@ -1,0 +1,74 @@
+/**
+ * Event shapes of the sandbox topics: svc.sandbox-requests and svc.sandbox-replies (request/reply), svc.sandboxes (entity), svc.sandbox-events (the stream) and svc.audit.
+ * The .avsc files in schemas/ are the source of truth; these types follow them.
+ */
+
+/** A value of svc.sandbox-requests (schemas/sandbox-requested.avsc). */
+export interface SandboxRequested {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  correlation_id: string;
+  sandbox_id: string;
+  op: string;
+  /** JSON; empty when sealed */
+  payload: string;
+  payload_sealed: Buffer | null;
+}
+
+/** A value of svc.sandbox-replies (schemas/sandbox-replied.avsc). */
+export interface SandboxReplied {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  correlation_id: string;
+  sandbox_id: string;
+  status: number;
+  error: string | null;
+  content_type: string;
+  /** empty when sealed */
+  body: Buffer;
+  body_sealed: Buffer | null;
+}
+
+/** A value of svc.sandboxes (schemas/sandbox-changed.avsc). */
+export interface SandboxChanged {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  sandbox_id: string;
+  spec_id: string;
+  spec_version: number;
+  state: 'creating' | 'ready' | 'running' | 'stopped' | 'error';
+  path: string;
+  created_at: number;
+  expires_at: number;
+  metadata: Record<string, string>;
+  services: string;
+  runner_id: string;
+  token_hash: string;
+  error: string | null;
+  secrets_sealed: Buffer | null;
+}
+
+/** A value of svc.sandbox-events (schemas/sandbox-event.avsc). */
+export interface SandboxEvent {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  sandbox_id: string;
+  seq: number;
+  event_type: string;
+  data: string;
+}
+
+/** A value of svc.audit (schemas/audit-recorded.avsc). */
+export interface AuditRecorded {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  sandbox_id: string;
+  record_ts: number;
+  type: string;
+  details: string;
+}
