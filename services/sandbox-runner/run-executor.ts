@@ -11,16 +11,16 @@
  */
 import { shellQuote } from '../kernel/shell.ts';
 import path from 'node:path';
-import { publish, type Kernel } from '../kernel/actor.ts';
+import type { Kernel } from '../kernel/actor.ts';
 import type { ResolvedAgent } from '../domain/agent-auth.ts';
 import { AppError } from '../kernel/errors.ts';
-import { newEventId, newSandboxId } from '../kernel/ids.ts';
+import { newSandboxId } from '../kernel/ids.ts';
 import { type Params, paramsEnv } from '../domain/params.ts';
 import { RUN_METADATA, runLifetimeMs, specForRun } from '../domain/run-plan.ts';
+import { reportRun } from './run-reports.ts';
 import type { CheckResult, RunEvent, RunOutcome, RunRequested } from '../domain/events/run-events.ts';
 import type { InvariantCheck, SpecDocument } from '../domain/spec.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
-import { TOPICS } from '../kernel/topics.ts';
 import { listImages, normalizeReference } from './runtime/images.ts';
 import type { CreateRequest, LiveSandbox } from './sandbox.ts';
 import { AUDIT_FILE } from './workspace/audit-log.ts';
@@ -49,30 +49,7 @@ export class RunExecutor {
     const agent = run.agent === null ? null : (JSON.parse(run.agent) as ResolvedAgent);
     const sandboxId = newSandboxId();
     const report = (kind: RunEvent['kind'], outcome: RunOutcome | null) =>
-      publish(this.kernel, TOPICS.runEvents, [
-        {
-          key: run.run_id,
-          tenant: run.tenant,
-          value: {
-            tenant: run.tenant,
-            event_id: newEventId(),
-            ts: Date.now(),
-            kind,
-            runner_id: this.kernel.instanceId,
-            experiment_id: run.experiment_id,
-            run_id: run.run_id,
-            attempt: run.attempt,
-            sandbox_id: sandboxId,
-            scenario_id: run.scenario_id,
-            scenario_index: run.scenario_index,
-            replica: run.replica,
-            params: run.params,
-            seed: run.seed,
-            agent_snapshot_id: agent?.snapshot_id ?? null,
-            outcome: outcome === null ? null : JSON.stringify(outcome),
-          } satisfies RunEvent,
-        },
-      ]);
+      reportRun(this.kernel, kind, run, { sandboxId, agentSnapshotId: agent?.snapshot_id ?? null, outcome });
     const started = Date.now();
     let outcome: RunOutcome;
     try {

@@ -26,7 +26,8 @@ import type { Runtime } from './runtime/runtime.ts';
 import { LiveSandbox, type CreateRequest } from './sandbox.ts';
 import { removeBeneath } from './workspace/beneath.ts';
 import { RunExecutor } from './run-executor.ts';
-import type { RunEvent, RunRequested } from '../domain/events/run-events.ts';
+import { reportRun } from './run-reports.ts';
+import type { RunRequested } from '../domain/events/run-events.ts';
 
 export class SandboxRunnerService implements Service {
   readonly name = 'sandbox-runner';
@@ -76,7 +77,7 @@ export class SandboxRunnerService implements Service {
     // Runs of experiments. A runner that (re)starts says so first: the aggregator dispatches again
     // the runs this runner had started and can no longer finish.
     this.runs = new RunExecutor(kernel, (tenant, id, request) => this.create(tenant, id, request), this.sealer, () => this.stopping);
-    await this.reportRun({ kind: 'runner_started', tenant: '', run: null });
+    await reportRun(this.kernel, 'runner_started', null);
     this.runConsumer = await subscribe<RunRequested>(kernel, {
       groupId: 'sandbox-runner-runs',
       topics: [TOPICS.runRequests],
@@ -92,32 +93,10 @@ export class SandboxRunnerService implements Service {
     if (this.stopping) return;
     const max = this.kernel.config.runnerMaxSandboxes;
     // At capacity the run goes back to the aggregator, which dispatches it again when a slot frees.
-    const task = (max > 0 && this.sandboxes.size >= max ? this.reportRun({ kind: 'rejected', tenant: run.tenant, run }) : this.runs.execute(run))
+    const task = (max > 0 && this.sandboxes.size >= max ? reportRun(this.kernel, 'rejected', run) : this.runs.execute(run))
       .catch((err) => this.kernel.logger.error({ err, run_id: run.run_id }, 'run dispatch failed'))
       .finally(() => this.inFlight.delete(task));
     this.inFlight.add(task);
-  }
-
-  private async reportRun({ kind, tenant, run }: { kind: 'runner_started' | 'rejected'; tenant: string; run: RunRequested | null }): Promise<void> {
-    const event: RunEvent = {
-      tenant,
-      event_id: newEventId(),
-      ts: Date.now(),
-      kind,
-      runner_id: this.kernel.instanceId,
-      experiment_id: run?.experiment_id ?? null,
-      run_id: run?.run_id ?? null,
-      attempt: run?.attempt ?? 0,
-      sandbox_id: null,
-      scenario_id: run?.scenario_id ?? null,
-      scenario_index: run?.scenario_index ?? 0,
-      replica: run?.replica ?? 0,
-      params: run?.params ?? null,
-      seed: run?.seed ?? null,
-      agent_snapshot_id: null,
-      outcome: null,
-    };
-    await publish(this.kernel, TOPICS.runEvents, [{ key: run?.run_id ?? null, tenant, value: event }]);
   }
 
   async stop(): Promise<void> {

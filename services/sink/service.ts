@@ -19,7 +19,7 @@ import type { ScoreRecorded } from '../domain/events/score-events.ts';
 type ToRows = (value: unknown, record: LogRecord) => Array<Record<string, unknown>>;
 
 /** Row mappings per topic; the table of each comes from the topic catalog. */
-const PROJECTIONS: Record<string, ToRows> = {
+export const PROJECTIONS: Record<string, ToRows> = {
   [TOPICS.traces]: traceEventRows as ToRows,
   [TOPICS.deadLetters]: (v, r) => [deadLetterRow(v as DeadLettered, r)],
   [TOPICS.sandboxes]: (v, r) => [sandboxRow(v as SandboxChanged, r)],

@@ -10,11 +10,15 @@
  *
  * A failure names the file and the import. A new folder under services/ fails until it is given
  * a layer here.
+ *
+ * It also holds functions to a length one can keep in one's head: a function whose body is over
+ * MAX_FUNCTION_LINES lines fails unless a comment right above it says why, as `long: <reason>`.
  */
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
+import { parse } from '@babel/parser';
 import { REPO } from '../helpers/server.ts';
 
 const SERVICES = path.join(REPO, 'services');
@@ -111,10 +115,10 @@ test('every import under services/ points down the layer order', () => {
 test('the checker reports each kind of bad arrow, naming the file and the import', () => {
   const synthetic = new Map<string, string>([
     ['kernel/bad.ts', "import { x } from '../domain/run-plan.ts';\nimport { y } from './errors.ts';"],
-    ['domain/bad.ts', "import type { Q } from '../queries/experiment-metrics.ts';\nimport { AppError } from '../kernel/errors.ts';"],
+    ['domain/bad.ts', "import type { Q } from '../queries/run-facts.ts';\nimport { AppError } from '../kernel/errors.ts';"],
     ['queries/bad.ts', "export { z } from '../api/app.ts';\nimport { s } from '../domain/stats.ts';"],
-    ['scorer/bad.ts', "const m = await import('../api/app.ts');\nimport { t } from './score.ts';\nimport { e } from '../queries/experiment-metrics.ts';"],
-    ['sink/bad.cjs', "const r = require('../sandbox-runner/runs.ts');"],
+    ['scorer/bad.ts', "const m = await import('../api/app.ts');\nimport { t } from './score.ts';\nimport { e } from '../queries/run-facts.ts';"],
+    ['sink/bad.cjs', "const r = require('../sandbox-runner/run-executor.ts');"],
     ['api/deep/bad.ts', "import '../../main.ts';\nimport { k } from '../../kernel/ids.ts';\nimport { a } from '../app.ts';"],
     ['main.ts', "import { s } from './scorer/service.ts';\nimport { r } from './sandbox-runner/service.ts';"],
   ]);
@@ -122,12 +126,56 @@ test('the checker reports each kind of bad arrow, naming the file and the import
     violations(synthetic).map((v) => v.message),
     [
       "services/kernel/bad.ts: import '../domain/run-plan.ts': kernel may not import domain",
-      "services/domain/bad.ts: import '../queries/experiment-metrics.ts': domain may not import queries",
+      "services/domain/bad.ts: import '../queries/run-facts.ts': domain may not import queries",
       "services/queries/bad.ts: import '../api/app.ts': queries may not import api",
       "services/scorer/bad.ts: import '../api/app.ts': the actor scorer may not import the actor api",
-      "services/sink/bad.cjs: import '../sandbox-runner/runs.ts': the actor sink may not import the actor sandbox-runner",
+      "services/sink/bad.cjs: import '../sandbox-runner/run-executor.ts': the actor sink may not import the actor sandbox-runner",
       "services/api/deep/bad.ts: import '../../main.ts': top (main.ts) is imported by nothing",
     ],
   );
   assert.throws(() => violations(new Map([['newfolder/x.ts', "import { y } from '../kernel/ids.ts';"]])), /services\/newfolder\/ has no layer/);
+});
+
+const MAX_FUNCTION_LINES = 80;
+const FUNCTIONS = new Set(['FunctionDeclaration', 'FunctionExpression', 'ArrowFunctionExpression', 'ClassMethod', 'ClassPrivateMethod', 'ObjectMethod']);
+
+interface Node {
+  type: string;
+  loc: { start: { line: number }; end: { line: number } };
+  body?: Node;
+  [key: string]: unknown;
+}
+
+/** Functions of a TypeScript source whose body is over the limit and whose comment above does not say why. */
+export function longFunctions(file: string, source: string): string[] {
+  const ast = parse(source, { sourceType: 'module', plugins: ['typescript'] });
+  const reasons = new Set(ast.comments!.filter((c) => /\blong:\s*\S/.test(c.value)).map((c) => c.loc!.end.line));
+  const explained = (line: number) => reasons.has(line - 1) || reasons.has(line - 2) || reasons.has(line);
+  const found: string[] = [];
+  const visit = (node: unknown, statementLine: number): void => {
+    if (Array.isArray(node)) return node.forEach((child) => visit(child, statementLine));
+    if (node === null || typeof node !== 'object' || typeof (node as Node).type !== 'string') return;
+    const n = node as Node;
+    const line = /Statement|Declaration|Property|Method/.test(n.type) ? n.loc.start.line : statementLine;
+    if (FUNCTIONS.has(n.type) && n.body?.type === 'BlockStatement') {
+      const length = n.body.loc.end.line - n.body.loc.start.line + 1;
+      if (length > MAX_FUNCTION_LINES && !explained(line) && !explained(n.loc.start.line)) found.push(`services/${file}:${n.loc.start.line}: a function of ${length} lines`);
+    }
+    for (const [key, child] of Object.entries(n)) if (key !== 'loc' && key !== 'leadingComments' && key !== 'trailingComments') visit(child, line);
+  };
+  visit(ast.program, 1);
+  return found;
+}
+
+test(`no function under services/ is over ${MAX_FUNCTION_LINES} lines without a reason`, () => {
+  const files = [...sourcesUnder(SERVICES)].filter(([file]) => file.endsWith('.ts'));
+  assert.deepEqual(files.flatMap(([file, source]) => longFunctions(file, source)), []);
+});
+
+test('the length check finds a long function and accepts one whose comment says why', () => {
+  const body = Array.from({ length: MAX_FUNCTION_LINES }, (_, i) => `  const v${i} = ${i};`).join('\n');
+  assert.deepEqual(longFunctions('x.ts', `export function f() {\n${body}\n}\n`), ['services/x.ts:1: a function of 82 lines']);
+  assert.deepEqual(longFunctions('x.ts', `class C {\n  m = () => {\n${body}\n  };\n}\n`), ['services/x.ts:2: a function of 82 lines']);
+  assert.deepEqual(longFunctions('x.ts', `/** Parses X. long: one table of cases, read top to bottom. */\nexport function f() {\n${body}\n}\n`), []);
+  assert.deepEqual(longFunctions('x.ts', `export function f() {\n  return 1;\n}\n`), []);
 });

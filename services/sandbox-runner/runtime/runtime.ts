@@ -15,13 +15,6 @@ export interface SandboxResources {
   diskBytes: number | null;
 }
 
-export const DEFAULT_RESOURCES: SandboxResources = {
-  memoryBytes: 1024 * 1024 * 1024,
-  cpus: 1,
-  pids: 512,
-  diskBytes: null,
-};
-
 export interface CreateSandboxOptions {
   /** sb-<hex> */
   id: string;
