@@ -1,7 +1,7 @@
 /**
- * What a spec uses that this server cannot execute yet (DECISIONS.md: the spec is stored; creating
- * a sandbox or running an experiment from it is refused, naming the capability and where it is
- * used). A sandbox needs its environment; a run also needs the checks and forbidden rules.
+ * What a spec uses that this server cannot execute yet (docs/decisions.md, "Features that
+ * arrive later": the spec is stored; creating a sandbox or running an experiment from it is
+ * refused, naming the capability and where it is used). A sandbox needs its environment; a run also needs the checks and forbidden rules.
  */
 import { AppError } from '../kernel/errors.ts';
 import type { SpecDocument } from './spec.ts';

@@ -1,7 +1,7 @@
 /**
  * POST /v1/experiments/compare: a candidate experiment against a baseline, from the facts of
  * their runs (pure; the route reads them). Scenarios are paired by their matrix parameters
- * (DECISIONS.md); unpaired ones are listed apart and left out of the tests. At ALPHA:
+ * (docs/decisions.md, "Compare"); unpaired ones are listed apart and left out of the tests. At ALPHA:
  *
  *   pass_rate               Cochran–Mantel–Haenszel over completed runs (pass / fail), one
  *                           stratum per paired scenario, so replicas of one scenario add power

@@ -1,5 +1,5 @@
 /**
- * One live sandbox on this runner: its boot pipeline (the nine steps, each a `status` event),
+ * One live sandbox on this runner: its boot pipeline (`BOOT_STEPS`, each step a `status` event),
  * its operations (commands, files, state, diff, timeout) and its teardown. Every change of
  * state is an event: svc.sandboxes (the entity), svc.sandbox-events (its stream), svc.audit.
  * Its own file work in the workspace (setup and config files, files API, state, exports) goes
@@ -19,6 +19,7 @@ import { parseSpec, type SpecDocument } from '../domain/spec.ts';
 import { changedExpiry } from '../domain/sandbox-lifetime.ts';
 import { redactSecrets, type Sealer, type TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
+import { refusedInStep, runBoot, StepFailed, type BootStep, type StepDone } from './boot/pipeline.ts';
 import { resolveImage } from './runtime/images.ts';
 import type { ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
 import { SERVICE_URL_IN_SANDBOX } from './runtime/service-bridge.ts';
@@ -54,17 +55,6 @@ type State = SandboxChanged['state'];
 
 /** libfaketime, preloaded for a frozen clock (Debian's path; bound into the sandbox read-only). */
 const LIBFAKETIME = '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1';
-
-class BootError extends AppError {
-  constructor(step: string, message: string) {
-    super('bad_request', `sandbox boot failed at step ${step}: ${message}`);
-  }
-}
-
-/** A refused path of a boot step's own file work (400/403 naming the field) fails the boot at that step. */
-const failedAt = (step: string) => (err: unknown): never => {
-  throw err instanceof AppError ? new BootError(step, err.message) : err;
-};
 
 export class LiveSandbox {
   state: State = 'creating';
@@ -163,143 +153,187 @@ export class LiveSandbox {
 
   // --- boot -------------------------------------------------------------------------------
 
+  /**
+   * The boot pipeline, in the spec's order, run by `runBoot` (boot/pipeline.ts). Each step is one
+   * method; it reports itself done with a `status` event named as here, and a failure in it names
+   * it too. A new step is a new entry at its place in the spec's order.
+   */
+  private static readonly BOOT_STEPS: readonly BootStep<LiveSandbox>[] = [
+    { name: 'secrets_resolved', run: (s, done) => s.resolveSecrets(done) },
+    { name: 'container_started', run: (s, done) => s.startRuntime(done) },
+    { name: 'services_started', run: (s, done) => s.startServices(done) },
+    { name: 'fixtures_applied', run: (s, done) => s.applyFixtures(done) },
+    { name: 'setup_applied', run: (s, done) => s.applySetup(done) },
+    { name: 'network_configured', run: (s, done) => s.configureNetwork(done) },
+    { name: 'audit_started', run: (s, done) => s.startAuditCapture(done) },
+    { name: 'snapshot_taken', run: (s, done) => s.takeSnapshot(done) },
+    // A failure to mark ready is reported at snapshot_taken, as it always has been.
+    { name: 'ready', failsAs: 'snapshot_taken', run: (s, done) => s.markReady(done) },
+  ];
+
+  /** Runs the boot pipeline; a failed step is reported (its `status` event with the error), and the sandbox torn down. */
   async boot(): Promise<void> {
     const { config } = this.kernel;
     this.expiresAt = this.createdAt + (this.request.timeout_ms ?? this.spec.resources.timeoutMs ?? config.sandboxTimeout);
     await this.setState('creating');
     void this.event('status', { state: 'creating' });
-    let step = 'secrets_resolved';
-    try {
-      this.secretValues = await this.resolveSecrets();
-      this.checkAgentEnv();
-      void this.event('status', { step, count: Object.keys(this.secretValues).length });
+    await runBoot(this, LiveSandbox.BOOT_STEPS, {
+      done: (step, data) => void this.event('status', { step, ...data }),
+      failed: async (step, failure) => {
+        await this.event('status', { step, error: failure.message });
+        await this.setState('error', failure.message).catch(() => {});
+        await this.teardown('boot failed').catch(() => {});
+      },
+    });
+  }
 
-      step = 'container_started';
-      await mkdir(path.join(this.workspace, '.svc'), { recursive: true });
-      const rootfs = await resolveImage(path.join(config.dataDir, 'images'), this.spec.base);
-      if (rootfs === null && !config.sandboxHostRootfs) {
-        throw new BootError(step, `image could not be pulled: "${this.spec.base}" is not in the image store (svc images import ${this.spec.base} DIR|TARBALL), and SVC_SANDBOX_HOST_ROOTFS is off`);
-      }
-      this.env = this.baseEnv();
-      const readOnlyMounts = [{ host: path.join(this.workspace, '.svc'), sandbox: '/workspace/.svc' }];
-      if (this.spec.determinism.frozenTime) readOnlyMounts.push({ host: LIBFAKETIME, sandbox: LIBFAKETIME });
-      const agent = this.request.agent;
-      if (agent) {
-        const bundle = await this.bundles.ensure(agent.digest).catch((err: Error) => {
-          throw new BootError(step, `agent snapshot ${agent.name} v${agent.version} (${agent.snapshot_id}) could not be extracted: ${err.message}`);
-        });
-        readOnlyMounts.push({ host: bundle, sandbox: AGENT_DIR });
-      }
-      this.box = await this.runtime.create({
-        id: this.id,
-        workspace: this.workspace,
-        readOnlyMounts,
-        rootfs,
-        env: this.env,
-        resources: { memoryBytes: this.spec.resources.memoryBytes, cpus: this.spec.resources.cpus, pids: this.spec.resources.pids, diskBytes: this.spec.resources.diskBytes },
-        hosts: this.spec.determinism.dns,
-        service: serviceAddress(this.kernel.config.baseUrl)?.address,
-      });
-      this.audit = new AuditLog({
-        workspace: this.workspace,
-        sandboxId: this.id,
-        redact: (text) => this.redact(text),
-        onRecord: (r) => void this.publishAudit(r),
-        recordsPerSecond: config.auditRecordsPerSecond,
-        maxRecords: config.auditMaxRecords,
-      });
-      void this.event('status', { step, runtime: this.runtime.name });
-      if (rootfs === null) {
-        const message = `image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`;
-        void this.event('warning', { message });
-        await this.audit.record('warning', { message });
-      }
+  private async resolveSecrets(done: StepDone): Promise<void> {
+    this.secretValues = await this.collectSecrets();
+    this.checkAgentEnv();
+    done({ count: Object.keys(this.secretValues).length });
+  }
 
-      step = 'services_started';
-      void this.event('status', { step, count: 0 });
-
-      step = 'fixtures_applied';
-      for (const [i, fixture] of this.spec.fixtures.entries()) {
-        // The api refuses the other types until their capabilities exist.
-        if (fixture.type !== 'copy') throw new BootError(step, `fixture ${i}: type ${fixture.type} is not supported yet`);
-        // A copy fixture copies a directory of the image into the workspace, inside the sandbox (as its
-        // user: links it brings are the sandbox's view). Never into `.svc`, also not through a link.
-        const to = resolveWorkspacePath(this.workspace, fixture.to, `fixtures[${i}].to`);
-        await resolveRealPath(this.workspace, to, `fixtures[${i}].to`, { forWrite: true }).catch(failedAt(step));
-        const result = await this.box.exec({ command: `mkdir -p '/workspace/${to.relative}' && cp -a -- ${shellQuote(`${fixture.from}/.`)} '/workspace/${to.relative}/'`, timeoutMs: 60_000 });
-        if (result.exitCode !== 0) throw new BootError(step, `fixture ${i} (copy ${fixture.from} -> ${fixture.to}) failed: ${this.output(result, 'stderr').trim().slice(-500)}`);
-        void this.event('fixture', { index: i, type: fixture.type, to: to.relative });
-      }
-      void this.event('status', { step, count: this.spec.fixtures.length });
-
-      step = 'setup_applied';
-      await this.writeAgentConfigFiles();
-      for (const [i, file] of this.spec.setup.files.entries()) {
-        // Through the files API's own write: never through a link out of the workspace (a fixture may
-        // have brought one), never into `.svc`.
-        await writeFile(this.workspace, file.path, file.content, { field: `setup.files[${i}].path`, mode: file.mode }).catch(failedAt(step));
-      }
-      for (const command of this.spec.setup.commands) {
-        const result = await this.box.exec({ command, timeoutMs: 5 * 60_000 });
-        if (result.exitCode !== 0) {
-          throw new BootError(step, `setup command "${this.redact(command)}" exited with ${result.exitCode}: ${this.output(result, result.stderr ? 'stderr' : 'stdout').trim().slice(-500)}`);
-        }
-      }
-      void this.event('status', { step, files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
-
-      step = 'network_configured';
-      await this.box.serviceReachable;
-      const egressAllow = this.egressAllow();
-      if (egressAllow.length > 0) {
-        const message = `egress to ${egressAllow.join(', ')} is declared, but this runtime gives sandboxes no outbound network yet: the sandbox has none`;
-        void this.event('warning', { message });
-        await this.audit.record('warning', { message });
-      }
-      void this.event('status', {
-        step,
-        egress: this.spec.network.egress.default,
-        egress_allow: egressAllow,
-        determinism: { frozen_time: this.spec.determinism.frozenTime, seed: this.spec.determinism.seed, dns: Object.keys(this.spec.determinism.dns).length },
-      });
-
-      step = 'audit_started';
-      const { watch, track } = this.spec.audit.file_system;
-      if (watch.length > 0) {
-        this.watcher = new FsWatcher({ workspace: this.workspace, watch, track, audit: this.audit! });
-        await this.watcher.start();
-      }
-      void this.event('status', { step, file_system: watch.length > 0 });
-
-      step = 'snapshot_taken';
-      this.before = await this.captureState();
-      void this.event('status', { step, files: Object.keys(this.before.files).length });
-
-      await this.setState('ready');
-      void this.event('status', { step: 'ready' });
-      await this.event('status', { state: 'ready' });
-      this.armTimer();
-      void this.box.exited.then(() => this.lost());
-    } catch (err) {
-      const message = err instanceof AppError ? err.message : `sandbox boot failed at step ${step}: ${(err as Error).message}`;
-      await this.event('status', { step, error: message });
-      await this.setState('error', message).catch(() => {});
-      await this.teardown('boot failed').catch(() => {});
-      throw err instanceof AppError ? err : new AppError('bad_request', message);
+  /** The isolation runtime, over the workspace, with the image (or the host's system directories) and the audit log. */
+  private async startRuntime(done: StepDone): Promise<void> {
+    const { config } = this.kernel;
+    await mkdir(path.join(this.workspace, '.svc'), { recursive: true });
+    const rootfs = await resolveImage(path.join(config.dataDir, 'images'), this.spec.base);
+    if (rootfs === null && !config.sandboxHostRootfs) {
+      throw new StepFailed(`image could not be pulled: "${this.spec.base}" is not in the image store (svc images import ${this.spec.base} DIR|TARBALL), and SVC_SANDBOX_HOST_ROOTFS is off`);
+    }
+    this.env = this.baseEnv();
+    this.box = await this.runtime.create({
+      id: this.id,
+      workspace: this.workspace,
+      readOnlyMounts: await this.readOnlyMounts(),
+      rootfs,
+      env: this.env,
+      resources: { memoryBytes: this.spec.resources.memoryBytes, cpus: this.spec.resources.cpus, pids: this.spec.resources.pids, diskBytes: this.spec.resources.diskBytes },
+      hosts: this.spec.determinism.dns,
+      service: serviceAddress(this.kernel.config.baseUrl)?.address,
+    });
+    this.audit = new AuditLog({
+      workspace: this.workspace,
+      sandboxId: this.id,
+      redact: (text) => this.redact(text),
+      onRecord: (r) => void this.publishAudit(r),
+      recordsPerSecond: config.auditRecordsPerSecond,
+      maxRecords: config.auditMaxRecords,
+    });
+    done({ runtime: this.runtime.name });
+    if (rootfs === null) {
+      await this.warnAudited(`image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`);
     }
   }
 
-  private async resolveSecrets(): Promise<Record<string, string>> {
+  /** The service's `.svc`, libfaketime for a frozen clock, and the agent's bundle (extracted now) for a snapshot agent. */
+  private async readOnlyMounts(): Promise<{ host: string; sandbox: string }[]> {
+    const mounts = [{ host: path.join(this.workspace, '.svc'), sandbox: '/workspace/.svc' }];
+    if (this.spec.determinism.frozenTime) mounts.push({ host: LIBFAKETIME, sandbox: LIBFAKETIME });
+    const agent = this.request.agent;
+    if (agent) {
+      const bundle = await this.bundles.ensure(agent.digest).catch((err: Error) => {
+        throw new StepFailed(`agent snapshot ${agent.name} v${agent.version} (${agent.snapshot_id}) could not be extracted: ${err.message}`);
+      });
+      mounts.push({ host: bundle, sandbox: AGENT_DIR });
+    }
+    return mounts;
+  }
+
+  /** Backing services: none are started yet. */
+  private startServices(done: StepDone): void {
+    done({ count: 0 });
+  }
+
+  private async applyFixtures(done: StepDone): Promise<void> {
+    for (const [i, fixture] of this.spec.fixtures.entries()) {
+      // The api refuses the other types until their capabilities exist.
+      if (fixture.type !== 'copy') throw new StepFailed(`fixture ${i}: type ${fixture.type} is not supported yet`);
+      // A copy fixture copies a directory of the image into the workspace, inside the sandbox (as its
+      // user: links it brings are the sandbox's view). Never into `.svc`, also not through a link.
+      const to = resolveWorkspacePath(this.workspace, fixture.to, `fixtures[${i}].to`);
+      await resolveRealPath(this.workspace, to, `fixtures[${i}].to`, { forWrite: true }).catch(refusedInStep);
+      const result = await this.box!.exec({ command: `mkdir -p '/workspace/${to.relative}' && cp -a -- ${shellQuote(`${fixture.from}/.`)} '/workspace/${to.relative}/'`, timeoutMs: 60_000 });
+      if (result.exitCode !== 0) throw new StepFailed(`fixture ${i} (copy ${fixture.from} -> ${fixture.to}) failed: ${this.output(result, 'stderr').trim().slice(-500)}`);
+      void this.event('fixture', { index: i, type: fixture.type, to: to.relative });
+    }
+    done({ count: this.spec.fixtures.length });
+  }
+
+  /** The agent's config files, the spec's setup files, then its setup commands. */
+  private async applySetup(done: StepDone): Promise<void> {
+    await this.writeAgentConfigFiles();
+    for (const [i, file] of this.spec.setup.files.entries()) {
+      // Through the files API's own write: never through a link out of the workspace (a fixture may
+      // have brought one), never into `.svc`.
+      await writeFile(this.workspace, file.path, file.content, { field: `setup.files[${i}].path`, mode: file.mode }).catch(refusedInStep);
+    }
+    for (const command of this.spec.setup.commands) {
+      const result = await this.box!.exec({ command, timeoutMs: 5 * 60_000 });
+      if (result.exitCode !== 0) {
+        throw new StepFailed(`setup command "${this.redact(command)}" exited with ${result.exitCode}: ${this.output(result, result.stderr ? 'stderr' : 'stdout').trim().slice(-500)}`);
+      }
+    }
+    done({ files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
+  }
+
+  /** Network policy and determinism, both applied as the runtime started: waits for the sandbox's bridge to the service, reports them. */
+  private async configureNetwork(done: StepDone): Promise<void> {
+    await this.box!.serviceReachable;
+    const egressAllow = this.egressAllow();
+    if (egressAllow.length > 0) {
+      await this.warnAudited(`egress to ${egressAllow.join(', ')} is declared, but this runtime gives sandboxes no outbound network yet: the sandbox has none`);
+    }
+    done({
+      egress: this.spec.network.egress.default,
+      egress_allow: egressAllow,
+      determinism: { frozen_time: this.spec.determinism.frozenTime, seed: this.spec.determinism.seed, dns: Object.keys(this.spec.determinism.dns).length },
+    });
+  }
+
+  /** The audit log runs since the runtime started; this starts the file watch, when the spec asks for one. */
+  private async startAuditCapture(done: StepDone): Promise<void> {
+    const { watch, track } = this.spec.audit.file_system;
+    if (watch.length > 0) {
+      this.watcher = new FsWatcher({ workspace: this.workspace, watch, track, audit: this.audit! });
+      await this.watcher.start();
+    }
+    done({ file_system: watch.length > 0 });
+  }
+
+  /** The before-run snapshot, which diffs compare against. */
+  private async takeSnapshot(done: StepDone): Promise<void> {
+    this.before = await this.captureState();
+    done({ files: Object.keys(this.before.files).length });
+  }
+
+  private async markReady(done: StepDone): Promise<void> {
+    await this.setState('ready');
+    done();
+    await this.event('status', { state: 'ready' });
+    this.armTimer();
+    void this.box!.exited.then(() => this.lost());
+  }
+
+  /** A `warning` event, and the same warning in the audit log. */
+  private async warnAudited(message: string): Promise<void> {
+    void this.event('warning', { message });
+    await this.audit!.record('warning', { message });
+  }
+
+  /** Dashboard-stored plus spec-declared secrets (the spec's win on collision), and the request's over both. */
+  private async collectSecrets(): Promise<Record<string, string>> {
     const values = this.tenantSecrets.values(this.tenant);
     for (const [name, source] of Object.entries(this.spec.secrets)) {
       if (name in this.request.secrets) continue;
       if (source === 'dashboard') {
-        if (!(name in values)) throw new BootError('secrets_resolved', `required secret ${name} is missing: it is declared with source dashboard but not stored for this tenant (PUT /v1/secrets/${name})`);
+        if (!(name in values)) throw new StepFailed(`required secret ${name} is missing: it is declared with source dashboard but not stored for this tenant (PUT /v1/secrets/${name})`);
         continue;
       }
       try {
         values[name] = await resolveHostSecret(name, source, this.kernel.config);
       } catch (err) {
-        throw new BootError('secrets_resolved', `required secret ${name} is missing: ${(err as Error).message}`);
+        throw new StepFailed(`required secret ${name} is missing: ${(err as Error).message}`);
       }
     }
     return { ...values, ...this.request.secrets };
@@ -311,8 +345,7 @@ export class LiveSandbox {
     const set = new Set([...Object.keys(this.secretValues), ...Object.keys(this.spec.setup.env), ...Object.keys(this.spec.agent?.env ?? {})]);
     const missing = (agent?.auth?.required_env ?? []).filter((name) => !set.has(name));
     if (agent && missing.length > 0) {
-      throw new BootError(
-        'secrets_resolved',
+      throw new StepFailed(
         `required env var ${missing.join(', ')} of agent snapshot ${agent.name} v${agent.version} is missing: set it as a secret (the spec's secrets, PUT /v1/secrets/${missing[0]} or the request's secrets) or in setup.env`,
       );
     }
@@ -326,9 +359,9 @@ export class LiveSandbox {
       try {
         content = renderConfigTemplate(file.template, this.secretValues);
       } catch (err) {
-        throw new BootError('setup_applied', `agent config file ${file.path}: ${(err as Error).message} (declare it under the spec's secrets or store it with PUT /v1/secrets)`);
+        throw new StepFailed(`agent config file ${file.path}: ${(err as Error).message} (declare it under the spec's secrets or store it with PUT /v1/secrets)`);
       }
-      await writeFile(this.workspace, relative, content, { field: `agent.auth.config_files[${i}].path` }).catch(failedAt('setup_applied'));
+      await writeFile(this.workspace, relative, content, { field: `agent.auth.config_files[${i}].path` }).catch(refusedInStep);
     }
   }
 
@@ -372,8 +405,12 @@ export class LiveSandbox {
 
   /** The workspace's state; the service's own reads of it are not the agent's (the watcher ignores them). */
   private captureState(): Promise<FilesystemState> {
-    const capture = () => captureState(this.workspace, { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes, cache: this.checksums });
-    return this.watcher ? this.watcher.suppressDuring({ kinds: ['read'] }, capture) : capture();
+    return this.unwatched({ kinds: ['read'] }, () => captureState(this.workspace, { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes, cache: this.checksums }));
+  }
+
+  /** Runs the service's own file work with the file watch (when there is one) ignoring what `scope` names of it. */
+  private unwatched<T>(scope: Parameters<FsWatcher['suppressDuring']>[0], run: () => Promise<T>): Promise<T> {
+    return this.watcher ? this.watcher.suppressDuring(scope, run) : run();
   }
 
   // --- operations -------------------------------------------------------------------------
@@ -467,16 +504,14 @@ export class LiveSandbox {
   /** API writes are audited here, not as the agent's own activity: the watcher is told to ignore them. */
   private async fileWrite(payload: Record<string, unknown>) {
     const { relative } = resolveWorkspacePath(this.workspace, payload.path);
-    const write = () => writeFile(this.workspace, payload.path, payload.content);
-    const { bytes } = this.watcher ? await this.watcher.suppressDuring({ paths: [relative] }, write) : await write();
+    const { bytes } = await this.unwatched({ paths: [relative] }, () => writeFile(this.workspace, payload.path, payload.content));
     await this.audit!.record('file_write', { path: relative, bytes });
     return { status: 201, body: { path: relative, bytes } };
   }
 
   private async fileDelete(payload: Record<string, unknown>) {
     const { relative } = resolveWorkspacePath(this.workspace, payload.path);
-    const remove = () => deleteFile(this.workspace, payload.path);
-    const { bytes } = this.watcher ? await this.watcher.suppressDuring({ paths: [relative] }, remove) : await remove();
+    const { bytes } = await this.unwatched({ paths: [relative] }, () => deleteFile(this.workspace, payload.path));
     await this.audit!.record('file_delete', { path: relative, bytes });
     return { body: { path: relative, deleted: true } };
   }
@@ -614,7 +649,6 @@ export class LiveSandbox {
     await publish(this.kernel, TOPICS.sandboxes, [{ key: this.id, tenant: this.tenant, value }]);
   }
 
-  /** Appends one event of the sandbox's stream; events keep their order (seq). */
   /**
    * Appends one event of the sandbox's stream. Events keep their order (seq); the ones queued
    * while an append runs go together in the next one, so the boot's steps need not wait for

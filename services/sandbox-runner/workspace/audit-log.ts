@@ -1,7 +1,7 @@
 /**
  * The sandbox's audit log: JSON lines in `<workspace>/.svc/audit.jsonl` (the spec's "Audit event";
- * DECISIONS "Audit log placement"). The service writes it from the host; inside the sandbox `.svc`
- * is mounted read-only, so the agent can read its own audit log but not change it.
+ * docs/decisions.md, "Audit log placement"). The service writes it from the host; inside the
+ * sandbox `.svc` is mounted read-only, so the agent can read its own audit log but not change it.
  *
  * Each line is `{ts, sandbox_id, type, details}`; `ts` is ISO 8601 with milliseconds. Before a record
  * is written (or handed to `onRecord`), `redact` is applied to every string in `details`, keys

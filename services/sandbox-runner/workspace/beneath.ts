@@ -221,124 +221,184 @@ export interface Resolved {
  * changing under the walk; 403 under `.svc` when `forWrite` (checked before anything is created).
  */
 export function resolveBeneath(root: string, segments: readonly string[], options: ResolveOptions): Resolved {
-  const { field } = options;
-  const followFinal = options.followFinal ?? true;
-  const escape = () => badRequest(field, 'resolves outside the workspace (through a symlink)');
-  const fds = [openRoot(root)];
+  const walk = new BeneathWalk(root, segments, options);
+  try {
+    return walk.run();
+  } finally {
+    walk.close();
+  }
+}
+
+/** One `resolveBeneath`: the directories held, the names below the root, and the components still to resolve. */
+class BeneathWalk {
+  /** The root, then one held directory per name while not `missing`. */
+  private readonly fds: number[];
   /** Components below the root; while not `missing`, names[i] is held by fds[i + 1]. */
-  const names: string[] = [];
-  const queue = [...segments];
-  let hops = 0;
-  let races = 0;
-  let missing = false;
-  let realRoot: string | undefined;
-  const follow = (target: string) => {
-    if (++hops > MAX_SYMLINK_HOPS) throw badRequest(field, 'too many levels of symbolic links');
-    const parts = (t: string) => t.split('/').filter((s) => s !== '' && s !== '.');
-    if (!target.startsWith('/')) {
-      queue.unshift(...parts(target));
-      return;
+  private readonly names: string[] = [];
+  private readonly queue: string[];
+  private readonly field: string;
+  private hops = 0;
+  private races = 0;
+  /** A parent component does not exist (and is not to be created): the rest are only named. */
+  private missing = false;
+  private realRoot: string | undefined;
+
+  constructor(
+    root: string,
+    segments: readonly string[],
+    private readonly options: ResolveOptions,
+  ) {
+    this.field = options.field;
+    this.fds = [openRoot(root)];
+    this.queue = [...segments];
+  }
+
+  run(): Resolved {
+    while (this.queue.length > 0) {
+      const seg = this.queue.shift()!;
+      if (seg === '' || seg === '.') continue;
+      if (seg === '..') {
+        this.up();
+        continue;
+      }
+      if (this.options.forWrite && this.names.length === 0 && seg === SERVICE_DIR) {
+        throw new AppError('forbidden', `${this.field}: ${SERVICE_DIR}/ is managed by the service and cannot be changed`);
+      }
+      if (this.missing) {
+        this.names.push(seg);
+        continue;
+      }
+      if (this.queue.length > 0) {
+        this.enter(seg);
+        continue;
+      }
+      const resolved = this.last(seg);
+      if (resolved) return resolved;
     }
-    realRoot ??= realpathSync(`/proc/self/fd/${fds[0]}`);
-    let inside: string | undefined;
-    if (target === SANDBOX_WORKSPACE || target.startsWith(`${SANDBOX_WORKSPACE}/`)) inside = target.slice(SANDBOX_WORKSPACE.length);
-    else if (target === realRoot || target.startsWith(`${realRoot}/`)) inside = target.slice(realRoot.length); // written on the host
-    if (inside === undefined) throw escape();
-    while (fds.length > 1) closeSync(fds.pop()!);
-    names.length = 0;
-    queue.unshift(...parts(inside));
-  };
+    return this.ranOut();
+  }
+
+  /** Closes every directory still held (the one handed back in a Resolved is no longer among them). */
+  close(): void {
+    for (const fd of this.fds) closeSync(fd);
+  }
+
+  private escape(): AppError {
+    return badRequest(this.field, 'resolves outside the workspace (through a symlink)');
+  }
+
+  /** `..`: only symlink targets bring it here (callers' `..` is refused up front). */
+  private up(): void {
+    if (this.names.length === 0) throw this.escape();
+    this.names.pop();
+    if (!this.missing) closeSync(this.fds.pop()!);
+  }
+
+  /** The last component stays a name in its held directory, for the caller's own operation; undefined when there is more to resolve. */
+  private last(seg: string): Resolved | undefined {
+    const dir = this.fds.at(-1)!;
+    const st = lstatIfThere(dir, seg);
+    if (st?.isSymbolicLink() && (this.options.followFinal ?? true)) {
+      if (!this.followLink(seg)) this.again(seg);
+      return undefined;
+    }
+    this.fds.pop();
+    return { relative: [...this.names, seg].join('/'), dir, name: seg };
+  }
+
+  /** Holds the directory `seg` of the top one; a missing one is created (`createDirs`) or noted, anything else looked at. */
+  private enter(seg: string): void {
+    const dir = this.fds.at(-1)!;
+    try {
+      this.fds.push(openDirAt(dir, seg));
+      this.names.push(seg);
+      return;
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT' && this.options.createDirs === undefined) {
+        this.missing = true;
+        this.names.push(seg);
+        return;
+      }
+      if (code === 'ENOENT') {
+        try {
+          mkdirAt(dir, seg, this.options.createDirs!);
+        } catch (e) {
+          if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+        }
+        this.again(seg);
+        return;
+      }
+      if (code !== 'ENOTDIR') throw err;
+    }
+    // Not a directory: a symlink to follow, a file (400), or it changed since the open.
+    const st = lstatIfThere(dir, seg);
+    if (st && !st.isSymbolicLink() && !st.isDirectory()) throw badRequest(this.field, 'a parent component is not a directory');
+    if (!st?.isSymbolicLink() || !this.followLink(seg)) this.again(seg);
+  }
+
+  /**
+   * The components ran out with no last name handed back: past a missing one (`dir` -1), or ending
+   * in a directory reached through a symlink (`x -> ..`); the workspace itself is refused.
+   */
+  private ranOut(): Resolved {
+    const { names, fds } = this;
+    if (names.length === 0) throw badRequest(this.field, 'resolves to the workspace itself, not a file');
+    if (this.missing) return { relative: names.join('/'), dir: -1, name: names.at(-1)! };
+    closeSync(fds.pop()!);
+    return { relative: names.join('/'), dir: fds.pop()!, name: names.at(-1)! };
+  }
+
   /** `seg` changed kind between two syscalls (the agent is racing us): look at it again. */
-  const again = (seg: string) => {
-    if (++races > MAX_SYMLINK_HOPS) throw badRequest(field, 'changed while being resolved; try again');
-    queue.unshift(seg);
-  };
+  private again(seg: string): void {
+    if (++this.races > MAX_SYMLINK_HOPS) throw badRequest(this.field, 'changed while being resolved; try again');
+    this.queue.unshift(seg);
+  }
+
   /** Follows the symlink `seg` of the top directory; false when it is no longer one. */
-  const followLink = (seg: string): boolean => {
+  private followLink(seg: string): boolean {
     let target: string;
     try {
-      target = readlinkAt(fds.at(-1)!, seg);
+      target = readlinkAt(this.fds.at(-1)!, seg);
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
       if (code === 'EINVAL' || code === 'ENOENT') return false;
       throw err;
     }
-    follow(target);
+    this.follow(target);
     return true;
-  };
-  try {
-    while (queue.length > 0) {
-      const seg = queue.shift()!;
-      if (seg === '' || seg === '.') continue;
-      if (seg === '..') {
-        // Only symlink targets bring `..` here (callers' `..` is refused up front).
-        if (names.length === 0) throw escape();
-        names.pop();
-        if (!missing) closeSync(fds.pop()!);
-        continue;
-      }
-      if (options.forWrite && names.length === 0 && seg === SERVICE_DIR) {
-        throw new AppError('forbidden', `${field}: ${SERVICE_DIR}/ is managed by the service and cannot be changed`);
-      }
-      if (missing) {
-        names.push(seg);
-        continue;
-      }
-      const dir = fds.at(-1)!;
-      if (queue.length === 0) {
-        // The last component stays a name in its held directory, for the caller's own operation.
-        let st: Stats | undefined;
-        try {
-          st = lstatAt(dir, seg);
-        } catch (err) {
-          if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-        }
-        if (st?.isSymbolicLink() && followFinal) {
-          if (!followLink(seg)) again(seg);
-          continue;
-        }
-        fds.pop();
-        return { relative: [...names, seg].join('/'), dir, name: seg };
-      }
-      try {
-        fds.push(openDirAt(dir, seg));
-        names.push(seg);
-        continue;
-      } catch (err) {
-        const code = (err as NodeJS.ErrnoException).code;
-        if (code === 'ENOENT' && options.createDirs === undefined) {
-          missing = true;
-          names.push(seg);
-          continue;
-        }
-        if (code === 'ENOENT') {
-          try {
-            mkdirAt(dir, seg, options.createDirs!);
-          } catch (e) {
-            if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-          }
-          again(seg);
-          continue;
-        }
-        if (code !== 'ENOTDIR') throw err;
-      }
-      // Not a directory: a symlink to follow, a file (400), or it changed since the open.
-      let st: Stats | undefined;
-      try {
-        st = lstatAt(dir, seg);
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-      }
-      if (st && !st.isSymbolicLink() && !st.isDirectory()) throw badRequest(field, 'a parent component is not a directory');
-      if (!st?.isSymbolicLink() || !followLink(seg)) again(seg);
+  }
+
+  /** Queues a link's target: a relative one from where the link is, an absolute one from the root when it names the workspace. */
+  private follow(target: string): void {
+    if (++this.hops > MAX_SYMLINK_HOPS) throw badRequest(this.field, 'too many levels of symbolic links');
+    if (!target.startsWith('/')) {
+      this.queue.unshift(...pathParts(target));
+      return;
     }
-    if (names.length === 0) throw badRequest(field, 'resolves to the workspace itself, not a file');
-    if (missing) return { relative: names.join('/'), dir: -1, name: names.at(-1)! };
-    // The path ended in a directory reached through a symlink (`x -> sub`, `x -> ..`).
-    closeSync(fds.pop()!);
-    return { relative: names.join('/'), dir: fds.pop()!, name: names.at(-1)! };
-  } finally {
-    for (const fd of fds) closeSync(fd);
+    this.realRoot ??= realpathSync(`/proc/self/fd/${this.fds[0]}`);
+    let inside: string | undefined;
+    if (target === SANDBOX_WORKSPACE || target.startsWith(`${SANDBOX_WORKSPACE}/`)) inside = target.slice(SANDBOX_WORKSPACE.length);
+    else if (target === this.realRoot || target.startsWith(`${this.realRoot}/`)) inside = target.slice(this.realRoot.length); // written on the host
+    if (inside === undefined) throw this.escape();
+    while (this.fds.length > 1) closeSync(this.fds.pop()!);
+    this.names.length = 0;
+    this.queue.unshift(...pathParts(inside));
+  }
+}
+
+/** A link target's components (`..` kept: the walk climbs it in its held directories). */
+function pathParts(target: string): string[] {
+  return target.split('/').filter((s) => s !== '' && s !== '.');
+}
+
+/** lstat of `name` in `dirFd`; undefined when it is not there. */
+function lstatIfThere(dirFd: number, name: string): Stats | undefined {
+  try {
+    return lstatAt(dirFd, name);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    return undefined;
   }
 }
 

@@ -1,5 +1,5 @@
 /**
- * Workspace path rules (the spec's file endpoints, DECISIONS "Path prefixes" and "Audit log placement").
+ * Workspace path rules (the spec's file endpoints, docs/decisions.md, "Path prefixes" and "Audit log placement").
  *
  * A caller names a file in the sandbox's view: `/workspace/foo.txt` and `foo.txt` are the same file.
  * The workspace is a host directory bind-mounted at `/workspace` inside the sandbox, so the service

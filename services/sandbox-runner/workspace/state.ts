@@ -123,40 +123,114 @@ export interface CaptureOptions {
  * over `syncHashMaxBytes` go to the thread pool, `concurrency` at a time, where parallel reads pay.
  */
 export async function captureState(workspace: string, options: CaptureOptions = {}): Promise<FilesystemState> {
-  const maxBytes = options.checksumMaxBytes ?? DEFAULT_CHECKSUM_MAX_BYTES;
-  const syncMax = Math.min(maxBytes, options.syncHashMaxBytes ?? 64 * 1024);
-  const limit = pLimit(Math.max(1, options.concurrency ?? DEFAULT_CONCURRENCY));
-  const sliceMs = options.sliceMs ?? 10;
-  const racyNs = BigInt(Math.round((options.racyMs ?? DEFAULT_RACY_MS) * 1e6));
-  const cache = options.cache;
-  const nextCache = new Map<string, CacheEntry>();
   const captured_at = new Date().toISOString();
-  const found = new Map<string, FileEntry>();
-  const asyncWork: Promise<void>[] = [];
-  let hashed = 0;
-  let sliceStart = performance.now();
-  const maybeYield = async () => {
-    if (performance.now() - sliceStart < sliceMs) return;
-    await new Promise<void>((resolve) => setImmediate(resolve));
-    sliceStart = performance.now();
-  };
+  const capture = new Capture(options);
+  await capture.walk(workspace);
+  options.cache?.replace(capture.nextCache, capture.hashed);
+  const files: Record<string, FileEntry> = {};
+  for (const rel of [...capture.found.keys()].sort(compare)) files[rel] = capture.found.get(rel)!;
+  return { captured_at, files };
+}
 
-  const hashed_ = (rel: string, entry: FileEntry, r: Hashed | 'gone' | undefined, startedNs: bigint) => {
-    if (r === 'gone') {
-      found.delete(rel);
-      return;
+/** The longest workspace-relative path listed (the files API's own limit). */
+const MAX_REL_BYTES = 4096;
+
+/** One capture's walk: what it found, the checksums the cache keeps next, the hashing still running. */
+class Capture {
+  readonly found = new Map<string, FileEntry>();
+  readonly nextCache = new Map<string, CacheEntry>();
+  /** Files hashed (not taken from the cache). */
+  hashed = 0;
+  /** Directories still to list, each held open by its parent until then. */
+  private readonly dirs: PendingDir[] = [{ parent: null, name: '', rel: '' }];
+  private readonly asyncWork: Promise<void>[] = [];
+  private readonly maxBytes: number;
+  private readonly syncMax: number;
+  private readonly limit: <T>(fn: () => Promise<T>) => Promise<T>;
+  private readonly sliceMs: number;
+  private readonly racyNs: bigint;
+  private readonly cache: ChecksumCache | undefined;
+  private sliceStart = performance.now();
+
+  constructor(options: CaptureOptions) {
+    this.maxBytes = options.checksumMaxBytes ?? DEFAULT_CHECKSUM_MAX_BYTES;
+    this.syncMax = Math.min(this.maxBytes, options.syncHashMaxBytes ?? 64 * 1024);
+    this.limit = pLimit(Math.max(1, options.concurrency ?? DEFAULT_CONCURRENCY));
+    this.sliceMs = options.sliceMs ?? 10;
+    this.racyNs = BigInt(Math.round((options.racyMs ?? DEFAULT_RACY_MS) * 1e6));
+    this.cache = options.cache;
+  }
+
+  /** Lists every directory under `workspace`, each through its own descriptor, then waits for the hashing. */
+  async walk(workspace: string): Promise<void> {
+    const root = new DirRef(openRoot(workspace));
+    try {
+      while (this.dirs.length > 0) {
+        const pending = this.dirs.pop()!;
+        const dir = pending.parent === null ? root : this.enter(pending.parent, pending.name, pending.rel);
+        if (dir === undefined || !(await this.list(dir, pending.rel))) continue;
+        await this.maybeYield();
+      }
+      await Promise.all(this.asyncWork);
+    } finally {
+      // After an error: let what was started finish, and close every directory still held.
+      await Promise.allSettled(this.asyncWork);
+      for (const p of this.dirs) p.parent?.release();
     }
-    if (r === undefined) return; // unreadable: listed without checksum
-    hashed++;
-    entry.size = Number(r.st.size);
-    entry.mode = modeString(r.st.mode);
-    if (r.st.size > BigInt(maxBytes)) return;
-    entry.checksum = r.checksum;
-    if (startedNs - r.st.ctimeNs > racyNs && startedNs - r.st.mtimeNs > racyNs) nextCache.set(rel, cacheEntry(r.st, r.checksum));
-  };
+  }
+
+  /** Opens the directory `name` in its held `parent` (released here); undefined when it is not one (any more). */
+  private enter(parent: DirRef, name: string, rel: string): DirRef | undefined {
+    // O_NOFOLLOW|O_DIRECTORY in the held parent: a directory swapped for a symlink is not entered.
+    let fd: number;
+    try {
+      fd = openDirAt(parent.fd, name);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      // Now a file or a symlink: listed as what it is (and if it flips back to a directory, skipped).
+      if (code === 'ENOTDIR') this.visit(parent, name, rel, false);
+      else if (!gone(err) && code !== 'EACCES') throw err;
+      return undefined;
+    } finally {
+      parent.release();
+    }
+    return new DirRef(fd);
+  }
+
+  /** Queues the subdirectories of the held `dir` and visits its other entries, then releases it; false when it could not be read. */
+  private async list(dir: DirRef, rel: string): Promise<boolean> {
+    try {
+      let entries: Dirent[];
+      try {
+        entries = readdirFd(dir.fd);
+      } catch (err) {
+        if (gone(err) || (rel !== '' && (err as NodeJS.ErrnoException).code === 'EACCES')) return false;
+        throw err;
+      }
+      for (const d of entries) {
+        const childRel = rel === '' ? d.name : `${rel}/${d.name}`;
+        if (d.isDirectory()) {
+          this.queueDir(dir, d.name, childRel);
+        } else if (!(d.isFIFO() || d.isSocket() || d.isCharacterDevice() || d.isBlockDevice())) {
+          // Files, symlinks, and DT_UNKNOWN entries (some filesystems): lstat decides.
+          this.visit(dir, d.name, childRel);
+          await this.maybeYield();
+        }
+      }
+      return true;
+    } finally {
+      dir.release();
+    }
+  }
+
+  /** Queues the subdirectory `name` of `dir` to list, unless it is a skipped one or too deep. */
+  private queueDir(dir: DirRef, name: string, rel: string): void {
+    // Deeper than a path the API can name (4096 bytes) is not listed: it bounds the held descriptors too.
+    if (!SKIPPED_DIRS.has(name) && Buffer.byteLength(rel) < MAX_REL_BYTES) this.dirs.push(dir.child(name, rel));
+  }
 
   /** Looks at `name` in the held directory `dir`; a directory found there is queued when `descend`. */
-  const visit = (dir: DirRef, name: string, rel: string, dirs: PendingDir[], descend = true): void => {
+  private visit(dir: DirRef, name: string, rel: string, descend = true): void {
     let st: BigIntStats;
     try {
       st = lstatAt(dir.fd, name, { bigint: true });
@@ -165,7 +239,7 @@ export async function captureState(workspace: string, options: CaptureOptions = 
       throw err;
     }
     if (st.isDirectory()) {
-      if (descend && !SKIPPED_DIRS.has(name) && Buffer.byteLength(rel) < MAX_REL_BYTES) dirs.push(dir.child(name, rel));
+      if (descend) this.queueDir(dir, name, rel);
       return;
     }
     const entry: FileEntry = { size: Number(st.size), mode: modeString(st.mode) };
@@ -177,90 +251,53 @@ export async function captureState(workspace: string, options: CaptureOptions = 
         throw err;
       }
       entry.checksum = sha256(Buffer.from(entry.symlink));
-      found.set(rel, entry);
+      this.found.set(rel, entry);
       return;
     }
     if (!st.isFile()) return;
-    found.set(rel, entry);
-    if (st.size > BigInt(maxBytes)) return;
-    const cached = cache?.lookup(rel, st);
+    this.found.set(rel, entry);
+    if (st.size <= BigInt(this.maxBytes)) this.checksum(dir, name, rel, st, entry);
+  }
+
+  /** The file's checksum: from the cache, hashed here (small files), or hashed in the thread pool. */
+  private checksum(dir: DirRef, name: string, rel: string, st: BigIntStats, entry: FileEntry): void {
+    const cached = this.cache?.lookup(rel, st);
     if (cached !== undefined) {
       entry.checksum = cached;
-      nextCache.set(rel, cacheEntry(st, cached));
+      this.nextCache.set(rel, cacheEntry(st, cached));
       return;
     }
     const startedNs = BigInt(Date.now()) * 1_000_000n;
-    if (st.size <= BigInt(syncMax)) {
-      hashed_(rel, entry, hashFileSync(dir.fd, name, maxBytes), startedNs);
+    if (st.size <= BigInt(this.syncMax)) {
+      this.hashedFile(rel, entry, hashFileSync(dir.fd, name, this.maxBytes), startedNs);
       return;
     }
     // The directory stays open until the file is: the file is opened in it, by name, later.
     dir.refs++;
-    asyncWork.push(limit(() => hashFile(dir, name, maxBytes)).then((r) => hashed_(rel, entry, r, startedNs)));
-  };
-
-  const dirs: PendingDir[] = [{ parent: null, name: '', rel: '' }];
-  const root = new DirRef(openRoot(workspace));
-  try {
-    while (dirs.length > 0) {
-      const pending = dirs.pop()!;
-      let dir: DirRef;
-      if (pending.parent === null) {
-        dir = root;
-      } else {
-        // O_NOFOLLOW|O_DIRECTORY in the held parent: a directory swapped for a symlink is not entered.
-        let fd: number;
-        try {
-          fd = openDirAt(pending.parent.fd, pending.name);
-        } catch (err) {
-          const code = (err as NodeJS.ErrnoException).code;
-          // Now a file or a symlink: listed as what it is (and if it flips back to a directory, skipped).
-          if (code === 'ENOTDIR') visit(pending.parent, pending.name, pending.rel, dirs, false);
-          else if (!gone(err) && code !== 'EACCES') throw err;
-          continue;
-        } finally {
-          pending.parent.release();
-        }
-        dir = new DirRef(fd);
-      }
-      try {
-        let entries: Dirent[];
-        try {
-          entries = readdirFd(dir.fd);
-        } catch (err) {
-          if (gone(err) || (pending.rel !== '' && (err as NodeJS.ErrnoException).code === 'EACCES')) continue;
-          throw err;
-        }
-        for (const d of entries) {
-          const childRel = pending.rel === '' ? d.name : `${pending.rel}/${d.name}`;
-          if (d.isDirectory()) {
-            // Deeper than a path the API can name (4096 bytes) is not listed: it bounds the held descriptors too.
-            if (!SKIPPED_DIRS.has(d.name) && Buffer.byteLength(childRel) < MAX_REL_BYTES) dirs.push(dir.child(d.name, childRel));
-          } else if (!(d.isFIFO() || d.isSocket() || d.isCharacterDevice() || d.isBlockDevice())) {
-            // Files, symlinks, and DT_UNKNOWN entries (some filesystems): lstat decides.
-            visit(dir, d.name, childRel, dirs);
-            await maybeYield();
-          }
-        }
-      } finally {
-        dir.release();
-      }
-      await maybeYield();
-    }
-    await Promise.all(asyncWork);
-  } finally {
-    // After an error: let what was started finish, and close every directory still held.
-    await Promise.allSettled(asyncWork);
-    for (const p of dirs) p.parent?.release();
+    this.asyncWork.push(this.limit(() => hashFile(dir, name, this.maxBytes)).then((r) => this.hashedFile(rel, entry, r, startedNs)));
   }
-  cache?.replace(nextCache, hashed);
-  const files: Record<string, FileEntry> = {};
-  for (const rel of [...found.keys()].sort(compare)) files[rel] = found.get(rel)!;
-  return { captured_at, files };
-}
 
-/** The longest workspace-relative path listed (the files API's own limit). */
-const MAX_REL_BYTES = 4096;
+  /** Fills in `entry` from what was opened and hashed (fstat of that file); a file gone meanwhile is not listed. */
+  private hashedFile(rel: string, entry: FileEntry, r: Hashed | 'gone' | undefined, startedNs: bigint): void {
+    if (r === 'gone') {
+      this.found.delete(rel);
+      return;
+    }
+    if (r === undefined) return; // unreadable: listed without checksum
+    this.hashed++;
+    entry.size = Number(r.st.size);
+    entry.mode = modeString(r.st.mode);
+    if (r.st.size > BigInt(this.maxBytes)) return;
+    entry.checksum = r.checksum;
+    if (startedNs - r.st.ctimeNs > this.racyNs && startedNs - r.st.mtimeNs > this.racyNs) this.nextCache.set(rel, cacheEntry(r.st, r.checksum));
+  }
+
+  private async maybeYield(): Promise<void> {
+    if (performance.now() - this.sliceStart < this.sliceMs) return;
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    this.sliceStart = performance.now();
+  }
+}
 
 /** A directory held open while entries of it are still to be looked at; closed with the last. */
 class DirRef {
