@@ -15,7 +15,7 @@ import { AggregatorService } from './aggregator/service.ts';
 import { SandboxRunnerService } from './sandbox-runner/service.ts';
 import { ScorerService } from './scorer/service.ts';
 
-export const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner', 'aggregator', 'scorer'] as const;
+const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner', 'aggregator', 'scorer'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
 
 export interface Running {

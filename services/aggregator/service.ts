@@ -302,7 +302,7 @@ interface PlannedRun {
  * so early results cover every scenario. Seeds: the request's, else the spec's, else one derived
  * from the run id (stable across attempts).
  */
-export function planRuns(experiment: ExperimentChanged, spec: SpecDocument): PlannedRun[] {
+function planRuns(experiment: ExperimentChanged, spec: SpecDocument): PlannedRun[] {
   const options = JSON.parse(experiment.options) as ExperimentOptions;
   const matrix = options.matrix ?? spec.parallelism.matrix;
   const replicas = options.replicas ?? spec.parallelism.replicas;

@@ -16,6 +16,11 @@ export interface Page<T> {
   count: number;
 }
 
+/** The page the API answers for `items` and the cursor of the next page (none: the last page). */
+export function pageOf<T>(items: T[], nextCursor: string | null | undefined): Page<T> {
+  return { items, ...(nextCursor ? { next_cursor: nextCursor } : {}), count: items.length };
+}
+
 export function parseLimit(raw: unknown, config: Config): number {
   if (raw === undefined) return config.defaultPageSize;
   if (typeof raw !== 'string' || !/^\d+$/.test(raw) || Number(raw) < 1) throw badRequest('limit', 'must be a positive integer');

@@ -11,7 +11,7 @@ import { ScoreRuleCatalog } from './catalogs/score-rule-catalog.ts';
 import { SpecCatalog } from './catalogs/spec-catalog.ts';
 import { AgentCatalog } from './catalogs/agent-catalog.ts';
 import { TenantSecrets } from '../kernel/tenant-secrets.ts';
-import { Requester } from '../kernel/request-reply.ts';
+import { SandboxRequester } from './sandboxes/sandbox-requester.ts';
 import { TraceIngest } from './traces/ingest.ts';
 
 /** The HTTP API. Holds the auth and idempotency views; everything else it reads from the log or the store. */
@@ -31,35 +31,12 @@ export class ApiService implements Service {
     const sandboxes = new SandboxCatalog(kernel);
     const experiments = new ExperimentCatalog(kernel, specs);
     const scoreRules = new ScoreRuleCatalog(kernel);
-    const requester = new Requester(kernel);
+    const requester = new SandboxRequester(kernel);
     const ingest = new TraceIngest(kernel);
     this.parts = [auth, idempotency, agents, specs, secrets, sandboxes, experiments, scoreRules, requester, ingest];
     await Promise.all(this.parts.map((p) => p.start()));
     auth.acceptSandboxTokens((hash) => sandboxes.byTokenHash(hash));
-    const app = createApp({
-      kernel,
-      auth,
-      idempotency,
-      specs,
-      agents,
-      secrets,
-      sandboxes,
-      experiments,
-      scoreRules,
-      requester,
-      ingest,
-      registry: this.options.registry,
-      health: async () => {
-        const [log, store] = await Promise.all([
-          kernel.log.endOffsets('svc.tenants').then(() => true, () => false),
-          kernel.store.ping().catch(() => false),
-        ]);
-        return {
-          ok: log && store,
-          body: { status: log && store ? 'ok' : 'degraded', log: { backend: kernel.log.kind, ok: log }, store: { backend: kernel.store.kind, ok: store } },
-        };
-      },
-    });
+    const app = createApp({ kernel, auth, idempotency, specs, agents, secrets, sandboxes, experiments, scoreRules, requester, ingest, registry: this.options.registry });
     this.server = http.createServer(app.callback());
     this.server.keepAliveTimeout = 65_000;
     await new Promise<void>((resolve, reject) => {

@@ -19,7 +19,7 @@ import { scenarioIdOf } from '../kernel/ids.ts';
 import type { Params } from './params.ts';
 import { cochranMantelHaenszel, welchTTest, type ReplicaAggregation, type ScenarioVerdict, type Table2x2 } from './stats.ts';
 
-export const ALPHA = 0.05;
+const ALPHA = 0.05;
 
 export interface CompareSide {
   experiment_id: string;

@@ -89,7 +89,7 @@ export function tallyScenarios(runs: ReadonlyArray<Pick<RunFact, 'scenario_index
     .map(([index, t]) => ({ index, ...t, verdict: scenarioVerdict(t.passed, t.failed), passing: countsAsPassing(aggregation, t.passed, t.passed + t.failed) }));
 }
 
-export function verdictCounts(scenarios: ReadonlyArray<{ verdict: ScenarioVerdict | null }>): VerdictCounts {
+function verdictCounts(scenarios: ReadonlyArray<{ verdict: ScenarioVerdict | null }>): VerdictCounts {
   const counts: VerdictCounts = { pass: 0, fail: 0, flaky: 0, error: 0 };
   for (const s of scenarios) if (s.verdict !== null) counts[s.verdict]++;
   return counts;

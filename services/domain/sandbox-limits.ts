@@ -9,9 +9,9 @@
 /** Longest command in bytes (UTF-8). */
 export const MAX_COMMAND_BYTES = 128 * 1024 - 1;
 /** Longest `KEY=VALUE` of a command's environment, in bytes. */
-export const MAX_ENV_ENTRY_BYTES = 128 * 1024 - 1;
+const MAX_ENV_ENTRY_BYTES = 128 * 1024 - 1;
 /** A command's whole environment, every `KEY=VALUE` counted with its NUL. */
-export const MAX_ENV_BYTES = 1024 * 1024;
+const MAX_ENV_BYTES = 1024 * 1024;
 
 /**
  * Commands running in one sandbox at once (background ones included): each holds its captured

@@ -9,7 +9,7 @@
  */
 
 /** z of a two-sided 95% interval. */
-export const Z_95 = 1.959963984540054;
+const Z_95 = 1.959963984540054;
 
 export interface Interval {
   low: number;

@@ -93,67 +93,81 @@ export interface SubscribeOptions<T> {
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-export async function subscribe<T>(kernel: Kernel, options: SubscribeOptions<T>): Promise<Consumer> {
-  const { logger, metrics, config } = kernel;
-  const group = options.groupId;
-  const maxAttempts = config.handlerMaxAttempts;
-
-  const deadLetter = async (record: LogRecord, error: unknown, attempts: number) => {
-    const message = error instanceof Error ? error.message : String(error);
-    logger.error({ group, topic: record.topic, partition: record.partition, offset: record.offset, tenant: record.headers.tenant, err: message }, 'event sent to the dead-letter topic');
-    metrics.deadLettered.inc({ group, topic: record.topic });
-    await publish(kernel, TOPICS.deadLetters, [
-      {
-        key: `${record.topic}:${record.partition}:${record.offset}`,
+/** Appends a record that cannot be handled to the dead-letter topic, with the error and attempts. */
+async function deadLetter(kernel: Kernel, group: string, record: LogRecord, error: unknown, attempts: number): Promise<void> {
+  const message = error instanceof Error ? error.message : String(error);
+  kernel.logger.error({ group, topic: record.topic, partition: record.partition, offset: record.offset, tenant: record.headers.tenant, err: message }, 'event sent to the dead-letter topic');
+  kernel.metrics.deadLettered.inc({ group, topic: record.topic });
+  await publish(kernel, TOPICS.deadLetters, [
+    {
+      key: `${record.topic}:${record.partition}:${record.offset}`,
+      tenant: record.headers.tenant ?? '',
+      value: {
         tenant: record.headers.tenant ?? '',
-        value: {
-          tenant: record.headers.tenant ?? '',
-          event_id: newEventId(),
-          ts: Date.now(),
-          group_id: group,
-          topic: record.topic,
-          partition: record.partition,
-          offset: record.offset,
-          key: record.key,
-          value: record.value,
-          error: message,
-          attempts,
-        },
+        event_id: newEventId(),
+        ts: Date.now(),
+        group_id: group,
+        topic: record.topic,
+        partition: record.partition,
+        offset: record.offset,
+        key: record.key,
+        value: record.value,
+        error: message,
+        attempts,
       },
-    ]);
-  };
+    },
+  ]);
+}
 
-  const decode = async (records: LogRecord[]): Promise<Array<Delivered<T>>> => {
-    const out: Array<Delivered<T>> = [];
-    for (const record of records) {
-      try {
-        const value = record.value === null ? null : ((await kernel.serde.decode(record.topic, record.value)) as T);
-        out.push({ record, value });
-      } catch (err) {
-        // An undecodable record can never succeed: no retries.
-        await deadLetter(record, err, 1);
-      }
+/** Decodes a batch; a record that cannot be decoded can never succeed, so it is dead-lettered at once. */
+async function decode<T>(kernel: Kernel, group: string, records: LogRecord[]): Promise<Array<Delivered<T>>> {
+  const out: Array<Delivered<T>> = [];
+  for (const record of records) {
+    try {
+      const value = record.value === null ? null : ((await kernel.serde.decode(record.topic, record.value)) as T);
+      out.push({ record, value });
+    } catch (err) {
+      // An undecodable record can never succeed: no retries.
+      await deadLetter(kernel, group, record, err, 1);
     }
-    return out;
-  };
+  }
+  return out;
+}
 
-  const tryHandle = async (events: Array<Delivered<T>>, attempts: number): Promise<unknown> => {
-    let lastError: unknown = null;
-    for (let attempt = 1; attempt <= attempts; attempt++) {
-      try {
-        await options.handle(events);
-        return null;
-      } catch (err) {
-        lastError = err;
-        metrics.handlerFailures.inc({ group });
-        logger.warn({ group, attempt, err: (err as Error).message }, 'handler failed');
-        if (attempt < attempts) await sleep(Math.min(2000, 50 * 2 ** (attempt - 1)));
-      }
+/** Runs the handler up to `attempts` times with backoff; resolves with the last error, or null once it succeeds. */
+async function tryHandle<T>(kernel: Kernel, group: string, handle: SubscribeOptions<T>['handle'], events: Array<Delivered<T>>, attempts: number): Promise<unknown> {
+  let lastError: unknown = null;
+  for (let attempt = 1; attempt <= attempts; attempt++) {
+    try {
+      await handle(events);
+      return null;
+    } catch (err) {
+      lastError = err;
+      kernel.metrics.handlerFailures.inc({ group });
+      kernel.logger.warn({ group, attempt, err: (err as Error).message }, 'handler failed');
+      if (attempt < attempts) await sleep(Math.min(2000, 50 * 2 ** (attempt - 1)));
     }
-    return lastError;
-  };
+  }
+  return lastError;
+}
 
-  if (options.commit !== false) metrics.trackLag(group, options.topics);
+/**
+ * Handles decoded events as a batch with retries; when the batch still fails, tries each record
+ * once more on its own and dead-letters those that fail (one poison record never blocks the rest).
+ */
+async function handleOrDeadLetter<T>(kernel: Kernel, group: string, handle: SubscribeOptions<T>['handle'], events: Array<Delivered<T>>): Promise<void> {
+  const maxAttempts = kernel.config.handlerMaxAttempts;
+  const error = await tryHandle(kernel, group, handle, events, maxAttempts);
+  if (error === null) return;
+  for (const event of events) {
+    const single = events.length === 1 ? error : await tryHandle(kernel, group, handle, [event], 1);
+    if (single !== null) await deadLetter(kernel, group, event.record, single, events.length === 1 ? maxAttempts : maxAttempts + 1);
+  }
+}
+
+export async function subscribe<T>(kernel: Kernel, options: SubscribeOptions<T>): Promise<Consumer> {
+  const group = options.groupId;
+  if (options.commit !== false) kernel.metrics.trackLag(group, options.topics);
   return kernel.log.consume({
     groupId: group,
     topics: options.topics,
@@ -161,16 +175,8 @@ export async function subscribe<T>(kernel: Kernel, options: SubscribeOptions<T>)
     maxBatchSize: options.maxBatchSize,
     commit: options.commit,
     handleBatch: async (batch) => {
-      const events = await decode(batch.records);
-      if (events.length > 0) {
-        const error = await tryHandle(events, maxAttempts);
-        if (error !== null) {
-          for (const event of events) {
-            const single = events.length === 1 ? error : await tryHandle([event], 1);
-            if (single !== null) await deadLetter(event.record, single, events.length === 1 ? maxAttempts : maxAttempts + 1);
-          }
-        }
-      }
+      const events = await decode<T>(kernel, group, batch.records);
+      if (events.length > 0) await handleOrDeadLetter(kernel, group, (e) => options.handle(e), events);
       const last = batch.records[batch.records.length - 1];
       if (last) options.watermark?.advance(batch.topic, batch.partition, last.offset);
     },

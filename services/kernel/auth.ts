@@ -4,7 +4,7 @@
  * hashes only; the secret is shown once, when it is created or rotated.
  */
 import { timingSafeEqual } from 'node:crypto';
-import { publish, type Kernel } from './actor.ts';
+import type { Kernel } from './actor.ts';
 import { EntityView, latestPerKey } from './entity-view.ts';
 import { AppError, badRequest, notFound } from './errors.ts';
 import { newEventId, newKeyId, newLiveKey, sha256Hex } from './ids.ts';
@@ -61,7 +61,7 @@ function bearerOrBasicPassword(header: string | undefined): string | undefined {
   return colon >= 0 && colon < decoded.length - 1 ? decoded.slice(colon + 1) : undefined;
 }
 
-export const TENANT_NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
+const TENANT_NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 
 export class Auth {
   private readonly tenants = new EntityView<TenantRecord>(TOPICS.tenants);
@@ -157,8 +157,7 @@ export class Auth {
       max_concurrent_sandboxes: changes.max_concurrent_sandboxes !== undefined ? changes.max_concurrent_sandboxes : existing?.max_concurrent_sandboxes ?? null,
       created_at: existing?.created_at ?? now,
     };
-    const positions = await publish(this.kernel, TOPICS.tenants, [{ key: name, tenant: name, value: record }]);
-    await this.tenants.waitFor(positions, this.kernel.config.replyTimeout);
+    await this.tenants.append(this.kernel, [{ key: name, tenant: name, value: record }]);
     return record;
   }
 
@@ -200,7 +199,6 @@ export class Auth {
   }
 
   private async appendKey(record: ApiKeyRecord): Promise<void> {
-    const positions = await publish(this.kernel, TOPICS.apiKeys, [{ key: record.key_id, tenant: record.tenant, value: record }]);
-    await this.keys.waitFor(positions, this.kernel.config.replyTimeout);
+    await this.keys.append(this.kernel, [{ key: record.key_id, tenant: record.tenant, value: record }]);
   }
 }

@@ -1,7 +1,7 @@
 /**
  * Every setting of the service, read and validated in one place. Each entry names its
  * environment variable, default and meaning; the README's settings table lists exactly these
- * (test/unit/config.test.ts checks both directions). Bad configuration fails at start with a
+ * (test/unit/docs.test.ts checks both directions). Bad configuration fails at start with a
  * message naming the variable.
  */
 import path from 'node:path';

@@ -2,7 +2,8 @@ import ms from 'ms';
 
 /**
  * Durations in settings, spec documents and request bodies: strings such as `30s`, `5m`, `1h`,
- * `2d` (parsed by `ms`), or a bare integer, which means seconds (DECISIONS.md). Returns ms.
+ * `2d` (parsed by `ms`), or a bare integer, which means seconds (docs/decisions.md,
+ * "Durations"). Returns ms.
  */
 export function parseDuration(input: string | number): number {
   if (typeof input === 'number') {

@@ -1,6 +1,6 @@
 /**
  * The one catalog of error codes. Every error the API renders is an AppError with one of these
- * codes; docs/errors.md lists exactly these (test/unit/errors.test.ts checks both directions).
+ * codes; docs/errors.md lists exactly these (test/unit/docs.test.ts checks both directions).
  */
 
 export const ERROR_CODES = {

@@ -1,7 +1,7 @@
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 
 /** Ids in the forms of the spec. Random parts come from the CSPRNG. */
-export function hex(bytes: number): string {
+function hex(bytes: number): string {
   return randomBytes(bytes).toString('hex');
 }
 
@@ -14,8 +14,6 @@ export const scenarioIdOf = (experimentId: string, index: number): string => `sc
 /** A run (replica `replica`, 1-based) of a scenario: `run-<experiment hex>-<index + 1>-<replica>`. */
 export const runIdOf = (experimentId: string, index: number, replica: number): string => `run-${experimentId.replace(/^exp-/, '')}-${index + 1}-${replica}`;
 export const newScoreRuleId = (): string => `rule_${hex(8)}`;
-export const newDatasetId = (): string => `ds_${hex(8)}`;
-export const newAlertId = (): string => `alert_${hex(8)}`;
 export const newKeyId = (): string => `key_${hex(8)}`;
 export const newLiveKey = (): string => `svc_live_${hex(24)}`;
 export const newSandboxToken = (): string => `svc_sb_${hex(24)}`;

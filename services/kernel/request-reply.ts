@@ -1,53 +1,60 @@
 /**
- * Request/reply over the log. The api appends a request with a correlation id to
- * svc.sandbox-requests (keyed by sandbox id, so one sandbox's requests stay in order on one
- * partition) and awaits the reply with that id on svc.sandbox-replies, which every api process
- * follows from its tail. No reply in time is a 504 `timeout`, a clear HTTP error. Payloads and
- * bodies carry exact bytes that may hold secrets (command text, file contents, a create's
- * secrets), so they are sealed on the log with the server's secrets key.
+ * Request/reply over the log. A requester appends a request carrying a fresh correlation id to
+ * an exchange's request topic, under the caller's key (so one key's requests stay in order on
+ * one partition), and awaits the reply with that id on the exchange's reply topic, which every
+ * requesting process follows from its tail. No reply in time is a 504 `timeout`, a clear HTTP
+ * error. The shapes of requests and replies, and anything done to them on the way (sealing),
+ * are the caller's: the exchange says only where they go and how to read a reply's correlation id.
  */
 import { subscribe, publish, type Kernel } from './actor.ts';
 import { AppError } from './errors.ts';
-import type { SandboxReplied, SandboxRequested } from '../domain/events/sandbox-events.ts';
 import { newEventId } from './ids.ts';
 import type { Consumer } from './log/event-log.ts';
-import { Sealer, secretsKey } from './tenant-secrets.ts';
-import { TOPICS } from './topics.ts';
 
-/** One sealer per kernel: the api and the runners of one process share it. */
-const sealers = new WeakMap<Kernel, Sealer>();
-
-function sealer(kernel: Kernel): Sealer {
-  let s = sealers.get(kernel);
-  if (!s) sealers.set(kernel, (s = new Sealer(secretsKey(kernel.config))));
-  return s;
+/** A pair of topics that carry requests and their replies, and how to read a reply. */
+export interface Exchange<Reply> {
+  /** Where requests are appended, each under the key its caller gives. */
+  requests: string;
+  /** Where replies come back, keyed by their correlation id. */
+  replies: string;
+  /** The correlation id of the request a reply answers. */
+  correlationOf(reply: Reply): string;
+  /** Applied to a reply that a request awaits, as it arrives (e.g. to open a sealed body). @default the reply as it came */
+  receive?(reply: Reply): Reply;
 }
 
-const requestContext = (r: { sandbox_id: string; correlation_id: string }) => `sandbox-request/${r.sandbox_id}/${r.correlation_id}`;
-const replyContext = (r: { sandbox_id: string; correlation_id: string }) => `sandbox-reply/${r.sandbox_id}/${r.correlation_id}`;
-
-/** The runner's side: a request's payload, unsealed. */
-export function requestPayload(kernel: Kernel, request: SandboxRequested): Record<string, unknown> {
-  const json = request.payload_sealed ? sealer(kernel).open(request.payload_sealed, requestContext(request)) : request.payload;
-  return JSON.parse(json) as Record<string, unknown>;
+/** Where one request goes, and what the timeout error says went unanswered. */
+export interface Addressee {
+  key: string;
+  tenant: string;
+  /** The start of the timeout's message, which ends "within N s". */
+  unanswered: string;
 }
 
-export class Requester {
-  private readonly pending = new Map<string, (reply: SandboxReplied) => void>();
+/**
+ * The requesting side of one exchange. A process has one per exchange: its consumer group is
+ * `replies.<instance id>`, follows from the tail and commits nothing.
+ */
+export class Requester<Request extends object, Reply> {
+  private readonly pending = new Map<string, (reply: Reply) => void>();
   private consumer: Consumer | null = null;
 
-  constructor(private readonly kernel: Kernel) {}
+  constructor(
+    private readonly kernel: Kernel,
+    private readonly exchange: Exchange<Reply>,
+  ) {}
 
   async start(): Promise<void> {
-    this.consumer = await subscribe<SandboxReplied>(this.kernel, {
+    const { correlationOf, receive = (reply: Reply) => reply } = this.exchange;
+    this.consumer = await subscribe<Reply>(this.kernel, {
       groupId: `replies.${this.kernel.instanceId}`,
-      topics: [TOPICS.sandboxReplies],
+      topics: [this.exchange.replies],
       fromBeginning: false,
       commit: false,
       handle: async (events) => {
         for (const { value } of events) {
-          const waiting = value && this.pending.get(value.correlation_id);
-          if (waiting) waiting(value.body_sealed ? { ...value, body: sealer(this.kernel).openBytes(value.body_sealed, replyContext(value)), body_sealed: null } : value);
+          const waiting = value && this.pending.get(correlationOf(value));
+          if (waiting) waiting(receive(value));
         }
       },
     });
@@ -58,13 +65,13 @@ export class Requester {
     this.consumer = null;
   }
 
-  /** Sends one request and resolves with its reply. */
-  async request(tenant: string, sandboxId: string, op: string, payload: object, timeoutMs = this.kernel.config.replyTimeout): Promise<SandboxReplied> {
+  /** Appends the request `build` makes for a new correlation id, and resolves with its reply. */
+  async request(to: Addressee, build: (correlationId: string) => Request, timeoutMs = this.kernel.config.replyTimeout): Promise<Reply> {
     const correlationId = newEventId();
-    const reply = new Promise<SandboxReplied>((resolve, reject) => {
+    const reply = new Promise<Reply>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.pending.delete(correlationId);
-        reject(new AppError('timeout', `the sandbox runner did not answer ${op} for ${sandboxId} within ${Math.round(timeoutMs / 1000)} s`));
+        reject(new AppError('timeout', `${to.unanswered} within ${Math.round(timeoutMs / 1000)} s`));
       }, timeoutMs);
       this.pending.set(correlationId, (r) => {
         clearTimeout(timer);
@@ -72,26 +79,12 @@ export class Requester {
         resolve(r);
       });
     });
-    const ids = { sandbox_id: sandboxId, correlation_id: correlationId };
-    const request: SandboxRequested = { tenant, event_id: newEventId(), ts: Date.now(), ...ids, op, payload: '', payload_sealed: sealer(this.kernel).seal(JSON.stringify(payload), requestContext(ids)) };
-    await publish(this.kernel, TOPICS.sandboxRequests, [{ key: sandboxId, tenant, value: request }]);
+    await publish(this.kernel, this.exchange.requests, [{ key: to.key, tenant: to.tenant, value: build(correlationId) }]);
     return reply;
   }
 }
 
-/** The runner's side: answers one request. */
-export async function reply(kernel: Kernel, request: SandboxRequested, status: number, body: unknown, options: { error?: string; contentType?: string } = {}): Promise<void> {
-  const value: SandboxReplied = {
-    tenant: request.tenant,
-    event_id: newEventId(),
-    ts: Date.now(),
-    correlation_id: request.correlation_id,
-    sandbox_id: request.sandbox_id,
-    status,
-    error: options.error ?? null,
-    content_type: options.contentType ?? 'application/json',
-    body: Buffer.alloc(0),
-    body_sealed: sealer(kernel).seal(Buffer.isBuffer(body) ? body : JSON.stringify(body ?? null), replyContext(request)),
-  };
-  await publish(kernel, TOPICS.sandboxReplies, [{ key: request.correlation_id, tenant: request.tenant, value }]);
+/** The answering side: appends a reply to the exchange's reply topic, keyed by its correlation id. */
+export async function reply<Reply extends object>(kernel: Kernel, exchange: Exchange<Reply>, tenant: string, value: Reply): Promise<void> {
+  await publish(kernel, exchange.replies, [{ key: exchange.correlationOf(value), tenant, value }]);
 }

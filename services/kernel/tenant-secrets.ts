@@ -6,9 +6,8 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { publish, type Kernel } from './actor.ts';
-import { EntityView } from './entity-view.ts';
-
+import type { Kernel } from './actor.ts';
+import { EntityCatalog } from './entity-view.ts';
 import { newEventId } from './ids.ts';
 import { TOPICS } from './topics.ts';
 
@@ -55,19 +54,16 @@ export class Sealer {
   }
 }
 
-export class TenantSecrets {
-  private readonly view = new EntityView<TenantSecretChanged>(TOPICS.tenantSecrets);
+export class TenantSecrets extends EntityCatalog<TenantSecretChanged> {
   private sealer: Sealer | null = null;
 
-  constructor(private readonly kernel: Kernel) {}
-
-  async start(): Promise<void> {
-    this.sealer = new Sealer(secretsKey(this.kernel.config));
-    await this.view.start(this.kernel);
+  constructor(kernel: Kernel) {
+    super(kernel, TOPICS.tenantSecrets);
   }
 
-  stop(): Promise<void> {
-    return this.view.stop();
+  override async start(): Promise<void> {
+    this.sealer = new Sealer(secretsKey(this.kernel.config));
+    await super.start();
   }
 
   list(tenant: string): Array<{ name: string; updated_at: string }> {
@@ -93,8 +89,7 @@ export class TenantSecrets {
   async put(tenant: string, name: string, value: string | null): Promise<void> {
     const id = `${tenant}/${name}`;
     const record: TenantSecretChanged = { tenant, event_id: newEventId(), ts: Date.now(), name, ciphertext: value === null ? null : this.sealer!.seal(value, id) };
-    const positions = await publish(this.kernel, TOPICS.tenantSecrets, [{ key: id, tenant, value: record }]);
-    await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+    await this.append([{ key: id, tenant, value: record }]);
   }
 }
 

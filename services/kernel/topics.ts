@@ -12,7 +12,7 @@ import type { CleanupPolicy, TopicSpec } from './log/event-log.ts';
 import { isObject } from './is-object.ts';
 
 export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
-export const DEFAULT_TOPICS_DIR = join(REPO_ROOT, 'topics');
+const DEFAULT_TOPICS_DIR = join(REPO_ROOT, 'topics');
 
 /** Names of the topics the code uses. Each must be an entry of topics/catalog.yaml. */
 export const TOPICS = {
@@ -41,8 +41,6 @@ export const TOPICS = {
   schemas: '_schemas',
 } as const;
 
-export type TopicName = (typeof TOPICS)[keyof typeof TOPICS];
-
 const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
 
 /** `7d`, `24h`, `30m`, `45s`, `500ms`, `2w` to milliseconds; `forever` to null. */
@@ -60,7 +58,7 @@ const TOPIC_NAME = /^[A-Za-z0-9._-]{1,249}$/;
 const SCHEMA_NAME = /^[A-Za-z0-9._-]+$/;
 
 /** Validates the parsed catalog document; every error names the entry and the field. */
-export function parseCatalog(doc: unknown, source = 'catalog'): TopicSpec[] {
+function parseCatalog(doc: unknown, source = 'catalog'): TopicSpec[] {
   if (!isObject(doc) || !Array.isArray(doc.topics)) {
     throw new Error(`${source}: expected a top-level "topics" list`);
   }

@@ -49,7 +49,7 @@ export interface CreateRequest {
 }
 
 /** Where the agent bundle is mounted, read-only, in every sandbox of a snapshot agent. */
-export const AGENT_DIR = '/agent';
+const AGENT_DIR = '/agent';
 
 type State = SandboxChanged['state'];
 

@@ -18,7 +18,8 @@ import { AppError, toErrorBody } from '../kernel/errors.ts';
 import type { SandboxChanged, SandboxRequested } from '../domain/events/sandbox-events.ts';
 import { newEventId } from '../kernel/ids.ts';
 import type { Consumer } from '../kernel/log/event-log.ts';
-import { reply, requestPayload } from '../kernel/request-reply.ts';
+import { requestPayload } from '../domain/sandbox-requests.ts';
+import { reply } from './sandbox-replies.ts';
 import { Sealer, secretsKey, TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { LocalRuntime } from './runtime/local-runtime.ts';
@@ -147,7 +148,7 @@ export class SandboxRunnerService implements Service {
       .catch(async (err) => {
         const { status, body } = toErrorBody(err);
         if (status >= 500) this.kernel.logger.error({ err, sandbox_id: request.sandbox_id, op: request.op, tenant: request.tenant }, 'sandbox request failed');
-        await reply(this.kernel, request, status, body, { error: body.error });
+        await reply(this.kernel, this.sealer, request, status, body, { error: body.error });
       })
       .catch((err) => this.kernel.logger.error({ err, sandbox_id: request.sandbox_id }, 'cannot reply to a sandbox request'))
       .finally(() => {
@@ -158,10 +159,10 @@ export class SandboxRunnerService implements Service {
   }
 
   private async handle(request: SandboxRequested): Promise<void> {
-    const payload = requestPayload(this.kernel, request);
+    const payload = requestPayload(this.sealer, request);
     if (request.op === 'create') {
       const live = await this.create(request.tenant, request.sandbox_id, payload as unknown as CreateRequest);
-      await reply(this.kernel, request, 201, live.view());
+      await reply(this.kernel, this.sealer, request, 201, live.view());
       return;
     }
     const live = this.sandboxes.get(request.sandbox_id);
@@ -169,7 +170,7 @@ export class SandboxRunnerService implements Service {
     if (!live || live.tenant !== request.tenant) {
       if (request.op !== 'destroy') throw new AppError('not_found', `sandbox ${request.sandbox_id} not found`);
       await this.endUnrecorded(request, 'torn down; its end is recorded late');
-      return reply(this.kernel, request, 200, stopped.body);
+      return reply(this.kernel, this.sealer, request, 200, stopped.body);
     }
     let result: { status?: number; body: unknown; contentType?: string };
     try {
@@ -178,7 +179,7 @@ export class SandboxRunnerService implements Service {
       if (request.op !== 'destroy' || !(await this.endUnrecorded(request, `torn down, but its end could not be recorded: ${(err as Error).message}`))) throw err;
       result = stopped;
     }
-    await reply(this.kernel, request, result.status ?? 200, result.body, { contentType: result.contentType });
+    await reply(this.kernel, this.sealer, request, result.status ?? 200, result.body, { contentType: result.contentType });
   }
 
   /**

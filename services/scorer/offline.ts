@@ -85,7 +85,7 @@ export async function* storedRuns(store: Store, tenant: string, experimentId: st
 }
 
 /** The value of a run metric, or null when the run has none. */
-export function runMetric(run: StoredRun, outcome: RunOutcome, metric: RunMetric): number | null {
+function runMetric(run: StoredRun, outcome: RunOutcome, metric: RunMetric): number | null {
   const graded = run.verdict !== 'error';
   switch (metric) {
     case 'wall_ms':

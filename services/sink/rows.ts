@@ -12,13 +12,13 @@ import type { RunScored } from '../domain/events/run-events.ts';
 import type { ScoreRecorded } from '../domain/events/score-events.ts';
 
 /** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
-export function clickhouseTimeUs(us: number): string {
+function clickhouseTimeUs(us: number): string {
   const ms = Math.floor(us / 1000);
   const iso = new Date(ms).toISOString(); // 2026-01-31T12:00:00.123Z
   return `${iso.slice(0, 10)} ${iso.slice(11, 23)}${String(us - ms * 1000).padStart(3, '0')}`;
 }
 
-export function clickhouseTimeMs(ms: number): string {
+function clickhouseTimeMs(ms: number): string {
   const iso = new Date(ms).toISOString();
   return `${iso.slice(0, 10)} ${iso.slice(11, 23)}`;
 }

@@ -4,7 +4,8 @@
  * projections, and this test holds both to the code:
  *
  * - the parties a topic declares are exactly the folders under services/ whose code names it
- *   (`TOPICS.<key>`), so a new reader or writer cannot go unlisted;
+ *   (`TOPICS.<key>`; a name in domain/ or queries/ counts for the actors importing that file), so
+ *   a new reader or writer cannot go unlisted;
  * - the sink projects exactly the topics that declare a table, and declares itself their consumer;
  * - the generated part of docs/architecture.md is what the catalog draws today.
  *
@@ -18,6 +19,7 @@ import { parse } from 'yaml';
 import { TOPICS } from '../../services/kernel/topics.ts';
 import { PROJECTIONS } from '../../services/sink/service.ts';
 import { REPO } from '../helpers/server.ts';
+import { relativeImports } from '../helpers/source-imports.ts';
 
 interface Flow {
   name: string;
@@ -43,26 +45,37 @@ function flows(): Flow[] {
   }));
 }
 
-/** Topic name -> the folders under services/ whose source names it through TOPICS. */
+/** Every source file under services/, by path relative to services/. */
+function sources(dir = SERVICES, found = new Map<string, string>()): Map<string, string> {
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const full = path.join(dir, entry.name);
+    if (entry.isDirectory()) sources(full, found);
+    else if (/\.(ts|cjs|mjs)$/.test(entry.name)) found.set(path.relative(SERVICES, full).split(path.sep).join('/'), readFileSync(full, 'utf8'));
+  }
+  return found;
+}
+
+/**
+ * Topic name -> the parties whose code names it through TOPICS. A shared layer (domain/,
+ * queries/) is no party: a topic it names counts for every actor folder that imports that file.
+ */
 function partiesInCode(): Map<string, Set<string>> {
   const byKey = new Map(Object.entries(TOPICS));
+  const files = sources();
+  files.delete('kernel/topics.ts');
+  const shared = (file: string) => file.startsWith('domain/') || file.startsWith('queries/');
+  const importers = (target: string) =>
+    [...files].filter(([from, text]) => relativeImports(text).some((spec) => path.posix.join(path.posix.dirname(from), spec) === target)).map(([from]) => from);
   const found = new Map<string, Set<string>>();
-  const walk = (dir: string) => {
-    for (const entry of readdirSync(dir, { withFileTypes: true })) {
-      const full = path.join(dir, entry.name);
-      if (entry.isDirectory()) walk(full);
-      else if (/\.(ts|cjs|mjs)$/.test(entry.name) && full !== path.join(SERVICES, 'kernel', 'topics.ts')) {
-        const party = path.relative(SERVICES, full).split(path.sep)[0];
-        for (const [, key] of readFileSync(full, 'utf8').matchAll(/\bTOPICS\.([A-Za-z]+)\b/g)) {
-          const name = byKey.get(key);
-          assert.ok(name, `${path.relative(REPO, full)} names TOPICS.${key}, which does not exist`);
-          if (!found.has(name)) found.set(name, new Set());
-          found.get(name)!.add(party);
-        }
-      }
+  for (const [file, text] of files) {
+    for (const [, key] of text.matchAll(/\bTOPICS\.([A-Za-z]+)\b/g)) {
+      const name = byKey.get(key);
+      assert.ok(name, `services/${file} names TOPICS.${key}, which does not exist`);
+      const by = shared(file) ? importers(file).filter((f) => !shared(f)) : [file];
+      if (!found.has(name)) found.set(name, new Set());
+      for (const f of by) found.get(name)!.add(f.split('/')[0]);
     }
-  };
-  walk(SERVICES);
+  }
   return found;
 }
 

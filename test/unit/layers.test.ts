@@ -19,6 +19,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { parse } from '@babel/parser';
+import { relativeImports } from '../helpers/source-imports.ts';
 import { REPO } from '../helpers/server.ts';
 
 const SERVICES = path.join(REPO, 'services');
@@ -30,9 +31,7 @@ const SOURCE = /\.(ts|mts|cts|js|mjs|cjs)$/;
  * Arrows against the order that exist today and are to be removed by issue 12's later slices.
  * Each must still exist (the test fails when one is gone, so this list only shrinks).
  */
-const KNOWN: ReadonlyArray<{ from: string; import: string; why: string }> = [
-  { from: 'kernel/request-reply.ts', import: '../domain/events/sandbox-events.ts', why: 'request/reply is still hard-wired to the sandbox request/reply shapes; it becomes generic' },
-];
+const KNOWN: ReadonlyArray<{ from: string; import: string; why: string }> = [];
 
 /** The layer of a file, by its path relative to services/: 'top' for main.ts and cli.ts. */
 function layerOf(rel: string): string {
@@ -41,19 +40,6 @@ function layerOf(rel: string): string {
   const folder = parts[0];
   if (folder in RANK || ACTORS.has(folder)) return folder;
   throw new Error(`services/${rel}: the folder services/${folder}/ has no layer in test/unit/layers.test.ts`);
-}
-
-/** The relative import specifiers of a source text: static import/export, import(), require(). */
-export function relativeImports(source: string): string[] {
-  const found: string[] = [];
-  const patterns = [
-    /\bfrom\s*(['"])(\.{1,2}\/[^'"]+)\1/g,
-    /\bimport\s*\(\s*(['"])(\.{1,2}\/[^'"]+)\1\s*\)/g,
-    /\brequire\s*\(\s*(['"])(\.{1,2}\/[^'"]+)\1\s*\)/g,
-    /^\s*import\s*(['"])(\.{1,2}\/[^'"]+)\1/gm,
-  ];
-  for (const pattern of patterns) for (const m of source.matchAll(pattern)) found.push(m[2]);
-  return found;
 }
 
 /** Why `from` may not import `to` (both relative to services/), or null when it may. */

@@ -4,13 +4,13 @@
  *
  * Names are chosen by callers and scoped per tenant (another tenant's name is not found); snapshot
  * ids are global, `snap_<hex>` derived from tenant, name, version and digest, so a spec's
- * `snapshot_id` pins one row and so one content (DECISIONS.md). A deleted row stays on the topic,
- * flagged, so a version number or id is never handed out twice; its blob is freed when no live
- * row of any tenant uses the same bytes.
+ * `snapshot_id` pins one row and so one content (docs/decisions.md, "Agent snapshot ids"). A
+ * deleted row stays on the topic, flagged, so a version number or id is never handed out twice;
+ * its blob is freed when no live row of any tenant uses the same bytes.
  */
-import { publish, type Kernel } from '../../kernel/actor.ts';
+import type { Kernel } from '../../kernel/actor.ts';
 import { BundleStore, type ReceivedBundle } from '../../kernel/bundles.ts';
-import { EntityView, latestPerKey } from '../../kernel/entity-view.ts';
+import { EntityCatalog } from '../../kernel/entity-view.ts';
 import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import { AppError, badRequest, notFound } from '../../kernel/errors.ts';
 import type { SpecDocument } from '../../domain/spec.ts';
@@ -20,7 +20,6 @@ import { KeyedQueue } from '../../kernel/keyed-queue.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { AgentMetadata } from '../agent-metadata.ts';
 
-export const SNAPSHOT_ID = /^snap_[0-9a-f]{32}$/;
 const RETENTION_SWEEP_MS = 60 * 60_000;
 
 /** The AgentSnapshot resource of the spec. */
@@ -54,25 +53,22 @@ export function snapshotView(row: AgentSnapshotChanged): AgentSnapshot {
   };
 }
 
-export class AgentCatalog {
+export class AgentCatalog extends EntityCatalog<AgentSnapshotChanged> {
   readonly bundles: BundleStore;
   /** tenant -> name -> every row of that name (deleted ones too), ascending by version. */
   private readonly byTenant = new Map<string, Map<string, AgentSnapshotChanged[]>>();
-  private readonly view = new EntityView<AgentSnapshotChanged>(
-    TOPICS.agents,
-    latestPerKey((previous, next) => this.index(previous, next)),
-  );
   /** Uploads of one name take versions in turn; blob writes and frees of one digest never overlap. */
   private readonly queue = new KeyedQueue();
   private sweepTimer: NodeJS.Timeout | null = null;
 
-  constructor(private readonly kernel: Kernel) {
+  constructor(kernel: Kernel) {
+    super(kernel, TOPICS.agents);
     this.bundles = new BundleStore(kernel.config.blobDir);
   }
 
-  async start(): Promise<void> {
+  override async start(): Promise<void> {
     await this.bundles.sweepTemporary();
-    await this.view.start(this.kernel);
+    await super.start();
     if (this.kernel.config.snapshotRetention !== null) {
       const every = Math.min(RETENTION_SWEEP_MS, this.kernel.config.snapshotRetention);
       this.sweepTimer = setInterval(() => void this.expire().catch((err) => this.kernel.logger.warn({ err }, 'snapshot retention sweep failed')), every);
@@ -80,12 +76,12 @@ export class AgentCatalog {
     }
   }
 
-  async stop(): Promise<void> {
+  override async stop(): Promise<void> {
     if (this.sweepTimer) clearInterval(this.sweepTimer);
-    await this.view.stop();
+    await super.stop();
   }
 
-  private index(previous: AgentSnapshotChanged | undefined, next: AgentSnapshotChanged | null): void {
+  protected override changed(previous: AgentSnapshotChanged | undefined, next: AgentSnapshotChanged | null): void {
     const row = next ?? previous;
     if (!row) return;
     const names = this.byTenant.get(row.tenant) ?? new Map<string, AgentSnapshotChanged[]>();
@@ -169,10 +165,7 @@ export class AgentCatalog {
 
   /** A row by its global id: 404 when unknown or deleted, 403 when another tenant's. */
   byId(tenant: string, id: string): AgentSnapshotChanged {
-    const row = this.view.entities.get(id);
-    if (!row || row.deleted) throw notFound('snapshot', id);
-    if (row.tenant !== tenant) throw new AppError('forbidden', `snapshot ${id} belongs to another tenant`);
-    return row;
+    return this.ownedBy(tenant, id, 'snapshot', (row) => row.deleted);
   }
 
   /** Whether `id` is a live snapshot of this tenant (a spec's `snapshot_id` check). */
@@ -242,7 +235,6 @@ export class AgentCatalog {
   }
 
   private async put(row: AgentSnapshotChanged): Promise<void> {
-    const positions = await publish(this.kernel, TOPICS.agents, [{ key: row.id, tenant: row.tenant, value: row }]);
-    await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+    await this.append([{ key: row.id, tenant: row.tenant, value: row }]);
   }
 }

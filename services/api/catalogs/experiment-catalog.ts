@@ -4,10 +4,10 @@
  * write can await the sink before answering (the list and history read ClickHouse). The api
  * writes only `created`; the aggregator every later state, which `waitForStatus` observes.
  */
-import { publish, type Kernel } from '../../kernel/actor.ts';
+import type { Delivered, Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
-import { EntityView } from '../../kernel/entity-view.ts';
-import { AppError, notFound } from '../../kernel/errors.ts';
+import { EntityCatalog } from '../../kernel/entity-view.ts';
+import { AppError } from '../../kernel/errors.ts';
 import type { RecordPosition } from '../../kernel/log/event-log.ts';
 import type { ExperimentChanged, ExperimentOptions, ExperimentStatus } from '../../domain/events/experiment-events.ts';
 import type { Params } from '../../domain/params.ts';
@@ -28,12 +28,20 @@ export interface ExperimentPlan {
 
 const DEFAULT_SCORING: SpecDocument['scoring'] = { pass_threshold: SPEC_DEFAULTS.passThreshold, replica_aggregation: { strategy: 'majority' } };
 
-export class ExperimentCatalog {
+export class ExperimentCatalog extends EntityCatalog<ExperimentChanged> {
+  /** Where each experiment's latest event sits, for awaiting the experiments table. */
   private readonly positions = new Map<string, RecordPosition>();
-  private readonly waiters = new Set<{ id: string; statuses: readonly ExperimentStatus[]; resolve: (e: ExperimentChanged | null) => void }>();
   /** Parsed pinned documents by experiment id (the yaml never changes once queued). */
   private readonly documents = new Map<string, SpecDocument>();
-  private readonly view = new EntityView<ExperimentChanged>(TOPICS.experiments, (entities, { record, value }) => {
+
+  constructor(
+    kernel: Kernel,
+    private readonly specs: SpecCatalog,
+  ) {
+    super(kernel, TOPICS.experiments);
+  }
+
+  protected override fold(entities: Map<string, ExperimentChanged>, { record, value }: Delivered<ExperimentChanged>): void {
     if (record.key === null) return;
     if (value === null) {
       entities.delete(record.key);
@@ -43,38 +51,20 @@ export class ExperimentCatalog {
     }
     entities.set(record.key, value);
     this.positions.set(record.key, { topic: record.topic, partition: record.partition, offset: record.offset });
-    for (const waiter of this.waiters) if (waiter.id === record.key && waiter.statuses.includes(value.status)) waiter.resolve(value);
-  });
-
-  constructor(
-    private readonly kernel: Kernel,
-    private readonly specs: SpecCatalog,
-  ) {}
-
-  start(): Promise<void> {
-    return this.view.start(this.kernel);
-  }
-
-  stop(): Promise<void> {
-    return this.view.stop();
   }
 
   get(id: string): ExperimentChanged | undefined {
     return this.view.entities.get(id);
   }
 
-  /** An experiment of the caller's tenant: 404 when unknown, 403 when another tenant's (exp- ids are global, DECISIONS.md). */
+  /** An experiment of the caller's tenant: 404 when unknown, 403 when another tenant's (exp- ids are global, docs/decisions.md, "Names and ids"). */
   owned(principal: Principal, id: string): ExperimentChanged {
-    const experiment = this.view.entities.get(id);
-    if (!experiment) throw notFound('experiment', id);
-    if (experiment.tenant !== principal.tenant) throw new AppError('forbidden', `experiment ${id} belongs to another tenant`);
-    return experiment;
+    return this.ownedBy(principal.tenant, id, 'experiment');
   }
 
   /** Appends an experiment's state; on return this view and the experiments table both show it. */
   async put(experiment: ExperimentChanged): Promise<void> {
-    const positions = await publish(this.kernel, TOPICS.experiments, [{ key: experiment.experiment_id, tenant: experiment.tenant, value: experiment }]);
-    await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+    const positions = await this.append([{ key: experiment.experiment_id, tenant: experiment.tenant, value: experiment }]);
     await this.kernel.visibility.waitFor(positions, this.kernel.config.replyTimeout);
   }
 
@@ -84,23 +74,7 @@ export class ExperimentCatalog {
    * reply timeout.
    */
   async waitForStatus(id: string, statuses: readonly ExperimentStatus[]): Promise<ExperimentChanged | null> {
-    const current = this.view.entities.get(id);
-    const reached =
-      current && statuses.includes(current.status)
-        ? current
-        : await new Promise<ExperimentChanged | null>((resolve) => {
-            const waiter = {
-              id,
-              statuses,
-              resolve: (e: ExperimentChanged | null) => {
-                clearTimeout(timer);
-                this.waiters.delete(waiter);
-                resolve(e);
-              },
-            };
-            const timer = setTimeout(() => waiter.resolve(null), this.kernel.config.replyTimeout);
-            this.waiters.add(waiter);
-          });
+    const reached = await this.waitUntil(id, (e) => statuses.includes(e.status));
     const position = this.positions.get(id);
     if (reached && position) await this.kernel.visibility.waitFor([position], this.kernel.config.replyTimeout);
     return reached;

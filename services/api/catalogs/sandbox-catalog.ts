@@ -4,7 +4,7 @@
  * sandboxes are dropped a while after their last event, so memory follows the live sandboxes.
  */
 import { subscribe, type Kernel } from '../../kernel/actor.ts';
-import { EntityView, latestPerKey } from '../../kernel/entity-view.ts';
+import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError, notFound } from '../../kernel/errors.ts';
 import type { SandboxChanged, SandboxEvent } from '../../domain/events/sandbox-events.ts';
 import type { Consumer, RecordPosition } from '../../kernel/log/event-log.ts';
@@ -24,28 +24,20 @@ export interface SandboxStream {
   endedAt: number | null;
 }
 
-export class SandboxCatalog {
+export class SandboxCatalog extends EntityCatalog<SandboxChanged> {
   private readonly byToken = new Map<string, SandboxChanged>();
-  readonly view = new EntityView<SandboxChanged>(
-    TOPICS.sandboxes,
-    latestPerKey((previous, next) => {
-      if (previous) this.byToken.delete(previous.token_hash);
-      if (!next) return;
-      if (next.state !== 'stopped' && next.state !== 'error') this.byToken.set(next.token_hash, next);
-      for (const waiter of this.stateWaiters) if (waiter.id === next.sandbox_id && waiter.states.includes(next.state)) waiter.resolve();
-    }),
-  );
-  private stateWaiters = new Set<{ id: string; states: string[]; resolve: () => void }>();
   private readonly streams = new Map<string, SandboxStream>();
   private readonly streamWatermark = new Watermark('the sandbox event streams');
   private consumer: Consumer | null = null;
   private sweeper: NodeJS.Timeout | null = null;
   private sealer: Sealer | null = null;
 
-  constructor(private readonly kernel: Kernel) {}
+  constructor(kernel: Kernel) {
+    super(kernel, TOPICS.sandboxes);
+  }
 
-  async start(): Promise<void> {
-    await this.view.start(this.kernel);
+  override async start(): Promise<void> {
+    await super.start();
     this.consumer = await subscribe<SandboxEvent>(this.kernel, {
       groupId: `streams.${this.kernel.instanceId}`,
       topics: [TOPICS.sandboxEvents],
@@ -60,10 +52,16 @@ export class SandboxCatalog {
     this.sweeper.unref();
   }
 
-  async stop(): Promise<void> {
+  override async stop(): Promise<void> {
     if (this.sweeper) clearInterval(this.sweeper);
     await this.consumer?.stop();
-    await this.view.stop();
+    await super.stop();
+  }
+
+  /** A live sandbox's token hash finds it; a stopped or failed one's no longer does. */
+  protected override changed(previous: SandboxChanged | undefined, next: SandboxChanged | null): void {
+    if (previous) this.byToken.delete(previous.token_hash);
+    if (next && next.state !== 'stopped' && next.state !== 'error') this.byToken.set(next.token_hash, next);
   }
 
   waitFor(positions: RecordPosition[]): Promise<void> {
@@ -74,21 +72,8 @@ export class SandboxCatalog {
    * Resolves once the view shows the sandbox in one of `states` (read-your-writes after the
    * runner's reply: the runner wrote the entity event before replying), or after the timeout.
    */
-  waitForState(id: string, states: Array<SandboxChanged['state']>): Promise<void> {
-    if (states.includes(this.view.entities.get(id)?.state as SandboxChanged['state'])) return Promise.resolve();
-    return new Promise((resolve) => {
-      const waiter = {
-        id,
-        states: states as string[],
-        resolve: () => {
-          clearTimeout(timer);
-          this.stateWaiters.delete(waiter);
-          resolve();
-        },
-      };
-      const timer = setTimeout(waiter.resolve, this.kernel.config.replyTimeout);
-      this.stateWaiters.add(waiter);
-    });
+  async waitForState(id: string, states: Array<SandboxChanged['state']>): Promise<void> {
+    await this.waitUntil(id, (sandbox) => states.includes(sandbox.state));
   }
 
   /**
@@ -126,7 +111,8 @@ export class SandboxCatalog {
 
   /**
    * A live sandbox the caller may use: 404 when unknown or gone, 403 when another tenant's
-   * (server-made ids are global, DECISIONS.md), 403 for a sandbox token of another sandbox.
+   * (server-made ids are global: docs/decisions.md, "Names and ids"), 403 for a sandbox token of
+   * another sandbox.
    */
   owned(principal: Principal, id: string, options: { allowGone?: boolean } = {}): SandboxChanged {
     const sandbox = this.view.entities.get(id);

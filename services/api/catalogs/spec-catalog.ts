@@ -1,11 +1,11 @@
 /**
  * The stored specs of every tenant, versioned, as the api sees them: an EntityView of the
  * compacted svc.specs topic, indexed by tenant and spec id. Spec ids are names chosen by callers,
- * so they are scoped per tenant (DECISIONS.md): another tenant's spec of the same id is simply
- * not found.
+ * so they are scoped per tenant (docs/decisions.md, "Names and ids"): another tenant's spec of
+ * the same id is simply not found.
  */
-import { publish, type Kernel } from '../../kernel/actor.ts';
-import { EntityView } from '../../kernel/entity-view.ts';
+import type { Delivered, Kernel } from '../../kernel/actor.ts';
+import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError, notFound } from '../../kernel/errors.ts';
 import type { SpecStored } from '../../domain/events/spec-events.ts';
 import { newEventId } from '../../kernel/ids.ts';
@@ -26,10 +26,22 @@ export interface SpecRecord {
 
 const key = (tenant: string, id: string, version: number) => `${tenant}/${id}/${version}`;
 
-export class SpecCatalog {
+export class SpecCatalog extends EntityCatalog<SpecStored> {
   /** tenant -> spec id -> versions in ascending order. */
   private readonly byTenant = new Map<string, Map<string, SpecStored[]>>();
-  private readonly view = new EntityView<SpecStored>(TOPICS.specs, (entities, { record, value }) => {
+  /** Parsed documents, so reads do not parse the YAML again. */
+  private readonly parsed = new WeakMap<SpecStored, SpecDocument>();
+  private readonly queue = new KeyedQueue();
+
+  constructor(
+    kernel: Kernel,
+    private readonly agents: AgentCatalog,
+  ) {
+    super(kernel, TOPICS.specs);
+  }
+
+  /** Entities by `tenant/id/version`; a deletion marker drops every version of its spec. */
+  protected override fold(entities: Map<string, SpecStored>, { record, value }: Delivered<SpecStored>): void {
     if (record.key === null) return;
     const [tenant, id] = record.key.split('/');
     const specs = this.byTenant.get(tenant) ?? new Map<string, SpecStored[]>();
@@ -46,23 +58,6 @@ export class SpecCatalog {
     }
     entities.set(record.key, value);
     specs.set(id, [...(specs.get(id) ?? []).filter((v) => v.version !== value.version), value].sort((a, b) => a.version - b.version));
-  });
-
-  /** Parsed documents, so reads do not parse the YAML again. */
-  private readonly parsed = new WeakMap<SpecStored, SpecDocument>();
-  private readonly queue = new KeyedQueue();
-
-  constructor(
-    private readonly kernel: Kernel,
-    private readonly agents: AgentCatalog,
-  ) {}
-
-  start(): Promise<void> {
-    return this.view.start(this.kernel);
-  }
-
-  stop(): Promise<void> {
-    return this.view.stop();
   }
 
   /** Validates and stores a new version of a spec; it is readable when this returns. */
@@ -84,8 +79,7 @@ export class SpecCatalog {
       const versions = this.byTenant.get(tenant)?.get(doc.id) ?? [];
       const version = (versions[versions.length - 1]?.version ?? 0) + 1;
       const stored: SpecStored = { tenant, event_id: newEventId(), ts: Date.now(), spec_id: doc.id, version, yaml, deleted: false };
-      const positions = await publish(this.kernel, TOPICS.specs, [{ key: key(tenant, doc.id, version), tenant, value: stored }]);
-      await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+      await this.append([{ key: key(tenant, doc.id, version), tenant, value: stored }]);
       this.parsed.set(this.byTenant.get(tenant)?.get(doc.id)?.find((v) => v.version === version) ?? stored, doc);
       return this.record(stored, doc);
     });
@@ -114,11 +108,10 @@ export class SpecCatalog {
     const versions = this.byTenant.get(tenant)?.get(id);
     if (!versions || versions.length === 0) throw notFound('spec', id);
     const marker: SpecStored = { tenant, event_id: newEventId(), ts: Date.now(), spec_id: id, version: 0, yaml: '', deleted: true };
-    const positions = await publish(this.kernel, TOPICS.specs, [
+    await this.append([
       { key: `${tenant}/${id}/deleted`, tenant, value: marker },
       ...versions.map((v) => ({ key: key(tenant, id, v.version), tenant, value: null })),
     ]);
-    await this.view.waitFor(positions, this.kernel.config.replyTimeout);
   }
 
   private document(stored: SpecStored): SpecDocument {

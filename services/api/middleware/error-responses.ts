@@ -41,7 +41,7 @@ export function renderError(ctx: Context, err: unknown, logger: Logger): void {
   ctx.body = { message: error.code === 'internal' ? `internal error (request ${ctx.state.requestId})` : error.message, error: error.code };
 }
 
-export function toAppError(err: unknown): AppError {
+function toAppError(err: unknown): AppError {
   if (err instanceof AppError) return err;
   const status = (err as { status?: unknown; statusCode?: unknown })?.status ?? (err as { statusCode?: unknown })?.statusCode;
   if (typeof status === 'number' && HTTP_TO_CODE[status]) {

@@ -1,6 +1,6 @@
 import type { Context, Next } from 'koa';
-import { publish, type Kernel } from '../../kernel/actor.ts';
-import { EntityView } from '../../kernel/entity-view.ts';
+import type { Kernel } from '../../kernel/actor.ts';
+import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
 import { renderError } from './error-responses.ts';
 import { createHash } from 'node:crypto';
@@ -30,18 +30,11 @@ const HEADER_VALUE = /^[\x21-\x7e]{1,255}$/;
  * the log, the cache survives a restart. Reusing a key for a different request is a 409, as is
  * a retry that arrives while the first is still running.
  */
-export class Idempotency {
-  private readonly view = new EntityView<RecordedResponse>(TOPICS.idempotency);
+export class Idempotency extends EntityCatalog<RecordedResponse> {
   private readonly inFlight = new Set<string>();
 
-  constructor(private readonly kernel: Kernel) {}
-
-  start(): Promise<void> {
-    return this.view.start(this.kernel);
-  }
-
-  stop(): Promise<void> {
-    return this.view.stop();
+  constructor(kernel: Kernel) {
+    super(kernel, TOPICS.idempotency);
   }
 
   middleware() {
@@ -88,8 +81,7 @@ export class Idempotency {
           content_type: ctx.response.get('Content-Type') || 'application/json; charset=utf-8',
           body: payload,
         };
-        const positions = await publish(this.kernel, TOPICS.idempotency, [{ key: mapKey, tenant: principal.tenant, value: record }]);
-        await this.view.waitFor(positions, this.kernel.config.replyTimeout);
+        await this.append([{ key: mapKey, tenant: principal.tenant, value: record }]);
       } finally {
         this.inFlight.delete(mapKey);
       }

@@ -7,7 +7,7 @@ import type { Context, Next } from 'koa';
 import type { Kernel } from '../../kernel/actor.ts';
 import { PLANS, type ApiKeyRecord, type Auth, type Plan, type Principal } from '../../kernel/auth.ts';
 import { AppError, badRequest, notFound } from '../../kernel/errors.ts';
-import { checkQueryParams, decodeCursor, encodeCursor, parseLimit } from '../pagination.ts';
+import { checkQueryParams, decodeCursor, encodeCursor, pageOf, parseLimit } from '../pagination.ts';
 import { jsonBody } from '../request-body.ts';
 
 function requireAdmin(ctx: Context, next: Next) {
@@ -95,7 +95,7 @@ export function adminRouter(kernel: Kernel, auth: Auth): Router {
     );
     const items = rows.slice(0, limit);
     const last = rows.length > limit ? items[items.length - 1] : null;
-    ctx.body = { items, ...(last ? { next_cursor: encodeCursor([last.failed_at, last.topic, String(last.partition), String(last.offset)]) } : {}), count: items.length };
+    ctx.body = pageOf(items, last && encodeCursor([last.failed_at, last.topic, String(last.partition), String(last.offset)]));
   });
 
   return router;

@@ -10,6 +10,7 @@ import { AppError } from '../../kernel/errors.ts';
 import { encodeOtlpResponse, otlpJsonResponse } from '../traces/otlp-mapping.ts';
 import type { SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
 import { type TraceIngest, untagged } from '../traces/ingest.ts';
+import { postedBody } from '../traces/ingest-http.ts';
 
 /** Most bytes of an OTLP request body, after decompression. */
 const MAX_BODY_BYTES = 16 * 1024 * 1024;
@@ -26,7 +27,7 @@ export function otlpRouter(ingest: TraceIngest, sandboxes: SandboxCatalog): Rout
     const format = type === 'application/x-protobuf' ? 'otlp-protobuf' : 'otlp-json';
     // A sandbox token posts as its sandbox (tagged, its secrets redacted), a key as its tenant.
     const source = principal.kind === 'sandbox' ? sandboxes.traceSource(sandboxes.owned(principal, principal.keyId)) : untagged(principal.tenant);
-    const decoded = await ingest.ingest(ctx, { endpoint: '/otel/v1/traces', format, maxBodyBytes: MAX_BODY_BYTES, keyId: principal.keyId, source });
+    const decoded = await ingest.ingest(postedBody(ctx), { endpoint: '/otel/v1/traces', format, maxBodyBytes: MAX_BODY_BYTES, keyId: principal.keyId, source });
 
     const { rejected, errors } = decoded;
     const partial = rejected > 0 ? { rejectedSpans: rejected, errorMessage: errors.join('; ') } : null;

@@ -1,205 +1,16 @@
 /**
  * POST /v1/traces: events without a sandbox, stamped with the key's tenant (traces/ingest.ts).
  * GET /v1/traces: the tenant's trace events from ClickHouse, oldest first, keyset-paginated on
- * (Timestamp, EventId), or streamed as NDJSON.
+ * (Timestamp, EventId), or streamed as NDJSON (traces/trace-event-reads.ts).
  */
 import Router from '@koa/router';
-import type { Context } from 'koa';
 import type { Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
-import { badRequest } from '../../kernel/errors.ts';
-import { checkQueryParams, decodeCursor, encodeCursor, ndjsonStream, parseLimit, wantsNdjson } from '../pagination.ts';
-import type { Store } from '../../kernel/store/store.ts';
-import { MAX_INGEST_BODY_BYTES, requireJson, type TraceIngest, untagged } from '../traces/ingest.ts';
-import { EVENT_TYPES, formatTimestampUs, parseTimestampUs } from '../traces/validate-events.ts';
-
-/**
- * GET /v1/sandboxes/:id/trace: every trace event of a sandbox (oldest first, up to 10,000) and
- * the spec's metrics over its tool events (tool_use and tool_call; a span's start and end count
- * once, by its end).
- */
-export async function sandboxTrace(kernel: Kernel, tenant: string, sandboxId: string) {
-  const params = { tenant, sandbox: sandboxId };
-  const where = 'TenantId = {tenant:String} AND SandboxId = {sandbox:String}';
-  // One scan: a row per tool, and the total row (is_total) with the overall p95.
-  const [rows, groups] = await Promise.all([
-    kernel.store.query<TraceRow>(`SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${where} ORDER BY Timestamp, EventId LIMIT 1 BY Timestamp, EventId LIMIT 10000`, params),
-    kernel.store.query<{ tool: string; is_total: number; n: string; mean_ms: number; errors: string; p95_ms: number }>(
-      `SELECT SpanName AS tool, toUInt8(grouping(SpanName)) AS is_total, count() AS n, avg(Duration) / 1e6 AS mean_ms,
-              countIf(StatusCode = 'Error') AS errors, quantile(0.95)(Duration) / 1e6 AS p95_ms
-       FROM (SELECT * FROM trace_events WHERE ${where} AND EventType IN ('tool_use', 'tool_call') AND Phase != 'start' LIMIT 1 BY EventId)
-       GROUP BY GROUPING SETS ((SpanName), ()) ORDER BY is_total, tool`,
-      params,
-    ),
-  ]);
-  const breakdown: Record<string, { count: number; mean_ms: number; error_rate: number }> = {};
-  for (const t of groups.filter((g) => !g.is_total)) {
-    const n = Number(t.n);
-    breakdown[t.tool] = { count: n, mean_ms: t.mean_ms, error_rate: Number(t.errors) / n };
-  }
-  const totals = groups.find((g) => g.is_total);
-  const total = Number(totals?.n ?? 0);
-  return {
-    events: rows.map(traceEventFromRow),
-    metrics: {
-      total_tool_calls: total,
-      tool_success_rate: total === 0 ? 1 : (total - Number(totals!.errors)) / total,
-      mean_duration_ms: total === 0 ? 0 : totals!.mean_ms,
-      p95_duration_ms: total === 0 ? 0 : totals!.p95_ms,
-      tool_breakdown: breakdown,
-    },
-  };
-}
-
-const FILTERS = ['experiment_id', 'sandbox_id', 'agent', 'event_type', 'tool', 'since'] as const;
-
-export interface TraceRow {
-  ts_us: string;
-  AgentSnapshotId: string;
-  ScenarioId: string;
-  RunId: string;
-  EventId: string;
-  EventType: string;
-  SpanName: string;
-  Phase: string;
-  TraceId: string;
-  SpanId: string;
-  ParentSpanId: string;
-  DurationMs: string;
-  StatusCode: string;
-  Input: string;
-  Output: string;
-  HasCost: number;
-  InputTokens: string;
-  OutputTokens: string;
-  CacheReadTokens: string;
-  ReasoningTokens: string;
-  CostModel: string;
-  EstimatedUsd: number;
-  SpanAttributes: Record<string, string>;
-  SandboxId: string | null;
-  ExperimentId: string;
-  ServiceName: string;
-  TenantId: string;
-}
-
-/** The API shape of a stored trace event. */
-export function traceEventFromRow(row: TraceRow) {
-  return {
-    event_id: row.EventId,
-    ts: formatTimestampUs(Number(row.ts_us)),
-    event_type: row.EventType,
-    tool: row.SpanName,
-    phase: row.Phase,
-    trace_id: row.TraceId,
-    span_id: row.SpanId,
-    parent_span_id: row.ParentSpanId === '' ? null : row.ParentSpanId,
-    duration_ms: Number(row.DurationMs),
-    status: row.StatusCode === 'Error' ? 'error' : 'ok',
-    ...(row.HasCost
-      ? {
-          cost: {
-            input_tokens: Number(row.InputTokens),
-            output_tokens: Number(row.OutputTokens),
-            cache_read_tokens: Number(row.CacheReadTokens),
-            reasoning_tokens: Number(row.ReasoningTokens),
-            model: row.CostModel,
-            estimated_usd: row.EstimatedUsd,
-          },
-        }
-      : {}),
-    ...(row.Input !== '' ? { input: row.Input } : {}),
-    ...(row.Output !== '' ? { output: row.Output } : {}),
-    metadata: row.SpanAttributes,
-    tenant: row.TenantId,
-    sandbox_id: row.SandboxId,
-    experiment_id: row.ExperimentId === '' ? null : row.ExperimentId,
-    scenario_id: row.ScenarioId === '' ? null : row.ScenarioId,
-    run_id: row.RunId === '' ? null : row.RunId,
-    agent: row.ServiceName === '' ? null : row.ServiceName,
-    agent_snapshot_id: row.AgentSnapshotId === '' ? null : row.AgentSnapshotId,
-  };
-}
-
-export const SELECT_TRACE_EVENT = `
-  toUnixTimestamp64Micro(Timestamp) AS ts_us, EventId, EventType, SpanName, Phase, TraceId, SpanId, ParentSpanId,
-  intDiv(Duration, 1000000) AS DurationMs, StatusCode, Input, Output, HasCost, InputTokens, OutputTokens,
-  CacheReadTokens, ReasoningTokens, CostModel, EstimatedUsd, SpanAttributes, SandboxId, ExperimentId, ServiceName, TenantId,
-  AgentSnapshotId, ResourceAttributes['svc.scenario_id'] AS ScenarioId, ResourceAttributes['svc.run_id'] AS RunId`;
-
-/**
- * One keyset page of trace_events rows in (Timestamp, `id`) order, after the key `after`
- * ([ts in µs, id]); `next` is the key of the page's last row when more follow.
- */
-export async function traceEventsPage(
-  store: Store,
-  page: { tenant: string; where: string[]; params: Record<string, unknown>; after: string[] | null; pageSize: number; id: 'EventId' | 'SpanId' },
-): Promise<{ rows: TraceRow[]; next: string[] | null }> {
-  if (page.after && !/^\d+$/.test(page.after[0])) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
-  // No `LIMIT 1 BY` in the SQL: with it ClickHouse reads and sorts every matching row instead of
-  // reading in key order and stopping after the page (measured over 10M events: 0.7-2 s for a
-  // first page, vs 20-50 ms). A replayed duplicate that the ReplacingMergeTree has not merged yet
-  // has the same (Timestamp, id), so it comes right after its twin and is dropped here; when
-  // duplicates made the page short, the read goes on after the last key.
-  const want = page.pageSize + 1;
-  const rows: TraceRow[] = [];
-  let after = page.after;
-  for (;;) {
-    const limit = want - rows.length;
-    const conditions = ['TenantId = {tenant:String}', ...page.where];
-    const params: Record<string, unknown> = { ...page.params, tenant: page.tenant, page: limit };
-    if (after) {
-      // The redundant lower bound lets the primary key and partition pruning serve the tuple comparison.
-      conditions.push('Timestamp >= fromUnixTimestamp64Micro({after_ts:Int64})');
-      conditions.push(`(Timestamp, ${page.id}) > (fromUnixTimestamp64Micro({after_ts:Int64}), {after_id:String})`);
-      params.after_ts = Number(after[0]);
-      params.after_id = after[1];
-    }
-    const batch = await store.query<TraceRow>(
-      `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${conditions.join(' AND ')}
-       ORDER BY Timestamp, ${page.id} LIMIT {page:UInt32}`,
-      params,
-    );
-    for (const row of batch) {
-      const previous = rows.at(-1);
-      if (previous && previous.ts_us === row.ts_us && previous[page.id] === row[page.id]) continue;
-      rows.push(row);
-    }
-    if (batch.length < limit || rows.length >= want) break;
-    after = [batch[batch.length - 1].ts_us, batch[batch.length - 1][page.id]];
-  }
-  const last = rows.length > page.pageSize ? rows[page.pageSize - 1] : null;
-  return { rows: rows.slice(0, page.pageSize), next: last ? [last.ts_us, last[page.id]] : null };
-}
-
-function traceFilters(ctx: Context): { where: string[]; params: Record<string, unknown> } {
-  checkQueryParams(ctx, FILTERS);
-  const q = ctx.query as Record<string, string | undefined>;
-  const where: string[] = [];
-  const params: Record<string, unknown> = {};
-  const equals = (param: string, column: string) => {
-    const value = q[param];
-    if (value === undefined) return;
-    if (value === '') throw badRequest(param, 'must not be empty');
-    where.push(`${column} = {${param}:String}`);
-    params[param] = value;
-  };
-  equals('experiment_id', 'ExperimentId');
-  equals('sandbox_id', 'SandboxId');
-  equals('agent', 'ServiceName');
-  equals('tool', 'SpanName');
-  if (q.event_type !== undefined && !(EVENT_TYPES as readonly string[]).includes(q.event_type)) {
-    throw badRequest('event_type', `must be one of ${EVENT_TYPES.join(', ')}`);
-  }
-  equals('event_type', 'EventType');
-  if (q.since !== undefined) {
-    const since = parseTimestampUs(q.since);
-    if (since === null) throw badRequest('since', 'must be an ISO 8601 timestamp with a zone');
-    where.push('Timestamp >= fromUnixTimestamp64Micro({since:Int64})');
-    params.since = since;
-  }
-  return { where, params };
-}
+import { checkQueryParams } from '../pagination.ts';
+import { MAX_INGEST_BODY_BYTES, type TraceIngest, untagged } from '../traces/ingest.ts';
+import { postedBody, requireJson } from '../traces/ingest-http.ts';
+import { answerPages } from '../traces/paged-answer.ts';
+import { TRACE_FILTERS, traceEventItems, traceFilters } from '../traces/trace-event-reads.ts';
 
 export function tracesRouter(kernel: Kernel, ingest: TraceIngest): Router {
   const router = new Router();
@@ -208,35 +19,15 @@ export function tracesRouter(kernel: Kernel, ingest: TraceIngest): Router {
   router.post('/v1/traces', async (ctx) => {
     const principal = ctx.state.principal as Principal;
     requireJson(ctx);
-    const decoded = await ingest.ingest(ctx, { endpoint: '/v1/traces', format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, keyId: principal.keyId, source: untagged(principal.tenant) });
+    const decoded = await ingest.ingest(postedBody(ctx), { endpoint: '/v1/traces', format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, keyId: principal.keyId, source: untagged(principal.tenant) });
     ctx.body = { ingested: decoded.count };
   });
 
   router.get('/v1/traces', async (ctx) => {
     const principal = ctx.state.principal as Principal;
-    const { where, params } = traceFilters(ctx);
-    const limit = parseLimit(ctx.query.limit, config);
-    const fetchPage = async (cursor: string | null, pageSize: number) => {
-      const { rows, next } = await traceEventsPage(store, { tenant: principal.tenant, where, params, after: decodeCursor(cursor ?? undefined, 2), pageSize, id: 'EventId' });
-      return { items: rows.map(traceEventFromRow), next: next ? encodeCursor(next) : null };
-    };
-    if (wantsNdjson(ctx)) {
-      decodeCursor(ctx.query.cursor, 2);
-      const initial = typeof ctx.query.cursor === 'string' ? ctx.query.cursor : null;
-      let first = true;
-      ctx.type = 'application/x-ndjson';
-      ctx.body = ndjsonStream(
-        (cursor) => {
-          const from = first ? initial : cursor;
-          first = false;
-          return fetchPage(from, config.maxPageSize);
-        },
-        ctx.query.limit === undefined ? null : limit,
-      );
-      return;
-    }
-    const page = await fetchPage(typeof ctx.query.cursor === 'string' ? ctx.query.cursor : null, limit);
-    ctx.body = { items: page.items, ...(page.next ? { next_cursor: page.next } : {}), count: page.items.length };
+    checkQueryParams(ctx, TRACE_FILTERS);
+    const filters = traceFilters(ctx.query as Record<string, string | undefined>);
+    await answerPages(ctx, config, (after, pageSize) => traceEventItems(store, principal.tenant, filters, after, pageSize));
   });
 
   return router;

@@ -36,7 +36,7 @@ const SAFE_TABLE_FUNCTIONS = new Set([
 
 /**
  * The table functions of chDB 26.7 (system.table_functions) that reach outside the service's
- * tables; the route adds whatever the running engine lists beyond the safe set (denyTableFunctions).
+ * tables; the endpoint adds whatever the running engine lists beyond the safe set (denyTableFunctions).
  */
 const DENIED = new Set([
   'file', 'filecluster', 'url', 'urlcluster', 's3', 's3cluster', 'gcs', 'oss', 'cosn', 'hdfs', 'hdfscluster', 'azureblobstorage',
@@ -68,8 +68,50 @@ function syntaxError(sql: string, pos: number, what: string): SqlError {
   return new SqlError(62, 'SYNTAX_ERROR', `Syntax error: failed at position ${pos + 1} (${JSON.stringify(sql.slice(pos, pos + 20))}): ${what}`);
 }
 
+/** Where a block comment starting at `start` ends (just after it closes); comments nest, as in ClickHouse. */
+function blockCommentEnd(sql: string, start: number): number {
+  const n = sql.length;
+  let i = start;
+  let depth = 0;
+  while (i < n) {
+    if (sql[i] === '/' && sql[i + 1] === '*') {
+      depth++;
+      i += 2;
+    } else if (sql[i] === '*' && sql[i + 1] === '/') {
+      depth--;
+      i += 2;
+      if (depth === 0) break;
+    } else i++;
+  }
+  if (depth !== 0) throw syntaxError(sql, start, 'unterminated comment');
+  return i;
+}
+
+/** The string literal or quoted identifier starting at `start`: its text (escapes and doubled quotes undone) and where it ends. */
+function readQuoted(sql: string, start: number): { text: string; end: number } {
+  const n = sql.length;
+  const c = sql[start];
+  let text = '';
+  let i = start + 1;
+  for (;;) {
+    if (i >= n) throw syntaxError(sql, start, c === "'" ? 'unterminated string literal' : 'unterminated quoted identifier');
+    const d = sql[i];
+    if (d === '\\' && i + 1 < n) {
+      text += sql[i + 1];
+      i += 2;
+    } else if (d === c) {
+      if (sql[i + 1] !== c) return { text, end: i + 1 };
+      text += c;
+      i += 2;
+    } else {
+      text += d;
+      i++;
+    }
+  }
+}
+
 /** ClickHouse's tokens, comments dropped. Throws a syntax error for an unterminated string or comment. */
-export function tokenize(sql: string): Token[] {
+function tokenize(sql: string): Token[] {
   const tokens: Token[] = [];
   let i = 0;
   const n = sql.length;
@@ -82,43 +124,11 @@ export function tokenize(sql: string): Token[] {
     } else if (c === '#' && (sql[i + 1] === ' ' || sql[i + 1] === '!')) {
       while (i < n && sql[i] !== '\n') i++;
     } else if (c === '/' && sql[i + 1] === '*') {
-      const start = i;
-      let depth = 0;
-      while (i < n) {
-        if (sql[i] === '/' && sql[i + 1] === '*') {
-          depth++;
-          i += 2;
-        } else if (sql[i] === '*' && sql[i + 1] === '/') {
-          depth--;
-          i += 2;
-          if (depth === 0) break;
-        } else i++;
-      }
-      if (depth !== 0) throw syntaxError(sql, start, 'unterminated comment');
+      i = blockCommentEnd(sql, i);
     } else if (c === "'" || c === '"' || c === '`') {
-      const start = i;
-      let text = '';
-      i++;
-      for (;;) {
-        if (i >= n) throw syntaxError(sql, start, c === "'" ? 'unterminated string literal' : 'unterminated quoted identifier');
-        const d = sql[i];
-        if (d === '\\' && i + 1 < n) {
-          text += sql[i + 1];
-          i += 2;
-        } else if (d === c) {
-          if (sql[i + 1] === c) {
-            text += c;
-            i += 2;
-          } else {
-            i++;
-            break;
-          }
-        } else {
-          text += d;
-          i++;
-        }
-      }
-      tokens.push({ kind: c === "'" ? 'string' : 'quoted', text: c === "'" ? '' : text, pos: start });
+      const quoted = readQuoted(sql, i);
+      tokens.push({ kind: c === "'" ? 'string' : 'quoted', text: c === "'" ? '' : quoted.text, pos: i });
+      i = quoted.end;
     } else if (c === '$' && /^\$[A-Za-z0-9_]*\$/.test(sql.slice(i, i + 64))) {
       // Heredoc string: $tag$ ... $tag$
       const tag = /^\$[A-Za-z0-9_]*\$/.exec(sql.slice(i, i + 64))![0];

@@ -6,6 +6,7 @@
  * type error), not from the service. The code also goes in `X-ClickHouse-Exception-Code`.
  */
 import type { Context } from 'koa';
+import { AppError } from '../../kernel/errors.ts';
 
 export class SqlError extends Error {
   constructor(
@@ -43,7 +44,7 @@ const STATUS: Record<number, number> = {
   202: 429, // TOO_MANY_SIMULTANEOUS_QUERIES
 };
 
-export function statusOf(code: number): number {
+function statusOf(code: number): number {
   return STATUS[code] ?? 400;
 }
 
@@ -77,4 +78,18 @@ export function renderSqlError(ctx: Context, err: SqlError, queryId: string): vo
   ctx.body = err.text();
 }
 
-export const SERVER_DISPLAY_NAME = 'svc';
+const SERVER_DISPLAY_NAME = 'svc';
+
+/**
+ * Any failure of a query as a SqlError: itself, or an AppError of the service (unavailable as
+ * NETWORK_ERROR, the others as STD_EXCEPTION); null for an unexpected error (a bug: the caller
+ * logs it and answers 500).
+ */
+export function sqlErrorOf(err: unknown): SqlError | null {
+  if (err instanceof SqlError) return err;
+  if (err instanceof AppError && err.code !== 'internal') {
+    const code = err.code === 'unavailable' ? 210 : 1001;
+    return new SqlError(code, err.code === 'unavailable' ? 'NETWORK_ERROR' : 'STD_EXCEPTION', err.message, err.status);
+  }
+  return null;
+}

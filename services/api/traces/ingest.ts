@@ -6,8 +6,6 @@
  * the sink made them queryable (read-your-writes).
  */
 import os from 'node:os';
-import type { Context } from 'koa';
-import getRawBody from 'raw-body';
 import { Piscina } from 'piscina';
 import { publishEncoded, type Kernel } from '../../kernel/actor.ts';
 import { AppError } from '../../kernel/errors.ts';
@@ -19,23 +17,13 @@ import { UNTAGGED, type IngestContext } from './trace-records.ts';
 /** Most bytes of an ingest request body, as sent and after inflating; OTLP allows less. */
 export const MAX_INGEST_BODY_BYTES = 32 * 1024 * 1024;
 
-/** JSON ingest bodies are JSON: anything else is 415. */
-export function requireJson(ctx: Context): void {
-  if (!ctx.request.is('json')) throw new AppError('unsupported_media_type', `Content-Type must be application/json, got ${ctx.get('Content-Type') || 'none'}`);
-}
+/** A body larger than `limit` bytes: 413. */
+export const tooLarge = (limit: number) => new AppError('payload_too_large', `body: larger than the limit of ${limit} bytes`);
 
-const tooLarge = (limit: number) => new AppError('payload_too_large', `body: larger than the limit of ${limit} bytes`);
-
-/** Reads an ingest request's body as bytes (app.ts, before the idempotency check fingerprints it). */
-export async function readIngestBody(ctx: Context): Promise<Buffer> {
-  try {
-    return await getRawBody(ctx.req, { limit: MAX_INGEST_BODY_BYTES });
-  } catch (err) {
-    // The rest of the body stays unread: close the connection rather than parse it as the next request.
-    ctx.set('Connection', 'close');
-    if ((err as { type?: string }).type === 'entity.too.large') throw tooLarge(MAX_INGEST_BODY_BYTES);
-    throw new AppError('bad_request', `body: could not be read (${(err as Error).message})`);
-  }
+/** An ingest request's body as it was posted: its bytes and its Content-Encoding header ('' when none). */
+export interface IngestBody {
+  bytes: Buffer;
+  contentEncoding: string;
 }
 
 /** A decoded ingest request: how many events it holds (for the rate limit) and their encoded records. */
@@ -67,8 +55,8 @@ export class TraceIngest {
    * key's rate limit, append them and wait until they are queryable. Returns what was decoded
    * (OTLP answers with the spans it rejected).
    */
-  async ingest(ctx: Context, request: { endpoint: string; format: IngestFormat; maxBodyBytes: number; keyId: string; source: TraceSource }): Promise<DecodedIngest> {
-    const decoded = await this.decode(ctx, request.format, request.maxBodyBytes, request.source);
+  async ingest(body: IngestBody, request: { endpoint: string; format: IngestFormat; maxBodyBytes: number; keyId: string; source: TraceSource }): Promise<DecodedIngest> {
+    const decoded = await this.decode(body, request.format, request.maxBodyBytes, request.source);
     this.limiter.take(request.keyId, decoded.count);
     await this.append(request.source.tenant, decoded);
     this.kernel.metrics.ingestedEvents.inc({ endpoint: request.endpoint }, decoded.count);
@@ -95,11 +83,11 @@ export class TraceIngest {
     this.pool = null;
   }
 
-  /** Has a worker parse, validate, redact and encode the request body (read by app.ts); a 4xx AppError for a bad body. */
-  private async decode(ctx: Context, format: IngestFormat, maxBodyBytes: number, source: TraceSource): Promise<DecodedIngest> {
-    const encoding = (ctx.get('Content-Encoding') || 'identity').toLowerCase();
+  /** Has a worker parse, validate, redact and encode the request body; a 4xx AppError for a bad body. */
+  private async decode(posted: IngestBody, format: IngestFormat, maxBodyBytes: number, source: TraceSource): Promise<DecodedIngest> {
+    const encoding = (posted.contentEncoding || 'identity').toLowerCase();
     if (encoding !== 'identity' && encoding !== 'gzip') throw new AppError('unsupported_media_type', `Content-Encoding ${encoding} is not supported (gzip or none)`);
-    const body = ctx.state.rawBody as Buffer;
+    const body = posted.bytes;
     if (body.length > maxBodyBytes) throw tooLarge(maxBodyBytes);
     const { config } = this.kernel;
     // Moved, not copied, to the worker when the body owns its memory (raw-body's concat of a large body does).

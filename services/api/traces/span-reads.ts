@@ -1,5 +1,5 @@
 /**
- * Spans from trace events (DECISIONS.md): a span is one span_id, its `start` and `end` events
+ * Spans from trace events (docs/decisions.md): a span is one span_id, its `start` and `end` events
  * combined, or its single `complete` or `invoked` event. Pages are keyset-paginated on the
  * span's first event (Timestamp, SpanId), read in primary-key order: the `end` events of a page
  * are fetched in a second, narrow query, so a span whose end arrives later keeps its place.
@@ -7,8 +7,8 @@
  */
 import type { Store } from '../../kernel/store/store.ts';
 import { badRequest } from '../../kernel/errors.ts';
-import { formatTimestampUs } from './validate-events.ts';
-import { traceEventFromRow, traceEventsPage, type TraceRow } from '../routes/traces.ts';
+import { EVENT_TYPES, formatTimestampUs } from './validate-events.ts';
+import { traceEventFromRow, traceEventsPage, type TraceRow } from './trace-event-reads.ts';
 
 /** Rounds of trace id resolution across ingest requests (each finds one more level of chains split between requests). */
 const RESOLVE_ROUNDS = 4;
@@ -59,7 +59,21 @@ export interface SpanQuery {
 
 export const SPAN_FILTERS = ['trace_id', 'span_id', 'parent_span_id', 'root_span_id', 'root_span', 'tool', 'event_type'] as const;
 
-/** Builds the span query from validated filter values (empty values already refused). */
+/** The values of GET /v1/spans' filters (query parameters checked against SPAN_FILTERS): an empty value or an unknown event type is a 400. */
+export function spanFilters(q: Readonly<Record<string, string | undefined>>): Partial<Record<(typeof SPAN_FILTERS)[number], string>> {
+  const filters: Partial<Record<(typeof SPAN_FILTERS)[number], string>> = {};
+  for (const name of SPAN_FILTERS) {
+    if (q[name] === undefined) continue;
+    if (q[name] === '') throw badRequest(name, 'must not be empty');
+    filters[name] = q[name];
+  }
+  if (filters.event_type !== undefined && !(EVENT_TYPES as readonly string[]).includes(filters.event_type)) {
+    throw badRequest('event_type', `must be one of ${EVENT_TYPES.join(', ')}`);
+  }
+  return filters;
+}
+
+/** Builds the span query from validated filter values (spanFilters). */
 export async function spanQuery(store: Store, tenant: string, q: Partial<Record<(typeof SPAN_FILTERS)[number], string>>): Promise<SpanQuery> {
   const where: string[] = [];
   const params: Record<string, unknown> = {};
@@ -183,14 +197,27 @@ export async function spansPage(store: Store, tenant: string, query: SpanQuery, 
 }
 
 /** Events tagged with an agent: its name, or one of its snapshots. */
-export function agentEventsWhere(agent: string, snapshotIds: string[], byVersion: boolean): { where: string; params: Record<string, unknown> } {
+function agentEventsWhere(agent: string, snapshotIds: string[], byVersion: boolean): { where: string; params: Record<string, unknown> } {
   return byVersion
     ? { where: 'AgentSnapshotId IN {snapshots:Array(String)}', params: { snapshots: snapshotIds } }
     : { where: '(ServiceName = {agent:String} OR AgentSnapshotId IN {snapshots:Array(String)})', params: { agent, snapshots: snapshotIds } };
 }
 
+/**
+ * GET /v1/agents/:name/traces: a page of the events tagged with an agent (its name, or one of
+ * `snapshotIds`; only those when `byVersion`), and the metrics over all of them.
+ */
+export async function agentTrace(store: Store, tenant: string, agent: { name: string; snapshotIds: string[]; byVersion: boolean }, after: string[] | null, pageSize: number) {
+  const { where, params } = agentEventsWhere(agent.name, agent.snapshotIds, agent.byVersion);
+  const [{ rows, next }, metrics] = await Promise.all([
+    traceEventsPage(store, { tenant, where: [where], params, after, pageSize, id: 'EventId' }),
+    agentMetrics(store, tenant, where, params),
+  ]);
+  return { items: rows.map(traceEventFromRow), next, metrics };
+}
+
 /** Metrics over an agent's tool events (tool_use, tool_call; a start/end span counts once, by its end). */
-export async function agentMetrics(store: Store, tenant: string, where: string, params: Record<string, unknown>) {
+async function agentMetrics(store: Store, tenant: string, where: string, params: Record<string, unknown>) {
   const groups = await store.query<{ tool: string; is_total: number; n: string; errors: string; p50_ms: number; p95_ms: number }>(
     `SELECT SpanName AS tool, toUInt8(grouping(SpanName)) AS is_total, count() AS n, countIf(StatusCode = 'Error') AS errors,
             quantile(0.5)(Duration) / 1e6 AS p50_ms, quantile(0.95)(Duration) / 1e6 AS p95_ms

@@ -17,7 +17,7 @@ export type IngestContext = Omit<TraceEventsIngested, 'tenant' | 'event_id' | 't
 export const UNTAGGED: IngestContext = { sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null };
 
 /**
- * Secret values never reach the trace store (DECISIONS.md): replaced in every string of an event,
+ * Secret values never reach the trace store (docs/decisions.md): replaced in every string of an event,
  * metadata keys included. Fields cut at a limit were redacted before the cut, in validation.
  */
 export function redactTraceEvents(events: TraceEvent[], secrets: Record<string, string>): void {

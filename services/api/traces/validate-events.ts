@@ -10,8 +10,8 @@ import { isObject } from '../../kernel/is-object.ts';
 import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 
 export const EVENT_TYPES = ['llm_call', 'tool_use', 'tool_call'] as const;
-export const PHASES = ['start', 'end', 'complete', 'invoked'] as const;
-export const STATUSES = ['ok', 'error'] as const;
+const PHASES = ['start', 'end', 'complete', 'invoked'] as const;
+const STATUSES = ['ok', 'error'] as const;
 
 const ISO_8601 = /^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:?\d{2})$/;
 const ID = /^[\x21-\x7e]{1,128}$/;
@@ -126,7 +126,7 @@ function validateEvent(raw: unknown, at: string, limits: TraceLimits): TraceEven
 
 /**
  * Without a `trace_id`, an event's trace is the span id of its root, reached through
- * `parent_span_id` (DECISIONS.md). Resolved within the batch; when the chain leaves the batch
+ * `parent_span_id` (docs/decisions.md). Resolved within the batch; when the chain leaves the batch
  * the last parent named is taken as the root.
  */
 function resolveTraceIds(events: TraceEvent[]): void {

@@ -4,7 +4,7 @@
  * owned by one process) and `kafka` (Apache Kafka through kafkajs). Values are opaque bytes at
  * this level: Avro encoding in the Confluent wire format happens above, in kernel/schema.
  *
- * Semantics both backends keep (pinned by test/contract/event-log.test.ts):
+ * Semantics both backends keep (pinned by test/contract/event-log.contract.ts):
  * - a key always maps to the same partition (Java-compatible murmur2, as kafkajs' default
  *   partitioner), so records of one key are consumed in append order;
  * - members of one consumer group split the partitions of its topics; independent groups each

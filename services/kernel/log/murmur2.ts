@@ -36,7 +36,7 @@ export function murmur2(key: string | Buffer): number {
 }
 
 /** Kafka's `toPositive`: masks the sign bit (not the absolute value). */
-export function toPositive(x: number): number {
+function toPositive(x: number): number {
   return x & 0x7fffffff;
 }
 

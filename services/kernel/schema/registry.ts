@@ -35,7 +35,7 @@ export const COMPATIBILITY_LEVELS = [
 ] as const;
 export type CompatibilityLevel = (typeof COMPATIBILITY_LEVELS)[number];
 
-export const DEFAULT_COMPATIBILITY: CompatibilityLevel = 'BACKWARD';
+const DEFAULT_COMPATIBILITY: CompatibilityLevel = 'BACKWARD';
 
 /** Confluent's error codes, which its clients and tools read from `{error_code, message}`. */
 export const REGISTRY_ERRORS = {
@@ -78,7 +78,7 @@ export interface CompatibilityResult {
 }
 
 /** A parsed Avro schema with its canonical form (the key of schema identity). */
-export interface ParsedSchema {
+interface ParsedSchema {
   /** Compact JSON of the schema as given. */
   text: string;
   /**
@@ -91,7 +91,7 @@ export interface ParsedSchema {
 }
 
 /** Parses Avro schema JSON; a 42201 error when it is not valid JSON or not a valid schema. */
-export function parseAvroSchema(schema: string): ParsedSchema {
+function parseAvroSchema(schema: string): ParsedSchema {
   if (typeof schema !== 'string' || schema.trim() === '') {
     throw new SchemaRegistryError(REGISTRY_ERRORS.invalidSchema, 'bad_request', 'Invalid schema: expected the schema as a JSON string');
   }
@@ -125,7 +125,7 @@ function canRead(reader: avro.Type, writer: avro.Type): string | null {
  * new schema reads data of the previous one, FORWARD that the previous one reads data of the
  * new one, FULL both; the transitive levels check every previous version, the others the latest.
  */
-export function checkAgainst(candidate: avro.Type, previous: Array<{ version: number; type: avro.Type }>, level: CompatibilityLevel): CompatibilityResult {
+function checkAgainst(candidate: avro.Type, previous: Array<{ version: number; type: avro.Type }>, level: CompatibilityLevel): CompatibilityResult {
   if (level === 'NONE' || previous.length === 0) return { isCompatible: true, messages: [] };
   const targets = level.endsWith('_TRANSITIVE') ? previous : previous.slice(-1);
   const backward = level.startsWith('BACKWARD') || level.startsWith('FULL');

@@ -21,9 +21,9 @@ import type { TopicSpec } from '../log/event-log.ts';
 import { REPO_ROOT } from '../topics.ts';
 import type { SchemaRegistry } from './registry.ts';
 
-export const DEFAULT_SCHEMAS_DIR = join(REPO_ROOT, 'schemas');
-export const MAGIC_BYTE = 0;
-export const HEADER_SIZE = 5;
+const DEFAULT_SCHEMAS_DIR = join(REPO_ROOT, 'schemas');
+const MAGIC_BYTE = 0;
+const HEADER_SIZE = 5;
 
 /** TopicNameStrategy: the registry subject of a topic's values. */
 export function valueSubject(topic: string): string {
@@ -50,7 +50,7 @@ interface TopicCodec {
 }
 
 /** Reads the writer id of a wire-format value (magic byte checked). */
-export function writerId(buf: Buffer, topic = 'value'): number {
+function writerId(buf: Buffer, topic = 'value'): number {
   if (!Buffer.isBuffer(buf) || buf.length < HEADER_SIZE) {
     throw new SerdeError(`${topic}: not a Confluent wire-format value (${Buffer.isBuffer(buf) ? `${buf.length} bytes` : typeof buf}, need at least ${HEADER_SIZE})`);
   }

@@ -459,7 +459,7 @@ class LocalSandbox implements SandboxHandle {
       exitCode,
       stdout: Buffer.concat(p.stdout).toString('utf8'),
       stderr,
-      durationMs: performance.now() - p.started,
+      durationMs: Math.round(performance.now() - p.started),
       timedOut: p.timedOut,
       oomKilled,
       outputBytes: p.outputBytes,

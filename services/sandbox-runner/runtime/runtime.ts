@@ -50,6 +50,7 @@ export interface ExecResult {
   exitCode: number;
   stdout: string;
   stderr: string;
+  /** whole milliseconds (the contract's integers are integers) */
   durationMs: number;
   timedOut: boolean;
   oomKilled: boolean;

@@ -21,7 +21,7 @@ import path from 'node:path';
 import type { Launcher } from './launcher.ts';
 
 /** Smallest disk: ext4's own structures need some room. */
-export const MIN_DISK_BYTES = 16 * 1024 * 1024;
+const MIN_DISK_BYTES = 16 * 1024 * 1024;
 const RESERVE_MAX_BYTES = 32 * 1024 * 1024;
 const TOOLS = ['mkfs.ext4', 'mount', 'umount', 'losetup'] as const;
 type Tool = (typeof TOOLS)[number];

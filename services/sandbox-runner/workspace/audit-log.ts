@@ -26,7 +26,7 @@ import { SERVICE_DIR } from './paths.ts';
 
 export const AUDIT_FILE = 'audit.jsonl';
 
-export const AUDIT_TYPES = [
+const AUDIT_TYPES = [
   'file_write',
   'file_read',
   'file_delete',
@@ -63,7 +63,7 @@ export interface AuditLogOptions {
 
 const WINDOW_MS = 1000;
 
-export function auditLogPath(workspace: string): string {
+function auditLogPath(workspace: string): string {
   return path.join(workspace, SERVICE_DIR, AUDIT_FILE);
 }
 
@@ -236,7 +236,7 @@ export class AuditLog {
 }
 
 /** Applies `redact` to every string in a JSON-like value (object keys too). */
-export function redactDeep(value: unknown, redact: (text: string) => string): unknown {
+function redactDeep(value: unknown, redact: (text: string) => string): unknown {
   if (typeof value === 'string') return redact(value);
   if (Array.isArray(value)) return value.map((v) => redactDeep(v, redact));
   if (value !== null && typeof value === 'object' && !(value instanceof Date)) {

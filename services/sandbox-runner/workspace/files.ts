@@ -21,11 +21,11 @@ import { closeFd, lstatAt, mapErrno, openHandleAt, resolveBeneath, unlinkAt, typ
 import { workspaceSegments } from './paths.ts';
 
 /** Mode of files written through the API (the spec: 0644), whatever the umask. */
-export const FILE_MODE = 0o644;
+const FILE_MODE = 0o644;
 /** Mode of parent directories the write creates. */
-export const DIR_MODE = 0o755;
+const DIR_MODE = 0o755;
 /** Default largest file `readFile` returns (413 above). */
-export const DEFAULT_MAX_READ_BYTES = 64 * 1024 * 1024;
+const DEFAULT_MAX_READ_BYTES = 64 * 1024 * 1024;
 
 const { O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NONBLOCK } = constants;
 

@@ -66,7 +66,7 @@ const MAX_PENDING = 1000;
 
 export type TrackKind = 'writes' | 'reads' | 'deletes';
 export type OpKind = 'write' | 'read' | 'delete';
-export const TRACK_KINDS: readonly TrackKind[] = ['writes', 'reads', 'deletes'];
+const TRACK_KINDS: readonly TrackKind[] = ['writes', 'reads', 'deletes'];
 
 export interface AuditSink {
   record(type: AuditType, details: Record<string, unknown>, options?: { ts?: Date }): Promise<unknown>;
@@ -108,7 +108,7 @@ interface Suppression {
 }
 
 /** Validates `track`; 400 naming the field. */
-export function parseTrack(track: unknown, field = 'audit.file_system.track'): Set<TrackKind> {
+function parseTrack(track: unknown, field = 'audit.file_system.track'): Set<TrackKind> {
   if (!Array.isArray(track)) throw badRequest(field, 'must be a list of writes, reads, deletes');
   const out = new Set<TrackKind>();
   track.forEach((t, i) => {
@@ -122,7 +122,7 @@ export function parseTrack(track: unknown, field = 'audit.file_system.track'): S
  * Validates `watch` and resolves each entry (symlinks as the sandbox sees them) to a real
  * workspace-relative prefix; '' is the whole workspace. 400 naming `watch[i]`.
  */
-export async function resolveWatchPrefixes(workspace: string, watch: unknown, field = 'audit.file_system.watch'): Promise<{ root: string; prefixes: string[] }> {
+async function resolveWatchPrefixes(workspace: string, watch: unknown, field = 'audit.file_system.watch'): Promise<{ root: string; prefixes: string[] }> {
   if (!Array.isArray(watch)) throw badRequest(field, 'must be a list of paths');
   const root = await realpath(workspace);
   const prefixes: string[] = [];

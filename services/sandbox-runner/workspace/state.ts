@@ -36,10 +36,10 @@ import { createHash } from 'node:crypto';
 import { closeSync, constants, fstatSync, readSync, type BigIntStats, type Dirent } from 'node:fs';
 import { closeFd, lstatAt, openAt, openDirAt, openHandleAt, openRoot, readdirFd, readlinkAt } from './beneath.ts';
 
-export const SKIPPED_DIRS: ReadonlySet<string> = new Set(['node_modules', '.git', '__pycache__', '.svc']);
-export const DEFAULT_CHECKSUM_MAX_BYTES = 1024 * 1024;
-export const DEFAULT_CONCURRENCY = 8;
-export const DEFAULT_RACY_MS = 1000;
+const SKIPPED_DIRS: ReadonlySet<string> = new Set(['node_modules', '.git', '__pycache__', '.svc']);
+const DEFAULT_CHECKSUM_MAX_BYTES = 1024 * 1024;
+const DEFAULT_CONCURRENCY = 8;
+const DEFAULT_RACY_MS = 1000;
 
 export interface FileEntry {
   size: number;

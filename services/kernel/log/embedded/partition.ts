@@ -43,7 +43,13 @@ interface IndexFile {
   positions: number[];
 }
 
+/** A compacted copy of a closed segment, written beside it before it takes the segment's place. */
+type Cleaned = Pick<Segment, 'file' | 'size' | 'records' | 'maxTimestamp' | 'idxOffsets' | 'idxPositions' | 'lastIndexedPos'>;
+
 const segName = (base: number): string => String(base).padStart(20, '0');
+
+/** Lets other work run between long synchronous steps (compaction reads whole segments). */
+const yieldToLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
 function fsyncDir(dir: string): void {
   const fd = fs.openSync(dir, 'r');
@@ -444,89 +450,106 @@ export class Partition {
   private async doCompact(): Promise<void> {
     const closed = this.segments.slice(0, -1);
     if (closed.length === 0) return;
-    // Last offset per key over the whole partition, active segment included.
-    const last = new Map<string, number>();
-    for (const seg of this.segments) {
-      this.forEachFrame(seg, (buf, p, _size, offset) => {
-        const { key } = peekKey(buf, p);
-        if (key !== null) last.set(key, offset);
-      });
-      await new Promise((r) => setImmediate(r));
-    }
+    const last = await this.lastOffsetPerKey();
     let bytesBefore = 0;
     let bytesAfter = 0;
     for (const seg of closed) {
       if (!this.segments.includes(seg)) continue; // removed meanwhile (retention)
-      const cleanedFile = `${seg.file}.cleaned`;
-      const out = fs.openSync(cleanedFile, 'w');
-      let outPos = 0;
-      let records = 0;
-      let maxTimestamp = -Infinity;
-      const idxOffsets: number[] = [];
-      const idxPositions: number[] = [];
-      let lastIndexed = -Infinity;
-      let pending: Buffer[] = [];
-      let pendingBytes = 0;
-      const flush = (): void => {
-        if (pendingBytes === 0) return;
-        const b = Buffer.concat(pending, pendingBytes);
-        writeFully(out, b, b.length, outPos - pendingBytes);
-        pending = [];
-        pendingBytes = 0;
-      };
-      try {
-        this.forEachFrame(seg, (buf, p, size, offset) => {
-          const { key, tombstone } = peekKey(buf, p);
-          if (key !== null && (last.get(key) !== offset || tombstone)) return;
-          if (outPos - lastIndexed >= INDEX_INTERVAL) {
-            idxOffsets.push(offset);
-            idxPositions.push(outPos);
-            lastIndexed = outPos;
-          }
-          const ts = buf.readDoubleBE(p + 16);
-          if (ts > maxTimestamp) maxTimestamp = ts;
-          pending.push(buf.subarray(p, p + size));
-          pendingBytes += size;
-          outPos += size;
-          records++;
-          if (pendingBytes >= 1024 * 1024) flush();
-        });
-        flush();
-        fs.fsyncSync(out);
-      } finally {
-        fs.closeSync(out);
-      }
+      const cleaned = this.writeCleaned(seg, last);
       bytesBefore += seg.size;
-      bytesAfter += outPos;
-      if (outPos === seg.size) {
-        fs.rmSync(cleanedFile, { force: true });
-        continue;
-      }
-      await this.sync.idle();
-      if (!this.segments.includes(seg)) {
-        fs.rmSync(cleanedFile, { force: true });
-        continue;
-      }
-      fs.renameSync(cleanedFile, seg.file);
-      fsyncDir(this.dir);
-      const newFd = fs.openSync(seg.file, 'r+');
-      fs.closeSync(seg.fd);
-      seg.fd = newFd;
-      seg.size = outPos;
-      seg.records = records;
-      seg.maxTimestamp = maxTimestamp;
-      seg.idxOffsets = idxOffsets;
-      seg.idxPositions = idxPositions;
-      seg.lastIndexedPos = lastIndexed;
-      // seg.next stays: offsets after the last kept record up to `next` are simply gone.
-      this.writeIndex(seg);
-      await new Promise((r) => setImmediate(r));
+      bytesAfter += cleaned.size;
+      await this.installCleaned(seg, cleaned);
     }
     // Drop closed segments left empty (never the active one).
     for (const seg of this.segments.slice(0, -1)) {
       if (seg.records === 0) await this.removeSegment(seg);
     }
     this.logger.info({ topic: this.topic, partition: this.partition, bytesBefore, bytesAfter }, 'event log: compacted');
+  }
+
+  /** Last offset per key over the whole partition, active segment included. */
+  private async lastOffsetPerKey(): Promise<Map<string, number>> {
+    const last = new Map<string, number>();
+    for (const seg of this.segments) {
+      this.forEachFrame(seg, (buf, p, _size, offset) => {
+        const { key } = peekKey(buf, p);
+        if (key !== null) last.set(key, offset);
+      });
+      await yieldToLoop();
+    }
+    return last;
+  }
+
+  /**
+   * Writes `<segment>.cleaned`: the segment's records that are their key's last and not a
+   * tombstone (null-key records too), indexed afresh, then fsyncs it.
+   */
+  private writeCleaned(seg: Segment, last: Map<string, number>): Cleaned {
+    const cleaned: Cleaned = { file: `${seg.file}.cleaned`, size: 0, records: 0, maxTimestamp: -Infinity, idxOffsets: [], idxPositions: [], lastIndexedPos: -Infinity };
+    const out = fs.openSync(cleaned.file, 'w');
+    let pending: Buffer[] = [];
+    let pendingBytes = 0;
+    const flush = (): void => {
+      if (pendingBytes === 0) return;
+      const b = Buffer.concat(pending, pendingBytes);
+      writeFully(out, b, b.length, cleaned.size - pendingBytes);
+      pending = [];
+      pendingBytes = 0;
+    };
+    try {
+      this.forEachFrame(seg, (buf, p, size, offset) => {
+        const { key, tombstone } = peekKey(buf, p);
+        if (key !== null && (last.get(key) !== offset || tombstone)) return;
+        if (cleaned.size - cleaned.lastIndexedPos >= INDEX_INTERVAL) {
+          cleaned.idxOffsets.push(offset);
+          cleaned.idxPositions.push(cleaned.size);
+          cleaned.lastIndexedPos = cleaned.size;
+        }
+        const ts = buf.readDoubleBE(p + 16);
+        if (ts > cleaned.maxTimestamp) cleaned.maxTimestamp = ts;
+        pending.push(buf.subarray(p, p + size));
+        pendingBytes += size;
+        cleaned.size += size;
+        cleaned.records++;
+        if (pendingBytes >= 1024 * 1024) flush();
+      });
+      flush();
+      fs.fsyncSync(out);
+    } finally {
+      fs.closeSync(out);
+    }
+    return cleaned;
+  }
+
+  /**
+   * Puts a cleaned copy in place of its segment once no fsync of it is in flight: rename over it,
+   * fsync the folder, then swap the fd and rewrite the index. A copy that dropped nothing, or
+   * whose segment went meanwhile (retention), is deleted instead.
+   */
+  private async installCleaned(seg: Segment, cleaned: Cleaned): Promise<void> {
+    if (cleaned.size === seg.size) {
+      fs.rmSync(cleaned.file, { force: true });
+      return;
+    }
+    await this.sync.idle();
+    if (!this.segments.includes(seg)) {
+      fs.rmSync(cleaned.file, { force: true });
+      return;
+    }
+    fs.renameSync(cleaned.file, seg.file);
+    fsyncDir(this.dir);
+    const newFd = fs.openSync(seg.file, 'r+');
+    fs.closeSync(seg.fd);
+    seg.fd = newFd;
+    seg.size = cleaned.size;
+    seg.records = cleaned.records;
+    seg.maxTimestamp = cleaned.maxTimestamp;
+    seg.idxOffsets = cleaned.idxOffsets;
+    seg.idxPositions = cleaned.idxPositions;
+    seg.lastIndexedPos = cleaned.lastIndexedPos;
+    // seg.next stays: offsets after the last kept record up to `next` are simply gone.
+    this.writeIndex(seg);
+    await yieldToLoop();
   }
 
   /** Deletes closed segments, oldest first, whose newest record is older than `cutoff`. */

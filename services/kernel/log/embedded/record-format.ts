@@ -12,11 +12,11 @@
 import { crc32 } from 'node:zlib';
 import type { LogRecord } from '../event-log.ts';
 
-export const RECORD_OVERHEAD = 8; // crc + length
+const RECORD_OVERHEAD = 8; // crc + length
 /** Smallest possible `length`: offset + timestamp + keyLen + valueLen + header count. */
-export const MIN_BODY = 8 + 8 + 4 + 4 + 4;
+const MIN_BODY = 8 + 8 + 4 + 4 + 4;
 /** Anything claiming more is treated as corruption. */
-export const MAX_BODY = 256 * 1024 * 1024;
+const MAX_BODY = 256 * 1024 * 1024;
 
 const TWO_32 = 0x1_0000_0000;
 
@@ -102,11 +102,6 @@ export function checkFrame(buf: Buffer, pos: number, end: number, verifyCrc = tr
   const offset = buf.readUInt32BE(pos + 8) * TWO_32 + buf.readUInt32BE(pos + 12);
   const timestamp = buf.readDoubleBE(pos + 16);
   return { kind: 'ok', size, offset, timestamp };
-}
-
-/** Length in bytes a record claims (call only after checkFrame said more than 'short'). */
-export function frameSize(buf: Buffer, pos: number): number {
-  return RECORD_OVERHEAD + buf.readUInt32BE(pos + 4);
 }
 
 /** Decodes a record that checkFrame accepted. `value` shares memory with `buf`. */

@@ -32,7 +32,7 @@ export interface ConsumerTuning {
 }
 
 /** Largest record a topic accepts (topic config `max.message.bytes`). */
-export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
+const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 
 /**
  * Consumer tuning: low latency and quick group joins. kafkajs heartbeats between batches (not

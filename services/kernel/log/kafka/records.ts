@@ -14,7 +14,7 @@ export function toLogRecord(topic: string, partition: number, m: KafkaMessage): 
   };
 }
 
-export function headersToStrings(headers: IHeaders | undefined): Record<string, string> {
+function headersToStrings(headers: IHeaders | undefined): Record<string, string> {
   const result: Record<string, string> = {};
   for (const [name, value] of Object.entries(headers ?? {})) {
     if (value === undefined) continue;

@@ -1,0 +1,167 @@
+/**
+ * GET /v1/experiments/:id/export: the export bundle, the experiment (with its metrics), its
+ * spec, then every scenario followed by its runs (each with the runner's full outcome), as NDJSON
+ * lines or one JSON document. docs/experiments.md documents it. Runs are read a page at a time,
+ * so an experiment of any size streams in bounded memory.
+ */
+import { Readable } from 'node:stream';
+import { computeMetrics, type RunTraceStats } from '../../domain/experiment-metrics.ts';
+import type { ExperimentChanged } from '../../domain/events/experiment-events.ts';
+import { badRequest } from '../../kernel/errors.ts';
+import type { Store } from '../../kernel/store/store.ts';
+import { runFacts, runTraceStats } from '../../queries/run-facts.ts';
+import type { ExperimentPlan } from '../catalogs/experiment-catalog.ts';
+import { experimentDetail, RUN_COLUMNS, scenarioResult, type ExperimentDetail, type ResultContext, type RunResult, type RunRow, type ScenarioResult } from './run-results.ts';
+
+const EXPORT_PAGE = 500;
+
+export type ExportFormat = 'json' | 'ndjson';
+
+/** The `format` query parameter: json unless given. */
+export function parseExportFormat(raw: unknown): ExportFormat {
+  const format = raw ?? 'json';
+  if (format !== 'json' && format !== 'ndjson') throw badRequest('format', 'must be json or ndjson');
+  return format;
+}
+
+function withoutRuns(scenario: ScenarioResult): Omit<ScenarioResult, 'runs'> {
+  const { runs: _runs, ...rest } = scenario;
+  return rest;
+}
+
+export type ExportLine =
+  | ({ type: 'experiment' } & ExperimentDetail)
+  | { type: 'spec'; id: string; version: number; yaml: string | null }
+  | ({ type: 'scenario' } & Omit<ScenarioResult, 'runs'>)
+  | ({ type: 'run' } & RunResult & { outcome: unknown })
+  | { type: 'end'; scenarios: number; runs: number };
+
+/** Scenario and run lines in index order, counted; planned scenarios without any scored run come in their place, with no runs. */
+class ScenarioLines {
+  private nextIndex = 0;
+  scenarios = 0;
+  runs = 0;
+
+  constructor(
+    private readonly ctx: ResultContext,
+    private readonly traces: ReadonlyMap<string, RunTraceStats>,
+    private readonly planned: number,
+  ) {}
+
+  /** The lines of scenario `index` with its run rows (and of the planned ones before it); `planned`, [] ends the bundle's scenarios. */
+  *emit(index: number, rows: RunRow[]): Generator<ExportLine> {
+    for (; this.nextIndex < Math.min(index, this.planned); this.nextIndex++) {
+      this.scenarios++;
+      yield { type: 'scenario', ...withoutRuns(scenarioResult(this.ctx, this.nextIndex, [], this.traces)) };
+    }
+    if (index >= this.planned && rows.length === 0) return;
+    const scenario = scenarioResult(this.ctx, index, rows, this.traces);
+    this.scenarios++;
+    yield { type: 'scenario', ...withoutRuns(scenario) };
+    for (const [i, run] of scenario.runs.entries()) {
+      this.runs++;
+      yield { type: 'run', ...run, outcome: JSON.parse(rows[i].Outcome!) };
+    }
+    this.nextIndex = index + 1;
+  }
+}
+
+/** One page of run rows with their outcomes after `after`, in (scenario, replica, run) order. */
+function runPage(store: Store, tenant: string, experimentId: string, after: [number, number, string] | null): Promise<RunRow[]> {
+  return store.query<RunRow>(
+    `SELECT ${RUN_COLUMNS}, Outcome FROM run_scores FINAL
+     WHERE TenantId = {tenant:String} AND ExperimentId = {experiment:String}
+       ${after ? 'AND (ScenarioIndex, Replica, RunId) > ({after_index:UInt32}, {after_replica:UInt32}, {after_run:String})' : ''}
+     ORDER BY ScenarioIndex, Replica, RunId LIMIT {page:UInt32}`,
+    { tenant, experiment: experimentId, page: EXPORT_PAGE, ...(after ? { after_index: after[0], after_replica: after[1], after_run: after[2] } : {}) },
+  );
+}
+
+/** Every run row of the experiment, read a page at a time, given out a scenario at a time. */
+async function* runsByScenario(store: Store, tenant: string, experimentId: string): AsyncGenerator<RunRow[]> {
+  let group: RunRow[] = [];
+  let after: [number, number, string] | null = null;
+  for (;;) {
+    const page = await runPage(store, tenant, experimentId, after);
+    for (const row of page) {
+      if (group.length > 0 && Number(group[0].ScenarioIndex) !== Number(row.ScenarioIndex)) {
+        yield group;
+        group = [];
+      }
+      group.push(row);
+    }
+    if (page.length < EXPORT_PAGE) break;
+    const last = page[page.length - 1];
+    after = [Number(last.ScenarioIndex), Number(last.Replica), last.RunId];
+  }
+  if (group.length > 0) yield group;
+}
+
+/** The export bundle as a stream of typed lines, ending with `end` and the totals. */
+export async function* exportLines(store: Store, experiment: ExperimentChanged, plan: ExperimentPlan, baseUrl: string): AsyncGenerator<ExportLine> {
+  const { tenant, experiment_id: id } = experiment;
+  const [facts, traces] = await Promise.all([runFacts(store, tenant, id), runTraceStats(store, tenant, id)]);
+  const metrics = computeMetrics(id, facts, traces, plan.scoring.replica_aggregation);
+  yield { type: 'experiment', ...experimentDetail(experiment, plan, metrics) };
+  yield { type: 'spec', id: experiment.spec_id, version: experiment.spec_version, yaml: plan.yaml };
+  const planned = plan.matrix?.length ?? 0;
+  const lines = new ScenarioLines({ experiment, plan, baseUrl }, traces, planned);
+  for await (const rows of runsByScenario(store, tenant, id)) yield* lines.emit(Number(rows[0].ScenarioIndex), rows);
+  yield* lines.emit(planned, []);
+  yield { type: 'end', scenarios: lines.scenarios, runs: lines.runs };
+}
+
+/** The same lines as one JSON document `{experiment, spec, scenarios: [{..., runs: [...]}], totals}`, in chunks. */
+export async function* exportJson(lines: AsyncIterable<ExportLine>): AsyncGenerator<string> {
+  let openScenario = false;
+  let firstScenario = true;
+  let firstRun = true;
+  for await (const line of lines) {
+    const { type, ...rest } = line;
+    switch (type) {
+      case 'experiment':
+        yield `{"experiment":${JSON.stringify(rest)}`;
+        break;
+      case 'spec':
+        yield `,"spec":${JSON.stringify(rest)},"scenarios":[`;
+        break;
+      case 'scenario': {
+        const opening = JSON.stringify({ ...rest, runs: [] });
+        // Drop the closing `]}` of the empty runs list: the runs follow.
+        yield `${openScenario ? ']}' : ''}${firstScenario ? '' : ','}${opening.slice(0, -2)}`;
+        openScenario = true;
+        firstScenario = false;
+        firstRun = true;
+        break;
+      }
+      case 'run':
+        yield `${firstRun ? '' : ','}${JSON.stringify(rest)}`;
+        firstRun = false;
+        break;
+      case 'end':
+        yield `${openScenario ? ']}' : ''}],"totals":${JSON.stringify(rest)}}`;
+        break;
+    }
+  }
+}
+
+async function* ndjson(lines: AsyncIterable<ExportLine>): AsyncGenerator<string> {
+  for await (const line of lines) yield `${JSON.stringify(line)}\n`;
+}
+
+/**
+ * The bundle as a download: its content type, file name and body. The first chunk is read
+ * before answering, so a failing query is an error status, not a cut stream.
+ */
+export async function exportDownload(store: Store, experiment: ExperimentChanged, plan: ExperimentPlan, baseUrl: string, format: ExportFormat): Promise<{ type: string; filename: string; body: Readable }> {
+  const lines = exportLines(store, experiment, plan, baseUrl);
+  const chunks = format === 'json' ? exportJson(lines) : ndjson(lines);
+  const first = await chunks.next();
+  const body = Readable.from(
+    (async function* () {
+      if (!first.done) yield first.value;
+      yield* chunks;
+    })(),
+  );
+  return { type: format === 'json' ? 'application/json' : 'application/x-ndjson', filename: `${experiment.experiment_id}.${format}`, body };
+}

@@ -1,0 +1,105 @@
+/**
+ * What the api does to sandboxes: creation (the stored spec, its agent, the tenant's quota) and
+ * the operations on a live sandbox, each sent to its runner (sandbox-requester.ts) and answered
+ * with the runner's reply. A create or a destroy waits, before it answers, for the entity event
+ * the runner wrote before replying, so the next GET sees it.
+ */
+import type { Auth, Principal } from '../../kernel/auth.ts';
+import type { Config } from '../../kernel/config.ts';
+import { AppError, badRequest, type ErrorCode } from '../../kernel/errors.ts';
+import { newSandboxId } from '../../kernel/ids.ts';
+import { refuseUnsupported } from '../../domain/capabilities.ts';
+import type { SandboxChanged, SandboxReplied } from '../../domain/events/sandbox-events.ts';
+import { changedExpiry, lifetimeProblem } from '../../domain/sandbox-lifetime.ts';
+import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
+import type { SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
+import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
+import { specOrElse } from '../spec-lookup.ts';
+import type { CreateInput } from './sandbox-input.ts';
+import type { SandboxRequester } from './sandbox-requester.ts';
+
+/** What an endpoint answers: a status and a content type when the runner gave them, and the body. */
+export interface SandboxAnswer {
+  status?: number;
+  type?: string;
+  body: unknown;
+}
+
+/** A runner's reply as an answer: its status and body, or the error it carries. */
+function answerOf(reply: SandboxReplied): SandboxAnswer {
+  if (reply.status >= 400) {
+    const parsed = JSON.parse(reply.body.toString('utf8')) as { message?: string };
+    throw new AppError((reply.error ?? 'internal') as ErrorCode, parsed.message ?? 'sandbox operation failed');
+  }
+  return { status: reply.status, type: reply.content_type, body: reply.content_type === 'application/json' ? JSON.parse(reply.body.toString('utf8')) : reply.body };
+}
+
+export interface SandboxOperationsDeps {
+  config: Config;
+  auth: Auth;
+  specs: SpecCatalog;
+  agents: AgentCatalog;
+  sandboxes: SandboxCatalog;
+  requester: SandboxRequester;
+}
+
+export class SandboxOperations {
+  constructor(private readonly deps: SandboxOperationsDeps) {}
+
+  /** Creates a sandbox of a stored spec for the principal's tenant, within its plan's quota. */
+  async create(p: Principal, input: CreateInput): Promise<SandboxAnswer> {
+    const { config, auth, agents, sandboxes, requester } = this.deps;
+    const spec = this.storedSpec(p.tenant, input.specId);
+    refuseUnsupported(spec.doc, 'sandbox', 'spec_id');
+    // A spec stored before the maximum was lowered: its lifetime is refused, not cut short.
+    const tooLong = input.timeoutMs === null && spec.doc.resources.timeoutMs !== null ? lifetimeProblem(spec.doc.resources.timeoutMs, config.sandboxMaxLifetime) : null;
+    if (tooLong) throw badRequest('spec_id', `the spec's resources.timeout ${tooLong}; give a shorter timeout`);
+    const agent = agents.resolveForSpec(p.tenant, spec.doc);
+    const { plan, quota } = auth.sandboxQuota(p.tenant);
+    if (sandboxes.live(p.tenant).length >= quota) {
+      throw new AppError('rate_limited', `concurrent sandbox quota reached: ${quota} for the ${plan} plan`, { retryAfter: 5 });
+    }
+    const id = newSandboxId();
+    const answer = answerOf(
+      await requester.request(p.tenant, id, 'create', {
+        spec_id: spec.stored.spec_id,
+        spec_version: spec.stored.version,
+        yaml: spec.stored.yaml,
+        timeout_ms: input.timeoutMs,
+        metadata: input.metadata,
+        // Sealed on the log with the rest of the request (domain/sandbox-requests.ts).
+        secrets: input.secrets,
+        agent,
+      }),
+    );
+    await sandboxes.waitForState(id, ['ready', 'running', 'stopped']);
+    return answer;
+  }
+
+  /** Destroys a sandbox; one already ended answers as stopped. */
+  async destroy(p: Principal, id: string): Promise<SandboxAnswer> {
+    const { sandboxes, requester } = this.deps;
+    const sandbox = sandboxes.owned(p, id, { allowGone: true });
+    if (sandbox.state === 'stopped' || sandbox.state === 'error') return { body: { id: sandbox.sandbox_id, state: 'stopped' } };
+    const answer = answerOf(await requester.request(sandbox.tenant, sandbox.sandbox_id, 'destroy', {}));
+    await sandboxes.waitForState(sandbox.sandbox_id, ['stopped', 'error']);
+    return answer;
+  }
+
+  /** Sends operation `op` (command, file_write, file_read, file_delete, state, diff) to a live sandbox. */
+  async send(p: Principal, id: string, op: string, payload: object = {}): Promise<SandboxAnswer> {
+    const sandbox = this.deps.sandboxes.owned(p, id);
+    return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, op, payload));
+  }
+
+  /** Resets or extends a sandbox's timer; the runner checks again (two changes at once would each pass this view). */
+  async changeTimeout(sandbox: SandboxChanged, change: { timeout_ms?: number; extend_ms?: number }): Promise<SandboxAnswer> {
+    changedExpiry({ createdAt: sandbox.created_at, expiresAt: sandbox.expires_at }, change, this.deps.config.sandboxMaxLifetime);
+    return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, 'timeout', change));
+  }
+
+  private storedSpec(tenant: string, specId: string) {
+    // An unknown spec id is a validation failure of this request (docs/decisions.md).
+    return specOrElse(this.deps.specs, tenant, specId, undefined, () => badRequest('spec_id', `no spec "${specId}" is stored`));
+  }
+}

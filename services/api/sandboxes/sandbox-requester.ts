@@ -1,0 +1,36 @@
+/**
+ * The api's side of the sandbox request/reply (domain/sandbox-requests.ts): creation and every
+ * operation on a live sandbox go to its runner over the log, the payload sealed, and the reply
+ * comes back with its body opened. A runner that does not answer in SVC_REPLY_TIMEOUT is a 504.
+ */
+import type { Kernel } from '../../kernel/actor.ts';
+import { Requester } from '../../kernel/request-reply.ts';
+import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
+import type { SandboxReplied, SandboxRequested } from '../../domain/events/sandbox-events.ts';
+import { sandboxExchange, sealedRequest } from '../../domain/sandbox-requests.ts';
+
+export class SandboxRequester {
+  private sealer: Sealer | null = null;
+  private requester: Requester<SandboxRequested, SandboxReplied> | null = null;
+
+  constructor(private readonly kernel: Kernel) {}
+
+  async start(): Promise<void> {
+    const sealer = (this.sealer = new Sealer(secretsKey(this.kernel.config)));
+    this.requester = new Requester(this.kernel, sandboxExchange(sealer));
+    await this.requester.start();
+  }
+
+  async stop(): Promise<void> {
+    await this.requester?.stop();
+    this.requester = null;
+  }
+
+  /** Sends operation `op` to the runner of a sandbox and resolves with its reply. */
+  request(tenant: string, sandboxId: string, op: string, payload: object): Promise<SandboxReplied> {
+    const sealer = this.sealer!;
+    return this.requester!.request({ key: sandboxId, tenant, unanswered: `the sandbox runner did not answer ${op} for ${sandboxId}` }, (correlationId) =>
+      sealedRequest(sealer, { tenant, sandbox_id: sandboxId, correlation_id: correlationId }, op, payload),
+    );
+  }
+}

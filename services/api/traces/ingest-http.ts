@@ -1,0 +1,30 @@
+/**
+ * Trace ingest as HTTP sees it: the checks and reads of a request that come before TraceIngest
+ * (ingest.ts), which takes only bytes and header values.
+ */
+import type { Context } from 'koa';
+import getRawBody from 'raw-body';
+import { AppError } from '../../kernel/errors.ts';
+import { MAX_INGEST_BODY_BYTES, tooLarge, type IngestBody } from './ingest.ts';
+
+/** JSON ingest bodies are JSON: anything else is 415. */
+export function requireJson(ctx: Context): void {
+  if (!ctx.request.is('json')) throw new AppError('unsupported_media_type', `Content-Type must be application/json, got ${ctx.get('Content-Type') || 'none'}`);
+}
+
+/** Reads an ingest request's body as bytes (middleware/body-parsing.ts, before the idempotency check fingerprints it). */
+export async function readIngestBody(ctx: Context): Promise<Buffer> {
+  try {
+    return await getRawBody(ctx.req, { limit: MAX_INGEST_BODY_BYTES });
+  } catch (err) {
+    // The rest of the body stays unread: close the connection rather than parse it as the next request.
+    ctx.set('Connection', 'close');
+    if ((err as { type?: string }).type === 'entity.too.large') throw tooLarge(MAX_INGEST_BODY_BYTES);
+    throw new AppError('bad_request', `body: could not be read (${(err as Error).message})`);
+  }
+}
+
+/** The body an ingest request posted (read by readIngestBody) and how it is encoded. */
+export function postedBody(ctx: Context): IngestBody {
+  return { bytes: ctx.state.rawBody as Buffer, contentEncoding: ctx.get('Content-Encoding') };
+}
