@@ -12,14 +12,14 @@
  * `SVC_UPDATE_DOCS=1 npm test -- test/unit/architecture.test.ts` rewrites the generated part.
  */
 import assert from 'node:assert/strict';
-import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { parse } from 'yaml';
 import { TOPICS } from '../../services/kernel/topics.ts';
 import { PROJECTIONS } from '../../services/sink/service.ts';
 import { REPO } from '../helpers/server.ts';
-import { relativeImports } from '../helpers/source-imports.ts';
+import { relativeImports, servicesSources } from '../helpers/source-imports.ts';
 
 interface Flow {
   name: string;
@@ -28,7 +28,6 @@ interface Flow {
   table: string | null;
 }
 
-const SERVICES = path.join(REPO, 'services');
 const DOC = path.join(REPO, 'docs', 'architecture.md');
 const BEGIN = '<!-- generated from topics/catalog.yaml by test/unit/architecture.test.ts: do not edit by hand -->';
 const END = '<!-- end of generated part -->';
@@ -45,23 +44,13 @@ function flows(): Flow[] {
   }));
 }
 
-/** Every source file under services/, by path relative to services/. */
-function sources(dir = SERVICES, found = new Map<string, string>()): Map<string, string> {
-  for (const entry of readdirSync(dir, { withFileTypes: true })) {
-    const full = path.join(dir, entry.name);
-    if (entry.isDirectory()) sources(full, found);
-    else if (/\.(ts|cjs|mjs)$/.test(entry.name)) found.set(path.relative(SERVICES, full).split(path.sep).join('/'), readFileSync(full, 'utf8'));
-  }
-  return found;
-}
-
 /**
  * Topic name -> the parties whose code names it through TOPICS. A shared layer (domain/,
  * queries/) is no party: a topic it names counts for every actor folder that imports that file.
  */
 function partiesInCode(): Map<string, Set<string>> {
   const byKey = new Map(Object.entries(TOPICS));
-  const files = sources();
+  const files = servicesSources();
   files.delete('kernel/topics.ts');
   const shared = (file: string) => file.startsWith('domain/') || file.startsWith('queries/');
   const importers = (target: string) =>

@@ -15,23 +15,13 @@
  * MAX_FUNCTION_LINES lines fails unless a comment right above it says why, as `long: <reason>`.
  */
 import assert from 'node:assert/strict';
-import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { parse } from '@babel/parser';
-import { relativeImports } from '../helpers/source-imports.ts';
-import { REPO } from '../helpers/server.ts';
+import { relativeImports, servicesSources } from '../helpers/source-imports.ts';
 
-const SERVICES = path.join(REPO, 'services');
 const ACTORS = new Set(['api', 'sandbox-runner', 'scorer', 'aggregator', 'sink', 'alerter']);
 const RANK: Record<string, number> = { kernel: 0, domain: 1, queries: 2 };
-const SOURCE = /\.(ts|mts|cts|js|mjs|cjs)$/;
-
-/**
- * Arrows against the order that exist today and are to be removed by issue 12's later slices.
- * Each must still exist (the test fails when one is gone, so this list only shrinks).
- */
-const KNOWN: ReadonlyArray<{ from: string; import: string; why: string }> = [];
 
 /** The layer of a file, by its path relative to services/: 'top' for main.ts and cli.ts. */
 function layerOf(rel: string): string {
@@ -71,31 +61,15 @@ export function violations(files: ReadonlyMap<string, string>): Array<{ from: st
   return found;
 }
 
-function sourcesUnder(dir: string, files = new Map<string, string>()): Map<string, string> {
-  for (const entry of readdirSync(dir, { withFileTypes: true })) {
-    const full = path.join(dir, entry.name);
-    if (entry.isDirectory()) {
-      if (entry.name !== 'node_modules') sourcesUnder(full, files);
-    } else if (SOURCE.test(entry.name)) {
-      files.set(path.relative(SERVICES, full).split(path.sep).join('/'), readFileSync(full, 'utf8'));
-    }
-  }
-  return files;
-}
-
 test('every import under services/ points down the layer order', () => {
-  const files = sourcesUnder(SERVICES);
+  const files = servicesSources();
   // Not vacuous: the scan sees the tree and its imports into every shared layer.
   assert.ok(files.size > 50, `only ${files.size} files under services/`);
   const edges = [...files].flatMap(([from, source]) => relativeImports(source).map((spec) => path.posix.join(path.posix.dirname(from), spec)));
   assert.ok(edges.length > 200, `only ${edges.length} relative imports under services/`);
   for (const layer of Object.keys(RANK)) assert.ok(edges.some((to) => to.startsWith(`${layer}/`)), `no import into ${layer}/`);
 
-  const found = violations(files);
-  const known = (v: { from: string; import: string }) => KNOWN.some((k) => k.from === v.from && k.import === v.import);
-  assert.deepEqual(found.filter((v) => !known(v)).map((v) => v.message), []);
-  const gone = KNOWN.filter((k) => !found.some((v) => v.from === k.from && v.import === k.import));
-  assert.deepEqual(gone, [], 'these known exceptions are fixed: remove them from KNOWN');
+  assert.deepEqual(violations(files).map((v) => v.message), []);
 });
 
 test('the checker reports each kind of bad arrow, naming the file and the import', () => {
@@ -154,7 +128,7 @@ export function longFunctions(file: string, source: string): string[] {
 }
 
 test(`no function under services/ is over ${MAX_FUNCTION_LINES} lines without a reason`, () => {
-  const files = [...sourcesUnder(SERVICES)].filter(([file]) => file.endsWith('.ts'));
+  const files = [...servicesSources()].filter(([file]) => file.endsWith('.ts'));
   assert.deepEqual(files.flatMap(([file, source]) => longFunctions(file, source)), []);
 });
 
