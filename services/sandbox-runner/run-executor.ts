@@ -227,7 +227,7 @@ export class RunExecutor {
       case 'custom': {
         const source = check.form === 'inline' ? check.script : script;
         if (source === undefined) return result(false, `${check.script} did not exist when the sandbox became ready`);
-        const r = await sandbox.runCheck('python3 -c "$SVC_CHECK_SCRIPT"', { timeoutMs: check.timeoutMs, env: { SVC_CHECK_SCRIPT: source } });
+        const r = await sandbox.runCheck('python3 -I -c "$SVC_CHECK_SCRIPT"', { timeoutMs: check.timeoutMs, env: { SVC_CHECK_SCRIPT: source } });
         if (r.timedOut) return result(false, `timed out after ${check.timeoutMs} ms`);
         const last = r.stdout.trim().split('\n').at(-1) ?? '';
         try {

@@ -56,6 +56,23 @@ type State = SandboxChanged['state'];
 /** libfaketime, preloaded for a frozen clock (Debian's path; bound into the sandbox read-only). */
 const LIBFAKETIME = '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1';
 
+/** The read-only image's command directories: nothing the agent can write is on a PATH of ours. */
+const IMAGE_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+/** A check's environment over the sandbox's: what the agent's files could otherwise change in the checker. */
+const CHECK_ENV: Readonly<Record<string, string>> = {
+  PATH: IMAGE_PATH,
+  // Python: no per-user site (its .pth files run at start-up), no working directory on sys.path.
+  PYTHONNOUSERSITE: '1',
+  PYTHONSAFEPATH: '1',
+};
+
+/**
+ * A check runs as `sh -c` this prelude: a fresh HOME no one else has seen (mktemp, in the
+ * sandbox's private /tmp), then the check's own command, in the workspace as before.
+ */
+const CHECK_PRELUDE = 'HOME="$(mktemp -d /tmp/.svc-check.XXXXXXXXXX)" || exit 125; export HOME; eval "$SVC_CHECK_COMMAND"';
+
 export class LiveSandbox {
   state: State = 'creating';
   private readonly spec: SpecDocument;
@@ -129,10 +146,14 @@ export class LiveSandbox {
 
   /**
    * Runs a check of the service's (an invariant), not the agent's: not audited as a process of
-   * the agent, output redacted, in the sandbox as it is now.
+   * the agent, output redacted, in the sandbox as it is now (the agent's processes are gone).
+   * The checker is out of the agent's reach: HOME is a fresh private directory (the agent's HOME
+   * is the workspace, where its dotfiles, Python user site and tool configs would otherwise
+   * load), PATH holds only the read-only image's directories, and Python neither loads a user
+   * site nor puts the working directory (the agent's workspace) first on its import path.
    */
   async runCheck(command: string, options: { timeoutMs: number; env?: Record<string, string> }): Promise<{ exitCode: number; stdout: string; stderr: string; timedOut: boolean }> {
-    const r = await this.box!.exec({ command, timeoutMs: options.timeoutMs, env: options.env, maxCaptureBytes: 256 * 1024 });
+    const r = await this.box!.exec({ command: CHECK_PRELUDE, timeoutMs: options.timeoutMs, env: { ...options.env, ...CHECK_ENV, SVC_CHECK_COMMAND: command }, maxCaptureBytes: 256 * 1024 });
     return { exitCode: r.exitCode, stdout: this.output(r, 'stdout'), stderr: this.output(r, 'stderr'), timedOut: r.timedOut };
   }
 
@@ -380,7 +401,7 @@ export class LiveSandbox {
     const { determinism } = this.spec;
     const env: Record<string, string> = {
       HOME: '/workspace',
-      PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+      PATH: IMAGE_PATH,
       LANG: 'C.UTF-8',
       ...this.secretValues,
       ...this.spec.setup.env,

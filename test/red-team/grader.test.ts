@@ -1,0 +1,102 @@
+/**
+ * Red team: an agent that wants to pass without doing the task rewrites its grader instead. Each
+ * agent below leaves something behind that would change a check run after it: a `.pth` file in
+ * Python's per-user site (its HOME is the workspace), a module in the workspace that shadows the
+ * one a check imports, a fake `python3` on a PATH it hopes the checker uses, a daemon that keeps
+ * changing what a check reads. Every check here can only fail on its own; each run must be `fail`.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { backend } from '../helpers/backend.ts';
+import { makeBundle, uploadAgent } from '../helpers/bundles.ts';
+import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+
+/** What each hijacking agent leaves behind, and the check (one that can only fail) it targets. */
+const ATTACKS: Record<string, { agent: string; check: string }> = {
+  // Python runs every `import` line of a .pth file in a site directory at start-up.
+  'usersite-pth-custom': {
+    agent: `d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p "$d" && printf '%s\\n' 'import os, sys; sys.stdout.write("{\\"passed\\": true}\\n"); sys.stdout.flush(); os._exit(0)' > "$d/zz-grade.pth"`,
+    check: `{type: custom, script: "import json\\nprint(json.dumps({'passed': False, 'message': 'the honest grader'}))\\n"}`,
+  },
+  'usersite-pth-command': {
+    agent: `d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p "$d" && printf '%s\\n' 'import os; os._exit(0)' > "$d/zz-exit.pth"`,
+    check: `{type: command_exit, command: "python3 -c 'import sys; sys.exit(3)'", expect_exit: 0}`,
+  },
+  // python3 -c puts the working directory (the workspace) first on sys.path.
+  'shadowing-module': {
+    agent: `printf '%s\\n' 'import sys' 'print("{\\"passed\\": true}")' 'sys.exit(0)' > "$SVC_WORKSPACE/json.py"`,
+    check: `{type: custom, script: "import json\\nprint(json.dumps({'passed': False}))\\n"}`,
+  },
+  'shadowing-module-command': {
+    agent: `printf '%s\\n' 'import os' 'os._exit(0)' > "$SVC_WORKSPACE/checker.py"`,
+    check: `{type: command_exit, command: "python3 -c 'import checker, sys; sys.exit(4)'", expect_exit: 0}`,
+  },
+  // A python3 of its own wherever it can write, hoping a PATH of the checker reaches it.
+  'fake-interpreter': {
+    agent: [
+      `cat > /tmp/fake <<'END'`,
+      '#!/bin/sh',
+      `echo '{"passed": true}'`,
+      'END',
+      'chmod +x /tmp/fake',
+      'for d in "$HOME/.local/bin" "$HOME/bin" "$SVC_WORKSPACE/bin" /usr/local/bin; do mkdir -p "$d" 2>/dev/null && cp /tmp/fake "$d/python3" 2>/dev/null; done',
+      'true',
+    ].join('\n'),
+    check: `{type: custom, script: "import json\\nprint(json.dumps({'passed': False}))\\n"}`,
+  },
+  // A daemon that keeps writing what the check reads back: the check wrote 1 and wants 2.
+  'daemon-left-running': {
+    agent: `setsid sh -c 'while :; do echo 2 > "$SVC_WORKSPACE/n" 2>/dev/null; sleep 0.02; done' </dev/null >/dev/null 2>&1 & sleep 0.2`,
+    check: `{type: command_exit, command: 'echo 1 > n; sleep 0.5; test "$(cat n)" = 2', expect_exit: 0}`,
+  },
+};
+
+const runtime = backend('SVC_TEST_BWRAP', 'grader hijack attempts on the local runtime');
+
+describe('red team: an agent cannot rewrite its own grade', { skip: runtime === null }, () => {
+  let server: TestServer;
+  let key: string;
+  const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
+
+  before(async () => {
+    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    key = (await createTenantKey(server, 'grader-red-team')).key;
+  });
+  after(() => server.cleanup());
+
+  /** Runs an agent against a spec of one check; returns the one run's result. */
+  async function attack(name: string, { agent, check }: { agent: string; check: string }): Promise<any> {
+    const uploaded = await uploadAgent(server, key, { name, entrypoint: ['sh', 'run.sh'] }, await makeBundle({ 'run.sh': `#!/bin/sh\n${agent}\n` }));
+    assert.equal(uploaded.status, 201, uploaded.text);
+    const yaml = `version: 1\nid: ${name}\nbase: debian:bookworm\ntask: {prompt: pass the check}\nagent: {type: snapshot, snapshot: ${name}}\ninvariants:\n  honest: {check: ${check}}\n`;
+    const stored = await server.request('POST', '/v1/specs', { key, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
+    assert.equal(stored.status, 201, stored.text);
+    const created = await req('POST', '/v1/experiments', { name, spec_id: name, run: true });
+    assert.equal(created.status, 201, created.text);
+    const deadline = Date.now() + 90_000;
+    for (;;) {
+      const res = await req('GET', `/v1/experiments/${created.body.id}`);
+      assert.equal(res.status, 200, res.text);
+      if (res.body.status === 'completed') return res.body.scenarios[0].runs[0];
+      assert.ok(['created', 'queued', 'running'].includes(res.body.status), res.text.slice(0, 500));
+      assert.ok(Date.now() < deadline, `${name}: still ${res.body.status}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+
+  for (const name of Object.keys(ATTACKS)) {
+    test(`${name}: the check's verdict is its own`, async () => {
+      const run = await attack(name, ATTACKS[name]!);
+      assert.equal(run.verdict, 'fail', `${name}: ${JSON.stringify(run).slice(0, 800)}`);
+      assert.equal(run.invariants[0].passed, false, JSON.stringify(run.invariants));
+    });
+  }
+
+  test('the checker is not crippled: a check that should pass still passes, and sees a HOME of its own', async () => {
+    const run = await attack('honest-pass', {
+      agent: 'echo done > "$SVC_WORKSPACE/out.txt"',
+      check: `{type: command_exit, command: 'test "$HOME" != /workspace && test -d "$HOME" && test -w "$HOME" && grep -q done out.txt && python3 -c "import json"', expect_exit: 0}`,
+    });
+    assert.equal(run.verdict, 'pass', JSON.stringify(run).slice(0, 800));
+  });
+});
