@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
+import { assertIntegers } from './integers.ts';
 
 /** The smallest valid spec with one passing invariant; `extra` is appended as more top-level YAML. */
 export const SPEC = (id: string, extra = '') => `version: 1
@@ -27,6 +28,7 @@ export async function sse(url: string, key: string, headers: Record<string, stri
     .map((block) => {
       const id = /^id: (.*)$/m.exec(block)?.[1];
       const data = JSON.parse(/^data: (.*)$/m.exec(block)![1]);
+      assertIntegers(data, `SSE ${url}`);
       return { id, ...data };
     });
 }

@@ -8,6 +8,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { assertIntegers } from './integers.ts';
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const ADMIN_KEY = 'test-admin-key-0123456789';
@@ -106,7 +107,9 @@ export async function startServer(env: Record<string, string> = {}, options: { d
         parsed = text ? JSON.parse(text) : null;
       } catch {
         // not JSON (NDJSON, metrics)
+        if ((res.headers.get('content-type') ?? '').includes('ndjson')) assertIntegers(text.split('\n').filter(Boolean).map((line) => JSON.parse(line)), `${method} ${p}`);
       }
+      assertIntegers(parsed, `${method} ${p}`);
       return { status: res.status, headers: res.headers, body: parsed, text };
     },
     async stop() {
