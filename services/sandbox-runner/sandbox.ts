@@ -27,6 +27,7 @@ import { AUDIT_FILE, AuditLog } from './workspace/audit-log.ts';
 import { removeBeneath } from './workspace/beneath.ts';
 import { copyFileOut, deleteFile, readFile, writeFile } from './workspace/files.ts';
 import { FsWatcher } from './workspace/fs-watcher.ts';
+import { processTracer, type ProcessRun } from './runtime/process-tracer.ts';
 import { resolveRealPath, resolveWorkspacePath, SERVICE_DIR } from './workspace/paths.ts';
 import { captureState, ChecksumCache, diffStates, type FilesystemState } from './workspace/state.ts';
 
@@ -73,6 +74,22 @@ const CHECK_ENV: Readonly<Record<string, string>> = {
  */
 const CHECK_PRELUDE = 'HOME="$(mktemp -d /tmp/.svc-check.XXXXXXXXXX)" || exit 125; export HOME; eval "$SVC_CHECK_COMMAND"';
 
+/** A moment for the exits of a kill to come through the tracer's pipe before the watch ends. */
+const PROCESS_EVENTS_DRAIN_MS = 100;
+
+/** A `process_spawn` record of a program a command started (the commands API records the commands themselves). */
+function processSpawnDetails(run: ProcessRun): Record<string, unknown> {
+  return {
+    command: run.command,
+    pid: run.pid,
+    parent_pid: run.parent_pid,
+    exit_code: run.exit_code,
+    duration_ms: run.duration_ms,
+    ...(run.signal !== null ? { signal: run.signal } : {}),
+    ...(run.truncated ? { truncated: true } : {}),
+  };
+}
+
 export class LiveSandbox {
   state: State = 'creating';
   private readonly spec: SpecDocument;
@@ -80,6 +97,8 @@ export class LiveSandbox {
   private box: SandboxHandle | null = null;
   private audit: AuditLog | null = null;
   private watcher: FsWatcher | null = null;
+  /** Ends the kernel's report of the sandbox's processes (audit.process_spawns). */
+  private endProcessWatch: (() => void) | null = null;
   private before: FilesystemState | null = null;
   private secretValues: Record<string, string> = {};
   private env: Record<string, string> = {};
@@ -141,6 +160,7 @@ export class LiveSandbox {
    */
   async endAgent(): Promise<void> {
     await this.box!.killAll();
+    await this.stopWatchingProcesses();
     await this.watcher?.stop();
   }
 
@@ -319,7 +339,33 @@ export class LiveSandbox {
       this.watcher = new FsWatcher({ workspace: this.workspace, watch, track, audit: this.audit! });
       await this.watcher.start();
     }
-    done({ file_system: watch.length > 0 });
+    if (this.spec.audit.process_spawns) await this.watchProcesses();
+    done({ file_system: watch.length > 0, process_spawns: this.endProcessWatch !== null });
+  }
+
+  /**
+   * audit.process_spawns: every program a command starts, at any depth, as the kernel saw it
+   * (runtime/process-tracer.ts). Where that capture cannot run, a warning says so.
+   */
+  private async watchProcesses(): Promise<void> {
+    const tracer = processTracer();
+    const where = this.box!.processes();
+    if (typeof tracer === 'string' || where === null) {
+      return this.warnAudited(`process capture is off: ${typeof tracer === 'string' ? tracer : 'the runtime cannot name the sandbox\'s processes'}; only the commands themselves are recorded`);
+    }
+    this.endProcessWatch = await tracer.watch({
+      ...where,
+      onRun: (run) => void this.audit!.record('process_spawn', processSpawnDetails(run), { ts: run.started_at }).catch(() => undefined),
+      onLost: (lost) => void this.warnAudited(`the kernel dropped ${lost} process events: the process record is incomplete`),
+    });
+  }
+
+  /** Ends the process capture; the kernel's last events (the kill's exits) reach the tracer a moment later. */
+  private async stopWatchingProcesses(): Promise<void> {
+    if (!this.endProcessWatch) return;
+    await new Promise((r) => setTimeout(r, PROCESS_EVENTS_DRAIN_MS));
+    this.endProcessWatch();
+    this.endProcessWatch = null;
   }
 
   /** The before-run snapshot, which diffs compare against. */
@@ -607,6 +653,7 @@ export class LiveSandbox {
         this.kernel.logger.warn({ err, sandbox_id: this.id, step: what }, 'sandbox teardown step failed');
       }
     };
+    await step('stopping the process capture', () => this.stopWatchingProcesses());
     await step('stopping the file watch', () => this.watcher?.stop());
     await step('closing the audit log', () => this.audit?.close());
     if (this.state !== 'error' || this.spec.teardown.always_run) await step('exporting', () => this.runExports());

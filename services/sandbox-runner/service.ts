@@ -28,6 +28,7 @@ import { LiveSandbox, type CreateRequest } from './sandbox.ts';
 import { removeBeneath } from './workspace/beneath.ts';
 import { RunExecutor } from './run-executor.ts';
 import { reportRun } from './run-reports.ts';
+import { stopProcessTracer } from './runtime/process-tracer.ts';
 import type { RunRequested } from '../domain/events/run-events.ts';
 
 export class SandboxRunnerService implements Service {
@@ -107,6 +108,7 @@ export class SandboxRunnerService implements Service {
     // Sandboxes go first: a run in one ends at once (unreported; it runs again after the restart).
     await Promise.allSettled([...this.sandboxes.values()].map((s) => s.destroy('the runner stopped')));
     await Promise.allSettled([...this.inFlight]);
+    stopProcessTracer();
     await Promise.all([this.secrets?.stop(), this.known.stop(), this.runtime?.close()]);
   }
 

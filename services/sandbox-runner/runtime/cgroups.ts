@@ -177,6 +177,15 @@ export class SandboxCgroup {
     return readNumber(path.join(this.pidsDir, 'pids.current'));
   }
 
+  /** host pids of the group's processes */
+  members(): number[] {
+    try {
+      return fs.readFileSync(path.join(this.pidsDir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number);
+    } catch {
+      return [];
+    }
+  }
+
   /** SIGKILLs every process in the group until it is empty (or the attempts run out) */
   async killAll(): Promise<void> {
     const kill = path.join(this.pidsDir, 'cgroup.kill');

@@ -545,6 +545,21 @@ class LocalSandbox implements SandboxHandle {
     });
   }
 
+  processes(): { pidNamespace: number; supervisorPid: number } | null {
+    // Read before any command of the agent runs: the supervisor is then the only `serve` in the group.
+    for (const pid of this.cgroup.members()) {
+      try {
+        const [command, mode] = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+        if (command !== SUPERVISOR_IN_SANDBOX || mode !== 'serve') continue;
+        const link = fs.readlinkSync(`/proc/${pid}/ns/pid`);
+        return { pidNamespace: Number(/^pid:\[(\d+)\]$/.exec(link)![1]), supervisorPid: pid };
+      } catch {
+        // gone meanwhile
+      }
+    }
+    return null;
+  }
+
   async usage(): Promise<SandboxUsage> {
     return { memoryBytes: this.cgroup.memoryBytes(), pids: this.cgroup.pids(), oomKills: this.cgroup.oomKills(), pidsLimitHits: this.cgroup.pidsLimitHits() };
   }

@@ -81,6 +81,8 @@ export interface SandboxHandle {
   /** kills every process of the sandbox except the supervisor */
   killAll(): Promise<void>;
   usage(): Promise<SandboxUsage>;
+  /** where the kernel sees the sandbox's processes (for capture from outside), or null when this runtime cannot say */
+  processes(): { pidNamespace: number; supervisorPid: number } | null;
   /** idempotent: kills everything and removes the cgroups; the workspace's contents go with its own filesystem (if it has one), its directory is left to the caller */
   destroy(): Promise<void>;
   /** resolves when the sandbox has ended, on its own or by destroy() */

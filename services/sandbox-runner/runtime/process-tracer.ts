@@ -1,0 +1,218 @@
+/**
+ * Every process the sandboxes' commands start, at any depth, seen by the kernel rather than
+ * reported by anything inside the sandbox: one bpftrace per runner, on the exec and exit
+ * tracepoints, for tasks outside the host's pid namespace. The arguments are read at the execve
+ * call itself, so a process that execs at once, double-forks or kills itself is recorded all the
+ * same; its exit code comes from the exit tracepoint. Events are tagged with the task's pid
+ * namespace, which names the sandbox (each sandbox has its own, and cannot make another:
+ * unshare and clone with namespace flags are refused by its seccomp filter).
+ *
+ * Each output line starts with a random nonce only the runner knows: an argument holding a
+ * newline cannot forge an event, its next line is read as the rest of the argument.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import readline from 'node:readline';
+
+/** One program a sandbox ran, from its exec to its exit (or to its next exec, or to the end of the watch). */
+export interface ProcessRun {
+  /** host pids: stable within one sandbox, enough to rebuild the tree */
+  pid: number;
+  parent_pid: number;
+  /** argv joined by spaces: at most MAX_ARGS arguments of at most STRLEN - 1 characters (else `truncated`) */
+  command: string;
+  truncated: boolean;
+  /** null when the program did not exit by itself while watched (it exec'd again, or was still running) */
+  exit_code: number | null;
+  /** the signal that ended it, when one did */
+  signal: number | null;
+  duration_ms: number;
+  started_at: Date;
+}
+
+export interface ProcessWatch {
+  /** the sandbox's pid namespace (the inode number of /proc/<pid>/ns/pid) */
+  pidNamespace: number;
+  /** host pid of the sandbox's supervisor: the programs its shepherds start are the commands themselves, recorded by the commands API */
+  supervisorPid: number;
+  onRun(run: ProcessRun): void;
+  /** the kernel's buffer overflowed: `lost` events of some sandbox are missing */
+  onLost(lost: number): void;
+}
+
+const MAX_ARGS = 16;
+/** bpftrace's string size (its largest): an argument is cut at STRLEN - 1 characters */
+const STRLEN = 200;
+const TRACEFS = '/sys/kernel/tracing';
+
+/** The bpftrace program; `N` is the nonce. Arguments stop at argv's NULL (envp follows it in memory). */
+const program = (nonce: string) => `
+BEGIN { printf("${nonce} B %llu\\n", nsecs); }
+tracepoint:syscalls:sys_enter_execve,tracepoint:syscalls:sys_enter_execveat /curtask->nsproxy->pid_ns_for_children->level > 0/ {
+  printf("${nonce} x %d %d %d %u\\n", tid, curtask->real_parent->tgid, curtask->real_parent->real_parent->tgid, curtask->nsproxy->pid_ns_for_children->ns.inum);
+  $i = 0; $end = 0;
+  unroll(${MAX_ARGS + 1}) {
+    if ($end == 0) {
+      $p = *(args->argv + $i);
+      if ($p == 0) { $end = 1; } else { printf("${nonce} a %d %d %s\\n", tid, $i, str($p)); }
+    }
+    $i++;
+  }
+}
+tracepoint:sched:sched_process_exec /curtask->nsproxy->pid_ns_for_children->level > 0/ { printf("${nonce} e %d %llu\\n", pid, nsecs); }
+tracepoint:sched:sched_process_exit /pid == tid && curtask->nsproxy->pid_ns_for_children->level > 0/ { printf("${nonce} q %d %d %llu\\n", pid, curtask->exit_code, nsecs); }
+`;
+
+interface PendingExec {
+  parent: number;
+  grandparent: number;
+  namespace: number;
+  args: string[];
+  /** an argument past MAX_ARGS, or one cut at bpftrace's string size */
+  truncated: boolean;
+}
+
+interface Running extends PendingExec {
+  pid: number;
+  startNs: bigint;
+}
+
+let shared: ProcessTracer | null = null;
+let unavailable: string | null | undefined;
+
+/** The runner's tracer, or why there is none (checked once: bpftrace, tracefs). */
+export function processTracer(): ProcessTracer | string {
+  unavailable ??= tracerUnavailable();
+  if (unavailable !== null) return unavailable;
+  return (shared ??= new ProcessTracer());
+}
+
+/** Stops the runner's tracer, if it started. */
+export function stopProcessTracer(): void {
+  shared?.stop();
+  shared = null;
+}
+
+/** Why the tracer cannot run here, or null when it can (mounting tracefs if it is not). */
+function tracerUnavailable(): string | null {
+  if (spawnSync('bpftrace', ['--version'], { stdio: 'ignore' }).status !== 0) return 'bpftrace is not installed (apt-get install bpftrace)';
+  if (!fs.existsSync(`${TRACEFS}/events/sched`)) {
+    const mounted = spawnSync('mount', ['-t', 'tracefs', 'nodev', TRACEFS], { stdio: 'ignore' });
+    if (mounted.status !== 0 || !fs.existsSync(`${TRACEFS}/events/sched`)) return `tracefs is not mounted at ${TRACEFS} and could not be`;
+  }
+  return null;
+}
+
+/** The runner's one tracer, started by the first watch and kept while the runner lives. */
+export class ProcessTracer {
+  private child: ChildProcess | null = null;
+  private starting: Promise<void> | null = null;
+  private readonly nonce = randomBytes(12).toString('hex');
+  private readonly watches = new Map<number, ProcessWatch>();
+  private readonly pending = new Map<number, PendingExec>();
+  private readonly running = new Map<number, Running>();
+  /** wall-clock ms at the kernel's monotonic 0, from the BEGIN line */
+  private epochMs = 0;
+  private lastArg: { list: string[]; index: number } | null = null;
+
+  /** Starts reporting the programs of one sandbox; the returned function ends the watch, reporting what still runs. */
+  async watch(watch: ProcessWatch): Promise<() => void> {
+    await this.start();
+    this.watches.set(watch.pidNamespace, watch);
+    return () => {
+      for (const run of [...this.running.values()]) if (run.namespace === watch.pidNamespace) this.finish(run, null, process.hrtime.bigint());
+      this.watches.delete(watch.pidNamespace);
+    };
+  }
+
+  stop(): void {
+    this.child?.kill('SIGTERM');
+    this.child = null;
+    this.starting = null;
+  }
+
+  private start(): Promise<void> {
+    this.starting ??= new Promise<void>((resolve, reject) => {
+      const child = spawn('bpftrace', ['-e', program(this.nonce)], { env: { ...process.env, BPFTRACE_STRLEN: String(STRLEN) }, stdio: ['ignore', 'pipe', 'pipe'] });
+      this.child = child;
+      let errors = '';
+      child.stderr!.on('data', (chunk: Buffer) => {
+        const text = chunk.toString('utf8');
+        errors = (errors + text).slice(-2000);
+        for (const [, lost] of text.matchAll(/Lost (\d+) events/g)) for (const w of this.watches.values()) w.onLost(Number(lost));
+      });
+      child.once('exit', (code) => {
+        this.child = null;
+        this.starting = null;
+        reject(new Error(`bpftrace exited (${code}): ${errors.trim()}`));
+      });
+      readline.createInterface({ input: child.stdout! }).on('line', (line) => {
+        if (line.startsWith(`${this.nonce} B `)) {
+          this.epochMs = Date.now() - Number(BigInt(line.split(' ')[2]!) / 1_000_000n);
+          resolve();
+        } else this.read(line);
+      });
+    });
+    return this.starting;
+  }
+
+  private read(line: string): void {
+    if (!line.startsWith(`${this.nonce} `)) {
+      // The rest of an argument that held a newline.
+      if (this.lastArg) this.lastArg.list[this.lastArg.index] += `\n${line}`;
+      return;
+    }
+    const [, kind, a, b, c, d] = line.split(' ');
+    const pid = Number(a);
+    if (kind === 'x') {
+      this.pending.set(pid, { parent: Number(b), grandparent: Number(c), namespace: Number(d), args: [], truncated: false });
+      this.lastArg = null;
+    } else if (kind === 'a') {
+      const exec = this.pending.get(pid);
+      const index = Number(b);
+      const text = line.slice(`${this.nonce} a ${a} ${b} `.length);
+      if (!exec) return;
+      if (index >= MAX_ARGS || text.length >= STRLEN - 1) exec.truncated = true;
+      if (index < MAX_ARGS) {
+        exec.args[index] = text;
+        this.lastArg = { list: exec.args, index };
+      }
+    } else if (kind === 'e') this.exec(pid, BigInt(b!));
+    else if (kind === 'q') {
+      const run = this.running.get(pid);
+      if (run) this.finish(run, Number(b), BigInt(c!));
+    }
+  }
+
+  /** A successful exec: the program replaces whatever the process ran before. */
+  private exec(pid: number, ns: bigint): void {
+    const exec = this.pending.get(pid);
+    this.pending.delete(pid);
+    const previous = this.running.get(pid);
+    if (previous) this.finish(previous, null, ns);
+    if (!exec) return;
+    const watch = this.watches.get(exec.namespace);
+    // The commands themselves (their parent a shepherd of the supervisor) are the commands API's records.
+    if (!watch || exec.grandparent === watch.supervisorPid) return;
+    this.running.set(pid, { ...exec, pid, startNs: ns });
+  }
+
+  private finish(run: Running, status: number | null, ns: bigint): void {
+    this.running.delete(run.pid);
+    const watch = this.watches.get(run.namespace);
+    if (!watch) return;
+    const signal = status === null ? null : status & 0x7f;
+    const startedMs = this.epochMs + Number(run.startNs / 1_000_000n);
+    watch.onRun({
+      pid: run.pid,
+      parent_pid: run.parent,
+      command: run.args.filter((arg) => arg !== undefined).join(' '),
+      truncated: run.truncated,
+      exit_code: status === null || signal !== 0 ? null : (status >> 8) & 0xff,
+      signal: signal ? signal : null,
+      duration_ms: Math.max(0, Math.round(Number(ns - run.startNs) / 1e6)),
+      started_at: new Date(startedMs),
+    });
+  }
+}

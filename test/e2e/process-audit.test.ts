@@ -1,0 +1,104 @@
+/**
+ * audit.process_spawns: every process a command starts, at any depth, is a `process_spawn`
+ * record with its command line, exit code, duration, pid and parent pid, as the kernel saw it
+ * (docs/sandboxes.md, "Audit"). Children that exec at once, double-fork, or kill themselves are
+ * recorded all the same; without the toggle only the commands themselves are.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { backend } from '../helpers/backend.ts';
+import { SPEC } from '../helpers/sandboxes.ts';
+import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+
+const runtime = backend('SVC_TEST_BWRAP', 'process capture on the local runtime');
+
+interface Spawn {
+  command: string;
+  pid?: number;
+  parent_pid?: number;
+  exit_code: number | null;
+  duration_ms: number;
+  signal?: number;
+}
+
+describe('every process a command starts is audited', { skip: runtime === null }, () => {
+  let server: TestServer;
+  let key: string;
+  const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
+
+  before(async () => {
+    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    key = (await createTenantKey(server, 'process-audit')).key;
+    for (const [id, audit] of [['spawns', 'audit: {process_spawns: true}\n'], ['quiet', '']]) {
+      const res = await server.request('POST', '/v1/specs', { key, body: SPEC(id, audit), headers: { 'content-type': 'application/x-yaml' } });
+      assert.equal(res.status, 201, res.text);
+    }
+  });
+  after(() => server.cleanup());
+
+  /** Runs `command` in a new sandbox of `spec`, destroys it, and returns its process_spawn records. */
+  async function spawnsOf(spec: string, command: string): Promise<{ records: Spawn[]; warnings: string[] }> {
+    const sb = await req('POST', '/v1/sandboxes', { spec_id: spec });
+    assert.equal(sb.status, 201, sb.text);
+    const ran = await req('POST', `/v1/sandboxes/${sb.body.id}/commands`, { command });
+    assert.equal(ran.status, 200, ran.text);
+    // The last exits come through the kernel's pipe a moment after the command answers.
+    await new Promise((r) => setTimeout(r, 300));
+    const audit = await req('GET', `/v1/sandboxes/${sb.body.id}/files/.svc/audit.jsonl`);
+    assert.equal(audit.status, 200, audit.text);
+    await req('DELETE', `/v1/sandboxes/${sb.body.id}`);
+    const lines = audit.text.trim().split('\n').map((l) => JSON.parse(l));
+    return { records: lines.filter((l) => l.type === 'process_spawn').map((l) => l.details), warnings: lines.filter((l) => l.type === 'warning').map((l) => l.details.message) };
+  }
+
+  test('children, grandchildren, a double fork, a quick exec and a self-kill are each a record with its tree', async () => {
+    const script = [
+      'ls / > /dev/null',
+      `python3 -c 'import subprocess, os, sys; subprocess.run(["sh", "-c", "exit 3"]); os.execv("/bin/true", ["true", "from-python"])'`,
+      '(setsid sh -c "sleep 0.2; echo detached > /dev/null" &)',
+      'sh -c "exec /bin/echo quick > /dev/null"',
+      `sh -c 'kill -9 $$'`,
+      'sleep 0.5',
+    ].join('; ');
+    const { records, warnings } = await spawnsOf('spawns', script);
+    assert.deepEqual(warnings.filter((w) => /process/.test(w)), [], 'capture is on, nothing lost');
+    const find = (re: RegExp) => records.find((r) => re.test(r.command));
+    const top = records.find((r) => r.pid === undefined);
+    assert.ok(top && top.command === script, 'the command itself is the commands API record');
+    const ls = find(/^ls \/$/);
+    assert.ok(ls, JSON.stringify(records, null, 1));
+    assert.equal(ls.exit_code, 0);
+    const python = find(/^python3 -c /);
+    const exit3 = find(/^sh -c exit 3$/);
+    assert.ok(python && exit3, JSON.stringify(records, null, 1));
+    assert.equal(exit3.exit_code, 3);
+    assert.equal(exit3.parent_pid, python.pid, 'the tree: python started sh');
+    const execd = find(/^true from-python$/);
+    assert.ok(execd, 'the program python exec\'d into is a record of its own');
+    assert.equal(execd.pid, python.pid);
+    assert.equal(python.exit_code, null, 'python did not exit itself: it became true');
+    assert.equal(execd.exit_code, 0);
+    assert.ok(find(/^sleep 0\.2$/), 'the double-forked, detached grandchild is recorded');
+    assert.ok(find(/^\/bin\/echo quick$/), 'a program exec\'d at once is recorded');
+    const killed = records.find((r) => r.signal === 9);
+    assert.ok(killed, 'a process that killed itself is recorded with its signal');
+    for (const r of records.filter((x) => x.pid !== undefined)) {
+      assert.ok(Number.isInteger(r.pid) && Number.isInteger(r.parent_pid) && Number.isInteger(r.duration_ms), JSON.stringify(r));
+    }
+  });
+
+  test('an argument holding a newline cannot forge a record', async () => {
+    const { records } = await spawnsOf('spawns', `/bin/echo "a
+ffff q 1 0 1
+b" > /dev/null; true`);
+    const echo = records.find((r) => r.pid !== undefined && r.command.startsWith('/bin/echo'));
+    assert.ok(echo, JSON.stringify(records));
+    assert.equal(echo.command, '/bin/echo a\nffff q 1 0 1\nb');
+  });
+
+  test('off by default: only the commands themselves are recorded', async () => {
+    const { records } = await spawnsOf('quiet', 'ls / > /dev/null; sh -c "exit 0"');
+    assert.equal(records.length, 1, JSON.stringify(records));
+    assert.equal(records[0]!.pid, undefined);
+  });
+});
