@@ -99,6 +99,7 @@ export class LiveSandbox {
   private watcher: FsWatcher | null = null;
   /** Ends the kernel's report of the sandbox's processes (audit.process_spawns). */
   private endProcessWatch: (() => void) | null = null;
+  private captureEnded: Promise<void> | null = null;
   private before: FilesystemState | null = null;
   private secretValues: Record<string, string> = {};
   private env: Record<string, string> = {};
@@ -160,8 +161,35 @@ export class LiveSandbox {
    */
   async endAgent(): Promise<void> {
     await this.box!.killAll();
-    await this.stopWatchingProcesses();
-    await this.watcher?.stop();
+    await this.endCapture();
+  }
+
+  /**
+   * Ends the capture of the agent's activity (once): the process capture, then the file watch,
+   * then the reconciliation of what the watch saw with what changed.
+   */
+  private endCapture(): Promise<void> {
+    this.captureEnded ??= (async () => {
+      await this.stopWatchingProcesses();
+      if (!this.watcher) return;
+      await this.watcher.stop();
+      await this.reconcileFileRecords(this.watcher);
+    })();
+    return this.captureEnded;
+  }
+
+  /**
+   * A change the watch missed still gets a record: a write through a hard link made outside the
+   * watched paths, or through mmap, changes the file without an inotify event the watch can see.
+   * Every file added or modified since ready (deleted, when deletes are tracked) under the watched
+   * paths without a record of it gets one, marked `found_by: "reconciliation"`.
+   */
+  private async reconcileFileRecords(watcher: FsWatcher): Promise<void> {
+    if (!this.before) return;
+    const diff = diffStates(this.before, await this.captureState());
+    const missed = (type: 'file_write' | 'file_delete', kind: 'writes' | 'deletes', paths: string[]) =>
+      paths.filter((rel) => watcher.reports(kind, rel) && !this.audit!.hasFileRecord(type, rel)).map((rel) => this.audit!.record(type, { path: rel, found_by: 'reconciliation' }));
+    await Promise.all([...missed('file_write', 'writes', [...diff.added, ...diff.modified]), ...missed('file_delete', 'deletes', diff.removed)]);
   }
 
   /**
@@ -653,8 +681,7 @@ export class LiveSandbox {
         this.kernel.logger.warn({ err, sandbox_id: this.id, step: what }, 'sandbox teardown step failed');
       }
     };
-    await step('stopping the process capture', () => this.stopWatchingProcesses());
-    await step('stopping the file watch', () => this.watcher?.stop());
+    await step('ending the capture of the agent\'s activity', () => this.endCapture());
     await step('closing the audit log', () => this.audit?.close());
     if (this.state !== 'error' || this.spec.teardown.always_run) await step('exporting', () => this.runExports());
     await step('destroying the sandbox', () => this.box?.destroy());

@@ -210,15 +210,42 @@ async function benchSandboxes(): Promise<string[]> {
     const concurrentMs = performance.now() - started;
     const ok = concurrent.filter((r) => r.status === 'fulfilled') as Array<PromiseFulfilledResult<{ id: string; ms: number }>>;
     await Promise.all(ok.map((r) => destroy(r.value.id)));
+    const build = await buildLikeCommand(server);
     const f = (n: number) => n.toFixed(1);
     lines.push(`| sandbox create to ready (POST /v1/sandboxes) | p50 ${f(pct(creates, 0.5))} ms | p95 ${f(pct(creates, 0.95))} ms | target p50 < 50 ms |`);
     lines.push(`| command round trip \`true\` via the API vs \`sh -c true\` spawned directly | p50 ${f(pct(viaApi, 0.5))} ms | p50 ${f(pct(direct, 0.5))} ms | overhead ${f(pct(viaApi, 0.5) - pct(direct, 0.5))} ms (target < 5 ms) |`);
     lines.push(`| 20 sandboxes created concurrently | ${ok.length}/20 ready | ${f(concurrentMs)} ms in all | target 20/20 |`);
     lines.push(`| GET /state of a 10,000-file workspace | first ${f(stateMs[0])} ms | then ${f(pct(stateMs.slice(1), 0.5))} ms | |`);
+    const x = (ms: number) => `${(ms / build.off).toFixed(2)}x`;
+    lines.push(`| build-like command (1,000 processes, 10,000 files written): audit off, then process_spawns, file_system (writes), both | ${f(build.off)} ms | ${f(build.spawns)} ms (${x(build.spawns)}), ${f(build.files)} ms (${x(build.files)}), ${f(build.both)} ms (${x(build.both)}) | target both <= 1.20x |`);
   } finally {
     await server.cleanup();
   }
   return lines;
+}
+
+/**
+ * A build-like command (1,000 short processes, then 10,000 small files) in a fresh sandbox with
+ * the audit off, with audit.process_spawns, with audit.file_system (writes), and with both;
+ * median of 3 each, in ms.
+ */
+async function buildLikeCommand(server: TestServer): Promise<Record<'off' | 'spawns' | 'files' | 'both', number>> {
+  const spec = (id: string, audit: string) => `version: 1\nid: ${id}\nbase: debian:bookworm\ntask: {prompt: bench}\naudit: {${audit}}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n`;
+  const audits = { off: '', spawns: 'process_spawns: true', files: 'file_system: {watch: ["/"], track: [writes]}', both: 'process_spawns: true, file_system: {watch: ["/"], track: [writes]}' };
+  for (const [name, audit] of Object.entries(audits)) await server.request('POST', '/v1/specs', { body: spec(`build-${name}`, audit), headers: { 'content-type': 'application/x-yaml' } });
+  const command = 'i=0; while [ $i -lt 1000 ]; do /bin/true; i=$((i+1)); done; mkdir -p out && cd out && i=0; while [ $i -lt 10000 ]; do echo "x $i" > f$i.txt; i=$((i+1)); done';
+  const once = async (specId: string) => {
+    const sb = await server.request('POST', '/v1/sandboxes', { body: { spec_id: specId } });
+    if (sb.status !== 201) throw new Error(`create: ${sb.status} ${sb.text}`);
+    const started = performance.now();
+    const res = await server.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, { body: { command } });
+    const ms = performance.now() - started;
+    if (res.body.exit_code !== 0) throw new Error(`build: ${res.text.slice(0, 300)}`);
+    await server.request('DELETE', `/v1/sandboxes/${sb.body.id}`);
+    return ms;
+  };
+  const median = async (specId: string) => pct([await once(specId), await once(specId), await once(specId)], 0.5);
+  return { off: await median('build-off'), spawns: await median('build-spawns'), files: await median('build-files'), both: await median('build-both') };
 }
 
 /** Resident memory of a process in MiB, from /proc. */

@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
-import { makeBundle, uploadAgent } from '../helpers/bundles.ts';
+import { runOnce } from '../helpers/experiments.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
 /** What each hijacking agent leaves behind, and the check (one that can only fail) it targets. */
@@ -56,7 +56,6 @@ const runtime = backend('SVC_TEST_BWRAP', 'grader hijack attempts on the local r
 describe('red team: an agent cannot rewrite its own grade', { skip: runtime === null }, () => {
   let server: TestServer;
   let key: string;
-  const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
 
   before(async () => {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
@@ -65,24 +64,7 @@ describe('red team: an agent cannot rewrite its own grade', { skip: runtime === 
   after(() => server.cleanup());
 
   /** Runs an agent against a spec of one check; returns the one run's result. */
-  async function attack(name: string, { agent, check }: { agent: string; check: string }): Promise<any> {
-    const uploaded = await uploadAgent(server, key, { name, entrypoint: ['sh', 'run.sh'] }, await makeBundle({ 'run.sh': `#!/bin/sh\n${agent}\n` }));
-    assert.equal(uploaded.status, 201, uploaded.text);
-    const yaml = `version: 1\nid: ${name}\nbase: debian:bookworm\ntask: {prompt: pass the check}\nagent: {type: snapshot, snapshot: ${name}}\ninvariants:\n  honest: {check: ${check}}\n`;
-    const stored = await server.request('POST', '/v1/specs', { key, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
-    assert.equal(stored.status, 201, stored.text);
-    const created = await req('POST', '/v1/experiments', { name, spec_id: name, run: true });
-    assert.equal(created.status, 201, created.text);
-    const deadline = Date.now() + 90_000;
-    for (;;) {
-      const res = await req('GET', `/v1/experiments/${created.body.id}`);
-      assert.equal(res.status, 200, res.text);
-      if (res.body.status === 'completed') return res.body.scenarios[0].runs[0];
-      assert.ok(['created', 'queued', 'running'].includes(res.body.status), res.text.slice(0, 500));
-      assert.ok(Date.now() < deadline, `${name}: still ${res.body.status}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  }
+  const attack = (name: string, { agent, check }: { agent: string; check: string }) => runOnce(server, key, name, agent, `invariants:\n  honest: {check: ${check}}\n`);
 
   for (const name of Object.keys(ATTACKS)) {
     test(`${name}: the check's verdict is its own`, async () => {

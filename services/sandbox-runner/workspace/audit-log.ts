@@ -123,6 +123,14 @@ export class AuditLog {
     return this.append(type, details, options.ts);
   }
 
+  /** Paths of the file_write and file_delete records written so far, by anyone (the watcher, the files API). */
+  private readonly filePaths = { file_write: new Set<string>(), file_delete: new Set<string>() };
+
+  /** Whether a `file_write` or `file_delete` record of `path` was written. */
+  hasFileRecord(type: 'file_write' | 'file_delete', path: string): boolean {
+    return this.filePaths[type].has(path);
+  }
+
   /** How many records of each type the limits dropped so far. */
   get dropped(): Record<string, number> {
     return Object.fromEntries(this.droppedByType);
@@ -187,6 +195,7 @@ export class AuditLog {
       type,
       details: (redact ? redactDeep(details, redact) : details) as Record<string, unknown>,
     };
+    if ((type === 'file_write' || type === 'file_delete') && typeof details.path === 'string') this.filePaths[type].add(details.path);
     const line = Buffer.from(`${JSON.stringify(record)}\n`);
     const done = this.tail.then(async () => {
       const fh = await this.open();

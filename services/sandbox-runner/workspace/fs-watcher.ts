@@ -399,6 +399,11 @@ export class FsWatcher {
     }
   }
 
+  /** Whether the watch reports `kind` for the workspace-relative `rel`. */
+  reports(kind: TrackKind, rel: string): boolean {
+    return this.track.has(kind) && this.inScope(rel);
+  }
+
   private inScope(rel: string): boolean {
     return this.prefixes.some((p) => p === '' || rel === p || rel.startsWith(`${p}/`));
   }
