@@ -1,5 +1,6 @@
 import { AppError } from './errors.ts';
 import type { EventLog, RecordPosition, TopicSpec } from './log/event-log.ts';
+import { partitionForKey } from './log/murmur2.ts';
 import { sinkGroupId } from './topics.ts';
 
 /**
@@ -67,7 +68,7 @@ export class Visibility {
 
   constructor(
     private readonly catalog: TopicSpec[],
-    private readonly log: Pick<EventLog, 'committedOffsets'>,
+    private readonly log: Pick<EventLog, 'committedOffsets' | 'endOffsets'>,
   ) {}
 
   register(topic: string, watermark: Watermark): void {
@@ -82,6 +83,32 @@ export class Visibility {
       const watermark = this.byTopic.get(topic);
       if (watermark) await watermark.waitFor(mine, Math.max(0, deadline - Date.now()));
       else await this.pollCommits(topic, mine, deadline);
+    }
+  }
+
+  /**
+   * A read's barrier, for a table fed by writes of another actor (whose positions the reader
+   * never saw): resolves once the projection of the table's topic has applied everything on
+   * that topic when the call began; only the partition of `key` when given (records of one key
+   * share a partition). Rejects with a 504 `timeout` after `timeoutMs`, saying the table is behind.
+   */
+  async waitForTable(table: string, key: string | null, timeoutMs: number): Promise<void> {
+    const topic = this.catalog.find((t) => t.table === table)?.name;
+    if (!topic) throw new Error(`no topic of the catalog feeds the table ${table}`);
+    const ends = await this.log.endOffsets(topic);
+    const partitions = key === null ? [...ends.keys()] : [partitionForKey(key, ends.length)];
+    let positions = partitions.filter((p) => ends[p] > 0).map((partition) => ({ topic, partition, offset: ends[partition] - 1 }));
+    if (positions.length > 0 && !this.byTopic.get(topic)?.covers(positions)) {
+      // A projection started after those records were stored never sees them again (its
+      // watermark starts where it resumes): its group's commits, made after each insert, say so.
+      const committed = await this.log.committedOffsets(sinkGroupId(table), topic);
+      positions = positions.filter((p) => (committed[p.partition] ?? -1) <= p.offset);
+    }
+    try {
+      await this.waitFor(positions, timeoutMs);
+    } catch (err) {
+      if (!(err instanceof AppError && err.code === 'timeout')) throw err;
+      throw new AppError('timeout', `${table} is behind its topic ${topic}: what was on it ${timeoutMs} ms ago is not all stored yet; retry`);
     }
   }
 

@@ -100,6 +100,8 @@ export class LiveSandbox {
   /** Ends the kernel's report of the sandbox's processes (audit.process_spawns). */
   private endProcessWatch: (() => void) | null = null;
   private captureEnded: Promise<void> | null = null;
+  /** The audit records' appends to svc.audit, in the order they were written. */
+  private auditChain: Promise<void> = Promise.resolve();
   private before: FilesystemState | null = null;
   private secretValues: Record<string, string> = {};
   private env: Record<string, string> = {};
@@ -285,7 +287,9 @@ export class LiveSandbox {
       workspace: this.workspace,
       sandboxId: this.id,
       redact: (text) => this.redact(text),
-      onRecord: (r) => void this.publishAudit(r),
+      onRecord: (r) => {
+        this.auditChain = this.auditChain.then(() => this.publishAudit(r)).catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'an audit record did not reach the log'));
+      },
       recordsPerSecond: config.auditRecordsPerSecond,
       maxRecords: config.auditMaxRecords,
     });
@@ -758,6 +762,11 @@ export class LiveSandbox {
     // A failed append is logged once here; callers (many do not await) never see a rejection.
     this.eventChain = next.catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'sandbox events lost'));
     return this.eventChain.then(() => undefined);
+  }
+
+  /** Resolves once every audit record written so far is on the log (svc.audit). */
+  auditPublished(): Promise<void> {
+    return this.auditChain;
   }
 
   private async publishAudit(record: { ts: string; type: string; details: object }): Promise<void> {

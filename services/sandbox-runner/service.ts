@@ -181,6 +181,8 @@ export class SandboxRunnerService implements Service {
       if (request.op !== 'destroy' || !(await this.endUnrecorded(request, `torn down, but its end could not be recorded: ${(err as Error).message}`))) throw err;
       result = stopped;
     }
+    // What the operation audited is on the log before it answers: a read of the audit after the answer sees it.
+    await live.auditPublished();
     await reply(this.kernel, this.sealer, request, result.status ?? 200, result.body, { contentType: result.contentType });
   }
 

@@ -40,7 +40,7 @@ test('without a local projection, a write waits for the sink group to commit pas
 });
 
 test('a local watermark answers without polling, and a topic with no table is an error', async () => {
-  const visibility = new Visibility([topic, { ...topic, name: 'plain', table: null }], { committedOffsets: async () => [-1, -1] });
+  const visibility = new Visibility([topic, { ...topic, name: 'plain', table: null }], { committedOffsets: async () => [-1, -1], endOffsets: async () => [0, 0] });
   const watermark = new Watermark('test');
   visibility.register('facts', watermark);
   const waiting = visibility.waitFor([{ topic: 'facts', partition: 1, offset: 4 }], 1000);

@@ -1,19 +1,24 @@
 /**
  * GET /v1/experiments/:id/export: the export bundle, the experiment (with its metrics), its
- * spec, then every scenario followed by its runs (each with the runner's full outcome), as NDJSON
- * lines or one JSON document. docs/experiments.md documents it. Runs are read a page at a time,
- * so an experiment of any size streams in bounded memory.
+ * spec, then every scenario followed by its runs (each with the runner's full outcome and its
+ * sandbox's audit records), as NDJSON lines or one JSON document. docs/experiments.md documents
+ * it. Runs and audit records are read a page at a time, so an experiment of any size streams in
+ * bounded memory.
  */
 import { Readable } from 'node:stream';
 import { computeMetrics, type RunTraceStats } from '../../domain/experiment-metrics.ts';
 import type { ExperimentChanged } from '../../domain/events/experiment-events.ts';
 import { badRequest } from '../../kernel/errors.ts';
+import type { Kernel } from '../../kernel/actor.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { runFacts, runTraceStats } from '../../queries/run-facts.ts';
 import type { ExperimentPlan } from '../catalogs/experiment-catalog.ts';
+import { allAuditRecords, auditStored, type AuditItem } from '../sandboxes/audit-reads.ts';
 import { experimentDetail, RUN_COLUMNS, scenarioResult, type ExperimentDetail, type ResultContext, type RunResult, type RunRow, type ScenarioResult } from './run-results.ts';
 
 const EXPORT_PAGE = 500;
+/** Audit records read at a time for a run's `audit`. */
+const AUDIT_PAGE = 1000;
 
 export type ExportFormat = 'json' | 'ndjson';
 
@@ -33,8 +38,16 @@ export type ExportLine =
   | ({ type: 'experiment' } & ExperimentDetail)
   | { type: 'spec'; id: string; version: number; yaml: string | null }
   | ({ type: 'scenario' } & Omit<ScenarioResult, 'runs'>)
-  | ({ type: 'run' } & RunResult & { outcome: unknown })
+  | ({ type: 'run' } & RunLine)
   | { type: 'end'; scenarios: number; runs: number };
+
+/** A run's line: its result, the runner's outcome, and its sandbox's audit records, a page at a time (rendered by runText). */
+type RunLine = RunResult & { outcome: unknown; audit: AsyncIterable<AuditItem[]> };
+
+/** The audit records of a run's sandbox (none when the run never got one). */
+async function* runAudit(store: Store, tenant: string, sandboxId: string | null): AsyncGenerator<AuditItem[]> {
+  if (sandboxId !== null) yield* allAuditRecords(store, { tenant, sandboxId }, AUDIT_PAGE);
+}
 
 /** Scenario and run lines in index order, counted; planned scenarios without any scored run come in their place, with no runs. */
 class ScenarioLines {
@@ -43,6 +56,7 @@ class ScenarioLines {
   runs = 0;
 
   constructor(
+    private readonly store: Store,
     private readonly ctx: ResultContext,
     private readonly traces: ReadonlyMap<string, RunTraceStats>,
     private readonly planned: number,
@@ -60,7 +74,7 @@ class ScenarioLines {
     yield { type: 'scenario', ...withoutRuns(scenario) };
     for (const [i, run] of scenario.runs.entries()) {
       this.runs++;
-      yield { type: 'run', ...run, outcome: JSON.parse(rows[i].Outcome!) };
+      yield { type: 'run', ...run, outcome: JSON.parse(rows[i].Outcome!), audit: runAudit(this.store, this.ctx.experiment.tenant, run.sandbox_id) };
     }
     this.nextIndex = index + 1;
   }
@@ -98,21 +112,23 @@ async function* runsByScenario(store: Store, tenant: string, experimentId: strin
 }
 
 /** The export bundle as a stream of typed lines, ending with `end` and the totals. */
-export async function* exportLines(store: Store, experiment: ExperimentChanged, plan: ExperimentPlan, baseUrl: string): AsyncGenerator<ExportLine> {
+async function* exportLines(kernel: Kernel, experiment: ExperimentChanged, plan: ExperimentPlan): AsyncGenerator<ExportLine> {
+  const { store, config } = kernel;
   const { tenant, experiment_id: id } = experiment;
-  const [facts, traces] = await Promise.all([runFacts(store, tenant, id), runTraceStats(store, tenant, id)]);
+  // Every audit record on the log now (the runs' included) is in the table before it is read.
+  const [facts, traces] = await Promise.all([runFacts(store, tenant, id), runTraceStats(store, tenant, id), auditStored(kernel, null)]);
   const metrics = computeMetrics(id, facts, traces, plan.scoring.replica_aggregation);
   yield { type: 'experiment', ...experimentDetail(experiment, plan, metrics) };
   yield { type: 'spec', id: experiment.spec_id, version: experiment.spec_version, yaml: plan.yaml };
   const planned = plan.matrix?.length ?? 0;
-  const lines = new ScenarioLines({ experiment, plan, baseUrl }, traces, planned);
+  const lines = new ScenarioLines(store, { experiment, plan, baseUrl: config.baseUrl }, traces, planned);
   for await (const rows of runsByScenario(store, tenant, id)) yield* lines.emit(Number(rows[0].ScenarioIndex), rows);
   yield* lines.emit(planned, []);
   yield { type: 'end', scenarios: lines.scenarios, runs: lines.runs };
 }
 
 /** The same lines as one JSON document `{experiment, spec, scenarios: [{..., runs: [...]}], totals}`, in chunks. */
-export async function* exportJson(lines: AsyncIterable<ExportLine>): AsyncGenerator<string> {
+async function* exportJson(lines: AsyncIterable<ExportLine>): AsyncGenerator<string> {
   let openScenario = false;
   let firstScenario = true;
   let firstRun = true;
@@ -135,7 +151,8 @@ export async function* exportJson(lines: AsyncIterable<ExportLine>): AsyncGenera
         break;
       }
       case 'run':
-        yield `${firstRun ? '' : ','}${JSON.stringify(rest)}`;
+        if (!firstRun) yield ',';
+        yield* runText(rest as RunLine);
         firstRun = false;
         break;
       case 'end':
@@ -146,15 +163,35 @@ export async function* exportJson(lines: AsyncIterable<ExportLine>): AsyncGenera
 }
 
 async function* ndjson(lines: AsyncIterable<ExportLine>): AsyncGenerator<string> {
-  for await (const line of lines) yield `${JSON.stringify(line)}\n`;
+  for await (const line of lines) {
+    if (line.type === 'run') yield* runText(line);
+    else yield JSON.stringify(line);
+    yield '\n';
+  }
+}
+
+/**
+ * A run line as JSON text, `{..., "outcome": {...}, "audit": [...]}`, its audit records written
+ * a page at a time as they are read (a run's audit log is bounded by SVC_AUDIT_MAX_RECORDS).
+ */
+async function* runText(run: RunLine | ({ type: 'run' } & RunLine)): AsyncGenerator<string> {
+  const { audit, ...rest } = run;
+  // Drop the closing `]}` of the empty list: the records follow.
+  yield JSON.stringify({ ...rest, audit: [] }).slice(0, -2);
+  let first = true;
+  for await (const page of audit) {
+    yield `${first ? '' : ','}${page.map((record) => JSON.stringify(record)).join(',')}`;
+    first = false;
+  }
+  yield ']}';
 }
 
 /**
  * The bundle as a download: its content type, file name and body. The first chunk is read
  * before answering, so a failing query is an error status, not a cut stream.
  */
-export async function exportDownload(store: Store, experiment: ExperimentChanged, plan: ExperimentPlan, baseUrl: string, format: ExportFormat): Promise<{ type: string; filename: string; body: Readable }> {
-  const lines = exportLines(store, experiment, plan, baseUrl);
+export async function exportDownload(kernel: Kernel, experiment: ExperimentChanged, plan: ExperimentPlan, format: ExportFormat): Promise<{ type: string; filename: string; body: Readable }> {
+  const lines = exportLines(kernel, experiment, plan);
   const chunks = format === 'json' ? exportJson(lines) : ndjson(lines);
   const first = await chunks.next();
   const body = Readable.from(

@@ -32,7 +32,7 @@ type Deps = { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatal
 function handlerContext({ kernel, specs, experiments }: Deps) {
   const principal = (ctx: Context) => ctx.state.principal as Principal;
   const owned = (ctx: Context, id: string) => experiments.owned(principal(ctx), id);
-  return { config: kernel.config, store: kernel.store, specs, experiments, principal, owned };
+  return { kernel, config: kernel.config, store: kernel.store, specs, experiments, principal, owned };
 }
 
 type HandlerContext = ReturnType<typeof handlerContext>;
@@ -46,7 +46,7 @@ export function experimentsRouter(deps: Deps): Router {
 }
 
 /** The experiments resource: create, list, compare, one's RunResults, run, cancel, export. */
-function experimentRoutes(router: Router, { config, store, experiments, principal, owned }: HandlerContext, lifecycle: ExperimentLifecycle): void {
+function experimentRoutes(router: Router, { kernel, config, store, experiments, principal, owned }: HandlerContext, lifecycle: ExperimentLifecycle): void {
   router.post('/v1/experiments', async (ctx) => {
     const request = parseCreateRequest(jsonBody(ctx));
     ctx.status = 201;
@@ -83,7 +83,7 @@ function experimentRoutes(router: Router, { config, store, experiments, principa
     checkQueryParams(ctx, []);
     const format = parseExportFormat(ctx.query.format);
     const experiment = owned(ctx, ctx.params.id);
-    const download = await exportDownload(store, experiment, experiments.plan(experiment), config.baseUrl, format);
+    const download = await exportDownload(kernel, experiment, experiments.plan(experiment), format);
     ctx.type = download.type;
     ctx.set('Content-Disposition', `attachment; filename="${download.filename}"`);
     ctx.body = download.body;

@@ -1,7 +1,8 @@
 /**
  * Sandboxes. Creation and every operation on a live sandbox go to its runner over the log
  * (sandboxes/sandbox-operations.ts); reads of its state come from the api's view of
- * svc.sandboxes; the event stream is SSE from svc.sandbox-events (sandboxes/event-stream.ts).
+ * svc.sandboxes; the event stream is SSE from svc.sandbox-events (sandboxes/event-stream.ts);
+ * the audit log is read from ClickHouse (sandboxes/audit-reads.ts), also after the sandbox ended.
  */
 import Router from '@koa/router';
 import type { Context } from 'koa';
@@ -15,6 +16,9 @@ import { MAX_INGEST_BODY_BYTES, type TraceIngest } from '../traces/ingest.ts';
 import { postedBody, requireJson } from '../traces/ingest-http.ts';
 import { sandboxTrace } from '../traces/trace-event-reads.ts';
 import { jsonBody } from '../request-body.ts';
+import { checkQueryParams } from '../pagination.ts';
+import { answerPages } from '../traces/paged-answer.ts';
+import { AUDIT_CURSOR_ARITY, AUDIT_FILTERS, auditFilters, auditPages, auditSubject } from '../sandboxes/audit-reads.ts';
 import { eventStream, lastEventId, serveEvents } from '../sandboxes/event-stream.ts';
 import { commandInput, createInput, filePath, fileWriteInput, timeoutChange } from '../sandboxes/sandbox-input.ts';
 import { SandboxOperations, type SandboxAnswer } from '../sandboxes/sandbox-operations.ts';
@@ -76,6 +80,13 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.get('/:id/trace', async (ctx) => {
     const sandbox = sandboxes.owned(principal(ctx), ctx.params.id, { allowGone: true });
     ctx.body = await sandboxTrace(kernel.store, sandbox.tenant, sandbox.sandbox_id);
+  });
+
+  router.get('/:id/audit', async (ctx) => {
+    checkQueryParams(ctx, AUDIT_FILTERS);
+    const filters = auditFilters(ctx.query);
+    const subject = await auditSubject(kernel.store, sandboxes, principal(ctx), ctx.params.id);
+    await answerPages(ctx, config, await auditPages(kernel, subject, filters), undefined, AUDIT_CURSOR_ARITY);
   });
 
   router.get('/:id/events', async (ctx) => {

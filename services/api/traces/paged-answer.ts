@@ -1,7 +1,8 @@
 /**
- * How the trace and span reads answer (pagination.ts has the shapes): one keyset page with its
- * `next_cursor`, or, for NDJSON, every page after the cursor streamed. Their cursors are the
- * (ts in µs, id) key of a page's last item.
+ * How the trace and span reads, and a sandbox's audit log, answer (pagination.ts has the
+ * shapes): one keyset page with its `next_cursor`, or, for NDJSON, every page after the cursor
+ * streamed. Their cursors are the key of a page's last item, `arity` strings: (ts in µs, id) for
+ * traces and spans, (ts in ms, log partition, log offset) for audit records.
  */
 import type { Context } from 'koa';
 import type { Config } from '../../kernel/config.ts';
@@ -14,15 +15,15 @@ export type FetchPage<T> = (after: string[] | null, pageSize: number) => Promise
  * Answers the request's page (`limit`, `cursor`) or, for NDJSON, every item after the cursor
  * (at most `limit` when given). `empty` runs when a first page has no items (e.g. a 404).
  */
-export async function answerPages<T>(ctx: Context, config: Config, fetch: FetchPage<T>, empty: () => void = () => {}): Promise<void> {
+export async function answerPages<T>(ctx: Context, config: Config, fetch: FetchPage<T>, empty: () => void = () => {}, arity = 2): Promise<void> {
   const limit = parseLimit(ctx.query.limit, config);
-  const initial = decodeCursor(ctx.query.cursor, 2);
+  const initial = decodeCursor(ctx.query.cursor, arity);
   if (wantsNdjson(ctx)) {
     let first = true;
     ctx.type = 'application/x-ndjson';
     ctx.body = ndjsonStream(
       async (cursor) => {
-        const page = await fetch(first ? initial : decodeCursor(cursor ?? undefined, 2), config.maxPageSize);
+        const page = await fetch(first ? initial : decodeCursor(cursor ?? undefined, arity), config.maxPageSize);
         first = false;
         return { items: page.items, next: page.next ? encodeCursor(page.next) : null };
       },

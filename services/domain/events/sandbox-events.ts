@@ -62,6 +62,12 @@ export interface SandboxEvent {
   data: string;
 }
 
+/**
+ * The types of audit records (the spec's "Audit event", docs/sandboxes.md "Audit"): what
+ * `type` of a record of svc.audit, the audit_events table and `.svc/audit.jsonl` can be.
+ */
+export const AUDIT_TYPES = ['file_write', 'file_read', 'file_delete', 'db_write', 'http_call', 'process_spawn', 'stdout', 'secret_finding', 'warning'] as const;
+
 /** A value of svc.audit (schemas/audit-recorded.avsc). */
 export interface AuditRecorded {
   tenant: string;

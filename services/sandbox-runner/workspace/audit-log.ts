@@ -23,20 +23,10 @@ import { constants } from 'node:fs';
 import { lstat, mkdir, open, readFile, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { SERVICE_DIR } from './paths.ts';
+import { AUDIT_TYPES } from '../../domain/events/sandbox-events.ts';
 
 export const AUDIT_FILE = 'audit.jsonl';
 
-const AUDIT_TYPES = [
-  'file_write',
-  'file_read',
-  'file_delete',
-  'db_write',
-  'http_call',
-  'process_spawn',
-  'stdout',
-  'secret_finding',
-  'warning',
-] as const;
 export type AuditType = (typeof AUDIT_TYPES)[number];
 
 export interface AuditRecord {
