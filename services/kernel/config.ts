@@ -144,6 +144,7 @@ export const SETTINGS = {
   sandboxDiskMax: setting('SVC_SANDBOX_DISK_MAX', '16Gi', 'Largest `resources.disk` a sandbox may have; a spec asking more fails the sandbox\'s creation (400).', size),
   auditRecordsPerSecond: setting('SVC_AUDIT_RECORDS_PER_SECOND', '1000', 'Audit records one sandbox may write per second; the rest of that second are dropped and counted, by type, in one `warning` record.', positiveInt),
   auditMaxRecords: setting('SVC_AUDIT_MAX_RECORDS', '100000', 'Audit records one sandbox may write in all; past it records are dropped, said in a `warning` record at the cap and counted, by type, in one at teardown.', positiveInt),
+  processTracer: setting('SVC_PROCESS_TRACER', 'bpftrace', 'The bpftrace binary that captures every process a sandbox command starts (`audit.process_spawns`); where it cannot run, a `warning` record says process capture is off.', str),
   artifactsDir: setting('SVC_ARTIFACTS_DIR', null, 'Where teardown exports go (default `<data dir>/artifacts`).', str),
   blobDir: setting('SVC_BLOB_DIR', null, 'Where agent bundles are stored, once per content (default `<data dir>/blobs`); the api and the sandbox runners must share it.', str),
   sqlMaxExecutionTime: setting('SVC_SQL_MAX_EXECUTION_TIME', '30s', 'Longest run of one query on the analysts\' SQL endpoint (`/v1/admin/sql`); past it the query fails with ClickHouse\'s TIMEOUT_EXCEEDED. A query may ask for less (`max_execution_time`), never more.', durationMs),

@@ -380,16 +380,24 @@ export class LiveSandbox {
    * (runtime/process-tracer.ts). Where that capture cannot run, a warning says so.
    */
   private async watchProcesses(): Promise<void> {
-    const tracer = processTracer();
+    const tracer = processTracer(this.kernel.config.processTracer);
     const where = this.box!.processes();
     if (typeof tracer === 'string' || where === null) {
       return this.warnAudited(`process capture is off: ${typeof tracer === 'string' ? tracer : 'the runtime cannot name the sandbox\'s processes'}; only the commands themselves are recorded`);
     }
-    this.endProcessWatch = await tracer.watch({
-      ...where,
-      onRun: (run) => void this.audit!.record('process_spawn', processSpawnDetails(run), { ts: run.started_at }).catch(() => undefined),
-      onLost: (lost) => void this.warnAudited(`the kernel dropped ${lost} process events: the process record is incomplete`),
-    });
+    try {
+      this.endProcessWatch = await tracer.watch({
+        ...where,
+        onRun: (run) => void this.audit!.record('process_spawn', processSpawnDetails(run), { ts: run.started_at }).catch(() => undefined),
+        onLost: (lost) => void this.warnAudited(`the kernel dropped ${lost} process events: the process record is incomplete`),
+        onStopped: (reason) => {
+          this.endProcessWatch = null;
+          void this.warnAudited(`process capture stopped (${reason}); later processes are not recorded`);
+        },
+      });
+    } catch (err) {
+      await this.warnAudited(`process capture is off: ${(err as Error).message}; only the commands themselves are recorded`);
+    }
   }
 
   /** Ends the process capture; the kernel's last events (the kill's exits) reach the tracer a moment later. */

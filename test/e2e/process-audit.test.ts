@@ -5,6 +5,9 @@
  * recorded all the same; without the toggle only the commands themselves are.
  */
 import assert from 'node:assert/strict';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
 import { SPEC } from '../helpers/sandboxes.ts';
@@ -94,6 +97,29 @@ b" > /dev/null; true`);
     const echo = records.find((r) => r.pid !== undefined && r.command.startsWith('/bin/echo'));
     assert.ok(echo, JSON.stringify(records));
     assert.equal(echo.command, '/bin/echo a\nffff q 1 0 1\nb');
+  });
+
+  test('where the tracer is missing or dies at start, the sandbox boots and a warning says capture is off', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-tracer-'));
+    const dies = path.join(dir, 'bpftrace');
+    await writeFile(dies, '#!/bin/sh\n[ "$1" = --version ] && exit 0\necho "no BPF here" >&2\nexit 3\n', { mode: 0o755 });
+    for (const [binary, reason] of [[path.join(dir, 'missing'), /does not run/], [dies, /bpftrace exited \(3\): no BPF here/]] as const) {
+      const own = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_PROCESS_TRACER: binary });
+      try {
+        await own.request('POST', '/v1/specs', { body: SPEC('spawns', 'audit: {process_spawns: true}\n'), headers: { 'content-type': 'application/x-yaml' } });
+        const sb = await own.request('POST', '/v1/sandboxes', { body: { spec_id: 'spawns' } });
+        assert.equal(sb.status, 201, sb.text);
+        assert.equal((await own.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, { body: { command: 'ls / > /dev/null; true' } })).body.exit_code, 0);
+        const lines = (await own.request('GET', `/v1/sandboxes/${sb.body.id}/files/.svc/audit.jsonl`)).text.trim().split('\n').map((l) => JSON.parse(l));
+        const warning = lines.find((l) => l.type === 'warning' && /process capture is off/.test(l.details.message));
+        assert.ok(warning, JSON.stringify(lines));
+        assert.match(warning.details.message, reason);
+        assert.equal(lines.filter((l) => l.type === 'process_spawn').length, 1, 'the command itself is still recorded');
+      } finally {
+        await own.cleanup();
+      }
+    }
+    await rm(dir, { recursive: true, force: true });
   });
 
   test('off by default: only the commands themselves are recorded', async () => {

@@ -39,6 +39,8 @@ export interface ProcessWatch {
   onRun(run: ProcessRun): void;
   /** the kernel's buffer overflowed: `lost` events of some sandbox are missing */
   onLost(lost: number): void;
+  /** the tracer ended (it died): nothing after this is captured */
+  onStopped(reason: string): void;
 }
 
 const MAX_ARGS = 16;
@@ -79,13 +81,14 @@ interface Running extends PendingExec {
 }
 
 let shared: ProcessTracer | null = null;
-let unavailable: string | null | undefined;
+const unavailable = new Map<string, string | null>();
 
-/** The runner's tracer, or why there is none (checked once: bpftrace, tracefs). */
-export function processTracer(): ProcessTracer | string {
-  unavailable ??= tracerUnavailable();
-  if (unavailable !== null) return unavailable;
-  return (shared ??= new ProcessTracer());
+/** The runner's tracer, or why there is none (checked once per binary: bpftrace, tracefs). */
+export function processTracer(binary: string): ProcessTracer | string {
+  if (!unavailable.has(binary)) unavailable.set(binary, tracerUnavailable(binary));
+  const why = unavailable.get(binary);
+  if (why) return why;
+  return (shared ??= new ProcessTracer(binary));
 }
 
 /** Stops the runner's tracer, if it started. */
@@ -95,8 +98,8 @@ export function stopProcessTracer(): void {
 }
 
 /** Why the tracer cannot run here, or null when it can (mounting tracefs if it is not). */
-function tracerUnavailable(): string | null {
-  if (spawnSync('bpftrace', ['--version'], { stdio: 'ignore' }).status !== 0) return 'bpftrace is not installed (apt-get install bpftrace)';
+function tracerUnavailable(binary: string): string | null {
+  if (spawnSync(binary, ['--version'], { stdio: 'ignore' }).status !== 0) return `${binary} does not run (apt-get install bpftrace, or set SVC_PROCESS_TRACER)`;
   if (!fs.existsSync(`${TRACEFS}/events/sched`)) {
     const mounted = spawnSync('mount', ['-t', 'tracefs', 'nodev', TRACEFS], { stdio: 'ignore' });
     if (mounted.status !== 0 || !fs.existsSync(`${TRACEFS}/events/sched`)) return `tracefs is not mounted at ${TRACEFS} and could not be`;
@@ -116,6 +119,8 @@ export class ProcessTracer {
   private epochMs = 0;
   private lastArg: { list: string[]; index: number } | null = null;
 
+  constructor(private readonly binary: string) {}
+
   /** Starts reporting the programs of one sandbox; the returned function ends the watch, reporting what still runs. */
   async watch(watch: ProcessWatch): Promise<() => void> {
     await this.start();
@@ -127,14 +132,16 @@ export class ProcessTracer {
   }
 
   stop(): void {
-    this.child?.kill('SIGTERM');
+    const child = this.child;
+    this.watches.clear();
     this.child = null;
     this.starting = null;
+    child?.kill('SIGTERM');
   }
 
   private start(): Promise<void> {
     this.starting ??= new Promise<void>((resolve, reject) => {
-      const child = spawn('bpftrace', ['-e', program(this.nonce)], { env: { ...process.env, BPFTRACE_STRLEN: String(STRLEN) }, stdio: ['ignore', 'pipe', 'pipe'] });
+      const child = spawn(this.binary, ['-e', program(this.nonce)], { env: { ...process.env, BPFTRACE_STRLEN: String(STRLEN) }, stdio: ['ignore', 'pipe', 'pipe'] });
       this.child = child;
       let errors = '';
       child.stderr!.on('data', (chunk: Buffer) => {
@@ -142,10 +149,17 @@ export class ProcessTracer {
         errors = (errors + text).slice(-2000);
         for (const [, lost] of text.matchAll(/Lost (\d+) events/g)) for (const w of this.watches.values()) w.onLost(Number(lost));
       });
-      child.once('exit', (code) => {
+      // 'close', not 'exit': its stderr has been read by then.
+      child.once('close', (code, signal) => {
+        const reason = `bpftrace exited (${signal ?? code}): ${errors.trim() || 'no message'}`;
         this.child = null;
         this.starting = null;
-        reject(new Error(`bpftrace exited (${code}): ${errors.trim()}`));
+        reject(new Error(reason));
+        // Watches of a tracer that had started lose their capture: each is told, and a later watch starts a new tracer.
+        for (const w of this.watches.values()) w.onStopped(reason);
+        this.watches.clear();
+        this.running.clear();
+        this.pending.clear();
       });
       readline.createInterface({ input: child.stdout! }).on('line', (line) => {
         if (line.startsWith(`${this.nonce} B `)) {
