@@ -58,6 +58,19 @@ test('a write record carries the size of the file when it is still there', { ski
   assert.deepEqual((await AuditLog.read(ws)).map((r) => [r.type, r.details]), [['file_write', { path: 'sized.txt', bytes: 5 }]]);
 });
 
+test('a symlink or hard link made while the agent runs is a write, though no close follows it', { skip }, async () => {
+  await writeFile(path.join(ws, 'target.txt'), 'x');
+  const w = new FsWatcher({ workspace: ws, watch: ['/'], track: ['writes'], audit: log, coalesceMs: 50 });
+  await w.start();
+  sh('ln -s target.txt soft && ln target.txt hard');
+  await new Promise((r) => setTimeout(r, 300));
+  // Recorded by the flush after the links appeared, before the watch ends.
+  const seen = (await AuditLog.read(ws)).map((r) => [r.type, r.details]);
+  await w.stop();
+  assert.deepEqual(seen, [['file_write', { path: 'soft', symlink: true }], ['file_write', { path: 'hard', bytes: 1 }]]);
+  assert.equal((await AuditLog.read(ws)).length, 2, 'not recorded again at stop');
+});
+
 test('track and watch filter; new nested directories are caught; renames are delete + write', { skip }, async () => {
   await mkdir(path.join(ws, 'src'));
   await writeFile(path.join(ws, 'outside.txt'), 'x');

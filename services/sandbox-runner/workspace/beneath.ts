@@ -195,6 +195,41 @@ export function lstatBeneath(root: string, relative: string): Stats | undefined 
   }
 }
 
+/**
+ * lstatBeneath of many paths, each directory opened once (a watcher's batch of thousands of files
+ * in a few directories costs one walk per directory, not per file). Missing paths are absent.
+ */
+export function lstatManyBeneath(root: string, relatives: Iterable<string>): Map<string, Stats> {
+  const byDir = new Map<string, string[]>();
+  for (const rel of relatives) {
+    const cut = rel.lastIndexOf('/');
+    const dir = cut < 0 ? '' : rel.slice(0, cut);
+    if (!byDir.has(dir)) byDir.set(dir, []);
+    byDir.get(dir)!.push(rel);
+  }
+  const found = new Map<string, Stats>();
+  for (const [dir, rels] of byDir) {
+    let fd: number;
+    try {
+      fd = openDirBeneath(root, dir === '' ? [] : dir.split('/'));
+    } catch {
+      continue;
+    }
+    try {
+      for (const rel of rels) {
+        try {
+          found.set(rel, lstatAt(fd, rel.slice(dir === '' ? 0 : dir.length + 1)));
+        } catch {
+          // gone meanwhile
+        }
+      }
+    } finally {
+      closeSync(fd);
+    }
+  }
+  return found;
+}
+
 export interface ResolveOptions {
   /** Field named in 400s. */
   field: string;

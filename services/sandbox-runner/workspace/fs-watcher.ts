@@ -34,7 +34,8 @@
  *  - writes: a file created or modified (CREATE/MODIFY), recorded once when the writer closes it
  *    (CLOSE_WRITE) — an open for writing that changes nothing is not a write; a file renamed into
  *    place (MOVED_TO; `{directory: true}` for a directory); a symlink or hard link created (no close
- *    follows those). A file still open for writing when the watcher stops is recorded at `stop()`.
+ *    follows those: the next flush, within `coalesceMs`, looks at the files created and not yet
+ *    closed, one directory walk per directory). A file still open for writing when the watcher stops is recorded at `stop()`.
  *  - deletes: DELETE of a file, MOVED_FROM (a rename is a delete of the old name plus a write of the
  *    new one). Removing a directory records its files, not the directory.
  *  - reads: CLOSE_NOWRITE of a file, i.e. one read per open-for-reading (IN_ACCESS would fire per
@@ -56,7 +57,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { badRequest } from '../../kernel/errors.ts';
 import type { AuditType } from './audit-log.ts';
-import { closeFd, lstatBeneath, openDirAt, openDirBeneath, readdirFd, resolveBeneath } from './beneath.ts';
+import { closeFd, lstatBeneath, lstatManyBeneath, openDirAt, openDirBeneath, readdirFd, resolveBeneath } from './beneath.ts';
 import { isServicePath, SANDBOX_WORKSPACE, SERVICE_DIR, workspaceSegments } from './paths.ts';
 
 /** Under `.svc/`: where the watcher creates its barrier files (the agent cannot write there). */
@@ -156,6 +157,8 @@ export class FsWatcher {
   private started = false;
   private stdoutRest = '';
   private readonly dirty = new Set<string>();
+  /** Files created since the last flush and not closed yet: a symlink or hard link among them gets no close. */
+  private readonly created = new Set<string>();
   private pending: Pending[] = [];
   private lastByPath = new Map<string, Pending>();
   private timer: NodeJS.Timeout | undefined;
@@ -364,18 +367,16 @@ export class FsWatcher {
             this.scanNewDir(rel);
           } else {
             this.dirty.add(rel);
-            // No CLOSE_WRITE follows a symlink or a hard link. (Gone already: its DELETE follows.)
-            const st = lstatBeneath(this.root, rel);
-            if (st && (st.isSymbolicLink() || (st.isFile() && st.nlink > 1))) {
-              this.dirty.delete(rel);
-              this.enqueue('file_write', rel, { path: rel });
-            }
+            // No CLOSE_WRITE follows a symlink or a hard link: the next flush looks at what was created and not closed.
+            this.created.add(rel);
+            this.armFlush();
           }
           break;
         case 'MODIFY':
           if (writes && !isDir && !this.suppressed(rel, 'write')) this.dirty.add(rel);
           break;
         case 'CLOSE_WRITE':
+          this.created.delete(rel);
           if (writes && !isDir && this.dirty.delete(rel) && !this.suppressed(rel, 'write')) this.enqueue('file_write', rel, { path: rel });
           break;
         case 'MOVED_TO':
@@ -383,11 +384,13 @@ export class FsWatcher {
           break;
         case 'MOVED_FROM':
           this.dirty.delete(rel);
+          this.created.delete(rel);
           if (deletes && !this.suppressed(rel, 'delete')) this.enqueue('file_delete', rel, isDir ? { path: rel, directory: true } : { path: rel });
           break;
         case 'DELETE':
           if (isDir) break;
           this.dirty.delete(rel);
+          this.created.delete(rel);
           if (deletes && !this.suppressed(rel, 'delete')) this.enqueue('file_delete', rel, { path: rel });
           break;
         case 'CLOSE_NOWRITE':
@@ -485,31 +488,49 @@ export class FsWatcher {
     this.pending.push(item);
     this.lastByPath.set(rel, item);
     if (this.pending.length >= MAX_PENDING) this.flush();
-    else if (!this.timer) {
-      this.timer = setTimeout(() => this.flush(), this.coalesceMs);
-      this.timer.unref();
-    }
+    else this.armFlush();
+  }
+
+  private armFlush(): void {
+    if (this.timer) return;
+    this.timer = setTimeout(() => this.flush(), this.coalesceMs);
+    this.timer.unref();
   }
 
   private flush(): void {
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
+    this.recordLinks();
     const items = this.pending;
     this.pending = [];
     this.lastByPath = new Map();
+    const writes = items.filter((item) => item.type === 'file_write' && !item.details.directory);
+    const stats = lstatManyBeneath(this.root, writes.map((item) => item.rel));
+    for (const item of writes) {
+      // Gone since (or reached only through a symlink now): no byte count.
+      const st = stats.get(item.rel);
+      if (st?.isFile()) item.details.bytes = st.size;
+      else if (st?.isSymbolicLink()) item.details.symlink = true;
+    }
     for (const item of items) {
-      if (item.type === 'file_write' && !item.details.directory) {
-        // Gone since (or reached only through a symlink now): no byte count.
-        const st = lstatBeneath(this.root, item.rel);
-        if (st?.isFile()) item.details.bytes = st.size;
-        else if (st?.isSymbolicLink()) item.details.symlink = true;
-      }
       const p = this.opts.audit
         ? this.opts.audit.record(item.type, item.details, { ts: item.ts })
         : Promise.resolve().then(() => this.opts.onEvent?.(item.type, item.details, item.ts));
       this.recorded++;
       this.inflight.add(p);
       void p.catch(() => undefined).finally(() => this.inflight.delete(p));
+    }
+  }
+
+  /** Files created and not closed since the last flush that are symlinks or hard links: written, with no close to come. */
+  private recordLinks(): void {
+    if (this.created.size === 0) return;
+    const created = [...this.created];
+    this.created.clear();
+    const stats = lstatManyBeneath(this.root, created);
+    for (const rel of created) {
+      const st = stats.get(rel);
+      if (st && (st.isSymbolicLink() || (st.isFile() && st.nlink > 1)) && this.dirty.delete(rel)) this.enqueue('file_write', rel, { path: rel });
     }
   }
 }
