@@ -102,6 +102,7 @@ export class LiveSandbox {
   private captureEnded: Promise<void> | null = null;
   /** The audit records' appends to svc.audit, in the order they were written. */
   private auditChain: Promise<void> = Promise.resolve();
+  private readonly queuedAudit: Array<{ ts: string; type: string; details: object }> = [];
   private before: FilesystemState | null = null;
   private secretValues: Record<string, string> = {};
   private env: Record<string, string> = {};
@@ -288,7 +289,8 @@ export class LiveSandbox {
       sandboxId: this.id,
       redact: (text) => this.redact(text),
       onRecord: (r) => {
-        this.auditChain = this.auditChain.then(() => this.publishAudit(r)).catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'an audit record did not reach the log'));
+        this.queuedAudit.push(r);
+        this.auditChain = this.auditChain.then(() => this.publishAudit()).catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'audit records did not reach the log'));
       },
       recordsPerSecond: config.auditRecordsPerSecond,
       maxRecords: config.auditMaxRecords,
@@ -777,10 +779,13 @@ export class LiveSandbox {
     return this.auditChain;
   }
 
-  private async publishAudit(record: { ts: string; type: string; details: object }): Promise<void> {
-    const value: AuditRecorded = { tenant: this.tenant, event_id: newEventId(), ts: Date.now(), sandbox_id: this.id, record_ts: Date.parse(record.ts), type: record.type, details: JSON.stringify(record.details) };
-    await publish(this.kernel, TOPICS.audit, [{ key: this.id, tenant: this.tenant, value }]);
-    await this.event('audit', record);
+  /** Appends the audit records written since the last append, in one batch (a burst is one append, not one per record). */
+  private async publishAudit(): Promise<void> {
+    const batch = this.queuedAudit.splice(0);
+    if (batch.length === 0) return;
+    const values = batch.map((record): AuditRecorded => ({ tenant: this.tenant, event_id: newEventId(), ts: Date.now(), sandbox_id: this.id, record_ts: Date.parse(record.ts), type: record.type, details: JSON.stringify(record.details) }));
+    await publish(this.kernel, TOPICS.audit, values.map((value) => ({ key: this.id, tenant: this.tenant, value })));
+    await Promise.all(batch.map((record) => this.event('audit', record)));
   }
 }
 
