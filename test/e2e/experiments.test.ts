@@ -4,10 +4,9 @@
  * and the judge against a local OpenAI-compatible server.
  */
 import assert from 'node:assert/strict';
-import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
+import { judgeAnswer, judgeServer } from '../helpers/judge.ts';
 import { makeBundle, uploadAgent } from '../helpers/bundles.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
@@ -36,21 +35,6 @@ ${body}`;
 const OUT_EXISTS = 'invariants:\n  out: {check: {type: file_exists, path: out.txt}}\n';
 
 const runtime = backend('SVC_TEST_BWRAP', 'experiments on the local runtime');
-
-async function judgeServer(answer: () => { status: number; body: unknown }): Promise<{ url: string; calls: Array<{ body: any; auth?: string }>; close(): Promise<void> }> {
-  const calls: Array<{ body: any; auth?: string }> = [];
-  const server = http.createServer((req, res) => {
-    let text = '';
-    req.on('data', (d) => (text += d));
-    req.on('end', () => {
-      calls.push({ body: JSON.parse(text), auth: req.headers.authorization });
-      const { status, body } = answer();
-      res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`, calls, close: () => new Promise((r) => server.close(() => r())) };
-}
 
 if (runtime) {
   describe('experiments', () => {
@@ -88,7 +72,7 @@ if (runtime) {
     before(async () => {
       judge = await judgeServer(() => ({
         status: judgeStatus,
-        body: { id: 'x', object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: JSON.stringify({ score: judgeScore, reason: 'graded' }) }, finish_reason: 'stop' }] },
+        body: judgeAnswer(judgeScore),
       }));
       server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_JUDGE_URL: judge.url, SVC_JUDGE_API_KEY: 'judge-key' });
       key = (await createTenantKey(server, 'acme')).key;

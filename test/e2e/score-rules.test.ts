@@ -7,10 +7,9 @@
  * llm_as_judge rule grade every stored run, and scoring again replaces the records.
  */
 import assert from 'node:assert/strict';
-import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
+import { judgeAnswer, judgeServer, type JudgeServer } from '../helpers/judge.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
 const SPEC = (id: string, body = 'invariants:\n  out: {check: {type: file_exists, path: out.txt}}\n') =>
@@ -18,24 +17,11 @@ const SPEC = (id: string, body = 'invariants:\n  out: {check: {type: file_exists
 
 const runtime = backend('SVC_TEST_BWRAP', 'offline scoring of a real experiment');
 
-/** An OpenAI-compatible chat-completions server answering with the current `score` (or `status`). */
-async function judgeServer() {
-  const state = { score: 0.8, status: 200, calls: 0 };
-  const server = http.createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      state.calls++;
-      const content = JSON.stringify({ score: state.score, reason: 'states the answer' });
-      res.writeHead(state.status, { 'content-type': 'application/json' }).end(JSON.stringify({ choices: [{ index: 0, message: { role: 'assistant', content } }] }));
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { state, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`, close: () => new Promise<void>((r) => server.close(() => r())) };
-}
-
 describe('score rules', () => {
   let server: TestServer;
-  let judge: Awaited<ReturnType<typeof judgeServer>>;
+  let judge: JudgeServer;
+  /** What the judge answers now: a score of 0.8 ("states the answer") unless a test says otherwise. */
+  const judgeState = { score: 0.8, status: 200 };
   let key: string;
   let other: string;
   const req = (method: string, path: string, body?: unknown, k = key) => server.request(method, path, { key: k, ...(body !== undefined && { body }) });
@@ -54,7 +40,7 @@ describe('score rules', () => {
   };
 
   before(async () => {
-    judge = await judgeServer();
+    judge = await judgeServer(() => ({ status: judgeState.status, body: judgeAnswer(judgeState.score, 'states the answer') }));
     server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_JUDGE_URL: judge.url, SVC_JUDGE_MODEL: 'judge-default' });
     key = (await createTenantKey(server, 'acme')).key;
     other = (await createTenantKey(server, 'globex')).key;
@@ -196,7 +182,7 @@ invariants:
         }
       };
 
-      judge.state.status = 500;
+      judgeState.status = 500;
       const created = await req('POST', '/v1/experiments', { name: 'during the outage', spec_id: 'judged', run: true });
       assert.equal(created.status, 201, created.text);
       const id = created.body.id as string;
@@ -208,8 +194,8 @@ invariants:
       );
       assert.match(before[0].error, /judge call failed/);
 
-      judge.state.status = 200;
-      judge.state.score = 0.8;
+      judgeState.status = 200;
+      judgeState.score = 0.8;
       const again = await rule({ name: 'again', type: 'rescore', eval_id: 'judged' });
       const fast = await rule({ name: 'fast', type: 'threshold', condition: 'wall_ms < 600000' });
       const states = await rule({ name: 'states it', type: 'llm_as_judge', rubric: 'Is 42 stated?', threshold: 0.5 });
@@ -267,7 +253,7 @@ invariants:
       assert.equal(lines.text.trim().split('\n').length, 6);
 
       // Scoring again with the judge down: that rule's records are replaced by judge failures, not zeros.
-      judge.state.status = 503;
+      judgeState.status = 503;
       const retry = await req('POST', `/v1/experiments/${id}/score`, { rule_ids: [states.id] });
       assert.equal(retry.status, 202, retry.text);
       const failed = await until('the judge failures', async () => {
@@ -280,7 +266,7 @@ invariants:
       }
       assert.equal((await req('GET', `/v1/experiments/${id}/scores`)).body.count, 6, 'replaced, not added');
       assert.ok((await runs(id)).every((r: any) => r.verdict === 'pass'), 'no rescore this time: the verdicts stay');
-      judge.state.status = 200;
+      judgeState.status = 200;
 
       // Grades that are all 0 are stored as 0 and false, not as missing.
       const instant = await rule({ name: 'instant', type: 'threshold', condition: 'wall_ms < 1' });

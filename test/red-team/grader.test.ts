@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
 import { runOnce } from '../helpers/experiments.ts';
+import { judgeAnswer, judgeServer, type JudgeServer } from '../helpers/judge.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
 /** What each hijacking agent leaves behind, and the check (one that can only fail) it targets. */
@@ -66,12 +67,18 @@ const runtime = backend('SVC_TEST_BWRAP', 'grader hijack attempts on the local r
 describe('red team: an agent cannot rewrite its own grade', { skip: runtime === null }, () => {
   let server: TestServer;
   let key: string;
+  let judge: JudgeServer;
 
   before(async () => {
-    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    // A judge that grades whatever it is shown as excellent: only what it is shown matters here.
+    judge = await judgeServer(() => ({ status: 200, body: judgeAnswer(0.9) }));
+    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_JUDGE_URL: judge.url, SVC_JUDGE_API_KEY: 'judge-key' });
     key = (await createTenantKey(server, 'grader-red-team')).key;
   });
-  after(() => server.cleanup());
+  after(async () => {
+    await server.cleanup();
+    await judge.close();
+  });
 
   /** Runs an agent against a spec of one check; returns the one run's result. */
   const attack = (name: string, { agent, check }: { agent: string; check: string }) => runOnce(server, key, name, agent, `invariants:\n  honest: {check: ${check}}\n`);
@@ -83,6 +90,21 @@ describe('red team: an agent cannot rewrite its own grade', { skip: runtime === 
       assert.equal(run.invariants[0].passed, false, JSON.stringify(run.invariants));
     });
   }
+
+  test("a link where the judge's input file is shows the judge nothing of the system", async () => {
+    const run = await runOnce(server, key, 'judge-input-link', 'ln -s /etc/os-release "$SVC_WORKSPACE/answer.txt"; ln -s ../../../../../etc/passwd "$SVC_WORKSPACE/relative.txt"', [
+      'invariants:',
+      '  absolute: {check: {type: llm_as_judge, rubric: "Is the answer right?", input: "file:answer.txt", threshold: 0.5}}',
+      '  relative: {check: {type: llm_as_judge, rubric: "Is it right?", input: "file:relative.txt", threshold: 0.5}}',
+      '',
+    ].join('\n'));
+    assert.equal(run.invariants.length, 2, JSON.stringify(run).slice(0, 800));
+    assert.equal(judge.calls.length, 2, 'the judge was asked about both');
+    for (const call of judge.calls) {
+      const shown = JSON.stringify(call.body.messages);
+      assert.ok(!/PRETTY_NAME|root:x:0:0/.test(shown), `the judge saw a system file: ${shown.slice(0, 400)}`);
+    }
+  });
 
   test('the checker is not crippled: a check that should pass still passes, and sees a HOME of its own', async () => {
     const run = await attack('honest-pass', {
