@@ -112,7 +112,7 @@ export class RunExecutor {
         return { ...failed('agent_timeout', `the agent exceeded its timeout of ${agentTimeoutMs} ms`, sandboxId, started), agent: agentRun };
       }
       // The workspace as the agent left it: checks only read it, so one capture serves the judge and the outcome.
-      const diff = (await sandbox.handle('diff', {})).body as NonNullable<RunOutcome['diff']>;
+      const diff = await sandbox.agentDiff();
       const checks: Record<string, CheckResult> = {};
       for (const [name, invariant] of Object.entries(spec.invariants)) {
         checks[name] = await this.check(sandbox, invariant.check, scripts.get(name), agentRun, diff).catch((err: Error) => ({

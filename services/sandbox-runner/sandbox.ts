@@ -29,7 +29,7 @@ import { copyFileOut, deleteFile, readFile, writeFile } from './workspace/files.
 import { FsWatcher } from './workspace/fs-watcher.ts';
 import { processTracer, type ProcessRun } from './runtime/process-tracer.ts';
 import { resolveRealPath, resolveWorkspacePath, SERVICE_DIR } from './workspace/paths.ts';
-import { captureState, ChecksumCache, diffStates, type FilesystemState } from './workspace/state.ts';
+import { captureState, ChecksumCache, diffStates, type Diff, type FilesystemState } from './workspace/state.ts';
 
 /** What the api sends to create a sandbox (the spec travels with it, already stored and valid). */
 export interface CreateRequest {
@@ -99,7 +99,7 @@ export class LiveSandbox {
   private watcher: FsWatcher | null = null;
   /** Ends the kernel's report of the sandbox's processes (audit.process_spawns). */
   private endProcessWatch: (() => void) | null = null;
-  private captureEnded: Promise<void> | null = null;
+  private captureEnded: Promise<Diff | null> | null = null;
   /** The audit records' appends to svc.audit, in the order they were written. */
   private auditChain: Promise<void> = Promise.resolve();
   private readonly queuedAudit: Array<{ ts: string; type: string; details: object }> = [];
@@ -159,24 +159,33 @@ export class LiveSandbox {
 
   /**
    * Kills every process of the sandbox but its supervisor (the agent's whole tree, daemons
-   * included), then ends the file watch with everything the agent did recorded: what follows is
-   * the service's own work, not the agent's.
+   * included), then ends the capture of its activity with everything the agent did recorded:
+   * what follows is the service's own work, not the agent's.
    */
   async endAgent(): Promise<void> {
     await this.box!.killAll();
     await this.endCapture();
   }
 
+  /** The workspace's diff since ready as the agent left it: the reconciliation's, when it made one (one capture, not two). */
+  async agentDiff(): Promise<Diff> {
+    return (await this.endCapture()) ?? diffStates(this.before!, await this.captureState());
+  }
+
   /**
    * Ends the capture of the agent's activity (once): the process capture, then the file watch,
-   * then the reconciliation of what the watch saw with what changed.
+   * then the reconciliation of what the watch saw with what changed since ready, whose diff it
+   * returns (null when there was no watch to reconcile).
    */
-  private endCapture(): Promise<void> {
+  private endCapture(): Promise<Diff | null> {
     this.captureEnded ??= (async () => {
       await this.stopWatchingProcesses();
-      if (!this.watcher) return;
+      if (!this.watcher) return null;
       await this.watcher.stop();
-      await this.reconcileFileRecords(this.watcher);
+      if (!this.before) return null;
+      const diff = diffStates(this.before, await this.captureState());
+      await this.reconcileFileRecords(this.watcher, diff);
+      return diff;
     })();
     return this.captureEnded;
   }
@@ -187,12 +196,15 @@ export class LiveSandbox {
    * Every file added or modified since ready (deleted, when deletes are tracked) under the watched
    * paths without a record of it gets one, marked `found_by: "reconciliation"`.
    */
-  private async reconcileFileRecords(watcher: FsWatcher): Promise<void> {
-    if (!this.before) return;
-    const diff = diffStates(this.before, await this.captureState());
-    const missed = (type: 'file_write' | 'file_delete', kind: 'writes' | 'deletes', paths: string[]) =>
-      paths.filter((rel) => watcher.reports(kind, rel) && !this.audit!.hasFileRecord(type, rel)).map((rel) => this.audit!.record(type, { path: rel, found_by: 'reconciliation' }));
-    await Promise.all([...missed('file_write', 'writes', [...diff.added, ...diff.modified]), ...missed('file_delete', 'deletes', diff.removed)]);
+  private async reconcileFileRecords(watcher: FsWatcher, diff: Diff): Promise<void> {
+    const changes: Array<['file_write' | 'file_delete', 'writes' | 'deletes', string[]]> = [
+      ['file_write', 'writes', [...diff.added, ...diff.modified]],
+      ['file_delete', 'deletes', diff.removed],
+    ];
+    // One at a time: a workspace of a million new files is a million records, most of them dropped by the log's limits.
+    for (const [type, kind, paths] of changes) {
+      for (const rel of paths) if (watcher.reports(kind, rel) && !this.audit!.hasFileRecord(type, rel)) await this.audit!.record(type, { path: rel, found_by: 'reconciliation' });
+    }
   }
 
   /**

@@ -90,6 +90,20 @@ describe('every process a command starts is audited', { skip: runtime === null }
     }
   });
 
+  test('a program run from memory (fexecve of a memfd, no file to name) is recorded by its arguments', async () => {
+    const script = `python3 -c 'import os
+fd = os.memfd_create("x")
+os.write(fd, open("/bin/true", "rb").read())
+pid = os.fork()
+if pid == 0:
+    os.execve(fd, ["hidden-true", "from-memory"], {})
+os.waitpid(pid, 0)'; true`;
+    const { records } = await spawnsOf('spawns', script);
+    const hidden = records.find((r) => r.command === 'hidden-true from-memory');
+    assert.ok(hidden, JSON.stringify(records));
+    assert.equal(hidden.exit_code, 0);
+  });
+
   test('an argument holding a newline cannot forge a record', async () => {
     const { records } = await spawnsOf('spawns', `/bin/echo "a
 ffff q 1 0 1

@@ -180,8 +180,10 @@ export class ProcessTracer {
     const [, kind, a, b, c, d] = line.split(' ');
     const pid = Number(a);
     if (kind === 'x') {
-      this.pending.set(pid, { parent: Number(b), grandparent: Number(c), namespace: Number(d), args: [], truncated: false });
       this.lastArg = null;
+      // Only the watched sandboxes' execs are kept (other containers of the host have pid namespaces too).
+      if (this.watches.has(Number(d))) this.pending.set(pid, { parent: Number(b), grandparent: Number(c), namespace: Number(d), args: [], truncated: false });
+      else this.pending.delete(pid);
     } else if (kind === 'a') {
       const exec = this.pending.get(pid);
       const index = Number(b);
@@ -194,6 +196,8 @@ export class ProcessTracer {
       }
     } else if (kind === 'e') this.exec(pid, BigInt(b!));
     else if (kind === 'q') {
+      // A failed exec leaves a pending one that no exec event ends: its process's exit does.
+      this.pending.delete(pid);
       const run = this.running.get(pid);
       if (run) this.finish(run, Number(b), BigInt(c!));
     }
