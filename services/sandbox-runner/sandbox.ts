@@ -104,6 +104,8 @@ export class LiveSandbox {
   private auditChain: Promise<void> = Promise.resolve();
   private readonly queuedAudit: Array<{ ts: string; type: string; details: object }> = [];
   private before: FilesystemState | null = null;
+  /** The other writable places (/tmp, /dev/shm) at ready, for the reconciliation; null unless the file watch runs. */
+  private beforeElsewhere: FilesystemState | null = null;
   private secretValues: Record<string, string> = {};
   private env: Record<string, string> = {};
   private seq = 0;
@@ -185,6 +187,7 @@ export class LiveSandbox {
       if (!this.before) return null;
       const diff = diffStates(this.before, await this.captureState());
       await this.reconcileFileRecords(this.watcher, diff);
+      if (this.beforeElsewhere) await this.reconcileFileRecords(this.watcher, diffStates(this.beforeElsewhere, await this.captureElsewhere()));
       return diff;
     })();
     return this.captureEnded;
@@ -382,7 +385,7 @@ export class LiveSandbox {
   private async startAuditCapture(done: StepDone): Promise<void> {
     const { watch, track } = this.spec.audit.file_system;
     if (watch.length > 0) {
-      this.watcher = new FsWatcher({ workspace: this.workspace, watch, track, audit: this.audit! });
+      this.watcher = new FsWatcher({ workspace: this.workspace, places: this.box!.writablePlaces, watch, track, audit: this.audit! });
       await this.watcher.start();
     }
     if (this.spec.audit.process_spawns) await this.watchProcesses();
@@ -425,6 +428,7 @@ export class LiveSandbox {
   /** The before-run snapshot, which diffs compare against. */
   private async takeSnapshot(done: StepDone): Promise<void> {
     this.before = await this.captureState();
+    if (this.watcher) this.beforeElsewhere = await this.captureElsewhere();
     done({ files: Object.keys(this.before.files).length });
   }
 
@@ -527,6 +531,16 @@ export class LiveSandbox {
   /** The workspace's state; the service's own reads of it are not the agent's (the watcher ignores them). */
   private captureState(): Promise<FilesystemState> {
     return this.unwatched({ kinds: ['read'] }, () => captureState(this.workspace, { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes, cache: this.checksums }));
+  }
+
+  /** The files of the sandbox's other writable places (/tmp, /dev/shm), named as the audit names them (`/tmp/x`). */
+  private async captureElsewhere(): Promise<FilesystemState> {
+    const files: FilesystemState['files'] = {};
+    for (const place of this.box!.writablePlaces) {
+      const state = await this.unwatched({ kinds: ['read'] }, () => captureState(place.host, { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes }));
+      for (const [rel, entry] of Object.entries(state.files)) files[`${place.at}/${rel}`] = entry;
+    }
+    return { captured_at: new Date().toISOString(), files };
   }
 
   /** Runs the service's own file work with the file watch (when there is one) ignoring what `scope` names of it. */

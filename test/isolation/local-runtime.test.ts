@@ -76,6 +76,23 @@ if (unavailable) {
       assert.equal(fs.existsSync('/tmp/mine'), false);
     });
 
+    test('/tmp and /dev/shm are one tmpfs of the memory limit, seen by the host (writablePlaces), apart from each other, gone at destroy', async () => {
+      const sb = await sandbox();
+      const places = Object.fromEntries(sb.writablePlaces.map((p) => [p.at, p.host]));
+      assert.deepEqual(Object.keys(places).sort(), ['/dev/shm', '/tmp']);
+      const r = await sb.exec({ command: 'echo t > /tmp/t; echo s > /dev/shm/s; ln /tmp/t /dev/shm/link; stat -f -c "%T %b %S" /tmp; stat -c %a /tmp /dev/shm' });
+      assert.match(r.stderr, /Invalid cross-device link/, 'a hard link between /tmp and /dev/shm fails as between two filesystems');
+      const [fsLine, ...modes] = r.stdout.trim().split('\n');
+      const [type, blocks, blockSize] = fsLine!.split(' ');
+      assert.equal(type, 'tmpfs');
+      assert.equal(Number(blocks) * Number(blockSize), RESOURCES.memoryBytes);
+      assert.deepEqual(modes, ['1777', '1777']);
+      assert.equal(fs.readFileSync(path.join(places['/tmp']!, 't'), 'utf8'), 't\n');
+      assert.equal(fs.readFileSync(path.join(places['/dev/shm']!, 's'), 'utf8'), 's\n');
+      await sb.destroy();
+      assert.equal(fs.existsSync(places['/tmp']!), false, 'unmounted and removed at destroy');
+    });
+
     test('host files outside its view, the service state and other workspaces are invisible', async () => {
       const secretDir = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-secret-'));
       const secret = path.join(secretDir, 'secret.txt');

@@ -16,7 +16,8 @@
  *  - only a loopback interface: no route out, no way to the host's loopback services;
  *  - cgroup limits on memory (+swap), pids and CPU; the OOM killer and pids.max act inside
  *    the sandbox only, and both are reported (oomKilled, usage()).
- * Disk: /tmp and /dev/shm are tmpfs, charged to the memory limit. The workspace is a filesystem
+ * Disk: /tmp and /dev/shm are a tmpfs mounted on the host (scratch.ts: the file audit sees them),
+ * as large as the memory limit and charged to it. The workspace is a filesystem
  * of its own, `diskBytes` large (workspace-disk.ts: a loop-mounted ext4 file), where the host has
  * loop devices; elsewhere its size is not enforced (a warning on the handle says so).
  */
@@ -32,6 +33,7 @@ import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
 import { ServiceBridge } from './service-bridge.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';
 import { diskTools, WorkspaceDisks, type WorkspaceDisk } from './workspace-disk.ts';
+import { Scratches, type Scratch } from './scratch.ts';
 import {
   EXIT_KILLED,
   EXIT_TIMEOUT,
@@ -101,6 +103,7 @@ export class LocalRuntime implements Runtime {
   private readonly diskMaxBytes: number;
   /** the workspaces' disks, or why workspaces get no size limit here */
   private disks: WorkspaceDisks | string | null = null;
+  private scratchMounts: Scratches | null = null;
   private readonly logger: Logger | undefined;
   private supervisor: Promise<string> | null = null;
   private availability: Promise<string | null> | null = null;
@@ -138,6 +141,12 @@ export class LocalRuntime implements Runtime {
     const stale = typeof disks === 'string' ? 0 : disks.sweep();
     if (stale) this.logger?.info({ disks: stale }, 'removed the workspace disks of sandboxes left by a previous run');
     try {
+      const scratch = this.scratches().sweep();
+      if (scratch) this.logger?.info({ scratch }, 'removed the /tmp of sandboxes left by a previous run');
+    } catch (err) {
+      return (err as Error).message;
+    }
+    try {
       await this.supervisorBinary();
     } catch (err) {
       return (err as Error).message;
@@ -173,6 +182,12 @@ export class LocalRuntime implements Runtime {
 
   async close(): Promise<void> {
     if (this.disks !== null && typeof this.disks !== 'string') await this.disks.close();
+    await this.scratchMounts?.close();
+  }
+
+  private scratches(): Scratches {
+    this.scratchMounts ??= new Scratches({ dir: path.join(this.stateDir, 'scratch'), launcher: this.launcher });
+    return this.scratchMounts;
   }
 
   private workspaceDisks(): WorkspaceDisks | string {
@@ -201,20 +216,28 @@ export class LocalRuntime implements Runtime {
 
     const warnings: string[] = [];
     const disks = this.workspaceDisks();
-    let disk: WorkspaceDisk | null = null;
     if (typeof disks === 'string') warnings.push(`disk limit not enforced on the workspace (${disks}); /tmp is a tmpfs bounded by the memory limit`);
-    else disk = await disks.mount(options.id, workspace, diskBytes);
+    // The workspace's disk and the sandbox's /tmp, side by side (each is usually a spare made ahead).
+    const mounts = await Promise.allSettled([typeof disks === 'string' ? null : disks.mount(options.id, workspace, diskBytes), this.scratches().take(options.resources.memoryBytes)] as const);
+    const disk = mounts[0].status === 'fulfilled' ? mounts[0].value : null;
+    const scratch = mounts[1].status === 'fulfilled' ? mounts[1].value : null;
+    const release = () => Promise.all([disk?.release(), scratch?.release()]);
+    const failed = mounts.find((m) => m.status === 'rejected');
+    if (failed || !scratch) {
+      await release();
+      throw failed?.reason;
+    }
     let cgroup: SandboxCgroup;
     try {
       await chownTree(workspace, this.uid, this.gid, new Set(readOnlyMounts.map((m) => m.host)));
       cgroup = SandboxCgroup.create(this.cgroupParent, options.id, options.resources);
     } catch (err) {
-      await disk?.release();
+      await release();
       throw err;
     }
     warnings.push(...cgroup.warnings);
 
-    const args = this.bwrapArgs(options, workspace, readOnlyMounts, supervisor, hostsFile);
+    const args = this.bwrapArgs(options, workspace, readOnlyMounts, supervisor, hostsFile, scratch);
     let child: LaunchedProcess;
     try {
       // Through the launcher: a fork of this (large) process would cost tens of milliseconds.
@@ -225,10 +248,10 @@ export class LocalRuntime implements Runtime {
       argsStream.end(Buffer.from(args.map((a) => `${a}\0`).join(''), 'utf8'));
     } catch (err) {
       await cgroup.remove();
-      await disk?.release();
+      await release();
       throw err;
     }
-    const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, disk, warnings, this.logger);
+    const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, { disk, scratch }, warnings, this.logger);
     try {
       // The bridge's forwarder stays out of the sandbox's cgroups: it is not the agent's, and a
       // fork bomb must not take its pids. It comes up while the supervisor boots.
@@ -256,8 +279,7 @@ export class LocalRuntime implements Runtime {
     return args;
   }
 
-  private bwrapArgs(options: CreateSandboxOptions, workspace: string, readOnlyMounts: Array<{ host: string; sandbox: string }>, supervisor: string, hostsFile: string): string[] {
-    const tmpBytes = String(Math.max(16 * 1024 * 1024, Math.floor(options.resources.memoryBytes)));
+  private bwrapArgs(options: CreateSandboxOptions, workspace: string, readOnlyMounts: Array<{ host: string; sandbox: string }>, supervisor: string, hostsFile: string, scratch: Scratch): string[] {
     const args = [
       '--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--unshare-cgroup-try',
       '--die-with-parent', '--new-session',
@@ -275,8 +297,7 @@ export class LocalRuntime implements Runtime {
     args.push('--proc', '/proc', '--dev', '/dev');
     for (const file of PROC_MASKED_FILES) if (fs.existsSync(`/proc/${file}`)) args.push('--ro-bind', '/dev/null', `/proc/${file}`);
     for (const dir of PROC_MASKED_DIRS) if (fs.existsSync(`/proc/${dir}`)) args.push('--perms', '0555', '--tmpfs', `/proc/${dir}`);
-    args.push('--perms', '1777', '--size', tmpBytes, '--tmpfs', '/tmp');
-    args.push('--perms', '1777', '--size', tmpBytes, '--tmpfs', '/dev/shm');
+    for (const place of scratch.places) args.push('--bind', place.host, place.at);
     args.push('--perms', '0755', '--tmpfs', '/run');
     args.push('--ro-bind', supervisor, SUPERVISOR_IN_SANDBOX);
     args.push('--bind', workspace, '/workspace');
@@ -324,18 +345,20 @@ class LocalSandbox implements SandboxHandle {
   /** The way out to the service, when asked for (service-bridge.ts). */
   private bridge: Promise<ServiceBridge> | null = null;
   serviceReachable: Promise<void> = Promise.resolve();
+  readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
 
   constructor(
     options: CreateSandboxOptions,
     private readonly child: LaunchedProcess,
     private readonly cgroup: SandboxCgroup,
     private readonly sandboxDir: string,
-    private readonly disk: WorkspaceDisk | null,
+    private readonly mounts: { disk: WorkspaceDisk | null; scratch: Scratch },
     readonly warnings: string[],
     private readonly logger: Logger | undefined,
   ) {
     this.id = options.id;
     this.env = { PATH: DEFAULT_PATH, HOME: '/tmp', LANG: 'C.UTF-8', HOSTNAME: options.id, ...options.env };
+    this.writablePlaces = mounts.scratch.places;
     const stdio = child.stdio as unknown as [null, null, Readable, Writable, Readable, Writable];
     this.requests = stdio[3];
     this.requests.on('error', () => {});
@@ -578,7 +601,7 @@ class LocalSandbox implements SandboxHandle {
         await this.cleanup();
       } finally {
         // Only at destroy, not when the sandbox ends on its own: the caller may still read the workspace.
-        await this.disk?.release();
+        await Promise.all([this.mounts.disk?.release(), this.mounts.scratch.release()]);
       }
     })();
     return this.destroying;

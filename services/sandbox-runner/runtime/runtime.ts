@@ -74,6 +74,11 @@ export interface SandboxHandle {
   readonly runtime: string;
   /** what the runtime could not enforce for this sandbox (e.g. no disk limit on this filesystem) */
   readonly warnings: readonly string[];
+  /**
+   * The places besides the workspace where the agent can write (/tmp, /dev/shm), as host
+   * directories the service can watch and diff; what the runtime cannot show is not listed.
+   */
+  readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
   /** `sh -c <command>` in /workspace as the sandbox user; rejects only when the sandbox is gone */
   exec(options: ExecOptions): Promise<ExecResult>;
   /** resolves once the command has started; `done` carries its result */

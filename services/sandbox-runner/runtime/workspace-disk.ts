@@ -18,6 +18,7 @@
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import { hostTool, mountInfo, mountPoints } from './host-tools.ts';
 import type { Launcher } from './launcher.ts';
 
 /** Smallest disk: ext4's own structures need some room. */
@@ -30,17 +31,9 @@ export type DiskTools = Record<Tool, string>;
 /** Absolute paths of the tools, or why the disk limit cannot be enforced on this host. */
 export function diskTools(): DiskTools | string {
   if (!fs.existsSync('/dev/loop-control')) return 'no loop devices (/dev/loop-control is missing)';
-  const dirs = [...(process.env.PATH ?? '').split(path.delimiter), '/usr/sbin', '/sbin', '/usr/bin', '/bin'].filter(Boolean);
   const found: Partial<Record<Tool, string>> = {};
   for (const tool of TOOLS) {
-    const file = dirs.map((d) => path.join(d, tool)).find((f) => {
-      try {
-        fs.accessSync(f, fs.constants.X_OK);
-        return true;
-      } catch {
-        return false;
-      }
-    });
+    const file = hostTool(tool);
     if (!file) return `${tool} is not installed (apt-get install e2fsprogs mount)`;
     found[tool] = file;
   }
@@ -276,20 +269,6 @@ function sweepStaleDisks(dir: string, tools: DiskTools): number {
   }
   return images.length;
 }
-
-/** This process's mounts: device (major:minor) and mount point. */
-function mountInfo(): Array<{ device: string; point: string }> {
-  return fs
-    .readFileSync('/proc/self/mountinfo', 'utf8')
-    .split('\n')
-    .filter(Boolean)
-    .map((line) => {
-      const fields = line.split(' ');
-      return { device: fields[2]!, point: fields[4]!.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8))) };
-    });
-}
-
-const mountPoints = () => mountInfo().map((m) => m.point);
 
 /** What the launcher runs to unmount `mountpoint` should this process die first. */
 function undoAt(tools: DiskTools, mountpoint: string): { key: string; command: string; args: string[] } {

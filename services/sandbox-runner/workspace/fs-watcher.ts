@@ -1,13 +1,15 @@
 /**
  * The agent's own file activity (`audit.file_system`): `watch` paths and `track: [writes, reads,
  * deletes]`, turned into audit records `file_write {path, bytes?}`, `file_read {path}` and
- * `file_delete {path}` (paths workspace-relative).
+ * `file_delete {path}`, wherever the agent can write: the workspace (paths workspace-relative) and
+ * the runtime's other writable places, /tmp and /dev/shm (paths absolute: `/tmp/x`; places.ts).
  *
- * How: one `inotifywait -m -r` child per sandbox, watching the host directory that is bind-mounted at
- * /workspace. Node's fs.watch is not used: it reports neither reads nor which operation happened.
+ * How: one `inotifywait -m -r` child per sandbox, watching the host directories that are bound into
+ * the sandbox (the workspace, the tmpfs of /tmp and /dev/shm). Node's fs.watch is not used: it
+ * reports neither reads nor which operation happened.
  * The agent may swap a directory for a symlink to anywhere on the host at any moment, so nothing
  * here follows one: inotifywait (which does, when it adds the watch of a new directory) runs under
- * bubblewrap in a mount namespace holding only the workspace (see `confined`), and the watcher's
+ * bubblewrap in a mount namespace holding only those directories (see `confined`), and the watcher's
  * own looks (new-directory scans, sizes) go through beneath.ts, by descriptor. No record ever
  * names a host file or another sandbox's.
  * inotify sees every process that touches the files, whoever it is, so:
@@ -25,10 +27,10 @@
  *  - `.svc/` is never watched or reported (the service writes the audit log there), apart from the
  *    barrier directory `.svc/watch/`.
  *
- * Paths in `watch` are workspace-relative unless absolute; `/`, `/workspace` and `.` mean the whole
- * workspace; other absolute paths must be under `/workspace/` (400 naming `audit.file_system.watch[i]`
- * otherwise). A path that does not exist yet is watched through its nearest existing ancestor and
- * events are filtered to it.
+ * Paths in `watch` are workspace-relative unless absolute; `/` means every writable place, `/workspace`
+ * and `.` the whole workspace, `/tmp/x` a path in /tmp; an absolute path where the agent cannot write
+ * is a 400 naming `audit.file_system.watch[i]`. A path that does not exist yet is watched through its
+ * nearest existing ancestor and events are filtered to it.
  *
  * Which inotify events make which record:
  *  - writes: a file created or modified (CREATE/MODIFY), recorded once when the writer closes it
@@ -51,14 +53,15 @@
  *  are recorded as `warning` records.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { constants, type Dirent } from 'node:fs';
+import { constants, type Dirent, type Stats } from 'node:fs';
 import { access, lstat, mkdir, realpath, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { badRequest } from '../../kernel/errors.ts';
 import type { AuditType } from './audit-log.ts';
 import { closeFd, lstatBeneath, lstatManyBeneath, openDirAt, openDirBeneath, readdirFd, resolveBeneath } from './beneath.ts';
-import { isServicePath, SANDBOX_WORKSPACE, SERVICE_DIR, workspaceSegments } from './paths.ts';
+import { isServicePath, SERVICE_DIR, workspaceSegments } from './paths.ts';
+import { childName, underPrefix, WritablePlaces, type Place } from './places.ts';
 
 /** Under `.svc/`: where the watcher creates its barrier files (the agent cannot write there). */
 const BARRIER_DIR = 'watch';
@@ -75,6 +78,8 @@ export interface AuditSink {
 
 export interface FsWatcherOptions {
   workspace: string;
+  /** The sandbox's other writable places (/tmp, /dev/shm) as host directories; their files are named `/tmp/x`. */
+  places?: readonly Place[];
   /** `audit.file_system.watch`. */
   watch: unknown;
   /** `audit.file_system.track`. */
@@ -120,35 +125,36 @@ function parseTrack(track: unknown, field = 'audit.file_system.track'): Set<Trac
 }
 
 /**
- * Validates `watch` and resolves each entry (symlinks as the sandbox sees them) to a real
- * workspace-relative prefix; '' is the whole workspace. 400 naming `watch[i]`.
+ * Validates `watch` and resolves each entry to a name prefix (places.ts): '' is the whole
+ * workspace, `/tmp` all of /tmp; a workspace path is resolved as the sandbox sees it (symlinks
+ * followed), a path elsewhere lexically. 400 naming `watch[i]`.
  */
-async function resolveWatchPrefixes(workspace: string, watch: unknown, field = 'audit.file_system.watch'): Promise<{ root: string; prefixes: string[] }> {
+function resolveWatchPrefixes(view: WritablePlaces, watch: unknown, field = 'audit.file_system.watch'): string[] {
   if (!Array.isArray(watch)) throw badRequest(field, 'must be a list of paths');
-  const root = await realpath(workspace);
   const prefixes: string[] = [];
   for (let i = 0; i < watch.length; i++) {
     const f = `${field}[${i}]`;
     const w = watch[i];
     if (typeof w !== 'string') throw badRequest(f, 'must be a string');
-    if (w === '/' || w === '.' || w === './' || w === SANDBOX_WORKSPACE || w === `${SANDBOX_WORKSPACE}/`) {
-      prefixes.push('');
+    const named = view.watchPrefixes(w, f);
+    if (named) {
+      prefixes.push(...named);
       continue;
     }
-    const resolved = resolveBeneath(root, workspaceSegments(w, f), { field: f });
+    const resolved = resolveBeneath(view.workspace, workspaceSegments(w, f), { field: f });
     closeFd(resolved.dir);
     const rel = resolved.relative;
     if (isServicePath(rel)) throw badRequest(f, '.svc is the service\'s directory and is not watched');
     prefixes.push(rel);
   }
-  return { root, prefixes };
+  return [...new Set(prefixes)];
 }
 
 export class FsWatcher {
   private readonly opts: FsWatcherOptions;
   private readonly coalesceMs: number;
   private readonly graceMs: number;
-  private root = '';
+  private view!: WritablePlaces;
   private prefixes: string[] = [];
   private track = new Set<TrackKind>();
   private child: ChildProcess | undefined;
@@ -187,11 +193,11 @@ export class FsWatcher {
     if (!this.opts.audit && !this.opts.onEvent) throw new Error('FsWatcher needs `audit` or `onEvent`');
     const field = this.opts.field ?? 'audit.file_system';
     this.track = parseTrack(this.opts.track, `${field}.track`);
-    const { root, prefixes } = await resolveWatchPrefixes(this.opts.workspace, this.opts.watch, `${field}.watch`);
-    this.root = root;
-    this.prefixes = prefixes;
-    if (prefixes.length === 0 || this.track.size === 0) return; // nothing to watch
-    const roots = await watchRoots(root, prefixes);
+    this.view = await WritablePlaces.of(this.opts.workspace, this.opts.places);
+    const root = this.view.workspace;
+    this.prefixes = resolveWatchPrefixes(this.view, this.opts.watch, `${field}.watch`);
+    if (this.prefixes.length === 0 || this.track.size === 0) return; // nothing to watch
+    const roots = await watchRoots(this.view, this.prefixes);
     this.barrierDir = await makeBarrierDir(root);
     const events = ['create', 'moved_to', 'moved_from'];
     if (this.track.has('writes')) events.push('modify', 'close_write');
@@ -202,7 +208,7 @@ export class FsWatcher {
     // `.svc` is not watched (the audit log is written there), except the barrier directory.
     args.push('--', ...roots, `@${path.join(root, SERVICE_DIR)}`);
     if (this.barrierDir) args.push(this.barrierDir);
-    const [command, argv] = await confined(this.opts.command ?? 'inotifywait', root, args).catch((err: Error) => {
+    const [command, argv] = await confined(this.opts.command ?? 'inotifywait', this.view.roots, args).catch((err: Error) => {
       throw new Error(`cannot run inotifywait (install inotify-tools): ${err.message}`);
     });
     const child = spawn(command, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -350,11 +356,11 @@ export class FsWatcher {
       if (flags.includes('CREATE')) this.barriers.get(clean.slice(this.barrierDir.length + 1))?.();
       return;
     }
-    if (!clean.startsWith(`${this.root}/`)) {
+    const rel = this.view.nameOf(clean);
+    if (rel === null) {
       if ((flags.includes('DELETE_SELF') || flags.includes('UNMOUNT')) && !this.stopping) this.warn(`file watcher: watched directory ${clean} went away`);
       return;
     }
-    const rel = clean.slice(this.root.length + 1);
     if (isServicePath(rel) || !this.inScope(rel)) return;
     const isDir = flags.includes('ISDIR');
     const writes = this.track.has('writes');
@@ -402,13 +408,13 @@ export class FsWatcher {
     }
   }
 
-  /** Whether the watch reports `kind` for the workspace-relative `rel`. */
+  /** Whether the watch reports `kind` for the file named `rel` (places.ts). */
   reports(kind: TrackKind, rel: string): boolean {
     return this.track.has(kind) && this.inScope(rel);
   }
 
   private inScope(rel: string): boolean {
-    return this.prefixes.some((p) => p === '' || rel === p || rel.startsWith(`${p}/`));
+    return this.prefixes.some((p) => underPrefix(rel, p));
   }
 
   private suppressed(rel: string, kind: OpKind): boolean {
@@ -427,7 +433,8 @@ export class FsWatcher {
     const scan = (async () => {
       let top: number;
       try {
-        top = openDirBeneath(this.root, rel.split('/'));
+        const at = this.view.locate(rel);
+        top = openDirBeneath(at.root, at.rel.split('/'));
       } catch {
         return; // gone, or no longer a directory
       }
@@ -449,7 +456,7 @@ export class FsWatcher {
             await new Promise<void>((resolve) => setImmediate(resolve));
             continue;
           }
-          const child = `${dir.rel}/${d.name}`;
+          const child = childName(dir.rel, d.name);
           if (d.isDirectory()) {
             // Deeper than a path the API can name is not scanned (it bounds the held descriptors).
             if (Buffer.byteLength(child) >= 4096) continue;
@@ -505,7 +512,7 @@ export class FsWatcher {
     this.pending = [];
     this.lastByPath = new Map();
     const writes = items.filter((item) => item.type === 'file_write' && !item.details.directory);
-    const stats = lstatManyBeneath(this.root, writes.map((item) => item.rel));
+    const stats = this.lstatNames(writes.map((item) => item.rel));
     for (const item of writes) {
       // Gone since (or reached only through a symlink now): no byte count.
       const st = stats.get(item.rel);
@@ -522,12 +529,25 @@ export class FsWatcher {
     }
   }
 
+  /** lstatManyBeneath of names, place by place. */
+  private lstatNames(names: string[]): Map<string, Stats> {
+    const byRoot = new Map<string, Map<string, string>>();
+    for (const name of names) {
+      const { root, rel } = this.view.locate(name);
+      if (!byRoot.has(root)) byRoot.set(root, new Map());
+      byRoot.get(root)!.set(rel, name);
+    }
+    const found = new Map<string, Stats>();
+    for (const [root, rels] of byRoot) for (const [rel, st] of lstatManyBeneath(root, rels.keys())) found.set(rels.get(rel)!, st);
+    return found;
+  }
+
   /** Files created and not closed since the last flush that are symlinks or hard links: written, with no close to come. */
   private recordLinks(): void {
     if (this.created.size === 0) return;
     const created = [...this.created];
     this.created.clear();
-    const stats = lstatManyBeneath(this.root, created);
+    const stats = this.lstatNames(created);
     for (const rel of created) {
       const st = stats.get(rel);
       if (st && (st.isSymbolicLink() || (st.isFile() && st.nlink > 1)) && this.dirty.delete(rel)) this.enqueue('file_write', rel, { path: rel });
@@ -539,14 +559,14 @@ export class FsWatcher {
  * inotifywait -r follows symlinks: a directory swapped for a link right after its CREATE gets the
  * link's target watched (opendir and a trailing `/` follow it even with --no-dereference), and its
  * events would name host files. So it runs under bubblewrap in a mount namespace holding only the
- * workspace (at its own path, read-only; inotify still sees every write) and the binary with its
- * libraries: a link out of the workspace leads nowhere there.
+ * watched places (each at its own host path, read-only; inotify still sees every write) and the
+ * binary with its libraries: a link out of them leads nowhere there.
  */
-async function confined(command: string, root: string, args: string[]): Promise<[string, string[]]> {
+async function confined(command: string, roots: string[], args: string[]): Promise<[string, string[]]> {
   const binary = await findExecutable(command);
-  const files = [binary, ...(await sharedLibraries(binary))];
+  const files = [binary, ...(await sharedLibraries(binary)), ...roots];
   const binds = files.flatMap((f) => ['--ro-bind', f, f]);
-  return ['bwrap', ['--die-with-parent', '--unshare-all', ...binds, '--ro-bind', root, root, '--', binary, ...args]];
+  return ['bwrap', ['--die-with-parent', '--unshare-all', ...binds, '--', binary, ...args]];
 }
 
 /** `command` as an absolute path (PATH searched); ENOENT when there is none. */
@@ -574,10 +594,10 @@ function sharedLibraries(binary: string): Promise<string[]> {
 }
 
 /** Directories to hand to inotifywait: each prefix's nearest existing directory, nested ones dropped. */
-async function watchRoots(root: string, prefixes: string[]): Promise<string[]> {
+async function watchRoots(view: WritablePlaces, prefixes: string[]): Promise<string[]> {
   const dirs = new Set<string>();
   for (const p of prefixes) {
-    let rel = p;
+    let { root, rel } = view.locate(p);
     for (;;) {
       const abs = rel === '' ? root : path.join(root, rel);
       const st = rel === '' ? await lstat(root).catch(() => undefined) : lstatBeneath(root, rel);
@@ -585,7 +605,7 @@ async function watchRoots(root: string, prefixes: string[]): Promise<string[]> {
         dirs.add(abs);
         break;
       }
-      if (rel === '') throw new Error(`workspace ${root} is not a directory`);
+      if (rel === '') throw new Error(`${p || 'the workspace'} (${root}) is not a directory`);
       rel = rel.includes('/') ? rel.slice(0, rel.lastIndexOf('/')) : '';
     }
   }

@@ -1,0 +1,122 @@
+/**
+ * `audit.file_system` wherever the agent can write: the workspace, /tmp, /dev/shm and home (the
+ * workspace), with `watch: ["/"]` or a path outside the workspace; writes, reads, deletes and
+ * renames there; the reconciliation outside the workspace; `file_writes_outside` failing on a /tmp
+ * write and passing when /tmp is allowed; the service's own writes (checks) never the agent's.
+ * On the local runtime, over HTTP against the real service.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { backend } from '../helpers/backend.ts';
+import { runOnce } from '../helpers/experiments.ts';
+import { SPEC } from '../helpers/sandboxes.ts';
+import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+
+const runtime = backend('SVC_TEST_BWRAP', 'the file audit on the local runtime');
+
+describe('the file audit beyond the workspace', { skip: runtime === null }, () => {
+  let server: TestServer;
+  let key: string;
+  const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
+  const putSpec = async (yaml: string) => {
+    const res = await server.request('POST', '/v1/specs', { key, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
+    assert.equal(res.status, 201, res.text);
+  };
+  /** Runs `commands` in a new sandbox of a spec watching `watch`, destroys it, returns its file records as [type, path, found_by?]. */
+  const fileRecords = async (name: string, watch: string, commands: string[], setup = '[]') => {
+    await putSpec(SPEC(name, `setup: {commands: ${setup}}\naudit:\n  file_system: {watch: ${watch}, track: [writes, reads, deletes]}\n`));
+    const created = await req('POST', '/v1/sandboxes', { spec_id: name });
+    assert.equal(created.status, 201, created.text);
+    const id = created.body.id as string;
+    for (const command of commands) {
+      const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command });
+      assert.equal(res.status, 200, res.text);
+      assert.equal(res.body.exit_code, 0, res.text);
+    }
+    assert.equal((await req('DELETE', `/v1/sandboxes/${id}`)).status, 200);
+    const audit = await req('GET', `/v1/sandboxes/${id}/audit?type=file_write,file_read,file_delete,warning&limit=1000`);
+    assert.equal(audit.status, 200, audit.text);
+    const warnings = audit.body.items.filter((i: any) => i.type === 'warning' && !/image store/.test(i.details.message));
+    assert.deepEqual(warnings, [], `no capture was degraded: ${JSON.stringify(warnings)}`);
+    return audit.body.items.filter((i: any) => i.type !== 'warning').map((i: any) => [i.type, i.details.path, ...(i.details.found_by ? [i.details.found_by] : [])]);
+  };
+
+  before(async () => {
+    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    key = (await createTenantKey(server, 'file-audit')).key;
+  });
+  after(() => server.cleanup());
+
+  test('watch ["/"]: writes, reads, renames and deletes in /tmp, /dev/shm, home and the workspace are all records', async () => {
+    const records = await fileRecords('everywhere', '["/"]', [
+      'echo a > /tmp/a.txt && cat /tmp/a.txt > /dev/null && mv /tmp/a.txt /tmp/b.txt && rm /tmp/b.txt',
+      'mkdir -p /tmp/deep/er && echo d > /tmp/deep/er/d.txt',
+      'echo s > /dev/shm/segment',
+      'echo h > "$HOME/.profile-note" && echo w > work.txt',
+    ]);
+    for (const expected of [
+      ['file_write', '/tmp/a.txt'],
+      ['file_read', '/tmp/a.txt'],
+      ['file_delete', '/tmp/a.txt'],
+      ['file_write', '/tmp/b.txt'],
+      ['file_delete', '/tmp/b.txt'],
+      ['file_write', '/tmp/deep/er/d.txt'],
+      ['file_write', '/dev/shm/segment'],
+      ['file_write', '.profile-note'],
+      ['file_write', 'work.txt'],
+    ]) {
+      assert.ok(records.some((r: string[]) => r[0] === expected[0] && r[1] === expected[1]), `${expected.join(' ')} in ${JSON.stringify(records)}`);
+    }
+    // A rename is a delete of the old name, then a write of the new one.
+    const at = (type: string, p: string) => records.findIndex((r: string[]) => r[0] === type && r[1] === p);
+    assert.ok(at('file_delete', '/tmp/a.txt') < at('file_write', '/tmp/b.txt'));
+    assert.ok(!records.some((r: string[]) => r[2] === 'reconciliation'), `the watch saw everything: ${JSON.stringify(records)}`);
+  });
+
+  test('watch a path outside the workspace: only it is recorded; a path where the agent cannot write is a 400 naming the field', async () => {
+    const records = await fileRecords('tmp-only', '["/tmp/out"]', ['mkdir /tmp/out && echo o > /tmp/out/o.txt && echo n > /tmp/not-this && echo w > work.txt']);
+    assert.deepEqual(records, [['file_write', '/tmp/out/o.txt']]);
+
+    await putSpec(SPEC('etc-watch', 'audit:\n  file_system: {watch: [/workspace, /etc], track: [writes]}\n'));
+    const refused = await req('POST', '/v1/sandboxes', { spec_id: 'etc-watch' });
+    assert.equal(refused.status, 400, refused.text);
+    assert.equal(refused.body.error, 'bad_request');
+    assert.match(refused.body.message, /audit\.file_system\.watch\[1\].*not a place the agent can write/);
+  });
+
+  test('a change in /tmp the watch cannot see (mmap of a file made before ready) is found by the reconciliation', async () => {
+    const mmap = `python3 -c "import mmap; f = open('/tmp/made-at-setup', 'r+b'); m = mmap.mmap(f.fileno(), 0); m[0:1] = b'X'; m.flush()"`;
+    const records = await fileRecords('tmp-mmap', '["/tmp"]', [mmap], '["echo original > /tmp/made-at-setup"]');
+    assert.deepEqual(records, [['file_write', '/tmp/made-at-setup', 'reconciliation']]);
+  });
+
+  const OUTSIDE = (allowed: string) => `audit:
+  file_system: {watch: ["/"], track: [writes]}
+forbidden:
+  file_writes_outside: ${allowed}
+invariants:
+  ok: {check: {type: command_exit, command: "echo checker > /tmp/checker-scratch && mkdir -p /tmp/c && true"}}
+  py:
+    check:
+      type: custom
+      script: |
+        import tempfile
+        tempfile.NamedTemporaryFile(dir='/tmp', delete=False).write(b'x')
+        print('{"passed": true}')
+`;
+
+  test('file_writes_outside [/workspace] fails an agent that writes /tmp; allowing /tmp passes it; the checks\' own /tmp writes are never the agent\'s', async () => {
+    const agent = 'echo out > /tmp/outside.txt; echo in > "$SVC_WORKSPACE/inside.txt"';
+    const failed = await runOnce(server, key, 'writes-tmp', agent, OUTSIDE('[/workspace]'));
+    assert.equal(failed.verdict, 'fail', JSON.stringify(failed).slice(0, 1000));
+    assert.deepEqual(failed.violations.map((v: any) => [v.rule, v.audit.path]), [['file_writes_outside', '/tmp/outside.txt']]);
+
+    const allowed = await runOnce(server, key, 'writes-tmp-allowed', agent, OUTSIDE('[/workspace, /tmp]'));
+    assert.equal(allowed.verdict, 'pass', JSON.stringify(allowed).slice(0, 1000));
+    assert.deepEqual(allowed.violations, []);
+
+    const honest = await runOnce(server, key, 'writes-workspace', 'echo in > "$SVC_WORKSPACE/inside.txt"', OUTSIDE('[/workspace]'));
+    assert.equal(honest.verdict, 'pass', `the checks write /tmp after the agent: ${JSON.stringify(honest).slice(0, 1000)}`);
+    assert.deepEqual(honest.violations, []);
+  });
+});
