@@ -260,6 +260,10 @@ export class LocalRuntime implements Runtime {
     } catch (err) {
       await sandbox.destroy();
       throw err;
+    } finally {
+      // The next spares only now: their mkfs and mounts would hold up this create's own tools.
+      if (typeof disks !== 'string') disks.refill();
+      this.scratches().refill(options.resources.memoryBytes);
     }
     return sandbox;
   }

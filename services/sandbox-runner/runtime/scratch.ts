@@ -56,18 +56,13 @@ export class Scratches {
 
   /** A scratch of `bytes` (at least 16 MiB): the spare when it has that size, else mounted now. */
   async take(bytes: number): Promise<Scratch> {
-    const size = Math.max(MIN_BYTES, Math.floor(bytes));
+    const size = scratchSize(bytes);
     const spare = this.spare?.bytes === size ? this.spare : null;
     if (spare) this.spare = null;
-    try {
-      const taken = await spare?.scratch;
-      // A spare swept since (another runtime took over this state directory) is not used.
-      if (taken?.intact()) return taken;
-      return await this.mount(size);
-    } finally {
-      // The next spare only now, at the size asked last: its mount would hold up this create.
-      this.refill(size);
-    }
+    const taken = await spare?.scratch;
+    // A spare swept since (another runtime took over this state directory) is not used.
+    if (taken?.intact()) return taken;
+    return this.mount(size);
   }
 
   /** Releases the spare: a runtime that stops leaves nothing mounted. */
@@ -78,7 +73,12 @@ export class Scratches {
     await (await spare?.scratch)?.release();
   }
 
-  private refill(size: number): void {
+  /**
+   * Mounts the next spare, of `bytes` (the size asked last), unless one is on its way or the
+   * runtime closed. The runtime calls it once a create is over: its mount would hold up the create.
+   */
+  refill(bytes: number): void {
+    const size = scratchSize(bytes);
     if (this.closed || this.spare) return;
     this.spare = { bytes: size, scratch: this.mount(size).catch(() => null) };
   }
@@ -126,4 +126,9 @@ export class Scratch {
     })();
     return this.released;
   }
+}
+
+/** At least 16 MiB, whole bytes. */
+function scratchSize(bytes: number): number {
+  return Math.max(MIN_BYTES, Math.floor(bytes));
 }

@@ -61,26 +61,20 @@ export class WorkspaceDisks {
    */
   async mount(id: string, mountpoint: string, bytes: number): Promise<WorkspaceDisk> {
     const size = diskSize(bytes);
-    const isDefault = size === diskSize(this.options.defaultBytes);
-    const taken = isDefault ? this.spare : null;
-    if (isDefault) this.spare = null;
+    const taken = size === diskSize(this.options.defaultBytes) ? this.spare : null;
+    if (taken) this.spare = null;
+    const spare = taken && (await taken);
+    if (spare) {
+      const moved = await WorkspaceDisk.move(spare, mountpoint, this.options.tools, this.options.launcher).catch(() => null);
+      if (moved) return moved;
+    }
+    const image = path.join(this.options.dir, `${id}.img`);
     try {
-      const spare = taken && (await taken);
-      if (spare) {
-        const moved = await WorkspaceDisk.move(spare, mountpoint, this.options.tools, this.options.launcher).catch(() => null);
-        if (moved) return moved;
-      }
-      const image = path.join(this.options.dir, `${id}.img`);
-      try {
-        await this.make(image, size);
-        return await WorkspaceDisk.mount(image, mountpoint, this.options.tools, this.options.launcher);
-      } catch (err) {
-        await fs.promises.rm(image, { force: true });
-        throw new Error(`cannot give the workspace its disk: ${(err as Error).message}`);
-      }
-    } finally {
-      // The next spare only now: its mkfs and mount would hold up this create's own tools.
-      if (isDefault) this.refill(size);
+      await this.make(image, size);
+      return await WorkspaceDisk.mount(image, mountpoint, this.options.tools, this.options.launcher);
+    } catch (err) {
+      await fs.promises.rm(image, { force: true });
+      throw new Error(`cannot give the workspace its disk: ${(err as Error).message}`);
     }
   }
 
@@ -92,8 +86,13 @@ export class WorkspaceDisks {
     await (await spare)?.release();
   }
 
-  /** Starts making and mounting the next spare aside, unless one is on its way or the runtime closed. */
-  private refill(size: number): void {
+  /**
+   * Starts making and mounting the next spare aside, unless one is on its way or the runtime
+   * closed. The runtime calls it once a create is over: its mkfs and mount would hold up the
+   * create's own tools.
+   */
+  refill(): void {
+    const size = diskSize(this.options.defaultBytes);
     if (this.closed || this.spare) return;
     const n = ++this.spares;
     const image = path.join(this.options.dir, `spare-${n}.img`);

@@ -8,8 +8,9 @@
  * included (the runner passes a function that replaces secret values with `[REDACTED:<NAME>]`), so no
  * secret value reaches the file or the event stream.
  *
- * Records are written in the order `record` is called, one `write` per line on an O_APPEND
- * descriptor. `onRecord` is called after the line is written (the runner publishes each record as a
+ * Records are written in the order `record` is called, on an O_APPEND descriptor: the lines that
+ * arrive while a write is under way go in the next one, together (a burst of records is a few
+ * writes, not one per line). `onRecord` is called after the line is written (the runner publishes each record as a
  * sandbox event); an exception it throws is swallowed, it never breaks auditing.
  *
  * Bounded, so an agent that floods (renames in a loop) costs the service neither memory nor its
@@ -62,7 +63,11 @@ export class AuditLog {
   private readonly options: AuditLogOptions;
   private handle: FileHandle | undefined;
   private opening: Promise<FileHandle> | undefined;
-  private tail: Promise<unknown> = Promise.resolve();
+  /** Lines waiting for the next write, in order. */
+  private queued: Array<{ record: AuditRecord; line: string; done: (error?: Error) => void }> = [];
+  /** The writer's run while it has lines to write. */
+  private tail: Promise<void> = Promise.resolve();
+  private writing = false;
   private closed = false;
   private count = 0;
   /** Records let through so far (written or being written). */
@@ -186,21 +191,45 @@ export class AuditLog {
       details: (redact ? redactDeep(details, redact) : details) as Record<string, unknown>,
     };
     if ((type === 'file_write' || type === 'file_delete') && typeof details.path === 'string') this.filePaths[type].add(details.path);
-    const line = Buffer.from(`${JSON.stringify(record)}\n`);
-    const done = this.tail.then(async () => {
-      const fh = await this.open();
-      await fh.write(line);
-      if (this.options.fsync) await fh.sync();
-      this.count++;
-      try {
-        this.options.onRecord?.(record);
-      } catch {
-        // A listener's failure never breaks auditing.
+    return new Promise<AuditRecord>((resolve, reject) => {
+      this.queued.push({ record, line: `${JSON.stringify(record)}\n`, done: (error) => (error ? reject(error) : resolve(record)) });
+      if (!this.writing) {
+        this.writing = true;
+        this.tail = this.writeQueued();
       }
-      return record;
     });
-    this.tail = done.catch(() => undefined);
-    return done;
+  }
+
+  /** Writes what is queued, a batch at a time, until nothing is. */
+  private async writeQueued(): Promise<void> {
+    while (this.queued.length > 0) {
+      const batch = this.queued;
+      this.queued = [];
+      let failed: Error | undefined;
+      try {
+        const fh = await this.open();
+        const bytes = Buffer.from(batch.map((b) => b.line).join(''));
+        // A regular file takes the whole buffer unless the disk is full; a short write is finished.
+        for (let at = 0; at < bytes.length; ) at += (await fh.write(bytes, at)).bytesWritten;
+        if (this.options.fsync) await fh.sync();
+      } catch (err) {
+        failed = err as Error;
+      }
+      for (const { record, done } of batch) {
+        if (failed) {
+          done(failed);
+          continue;
+        }
+        this.count++;
+        try {
+          this.options.onRecord?.(record);
+        } catch {
+          // A listener's failure never breaks auditing.
+        }
+        done();
+      }
+    }
+    this.writing = false;
   }
 
   /** Waits for pending records, then closes the file. Later `record` calls reject. */
