@@ -104,6 +104,15 @@ os.waitpid(pid, 0)'; true`;
     assert.equal(hidden.exit_code, 0);
   });
 
+  test('a burst of 500 short processes is 500 records, each once with its exit code (a process the kernel moves between CPUs at exec included)', async () => {
+    const { records, warnings } = await spawnsOf('spawns', 'i=0; while [ $i -lt 500 ]; do /bin/sh -c "exit $((i % 7))" burst-$i; i=$((i+1)); done');
+    assert.deepEqual(warnings.filter((w) => /process/.test(w)), []);
+    const burst = records.filter((r) => / burst-\d+$/.test(r.command));
+    assert.equal(burst.length, 500, `${burst.length} records`);
+    const seen = new Map(burst.map((r) => [Number(/burst-(\d+)$/.exec(r.command)![1]), r.exit_code]));
+    for (let i = 0; i < 500; i++) assert.equal(seen.get(i), i % 7, `burst-${i}`);
+  });
+
   test('an argument holding a newline cannot forge a record', async () => {
     const { records } = await spawnsOf('spawns', `/bin/echo "a
 ffff q 1 0 1

@@ -9,6 +9,11 @@
  *
  * Each output line starts with a random nonce only the runner knows: an argument holding a
  * newline cannot forge an event, its next line is read as the rest of the argument.
+ *
+ * The kernel's events reach bpftrace through one buffer per CPU, so they arrive out of order when
+ * a process moves between CPUs (the kernel moves a process at exec to balance load): its exit may
+ * come before its exec. Every event carries its kernel time, and events are handled in time order
+ * once REORDER_NS old (or all at once when a watch ends).
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -52,7 +57,7 @@ const TRACEFS = '/sys/kernel/tracing';
 const program = (nonce: string) => `
 BEGIN { printf("${nonce} B %llu\\n", nsecs); }
 tracepoint:syscalls:sys_enter_execve,tracepoint:syscalls:sys_enter_execveat /curtask->nsproxy->pid_ns_for_children->level > 0/ {
-  printf("${nonce} x %d %d %d %u\\n", tid, curtask->real_parent->tgid, curtask->real_parent->real_parent->tgid, curtask->nsproxy->pid_ns_for_children->ns.inum);
+  printf("${nonce} x %d %d %d %u %llu\\n", tid, curtask->real_parent->tgid, curtask->real_parent->real_parent->tgid, curtask->nsproxy->pid_ns_for_children->ns.inum, nsecs);
   $i = 0; $end = 0;
   unroll(${MAX_ARGS + 1}) {
     if ($end == 0) {
@@ -65,6 +70,15 @@ tracepoint:syscalls:sys_enter_execve,tracepoint:syscalls:sys_enter_execveat /cur
 tracepoint:sched:sched_process_exec /curtask->nsproxy->pid_ns_for_children->level > 0/ { printf("${nonce} e %d %llu\\n", pid, nsecs); }
 tracepoint:sched:sched_process_exit /pid == tid && curtask->nsproxy->pid_ns_for_children->level > 0/ { printf("${nonce} q %d %d %llu\\n", pid, curtask->exit_code, nsecs); }
 `;
+
+/** How long an event waits for earlier ones from other CPUs before it is handled. */
+const REORDER_NS = 50_000_000n;
+
+/** One kernel event, in the order of its time: an exec's start (with its arguments), an exec done, an exit. */
+type TracedEvent =
+  | { kind: 'x'; pid: number; ns: bigint; exec: PendingExec | null }
+  | { kind: 'e'; pid: number; ns: bigint }
+  | { kind: 'q'; pid: number; ns: bigint; status: number };
 
 interface PendingExec {
   parent: number;
@@ -118,6 +132,11 @@ export class ProcessTracer {
   /** wall-clock ms at the kernel's monotonic 0, from the BEGIN line */
   private epochMs = 0;
   private lastArg: { list: string[]; index: number } | null = null;
+  /** Each thread's latest exec start, which its argument lines fill in. */
+  private readonly filling = new Map<number, PendingExec>();
+  /** Events not handled yet, waiting for earlier ones from other CPUs. */
+  private queue: TracedEvent[] = [];
+  private timer: NodeJS.Timeout | null = null;
 
   constructor(private readonly binary: string) {}
 
@@ -126,6 +145,7 @@ export class ProcessTracer {
     await this.start();
     this.watches.set(watch.pidNamespace, watch);
     return () => {
+      this.handleQueued(null);
       for (const run of [...this.running.values()]) if (run.namespace === watch.pidNamespace) this.finish(run, null, process.hrtime.bigint());
       this.watches.delete(watch.pidNamespace);
     };
@@ -160,6 +180,8 @@ export class ProcessTracer {
         this.watches.clear();
         this.running.clear();
         this.pending.clear();
+        this.filling.clear();
+        this.queue = [];
       });
       readline.createInterface({ input: child.stdout! }).on('line', (line) => {
         if (line.startsWith(`${this.nonce} B `)) {
@@ -177,15 +199,18 @@ export class ProcessTracer {
       if (this.lastArg) this.lastArg.list[this.lastArg.index] += `\n${line}`;
       return;
     }
-    const [, kind, a, b, c, d] = line.split(' ');
+    const [, kind, a, b, c, d, e] = line.split(' ');
     const pid = Number(a);
     if (kind === 'x') {
       this.lastArg = null;
       // Only the watched sandboxes' execs are kept (other containers of the host have pid namespaces too).
-      if (this.watches.has(Number(d))) this.pending.set(pid, { parent: Number(b), grandparent: Number(c), namespace: Number(d), args: [], truncated: false });
-      else this.pending.delete(pid);
+      const exec = this.watches.has(Number(d)) ? { parent: Number(b), grandparent: Number(c), namespace: Number(d), args: [], truncated: false } : null;
+      if (exec) this.filling.set(pid, exec);
+      else this.filling.delete(pid);
+      this.enqueue({ kind: 'x', pid, ns: BigInt(e!), exec });
     } else if (kind === 'a') {
-      const exec = this.pending.get(pid);
+      // Right after its exec's start, from the same CPU.
+      const exec = this.filling.get(pid);
       const index = Number(b);
       const text = line.slice(`${this.nonce} a ${a} ${b} `.length);
       if (!exec) return;
@@ -194,12 +219,44 @@ export class ProcessTracer {
         exec.args[index] = text;
         this.lastArg = { list: exec.args, index };
       }
-    } else if (kind === 'e') this.exec(pid, BigInt(b!));
+    } else if (kind === 'e') this.enqueue({ kind: 'e', pid, ns: BigInt(b!) });
     else if (kind === 'q') {
-      // A failed exec leaves a pending one that no exec event ends: its process's exit does.
-      this.pending.delete(pid);
-      const run = this.running.get(pid);
-      if (run) this.finish(run, Number(b), BigInt(c!));
+      this.filling.delete(pid);
+      this.enqueue({ kind: 'q', pid, ns: BigInt(c!), status: Number(b) });
+    }
+  }
+
+  private enqueue(event: TracedEvent): void {
+    this.queue.push(event);
+    this.arm();
+  }
+
+  /** Handles what is due in REORDER_NS, then again while events wait. */
+  private arm(): void {
+    this.timer ??= setTimeout(() => {
+      this.timer = null;
+      this.handleQueued(process.hrtime.bigint() - REORDER_NS);
+      if (this.queue.length > 0) this.arm();
+    }, Number(REORDER_NS / 1_000_000n));
+  }
+
+  /** Handles the queued events up to `until` (kernel ns; null: all of them), in time order. */
+  private handleQueued(until: bigint | null): void {
+    this.queue.sort((x, y) => (x.ns < y.ns ? -1 : x.ns > y.ns ? 1 : 0));
+    const cut = until === null ? this.queue.length : this.queue.findIndex((event) => event.ns > until);
+    const due = cut < 0 ? this.queue : this.queue.slice(0, cut);
+    this.queue = cut < 0 ? [] : this.queue.slice(cut);
+    for (const event of due) {
+      if (event.kind === 'x') {
+        if (event.exec) this.pending.set(event.pid, event.exec);
+        else this.pending.delete(event.pid);
+      } else if (event.kind === 'e') this.exec(event.pid, event.ns);
+      else {
+        // A failed exec leaves a pending one that no exec event ends: its process's exit does.
+        this.pending.delete(event.pid);
+        const run = this.running.get(event.pid);
+        if (run) this.finish(run, event.status, event.ns);
+      }
     }
   }
 
