@@ -146,3 +146,25 @@ test('a missing inotifywait fails start with a hint', async () => {
   await assert.rejects(w.start(), /inotify-tools/);
   await w.stop();
 });
+
+test('where the kernel\'s inotify limit is reached, the watch says so in a warning and does not fail the start', { skip }, async () => {
+  // The limit is the kernel's own, lowered to one watch in a user namespace of its own (nothing else on the host is touched).
+  await mkdir(path.join(ws, 'a', 'b'), { recursive: true });
+  const script = path.join(ws, '..', `${path.basename(ws)}-limit.mts`);
+  await writeFile(script, `import { FsWatcher } from ${JSON.stringify(path.resolve('services/sandbox-runner/workspace/fs-watcher.ts'))};
+const events = [];
+const w = new FsWatcher({ workspace: ${JSON.stringify(ws)}, watch: ['/'], track: ['writes'], onEvent: (type, details) => void events.push({ type, details }) });
+await w.start();
+await w.stop();
+console.log(JSON.stringify(events));
+`);
+  try {
+    const out = execFileSync('unshare', ['-U', '-r', 'sh', '-c', 'echo 1 > /proc/sys/user/max_inotify_watches && exec "$0" --import tsx "$1"', process.execPath, script], { encoding: 'utf8' });
+    const events = JSON.parse(out.trim().split('\n').at(-1)!);
+    assert.equal(events.length, 1, out);
+    assert.equal(events[0].type, 'warning');
+    assert.match(events[0].details.message, /upper limit on inotify watches reached.*reconciliation/);
+  } finally {
+    await rm(script, { force: true });
+  }
+});

@@ -50,7 +50,8 @@
  *  Directories created faster than inotifywait can add a watch (`mkdir -p a/b && echo x > a/b/f`) are
  *  scanned when their CREATE arrives, so files written in them are not missed (they may, rarely, be
  *  recorded twice). An overflowing inotify queue, watch errors and an unexpected exit of the child
- *  are recorded as `warning` records.
+ *  are recorded as `warning` records. Where the host's inotify limits (watches, instances) are reached
+ *  at the start, a `warning` says so and the watch is left to the end-of-run reconciliation.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { constants, type Dirent, type Stats } from 'node:fs';
@@ -250,7 +251,13 @@ export class FsWatcher {
         }
       });
       child.on('exit', (code, signal) => {
-        if (!this.started) fail(new Error(`inotifywait exited (${signal ?? code}) before watching: ${errors.join('; ') || 'no message'}`));
+        const limit = errors.find((e) => /upper limit on inotify|Too many open files|Failed to watch/i.test(e));
+        if (!this.started && limit) {
+          // The host's inotify limits are reached: the run goes on, watched by the reconciliation alone.
+          clearTimeout(timeout);
+          this.warn(`the file watch could not start (${limit}): the agent's file changes are found only when it ends, by the reconciliation (no reads, one record per changed file)`);
+          resolve();
+        } else if (!this.started) fail(new Error(`inotifywait exited (${signal ?? code}) before watching: ${errors.join('; ') || 'no message'}`));
         else if (!this.stopping) this.warn(`file watcher stopped unexpectedly (${signal ?? `exit code ${code}`}); later file activity is not audited`);
       });
     });
