@@ -66,6 +66,26 @@ export async function startServices(config: Config, names: readonly ServiceName[
   };
 }
 
+/**
+ * What a process running some of the services needs beyond loadConfig's checks (the settings
+ * of each service are tabled in docs/operations.md). Each problem names its variable.
+ */
+export function checkSplitSettings(config: Config, names: readonly ServiceName[]): void {
+  const problems: string[] = [];
+  if (config.logBackend === 'embedded') {
+    problems.push('SVC_LOG_BACKEND: svc run <service...> splits the services over processes and needs kafka: the embedded log belongs to one process');
+  }
+  // One registry hands out schema ids: the api's built-in one, or an external one.
+  if (!names.includes('api') && !config.schemaRegistryUrl) {
+    problems.push("SVC_SCHEMA_REGISTRY_URL: required in a process without the api: point it at the api's built-in registry (http://<api>/schema-registry, with SVC_SERVICE_KEY) or at an external registry");
+  }
+  // The api seals what it sends the runners and opens their replies, with one key on both sides.
+  if (names.includes('api') !== names.includes('sandbox-runner') && !config.secretsKey) {
+    problems.push('SVC_SECRETS_KEY: required when the api and the sandbox runners run in different processes: both seal and open what they send each other with it (set the same key in both)');
+  }
+  if (problems.length > 0) throw new Error(`Bad configuration for svc run ${names.join(' ')}:\n  ${problems.join('\n  ')}`);
+}
+
 /** How long a graceful stop (SIGTERM, SIGINT) may take before the process exits anyway. */
 const SHUTDOWN_DEADLINE_MS = 30_000;
 
@@ -83,10 +103,8 @@ export async function main(argv: string[]): Promise<void> {
   } else if (positionals.length > 0) {
     throw new Error(`unknown command "${positionals.join(' ')}"`);
   }
-  const config = loadConfig(process.env, values['api-key'] ? { SVC_API_KEY: values['api-key'] } : {});
-  if (names.length < SERVICE_NAMES.length && config.logBackend === 'embedded') {
-    throw new Error('svc run <service...> splits the services over processes and needs SVC_LOG_BACKEND=kafka: the embedded log belongs to one process');
-  }
+  const config = loadConfig(process.env, values['api-key'] ? { SVC_API_KEY: values['api-key'] } : {}, { requireAdminKey: names.includes('api') });
+  if (names.length < SERVICE_NAMES.length) checkSplitSettings(config, names);
   const running = await startServices(config, names);
   const shutdown = (signal: string) => {
     process.stderr.write(`received ${signal}, stopping\n`);

@@ -98,10 +98,10 @@ const backends = [
     name: 'Kafka',
     env: 'SVC_TEST_KAFKA_BROKERS',
     async start() {
-      const { startKafka, missingTools } = await import('../infra/kafka/kafka.mjs');
+      const { startKafka, missingTools, classpathCached } = await import('../infra/kafka/kafka.mjs');
       const lacking = missingTools();
       if (lacking.length) return { skip: `${lacking.join(' and ')} not on PATH (apt-get install default-jdk-headless maven)` };
-      if (!fs.existsSync(path.join(root, 'infra/kafka/target/classpath.txt'))) {
+      if (!classpathCached()) {
         say('Kafka: first run, resolving the broker from Maven Central (cached in ~/.m2 afterwards)…');
       }
       const kafka = await startKafka({ workDir: path.join(tmp, 'kafka') });

@@ -1,6 +1,6 @@
 // A real Apache Kafka broker (KRaft, one node that is both broker and controller) for tests
 // and local runs, fetched from Maven Central: infra/kafka/pom.xml names the version, Maven
-// resolves its classpath (jars are cached in ~/.m2, the classpath in infra/kafka/target/), and
+// resolves its classpath (jars are cached in ~/.m2, the classpath in the state dir below), and
 // this module formats the storage, writes server.properties with free ports and runs
 // `java kafka.Kafka`. Plain JS on purpose: test/run.mjs imports it without a TS loader.
 //
@@ -8,13 +8,18 @@
 //   const kafka = await startKafka({ workDir });  // kafka.brokers === '127.0.0.1:PORT'
 //   await kafka.stop();
 //
-// By hand: `node infra/kafka/kafka.mjs [--port 9092]` starts a fresh broker in ./.tmp/kafka,
-// prints the brokers string and runs until Ctrl-C.
+// By hand: `node infra/kafka/kafka.mjs [--port 9092]` starts a fresh broker in
+// <state dir>/broker, prints the brokers string and runs until Ctrl-C.
+//
+// Nothing is written into the checkout: the state dir is $XDG_STATE_HOME/svc/kafka
+// (~/.local/state/svc/kafka when XDG_STATE_HOME is unset), so a read-only checkout works and
+// `git status` stays clean.
 
 import { spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import kafkajs from 'kafkajs';
@@ -24,7 +29,25 @@ const { Kafka, logLevel } = kafkajs;
 const here = path.dirname(fileURLToPath(import.meta.url));
 const pomFile = path.join(here, 'pom.xml');
 const log4jConfig = path.join(here, 'log4j2.xml');
-const classpathFile = path.join(here, 'target', 'classpath.txt');
+
+/** Where this module writes: outside the checkout (see the top of the file). */
+export const STATE_DIR = path.join(process.env.XDG_STATE_HOME || path.join(os.homedir(), '.local', 'state'), 'svc', 'kafka');
+
+/** The cached classpath of this pom.xml: named by its content, so another version (or checkout) has its own. */
+function classpathFile() {
+  const pomHash = createHash('sha256').update(fs.readFileSync(pomFile)).digest('hex').slice(0, 16);
+  return path.join(STATE_DIR, `classpath-${pomHash}.txt`);
+}
+
+/** True when the classpath is cached and every jar of it is in ~/.m2 (no Maven run needed). */
+export function classpathCached() {
+  try {
+    const cached = fs.readFileSync(classpathFile(), 'utf8').trim();
+    return cached !== '' && cached.split(path.delimiter).every((jar) => fs.existsSync(jar));
+  } catch {
+    return false;
+  }
+}
 
 const START_TIMEOUT_MS = 120_000;
 const STOP_TIMEOUT_MS = 15_000;
@@ -50,27 +73,20 @@ function onPath(cmd) {
 }
 
 /**
- * The broker's classpath. Resolved with Maven once and cached in infra/kafka/target/; resolved
- * again when pom.xml is newer than the cache or a jar of it has gone from ~/.m2.
+ * The broker's classpath. Resolved with Maven once per pom.xml content and cached in the state
+ * dir; resolved again when a jar of it has gone from ~/.m2.
  */
 export async function kafkaClasspath() {
-  try {
-    const cached = fs.readFileSync(classpathFile, 'utf8').trim();
-    const fresh = fs.statSync(classpathFile).mtimeMs >= fs.statSync(pomFile).mtimeMs;
-    if (cached && fresh && cached.split(path.delimiter).every((jar) => fs.existsSync(jar))) {
-      return cached;
-    }
-  } catch {
-    /* no cache yet */
-  }
+  const file = classpathFile();
+  if (classpathCached()) return fs.readFileSync(file, 'utf8').trim();
   // Write to a private file, then rename: two runs resolving at once never read half a file.
-  const tmp = `${classpathFile}.${process.pid}.tmp`;
-  fs.mkdirSync(path.dirname(classpathFile), { recursive: true });
+  const tmp = `${file}.${process.pid}.tmp`;
+  fs.mkdirSync(STATE_DIR, { recursive: true });
   await run('mvn', ['-q', '-B', '-f', pomFile, 'dependency:build-classpath', `-Dmdep.outputFile=${tmp}`], {
     what: 'mvn dependency:build-classpath (infra/kafka/pom.xml)',
   });
-  fs.renameSync(tmp, classpathFile);
-  return fs.readFileSync(classpathFile, 'utf8').trim();
+  fs.renameSync(tmp, file);
+  return fs.readFileSync(file, 'utf8').trim();
 }
 
 /**
@@ -265,7 +281,8 @@ async function freePorts(count, first) {
 
 function run(cmd, args, { what, cwd } = {}) {
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    // Maven runs in the state dir, not the caller's directory (a checkout): nothing lands there.
+    const child = spawn(cmd, args, { cwd: cwd ?? STATE_DIR, stdio: ['ignore', 'pipe', 'pipe'] });
     let output = '';
     const keep = (chunk) => {
       output = (output + chunk).slice(-8000);
@@ -297,7 +314,7 @@ function sleep(ms) {
 if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const portArg = process.argv.indexOf('--port');
   const port = portArg > 0 ? Number(process.argv[portArg + 1]) : undefined;
-  const workDir = path.resolve('.tmp', 'kafka');
+  const workDir = path.join(STATE_DIR, 'broker');
   const started = Date.now();
   const kafka = await startKafka({ workDir, port });
   console.log(`Kafka is up in ${Date.now() - started} ms (logs in ${path.join(workDir, 'logs')})`);

@@ -8,7 +8,7 @@ import type { Kernel } from '../kernel/actor.ts';
 import type { Auth, Principal } from '../kernel/auth.ts';
 import { AppError } from '../kernel/errors.ts';
 import type { BuiltInRegistry } from '../kernel/schema/registry.ts';
-import { authentication } from './middleware/authentication.ts';
+import { authentication, SCHEMA_REGISTRY_PREFIX } from './middleware/authentication.ts';
 import { bodyParsing } from './middleware/body-parsing.ts';
 import { errorMiddleware } from './middleware/error-responses.ts';
 import type { Idempotency } from './middleware/idempotency.ts';
@@ -87,11 +87,12 @@ function routers({ kernel, auth, specs, agents, secrets, sandboxes, experiments,
   ];
 }
 
-/** The built-in schema registry under /schema-registry, for the admin key only. */
+/** The built-in schema registry under /schema-registry, for the admin key and the service key. */
 function adminSchemaRegistry(registry: BuiltInRegistry): Router {
-  const router = new Router({ prefix: '/schema-registry' });
+  const router = new Router({ prefix: SCHEMA_REGISTRY_PREFIX });
   router.use(async (ctx, next) => {
-    if ((ctx.state.principal as Principal).kind !== 'admin') throw new AppError('forbidden', 'the schema registry needs the admin key');
+    const { kind } = ctx.state.principal as Principal;
+    if (kind !== 'admin' && kind !== 'service') throw new AppError('forbidden', 'the schema registry needs the admin key or the service key (SVC_SERVICE_KEY)');
     return next();
   });
   const inner = schemaRegistryRouter(registry);

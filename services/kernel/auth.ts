@@ -37,9 +37,11 @@ export interface ApiKeyRecord {
 /**
  * Who is calling. `admin` is the operator's key from SVC_API_KEY; it acts as the default tenant.
  * `sandbox` is a `svc_sb_` token, valid only for its own sandbox (keyId is the sandbox id).
+ * `service` is another process of the deployment (SVC_SERVICE_KEY), valid only for the schema
+ * registry; it acts for no tenant (the default one is a placeholder).
  */
 export interface Principal {
-  kind: 'admin' | 'tenant' | 'anonymous' | 'sandbox';
+  kind: 'admin' | 'tenant' | 'anonymous' | 'sandbox' | 'service';
   tenant: string;
   keyId: string;
 }
@@ -61,6 +63,12 @@ function bearerOrBasicPassword(header: string | undefined): string | undefined {
   return colon >= 0 && colon < decoded.length - 1 ? decoded.slice(colon + 1) : undefined;
 }
 
+/** Constant-time comparison with a configured key (none configured: never equal). */
+function sameSecret(token: string, key: Buffer | null): boolean {
+  const given = Buffer.from(token);
+  return key !== null && given.length === key.length && timingSafeEqual(given, key);
+}
+
 const TENANT_NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 
 export class Auth {
@@ -75,10 +83,12 @@ export class Auth {
     }),
   );
   private readonly adminKey: Buffer | null;
+  private readonly serviceKey: Buffer | null;
   private sandboxTokens: SandboxTokenLookup = () => undefined;
 
   constructor(private readonly kernel: Kernel) {
     this.adminKey = kernel.config.apiKey === null ? null : Buffer.from(kernel.config.apiKey);
+    this.serviceKey = kernel.config.serviceKey === null ? null : Buffer.from(kernel.config.serviceKey);
   }
 
   async start(): Promise<void> {
@@ -101,9 +111,8 @@ export class Auth {
       if (header === undefined && !config.authRequired) return { kind: 'anonymous', tenant: config.defaultTenant, keyId: 'anonymous' };
       throw new AppError('unauthorized', header === undefined ? 'missing API key: send Authorization: Bearer <key>' : 'malformed Authorization header: expected Bearer <key>');
     }
-    if (this.adminKey !== null && token.length === this.adminKey.length && timingSafeEqual(Buffer.from(token), this.adminKey)) {
-      return { kind: 'admin', tenant: config.defaultTenant, keyId: 'admin' };
-    }
+    if (sameSecret(token, this.adminKey)) return { kind: 'admin', tenant: config.defaultTenant, keyId: 'admin' };
+    if (sameSecret(token, this.serviceKey)) return { kind: 'service', tenant: config.defaultTenant, keyId: 'service' };
     if (token.startsWith('svc_live_')) {
       const record = this.byHash.get(sha256Hex(token));
       if (record && record.status === 'active') return { kind: 'tenant', tenant: record.tenant, keyId: record.key_id };

@@ -79,10 +79,11 @@ export const SETTINGS = {
     if (!/^[A-Za-z0-9._-]*$/.test(raw)) throw new Error(`expected letters, digits, ".", "_" or "-", got "${raw}"`);
     return raw;
   }),
-  schemaRegistryUrl: setting('SVC_SCHEMA_REGISTRY_URL', null, 'External Confluent-compatible schema registry (Confluent, Redpanda, Apicurio ccompat). Unset: the built-in registry, served at `/schema-registry`.', url),
+  schemaRegistryUrl: setting('SVC_SCHEMA_REGISTRY_URL', null, 'Schema registry of a process that does not own the built-in one: the api process\'s (`http://<api>/schema-registry`, with SVC_SERVICE_KEY) or an external Confluent-compatible one (Confluent, Redpanda, Apicurio ccompat). Unset: this process runs the built-in registry, served by its api at `/schema-registry`; `svc run` without the api requires it.', url),
   store: setting('SVC_STORE', 'chdb', '`chdb` (ClickHouse in-process, in the data dir) or `clickhouse` (a server over HTTP).', oneOf('chdb', 'clickhouse')),
   clickhouseUrl: setting('SVC_CLICKHOUSE_URL', null, 'ClickHouse HTTP address, e.g. `http://user:pass@host:8123/db`; required when SVC_STORE=clickhouse.', url),
-  apiKey: setting('SVC_API_KEY', null, 'Admin key (any string of 16+ characters). Required unless SVC_AUTH_REQUIRED=false. Also settable with `--api-key`.', str),
+  apiKey: setting('SVC_API_KEY', null, 'Admin key (any string of 16+ characters). Required by a process that runs the api, unless SVC_AUTH_REQUIRED=false. Also settable with `--api-key`.', str),
+  serviceKey: setting('SVC_SERVICE_KEY', null, 'Key (any string of 16+ characters) with which the processes of a distributed deployment reach the api\'s built-in schema registry: the api accepts it on `/schema-registry` only, outside the per-key rate limits, and the other processes send it (as Basic auth) to SVC_SCHEMA_REGISTRY_URL when that URL carries no credentials of its own. Set the same value in every process.', str),
   authRequired: setting('SVC_AUTH_REQUIRED', 'true', '`false` lets requests without a key act as the default tenant (trusted local use only).', bool),
   defaultTenant: setting('SVC_DEFAULT_TENANT', 'default', 'Tenant of the admin key and of unauthenticated requests when auth is off.', str),
   defaultPlan: setting('SVC_DEFAULT_PLAN', 'pro', 'Plan of new tenants: `free`, `pro` or `enterprise`.', oneOf('free', 'pro', 'enterprise')),
@@ -154,6 +155,7 @@ export const SETTINGS = {
   sinkFlushInterval: setting('SVC_SINK_FLUSH_INTERVAL', '10ms', '...or once the oldest waiting row is this old.', durationMs),
   handlerMaxAttempts: setting('SVC_HANDLER_MAX_ATTEMPTS', '5', 'Tries of an event handler before the event goes to the dead-letter topic.', positiveInt),
   replyTimeout: setting('SVC_REPLY_TIMEOUT', '30s', 'How long an API call waits for the event it depends on to be applied before answering 504.', durationMs),
+  testIdempotencyHold: setting('SVC_TEST_IDEMPOTENCY_HOLD', '0', 'Tests only: the api waits this long between handling a POST with an `Idempotency-Key` and recording its response, and logs `holding before recording the idempotent response`, so a test can kill the process in between. `0`: no wait.', durationMs),
 } as const;
 
 type Settings = typeof SETTINGS;
@@ -161,8 +163,11 @@ export type Config = {
   [K in keyof Settings]: Settings[K] extends SettingDef<infer T> ? (Settings[K]['default'] extends null ? T | null : T) : never;
 } & { baseUrl: string; dataDir: string; blobDir: string };
 
-/** Reads every setting from `env` (plus command-line overrides); throws one Error listing every problem. */
-export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Partial<Record<string, string>> = {}): Config {
+/**
+ * Reads every setting from `env` (plus command-line overrides); throws one Error listing every
+ * problem. `requireAdminKey` false: a process without the api, which never checks a key.
+ */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Partial<Record<string, string>> = {}, options: { requireAdminKey?: boolean } = {}): Config {
   const problems: string[] = [];
   const out: Record<string, unknown> = {};
   for (const [name, def] of Object.entries(SETTINGS) as Array<[string, SettingDef<unknown>]>) {
@@ -182,10 +187,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
   if (problems.length === 0) {
     if (c.logBackend === 'kafka' && !c.kafkaBrokers) problems.push('SVC_KAFKA_BROKERS: required when SVC_LOG_BACKEND=kafka');
     if (c.store === 'clickhouse' && !c.clickhouseUrl) problems.push('SVC_CLICKHOUSE_URL: required when SVC_STORE=clickhouse');
-    if (c.authRequired && !c.apiKey) {
+    if (c.authRequired && !c.apiKey && options.requireAdminKey !== false) {
       problems.push('SVC_API_KEY: an admin key is required (or --api-key); set SVC_AUTH_REQUIRED=false for trusted local use without keys');
     }
     if (c.apiKey !== null && c.apiKey.length < 16) problems.push('SVC_API_KEY: the admin key must have at least 16 characters');
+    if (c.serviceKey !== null && c.serviceKey.length < 16) problems.push('SVC_SERVICE_KEY: the service key must have at least 16 characters');
+    if (c.serviceKey !== null && c.serviceKey === c.apiKey) problems.push('SVC_SERVICE_KEY: must differ from SVC_API_KEY (it is given to every process; the admin key only to the api)');
     for (const [env, value] of [['SVC_SANDBOX_TIMEOUT', c.sandboxTimeout], ['SVC_AGENT_TIMEOUT', c.agentTimeout]] as const) {
       if (value > c.sandboxMaxLifetime) problems.push(`${env}: must be at most SVC_SANDBOX_MAX_LIFETIME (${formatDuration(c.sandboxMaxLifetime)})`);
     }

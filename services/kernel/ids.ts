@@ -21,3 +21,16 @@ export const newSandboxToken = (): string => `svc_sb_${hex(24)}`;
 export function sha256Hex(data: string | Buffer): string {
   return createHash('sha256').update(data).digest('hex');
 }
+
+/**
+ * Makes the event ids of one piece of work, each named by its part (e.g. `event 3`): random, or,
+ * with a seed, derived from it (a UUID-shaped sha256 of seed and part), so that doing the same
+ * work again makes the same ids and consumers that deduplicate by id see one event.
+ */
+export function eventIds(seed: string | null): (part: string) => string {
+  if (seed === null) return newEventId;
+  return (part) => {
+    const h = sha256Hex(`${seed}\n${part}`);
+    return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
+  };
+}

@@ -9,6 +9,7 @@ import { instanceIdFor, type Kernel } from './actor.ts';
 import type { Config } from './config.ts';
 import type { EventLog } from './log/event-log.ts';
 import { EmbeddedLog } from './log/embedded/embedded-log.ts';
+import { whenReachable } from './dependencies.ts';
 import { KafkaLog } from './log/kafka/kafka-log.ts';
 import { NamespacedLog } from './log/namespaced-log.ts';
 import type { Logger } from './logger.ts';
@@ -36,30 +37,34 @@ export async function openKernel(config: Config, logger: Logger): Promise<Opened
       ? new EmbeddedLog({ dir: path.join(config.dataDir, 'log'), fsync: config.logFsync, logger: logger.child({ component: 'log' }) })
       : new KafkaLog({ brokers: config.kafkaBrokers!, clientId: 'svc', logger: logger.child({ component: 'kafka' }) });
   const log = config.logNamespace ? new NamespacedLog(backend, config.logNamespace) : backend;
-  await log.start(catalog);
+  await whenReachable(config.logBackend === 'kafka' ? `Kafka at ${config.kafkaBrokers!.join(',')}` : 'the embedded log', logger, () => log.start(catalog));
 
   let builtIn: BuiltInRegistry | null = null;
   let registry: SchemaRegistry;
+  let registryName = 'the built-in schema registry';
   if (config.schemaRegistryUrl) {
-    // Credentials in the URL (http://user:secret@host/...) become Basic auth, which registries speak.
-    const url = new URL(config.schemaRegistryUrl);
-    const auth = url.password ? { username: decodeURIComponent(url.username), password: decodeURIComponent(url.password) } : undefined;
-    url.username = '';
-    url.password = '';
-    registry = new HttpRegistry({ url: url.toString(), auth });
+    const external = externalRegistry(config.schemaRegistryUrl, config.serviceKey);
+    registryName = `the schema registry at ${external.base}`;
+    registry = external;
   } else {
     builtIn = new BuiltInRegistry(log);
     await builtIn.start();
     registry = builtIn;
   }
-  const serde = new EventSerde(registry, catalog);
-  await serde.init();
+  // Subjects follow the topics as the log names them (TopicNameStrategy under the namespace).
+  const serde = new EventSerde(registry, catalog, undefined, config.logNamespace ?? '');
+  await whenReachable(registryName, logger, () => serde.init()).catch((err) => {
+    throw registryRefused(err);
+  });
 
   const store: Store =
     config.store === 'chdb' ? new ChdbStore({ path: path.join(config.dataDir, 'chdb') }) : new ClickHouseStore({ url: config.clickhouseUrl! });
-  const applied = await store.migrate();
+  const applied = await whenReachable(config.store === 'clickhouse' ? `ClickHouse at ${new URL(config.clickhouseUrl!).host}` : 'chDB', logger, async () => {
+    const done = await store.migrate();
+    await applyTraceRetention(store, config.traceRetention);
+    return done;
+  });
   if (applied.length > 0) logger.info({ applied }, 'store migrations applied');
-  await applyTraceRetention(store, config.traceRetention);
 
   const kernel: Kernel = {
     config,
@@ -80,6 +85,33 @@ export async function openKernel(config: Config, logger: Logger): Promise<Opened
       await store.close();
     },
   };
+}
+
+/**
+ * SVC_SCHEMA_REGISTRY_URL as a client. Credentials in the URL (http://user:secret@host/...)
+ * become Basic auth, which registries speak; without them the service key is sent, which the
+ * api's built-in registry accepts from the other processes.
+ */
+function externalRegistry(registryUrl: string, serviceKey: string | null): HttpRegistry {
+  const url = new URL(registryUrl);
+  const auth = url.password
+    ? { username: decodeURIComponent(url.username), password: decodeURIComponent(url.password) }
+    : serviceKey !== null
+      ? { username: 'svc', password: serviceKey }
+      : undefined;
+  url.username = '';
+  url.password = '';
+  return new HttpRegistry({ url: url.toString(), auth });
+}
+
+/** A registry that refuses this process's credentials: say which settings give them. */
+function registryRefused(err: unknown): unknown {
+  const code = (err as { code?: unknown }).code;
+  if (code !== 'unauthorized' && code !== 'forbidden') return err;
+  return new Error(
+    `${(err as Error).message}\n  the schema registry refused this process: set SVC_SERVICE_KEY to the api process's value (its built-in registry accepts it), or give credentials in SVC_SCHEMA_REGISTRY_URL`,
+    { cause: err },
+  );
 }
 
 /**

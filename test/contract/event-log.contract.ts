@@ -394,6 +394,26 @@ export function eventLogContract(
       assert.deepEqual(await h.log.committedOffsets(`other-${uid()}`, spec.name), [-1, -1, -1]);
     }));
 
+    test('a consumer with commit: false commits nothing; after a restart it reads from its start position again', { timeout: testTimeout }, withHarness(async (h) => {
+      const spec = topicSpec('nocommit', 2);
+      let log = h.log;
+      await log.start([spec]);
+      const groupId = `g-nocommit-${uid()}`;
+      await log.append(spec.name, Array.from({ length: 12 }, (_, i) => ({ key: `k${i}`, value: Buffer.from(`v${i}`) })));
+      for (let round = 1; round <= 2; round++) {
+        const c = collector();
+        const consumer = await log.consume({ groupId, topics: [spec.name], fromBeginning: true, commit: false, handleBatch: c.handleBatch });
+        await waitFor(`round ${round}: every record`, () => c.records.length >= 12, waitMs);
+        await settle();
+        assert.equal(c.records.length, 12, `round ${round}: each record once`);
+        await consumer.stop();
+        assert.deepEqual(await log.committedOffsets(groupId, spec.name), [-1, -1], `round ${round}: nothing committed`);
+        await log.close();
+        log = await h.reopen();
+        await log.start([spec]);
+      }
+    }));
+
     test('a schema evolved with a new optional field is read by old and new readers', { timeout: testTimeout }, withHarness(async (h) => {
       // The registry keeps its state on the log too: a namespace keeps this test's `_schemas`
       // apart from any other on a shared broker.

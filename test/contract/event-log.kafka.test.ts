@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import type { Batch, LogRecord, TopicSpec } from '../../services/kernel/log/event-log.ts';
+import { Kafka, logLevel } from 'kafkajs';
 import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
 import { eventLogContract } from './event-log.contract.ts';
 import { backend } from '../helpers/backend.ts';
@@ -136,6 +137,38 @@ if (brokers) {
       }, 10_000, 'commits at the end offsets');
       await consumer.stop();
       assert.deepEqual(consumer.assignment(), []);
+    });
+
+    test('a member that does not commit keeps its positions through a rebalance; its group is gone once it stops', async () => {
+      const topic = unique('nocommit');
+      await log.start([spec(topic, 2)]);
+      await log.append(topic, Array.from({ length: 20 }, (_, i) => ({ key: `k${i}`, value: Buffer.from(`old${i}`) })));
+      const groupId = unique('view');
+      const got = { a: [] as string[], b: [] as string[] };
+      const member = (name: 'a' | 'b') => log.consume({ groupId, topics: [topic], fromBeginning: true, commit: false, handleBatch: async (b: Batch) => void got[name].push(...b.records.map((r) => r.value!.toString())) });
+      const a = await member('a');
+      await until(() => got.a.length === 20, 20_000, 'a reads everything');
+      // A second member joins: the group rebalances and a keeps one partition. Nothing is
+      // committed, yet a must go on from where it was rather than from the beginning again.
+      const b = await member('b');
+      await until(() => a.assignment().length === 1 && b.assignment().length === 1, 20_000, 'a split assignment');
+      await log.append(topic, Array.from({ length: 6 }, (_, i) => ({ key: `n${i}`, value: Buffer.from(`new${i}`) })));
+      await until(() => [...got.a, ...got.b].filter((v) => v.startsWith('new')).length === 6, 20_000, 'the new records');
+      await new Promise((r) => setTimeout(r, 500));
+      assert.equal(got.a.filter((v) => v.startsWith('old')).length, 20, `a got no old record twice: ${got.a}`);
+      assert.equal(new Set(got.a).size, got.a.length, 'a got nothing twice');
+
+      await a.stop();
+      await b.stop();
+      assert.deepEqual(await log.committedOffsets(groupId, topic), [-1, -1]);
+      const probe = new Kafka({ brokers: brokerList, logLevel: logLevel.NOTHING }).admin();
+      await probe.connect();
+      try {
+        const { groups } = await probe.listGroups();
+        assert.ok(!groups.some((g) => g.groupId === groupId), `group ${groupId} is deleted`);
+      } finally {
+        await probe.disconnect();
+      }
     });
 
     test('two members split the partitions; fromBeginning: false sees only new records', async () => {

@@ -15,10 +15,11 @@ const brokers = backend('SVC_TEST_KAFKA_BROKERS', NAME);
 
 if (brokers) {
   describe(NAME, () => {
+    const namespace = `e2e-${randomBytes(4).toString('hex')}.`;
     let server: TestServer;
     let key: string;
     before(async () => {
-      server = await startServer({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: brokers, SVC_LOG_NAMESPACE: `e2e-${randomBytes(4).toString('hex')}.` });
+      server = await startServer({ SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: brokers, SVC_LOG_NAMESPACE: namespace });
       key = (await createTenantKey(server, 'acme')).key;
     });
     after(async () => server?.cleanup());
@@ -51,10 +52,10 @@ if (brokers) {
       assert.equal((await server.request('GET', '/v1/traces?tool=on-kafka&limit=1000', { key })).body.count, 300);
     });
 
-    test('the built-in registry serves the subjects of the catalog', async () => {
+    test('the built-in registry serves the subjects of the catalog, under the namespace', async () => {
       const res = await server.request('GET', '/schema-registry/subjects');
       assert.equal(res.status, 200);
-      assert.ok(res.body.includes('svc.traces-value'), JSON.stringify(res.body));
+      assert.ok(res.body.includes(`${namespace}svc.traces-value`), JSON.stringify(res.body));
     });
   });
 }

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { loadConfig } from '../../services/kernel/config.ts';
+import { checkSplitSettings, type ServiceName } from '../../services/main.ts';
 
 const base = { SVC_API_KEY: 'a-long-enough-admin-key' };
 
@@ -51,4 +52,25 @@ test('the maximum sandbox lifetime bounds the default timeouts and Node timers',
   assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '0' }), /SVC_SANDBOX_MAX_LIFETIME/);
   assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '5m' }), /SVC_SANDBOX_TIMEOUT: must be at most SVC_SANDBOX_MAX_LIFETIME/);
   assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '1m', SVC_SANDBOX_TIMEOUT: '1m' }), /SVC_AGENT_TIMEOUT: must be at most SVC_SANDBOX_MAX_LIFETIME/);
+});
+
+test('a process without the api needs no admin key; the service key is long and not the admin key', () => {
+  assert.equal(loadConfig({}, {}, { requireAdminKey: false }).apiKey, null);
+  assert.throws(() => loadConfig({ ...base, SVC_SERVICE_KEY: 'short' }), /SVC_SERVICE_KEY: the service key must have at least 16 characters/);
+  assert.throws(() => loadConfig({ ...base, SVC_SERVICE_KEY: base.SVC_API_KEY }), /SVC_SERVICE_KEY: must differ from SVC_API_KEY/);
+  assert.equal(loadConfig({ ...base, SVC_SERVICE_KEY: 'a-long-service-key-0123' }).serviceKey, 'a-long-service-key-0123');
+});
+
+test('svc run of some services says which settings the split needs, naming each', () => {
+  const kafka = { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: 'k:9092' };
+  const secrets = { SVC_SECRETS_KEY: 'ab'.repeat(32) };
+  const registry = { SVC_SCHEMA_REGISTRY_URL: 'http://api:8080/schema-registry' };
+  const check = (env: Record<string, string>, names: ServiceName[]) => () => checkSplitSettings(loadConfig(env, {}, { requireAdminKey: names.includes('api') }), names);
+  assert.throws(check({ ...base }, ['api', 'sink']), /SVC_LOG_BACKEND: svc run <service...> splits the services over processes and needs kafka/);
+  assert.throws(check({ ...base, ...kafka }, ['api', 'sink']), /SVC_SECRETS_KEY: required when the api and the sandbox runners run in different processes/);
+  check({ ...base, ...kafka, ...secrets }, ['api', 'sink'])();
+  assert.throws(check({ ...kafka }, ['scorer']), /SVC_SCHEMA_REGISTRY_URL: required in a process without the api/);
+  check({ ...kafka, ...registry }, ['scorer'])();
+  assert.throws(check({ ...kafka, ...registry }, ['sandbox-runner']), (err: Error) => /SVC_SECRETS_KEY/.test(err.message) && !/SVC_SCHEMA_REGISTRY_URL/.test(err.message));
+  check({ ...kafka, ...registry, ...secrets }, ['sandbox-runner'])();
 });

@@ -19,6 +19,16 @@ test('the README lists exactly the settings of config.ts, with their defaults', 
   for (const env of documented.keys()) assert.ok(known.has(env), `${env} is in the README but not a setting`);
 });
 
+test('the per-service tables of docs/operations.md name every setting of config.ts, and only settings', () => {
+  const doc = readFileSync(path.join(REPO, 'docs', 'operations.md'), 'utf8');
+  const section = /^## Settings per service\n([\s\S]*?)^## /m.exec(doc)?.[1];
+  assert.ok(section, 'docs/operations.md has a "Settings per service" section');
+  const named = new Set([...section.matchAll(/`(SVC_[A-Z0-9_]+)`/g)].map((m) => m[1]));
+  const known = new Set(Object.values(SETTINGS).map((s) => s.env));
+  for (const env of known) assert.ok(named.has(env), `${env} is in no table of docs/operations.md's "Settings per service"`);
+  for (const env of named) assert.ok(known.has(env), `${env} is in docs/operations.md but not a setting`);
+});
+
 test('docs/errors.md lists exactly the error codes of the catalog, with their statuses', () => {
   const doc = readFileSync(path.join(REPO, 'docs', 'errors.md'), 'utf8');
   const rows = new Map([...doc.matchAll(/^\| `([a-z_]+)` \| (\d{3}) \|/gm)].map((m) => [m[1], Number(m[2])]));

@@ -78,6 +78,15 @@ describe('EventSerde', () => {
     assert.equal(registry.version(valueSubject(TOPICS.traces), 'latest').id, serde.schemaId(TOPICS.traces));
   });
 
+  it('under a log namespace, registers under the namespaced topic names, with the same ids', async () => {
+    const namespaced = new EventSerde(registry, catalog, undefined, 'staging.');
+    await namespaced.init();
+    assert.equal(namespaced.subject(TOPICS.traces), 'staging.svc.traces-value');
+    assert.equal(registry.version('staging.svc.traces-value', 'latest').id, serde.schemaId(TOPICS.traces), 'one schema, one id');
+    const staged = catalog.filter((t) => t.valueSchema !== null).map((t) => `staging.${t.name}-value`);
+    assert.deepEqual(registry.subjects().filter((s) => s.startsWith('staging.')), staged.sort());
+  });
+
   it('round-trips a value', async () => {
     const value = traceValue(1);
     const buf = serde.encode(TOPICS.traces, value);

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { formatTimestampUs, parseTimestampUs, validateTraceBatch } from '../../services/api/traces/validate-events.ts';
+import { eventIds } from '../../services/kernel/ids.ts';
 import { truncateUtf8 } from '../../services/kernel/tenant-secrets.ts';
 
 const limits = { maxEvents: 1000, maxFieldBytes: 4096 };
@@ -36,4 +37,17 @@ test('trace ids follow parent links to the root within a batch', () => {
 test('a parent cycle does not hang', () => {
   const events = validateTraceBatch([ev({ span_id: 'a', parent_span_id: 'b' }), ev({ span_id: 'b', parent_span_id: 'a' })], limits);
   assert.equal(events.length, 2);
+});
+
+test('server-made event ids: random without a seed, the same for the same seed and position, client ids kept', () => {
+  const batch = [ev({ span_id: 'a' }), ev({ span_id: 'b', event_id: 'client-1' }), ev({ span_id: 'c' })];
+  const ids = (seed: string | null) => validateTraceBatch(batch, limits, eventIds(seed)).map((e) => e.event_id);
+  const [random1, random2] = [ids(null), ids(null)];
+  assert.notEqual(random1[0], random2[0]);
+  const seeded = ids('seed-1');
+  assert.deepEqual(ids('seed-1'), seeded, 'a retry makes the same ids');
+  assert.equal(seeded[1], 'client-1');
+  assert.notEqual(seeded[0], seeded[2], 'each position its own id');
+  assert.match(seeded[0]!, /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
+  assert.notDeepEqual(ids('seed-2'), seeded, 'another request, other ids');
 });

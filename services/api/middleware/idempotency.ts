@@ -4,7 +4,7 @@ import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
 import { renderError } from './error-responses.ts';
 import { createHash } from 'node:crypto';
-import { newEventId } from '../../kernel/ids.ts';
+import { newEventId, sha256Hex } from '../../kernel/ids.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { Principal } from '../../kernel/auth.ts';
 
@@ -29,6 +29,12 @@ const HEADER_VALUE = /^[\x21-\x7e]{1,255}$/;
  * same key from the same API key within SVC_IDEMPOTENCY_TTL. Because the record is an event on
  * the log, the cache survives a restart. Reusing a key for a different request is a 409, as is
  * a retry that arrives while the first is still running.
+ *
+ * The response is recorded after the request's own events are on the log, so a crash in between
+ * leaves them there unanswered, and the retry runs the request again. `ctx.state.idempotencySeed`
+ * (tenant, key, Idempotency-Key and the request's fingerprint) is what the handlers derive their
+ * server-made ids from, so that run makes the same events, which consumers keep once (trace
+ * ingest: traces/ingest.ts).
  */
 export class Idempotency extends EntityCatalog<RecordedResponse> {
   private readonly inFlight = new Set<string>();
@@ -62,6 +68,7 @@ export class Idempotency extends EntityCatalog<RecordedResponse> {
       }
       if (this.inFlight.has(mapKey)) throw new AppError('conflict', `a request with Idempotency-Key "${idempotencyKey}" is still in progress`);
       this.inFlight.add(mapKey);
+      ctx.state.idempotencySeed = sha256Hex(`${principal.tenant}\n${mapKey}\n${fingerprint}`);
       try {
         try {
           await next();
@@ -69,6 +76,7 @@ export class Idempotency extends EntityCatalog<RecordedResponse> {
           renderError(ctx, err, this.kernel.logger);
         }
         if (ctx.status >= 500 || ctx.status === 409 || ctx.status === 429 || ctx.status === 401) return;
+        await this.testHold(idempotencyKey);
         const payload = ctx.body === undefined || ctx.body === null ? Buffer.alloc(0) : Buffer.isBuffer(ctx.body) ? ctx.body : Buffer.from(typeof ctx.body === 'string' ? ctx.body : JSON.stringify(ctx.body));
         const record: RecordedResponse = {
           tenant: principal.tenant,
@@ -86,5 +94,13 @@ export class Idempotency extends EntityCatalog<RecordedResponse> {
         this.inFlight.delete(mapKey);
       }
     };
+  }
+
+  /** SVC_TEST_IDEMPOTENCY_HOLD: a window between handling and recording, for crash tests to kill the process in. */
+  private async testHold(idempotencyKey: string): Promise<void> {
+    const ms = this.kernel.config.testIdempotencyHold;
+    if (ms === 0) return;
+    this.kernel.logger.warn({ idempotency_key: idempotencyKey, hold_ms: ms }, 'holding before recording the idempotent response');
+    await new Promise((resolve) => setTimeout(resolve, ms));
   }
 }

@@ -3,6 +3,7 @@ import type { Config } from '../../kernel/config.ts';
 import { AppError } from '../../kernel/errors.ts';
 import type { Principal } from '../../kernel/auth.ts';
 import { RateLimiter } from './rate-limit.ts';
+import { SCHEMA_REGISTRY_PREFIX } from './authentication.ts';
 
 /**
  * Ingest endpoints are limited in events per second, not requests (docs/decisions.md): their
@@ -12,7 +13,9 @@ const INGEST_PATHS = [/^\/v1\/traces$/, /^\/v1\/sandboxes\/[^/]+\/trace$/, /^\/o
 
 /**
  * Per-key limits of authenticated requests (the public paths have no principal and no limit):
- * reads and writes per second, except operator calls (the admin key on /v1/admin/*); an ingest
+ * reads and writes per second, except operator calls (the admin key on /v1/admin/* and the
+ * schema registry, and the service key, with which a starting process registers its ~20
+ * subjects at once: docs/operations.md); an ingest
  * request is marked `ctx.state.ingest` (its body is read raw, middleware/body-parsing.ts) and
  * counts toward the ingest requests in progress.
  */
@@ -23,7 +26,7 @@ export function requestLimits(config: Config) {
   return async (ctx: Context, next: Next) => {
     const principal = ctx.state.principal as Principal | undefined;
     if (!principal) return next();
-    const operatorCall = principal.kind === 'admin' && ctx.path.startsWith('/v1/admin/');
+    const operatorCall = principal.kind === 'service' || (principal.kind === 'admin' && (ctx.path.startsWith('/v1/admin/') || ctx.path.startsWith(`${SCHEMA_REGISTRY_PREFIX}/`)));
     ctx.state.ingest = ctx.method === 'POST' && INGEST_PATHS.some((p) => p.test(ctx.path));
     if (!ctx.state.ingest) {
       if (!operatorCall) (ctx.method === 'GET' || ctx.method === 'HEAD' ? reads : writes).take(principal.keyId);

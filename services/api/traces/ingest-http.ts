@@ -24,7 +24,7 @@ export async function readIngestBody(ctx: Context): Promise<Buffer> {
   }
 }
 
-/** The body an ingest request posted (read by readIngestBody) and how it is encoded. */
+/** The body an ingest request posted (read by readIngestBody), how it is encoded, and its idempotency seed. */
 export function postedBody(ctx: Context): IngestBody {
-  return { bytes: ctx.state.rawBody as Buffer, contentEncoding: ctx.get('Content-Encoding') };
+  return { bytes: ctx.state.rawBody as Buffer, contentEncoding: ctx.get('Content-Encoding'), idSeed: (ctx.state.idempotencySeed as string | undefined) ?? null };
 }

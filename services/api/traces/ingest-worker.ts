@@ -11,6 +11,7 @@ import zlib from 'node:zlib';
 import { workerData } from 'node:worker_threads';
 import avro from 'avsc';
 import { AppError, type ErrorCode } from '../../kernel/errors.ts';
+import { eventIds } from '../../kernel/ids.ts';
 import type { TraceEvent } from '../../domain/events/trace-events.ts';
 import { WireEncoder } from '../../kernel/schema/serde.ts';
 import { decodeOtlpProtobuf, otlpToTraceEvents } from './otlp-mapping.ts';
@@ -33,6 +34,8 @@ export interface IngestTask {
   /** Values to redact, by secret name. */
   secrets: Record<string, string>;
   ts: number;
+  /** The seed of the ids the server makes (IngestBody.idSeed). */
+  idSeed: string | null;
 }
 
 export type IngestOutcome =
@@ -70,12 +73,12 @@ function parseJson(body: Buffer): unknown {
   }
 }
 
-function events(task: IngestTask, body: Buffer): { events: TraceEvent[]; rejected: number; errors: string[] } {
+function events(task: IngestTask, body: Buffer, idOf: (part: string) => string): { events: TraceEvent[]; rejected: number; errors: string[] } {
   // Fields cut at the limits are redacted as they are cut.
   const limits = { ...task.limits, secrets: task.secrets };
   switch (task.format) {
     case 'trace-json':
-      return { events: validateTraceBatch(parseJson(body), limits), rejected: 0, errors: [] };
+      return { events: validateTraceBatch(parseJson(body), limits, idOf), rejected: 0, errors: [] };
     case 'otlp-json':
       return otlpToTraceEvents(parseJson(body), limits);
     case 'otlp-protobuf':
@@ -85,9 +88,10 @@ function events(task: IngestTask, body: Buffer): { events: TraceEvent[]; rejecte
 
 export default function encodeIngest(task: IngestTask): IngestOutcome {
   try {
-    const mapped = events(task, inflate(task));
+    const idOf = eventIds(task.idSeed);
+    const mapped = events(task, inflate(task), idOf);
     redactTraceEvents(mapped.events, task.secrets);
-    const records = mapped.events.length === 0 ? [] : traceRecords(task.tenant, mapped.events, task.context, task.ts);
+    const records = mapped.events.length === 0 ? [] : traceRecords(task.tenant, mapped.events, task.context, task.ts, idOf);
     return {
       ok: true,
       count: mapped.events.length,

@@ -24,6 +24,13 @@ export const tooLarge = (limit: number) => new AppError('payload_too_large', `bo
 export interface IngestBody {
   bytes: Buffer;
   contentEncoding: string;
+  /**
+   * With an Idempotency-Key, the request's seed (middleware/idempotency.ts): the ids the server
+   * makes (events without an `event_id`, records) derive from it, so a retry of a request that
+   * was appended but never answered stores the same events again, which the store keeps once.
+   * Null: random ids.
+   */
+  idSeed: string | null;
 }
 
 /** A decoded ingest request: how many events it holds (for the rate limit) and their encoded records. */
@@ -102,6 +109,7 @@ export class TraceIngest {
       context: source.context,
       secrets: source.secrets,
       ts: Date.now(),
+      idSeed: posted.idSeed,
     };
     let outcome: IngestOutcome;
     try {

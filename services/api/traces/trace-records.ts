@@ -4,7 +4,7 @@
  * ingest workers (ingest-worker.ts) build records the same way.
  */
 import type { TraceEvent, TraceEventsIngested } from '../../domain/events/trace-events.ts';
-import { newEventId } from '../../kernel/ids.ts';
+import { eventIds } from '../../kernel/ids.ts';
 import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 
 /** Most bytes of trace events per log record; a larger batch is split (Kafka's default limit is 1 MiB). */
@@ -38,8 +38,8 @@ export function redactTraceEvents(events: TraceEvent[], secrets: Record<string, 
   }
 }
 
-/** The record values of one tenant's events: a TraceEventsIngested per chunk, keyed by its id. */
-export function traceRecords(tenant: string, events: TraceEvent[], context: IngestContext, ts: number): Array<{ key: string; value: TraceEventsIngested }> {
+/** The record values of one tenant's events: a TraceEventsIngested per chunk, keyed by its id (`idOf('record <n>')`). */
+export function traceRecords(tenant: string, events: TraceEvent[], context: IngestContext, ts: number, idOf = eventIds(null)): Array<{ key: string; value: TraceEventsIngested }> {
   const chunks: TraceEvent[][] = [[]];
   let bytes = 0;
   for (const event of events) {
@@ -52,8 +52,8 @@ export function traceRecords(tenant: string, events: TraceEvent[], context: Inge
     chunks[chunks.length - 1].push(event);
     bytes += size;
   }
-  return chunks.map((chunk) => {
-    const id = newEventId();
+  return chunks.map((chunk, n) => {
+    const id = idOf(`record ${n}`);
     return { key: id, value: { tenant, event_id: id, ts, ...context, events: chunk } };
   });
 }

@@ -5,7 +5,7 @@
  */
 import { badRequest } from '../../kernel/errors.ts';
 import type { TraceEvent } from '../../domain/events/trace-events.ts';
-import { newEventId } from '../../kernel/ids.ts';
+import { eventIds } from '../../kernel/ids.ts';
 import { isObject } from '../../kernel/is-object.ts';
 import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 
@@ -89,7 +89,7 @@ function validateMetadata(value: unknown, at: string): Record<string, string> {
   return out;
 }
 
-function validateEvent(raw: unknown, at: string, limits: TraceLimits): TraceEvent {
+function validateEvent(raw: unknown, at: string, limits: TraceLimits, serverId: () => string): TraceEvent {
   if (!isObject(raw)) throw badRequest(at, 'must be an object');
   const ts = parseTimestampUs(raw.ts);
   if (ts === null) throw badRequest(`${at}.ts`, 'must be an ISO 8601 timestamp with a zone, e.g. 2026-01-31T12:00:00.000Z');
@@ -106,7 +106,7 @@ function validateEvent(raw: unknown, at: string, limits: TraceLimits): TraceEven
   const input = optionalString(raw, 'input', at);
   const output = optionalString(raw, 'output', at);
   return {
-    event_id: eventId ?? newEventId(),
+    event_id: eventId ?? serverId(),
     ts_us: ts,
     event_type: oneOf(raw.event_type, EVENT_TYPES, `${at}.event_type`),
     tool,
@@ -150,13 +150,16 @@ function resolveTraceIds(events: TraceEvent[]): void {
   }
 }
 
-/** Accepts `{events: [...]}` or a bare array; returns the normalised events. */
-export function validateTraceBatch(body: unknown, limits: TraceLimits): TraceEvent[] {
+/**
+ * Accepts `{events: [...]}` or a bare array; returns the normalised events. An event without an
+ * `event_id` gets `idOf('event <its position>')`.
+ */
+export function validateTraceBatch(body: unknown, limits: TraceLimits, idOf = eventIds(null)): TraceEvent[] {
   const list = Array.isArray(body) ? body : isObject(body) ? body.events : undefined;
   const field = Array.isArray(body) ? 'body' : 'events';
   if (!Array.isArray(list)) throw badRequest(field, 'must be an array of trace events');
   if (list.length > limits.maxEvents) throw badRequest(field, `at most ${limits.maxEvents} events per request, got ${list.length}`);
-  const events = list.map((raw, i) => validateEvent(raw, `${field}[${i}]`, limits));
+  const events = list.map((raw, i) => validateEvent(raw, `${field}[${i}]`, limits, () => idOf(`event ${i}`)));
   resolveTraceIds(events);
   return events;
 }

@@ -481,7 +481,7 @@ export interface HttpRegistryOptions {
   auth?: { username: string; password: string };
   /** Per request. @default 10000 */
   timeoutMs?: number;
-  /** Retries of a request that failed on the network or with a 5xx. @default 3 */
+  /** Retries of a request that failed on the network, with a 5xx or a 429. @default 3 */
   retries?: number;
 }
 
@@ -499,7 +499,8 @@ const CONTENT_TYPE = 'application/vnd.schemaregistry.v1+json';
  * registry (test/contract/schema-evolution.test.ts proves it).
  */
 export class HttpRegistry implements SchemaRegistry {
-  private readonly base: string;
+  /** The base URL, without credentials (they travel as a header). */
+  readonly base: string;
   private readonly headers: Record<string, string>;
   private readonly timeoutMs: number;
   private readonly retries: number;
@@ -568,8 +569,9 @@ export class HttpRegistry implements SchemaRegistry {
         if (parsed === undefined) throw new AppError('internal', `schema registry ${this.base} answered ${method} ${path} with no JSON`);
         return parsed;
       }
-      if (response.status >= 500 && attempt < this.retries) {
-        await delay(attempt);
+      // Busy or failing for now: 5xx, and 429 (a registry's rate limit) after its Retry-After.
+      if ((response.status >= 500 || response.status === 429) && attempt < this.retries) {
+        await delay(attempt, Number(response.headers.get('retry-after')) * 1000 || 0);
         continue;
       }
       const errorCode = typeof (parsed as { error_code?: unknown })?.error_code === 'number' ? (parsed as { error_code: number }).error_code : response.status;
@@ -593,6 +595,7 @@ function statusToCode(status: number): ErrorCode {
   return 'unavailable';
 }
 
-function delay(attempt: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, 100 * 2 ** attempt));
+/** Exponential backoff from 100 ms, or the server's Retry-After when longer (at most 10 s). */
+function delay(attempt: number, atLeastMs = 0): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, Math.min(10_000, Math.max(100 * 2 ** attempt, atLeastMs))));
 }

@@ -4,7 +4,8 @@
  * embedded log and in Kafka, so any Confluent-aware tool can read our topics.
  *
  * Subjects follow Confluent's TopicNameStrategy: the value schema of topic `T` is registered
- * under subject `T-value`. `init()` registers this process's schema for every topic of the
+ * under subject `T-value`, `T` as the log names it (with SVC_LOG_NAMESPACE's prefix, so a tool
+ * that looks a topic's schema up by its name finds it). `init()` registers this process's schema for every topic of the
  * catalog that has one (an already registered schema keeps its id), and `encode` writes with it.
  * `decode` reads values written with any registered version: a value whose writer id differs
  * from this process's is read through an avsc resolver (writer schema -> this process's reader
@@ -90,9 +91,16 @@ export class EventSerde {
     private readonly registry: SchemaRegistry,
     private readonly catalog: TopicSpec[],
     private readonly schemasDir: string = DEFAULT_SCHEMAS_DIR,
+    /** The log's topic prefix (SVC_LOG_NAMESPACE): catalog names here, prefixed ones on the log. */
+    private readonly namespace = '',
   ) {}
 
-  /** Registers each topic's value schema under `<topic>-value` and caches its id and type. */
+  /** The registry subject of a catalog topic's values: `<namespace><topic>-value`. */
+  subject(topic: string): string {
+    return valueSubject(`${this.namespace}${topic}`);
+  }
+
+  /** Registers each topic's value schema under its subject and caches its id and type. */
   async init(): Promise<void> {
     await Promise.all(
       this.catalog
@@ -111,7 +119,7 @@ export class EventSerde {
           } catch (err) {
             throw new Error(`topic ${spec.name}: ${file} is not a valid Avro schema: ${(err as Error).message}`, { cause: err });
           }
-          const id = await this.registry.register(valueSubject(spec.name), JSON.stringify(JSON.parse(text)));
+          const id = await this.registry.register(this.subject(spec.name), JSON.stringify(JSON.parse(text)));
           this.codecs.set(spec.name, { topic: spec.name, id, type, resolvers: new Map([[id, null]]) });
           this.writers.set(id, Promise.resolve(type));
         }),
@@ -205,7 +213,7 @@ export class EventSerde {
       codec.resolvers.set(id, codec.type.createResolver(writerType));
     } catch (err) {
       throw new SerdeError(
-        `${codec.topic}: values written with schema ${id} cannot be read with this process's schema ${codec.id} (${valueSubject(codec.topic)}): ${(err as Error).message}`,
+        `${codec.topic}: values written with schema ${id} cannot be read with this process's schema ${codec.id} (${this.subject(codec.topic)}): ${(err as Error).message}`,
         { cause: err },
       );
     }

@@ -9,6 +9,11 @@
  *   at most `maxBatchSize`; a chunk is committed (offset after its last record) only once
  *   `handleBatch` resolves. A rejection seeks the partition back to the chunk's first record
  *   and retries after a backoff (doubling, 200 ms to 5 s).
+ * - consume with `commit: false` (per-process views and reply followers, whose group ids are
+ *   per process): nothing is committed, the member keeps its positions itself (and seeks back
+ *   to them after a rebalance), and its group is deleted when it stops, so restarts leave no
+ *   groups behind. One killed with -9 leaves an empty group without offsets, which Kafka
+ *   deletes at its next offsets cleanup (offsets.retention.check.interval.ms, 10 min).
  * - read: a direct Fetch to the partition leader (see replay.ts): no group, no commits.
  */
 import { type Admin, type Consumer as KafkaConsumer, type EachBatchPayload, Kafka, type LogEntry, logLevel, type Message, Partitioners, type Producer } from 'kafkajs';
@@ -205,7 +210,7 @@ export class KafkaLog implements EventLog {
     const unknown = options.topics.filter((t) => !existing.has(t));
     if (unknown.length) throw new Error(`unknown topic: Kafka topic ${unknown.map((t) => `"${t}"`).join(', ')} does not exist`);
     const tuning = { ...CONSUMER_TUNING, ...this.consumerTuning };
-    const consumer = new KafkaLogConsumer(this.kafka, options, tuning, this.logger, (c) => this.consumers.delete(c));
+    const consumer = new KafkaLogConsumer(this.kafka, options, tuning, this.logger, (c) => this.stopped(c));
     this.consumers.add(consumer);
     try {
       await consumer.start();
@@ -248,6 +253,15 @@ export class KafkaLog implements EventLog {
     this.admin = null;
   }
 
+  /** A consumer has left its group: a group that never commits is of no use to anyone now. */
+  private async stopped(consumer: KafkaLogConsumer): Promise<void> {
+    this.consumers.delete(consumer);
+    if (consumer.commits || !this.admin) return;
+    await this.admin.deleteGroups([consumer.groupId]).catch((err: Error) => {
+      this.logger.warn({ groupId: consumer.groupId, err: err.message }, 'could not delete the consumer group of a stopped view; Kafka removes it at its next offsets cleanup');
+    });
+  }
+
   private async partitionCount(topic: string): Promise<number> {
     const known = this.partitionCounts.get(topic);
     if (known !== undefined) return known;
@@ -285,6 +299,10 @@ export class KafkaLog implements EventLog {
 
 class KafkaLogConsumer implements Consumer {
   readonly groupId: string;
+  /** False: offsets are kept here, never committed (ConsumeOptions.commit). */
+  readonly commits: boolean;
+  /** `topic/partition` -> next offset to handle, for a member that does not commit. */
+  private readonly positions = new Map<string, number>();
   private readonly consumer: KafkaConsumer;
   private readonly maxBatchSize: number;
   private current: Array<{ topic: string; partition: number }> = [];
@@ -297,9 +315,10 @@ class KafkaLogConsumer implements Consumer {
     private readonly options: ConsumeOptions,
     tuning: ConsumerTuning,
     private readonly logger: BackendLogger,
-    private readonly onStopped: (c: KafkaLogConsumer) => void,
+    private readonly onStopped: (c: KafkaLogConsumer) => Promise<void>,
   ) {
     this.groupId = options.groupId;
+    this.commits = options.commit !== false;
     this.maxBatchSize = Math.max(1, options.maxBatchSize ?? DEFAULT_MAX_BATCH);
     this.consumer = kafka.consumer({
       groupId: options.groupId,
@@ -339,6 +358,7 @@ class KafkaLogConsumer implements Consumer {
         partitions.map((partition) => ({ topic, partition })),
       );
       this.current.sort((a, b) => a.topic.localeCompare(b.topic) || a.partition - b.partition);
+      this.resume();
       joined = true;
       // No partitions: nothing to position. Otherwise the first fetch after the join has
       // resolved the starting offsets (committed, or earliest/latest), see FETCH below.
@@ -415,8 +435,21 @@ class KafkaLogConsumer implements Consumer {
       this.failures.delete(key);
       const last = chunk[chunk.length - 1]!.offset;
       resolveOffset(last);
-      await this.consumer.commitOffsets([{ topic, partition, offset: String(Number(last) + 1) }]);
+      if (this.commits) await this.consumer.commitOffsets([{ topic, partition, offset: String(Number(last) + 1) }]);
+      else this.positions.set(key, Number(last) + 1);
       await heartbeat();
+    }
+  }
+
+  /**
+   * After a (re)join, a member that does not commit goes on from its own positions: kafkajs
+   * would otherwise start its partitions over from `fromBeginning`'s end, as nothing is committed.
+   */
+  private resume(): void {
+    if (this.commits) return;
+    for (const { topic, partition } of this.current) {
+      const next = this.positions.get(`${topic}/${partition}`);
+      if (next !== undefined) this.consumer.seek({ topic, partition, offset: String(next) });
     }
   }
 
@@ -427,7 +460,7 @@ class KafkaLogConsumer implements Consumer {
         await this.consumer.disconnect();
       } finally {
         this.current = [];
-        this.onStopped(this);
+        await this.onStopped(this);
       }
     })();
     return this.stopping;

@@ -1,0 +1,94 @@
+/**
+ * An Idempotency-Key retry after a crash stores a trace batch once. The api appends a batch,
+ * then records the response; killed (-9, a real process kill) in between, the batch is on the
+ * log and queryable but no response was recorded, so the client's retry runs the request again.
+ * The server-made event ids derive from the key and the request, so the replayed events are the
+ * same events and the store keeps them once. SVC_TEST_IDEMPOTENCY_HOLD opens the window between
+ * the two steps; the process is killed inside it. On the embedded log and on Kafka.
+ */
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import { backend } from '../helpers/backend.ts';
+import { ADMIN_KEY, createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
+
+const BATCH = 300;
+
+/** Rows of `trace_events` through the SQL endpoint (admin key). */
+async function sql(server: TestServer, query: string): Promise<Array<Record<string, unknown>>> {
+  const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: query });
+  const text = await res.text();
+  assert.equal(res.status, 200, text);
+  return text.split('\n').filter(Boolean).map((line) => JSON.parse(line));
+}
+
+async function waitForOutput(server: TestServer, pattern: RegExp, ms = 30_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!pattern.test(server.output())) {
+    if (Date.now() > deadline) assert.fail(`no ${pattern} in the service's output within ${ms} ms:\n${server.output().slice(-3000)}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+function crashDrill(name: string, env: Record<string, string>) {
+  describe(name, () => {
+    let server: TestServer;
+    let key: string;
+    before(async () => {
+      server = await startServer({ ...env, SVC_TEST_IDEMPOTENCY_HOLD: '10m' });
+      key = (await createTenantKey(server, 'acme')).key;
+    });
+    after(async () => server?.cleanup());
+
+    test('kill -9 between the append and the recorded response, then the retry: one batch in the store', async () => {
+      const tool = `crash-${randomBytes(4).toString('hex')}`;
+      // No event_id: every id is the server's to make.
+      const body = { events: Array.from({ length: BATCH }, (_, i) => traceEvent({ tool, span_id: `s${i}` })) };
+      const post = () => server.request('POST', '/v1/traces', { key, body, headers: { 'idempotency-key': 'batch-1' } });
+
+      const first = post().then(
+        (res) => assert.fail(`the first try was answered (${res.status}) instead of dying with the process`),
+        () => 'connection lost',
+      );
+      await waitForOutput(server, /holding before recording the idempotent response/);
+      // The batch is appended and queryable; only the recorded response is missing.
+      assert.equal((await server.request('GET', `/v1/traces?tool=${tool}&limit=1000`, { key })).body.count, BATCH);
+      await server.kill9();
+      assert.equal(await first, 'connection lost');
+
+      server.env.SVC_TEST_IDEMPOTENCY_HOLD = '0';
+      await server.restart();
+      const retry = await post();
+      assert.equal(retry.status, 200, retry.text);
+      assert.deepEqual(retry.body, { ingested: BATCH });
+      assert.equal(retry.headers.get('idempotent-replayed'), null, 'nothing was recorded, so the request ran again');
+
+      // The log holds the batch twice; the store keeps one copy of each event.
+      assert.equal((await server.request('GET', `/v1/traces?tool=${tool}&limit=1000`, { key })).body.count, BATCH);
+      const [final] = await sql(server, `SELECT count() AS n, uniqExact(EventId) AS ids FROM trace_events FINAL WHERE SpanName = '${tool}'`);
+      assert.deepEqual(final, { n: String(BATCH), ids: String(BATCH) });
+
+      // Now the response is recorded: a third try is a replay.
+      const third = await post();
+      assert.equal(third.headers.get('idempotent-replayed'), 'true');
+      assert.deepEqual(third.body, { ingested: BATCH });
+    });
+
+    test('the same key with another body, or another key, makes other events', async () => {
+      server.env.SVC_TEST_IDEMPOTENCY_HOLD = '0';
+      const tool = `other-${randomBytes(4).toString('hex')}`;
+      const events = [traceEvent({ tool, span_id: 'a', ts: '2026-11-22T10:00:00Z' })];
+      const one = await server.request('POST', '/v1/traces', { key, body: { events }, headers: { 'idempotency-key': 'k-1' } });
+      const two = await server.request('POST', '/v1/traces', { key, body: { events }, headers: { 'idempotency-key': 'k-2' } });
+      const none = await server.request('POST', '/v1/traces', { key, body: { events } });
+      for (const res of [one, two, none]) assert.equal(res.status, 200, res.text);
+      const [row] = await sql(server, `SELECT count() AS n FROM trace_events FINAL WHERE SpanName = '${tool}'`);
+      assert.deepEqual(row, { n: '3' }, 'three requests, three events: ids derive from the key, never collide across keys');
+    });
+  });
+}
+
+crashDrill('idempotent retry after a crash, embedded log', {});
+
+const brokers = backend('SVC_TEST_KAFKA_BROKERS', 'idempotent retry after a crash, Kafka');
+if (brokers) crashDrill('idempotent retry after a crash, Kafka', { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: brokers, SVC_LOG_NAMESPACE: `crash-${randomBytes(4).toString('hex')}.` });
