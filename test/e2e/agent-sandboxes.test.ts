@@ -8,6 +8,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
 import { makeBundle, uploadAgent } from '../helpers/bundles.ts';
+import { storeSpec } from '../helpers/sandboxes.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
 const SPEC = (id: string, agent: string) => `version: 1
@@ -26,10 +27,7 @@ if (runtime) {
     let server: TestServer;
     let key: string;
     const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
-    const putSpec = async (yaml: string) => {
-      const res = await server.request('POST', '/v1/specs', { key, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
-      assert.equal(res.status, 201, res.text);
-    };
+    const putSpec = (yaml: string) => storeSpec(server, key, yaml);
     const run = async (id: string, command: string) => (await req('POST', `/v1/sandboxes/${id}/commands`, { command })).body;
 
     before(async () => {

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
 import { runOnce } from '../helpers/experiments.ts';
-import { SPEC } from '../helpers/sandboxes.ts';
+import { SPEC, storeSpec } from '../helpers/sandboxes.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
 const runtime = backend('SVC_TEST_BWRAP', 'the file audit on the local runtime');
@@ -18,10 +18,7 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
   let server: TestServer;
   let key: string;
   const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
-  const putSpec = async (yaml: string) => {
-    const res = await server.request('POST', '/v1/specs', { key, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
-    assert.equal(res.status, 201, res.text);
-  };
+  const putSpec = (yaml: string) => storeSpec(server, key, yaml);
   /** Runs `commands` in a new sandbox of a spec watching `watch`, destroys it, returns its file records as [type, path, found_by?]. */
   const fileRecords = async (name: string, watch: string, commands: string[], setup = '[]') => {
     await putSpec(SPEC(name, `setup: {commands: ${setup}}\naudit:\n  file_system: {watch: ${watch}, track: [writes, reads, deletes]}\n`));
@@ -82,6 +79,15 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
     assert.equal(refused.status, 400, refused.text);
     assert.equal(refused.body.error, 'bad_request');
     assert.match(refused.body.message, /audit\.file_system\.watch\[1\].*not a place the agent can write/);
+  });
+
+  test('a /tmp directory swapped for a link to /etc: no record names a file behind the link', async () => {
+    const records = await fileRecords('tmp-swap', '["/"]', [
+      'mkdir /tmp/swap && echo x > /tmp/swap/mine && rm -r /tmp/swap && ln -s /etc /tmp/swap && cat /tmp/swap/hostname /tmp/swap/passwd > /dev/null && ls /tmp/swap/ > /dev/null',
+    ]);
+    const behind = records.filter((r: string[]) => r[1].startsWith('/tmp/swap/') && r[1] !== '/tmp/swap/mine');
+    assert.deepEqual(behind, [], JSON.stringify(records));
+    assert.ok(records.some((r: string[]) => r[0] === 'file_write' && r[1] === '/tmp/swap'), `the link itself is a write: ${JSON.stringify(records)}`);
   });
 
   test('a change in /tmp the watch cannot see (mmap of a file made before ready) is found by the reconciliation', async () => {

@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { assertIntegers } from './integers.ts';
+import type { TestServer } from './server.ts';
 
 /** The smallest valid spec with one passing invariant; `extra` is appended as more top-level YAML. */
 export const SPEC = (id: string, extra = '') => `version: 1
@@ -57,4 +58,10 @@ export function supervisorPid(id: string): number | undefined {
       return false;
     }
   });
+}
+
+/** Stores a spec (YAML) as `key`'s tenant; asserts it was stored. */
+export async function storeSpec(server: { request: TestServer['request'] }, key: string, yaml: string): Promise<void> {
+  const res = await server.request('POST', '/v1/specs', { key, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
+  assert.equal(res.status, 201, res.text);
 }
