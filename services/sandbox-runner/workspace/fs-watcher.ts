@@ -295,6 +295,8 @@ export class FsWatcher {
 
   /** Drops matching events while `fn` runs and for the grace period after. No scope fields: everything. */
   async suppressDuring<T>(scope: { paths?: string[]; kinds?: OpKind[] }, fn: () => Promise<T>): Promise<T> {
+    // What the agent did before now is still queued: it is handled before the suppression begins.
+    if (this.running) await new Promise<void>((resolve) => void this.barrier(resolve));
     const s: Suppression = {
       paths: scope.paths && new Set(scope.paths.map(normalize)),
       kinds: scope.kinds && new Set(scope.kinds),
