@@ -66,7 +66,7 @@ function parseCatalog(doc: unknown, source = 'catalog'): TopicSpec[] {
   return doc.topics.map((entry: unknown, i: number): TopicSpec => {
     const where = (field: string) => `${source}: topics[${i}]${isObject(entry) && typeof entry.name === 'string' ? ` (${entry.name})` : ''}.${field}`;
     if (!isObject(entry)) throw new Error(`${source}: topics[${i}] must be a mapping`);
-    const { name, partitions, key, value_schema: valueSchema, cleanup_policy: cleanupPolicy, retention, table } = entry;
+    const { name, partitions, key, value_schema: valueSchema, cleanup_policy: cleanupPolicy, retention, table, flush_interval: flushInterval } = entry;
     if (typeof name !== 'string' || !TOPIC_NAME.test(name)) {
       throw new Error(`${where('name')}: must be a topic name of letters, digits, ".", "_" or "-" (got ${JSON.stringify(name)})`);
     }
@@ -96,6 +96,18 @@ function parseCatalog(doc: unknown, source = 'catalog'): TopicSpec[] {
     if (table !== undefined && table !== null && (typeof table !== 'string' || !/^[a-z_][a-z0-9_]*$/.test(table))) {
       throw new Error(`${where('table')}: must be a ClickHouse table name of a-z, 0-9 and _ (got ${JSON.stringify(table)})`);
     }
+    let flushIntervalMs: number | null = null;
+    if (flushInterval !== undefined) {
+      if (typeof table !== 'string') throw new Error(`${where('flush_interval')}: only a topic with a table has one`);
+      let ms: number | null = null;
+      try {
+        if (typeof flushInterval === 'string') ms = parseRetention(flushInterval);
+      } catch {
+        // named below
+      }
+      if (ms === null) throw new Error(`${where('flush_interval')}: must be a duration such as 250ms (got ${JSON.stringify(flushInterval)})`);
+      flushIntervalMs = ms;
+    }
     return {
       name,
       partitions,
@@ -104,6 +116,7 @@ function parseCatalog(doc: unknown, source = 'catalog'): TopicSpec[] {
       cleanupPolicy: cleanupPolicy as CleanupPolicy,
       retentionMs,
       table: (table as string | undefined) ?? null,
+      ...(flushIntervalMs === null ? {} : { flushIntervalMs }),
     };
   });
 }

@@ -38,9 +38,9 @@ export class SinkService implements Service {
 
   async start(kernel: Kernel): Promise<void> {
     for (const [topic, toRows] of Object.entries(PROJECTIONS)) {
-      const table = topicSpec(kernel.catalog, topic).table;
+      const { table, flushIntervalMs } = topicSpec(kernel.catalog, topic);
       if (!table) throw new Error(`topic ${topic} has no table in the catalog`);
-      const writer = new TableWriter(kernel, table);
+      const writer = new TableWriter(kernel, table, flushIntervalMs);
       await writer.start();
       const watermark = new Watermark(`the sink of ${topic}`);
       kernel.visibility.register(topic, watermark);

@@ -34,6 +34,8 @@ export class TableWriter {
   constructor(
     private readonly kernel: Kernel,
     readonly table: string,
+    /** null: SVC_SINK_FLUSH_INTERVAL */
+    private readonly flushIntervalMs: number | null = null,
   ) {}
 
   async start(): Promise<void> {
@@ -50,13 +52,14 @@ export class TableWriter {
 
   write(rows: Row[]): Promise<void> {
     if (rows.length === 0) return Promise.resolve();
-    const { sinkBatchRows, sinkFlushInterval } = this.kernel.config;
+    const { sinkBatchRows } = this.kernel.config;
+    const flushInterval = this.flushIntervalMs ?? this.kernel.config.sinkFlushInterval;
     return new Promise((resolve, reject) => {
       const p = this.pending;
       for (const row of rows) p.rows.push(row);
       p.waiters.push({ resolve, reject });
       if (p.rows.length >= sinkBatchRows) this.seal();
-      else if (p.timer === null && !p.due) p.timer = setTimeout(() => this.onDue(p), sinkFlushInterval);
+      else if (p.timer === null && !p.due) p.timer = setTimeout(() => this.onDue(p), flushInterval);
     });
   }
 

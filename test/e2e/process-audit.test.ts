@@ -17,6 +17,7 @@ const runtime = backend('SVC_TEST_BWRAP', 'process capture on the local runtime'
 
 interface Spawn {
   command: string;
+  truncated?: boolean;
   pid?: number;
   parent_pid?: number;
   exit_code: number | null;
@@ -120,6 +121,17 @@ b" > /dev/null; true`);
     const echo = records.find((r) => r.pid !== undefined && r.command.startsWith('/bin/echo'));
     assert.ok(echo, JSON.stringify(records));
     assert.equal(echo.command, '/bin/echo a\nffff q 1 0 1\nb');
+  });
+
+  test('a command line is recorded byte for byte (escape-like text kept as written), and one over 3,200 bytes is cut and marked', async () => {
+    const long = 'y'.repeat(5000);
+    const { records } = await spawnsOf('spawns', `/bin/echo '\\x41' 'back\\slash' "two  spaces" > /dev/null; /bin/echo ${long} > /dev/null; true`);
+    const [escaped, cut] = records.filter((r) => r.pid !== undefined && r.command.startsWith('/bin/echo'));
+    assert.ok(escaped && cut, JSON.stringify(records));
+    assert.equal(escaped.command, '/bin/echo \\x41 back\\slash two  spaces');
+    assert.equal(escaped.truncated, undefined);
+    assert.equal(cut.truncated, true);
+    assert.equal(cut.command, `/bin/echo ${long}`.slice(0, 3200));
   });
 
   test('where the tracer is missing or dies at start, the sandbox boots and a warning says capture is off', async () => {

@@ -196,6 +196,9 @@ describe('topic catalog', () => {
   it('names the entry and field of an invalid catalog', async () => {
     assert.deepEqual((await load([entry]))[0], { name: 'a.b', partitions: 2, key: 'k', valueSchema: 'x', cleanupPolicy: 'delete', retentionMs: 604_800_000, table: null });
     assert.equal((await load([{ ...entry, table: 'facts' }]))[0].table, 'facts');
+    assert.equal((await load([{ ...entry, table: 'facts', flush_interval: '250ms' }]))[0].flushIntervalMs, 250);
+    await assert.rejects(async () => load([{ ...entry, table: 'facts', flush_interval: 'forever' }]), /\(a\.b\)\.flush_interval: must be a duration such as 250ms/);
+    await assert.rejects(async () => load([{ ...entry, flush_interval: '1s' }]), /\(a\.b\)\.flush_interval: only a topic with a table has one/);
     await assert.rejects(async () => load([{ ...entry, table: 'Drop Table' }]), /\(a\.b\)\.table: must be a ClickHouse table name/);
     await assert.rejects(async () => load([{ ...entry, partitions: 0 }]), /topics\[0\] \(a\.b\)\.partitions: must be a whole number >= 1/);
     await assert.rejects(async () => load([entry, { ...entry, name: 'c', retention: 'soon' }]), /topics\[1\] \(c\)\.retention: "soon" is not a duration/);

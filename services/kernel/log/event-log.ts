@@ -29,6 +29,8 @@ export interface TopicSpec {
   retentionMs: number | null;
   /** The ClickHouse table the sink materialises this topic into, if any. */
   table?: string | null;
+  /** How old the sink lets this table's waiting rows get before it inserts them; null: SVC_SINK_FLUSH_INTERVAL. */
+  flushIntervalMs?: number | null;
 }
 
 export interface ProduceRecord {

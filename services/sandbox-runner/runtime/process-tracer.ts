@@ -1,31 +1,41 @@
 /**
  * Every process the sandboxes' commands start, at any depth, seen by the kernel rather than
  * reported by anything inside the sandbox: one bpftrace per runner, on the exec and exit
- * tracepoints, for tasks outside the host's pid namespace. The arguments are read at the execve
- * call itself, so a process that execs at once, double-forks or kills itself is recorded all the
- * same; its exit code comes from the exit tracepoint. Events are tagged with the task's pid
- * namespace, which names the sandbox (each sandbox has its own, and cannot make another:
- * unshare and clone with namespace flags are refused by its seccomp filter).
+ * tracepoints, for tasks outside the host's pid namespace. The arguments are read when the exec
+ * has replaced the program, from the new image's argument area (mm->arg_start..arg_end), before
+ * the program runs: nothing else can reach that memory yet, so what is read is what runs, and a
+ * process that execs at once, double-forks or kills itself is recorded all the same; its exit
+ * code comes from the exit tracepoint. Events are tagged with the task's pid namespace, which
+ * names the sandbox (each sandbox has its own, and cannot make another: unshare and clone with
+ * namespace flags are refused by its seccomp filter). Only the watched namespaces are reported:
+ * the runner adds and removes them in the program's `@watched` map (with bpftool), so the
+ * sandboxes that do not ask for the audit cost the kernel a map lookup per exec and nothing more.
  *
- * Each output line starts with a random nonce only the runner knows: an argument holding a
- * newline cannot forge an event, its next line is read as the rest of the argument.
+ * No syscall tracepoint is used: enabling one sends every system call of every task on the host
+ * through the slow path, which cost a build-like command more than the tracing itself.
+ *
+ * Each output line starts with a random nonce only the runner knows, and the arguments are
+ * printed as hex (`%rx`), so nothing the agent passes can forge or split a line.
  *
  * The kernel's events reach bpftrace through one buffer per CPU, so they arrive out of order when
  * a process moves between CPUs (the kernel moves a process at exec to balance load): its exit may
  * come before its exec. Every event carries its kernel time, and events are handled in time order
  * once REORDER_NS old (or all at once when a watch ends).
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
+import os from 'node:os';
 import readline from 'node:readline';
+import { promisify } from 'node:util';
+import { hostTool } from './host-tools.ts';
 
 /** One program a sandbox ran, from its exec to its exit (or to its next exec, or to the end of the watch). */
 export interface ProcessRun {
   /** host pids: stable within one sandbox, enough to rebuild the tree */
   pid: number;
   parent_pid: number;
-  /** argv joined by spaces: at most MAX_ARGS arguments of at most STRLEN - 1 characters (else `truncated`) */
+  /** argv joined by spaces: its first ARGV_BYTES bytes (else `truncated`) */
   command: string;
   truncated: boolean;
   /** null when the program did not exit by itself while watched (it exec'd again, or was still running) */
@@ -48,56 +58,67 @@ export interface ProcessWatch {
   onStopped(reason: string): void;
 }
 
-const MAX_ARGS = 16;
-/** bpftrace's string size (its largest): an argument is cut at STRLEN - 1 characters */
-const STRLEN = 200;
+/** bpftrace's buffer size (its largest): argv is read in chunks of this many bytes */
+const CHUNK = 200;
+const CHUNKS = 16;
+/** The most of a command line recorded; the rest is cut (`truncated`). */
+export const ARGV_BYTES = CHUNK * CHUNKS;
 const TRACEFS = '/sys/kernel/tracing';
 
-/** The bpftrace program; `N` is the nonce. Arguments stop at argv's NULL (envp follows it in memory). */
+/**
+ * The bpftrace program. An exec line `e pid parent grandparent namespace ns argv-length hex` has
+ * argv's first CHUNK bytes; chunk lines `a pid ns offset hex` from the same probe have the rest.
+ */
 const program = (nonce: string) => `
-BEGIN { printf("${nonce} B %llu\\n", nsecs); }
-tracepoint:syscalls:sys_enter_execve,tracepoint:syscalls:sys_enter_execveat /curtask->nsproxy->pid_ns_for_children->level > 0/ {
-  printf("${nonce} x %d %d %d %u %llu\\n", tid, curtask->real_parent->tgid, curtask->real_parent->real_parent->tgid, curtask->nsproxy->pid_ns_for_children->ns.inum, nsecs);
-  $i = 0; $end = 0;
-  unroll(${MAX_ARGS + 1}) {
-    if ($end == 0) {
-      $p = *(args->argv + $i);
-      if ($p == 0) { $end = 1; } else { printf("${nonce} a %d %d %s\\n", tid, $i, str($p)); }
+BEGIN { @watched[(uint64)0] = (uint64)0; delete(@watched[(uint64)0]); printf("${nonce} B %llu\\n", nsecs); }
+tracepoint:sched:sched_process_exec /@watched[(uint64)curtask->nsproxy->pid_ns_for_children->ns.inum]/ {
+  $start = curtask->mm->arg_start;
+  $length = (int64)(curtask->mm->arg_end - $start);
+  $ns = nsecs;
+  $size = $length;
+  if ($size > ${CHUNK}) { $size = ${CHUNK}; }
+  printf("${nonce} e %d %d %d %u %llu %lld %rx\\n", pid, curtask->real_parent->tgid, curtask->real_parent->real_parent->tgid, curtask->nsproxy->pid_ns_for_children->ns.inum, $ns, $length, buf(uptr($start), $size));
+  $offset = (int64)${CHUNK};
+  unroll(${CHUNKS - 1}) {
+    if ($offset < $length) {
+      $size = $length - $offset;
+      if ($size > ${CHUNK}) { $size = ${CHUNK}; }
+      printf("${nonce} a %d %llu %lld %rx\\n", pid, $ns, $offset, buf(uptr($start + (uint64)$offset), $size));
     }
-    $i++;
+    $offset += ${CHUNK};
   }
 }
-tracepoint:sched:sched_process_exec /curtask->nsproxy->pid_ns_for_children->level > 0/ { printf("${nonce} e %d %llu\\n", pid, nsecs); }
-tracepoint:sched:sched_process_exit /pid == tid && curtask->nsproxy->pid_ns_for_children->level > 0/ { printf("${nonce} q %d %d %llu\\n", pid, curtask->exit_code, nsecs); }
+tracepoint:sched:sched_process_exit /pid == tid && @watched[(uint64)curtask->nsproxy->pid_ns_for_children->ns.inum]/ { printf("${nonce} q %d %d %llu\\n", pid, curtask->exit_code, nsecs); }
 `;
 
 /** How long an event waits for earlier ones from other CPUs before it is handled. */
 const REORDER_NS = 50_000_000n;
 
-/** One kernel event, in the order of its time: an exec's start (with its arguments), an exec done, an exit. */
-type TracedEvent =
-  | { kind: 'x'; pid: number; ns: bigint; exec: PendingExec | null }
-  | { kind: 'e'; pid: number; ns: bigint }
-  | { kind: 'q'; pid: number; ns: bigint; status: number };
+/** One kernel event, in the order of its time: an exec (with its arguments), an exit. */
+type TracedEvent = { kind: 'e'; pid: number; ns: bigint; exec: Exec } | { kind: 'q'; pid: number; ns: bigint; status: number };
 
-interface PendingExec {
+interface Exec {
   parent: number;
   grandparent: number;
   namespace: number;
-  args: string[];
-  /** an argument past MAX_ARGS, or one cut at bpftrace's string size */
+  /** argv's bytes as far as read (NUL after each argument), filled by the chunk lines */
+  argv: Buffer;
+  /** argv was longer than ARGV_BYTES */
   truncated: boolean;
 }
 
-interface Running extends PendingExec {
+interface Running extends Exec {
   pid: number;
   startNs: bigint;
 }
 
+const BPFTOOL = hostTool('bpftool');
+const run = promisify(execFile);
+
 let shared: ProcessTracer | null = null;
 const unavailable = new Map<string, string | null>();
 
-/** The runner's tracer, or why there is none (checked once per binary: bpftrace, tracefs). */
+/** The runner's tracer, or why there is none (checked once per binary: bpftrace, bpftool, tracefs). */
 export function processTracer(binary: string): ProcessTracer | string {
   if (!unavailable.has(binary)) unavailable.set(binary, tracerUnavailable(binary));
   const why = unavailable.get(binary);
@@ -114,6 +135,7 @@ export function stopProcessTracer(): void {
 /** Why the tracer cannot run here, or null when it can (mounting tracefs if it is not). */
 function tracerUnavailable(binary: string): string | null {
   if (spawnSync(binary, ['--version'], { stdio: 'ignore' }).status !== 0) return `${binary} does not run (apt-get install bpftrace, or set SVC_PROCESS_TRACER)`;
+  if (!BPFTOOL || spawnSync(BPFTOOL, ['version'], { stdio: 'ignore' }).status !== 0) return 'bpftool does not run (apt-get install bpftool)';
   if (!fs.existsSync(`${TRACEFS}/events/sched`)) {
     const mounted = spawnSync('mount', ['-t', 'tracefs', 'nodev', TRACEFS], { stdio: 'ignore' });
     if (mounted.status !== 0 || !fs.existsSync(`${TRACEFS}/events/sched`)) return `tracefs is not mounted at ${TRACEFS} and could not be`;
@@ -127,16 +149,16 @@ export class ProcessTracer {
   private starting: Promise<void> | null = null;
   private readonly nonce = randomBytes(12).toString('hex');
   private readonly watches = new Map<number, ProcessWatch>();
-  private readonly pending = new Map<number, PendingExec>();
   private readonly running = new Map<number, Running>();
   /** wall-clock ms at the kernel's monotonic 0, from the BEGIN line */
   private epochMs = 0;
-  private lastArg: { list: string[]; index: number } | null = null;
-  /** Each thread's latest exec start, which its argument lines fill in. */
-  private readonly filling = new Map<number, PendingExec>();
+  /** The watched execs whose argv the chunk lines fill in, by `pid ns` (until the exec is handled). */
+  private readonly filling = new Map<string, Exec>();
   /** Events not handled yet, waiting for earlier ones from other CPUs. */
   private queue: TracedEvent[] = [];
   private timer: NodeJS.Timeout | null = null;
+  /** The kernel's id of the program's `@watched` map, found once the program runs. */
+  private watchedMap: number | null = null;
 
   constructor(private readonly binary: string) {}
 
@@ -144,11 +166,38 @@ export class ProcessTracer {
   async watch(watch: ProcessWatch): Promise<() => void> {
     await this.start();
     this.watches.set(watch.pidNamespace, watch);
+    try {
+      await this.bpftool('update', watch.pidNamespace, ['value', ...bytes(1n)]);
+    } catch (err) {
+      this.watches.delete(watch.pidNamespace);
+      throw err;
+    }
     return () => {
       this.handleQueued(null);
       for (const run of [...this.running.values()]) if (run.namespace === watch.pidNamespace) this.finish(run, null, process.hrtime.bigint());
       this.watches.delete(watch.pidNamespace);
+      this.bpftool('delete', watch.pidNamespace, []).catch(() => undefined);
     };
+  }
+
+  /** Adds a namespace to the `@watched` map, or removes it. */
+  private async bpftool(operation: 'update' | 'delete', namespace: number, rest: string[]): Promise<void> {
+    if (this.watchedMap === null) throw new Error('the tracer is not running');
+    await run(BPFTOOL!, ['map', operation, 'id', String(this.watchedMap), 'key', ...bytes(BigInt(namespace)), ...rest]);
+  }
+
+  /** The id of the bpftrace process's `@watched` map: among the maps its descriptors hold, the one of that name. */
+  private async findWatchedMap(pid: number): Promise<number> {
+    const ids = new Set<number>();
+    for (const fd of await fs.promises.readdir(`/proc/${pid}/fdinfo`)) {
+      const info = await fs.promises.readFile(`/proc/${pid}/fdinfo/${fd}`, 'utf8').catch(() => '');
+      const id = /^map_id:\s+(\d+)$/m.exec(info);
+      if (id) ids.add(Number(id[1]));
+    }
+    const { stdout } = await run(BPFTOOL!, ['map', 'show', '--json'], { maxBuffer: 64 * 1024 * 1024 });
+    const found = (JSON.parse(stdout) as Array<{ id: number; name?: string }>).find((map) => ids.has(map.id) && map.name === 'AT_watched');
+    if (!found) throw new Error('bpftrace started without its @watched map');
+    return found.id;
   }
 
   stop(): void {
@@ -161,7 +210,7 @@ export class ProcessTracer {
 
   private start(): Promise<void> {
     this.starting ??= new Promise<void>((resolve, reject) => {
-      const child = spawn(this.binary, ['-e', program(this.nonce)], { env: { ...process.env, BPFTRACE_STRLEN: String(STRLEN) }, stdio: ['ignore', 'pipe', 'pipe'] });
+      const child = spawn(this.binary, ['-e', program(this.nonce)], { env: { ...process.env, BPFTRACE_STRLEN: String(CHUNK) }, stdio: ['ignore', 'pipe', 'pipe'] });
       this.child = child;
       let errors = '';
       child.stderr!.on('data', (chunk: Buffer) => {
@@ -174,19 +223,25 @@ export class ProcessTracer {
         const reason = `bpftrace exited (${signal ?? code}): ${errors.trim() || 'no message'}`;
         this.child = null;
         this.starting = null;
+        this.watchedMap = null;
         reject(new Error(reason));
         // Watches of a tracer that had started lose their capture: each is told, and a later watch starts a new tracer.
         for (const w of this.watches.values()) w.onStopped(reason);
         this.watches.clear();
         this.running.clear();
-        this.pending.clear();
         this.filling.clear();
         this.queue = [];
       });
       readline.createInterface({ input: child.stdout! }).on('line', (line) => {
         if (line.startsWith(`${this.nonce} B `)) {
           this.epochMs = Date.now() - Number(BigInt(line.split(' ')[2]!) / 1_000_000n);
-          resolve();
+          this.findWatchedMap(child.pid!).then((id) => {
+            this.watchedMap = id;
+            resolve();
+          }, (err: Error) => {
+            errors += err.message;
+            child.kill('SIGTERM');
+          });
         } else this.read(line);
       });
     });
@@ -194,36 +249,21 @@ export class ProcessTracer {
   }
 
   private read(line: string): void {
-    if (!line.startsWith(`${this.nonce} `)) {
-      // The rest of an argument that held a newline.
-      if (this.lastArg) this.lastArg.list[this.lastArg.index] += `\n${line}`;
-      return;
-    }
-    const [, kind, a, b, c, d, e] = line.split(' ');
+    const [nonce, kind, a, b, c, d, e, f, g] = line.split(' ');
+    if (nonce !== this.nonce) return;
     const pid = Number(a);
-    if (kind === 'x') {
-      this.lastArg = null;
+    if (kind === 'e') {
       // Only the watched sandboxes' execs are kept (other containers of the host have pid namespaces too).
-      const exec = this.watches.has(Number(d)) ? { parent: Number(b), grandparent: Number(c), namespace: Number(d), args: [], truncated: false } : null;
-      if (exec) this.filling.set(pid, exec);
-      else this.filling.delete(pid);
-      this.enqueue({ kind: 'x', pid, ns: BigInt(e!), exec });
+      if (!this.watches.has(Number(d))) return;
+      const length = Number(f);
+      const exec = { parent: Number(b), grandparent: Number(c), namespace: Number(d), argv: Buffer.alloc(Math.min(length, ARGV_BYTES)), truncated: length > ARGV_BYTES };
+      fillArgv(exec, 0, g);
+      if (length > CHUNK) this.filling.set(`${pid} ${e}`, exec);
+      this.enqueue({ kind: 'e', pid, ns: BigInt(e!), exec });
     } else if (kind === 'a') {
-      // Right after its exec's start, from the same CPU.
-      const exec = this.filling.get(pid);
-      const index = Number(b);
-      const text = line.slice(`${this.nonce} a ${a} ${b} `.length);
-      if (!exec) return;
-      if (index >= MAX_ARGS || text.length >= STRLEN - 1) exec.truncated = true;
-      if (index < MAX_ARGS) {
-        exec.args[index] = text;
-        this.lastArg = { list: exec.args, index };
-      }
-    } else if (kind === 'e') this.enqueue({ kind: 'e', pid, ns: BigInt(b!) });
-    else if (kind === 'q') {
-      this.filling.delete(pid);
-      this.enqueue({ kind: 'q', pid, ns: BigInt(c!), status: Number(b) });
-    }
+      const exec = this.filling.get(`${pid} ${b}`);
+      if (exec) fillArgv(exec, Number(c), d);
+    } else if (kind === 'q') this.enqueue({ kind: 'q', pid, ns: BigInt(c!), status: Number(b) });
   }
 
   private enqueue(event: TracedEvent): void {
@@ -247,26 +287,19 @@ export class ProcessTracer {
     const due = cut < 0 ? this.queue : this.queue.slice(0, cut);
     this.queue = cut < 0 ? [] : this.queue.slice(cut);
     for (const event of due) {
-      if (event.kind === 'x') {
-        if (event.exec) this.pending.set(event.pid, event.exec);
-        else this.pending.delete(event.pid);
-      } else if (event.kind === 'e') this.exec(event.pid, event.ns);
+      if (event.kind === 'e') this.exec(event.pid, event.ns, event.exec);
       else {
-        // A failed exec leaves a pending one that no exec event ends: its process's exit does.
-        this.pending.delete(event.pid);
         const run = this.running.get(event.pid);
         if (run) this.finish(run, event.status, event.ns);
       }
     }
   }
 
-  /** A successful exec: the program replaces whatever the process ran before. */
-  private exec(pid: number, ns: bigint): void {
-    const exec = this.pending.get(pid);
-    this.pending.delete(pid);
+  /** An exec: the program replaces whatever the process ran before. */
+  private exec(pid: number, ns: bigint, exec: Exec): void {
+    this.filling.delete(`${pid} ${ns}`);
     const previous = this.running.get(pid);
     if (previous) this.finish(previous, null, ns);
-    if (!exec) return;
     const watch = this.watches.get(exec.namespace);
     // The commands themselves (their parent a shepherd of the supervisor) are the commands API's records.
     if (!watch || exec.grandparent === watch.supervisorPid) return;
@@ -282,7 +315,7 @@ export class ProcessTracer {
     watch.onRun({
       pid: run.pid,
       parent_pid: run.parent,
-      command: run.args.filter((arg) => arg !== undefined).join(' '),
+      command: commandLine(run.argv),
       truncated: run.truncated,
       exit_code: status === null || signal !== 0 ? null : (status >> 8) & 0xff,
       signal: signal ? signal : null,
@@ -290,4 +323,24 @@ export class ProcessTracer {
       started_at: new Date(startedMs),
     });
   }
+}
+
+/** Copies a chunk of argv (`\\x2f\\x62...`, as bpftrace's %rx prints it) to its place. */
+function fillArgv(exec: Exec, offset: number, hex: string | undefined): void {
+  if (hex && offset < exec.argv.length) Buffer.from(hex.replaceAll('\\x', ''), 'hex').copy(exec.argv, offset);
+}
+
+/** argv's bytes (each argument followed by a NUL; the last one may be cut) as one line, arguments joined by spaces. */
+function commandLine(argv: Buffer): string {
+  const args = argv.toString('utf8').split('\0');
+  if (args.at(-1) === '') args.pop();
+  return args.join(' ');
+}
+
+/** A number as the 8 bytes of a map's uint64 key or value, in the machine's order, for bpftool. */
+function bytes(value: bigint): string[] {
+  const buffer = Buffer.alloc(8);
+  if (os.endianness() === 'LE') buffer.writeBigUInt64LE(value);
+  else buffer.writeBigUInt64BE(value);
+  return [...buffer].map(String);
 }
