@@ -17,6 +17,10 @@ import { ScorerService } from './scorer/service.ts';
 
 const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner', 'aggregator', 'scorer'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
+/** The services that read the store the sink writes (the aggregator and the runners read none). */
+const STORE_READERS: readonly ServiceName[] = ['api', 'scorer'];
+/** The services that use the store at all: a process of none of them opens no store. */
+const STORE_SERVICES: readonly ServiceName[] = [...STORE_READERS, 'sink'];
 
 export interface Running {
   config: Config;
@@ -28,7 +32,8 @@ export interface Running {
 /** Starts the named services (all of them by default) and returns a handle to stop them. */
 export async function startServices(config: Config, names: readonly ServiceName[] = SERVICE_NAMES): Promise<Running> {
   const logger = createLogger(config.logLevel);
-  const opened = await openKernel(config, logger);
+  const usesStore = names.some((n) => STORE_SERVICES.includes(n));
+  const opened = await openKernel(config, logger, { store: usesStore });
   const services: Service[] = [];
   let api: ApiService | null = null;
   // The sink starts first: the API's writes await its watermarks.
@@ -48,7 +53,7 @@ export async function startServices(config: Config, names: readonly ServiceName[
     await opened.close().catch(() => {});
     throw err;
   }
-  logger.info({ services: names, log: config.logBackend, store: config.store, data_dir: config.dataDir }, 'started');
+  logger.info({ services: names, log: config.logBackend, store: usesStore ? config.store : 'none', data_dir: config.dataDir }, 'started');
   let stopping: Promise<void> | null = null;
   return {
     config,
@@ -82,6 +87,14 @@ export function checkSplitSettings(config: Config, names: readonly ServiceName[]
   // The api seals what it sends the runners and opens their replies, with one key on both sides.
   if (names.includes('api') !== names.includes('sandbox-runner') && !config.secretsKey) {
     problems.push('SVC_SECRETS_KEY: required when the api and the sandbox runners run in different processes: both seal and open what they send each other with it (set the same key in both)');
+  }
+  // The api and the scorer read what the sink stored: chDB is the store of one process, so they
+  // read it only beside the sink; apart from it, they need the ClickHouse server all share.
+  const readers = STORE_READERS.filter((n) => names.includes(n));
+  if (readers.length > 0 && !names.includes('sink') && config.store !== 'clickhouse') {
+    problems.push(
+      `SVC_STORE: ${readers.join(' and ')} read${readers.length === 1 ? 's' : ''} the store the sink writes: set SVC_STORE=clickhouse (and SVC_CLICKHOUSE_URL) to the server the sink writes, or run ${readers.join(' and ')} in the sink's process (svc run api sink scorer); chDB here would be this process's own empty store`,
+    );
   }
   if (problems.length > 0) throw new Error(`Bad configuration for svc run ${names.join(' ')}:\n  ${problems.join('\n  ')}`);
 }

@@ -4,6 +4,10 @@
  * dispatched as an event when a slot frees), counts the scorer's verdicts, and completes the
  * experiment with its metrics. It is the only writer of an experiment after `created`.
  *
+ * It reads no store: the completion's metrics are computed from the scores it folds (the latest
+ * RunScored of every run, which carries the run's trace totals) with the same math
+ * (domain/experiment-metrics.ts) as the api's metrics endpoint over run_scores and trace_events.
+ *
  * Its state is rebuilt from the log on every start: the experiments (compacted), its own
  * dispatches (svc.run-requests), the runners' reports (svc.run-events) and the scores
  * (svc.run-scores). A run's status is derived from those facts, whatever order they were read in:
@@ -11,7 +15,8 @@
  *   finished                       -> waiting for its score (its slot is free)
  *   rejected, or lost              -> dispatched again (attempt + 1)
  *   otherwise                      -> in flight
- * "Lost": the runner that started it (or, not yet started, any runner) restarted after its
+ * "Lost": the runner that started it (or, not yet started, any runner) restarted or died (its
+ * heartbeats on svc.runners stopped for SVC_RUNNER_DEAD_AFTER, or it said it stops) after its
  * dispatch, or it has been in flight longer than its lease (the run's lifetime, runLifetimeMs, plus a minute).
  * So a restart of any service in the middle of an experiment loses nothing; a run executed twice
  * (a lease that lapsed on a slow runner) is still counted once.
@@ -19,15 +24,17 @@
 import { createHash } from 'node:crypto';
 import { publish, subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
 import { EntityView } from '../kernel/entity-view.ts';
-import { experimentMetrics } from '../queries/run-facts.ts';
 import { newEventId, runIdOf, scenarioIdOf } from '../kernel/ids.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
 import { runLifetimeMs } from '../domain/run-plan.ts';
+import { computeMetrics, NO_TRACES, type RunFact, type RunTraceStats } from '../domain/experiment-metrics.ts';
 import type { ExperimentChanged, ExperimentCommand, ExperimentOptions } from '../domain/events/experiment-events.ts';
 import type { Params } from '../domain/params.ts';
 import type { RunEvent, RunRequested, RunScored } from '../domain/events/run-events.ts';
 import { parseSpec, type SpecDocument } from '../domain/spec.ts';
 import { TOPICS } from '../kernel/topics.ts';
+import type { RunnerHeartbeat } from '../domain/events/runner-events.ts';
+import { goneAt, isLive } from '../domain/runners.ts';
 
 /** Beyond a run's lifetime (its sandbox is gone by then), time for the runner to report it. */
 const LEASE_SLACK_MS = 60_000;
@@ -46,11 +53,23 @@ interface RunFacts {
   rejected: Set<number>;
   finished: boolean;
   scored: boolean;
+  /** What the metrics need of its latest score (null until scored). */
+  latest: LatestScore | null;
+}
+
+/** A run's latest score, reduced to what the metrics need. */
+interface LatestScore {
+  ts: number;
+  fact: RunFact;
+  traces: RunTraceStats;
 }
 
 interface Tracked {
   runs: Map<string, RunFacts>;
-  /** Positions of the scores, so completion waits until the store holds them. */
+  /**
+   * Positions of the scores, so completion waits until the sink has stored them: a client that
+   * sees `completed` then reads the runs' results from run_scores (through the api).
+   */
   scorePositions: RecordPosition[];
 }
 
@@ -61,8 +80,11 @@ export class AggregatorService implements Service {
   private readonly experiments = new Map<string, ExperimentChanged>();
   private readonly tracked = new Map<string, Tracked>();
   private readonly specs = new Map<string, SpecDocument>();
-  /** runner id -> when it last (re)started */
+  /** runner id -> when it last (re)started, or died */
   private readonly runnerStarts = new Map<string, number>();
+  /** runner id -> its latest heartbeat */
+  private readonly beats = new Map<string, RunnerHeartbeat>();
+  private livenessTimer: NodeJS.Timeout | null = null;
   private views: Array<EntityView<unknown>> = [];
   private commands: Consumer | null = null;
   private live = false;
@@ -82,6 +104,7 @@ export class AggregatorService implements Service {
       fold<ExperimentChanged>(TOPICS.experiments, (e) => this.onExperiment(e)),
       fold<RunRequested>(TOPICS.runRequests, (r) => this.onDispatched(r)),
       fold<RunEvent>(TOPICS.runEvents, (e) => this.onRunEvent(e)),
+      fold<RunnerHeartbeat>(TOPICS.runners, (beat) => this.beats.set(beat.runner_id, beat)),
       fold<RunScored>(TOPICS.runScores, (s, event) => this.onScored(s, { topic: event.record.topic, partition: event.record.partition, offset: event.record.offset })),
     ] as Array<EntityView<unknown>>;
     for (const view of this.views) await view.start(kernel);
@@ -99,10 +122,28 @@ export class AggregatorService implements Service {
       for (const id of this.tracked.keys()) this.schedule(id);
     }, LEASE_CHECK_MS);
     this.leaseTimer.unref();
+    this.livenessTimer = setInterval(() => this.checkRunners(), Math.min(5000, Math.max(500, Math.floor(kernel.config.runnerDeadAfter / 6))));
+    this.livenessTimer.unref();
+    this.checkRunners();
+  }
+
+  /** A runner found dead counts as restarted when it died: its runs are dispatched again. */
+  private checkRunners(): void {
+    const { runnerDeadAfter } = this.kernel.config;
+    let died = false;
+    for (const beat of this.beats.values()) {
+      if (isLive(beat, Date.now(), runnerDeadAfter)) continue;
+      const at = goneAt(beat, runnerDeadAfter);
+      if ((this.runnerStarts.get(beat.runner_id) ?? 0) >= at) continue;
+      this.runnerStarts.set(beat.runner_id, at);
+      died = true;
+    }
+    if (died) for (const id of this.tracked.keys()) this.schedule(id);
   }
 
   async stop(): Promise<void> {
     if (this.leaseTimer) clearInterval(this.leaseTimer);
+    if (this.livenessTimer) clearInterval(this.livenessTimer);
     await this.commands?.stop();
     await Promise.all(this.views.map((v) => v.stop()));
     await this.chain;
@@ -116,7 +157,7 @@ export class AggregatorService implements Service {
   }
 
   private facts(experimentId: string, runId: string, scenarioId: string, index: number, replica: number): RunFacts {
-    const fresh = (): RunFacts => ({ runId, scenarioId, index, replica, dispatched: new Map(), started: new Map(), rejected: new Set(), finished: false, scored: false });
+    const fresh = (): RunFacts => ({ runId, scenarioId, index, replica, dispatched: new Map(), started: new Map(), rejected: new Set(), finished: false, scored: false, latest: null });
     // Finished experiments keep no state: history replayed at start stays out of memory.
     if (TERMINAL.has(this.experiments.get(experimentId)?.status ?? '')) return fresh();
     const tracked = this.tracked.get(experimentId) ?? { runs: new Map(), scorePositions: [] };
@@ -151,6 +192,9 @@ export class AggregatorService implements Service {
     const facts = this.facts(s.experiment_id, s.run_id, s.scenario_id, s.scenario_index, s.replica);
     facts.scored = true;
     facts.finished = true;
+    // The latest score is the one run_scores FINAL keeps (ReplacingMergeTree by ScoredAt = ts): the
+    // highest ts, and of equal ones the later on the log (one partition per experiment).
+    if (facts.latest === null || s.ts >= facts.latest.ts) facts.latest = latestScore(s);
     this.tracked.get(s.experiment_id)?.scorePositions.push(position);
     if (this.live) this.schedule(s.experiment_id);
   }
@@ -262,10 +306,17 @@ export class AggregatorService implements Service {
   }
 
   private async complete(experimentId: string, spec: SpecDocument, tracked: Tracked): Promise<void> {
-    const experiment = this.experiments.get(experimentId)!;
+    // Not for the metrics (they come from the scores folded here): for the readers of the
+    // results, who read run_scores once they see `completed`.
     await this.kernel.visibility.waitFor(tracked.scorePositions, this.kernel.config.replyTimeout);
-    const metrics = await experimentMetrics(this.kernel.store, experiment.tenant, experimentId, spec.scoring);
-    await this.write(experiment, { status: 'completed', completed_at: Date.now(), metrics: JSON.stringify(metrics) });
+    const latest = [...tracked.runs.values()].flatMap((r) => (r.latest ? [r.latest] : []));
+    const metrics = computeMetrics(
+      experimentId,
+      latest.map((l) => l.fact),
+      new Map(latest.map((l) => [l.fact.run_id, l.traces])),
+      spec.scoring.replica_aggregation,
+    );
+    await this.write(this.experiments.get(experimentId)!, { status: 'completed', completed_at: Date.now(), metrics: JSON.stringify(metrics) });
   }
 
   private spec(experiment: ExperimentChanged): SpecDocument {
@@ -285,6 +336,31 @@ export class AggregatorService implements Service {
       this.tracked.delete(next.experiment_id);
     }
     await publish(this.kernel, TOPICS.experiments, [{ key: next.experiment_id, tenant: next.tenant, value: next }]);
+  }
+}
+
+/** What the metrics need of a score: what queries/run-facts.ts reads of its run_scores row, and its trace totals. */
+function latestScore(s: RunScored): LatestScore {
+  return {
+    ts: s.ts,
+    fact: { run_id: s.run_id, scenario_index: s.scenario_index, params: s.params, verdict: s.verdict, wall_ms: s.wall_ms, violations: jsonLength(s.violations) },
+    traces: { ...NO_TRACES, ...parsed<Partial<RunTraceStats>>(s.traces, {}) },
+  };
+}
+
+/** The number of elements of a JSON array (0 for anything else), as ClickHouse's JSONLength. */
+function jsonLength(json: string): number {
+  const value = parsed<unknown>(json, null);
+  return Array.isArray(value) ? value.length : 0;
+}
+
+/** JSON of a score, or `otherwise` when absent or unreadable (a fold never throws on bad data). */
+function parsed<T>(json: string | null, otherwise: T): T {
+  if (json === null) return otherwise;
+  try {
+    return (JSON.parse(json) as T) ?? otherwise;
+  } catch {
+    return otherwise;
   }
 }
 

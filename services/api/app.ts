@@ -29,6 +29,7 @@ import { sqlEndpoint } from './routes/sql.ts';
 import { tracesRouter } from './routes/traces.ts';
 import type { AgentCatalog } from './catalogs/agent-catalog.ts';
 import type { ExperimentCatalog } from './catalogs/experiment-catalog.ts';
+import type { RunnerRoster } from './catalogs/runner-roster.ts';
 import type { SandboxCatalog } from './catalogs/sandbox-catalog.ts';
 import type { ScoreRuleCatalog } from './catalogs/score-rule-catalog.ts';
 import type { SpecCatalog } from './catalogs/spec-catalog.ts';
@@ -45,6 +46,7 @@ export interface AppDeps {
   agents: AgentCatalog;
   secrets: TenantSecrets;
   sandboxes: SandboxCatalog;
+  runners: RunnerRoster;
   experiments: ExperimentCatalog;
   scoreRules: ScoreRuleCatalog;
   requester: SandboxRequester;
@@ -70,7 +72,7 @@ export function createApp(deps: AppDeps): Koa {
 }
 
 /** One router per resource, in the order they are matched. */
-function routers({ kernel, auth, specs, agents, secrets, sandboxes, experiments, scoreRules, requester, ingest, registry }: AppDeps): Router[] {
+function routers({ kernel, auth, specs, agents, secrets, sandboxes, runners, experiments, scoreRules, requester, ingest, registry }: AppDeps): Router[] {
   return [
     serviceInfoRouter(kernel),
     tracesRouter(kernel, ingest),
@@ -79,7 +81,7 @@ function routers({ kernel, auth, specs, agents, secrets, sandboxes, experiments,
     agentsRouter(agents, kernel.config),
     spansRouter(kernel, agents),
     secretsRouter(secrets),
-    sandboxesRouter({ kernel, auth, specs, agents, sandboxes, requester, ingest }),
+    sandboxesRouter({ kernel, auth, specs, agents, sandboxes, runners, requester, ingest }),
     experimentsRouter({ kernel, auth, specs, agents, experiments }),
     scoringRouter({ kernel, specs, experiments, rules: scoreRules }),
     adminRouter(kernel, auth),

@@ -6,6 +6,7 @@ import type { BuiltInRegistry } from '../kernel/schema/registry.ts';
 import { createApp } from './app.ts';
 import { Idempotency } from './middleware/idempotency.ts';
 import { SandboxCatalog } from './catalogs/sandbox-catalog.ts';
+import { RunnerRoster } from './catalogs/runner-roster.ts';
 import { ExperimentCatalog } from './catalogs/experiment-catalog.ts';
 import { ScoreRuleCatalog } from './catalogs/score-rule-catalog.ts';
 import { SpecCatalog } from './catalogs/spec-catalog.ts';
@@ -29,14 +30,18 @@ export class ApiService implements Service {
     const specs = new SpecCatalog(kernel, agents);
     const secrets = new TenantSecrets(kernel);
     const sandboxes = new SandboxCatalog(kernel);
+    const runners = new RunnerRoster(kernel, (beat) => sandboxes.endOwnedBy(beat.runner_id, beat.ts, RunnerRoster.reason(beat, kernel.config.runnerDeadAfter)));
     const experiments = new ExperimentCatalog(kernel, specs);
     const scoreRules = new ScoreRuleCatalog(kernel);
     const requester = new SandboxRequester(kernel);
     const ingest = new TraceIngest(kernel);
     this.parts = [auth, idempotency, agents, specs, secrets, sandboxes, experiments, scoreRules, requester, ingest];
     await Promise.all(this.parts.map((p) => p.start()));
+    // After the sandboxes' view: the roster's first sweep ends what dead runners left.
+    await runners.start();
+    this.parts.push(runners);
     auth.acceptSandboxTokens((hash) => sandboxes.byTokenHash(hash));
-    const app = createApp({ kernel, auth, idempotency, specs, agents, secrets, sandboxes, experiments, scoreRules, requester, ingest, registry: this.options.registry });
+    const app = createApp({ kernel, auth, idempotency, specs, agents, secrets, sandboxes, runners, experiments, scoreRules, requester, ingest, registry: this.options.registry });
     this.server = http.createServer(app.callback());
     this.server.keepAliveTimeout = 65_000;
     await new Promise<void>((resolve, reject) => {

@@ -1,7 +1,7 @@
 /**
  * Requests to the sandbox runner and its replies, as an exchange of the log's request/reply
  * (kernel/request-reply.ts): svc.sandbox-requests, keyed by sandbox id so one sandbox's requests
- * stay in order on one partition, and svc.sandbox-replies. Payloads and bodies carry exact bytes
+ * stay in order on one partition, each naming the runner it is for, and svc.sandbox-replies. Payloads and bodies carry exact bytes
  * that may hold secrets (command text, file contents, a create's secrets), so they are sealed on
  * the log with the server's secrets key, bound to the sandbox and the correlation id (the
  * schemas' `payload_sealed` and `body_sealed`). Pure: the api and the runner build and open them
@@ -29,9 +29,9 @@ export function sandboxExchange(sealer: Sealer): Exchange<SandboxReplied> {
 }
 
 /** A request for operation `op` on a sandbox, its payload sealed. */
-export function sealedRequest(sealer: Sealer, to: Correlated & { tenant: string }, op: string, payload: object): SandboxRequested {
+export function sealedRequest(sealer: Sealer, to: Correlated & { tenant: string; runner_id: string }, op: string, payload: object): SandboxRequested {
   const ids = { sandbox_id: to.sandbox_id, correlation_id: to.correlation_id };
-  return { tenant: to.tenant, event_id: newEventId(), ts: Date.now(), ...ids, op, payload: '', payload_sealed: sealer.seal(JSON.stringify(payload), requestContext(ids)) };
+  return { tenant: to.tenant, event_id: newEventId(), ts: Date.now(), ...ids, op, payload: '', payload_sealed: sealer.seal(JSON.stringify(payload), requestContext(ids)), runner_id: to.runner_id };
 }
 
 /** The runner's side: a request's payload, unsealed. */

@@ -42,7 +42,7 @@ export function ruleFromEvent(e: ScoreRuleChanged): ScoreRule {
 }
 
 /** A stored run as offline scoring reads it: its row of run_scores and its trace totals. */
-export type StoredRun = Omit<RunScored, 'tenant' | 'event_id' | 'ts' | 'experiment_id'> & { traces: RunTraceStats };
+export type StoredRun = Omit<RunScored, 'tenant' | 'event_id' | 'ts' | 'experiment_id' | 'traces'> & { traces: RunTraceStats };
 
 /** The per-run metrics a `threshold` rule's condition may name, with what each measures. */
 export const RUN_METRICS = {

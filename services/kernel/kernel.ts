@@ -1,7 +1,8 @@
 /**
  * Builds the kernel from the configuration: the event log (embedded or Kafka), the schema
  * registry (built-in on the log, or external), the Avro serde, and the ClickHouse store (chDB or
- * a server), with migrations applied. Every service of the process shares it.
+ * a server), with migrations applied. Every service of the process shares it. A process whose
+ * services use no store (`svc run aggregator`, `svc run sandbox-runner`) opens none.
  */
 import path from 'node:path';
 import { mkdir } from 'node:fs/promises';
@@ -29,7 +30,12 @@ export interface OpenedKernel {
   close(): Promise<void>;
 }
 
-export async function openKernel(config: Config, logger: Logger): Promise<OpenedKernel> {
+export interface KernelOptions {
+  /** False: the services of this process neither read nor write the store, so none is opened (no chDB, no server, no migrations). */
+  store?: boolean;
+}
+
+export async function openKernel(config: Config, logger: Logger, options: KernelOptions = {}): Promise<OpenedKernel> {
   await mkdir(config.dataDir, { recursive: true });
   const catalog = loadCatalog();
   const backend: EventLog =
@@ -58,13 +64,19 @@ export async function openKernel(config: Config, logger: Logger): Promise<Opened
   });
 
   const store: Store =
-    config.store === 'chdb' ? new ChdbStore({ path: path.join(config.dataDir, 'chdb') }) : new ClickHouseStore({ url: config.clickhouseUrl! });
-  const applied = await whenReachable(config.store === 'clickhouse' ? `ClickHouse at ${new URL(config.clickhouseUrl!).host}` : 'chDB', logger, async () => {
-    const done = await store.migrate();
-    await applyTraceRetention(store, config.traceRetention);
-    return done;
-  });
-  if (applied.length > 0) logger.info({ applied }, 'store migrations applied');
+    options.store === false
+      ? absentStore(config.store)
+      : config.store === 'chdb'
+        ? new ChdbStore({ path: path.join(config.dataDir, 'chdb') })
+        : new ClickHouseStore({ url: config.clickhouseUrl! });
+  if (options.store !== false) {
+    const applied = await whenReachable(config.store === 'clickhouse' ? `ClickHouse at ${new URL(config.clickhouseUrl!).host}` : 'chDB', logger, async () => {
+      const done = await store.migrate();
+      await applyTraceRetention(store, config.traceRetention);
+      return done;
+    });
+    if (applied.length > 0) logger.info({ applied }, 'store migrations applied');
+  }
 
   const kernel: Kernel = {
     config,
@@ -85,6 +97,14 @@ export async function openKernel(config: Config, logger: Logger): Promise<Opened
       await store.close();
     },
   };
+}
+
+/** The store of a process that opened none: any use is a bug of the caller, said as such. */
+function absentStore(kind: Store['kind']): Store {
+  const refuse = async (): Promise<never> => {
+    throw new Error('this process opened no store: none of its services was declared to use one (services/main.ts, STORE_SERVICES)');
+  };
+  return { kind, migrate: refuse, query: refuse, command: refuse, insert: refuse, ping: async () => false, close: async () => {} };
 }
 
 /**

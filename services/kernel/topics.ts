@@ -36,6 +36,7 @@ export const TOPICS = {
   sandboxReplies: 'svc.sandbox-replies',
   sandboxes: 'svc.sandboxes',
   sandboxEvents: 'svc.sandbox-events',
+  runners: 'svc.runners',
   audit: 'svc.audit',
   /** The built-in schema registry's own state (raw JSON values, not Avro). */
   schemas: '_schemas',

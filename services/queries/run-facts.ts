@@ -8,19 +8,21 @@ import type { ReplicaAggregation } from '../domain/stats.ts';
 import type { Store } from '../kernel/store/store.ts';
 
 /**
- * Trace totals by run id of one experiment ('' holds events without a run tag). Events are
- * deduplicated by EventId: a replayed batch the ReplacingMergeTree has not merged yet counts once.
+ * Trace totals by run id of one experiment ('' holds events without a run tag), or of only the
+ * runs `runIds` names (the scorer's, for the runs it scores). Events are deduplicated by EventId:
+ * a replayed batch the ReplacingMergeTree has not merged yet counts once.
  */
-export async function runTraceStats(store: Store, tenant: string, experimentId: string): Promise<Map<string, RunTraceStats>> {
+export async function runTraceStats(store: Store, tenant: string, experimentId: string, runIds?: readonly string[]): Promise<Map<string, RunTraceStats>> {
+  const onlyRuns = runIds === undefined ? '' : " AND ResourceAttributes['svc.run_id'] IN {runs:Array(String)}";
   const rows = await store.query<{ run_id: string; cost: number; input: string; output: string; cache_read: string; reasoning: string; llm: string; tools: string; tool_errors: string }>(
     `SELECT ResourceAttributes['svc.run_id'] AS run_id, sum(EstimatedUsd) AS cost, sum(InputTokens) AS input, sum(OutputTokens) AS output,
             sum(CacheReadTokens) AS cache_read, sum(ReasoningTokens) AS reasoning,
             countIf(EventType = 'llm_call' AND Phase != 'start') AS llm,
             countIf(EventType IN ('tool_use', 'tool_call') AND Phase != 'start') AS tools,
             countIf(EventType IN ('tool_use', 'tool_call') AND Phase != 'start' AND StatusCode = 'Error') AS tool_errors
-     FROM (SELECT * FROM trace_events WHERE TenantId = {tenant:String} AND ExperimentId = {experiment:String} LIMIT 1 BY EventId)
+     FROM (SELECT * FROM trace_events WHERE TenantId = {tenant:String} AND ExperimentId = {experiment:String}${onlyRuns} LIMIT 1 BY EventId)
      GROUP BY run_id`,
-    { tenant, experiment: experimentId },
+    { tenant, experiment: experimentId, ...(runIds === undefined ? {} : { runs: runIds }) },
   );
   return new Map(
     rows.map((r) => [

@@ -37,6 +37,7 @@ const tail = (text: string) => (text.length > OUTPUT_TAIL ? text.slice(-OUTPUT_T
 export class RunExecutor {
   constructor(
     private readonly kernel: Kernel,
+    private readonly runnerId: string,
     private readonly boot: BootSandbox,
     private readonly sealer: Sealer,
     /** True once the runner is stopping: a run cut short by that is not reported, the aggregator runs it again. */
@@ -49,7 +50,7 @@ export class RunExecutor {
     const agent = run.agent === null ? null : (JSON.parse(run.agent) as ResolvedAgent);
     const sandboxId = newSandboxId();
     const report = (kind: RunEvent['kind'], outcome: RunOutcome | null) =>
-      reportRun(this.kernel, kind, run, { sandboxId, agentSnapshotId: agent?.snapshot_id ?? null, outcome });
+      reportRun(this.kernel, this.runnerId, kind, run, { sandboxId, agentSnapshotId: agent?.snapshot_id ?? null, outcome });
     const started = Date.now();
     let outcome: RunOutcome;
     try {

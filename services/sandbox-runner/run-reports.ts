@@ -14,15 +14,15 @@ export interface RunReport {
   outcome?: RunOutcome | null;
 }
 
-/** Publishes one RunEvent of `kind` about `run` (null: about the runner itself, as `runner_started`). */
-export async function reportRun(kernel: Kernel, kind: RunEvent['kind'], run: RunRequested | null, report: RunReport = {}): Promise<void> {
+/** Publishes one RunEvent of `kind` about `run` (null: about the runner itself, as `runner_started`) by runner `runnerId`. */
+export async function reportRun(kernel: Kernel, runnerId: string, kind: RunEvent['kind'], run: RunRequested | null, report: RunReport = {}): Promise<void> {
   const tenant = run?.tenant ?? '';
   const event: RunEvent = {
     tenant,
     event_id: newEventId(),
     ts: Date.now(),
     kind,
-    runner_id: kernel.instanceId,
+    runner_id: runnerId,
     experiment_id: run?.experiment_id ?? null,
     run_id: run?.run_id ?? null,
     attempt: run?.attempt ?? 0,

@@ -128,6 +128,7 @@ export class LiveSandbox {
     private readonly tenantSecrets: TenantSecrets,
     private readonly sealer: Sealer,
     private readonly bundles: ExtractedBundles,
+    private readonly runnerId: string,
     readonly tenant: string,
     readonly id: string,
     private readonly request: CreateRequest,
@@ -775,7 +776,7 @@ export class LiveSandbox {
       expires_at: this.expiresAt,
       metadata: this.request.metadata,
       services: '{}',
-      runner_id: this.kernel.instanceId,
+      runner_id: this.runnerId,
       token_hash: this.tokenHash,
       error,
       // Sealed so the api can redact them from the traces this sandbox ingests.

@@ -1,14 +1,18 @@
 /**
  * The sandbox runner: boots sandboxes on its runtime, owns them until they are destroyed, and
  * answers the requests for them (commands, files, state, diff, timeout, destroy) that arrive on
- * svc.sandbox-requests. Requests are keyed by sandbox id, so a sandbox's requests reach the
- * runner whose partition holds it.
+ * svc.sandbox-requests. Every runner reads every request and acts on those addressed to it (the
+ * api addresses a sandbox's requests to its owner, a create to a live runner it picks), so a
+ * change of the consumer group's membership never strands a live sandbox.
+ *
+ * It has a name that survives restarts (runner-identity.ts) and says it is alive on svc.runners
+ * every SVC_RUNNER_HEARTBEAT, with how full it is; its last word, when it stops, says so.
  *
  * Requests are dispatched, not awaited, by the consumer: a long command must not hold up the
  * other sandboxes of its partition. The cost is that a request in flight when the runner dies is
  * not retried, which is right: its sandbox died with the runner. On start the runner ends the
- * sandboxes the log says it owned (state `error`, reason "runner restarted"), so none claims to
- * be ready while gone.
+ * sandboxes the log says it owned (state `error`, reason "runner restarted") and removes their
+ * workspaces, so none claims to be ready while gone.
  */
 import path from 'node:path';
 import { publish, subscribe, type Kernel, type Service } from '../kernel/actor.ts';
@@ -30,10 +34,16 @@ import { RunExecutor } from './run-executor.ts';
 import { reportRun } from './run-reports.ts';
 import { stopProcessTracer } from './runtime/process-tracer.ts';
 import type { RunRequested } from '../domain/events/run-events.ts';
+import type { RunnerHeartbeat } from '../domain/events/runner-events.ts';
+import { runnerIdOf } from './runner-identity.ts';
 
 export class SandboxRunnerService implements Service {
   readonly name = 'sandbox-runner';
   private kernel!: Kernel;
+  /** This runner's name, the same across its restarts. */
+  private runnerId!: string;
+  private startedAt = 0;
+  private heartbeat: NodeJS.Timeout | null = null;
   private runtime!: Runtime;
   private secrets!: TenantSecrets;
   private sealer!: Sealer;
@@ -51,6 +61,8 @@ export class SandboxRunnerService implements Service {
 
   async start(kernel: Kernel): Promise<void> {
     this.kernel = kernel;
+    this.runnerId = runnerIdOf(kernel.config);
+    this.startedAt = Date.now();
     this.runtime = new LocalRuntime({
       stateDir: path.join(kernel.config.dataDir, 'runtime'),
       diskDefaultBytes: kernel.config.sandboxDiskDefault,
@@ -68,18 +80,24 @@ export class SandboxRunnerService implements Service {
     await this.bundles.prune(new Set());
     await Promise.all([this.secrets.start(), this.known.start(kernel)]);
     await this.endOrphans();
+    // Every request, from this process's start on (a request older than that was not for it: it
+    // was addressed before this runner said it is alive); only its own are acted on.
     this.consumer = await subscribe<SandboxRequested>(kernel, {
-      groupId: 'sandbox-runner',
+      groupId: `sandbox-runner.${kernel.instanceId}`,
       topics: [TOPICS.sandboxRequests],
       fromBeginning: false,
+      commit: false,
       handle: async (events) => {
-        for (const { value } of events) if (value) this.dispatch(value);
+        for (const { value } of events) if (value && value.runner_id === this.runnerId) this.dispatch(value);
       },
     });
+    await this.beat(false);
+    this.heartbeat = setInterval(() => void this.beat(false).catch((err) => kernel.logger.warn({ err }, 'heartbeat not written')), kernel.config.runnerHeartbeat);
+    this.heartbeat.unref();
     // Runs of experiments. A runner that (re)starts says so first: the aggregator dispatches again
     // the runs this runner had started and can no longer finish.
-    this.runs = new RunExecutor(kernel, (tenant, id, request) => this.create(tenant, id, request), this.sealer, () => this.stopping);
-    await reportRun(this.kernel, 'runner_started', null);
+    this.runs = new RunExecutor(kernel, this.runnerId, (tenant, id, request) => this.create(tenant, id, request), this.sealer, () => this.stopping);
+    await reportRun(this.kernel, this.runnerId, 'runner_started', null);
     this.runConsumer = await subscribe<RunRequested>(kernel, {
       groupId: 'sandbox-runner-runs',
       topics: [TOPICS.runRequests],
@@ -95,19 +113,38 @@ export class SandboxRunnerService implements Service {
     if (this.stopping) return;
     const max = this.kernel.config.runnerMaxSandboxes;
     // At capacity the run goes back to the aggregator, which dispatches it again when a slot frees.
-    const task = (max > 0 && this.sandboxes.size >= max ? reportRun(this.kernel, 'rejected', run) : this.runs.execute(run))
+    const task = (max > 0 && this.sandboxes.size >= max ? reportRun(this.kernel, this.runnerId, 'rejected', run) : this.runs.execute(run))
       .catch((err) => this.kernel.logger.error({ err, run_id: run.run_id }, 'run dispatch failed'))
       .finally(() => this.inFlight.delete(task));
     this.inFlight.add(task);
   }
 
+  /** Says this runner is alive (or, last, that it stops), with how full it is. */
+  private async beat(stopping: boolean): Promise<void> {
+    const value: RunnerHeartbeat = {
+      tenant: '',
+      event_id: newEventId(),
+      ts: Date.now(),
+      runner_id: this.runnerId,
+      started_at: this.startedAt,
+      sandboxes: this.sandboxes.size,
+      capacity: this.kernel.config.runnerMaxSandboxes,
+      available: this.unavailable === null,
+      stopping,
+    };
+    await publish(this.kernel, TOPICS.runners, [{ key: this.runnerId, tenant: '', value }]);
+  }
+
   async stop(): Promise<void> {
     this.stopping = true;
+    if (this.heartbeat) clearInterval(this.heartbeat);
     await this.runConsumer?.stop();
     await this.consumer?.stop();
     // Sandboxes go first: a run in one ends at once (unreported; it runs again after the restart).
     await Promise.allSettled([...this.sandboxes.values()].map((s) => s.destroy('the runner stopped')));
     await Promise.allSettled([...this.inFlight]);
+    // The last word: the api stops sending it sandboxes and the aggregator dispatches its unfinished runs again.
+    if (this.heartbeat) await this.beat(true).catch((err) => this.kernel.logger.warn({ err }, 'the last heartbeat was not written'));
     stopProcessTracer();
     await Promise.all([this.secrets?.stop(), this.known.stop(), this.runtime?.close()]);
   }
@@ -122,7 +159,7 @@ export class SandboxRunnerService implements Service {
 
   /** The log shows the sandbox live on this runner, which does not hold it (any more). */
   private lost(s: SandboxChanged | undefined): s is SandboxChanged {
-    return s !== undefined && s.runner_id === this.kernel.instanceId && (s.state === 'creating' || s.state === 'ready' || s.state === 'running') && !this.sandboxes.has(s.sandbox_id);
+    return s !== undefined && s.runner_id === this.runnerId && (s.state === 'creating' || s.state === 'ready' || s.state === 'running') && !this.sandboxes.has(s.sandbox_id);
   }
 
   /** Writes the end of sandboxes this runner lost, so none keeps its quota slot or its token. */
@@ -203,7 +240,7 @@ export class SandboxRunnerService implements Service {
     const max = this.kernel.config.runnerMaxSandboxes;
     const booting = [...this.sandboxes.values()].length;
     if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });
-    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, this.sealer, this.bundles, tenant, sandboxId, create, () => {
+    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, this.sealer, this.bundles, this.runnerId, tenant, sandboxId, create, () => {
       this.sandboxes.delete(sandboxId);
       this.updateGauge();
       // An extracted bundle whose snapshot was deleted goes once no sandbox mounts it.

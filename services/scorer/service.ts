@@ -3,7 +3,8 @@
  * (docs/scoring.md).
  *
  * - svc.run-events (group `scorer`): every `finished` run is scored by its spec's rules
- *   (score.ts) and its RunScored published on svc.run-scores, keyed by experiment id. A
+ *   (score.ts) and its RunScored, with the run's trace totals (read from ClickHouse), published
+ *   on svc.run-scores, keyed by experiment id. A
  *   re-delivered event publishes the same run's score again: the aggregator counts distinct runs
  *   and the run_scores table keeps one row per run.
  * - svc.score-requests (group `scorer.requests`): a request for a whole experiment is expanded
@@ -20,6 +21,8 @@ import { publish, subscribe, type Delivered, type Kernel, type OutgoingEvent, ty
 import { EntityView } from '../kernel/entity-view.ts';
 import { newEventId } from '../kernel/ids.ts';
 import type { Consumer } from '../kernel/log/event-log.ts';
+import { runTraceStats } from '../queries/run-facts.ts';
+import { NO_TRACES, type RunTraceStats } from '../domain/experiment-metrics.ts';
 import { specForRun } from '../domain/run-plan.ts';
 import type { ExperimentChanged } from '../domain/events/experiment-events.ts';
 import type { Params } from '../domain/params.ts';
@@ -92,11 +95,34 @@ export class ScorerService implements Service {
   private async onRunEvents(events: Array<Delivered<RunEvent>>): Promise<void> {
     const finished = events.flatMap(({ value }) => (value?.kind === 'finished' ? [value] : []));
     if (finished.length === 0) return;
-    const scores = (await mapLimit(finished, CONCURRENCY, (e) => this.scoreFinished(e))).filter((s): s is RunScored => s !== null);
+    const traces = await this.traceTotals(finished);
+    const scores = (await mapLimit(finished, CONCURRENCY, (e) => this.scoreFinished(e, traces))).filter((s): s is RunScored => s !== null);
     if (scores.length > 0) await publish(this.kernel, TOPICS.runScores, scores.map((s) => ({ key: s.experiment_id, tenant: s.tenant, value: s })));
   }
 
-  private async scoreFinished(e: RunEvent): Promise<RunScored | null> {
+  /**
+   * The trace totals of the finished runs, by run id (one read per experiment of the batch). The
+   * score carries them, so the aggregator needs no store for the experiment's metrics. A run's
+   * sandbox posted its traces before it was torn down, and each post returned once they were
+   * stored, so the totals are complete by the time its `finished` event is here.
+   */
+  private async traceTotals(finished: RunEvent[]): Promise<Map<string, RunTraceStats>> {
+    const byExperiment = new Map<string, { tenant: string; experimentId: string; runIds: string[] }>();
+    for (const e of finished) {
+      if (e.experiment_id === null || e.run_id === null) continue;
+      const key = `${e.tenant}\n${e.experiment_id}`;
+      const group = byExperiment.get(key) ?? { tenant: e.tenant, experimentId: e.experiment_id, runIds: [] };
+      group.runIds.push(e.run_id);
+      byExperiment.set(key, group);
+    }
+    const totals = new Map<string, RunTraceStats>();
+    for (const { tenant, experimentId, runIds } of byExperiment.values()) {
+      for (const [runId, stats] of await runTraceStats(this.kernel.store, tenant, experimentId, runIds)) totals.set(`${tenant}\n${runId}`, stats);
+    }
+    return totals;
+  }
+
+  private async scoreFinished(e: RunEvent, traces: ReadonlyMap<string, RunTraceStats>): Promise<RunScored | null> {
     const { logger } = this.kernel;
     const where = { tenant: e.tenant, experiment_id: e.experiment_id, run_id: e.run_id };
     if (e.experiment_id === null || e.run_id === null || e.scenario_id === null) {
@@ -140,6 +166,7 @@ export class ScorerService implements Service {
       error: score.error,
       wall_ms: Number.isFinite(outcome?.wall_ms) ? Math.max(0, Math.round(outcome!.wall_ms)) : 0,
       outcome: outcomeJson,
+      traces: JSON.stringify(traces.get(`${e.tenant}\n${e.run_id}`) ?? NO_TRACES),
     };
   }
 
@@ -255,6 +282,7 @@ export class ScorerService implements Service {
       error: rescored.error,
       wall_ms: run.wall_ms,
       outcome: run.outcome,
+      traces: JSON.stringify(run.traces),
     };
     return { scores, rescored: [{ key: request.experiment_id, tenant: request.tenant, value: superseding }] };
   }

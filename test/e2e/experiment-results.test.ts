@@ -306,6 +306,7 @@ function score(experimentId: string, index: number, replica: number, verdict: Ve
     error,
     wall_ms: wall(index, replica),
     outcome: JSON.stringify(outcome),
+    traces: null, // this test reads the traces from the store (ingested below), not from the scores
   };
 }
 

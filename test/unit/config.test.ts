@@ -69,8 +69,35 @@ test('svc run of some services says which settings the split needs, naming each'
   assert.throws(check({ ...base }, ['api', 'sink']), /SVC_LOG_BACKEND: svc run <service...> splits the services over processes and needs kafka/);
   assert.throws(check({ ...base, ...kafka }, ['api', 'sink']), /SVC_SECRETS_KEY: required when the api and the sandbox runners run in different processes/);
   check({ ...base, ...kafka, ...secrets }, ['api', 'sink'])();
-  assert.throws(check({ ...kafka }, ['scorer']), /SVC_SCHEMA_REGISTRY_URL: required in a process without the api/);
-  check({ ...kafka, ...registry }, ['scorer'])();
+  assert.throws(check({ ...kafka }, ['aggregator']), /SVC_SCHEMA_REGISTRY_URL: required in a process without the api/);
+  check({ ...kafka, ...registry }, ['aggregator'])();
   assert.throws(check({ ...kafka, ...registry }, ['sandbox-runner']), (err: Error) => /SVC_SECRETS_KEY/.test(err.message) && !/SVC_SCHEMA_REGISTRY_URL/.test(err.message));
   check({ ...kafka, ...registry, ...secrets }, ['sandbox-runner'])();
+});
+
+test('svc run of the api or the scorer without the sink needs the shared ClickHouse server, naming SVC_STORE', () => {
+  const kafka = { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: 'k:9092' };
+  const secrets = { SVC_SECRETS_KEY: 'ab'.repeat(32) };
+  const registry = { SVC_SCHEMA_REGISTRY_URL: 'http://api:8080/schema-registry' };
+  const server = { SVC_STORE: 'clickhouse', SVC_CLICKHOUSE_URL: 'http://default:@clickhouse:8123/default' };
+  const check = (env: Record<string, string>, names: ServiceName[]) => () => checkSplitSettings(loadConfig(env, {}, { requireAdminKey: names.includes('api') }), names);
+  // The scorer alone on chDB would read its own empty store.
+  assert.throws(check({ ...kafka, ...registry }, ['scorer']), (err: Error) => {
+    assert.match(err.message, /^Bad configuration for svc run scorer:/);
+    assert.match(err.message, /SVC_STORE: scorer reads the store the sink writes: set SVC_STORE=clickhouse \(and SVC_CLICKHOUSE_URL\)/);
+    assert.doesNotMatch(err.message, /SVC_SCHEMA_REGISTRY_URL|SVC_SECRETS_KEY/);
+    return true;
+  });
+  assert.throws(check({ ...base, ...kafka, ...secrets }, ['api']), /SVC_STORE: api reads the store the sink writes/);
+  assert.throws(check({ ...base, ...kafka, ...secrets }, ['api', 'scorer']), /SVC_STORE: api and scorer read the store the sink writes/);
+  assert.throws(check({ ...base, ...kafka, ...secrets, SVC_STORE: 'chdb' }, ['api', 'sandbox-runner']), /SVC_STORE/);
+  // Beside the sink, chDB is the store it writes; with the server, every process reads the same one.
+  check({ ...base, ...kafka, ...secrets }, ['api', 'sink'])();
+  check({ ...base, ...kafka, ...secrets }, ['api', 'sink', 'scorer'])();
+  check({ ...kafka, ...registry }, ['sink', 'scorer'])();
+  check({ ...kafka, ...registry, ...server }, ['scorer'])();
+  check({ ...base, ...kafka, ...secrets, ...server }, ['api'])();
+  // The aggregator and the runners read no store.
+  check({ ...kafka, ...registry }, ['aggregator'])();
+  check({ ...kafka, ...registry, ...secrets }, ['sandbox-runner', 'aggregator'])();
 });

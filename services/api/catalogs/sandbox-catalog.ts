@@ -6,6 +6,7 @@
 import { subscribe, type Kernel } from '../../kernel/actor.ts';
 import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError, notFound } from '../../kernel/errors.ts';
+import { eventIds } from '../../kernel/ids.ts';
 import type { SandboxChanged, SandboxEvent } from '../../domain/events/sandbox-events.ts';
 import type { Consumer, RecordPosition } from '../../kernel/log/event-log.ts';
 import type { Principal } from '../../kernel/auth.ts';
@@ -122,6 +123,18 @@ export class SandboxCatalog extends EntityCatalog<SandboxChanged> {
     }
     if (!options.allowGone && (sandbox.state === 'stopped' || sandbox.state === 'error')) throw notFound('sandbox', id);
     return sandbox;
+  }
+
+  /**
+   * Ends the live sandboxes of a dead runner in `error` (they died with it). The event ids derive
+   * from the runner's last heartbeat, so several api processes doing it write the same events.
+   */
+  async endOwnedBy(runnerId: string, lastBeat: number, reason: string, only?: string): Promise<void> {
+    const ids = eventIds(`runner-dead/${runnerId}/${lastBeat}`);
+    const ended = [...this.view.entities.values()].filter((s) => s.runner_id === runnerId && (only === undefined || s.sandbox_id === only) && (s.state === 'creating' || s.state === 'ready' || s.state === 'running'));
+    if (ended.length === 0) return;
+    this.kernel.logger.warn({ runner_id: runnerId, sandboxes: ended.length }, 'ending the sandboxes of a dead runner');
+    await this.append(ended.map((s) => ({ key: s.sandbox_id, tenant: s.tenant, value: { ...s, event_id: ids(s.sandbox_id), ts: Math.max(Date.now(), s.ts + 1), state: 'error', error: reason } })));
   }
 
   live(tenant: string): SandboxChanged[] {

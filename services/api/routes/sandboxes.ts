@@ -10,6 +10,7 @@ import type { Kernel } from '../../kernel/actor.ts';
 import type { Auth, Principal } from '../../kernel/auth.ts';
 import { AppError } from '../../kernel/errors.ts';
 import { sandboxView, type SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
+import type { RunnerRoster } from '../catalogs/runner-roster.ts';
 import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { MAX_INGEST_BODY_BYTES, type TraceIngest } from '../traces/ingest.ts';
@@ -31,7 +32,7 @@ function render(ctx: Context, answer: SandboxAnswer): void {
   ctx.body = answer.body;
 }
 
-export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxCatalog; requester: SandboxRequester; ingest: TraceIngest }): Router {
+export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxCatalog; runners: RunnerRoster; requester: SandboxRequester; ingest: TraceIngest }): Router {
   const { kernel, sandboxes, ingest } = deps;
   const { config } = kernel;
   const operations = new SandboxOperations({ ...deps, config });

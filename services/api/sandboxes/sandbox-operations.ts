@@ -13,6 +13,7 @@ import type { SandboxChanged, SandboxReplied } from '../../domain/events/sandbox
 import { changedExpiry, lifetimeProblem } from '../../domain/sandbox-lifetime.ts';
 import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import type { SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
+import { RunnerRoster } from '../catalogs/runner-roster.ts';
 import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 import { specOrElse } from '../spec-lookup.ts';
 import type { CreateInput } from './sandbox-input.ts';
@@ -40,6 +41,7 @@ export interface SandboxOperationsDeps {
   specs: SpecCatalog;
   agents: AgentCatalog;
   sandboxes: SandboxCatalog;
+  runners: RunnerRoster;
   requester: SandboxRequester;
 }
 
@@ -48,7 +50,7 @@ export class SandboxOperations {
 
   /** Creates a sandbox of a stored spec for the principal's tenant, within its plan's quota. */
   async create(p: Principal, input: CreateInput): Promise<SandboxAnswer> {
-    const { config, auth, agents, sandboxes, requester } = this.deps;
+    const { config, auth, agents, sandboxes, runners, requester } = this.deps;
     const spec = this.storedSpec(p.tenant, input.specId);
     refuseUnsupported(spec.doc, 'sandbox', 'spec_id');
     // A spec stored before the maximum was lowered: its lifetime is refused, not cut short.
@@ -61,7 +63,7 @@ export class SandboxOperations {
     }
     const id = newSandboxId();
     const answer = answerOf(
-      await requester.request(p.tenant, id, 'create', {
+      await requester.request(p.tenant, id, runners.pick(), 'create', {
         spec_id: spec.stored.spec_id,
         spec_version: spec.stored.version,
         yaml: spec.stored.yaml,
@@ -80,8 +82,11 @@ export class SandboxOperations {
   async destroy(p: Principal, id: string): Promise<SandboxAnswer> {
     const { sandboxes, requester } = this.deps;
     const sandbox = sandboxes.owned(p, id, { allowGone: true });
-    if (sandbox.state === 'stopped' || sandbox.state === 'error') return { body: { id: sandbox.sandbox_id, state: 'stopped' } };
-    const answer = answerOf(await requester.request(sandbox.tenant, sandbox.sandbox_id, 'destroy', {}));
+    const stopped = { body: { id: sandbox.sandbox_id, state: 'stopped' } };
+    if (sandbox.state === 'stopped' || sandbox.state === 'error') return stopped;
+    // Its processes died with its runner: its end is written here.
+    if (await this.endIfOrphaned(sandbox)) return stopped;
+    const answer = answerOf(await requester.request(sandbox.tenant, sandbox.sandbox_id, sandbox.runner_id, 'destroy', {}));
     await sandboxes.waitForState(sandbox.sandbox_id, ['stopped', 'error']);
     return answer;
   }
@@ -89,13 +94,22 @@ export class SandboxOperations {
   /** Sends operation `op` (command, file_write, file_read, file_delete, state, diff) to a live sandbox. */
   async send(p: Principal, id: string, op: string, payload: object = {}): Promise<SandboxAnswer> {
     const sandbox = this.deps.sandboxes.owned(p, id);
-    return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, op, payload));
+    if (await this.endIfOrphaned(sandbox)) throw new AppError('not_found', `sandbox ${id} is gone: ${RunnerRoster.reason(this.deps.runners.dead(sandbox.runner_id)!, this.deps.config.runnerDeadAfter)}`);
+    return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, sandbox.runner_id, op, payload));
+  }
+
+  /** Ends a sandbox whose runner is dead (before the roster's next sweep does); true when it was. */
+  private async endIfOrphaned(sandbox: SandboxChanged): Promise<boolean> {
+    const beat = this.deps.runners.dead(sandbox.runner_id);
+    if (!beat) return false;
+    await this.deps.sandboxes.endOwnedBy(beat.runner_id, beat.ts, RunnerRoster.reason(beat, this.deps.config.runnerDeadAfter), sandbox.sandbox_id);
+    return true;
   }
 
   /** Resets or extends a sandbox's timer; the runner checks again (two changes at once would each pass this view). */
   async changeTimeout(sandbox: SandboxChanged, change: { timeout_ms?: number; extend_ms?: number }): Promise<SandboxAnswer> {
     changedExpiry({ createdAt: sandbox.created_at, expiresAt: sandbox.expires_at }, change, this.deps.config.sandboxMaxLifetime);
-    return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, 'timeout', change));
+    return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, sandbox.runner_id, 'timeout', change));
   }
 
   private storedSpec(tenant: string, specId: string) {

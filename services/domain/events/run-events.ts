@@ -164,4 +164,10 @@ export interface RunScored {
   wall_ms: number;
   /** The RunOutcome as JSON, kept so offline scoring can re-grade without re-running. */
   outcome: string;
+  /**
+   * The run's trace totals (RunTraceStats JSON) as the store held them when the run was scored,
+   * so the aggregator computes the experiment's metrics from the scores alone; null in scores
+   * written before the field existed (counted as no traces).
+   */
+  traces: string | null;
 }

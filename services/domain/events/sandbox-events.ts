@@ -14,6 +14,8 @@ export interface SandboxRequested {
   /** JSON; empty when sealed */
   payload: string;
   payload_sealed: Buffer | null;
+  /** the runner it is for (null: written before requests were addressed) */
+  runner_id: string | null;
 }
 
 /** A value of svc.sandbox-replies (schemas/sandbox-replied.avsc). */
