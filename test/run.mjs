@@ -105,6 +105,8 @@ const backends = [
         say('Kafka: first run, resolving the broker from Maven Central (cached in ~/.m2 afterwards)…');
       }
       const kafka = await startKafka({ workDir: path.join(tmp, 'kafka') });
+      // Where the broker keeps its segments: the split deployment's suites look there for secrets.
+      process.env.SVC_TEST_KAFKA_DATA_DIR = path.join(kafka.workDir, 'data');
       return { value: kafka.brokers, stop: kafka.stop };
     },
   },

@@ -1,6 +1,7 @@
 /**
  * Black-box harness: runs the real service as a child process (`node services/main.ts`) on a
- * free port with its own data dir, and talks to it over HTTP.
+ * free port with its own data dir, and talks to it over HTTP; or, with SVC_TEST_DEPLOYMENT=split,
+ * the distributed deployment's processes (see startServer).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -42,9 +43,20 @@ export interface TestServer {
   cleanup(): Promise<void>;
 }
 
+/**
+ * `SVC_TEST_DEPLOYMENT=split` runs the suites against the distributed deployment instead of the
+ * embedded one: on the test Kafka (SVC_TEST_KAFKA_BROKERS), `svc run api sink scorer`, `svc run
+ * sandbox-runner` and `svc run aggregator`, each its own process, sharing the data dir (the runner
+ * keeps its workspaces there, the api process its chDB; the aggregator opens no store).
+ */
+const SPLIT = process.env.SVC_TEST_DEPLOYMENT === 'split';
+const PROCESSES: string[][] = SPLIT ? [['api', 'sink', 'scorer'], ['sandbox-runner'], ['aggregator']] : [[]];
+
 export async function startServer(env: Record<string, string> = {}, options: { dataDir?: string } = {}): Promise<TestServer> {
   const dataDir = options.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), 'svc-e2e-')));
   const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  if (SPLIT && !process.env.SVC_TEST_KAFKA_BROKERS) throw new Error('SVC_TEST_DEPLOYMENT=split needs SVC_TEST_KAFKA_BROKERS (npm test starts Kafka)');
   const fullEnv: Record<string, string> = {
     SVC_PORT: String(port),
     SVC_HOST: '127.0.0.1',
@@ -54,43 +66,83 @@ export async function startServer(env: Record<string, string> = {}, options: { d
     SVC_LOG_FSYNC: 'never',
     // Test events carry fixed dates that a 30-day trace retention would drop.
     SVC_TRACE_RETENTION: 'forever',
+    ...(SPLIT
+      ? {
+          SVC_LOG_BACKEND: 'kafka',
+          SVC_KAFKA_BROKERS: process.env.SVC_TEST_KAFKA_BROKERS!,
+          SVC_LOG_NAMESPACE: `split-${path.basename(dataDir)}.`,
+          SVC_SERVICE_KEY: 'split-service-key-0123456789',
+          SVC_SECRETS_KEY: 'ef'.repeat(32),
+          SVC_SCHEMA_REGISTRY_URL: `${url}/schema-registry`,
+        }
+      : {}),
     ...env,
   };
-  let child: ChildProcess;
+  const children: ChildProcess[] = [];
   let out = '';
-  const url = `http://127.0.0.1:${port}`;
 
-  const launch = async () => {
-    child = spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'main.ts')], {
+  /** Starts one process (`run <services>`, or everything) and resolves once it is up. */
+  const launchOne = async (services: string[]) => {
+    const args = services.length > 0 ? ['run', ...services] : [];
+    // The api's process hands out schema ids: it does not look for a registry elsewhere.
+    const own = services.includes('api') ? { SVC_SCHEMA_REGISTRY_URL: '' } : {};
+    const child = spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'main.ts'), ...args], {
       cwd: REPO,
-      env: { ...process.env, ...fullEnv },
+      env: Object.fromEntries(Object.entries({ ...process.env, ...fullEnv, ...own, ...(services.includes('api') || !SPLIT ? {} : { SVC_LOG_LEVEL: 'info' }) }).filter(([, v]) => v !== '')),
       stdio: ['ignore', 'pipe', 'pipe'],
     });
-    child.stdout!.on('data', (d) => (out += d));
-    child.stderr!.on('data', (d) => (out += d));
+    children.push(child);
+    let mine = '';
+    const keep = (d: Buffer) => {
+      mine += d;
+      // Only warnings and worse go to output(): what the embedded process would have logged.
+      out += services.includes('api') || !SPLIT ? d : String(d).split('\n').filter((l) => l && !/"level":(10|20|30),/.test(l)).map((l) => `${l}\n`).join('');
+    };
+    child.stdout!.on('data', keep);
+    child.stderr!.on('data', keep);
     const deadline = Date.now() + 60_000;
     while (Date.now() < deadline) {
-      if (child.exitCode !== null) throw new Error(`service exited with ${child.exitCode}:\n${out}`);
-      try {
-        const res = await fetch(`${url}/health`);
-        if (res.status === 200) return;
-      } catch {
-        // not listening yet
+      if (child.exitCode !== null) throw new Error(`service exited with ${child.exitCode}:\n${mine}`);
+      if (args.length > 0 && !services.includes('api')) {
+        if (mine.includes('"msg":"started"')) return;
+      } else {
+        try {
+          const res = await fetch(`${url}/health`);
+          if (res.status === 200) return;
+        } catch {
+          // not listening yet
+        }
       }
       await new Promise((r) => setTimeout(r, 100));
     }
-    throw new Error(`service did not become healthy in 60 s:\n${out}`);
+    throw new Error(`${args.join(' ') || 'the service'} did not start in 60 s:\n${mine}`);
+  };
+  const launch = async () => {
+    children.length = 0;
+    for (const services of PROCESSES) await launchOne(services);
+    // A runner's first heartbeat reaches the api's roster.
+    if (SPLIT) await new Promise((r) => setTimeout(r, 500));
   };
   await launch();
 
-  const waitExit = () => new Promise<number | null>((resolve) => (child.exitCode !== null || child.signalCode !== null ? resolve(child.exitCode) : child.once('exit', (code) => resolve(code))));
+  const exited = (child: ChildProcess) => child.exitCode !== null || child.signalCode !== null;
+  const waitExit = (child: ChildProcess) => new Promise<number | null>((resolve) => (exited(child) ? resolve(child.exitCode) : child.once('exit', (code) => resolve(code))));
+  /** Stops the processes, the api's last (the others' last writes go through it). */
+  const stopAll = async (signal: NodeJS.Signals) => {
+    let code: number | null = null;
+    for (const child of [...children].reverse()) {
+      if (!exited(child)) child.kill(signal);
+      code = await waitExit(child);
+    }
+    return code;
+  };
 
   const server: TestServer = {
     url,
     dataDir,
     env: fullEnv,
     output: () => out,
-    pid: () => child.pid!,
+    pid: () => children[0]!.pid!,
     async request(method, p, opts = {}) {
       const headers: Record<string, string> = { ...(opts.headers ?? {}) };
       const key = opts.key === undefined ? ADMIN_KEY : opts.key;
@@ -112,14 +164,9 @@ export async function startServer(env: Record<string, string> = {}, options: { d
       assertIntegers(parsed, `${method} ${p}`);
       return { status: res.status, headers: res.headers, body: parsed, text };
     },
-    async stop() {
-      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
-      child.kill('SIGTERM');
-      return waitExit();
-    },
+    stop: () => stopAll('SIGTERM'),
     async kill9() {
-      child.kill('SIGKILL');
-      await waitExit();
+      await stopAll('SIGKILL');
     },
     async restart() {
       await launch();
