@@ -1,11 +1,12 @@
 /**
- * Sandbox runners that come and go (issue 14, items 2 and 3), as real processes on the real
- * broker: the api with the sink, scorer and aggregator in one process, two runners in their own,
- * each with a stable id. A runner that joins while sandboxes live on the other strands none of
+ * Processes of the distributed deployment that come and go (issue 14, items 2 and 3), on the real
+ * broker: the api with the sink and the scorer in one process, the aggregator in another, two
+ * runners in their own, each with a stable id. A runner that joins while sandboxes live on the other strands none of
  * them (every request is addressed to the sandbox's owner), and DELETE stops their processes. A
  * runner killed with -9 is declared dead after SVC_RUNNER_DEAD_AFTER: its sandboxes end in
  * `error` naming it, commands on them are 404, and its experiment runs are dispatched again,
- * each counted once. Back under the same id, it takes work again.
+ * each counted once. Back under the same id, it takes work again. The aggregator and the api's
+ * process killed with -9 mid-experiment and restarted: every run counted once.
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -19,7 +20,7 @@ import { sandboxPids, SPEC } from '../helpers/sandboxes.ts';
 import { ADMIN_KEY, freePort, type TestServer } from '../helpers/server.ts';
 import { runSvc, type SvcProcess } from '../helpers/svc-process.ts';
 
-const NAME = 'sandbox runners that join, stop and die';
+const NAME = 'processes of the distributed deployment that join, stop and die';
 const brokers = backend('SVC_TEST_KAFKA_BROKERS', NAME);
 const runtime = backend('SVC_TEST_BWRAP', NAME);
 
@@ -33,6 +34,8 @@ if (brokers && runtime) {
     let apiUrl: string;
     let blobDir: string;
     const runners = new Map<string, SvcProcess>();
+    let api: SvcProcess;
+    let aggregator: SvcProcess;
 
     const common = () => ({
       SVC_LOG_BACKEND: 'kafka',
@@ -52,15 +55,23 @@ if (brokers && runtime) {
       await p.waitFor(/"msg":"started"/, 90_000);
       return p;
     }
-    const runnerDirs = new Map<string, string>();
+    const keptDirs = new Map<string, string>();
+    /** The data dir of process `name`, the same across its restarts. */
+    async function dirOf(name: string): Promise<string> {
+      if (!keptDirs.has(name)) {
+        const dir = await mkdtemp(path.join(os.tmpdir(), `svc-failover-${name}-`));
+        dirs.push(dir);
+        keptDirs.set(name, dir);
+      }
+      return keptDirs.get(name)!;
+    }
+    const actorEnv = () => ({ SVC_SCHEMA_REGISTRY_URL: `${apiUrl}/schema-registry` });
+    let apiPort: number;
+    const startApi = async () => start(['api', 'sink', 'scorer'], { SVC_API_KEY: ADMIN_KEY, SVC_PORT: String(apiPort), SVC_HOST: '127.0.0.1', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' }, await dirOf('api'));
+    const startAggregator = async () => start(['aggregator'], actorEnv(), await dirOf('aggregator'));
     /** Runner `id`, in a data dir of its own that it keeps across restarts. */
     async function startRunner(id: string): Promise<SvcProcess> {
-      if (!runnerDirs.has(id)) {
-        const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-failover-runner-'));
-        dirs.push(dir);
-        runnerDirs.set(id, dir);
-      }
-      const p = await start(['sandbox-runner'], { SVC_RUNNER_ID: id, SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_BASE_URL: apiUrl, SVC_SCHEMA_REGISTRY_URL: `${apiUrl}/schema-registry` }, runnerDirs.get(id));
+      const p = await start(['sandbox-runner'], { SVC_RUNNER_ID: id, SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_BASE_URL: apiUrl, ...actorEnv() }, await dirOf(id));
       runners.set(id, p);
       // Its first heartbeat reaches the api's roster.
       await new Promise((r) => setTimeout(r, 1000));
@@ -106,9 +117,10 @@ if (brokers && runtime) {
     before(async () => {
       blobDir = await mkdtemp(path.join(os.tmpdir(), 'svc-failover-blobs-'));
       dirs.push(blobDir);
-      const port = await freePort();
-      apiUrl = `http://127.0.0.1:${port}`;
-      await start(['api', 'sink', 'scorer', 'aggregator'], { SVC_API_KEY: ADMIN_KEY, SVC_PORT: String(port), SVC_HOST: '127.0.0.1', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+      apiPort = await freePort();
+      apiUrl = `http://127.0.0.1:${apiPort}`;
+      api = await startApi();
+      aggregator = await startAggregator();
       assert.equal((await req('POST', '/v1/specs', SPEC('failover'))).status, 201);
     });
     after(async () => {
@@ -176,44 +188,73 @@ if (brokers && runtime) {
       assert.equal((await req('DELETE', `/v1/sandboxes/${again}`)).status, 200);
     });
 
-    test('an experiment whose runner dies mid-run completes on the other, every run counted once', async () => {
-      await startRunner('r1');
-      const agent = await uploadAgent({ url: apiUrl } as TestServer, ADMIN_KEY, { name: 'slow-writer', entrypoint: ['sh', 'run.sh'] }, await makeBundle({ 'run.sh': '#!/bin/sh\nsleep 2\necho done > "$SVC_WORKSPACE/out.txt"\n' }));
-      assert.equal(agent.status, 201, JSON.stringify(agent.body));
+    /** Starts an experiment of `runs` runs of a 2-second agent; resolves once runs are under way. */
+    async function startExperiment(name: string, runs: number): Promise<string> {
+      if (!agentUploaded) {
+        const agent = await uploadAgent({ url: apiUrl } as TestServer, ADMIN_KEY, { name: 'slow-writer', entrypoint: ['sh', 'run.sh'] }, await makeBundle({ 'run.sh': '#!/bin/sh\nsleep 2\necho done > "$SVC_WORKSPACE/out.txt"\n' }));
+        assert.equal(agent.status, 201, JSON.stringify(agent.body));
+        agentUploaded = true;
+      }
       const spec = `version: 1
-id: failover-exp
+id: ${name}
 base: debian:bookworm
 task: {prompt: write out.txt}
 agent: {type: snapshot, snapshot: slow-writer}
-parallelism: {replicas: 8}
+parallelism: {replicas: ${runs}}
 resources: {concurrency_limit: 8}
 invariants:
   out: {check: {type: file_exists, path: out.txt}}
 `;
       assert.equal((await req('POST', '/v1/specs', spec)).status, 201);
-      const created = await req('POST', '/v1/experiments', { name: 'failover', spec_id: 'failover-exp' });
+      const created = await req('POST', '/v1/experiments', { name, spec_id: name });
       assert.equal(created.status, 201, created.text);
       const exp = created.body.id as string;
       assert.equal((await req('POST', `/v1/experiments/${exp}/run`)).status, 202);
-      // Both runners hold runs of it; one dies with its runs in flight.
       await until('runs started', 30_000, async () => (await req('GET', `/v1/experiments/${exp}`)).body.status === 'running');
       await new Promise((r) => setTimeout(r, 500));
+      return exp;
+    }
+    let agentUploaded = false;
+
+    /** Waits for the experiment's end; asserts every run was scored once and passed; returns the ms it took. */
+    async function completesOnce(exp: string, runs: number, from: number, what: string): Promise<number> {
+      const done = await until('the experiment ends', 90_000, async () => {
+        const e = await req('GET', `/v1/experiments/${exp}`).catch(() => null);
+        return e && ['completed', 'failed', 'cancelled'].includes(e.body.status) ? e.body : null;
+      });
+      const ms = Date.now() - from;
+      console.log(`# the experiment completed ${ms} ms after ${what}`);
+      assert.equal(done.status, 'completed', JSON.stringify(done).slice(0, 1000));
+      assert.equal(done.total_runs, runs);
+      assert.equal(done.scored_runs, runs);
+      const all = done.scenarios.flatMap((s: any) => s.runs);
+      assert.equal(all.length, runs, 'each run once');
+      assert.equal(new Set(all.map((r: any) => r.run_id)).size, runs);
+      assert.ok(all.every((r: any) => r.verdict === 'pass'), JSON.stringify(all.map((r: any) => r.verdict)));
+      assert.ok(ms < 60_000, `completed ${ms} ms after ${what}`);
+      return ms;
+    }
+
+    test('an experiment whose runner dies mid-run completes on the other, every run counted once', async () => {
+      await startRunner('r1');
+      // Both runners hold runs of it; one dies with its runs in flight.
+      const exp = await startExperiment('failover-exp', 8);
       const killedAt = Date.now();
       await runners.get('r1')!.kill9();
-      const done = await until('the experiment ends', 90_000, async () => {
-        const e = await req('GET', `/v1/experiments/${exp}`);
-        return ['completed', 'failed', 'cancelled'].includes(e.body.status) ? e.body : null;
-      });
-      const afterKillMs = Date.now() - killedAt;
-      console.log(`# the experiment completed ${afterKillMs} ms after its runner's kill -9`);
-      assert.equal(done.status, 'completed', JSON.stringify(done).slice(0, 1000));
-      assert.equal(done.total_runs, 8);
-      assert.equal(done.scored_runs, 8);
-      const runs = done.scenarios.flatMap((s: any) => s.runs);
-      assert.equal(runs.length, 8, 'each run once');
-      assert.equal(new Set(runs.map((r: any) => r.run_id)).size, 8);
-      assert.ok(runs.every((r: any) => r.verdict === 'pass'), JSON.stringify(runs.map((r: any) => r.verdict)));
-      assert.ok(afterKillMs < 60_000, `completed ${afterKillMs} ms after the kill`);
+      await completesOnce(exp, 8, killedAt, "its runner's kill -9");
+    });
+
+    test('the aggregator, then the api with the sink and the scorer, killed with -9 mid-experiment and restarted: every run counted once', async () => {
+      await startRunner('r1');
+      const first = await startExperiment('failover-aggregator', 6);
+      await aggregator.kill9();
+      aggregator = await startAggregator();
+      await completesOnce(first, 6, Date.now(), 'the restart of the aggregator');
+
+      const second = await startExperiment('failover-api', 6);
+      await api.kill9();
+      api = await startApi();
+      await completesOnce(second, 6, Date.now(), 'the restart of the api, sink and scorer');
     });
   });
 }
