@@ -302,6 +302,8 @@ export class AggregatorService implements Service {
       secrets: current.secrets,
     }));
     for (const r of requests) this.onDispatched(r);
+    const again = requests.filter((r) => r.attempt > 1);
+    if (again.length > 0) this.kernel.logger.info({ experiment_id: experimentId, runs: again.map((r) => r.run_id) }, 'dispatching again runs that were lost or rejected');
     await publish(this.kernel, TOPICS.runRequests, requests.map((r) => ({ key: r.run_id, tenant: r.tenant, value: r })));
   }
 

@@ -30,8 +30,10 @@ export interface TestServer {
   dataDir: string;
   env: Record<string, string>;
   output(): string;
-  /** The service's process id (for memory readings). */
+  /** The service's process id (for memory readings): the api's, in the distributed deployment. */
   pid(): number;
+  /** The deployment's processes (one, embedded): what each runs, its runner id, pid and output. */
+  processes(): Array<{ services: string[]; runnerId: string | null; pid: number; output(): string }>;
   /** Raw request with the admin key unless headers say otherwise. */
   request(method: string, p: string, options?: { body?: unknown; headers?: Record<string, string>; key?: string | null }): Promise<{ status: number; headers: Headers; body: any; text: string }>;
   /** SIGTERM and wait for a clean exit; returns the exit code. */
@@ -49,14 +51,26 @@ export interface TestServer {
  * sandbox-runner` and `svc run aggregator`, each its own process, sharing the data dir (the runner
  * keeps its workspaces there, the api process its chDB; the aggregator opens no store).
  */
-const SPLIT = process.env.SVC_TEST_DEPLOYMENT === 'split';
-const PROCESSES: string[][] = SPLIT ? [['api', 'sink', 'scorer'], ['sandbox-runner'], ['aggregator']] : [[]];
+export interface ServerOptions {
+  dataDir?: string;
+  /** The distributed deployment instead of the embedded one (default: SVC_TEST_DEPLOYMENT=split). */
+  split?: { brokers: string; runners?: number } | false;
+}
 
-export async function startServer(env: Record<string, string> = {}, options: { dataDir?: string } = {}): Promise<TestServer> {
+export async function startServer(env: Record<string, string> = {}, options: ServerOptions = {}): Promise<TestServer> {
   const dataDir = options.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), 'svc-e2e-')));
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
-  if (SPLIT && !process.env.SVC_TEST_KAFKA_BROKERS) throw new Error('SVC_TEST_DEPLOYMENT=split needs SVC_TEST_KAFKA_BROKERS (npm test starts Kafka)');
+  const split = options.split ?? (process.env.SVC_TEST_DEPLOYMENT === 'split' ? { brokers: process.env.SVC_TEST_KAFKA_BROKERS ?? '' } : false);
+  if (split && !split.brokers) throw new Error('SVC_TEST_DEPLOYMENT=split needs SVC_TEST_KAFKA_BROKERS (npm test starts Kafka)');
+  const SPLIT = split !== false;
+  // Several runners share the data dir's parent, each with a workspace dir of its own.
+  const runnerCount = split ? (split.runners ?? 1) : 0;
+  // The first runner shares the data dir (suites look at its workspaces there); others have their own.
+  const runnerAt = (i: number) => ({ services: ['sandbox-runner'], env: { SVC_RUNNER_ID: `runner-${i + 1}`, ...(i === 0 ? {} : { SVC_DATA_DIR: path.join(dataDir, `runner-${i + 1}`) }) } });
+  const PROCESSES: Array<{ services: string[]; env: Record<string, string> }> = SPLIT
+    ? [{ services: ['api', 'sink', 'scorer'], env: {} }, ...Array.from({ length: runnerCount }, (_, i) => runnerAt(i)), { services: ['aggregator'], env: {} }]
+    : [{ services: [], env: {} }];
   const fullEnv: Record<string, string> = {
     SVC_PORT: String(port),
     SVC_HOST: '127.0.0.1',
@@ -69,30 +83,34 @@ export async function startServer(env: Record<string, string> = {}, options: { d
     ...(SPLIT
       ? {
           SVC_LOG_BACKEND: 'kafka',
-          SVC_KAFKA_BROKERS: process.env.SVC_TEST_KAFKA_BROKERS!,
+          SVC_KAFKA_BROKERS: split.brokers,
           SVC_LOG_NAMESPACE: `split-${path.basename(dataDir)}.`,
           SVC_SERVICE_KEY: 'split-service-key-0123456789',
           SVC_SECRETS_KEY: 'ef'.repeat(32),
           SVC_SCHEMA_REGISTRY_URL: `${url}/schema-registry`,
+          SVC_BLOB_DIR: path.join(dataDir, 'blobs'),
         }
       : {}),
     ...env,
   };
   const children: ChildProcess[] = [];
+  /** Each process of the deployment: what it runs and everything it printed. */
+  const launched: Array<{ services: string[]; env: Record<string, string>; child: ChildProcess; output: () => string }> = [];
   let out = '';
 
   /** Starts one process (`run <services>`, or everything) and resolves once it is up. */
-  const launchOne = async (services: string[]) => {
+  const launchOne = async ({ services, env: extra }: { services: string[]; env: Record<string, string> }) => {
     const args = services.length > 0 ? ['run', ...services] : [];
     // The api's process hands out schema ids: it does not look for a registry elsewhere.
-    const own = services.includes('api') ? { SVC_SCHEMA_REGISTRY_URL: '' } : {};
+    const registry = services.includes('api') ? { SVC_SCHEMA_REGISTRY_URL: '' } : {};
     const child = spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'main.ts'), ...args], {
       cwd: REPO,
-      env: Object.fromEntries(Object.entries({ ...process.env, ...fullEnv, ...own, ...(services.includes('api') || !SPLIT ? {} : { SVC_LOG_LEVEL: 'info' }) }).filter(([, v]) => v !== '')),
+      env: Object.fromEntries(Object.entries({ ...process.env, ...fullEnv, ...registry, ...extra, ...(services.includes('api') || !SPLIT ? {} : { SVC_LOG_LEVEL: 'info' }) }).filter(([, v]) => v !== '')),
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     children.push(child);
     let mine = '';
+    launched.push({ services, env: extra, child, output: () => mine });
     const keep = (d: Buffer) => {
       mine += d;
       // Only warnings and worse go to output(): what the embedded process would have logged.
@@ -119,7 +137,8 @@ export async function startServer(env: Record<string, string> = {}, options: { d
   };
   const launch = async () => {
     children.length = 0;
-    for (const services of PROCESSES) await launchOne(services);
+    launched.length = 0;
+    for (const p of PROCESSES) await launchOne(p);
     // A runner's first heartbeat reaches the api's roster.
     if (SPLIT) await new Promise((r) => setTimeout(r, 500));
   };
@@ -143,6 +162,7 @@ export async function startServer(env: Record<string, string> = {}, options: { d
     env: fullEnv,
     output: () => out,
     pid: () => children[0]!.pid!,
+    processes: () => launched.map((p) => ({ services: p.services, runnerId: p.env.SVC_RUNNER_ID ?? null, pid: p.child.pid!, output: p.output })),
     async request(method, p, opts = {}) {
       const headers: Record<string, string> = { ...(opts.headers ?? {}) };
       const key = opts.key === undefined ? ADMIN_KEY : opts.key;

@@ -315,21 +315,55 @@ async function benchSpecsAndAgents(): Promise<string[]> {
  * work done directly through the API (create, run the agent, a check, the diff, destroy) by 8
  * workers. The difference per scenario is the orchestration: events, dispatch, scoring, counting.
  */
+/** The trivial agent and the spec of the experiment bench: `scenarios` matrix entries, `concurrency` at a time. */
+async function prepareExperiment(server: TestServer, scenarios: number, concurrency: number, agentScript = 'echo ok > "$SVC_WORKSPACE/out.txt"\n'): Promise<void> {
+  const form = new FormData();
+  form.append('metadata', JSON.stringify({ name: 'trivial', entrypoint: ['sh', 'run.sh'] }));
+  form.append('bundle', new Blob([new Uint8Array(await makeBundle({ 'run.sh': agentScript }))]), 'agent.tar.gz');
+  const upload = await fetch(`${server.url}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: form });
+  if (upload.status !== 201) throw new Error(`agent upload: ${upload.status}`);
+  const matrix = Array.from({ length: scenarios }, (_, i) => `{i: ${i}}`).join(', ');
+  const spec = `version: 1\nid: bench-exp\nbase: debian:bookworm\ntask: {prompt: bench}\nagent: {type: snapshot, snapshot: trivial}\nparallelism: {matrix: [${matrix}]}\nresources: {concurrency_limit: ${concurrency}}\ninvariants: {out: {check: {type: file_exists, path: out.txt}}}\n`;
+  const put = await server.request('POST', '/v1/specs', { body: spec, headers: { 'content-type': 'application/x-yaml' } });
+  if (put.status !== 201) throw new Error(`spec: ${put.text}`);
+}
+
+/** Creates and runs an experiment of bench-exp; resolves with its id once `ready` says so (default: right away). */
+async function startBenchExperiment(server: TestServer): Promise<string> {
+  const created = await server.request('POST', '/v1/experiments', { body: { name: 'bench', spec_id: 'bench-exp', run: true } });
+  if (created.status !== 201) throw new Error(`experiment: ${created.text}`);
+  return created.body.id;
+}
+
+/** Waits for an experiment to complete; its RunResults. */
+async function completed(server: TestServer, id: string): Promise<any> {
+  for (;;) {
+    const res = await server.request('GET', `/v1/experiments/${id}`);
+    if (res.body.status === 'completed') return res.body;
+    if (res.body.status === 'failed' || res.body.status === 'cancelled') throw new Error(`experiment ${res.body.status}: ${res.body.error}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** Runs the bench experiment; its wall time and the mean of its runs' own sandbox work (boot to teardown, as their runner measured it). */
+async function timedExperiment(server: TestServer): Promise<{ ms: number; meanWall: number }> {
+  const started = performance.now();
+  const results = await completed(server, await startBenchExperiment(server));
+  const ms = performance.now() - started;
+  const walls = (results.scenarios as Array<{ runs: Array<{ wall_ms: number }> }>).flatMap((sc) => sc.runs.map((r) => r.wall_ms));
+  return { ms, meanWall: walls.reduce((a, b) => a + b, 0) / walls.length };
+}
+
 async function benchExperiments(): Promise<string[]> {
-  const server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
   const SCENARIOS = 200;
   const CONCURRENCY = 8;
+  const f = (n: number) => n.toFixed(1);
+  const slot = (ms: number) => (ms * CONCURRENCY) / SCENARIOS;
+  const lines: string[] = [];
+  let embeddedMs = 0;
+  const server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' }, { split: false });
   try {
-    const form = new FormData();
-    form.append('metadata', JSON.stringify({ name: 'trivial', entrypoint: ['sh', 'run.sh'] }));
-    form.append('bundle', new Blob([new Uint8Array(await makeBundle({ 'run.sh': 'echo ok > "$SVC_WORKSPACE/out.txt"\n' }))]), 'agent.tar.gz');
-    const upload = await fetch(`${server.url}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: form });
-    if (upload.status !== 201) throw new Error(`agent upload: ${upload.status}`);
-    const matrix = Array.from({ length: SCENARIOS }, (_, i) => `{i: ${i}}`).join(', ');
-    const spec = `version: 1\nid: bench-exp\nbase: debian:bookworm\ntask: {prompt: bench}\nagent: {type: snapshot, snapshot: trivial}\nparallelism: {matrix: [${matrix}]}\nresources: {concurrency_limit: ${CONCURRENCY}}\ninvariants: {out: {check: {type: file_exists, path: out.txt}}}\n`;
-    const put = await server.request('POST', '/v1/specs', { body: spec, headers: { 'content-type': 'application/x-yaml' } });
-    if (put.status !== 201) throw new Error(`spec: ${put.text}`);
-
+    await prepareExperiment(server, SCENARIOS, CONCURRENCY);
     // Direct: the same sandbox work through the API, 8 at a time.
     const directStarted = performance.now();
     let next = 0;
@@ -348,30 +382,70 @@ async function benchExperiments(): Promise<string[]> {
       }),
     );
     const directMs = performance.now() - directStarted;
-
-    const started = performance.now();
-    const created = await server.request('POST', '/v1/experiments', { body: { name: 'bench', spec_id: 'bench-exp', run: true } });
-    if (created.status !== 201) throw new Error(`experiment: ${created.text}`);
-    let status = '';
-    while (status !== 'completed') {
-      const res = await server.request('GET', `/v1/experiments/${created.body.id}`);
-      status = res.body.status;
-      if (status === 'failed' || status === 'cancelled') throw new Error(`experiment ${status}: ${res.body.error}`);
-      if (status !== 'completed') await new Promise((r) => setTimeout(r, 50));
-    }
-    const experimentMs = performance.now() - started;
-    // Each run's own sandbox work, as its runner measured it (boot to teardown).
-    const results = await server.request('GET', `/v1/experiments/${created.body.id}`);
-    const walls = (results.body.scenarios as Array<{ runs: Array<{ wall_ms: number }> }>).flatMap((sc) => sc.runs.map((r) => r.wall_ms));
-    const meanWall = walls.reduce((a, b) => a + b, 0) / walls.length;
-    const slot = (ms: number) => (ms * CONCURRENCY) / SCENARIOS;
-    const f = (n: number) => n.toFixed(1);
-    return [
-      `| experiment of ${SCENARIOS} scenarios, trivial agent, concurrency ${CONCURRENCY} | ${f(SCENARIOS / (experimentMs / 1000))} scenarios/s (${f(experimentMs / 1000)} s) | the same sandbox work through the API: ${f(SCENARIOS / (directMs / 1000))} scenarios/s (${f(directMs / 1000)} s) | |`,
-      `| orchestration per scenario: slot time minus the run's own sandbox work (boot to teardown, ${f(meanWall)} ms) | ${f(slot(experimentMs) - meanWall)} ms | slot time ${f(slot(experimentMs))} ms per scenario (direct through the API: ${f(slot(directMs))} ms) | target < 20 ms |`,
-    ];
+    const { ms, meanWall } = await timedExperiment(server);
+    embeddedMs = ms;
+    lines.push(
+      `| experiment of ${SCENARIOS} scenarios, trivial agent, concurrency ${CONCURRENCY} | ${f(SCENARIOS / (ms / 1000))} scenarios/s (${f(ms / 1000)} s) | the same sandbox work through the API: ${f(SCENARIOS / (directMs / 1000))} scenarios/s (${f(directMs / 1000)} s) | |`,
+      `| orchestration per scenario: slot time minus the run's own sandbox work (boot to teardown, ${f(meanWall)} ms) | ${f(slot(ms) - meanWall)} ms | slot time ${f(slot(ms))} ms per scenario (direct through the API: ${f(slot(directMs))} ms) | target < 20 ms |`,
+    );
   } finally {
     await server.cleanup();
+  }
+  if (missingTools().length > 0) return [...lines, `| distributed deployment: skipped, ${missingTools().join(' and ')} not on PATH (Kafka) | | | |`];
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bench-dist-'));
+  const kafka = await startKafka({ workDir: path.join(dir, 'kafka') });
+  try {
+    const split = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' }, { split: { brokers: kafka.brokers } });
+    try {
+      await prepareExperiment(split, SCENARIOS, CONCURRENCY);
+      const { ms, meanWall } = await timedExperiment(split);
+      lines.push(
+        `| the same experiment on the distributed deployment (api+sink+scorer, runner, aggregator: 3 processes on Kafka) | ${f(SCENARIOS / (ms / 1000))} scenarios/s (${f(ms / 1000)} s) | ${(embeddedMs / ms).toFixed(2)}x of embedded; slot time ${f(slot(ms))} ms, the run's own sandbox work ${f(meanWall)} ms | |`,
+      );
+    } finally {
+      await split.cleanup();
+    }
+    lines.push(await runnerKillToRedispatch(kafka.brokers));
+  } finally {
+    await kafka.stop();
+    await rm(dir, { recursive: true, force: true });
+  }
+  return lines;
+}
+
+/**
+ * On the distributed deployment with two runners and the default SVC_RUNNER_DEAD_AFTER: an
+ * experiment of runs that take 20 s, one runner killed with -9 while it holds some; the time until
+ * the aggregator dispatches them again (its log says so), and until the experiment completes.
+ */
+async function runnerKillToRedispatch(brokers: string): Promise<string> {
+  const server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' }, { split: { brokers, runners: 2 } });
+  try {
+    await prepareExperiment(server, 8, 8, 'sleep 20; echo ok > "$SVC_WORKSPACE/out.txt"\n');
+    const id = await startBenchExperiment(server);
+    const victim = server.processes().find((p) => p.runnerId === 'runner-2')!;
+    // Runs under way (8 at once over two runners: each holds some).
+    const deadline = Date.now() + 60_000;
+    while ((await server.request('GET', `/v1/experiments/${id}`)).body.status !== 'running') {
+      if (Date.now() > deadline) throw new Error('no run started');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await new Promise((r) => setTimeout(r, 2000));
+    const killedAt = Date.now();
+    process.kill(victim.pid, 'SIGKILL');
+    const aggregator = server.processes().find((p) => p.services.includes('aggregator'))!;
+    let redispatchMs: number | null = null;
+    while (redispatchMs === null && Date.now() - killedAt < 120_000) {
+      if (aggregator.output().includes('dispatching again runs that were lost or rejected')) redispatchMs = Date.now() - killedAt;
+      else await new Promise((r) => setTimeout(r, 100));
+    }
+    await completed(server, id);
+    const doneMs = Date.now() - killedAt;
+    const s = (ms: number | null) => (ms === null ? 'never' : `${(ms / 1000).toFixed(1)} s`);
+    return `| a runner killed with -9 holding runs (2 runners, SVC_RUNNER_DEAD_AFTER 30s): its runs dispatched again | ${s(redispatchMs)} after the kill | the experiment completed ${s(doneMs)} after it (runs of 20 s) | target < 45 s |`;
+  } finally {
+    await server.kill9().catch(() => {});
+    await server.cleanup().catch(() => {});
   }
 }
 
