@@ -7,8 +7,13 @@ function hex(bytes: number): string {
 
 export const newEventId = (): string => randomUUID();
 export const newRequestId = (): string => `req_${hex(8)}`;
-export const newSandboxId = (): string => `sb-${hex(8)}`;
-export const newExperimentId = (): string => `exp-${hex(8)}`;
+export const newSandboxId = (seed: string | null = null): string => `sb-${seeded(seed, 'sandbox') ?? hex(8)}`;
+export const newExperimentId = (seed: string | null = null): string => `exp-${seeded(seed, 'experiment') ?? hex(8)}`;
+
+/** 8 bytes of hex derived from a seed (an idempotent request's), or null without one: the same request retried makes the same id. */
+function seeded(seed: string | null, what: string): string | null {
+  return seed === null ? null : createHash('sha256').update(`${seed}\n${what}`).digest('hex').slice(0, 16);
+}
 /** A scenario (matrix entry `index`, 0-based) of an experiment: `scn-<experiment hex>-<index + 1>`. */
 export const scenarioIdOf = (experimentId: string, index: number): string => `scn-${experimentId.replace(/^exp-/, '')}-${index + 1}`;
 /** A run (replica `replica`, 1-based) of a scenario: `run-<experiment hex>-<index + 1>-<replica>`. */

@@ -237,6 +237,8 @@ export class SandboxRunnerService implements Service {
 
   private async create(tenant: string, sandboxId: string, create: CreateRequest): Promise<LiveSandbox> {
     if (this.unavailable) throw new AppError('unavailable', `no sandbox runtime works on this server: ${this.unavailable}`);
+    // The same create twice (an idempotent retry whose first try's request was still on its way).
+    if (this.sandboxes.has(sandboxId) || this.known.entities.has(sandboxId)) throw new AppError('conflict', `sandbox ${sandboxId} exists already; GET /v1/sandboxes/${sandboxId} shows it`);
     const max = this.kernel.config.runnerMaxSandboxes;
     const booting = [...this.sandboxes.values()].length;
     if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });

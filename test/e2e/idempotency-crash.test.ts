@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
+import { SPEC } from '../helpers/sandboxes.ts';
 import { ADMIN_KEY, createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
 
 const BATCH = 300;
@@ -35,7 +36,7 @@ function crashDrill(name: string, env: Record<string, string>) {
     let server: TestServer;
     let key: string;
     before(async () => {
-      server = await startServer({ ...env, SVC_TEST_IDEMPOTENCY_HOLD: '10m' });
+      server = await startServer({ ...env, SVC_TEST_IDEMPOTENCY_HOLD: '10m', SVC_SANDBOX_HOST_ROOTFS: 'true' });
       key = (await createTenantKey(server, 'acme')).key;
     });
     after(async () => server?.cleanup());
@@ -73,6 +74,65 @@ function crashDrill(name: string, env: Record<string, string>) {
       assert.equal(third.headers.get('idempotent-replayed'), 'true');
       assert.deepEqual(third.body, { ingested: BATCH });
     });
+
+    test('kill -9 between making an experiment and the recorded response, then the retry: the same experiment, once', async () => {
+      server.env.SVC_TEST_IDEMPOTENCY_HOLD = '10m';
+      await server.stop();
+      await server.restart();
+      const spec = `crash-spec-${randomBytes(4).toString('hex')}`;
+      const put = await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } });
+      assert.equal(put.status, 201, put.text);
+      const name = `crash-${randomBytes(4).toString('hex')}`;
+      const post = () => server.request('POST', '/v1/experiments', { key, body: { name, spec_id: spec }, headers: { 'idempotency-key': `exp-${name}` } });
+      const first = post().then(
+        (res) => assert.fail(`the first try was answered (${res.status})`),
+        () => 'connection lost',
+      );
+      await waitForOutput(server, /holding before recording the idempotent response[\s\S]*holding before recording the idempotent response/);
+      await server.kill9();
+      assert.equal(await first, 'connection lost');
+      server.env.SVC_TEST_IDEMPOTENCY_HOLD = '0';
+      await server.restart();
+      const retry = await post();
+      assert.equal(retry.status, 201, retry.text);
+      // The list reads the store, which the sink fills a moment later.
+      let listed: any[] = [];
+      for (let i = 0; i < 100 && listed.length === 0; i++) {
+        listed = (await server.request('GET', '/v1/experiments?limit=1000', { key })).body.items.filter((e: any) => e.name === name);
+        if (listed.length === 0) await new Promise((r) => setTimeout(r, 100));
+      }
+      assert.deepEqual(listed.map((e: any) => e.id), [retry.body.id], 'one experiment, the one the first try made');
+    });
+
+    if (process.env.SVC_TEST_BWRAP) {
+      test('kill -9 between making a sandbox and the recorded response: the retry makes no second sandbox and says what became of the first', async () => {
+        server.env.SVC_TEST_IDEMPOTENCY_HOLD = '10m';
+        await server.stop();
+        await server.restart();
+        const spec = `crash-sb-${randomBytes(4).toString('hex')}`;
+        assert.equal((await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } })).status, 201);
+        const post = () => server.request('POST', '/v1/sandboxes', { key, body: { spec_id: spec }, headers: { 'idempotency-key': `sb-${spec}` } });
+        const first = post().then(
+          (res) => assert.fail(`the first try was answered (${res.status})`),
+          () => 'connection lost',
+        );
+        const holds = (server.output().match(/holding before recording the idempotent response/g) ?? []).length;
+        const deadline = Date.now() + 30_000;
+        while ((server.output().match(/holding before recording the idempotent response/g) ?? []).length === holds) {
+          assert.ok(Date.now() < deadline, 'the create was not held');
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        await server.kill9();
+        assert.equal(await first, 'connection lost');
+        server.env.SVC_TEST_IDEMPOTENCY_HOLD = '0';
+        await server.restart();
+        // The sandbox died with the process (its runner); the retry says so instead of making another.
+        const retry = await post();
+        assert.equal(retry.status, 409, retry.text);
+        assert.match(retry.body.message, /the sandbox this request made, sb-[0-9a-f]{16}, has ended .*runner restarted/);
+        assert.equal((await server.request('GET', '/v1/sandboxes', { key })).body.length, 0, 'no second sandbox');
+      });
+    }
 
     test('the same key with another body, or another key, makes other events', async () => {
       server.env.SVC_TEST_IDEMPOTENCY_HOLD = '0';

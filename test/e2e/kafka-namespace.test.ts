@@ -15,8 +15,8 @@ import { startServer, type TestServer } from '../helpers/server.ts';
 const NAME = 'a namespaced deployment on Kafka';
 const brokers = backend('SVC_TEST_KAFKA_BROKERS', NAME);
 
-/** The per-process groups of the service: views, reply followers, sandbox streams. */
-const PER_PROCESS = /^(view|replies|streams)\./;
+/** The per-process groups of the service: views, reply followers, sandbox streams, a runner's requests. */
+const PER_PROCESS = /^(view|replies|streams|sandbox-runner)\./;
 
 if (brokers) {
   describe(NAME, () => {

@@ -193,7 +193,8 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
     },
     async cleanup() {
       await server.stop();
-      if (!options.dataDir) await rm(dataDir, { recursive: true, force: true });
+      // After a kill -9, the launcher unmounts the workspaces a moment later.
+      if (!options.dataDir) await rm(dataDir, { recursive: true, force: true, maxRetries: 10, retryDelay: 300 });
     },
   };
   return server;

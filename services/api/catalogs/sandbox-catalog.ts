@@ -137,6 +137,11 @@ export class SandboxCatalog extends EntityCatalog<SandboxChanged> {
     await this.append(ended.map((s) => ({ key: s.sandbox_id, tenant: s.tenant, value: { ...s, event_id: ids(s.sandbox_id), ts: Math.max(Date.now(), s.ts + 1), state: 'error', error: reason } })));
   }
 
+  /** Whether the view holds sandbox `id`, in any state. */
+  has(id: string): boolean {
+    return this.view.entities.has(id);
+  }
+
   live(tenant: string): SandboxChanged[] {
     return [...this.view.entities.values()]
       .filter((s) => s.tenant === tenant && (s.state === 'creating' || s.state === 'ready' || s.state === 'running'))

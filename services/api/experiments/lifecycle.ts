@@ -40,8 +40,12 @@ export class ExperimentLifecycle {
 
   constructor(private readonly deps: LifecycleDeps) {}
 
-  /** Creates the experiment (201), and runs it at once when the request says `run`. */
-  async create(tenant: string, request: CreateRequest): Promise<ExperimentSummary> {
+  /**
+   * Creates the experiment (201), and runs it at once when the request says `run`. With an
+   * idempotent request's `seed`, its id derives from it: a retry after a crash that came after the
+   * experiment was stored finds it, and answers with it (running it, if asked and not yet done).
+   */
+  async create(tenant: string, request: CreateRequest, seed: string | null = null): Promise<ExperimentSummary> {
     const version = request.options.spec_version;
     // An unknown spec is a 404 here (docs/decisions.md, "Unknown spec id"), unlike POST /v1/sandboxes.
     const spec = specOrElse(this.deps.specs, tenant, request.spec_id, version, (notFound) => (version === undefined ? notFound : badRequest('spec_version', `spec "${request.spec_id}" has no version ${version}`)));
@@ -52,7 +56,9 @@ export class ExperimentLifecycle {
       this.resolveAgent(tenant, spec.doc, request.options.agent_snapshot_id);
       this.concurrency(tenant, spec.doc);
     }
-    const experiment = this.createdEvent(tenant, request, spec);
+    const stored = seed === null ? undefined : this.deps.experiments.get(newExperimentId(seed));
+    if (stored) return experimentSummary(request.run && stored.status === 'created' ? await this.queueRun(stored) : stored);
+    const experiment = this.createdEvent(tenant, request, spec, seed);
     await this.deps.experiments.put(experiment);
     return experimentSummary(request.run ? await this.queueRun(experiment) : experiment);
   }
@@ -85,8 +91,8 @@ export class ExperimentLifecycle {
     if (problems.length > 0) throw new AppError('bad_request', problems.join('; '));
   }
 
-  private createdEvent(tenant: string, request: CreateRequest, spec: StoredSpec): ExperimentChanged {
-    const id = newExperimentId();
+  private createdEvent(tenant: string, request: CreateRequest, spec: StoredSpec, seed: string | null): ExperimentChanged {
+    const id = newExperimentId(seed);
     const now = Date.now();
     this.sealer ??= new Sealer(secretsKey(this.deps.kernel.config));
     return {

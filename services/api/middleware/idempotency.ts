@@ -34,8 +34,14 @@ const HEADER_VALUE = /^[\x21-\x7e]{1,255}$/;
  * leaves them there unanswered, and the retry runs the request again. `ctx.state.idempotencySeed`
  * (tenant, key, Idempotency-Key and the request's fingerprint) is what the handlers derive their
  * server-made ids from, so that run makes the same events, which consumers keep once (trace
- * ingest: traces/ingest.ts).
+ * ingest: traces/ingest.ts), and the same entities, which the handlers find and answer with
+ * instead of making another (an experiment, a sandbox).
  */
+/** The seed of this request's server-made ids (an `Idempotency-Key` request's), or null. */
+export function idempotencySeed(ctx: Context): string | null {
+  return (ctx.state.idempotencySeed as string | undefined) ?? null;
+}
+
 export class Idempotency extends EntityCatalog<RecordedResponse> {
   private readonly inFlight = new Set<string>();
 

@@ -19,6 +19,7 @@ import { listExperiments } from '../experiments/experiment-list.ts';
 import { createdCursor } from '../experiments/experiment-rows.ts';
 import { exportDownload, parseExportFormat } from '../experiments/export-bundle.ts';
 import { ExperimentLifecycle } from '../experiments/lifecycle.ts';
+import { idempotencySeed } from '../middleware/idempotency.ts';
 import { runResults } from '../experiments/run-results.ts';
 import { parseScenarioQuery, SCENARIO_PARAMS, scenarioPage } from '../experiments/scenario-page.ts';
 import { checkQueryParams, pageOf, parseLimit } from '../pagination.ts';
@@ -50,7 +51,7 @@ function experimentRoutes(router: Router, { kernel, config, store, experiments, 
   router.post('/v1/experiments', async (ctx) => {
     const request = parseCreateRequest(jsonBody(ctx));
     ctx.status = 201;
-    ctx.body = await lifecycle.create(principal(ctx).tenant, request);
+    ctx.body = await lifecycle.create(principal(ctx).tenant, request, idempotencySeed(ctx));
   });
 
   router.get('/v1/experiments', async (ctx) => {

@@ -17,6 +17,7 @@ import { MAX_INGEST_BODY_BYTES, type TraceIngest } from '../traces/ingest.ts';
 import { postedBody, requireJson } from '../traces/ingest-http.ts';
 import { sandboxTrace } from '../traces/trace-event-reads.ts';
 import { jsonBody } from '../request-body.ts';
+import { idempotencySeed } from '../middleware/idempotency.ts';
 import { checkQueryParams } from '../pagination.ts';
 import { answerPages } from '../traces/paged-answer.ts';
 import { AUDIT_CURSOR_ARITY, AUDIT_FILTERS, auditFilters, auditPages, auditSubject } from '../sandboxes/audit-reads.ts';
@@ -43,7 +44,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
 
   router.post('/', async (ctx) => {
     if (principal(ctx).kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot create sandboxes');
-    render(ctx, await operations.create(principal(ctx), createInput(jsonBody(ctx), maxLifetime)));
+    render(ctx, await operations.create(principal(ctx), createInput(jsonBody(ctx), maxLifetime), idempotencySeed(ctx)));
   });
 
   router.get('/', (ctx) => {

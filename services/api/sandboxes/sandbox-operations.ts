@@ -12,7 +12,7 @@ import { refuseUnsupported } from '../../domain/capabilities.ts';
 import type { SandboxChanged, SandboxReplied } from '../../domain/events/sandbox-events.ts';
 import { changedExpiry, lifetimeProblem } from '../../domain/sandbox-lifetime.ts';
 import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
-import type { SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
+import { sandboxView, type SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
 import { RunnerRoster } from '../catalogs/runner-roster.ts';
 import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 import { specOrElse } from '../spec-lookup.ts';
@@ -48,9 +48,21 @@ export interface SandboxOperationsDeps {
 export class SandboxOperations {
   constructor(private readonly deps: SandboxOperationsDeps) {}
 
-  /** Creates a sandbox of a stored spec for the principal's tenant, within its plan's quota. */
-  async create(p: Principal, input: CreateInput): Promise<SandboxAnswer> {
+  /**
+   * Creates a sandbox of a stored spec for the principal's tenant, within its plan's quota. With an
+   * idempotent request's `seed`, its id derives from it: a retry after a crash that came after the
+   * sandbox was made finds it and answers with it, instead of making a second one.
+   */
+  async create(p: Principal, input: CreateInput, seed: string | null = null): Promise<SandboxAnswer> {
     const { config, auth, agents, sandboxes, runners, requester } = this.deps;
+    const id = newSandboxId(seed);
+    if (seed !== null && sandboxes.has(id)) {
+      await sandboxes.waitForState(id, ['ready', 'running', 'stopped', 'error']);
+      const made = sandboxes.owned(p, id, { allowGone: true });
+      // It died with the process that made it (the crash the retry follows): not made again under the same key.
+      if (made.state === 'stopped' || made.state === 'error') throw new AppError('conflict', `the sandbox this request made, ${id}, has ended (${made.error ?? made.state}); retry with a new Idempotency-Key for a new sandbox`);
+      return { status: 201, body: sandboxView(made, config.baseUrl) };
+    }
     const spec = this.storedSpec(p.tenant, input.specId);
     refuseUnsupported(spec.doc, 'sandbox', 'spec_id');
     // A spec stored before the maximum was lowered: its lifetime is refused, not cut short.
@@ -61,7 +73,6 @@ export class SandboxOperations {
     if (sandboxes.live(p.tenant).length >= quota) {
       throw new AppError('rate_limited', `concurrent sandbox quota reached: ${quota} for the ${plan} plan`, { retryAfter: 5 });
     }
-    const id = newSandboxId();
     const answer = answerOf(
       await requester.request(p.tenant, id, runners.pick(), 'create', {
         spec_id: spec.stored.spec_id,

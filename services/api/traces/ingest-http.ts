@@ -6,6 +6,7 @@ import type { Context } from 'koa';
 import getRawBody from 'raw-body';
 import { AppError } from '../../kernel/errors.ts';
 import { MAX_INGEST_BODY_BYTES, tooLarge, type IngestBody } from './ingest.ts';
+import { idempotencySeed } from '../middleware/idempotency.ts';
 
 /** JSON ingest bodies are JSON: anything else is 415. */
 export function requireJson(ctx: Context): void {
@@ -26,5 +27,5 @@ export async function readIngestBody(ctx: Context): Promise<Buffer> {
 
 /** The body an ingest request posted (read by readIngestBody), how it is encoded, and its idempotency seed. */
 export function postedBody(ctx: Context): IngestBody {
-  return { bytes: ctx.state.rawBody as Buffer, contentEncoding: ctx.get('Content-Encoding'), idSeed: (ctx.state.idempotencySeed as string | undefined) ?? null };
+  return { bytes: ctx.state.rawBody as Buffer, contentEncoding: ctx.get('Content-Encoding'), idSeed: idempotencySeed(ctx) };
 }
