@@ -86,7 +86,8 @@ export class SandboxOperations {
       }),
     );
     await sandboxes.waitForState(id, ['ready', 'running', 'stopped']);
-    return answer;
+    // As this api names it (its SVC_BASE_URL), not as the runner does (the address it reaches the api at).
+    return sandboxes.has(id) ? { ...answer, body: sandboxView(sandboxes.owned(p, id, { allowGone: true }), config.baseUrl) } : answer;
   }
 
   /** Destroys a sandbox; one already ended answers as stopped. */
