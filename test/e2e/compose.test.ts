@@ -19,9 +19,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { create as createTar } from 'tar';
+import { freePort } from '../helpers/ports.ts';
 
 // Not from helpers/server.ts or helpers/bundles.ts: importing them would make `npm test` start
 // the Kafka and ClickHouse backends for this file, which brings its own.
@@ -336,17 +336,6 @@ invariants:
 
 function lastLines(text: string, n: number): string {
   return text.trim().split('\n').slice(-n).join('\n');
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 /** A gzip'd tar holding one executable file: an agent bundle. */

@@ -31,6 +31,14 @@ async function waitForOutput(server: TestServer, pattern: RegExp, ms = 30_000): 
   }
 }
 
+/** A request whose answer must never come: the process dies first. Resolves with 'connection lost'. */
+function diesWithTheProcess(request: Promise<{ status: number }>): Promise<string> {
+  return request.then(
+    (res) => assert.fail(`the first try was answered (${res.status}) instead of dying with the process`),
+    () => 'connection lost',
+  );
+}
+
 function crashDrill(name: string, env: Record<string, string>) {
   describe(name, () => {
     let server: TestServer;
@@ -47,10 +55,7 @@ function crashDrill(name: string, env: Record<string, string>) {
       const body = { events: Array.from({ length: BATCH }, (_, i) => traceEvent({ tool, span_id: `s${i}` })) };
       const post = () => server.request('POST', '/v1/traces', { key, body, headers: { 'idempotency-key': 'batch-1' } });
 
-      const first = post().then(
-        (res) => assert.fail(`the first try was answered (${res.status}) instead of dying with the process`),
-        () => 'connection lost',
-      );
+      const first = diesWithTheProcess(post());
       await waitForOutput(server, /holding before recording the idempotent response/);
       // The batch is appended and queryable; only the recorded response is missing.
       assert.equal((await server.request('GET', `/v1/traces?tool=${tool}&limit=1000`, { key })).body.count, BATCH);
@@ -84,10 +89,7 @@ function crashDrill(name: string, env: Record<string, string>) {
       assert.equal(put.status, 201, put.text);
       const name = `crash-${randomBytes(4).toString('hex')}`;
       const post = () => server.request('POST', '/v1/experiments', { key, body: { name, spec_id: spec }, headers: { 'idempotency-key': `exp-${name}` } });
-      const first = post().then(
-        (res) => assert.fail(`the first try was answered (${res.status})`),
-        () => 'connection lost',
-      );
+      const first = diesWithTheProcess(post());
       await waitForOutput(server, /holding before recording the idempotent response[\s\S]*holding before recording the idempotent response/);
       await server.kill9();
       assert.equal(await first, 'connection lost');
@@ -112,10 +114,7 @@ function crashDrill(name: string, env: Record<string, string>) {
         const spec = `crash-sb-${randomBytes(4).toString('hex')}`;
         assert.equal((await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } })).status, 201);
         const post = () => server.request('POST', '/v1/sandboxes', { key, body: { spec_id: spec }, headers: { 'idempotency-key': `sb-${spec}` } });
-        const first = post().then(
-          (res) => assert.fail(`the first try was answered (${res.status})`),
-          () => 'connection lost',
-        );
+        const first = diesWithTheProcess(post());
         const holds = (server.output().match(/holding before recording the idempotent response/g) ?? []).length;
         const deadline = Date.now() + 30_000;
         while ((server.output().match(/holding before recording the idempotent response/g) ?? []).length === holds) {
