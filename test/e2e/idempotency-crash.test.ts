@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
+import { makeBundle, uploadAgent } from '../helpers/bundles.ts';
 import { SPEC } from '../helpers/sandboxes.ts';
 import { ADMIN_KEY, createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
 
@@ -80,22 +81,51 @@ function crashDrill(name: string, env: Record<string, string>) {
       assert.deepEqual(third.body, { ingested: BATCH });
     });
 
-    test('kill -9 between making an experiment and the recorded response, then the retry: the same experiment, once', async () => {
+    /** Runs `post` with the response held, kills the process inside the hold, restarts it, and answers the retry. */
+    async function crashAndRetry(post: () => Promise<{ status: number; body: any; text: string }>): Promise<{ status: number; body: any; text: string }> {
       server.env.SVC_TEST_IDEMPOTENCY_HOLD = '10m';
       await server.stop();
       await server.restart();
-      const spec = `crash-spec-${randomBytes(4).toString('hex')}`;
-      const put = await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } });
-      assert.equal(put.status, 201, put.text);
-      const name = `crash-${randomBytes(4).toString('hex')}`;
-      const post = () => server.request('POST', '/v1/experiments', { key, body: { name, spec_id: spec }, headers: { 'idempotency-key': `exp-${name}` } });
+      const holds = (server.output().match(/holding before recording the idempotent response/g) ?? []).length;
       const first = diesWithTheProcess(post());
-      await waitForOutput(server, /holding before recording the idempotent response[\s\S]*holding before recording the idempotent response/);
+      const deadline = Date.now() + 30_000;
+      while ((server.output().match(/holding before recording the idempotent response/g) ?? []).length === holds) {
+        assert.ok(Date.now() < deadline, 'the request was not held');
+        await new Promise((r) => setTimeout(r, 50));
+      }
       await server.kill9();
       assert.equal(await first, 'connection lost');
       server.env.SVC_TEST_IDEMPOTENCY_HOLD = '0';
       await server.restart();
-      const retry = await post();
+      return post();
+    }
+
+    test('kill -9 between storing a spec version and the recorded response, then the retry: one new version', async () => {
+      const spec = `crash-version-${randomBytes(4).toString('hex')}`;
+      const retry = await crashAndRetry(() => server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml', 'idempotency-key': `spec-${spec}` } }));
+      assert.equal(retry.status, 201, retry.text);
+      assert.equal(retry.body.version, 1);
+      assert.equal((await server.request('GET', `/v1/specs/${spec}`, { key })).body.version, 1);
+      assert.equal((await server.request('GET', `/v1/specs/${spec}?version=2`, { key })).status, 404, 'one version, the one the first try stored');
+    });
+
+    test('kill -9 between storing an agent snapshot and the recorded response, then the retry: one new version', async () => {
+      const name = `crash-agent-${randomBytes(4).toString('hex')}`;
+      const bundle = await makeBundle({ 'run.sh': '#!/bin/sh\necho hi\n' });
+      const retry = await crashAndRetry(() => uploadAgent(server, key, { name, entrypoint: ['sh', 'run.sh'] }, bundle, { 'idempotency-key': `agent-${name}` }) as Promise<{ status: number; body: any; text: string }>);
+      assert.equal(retry.status, 201, JSON.stringify(retry.body));
+      assert.equal(retry.body.version, 1);
+      const versions = await server.request('GET', `/v1/agents/${name}/versions`, { key });
+      assert.equal(versions.status, 200, versions.text);
+      assert.deepEqual((versions.body.items ?? versions.body).map((v: any) => v.version), [1], 'one version, the one the first try stored');
+    });
+
+    test('kill -9 between making an experiment and the recorded response, then the retry: the same experiment, once', async () => {
+      const spec = `crash-spec-${randomBytes(4).toString('hex')}`;
+      const put = await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } });
+      assert.equal(put.status, 201, put.text);
+      const name = `crash-${randomBytes(4).toString('hex')}`;
+      const retry = await crashAndRetry(() => server.request('POST', '/v1/experiments', { key, body: { name, spec_id: spec }, headers: { 'idempotency-key': `exp-${name}` } }));
       assert.equal(retry.status, 201, retry.text);
       // The list reads the store, which the sink fills a moment later.
       let listed: any[] = [];
@@ -108,25 +138,10 @@ function crashDrill(name: string, env: Record<string, string>) {
 
     if (process.env.SVC_TEST_BWRAP) {
       test('kill -9 between making a sandbox and the recorded response: the retry makes no second sandbox and says what became of the first', async () => {
-        server.env.SVC_TEST_IDEMPOTENCY_HOLD = '10m';
-        await server.stop();
-        await server.restart();
         const spec = `crash-sb-${randomBytes(4).toString('hex')}`;
         assert.equal((await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } })).status, 201);
-        const post = () => server.request('POST', '/v1/sandboxes', { key, body: { spec_id: spec }, headers: { 'idempotency-key': `sb-${spec}` } });
-        const first = diesWithTheProcess(post());
-        const holds = (server.output().match(/holding before recording the idempotent response/g) ?? []).length;
-        const deadline = Date.now() + 30_000;
-        while ((server.output().match(/holding before recording the idempotent response/g) ?? []).length === holds) {
-          assert.ok(Date.now() < deadline, 'the create was not held');
-          await new Promise((r) => setTimeout(r, 50));
-        }
-        await server.kill9();
-        assert.equal(await first, 'connection lost');
-        server.env.SVC_TEST_IDEMPOTENCY_HOLD = '0';
-        await server.restart();
+        const retry = await crashAndRetry(() => server.request('POST', '/v1/sandboxes', { key, body: { spec_id: spec }, headers: { 'idempotency-key': `sb-${spec}` } }));
         // The sandbox died with the process (its runner); the retry says so instead of making another.
-        const retry = await post();
         assert.equal(retry.status, 409, retry.text);
         assert.match(retry.body.message, /the sandbox this request made, sb-[0-9a-f]{16}, has ended .*runner restarted/);
         assert.equal((await server.request('GET', '/v1/sandboxes', { key })).body.length, 0, 'no second sandbox');

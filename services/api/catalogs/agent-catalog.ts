@@ -15,7 +15,7 @@ import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import { AppError, badRequest, notFound } from '../../kernel/errors.ts';
 import type { SpecDocument } from '../../domain/spec.ts';
 import type { AgentSnapshotChanged } from '../../domain/events/agent-events.ts';
-import { newEventId, sha256Hex } from '../../kernel/ids.ts';
+import { eventIds, newEventId, sha256Hex } from '../../kernel/ids.ts';
 import { KeyedQueue } from '../../kernel/keyed-queue.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { AgentMetadata } from '../agent-metadata.ts';
@@ -93,10 +93,20 @@ export class AgentCatalog extends EntityCatalog<AgentSnapshotChanged> {
     else names.delete(row.name);
   }
 
-  /** Stores a received bundle as the next version of `metadata.name`; the row is readable on return. */
-  async create(tenant: string, metadata: AgentMetadata, received: ReceivedBundle): Promise<AgentSnapshot> {
+  /**
+   * Stores a received bundle as the next version of `metadata.name`; the row is readable on return.
+   * With an idempotent request's `seed`, the row's event id derives from it: a retry after a crash
+   * that came after the row was stored answers with that version instead of adding another.
+   */
+  async create(tenant: string, metadata: AgentMetadata, received: ReceivedBundle, seed: string | null = null): Promise<AgentSnapshot> {
     return this.queue.run(`name:${tenant}/${metadata.name}`, async () => {
       const rows = this.rows(tenant, metadata.name);
+      const eventId = eventIds(seed)('agent snapshot');
+      const already = rows.find((r) => r.event_id === eventId);
+      if (already) {
+        await this.bundles.discard(received);
+        return snapshotView(already);
+      }
       const live = rows.filter((r) => !r.deleted);
       if (live.length >= this.kernel.config.agentMaxVersions) {
         await this.bundles.discard(received);
@@ -111,7 +121,7 @@ export class AgentCatalog extends EntityCatalog<AgentSnapshotChanged> {
         const storagePath = await this.bundles.commit(received);
         const row: AgentSnapshotChanged = {
           tenant,
-          event_id: newEventId(),
+          event_id: eventId,
           ts: now,
           id: `snap_${sha256Hex(`${tenant}\n${metadata.name}\n${version}\n${received.digest}`).slice(0, 32)}`,
           name: metadata.name,

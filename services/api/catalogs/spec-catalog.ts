@@ -8,7 +8,7 @@ import type { Delivered, Kernel } from '../../kernel/actor.ts';
 import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError, notFound } from '../../kernel/errors.ts';
 import type { SpecStored } from '../../domain/events/spec-events.ts';
-import { newEventId } from '../../kernel/ids.ts';
+import { eventIds, newEventId } from '../../kernel/ids.ts';
 import { parseSpec, specDurations, type SpecDocument } from '../../domain/spec.ts';
 import { lifetimeProblem } from '../../domain/sandbox-lifetime.ts';
 import { refusedSource } from '../../kernel/secret-sources.ts';
@@ -60,8 +60,12 @@ export class SpecCatalog extends EntityCatalog<SpecStored> {
     specs.set(id, [...(specs.get(id) ?? []).filter((v) => v.version !== value.version), value].sort((a, b) => a.version - b.version));
   }
 
-  /** Validates and stores a new version of a spec; it is readable when this returns. */
-  async put(tenant: string, yaml: string): Promise<SpecRecord> {
+  /**
+   * Validates and stores a new version of a spec; it is readable when this returns. With an
+   * idempotent request's `seed`, the version's event id derives from it: a retry after a crash
+   * that came after the version was stored answers with that version instead of adding another.
+   */
+  async put(tenant: string, yaml: string, seed: string | null = null): Promise<SpecRecord> {
     const doc = parseSpec(yaml);
     const refused = Object.entries(doc.secrets).flatMap(([name, source]) => {
       const why = refusedSource(name, source, this.kernel.config);
@@ -77,8 +81,11 @@ export class SpecCatalog extends EntityCatalog<SpecStored> {
     if (refused.length > 0) throw new AppError('bad_request', `spec: ${refused.join('; ')}`);
     return this.queue.run(`${tenant}/${doc.id}`, async () => {
       const versions = this.byTenant.get(tenant)?.get(doc.id) ?? [];
+      const eventId = eventIds(seed)('spec version');
+      const already = versions.find((v) => v.event_id === eventId);
+      if (already) return this.record(already, this.document(already));
       const version = (versions[versions.length - 1]?.version ?? 0) + 1;
-      const stored: SpecStored = { tenant, event_id: newEventId(), ts: Date.now(), spec_id: doc.id, version, yaml, deleted: false };
+      const stored: SpecStored = { tenant, event_id: eventId, ts: Date.now(), spec_id: doc.id, version, yaml, deleted: false };
       await this.append([{ key: key(tenant, doc.id, version), tenant, value: stored }]);
       this.parsed.set(this.byTenant.get(tenant)?.get(doc.id)?.find((v) => v.version === version) ?? stored, doc);
       return this.record(stored, doc);

@@ -3,6 +3,7 @@
  * blob store), the reads by name, tag, version and id, and DELETE /v1/snapshots/:id.
  */
 import Router from '@koa/router';
+import { idempotencySeed } from '../middleware/idempotency.ts';
 import busboy from 'busboy';
 import type { Context } from 'koa';
 import type { Principal } from '../../kernel/auth.ts';
@@ -111,7 +112,7 @@ export function agentsRouter(agents: AgentCatalog, config: Config): Router {
       throw err;
     }
     ctx.status = 201;
-    ctx.body = await agents.create(tenant(ctx), parsed, bundle);
+    ctx.body = await agents.create(tenant(ctx), parsed, bundle, idempotencySeed(ctx));
   });
 
   router.get('/v1/agents', (ctx) => {

@@ -3,6 +3,7 @@
  * pins an older version), DELETE. The record is `{id, version, created_at, spec, yaml}`.
  */
 import Router from '@koa/router';
+import { idempotencySeed } from '../middleware/idempotency.ts';
 import type { Context } from 'koa';
 import getRawBody from 'raw-body';
 import type { Principal } from '../../kernel/auth.ts';
@@ -36,7 +37,7 @@ export function specsRouter(specs: SpecCatalog): Router {
 
   router.post('/', async (ctx) => {
     ctx.status = 201;
-    ctx.body = await specs.put(tenant(ctx), await yamlBody(ctx));
+    ctx.body = await specs.put(tenant(ctx), await yamlBody(ctx), idempotencySeed(ctx));
   });
 
   router.get('/', (ctx) => {
