@@ -171,9 +171,18 @@ export class Auth {
   }
 
   /** Issues a new key for a tenant (creating the tenant on first use); returns the secret once. */
-  async createKey(tenant: string, name: string | null): Promise<{ record: ApiKeyRecord; secret: string }> {
+  /**
+   * Creates a key; its secret is shown once. With an idempotent request's `seed`, its id derives
+   * from it: a retry after a crash that came after the key was stored finds it, and since its
+   * secret cannot be shown again, is refused (409) naming it, rather than making a second key.
+   */
+  async createKey(tenant: string, name: string | null, seed: string | null = null): Promise<{ record: ApiKeyRecord; secret: string }> {
+    const keyId = newKeyId(seed);
+    if (seed !== null && this.keys.entities.has(keyId)) {
+      throw new AppError('conflict', `the key this request made, ${keyId}, exists; its secret was shown only in the lost answer: rotate it (POST /v1/admin/keys/${keyId}/rotate) or revoke it`);
+    }
     if (!this.tenants.entities.has(tenant)) await this.putTenant(tenant, {});
-    return this.writeKey({ keyId: newKeyId(), tenant, name, createdAt: Date.now() });
+    return this.writeKey({ keyId, tenant, name, createdAt: Date.now() });
   }
 
   /** Replaces a key's secret: the old one stops working as soon as this returns. */

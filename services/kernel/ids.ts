@@ -18,8 +18,8 @@ function seeded(seed: string | null, what: string): string | null {
 export const scenarioIdOf = (experimentId: string, index: number): string => `scn-${experimentId.replace(/^exp-/, '')}-${index + 1}`;
 /** A run (replica `replica`, 1-based) of a scenario: `run-<experiment hex>-<index + 1>-<replica>`. */
 export const runIdOf = (experimentId: string, index: number, replica: number): string => `run-${experimentId.replace(/^exp-/, '')}-${index + 1}-${replica}`;
-export const newScoreRuleId = (): string => `rule_${hex(8)}`;
-export const newKeyId = (): string => `key_${hex(8)}`;
+export const newScoreRuleId = (seed: string | null = null): string => `rule_${seeded(seed, 'score rule') ?? hex(8)}`;
+export const newKeyId = (seed: string | null = null): string => `key_${seeded(seed, 'api key') ?? hex(8)}`;
 export const newLiveKey = (): string => `svc_live_${hex(24)}`;
 export const newSandboxToken = (): string => `svc_sb_${hex(24)}`;
 

@@ -120,6 +120,23 @@ function crashDrill(name: string, env: Record<string, string>) {
       assert.deepEqual((versions.body.items ?? versions.body).map((v: any) => v.version), [1], 'one version, the one the first try stored');
     });
 
+    test('kill -9 between making an API key or a score rule and the recorded response: no second one', async () => {
+      const name = `crash-key-${randomBytes(4).toString('hex')}`;
+      const keyRetry = await crashAndRetry(() => server.request('POST', '/v1/admin/keys', { body: { tenant: 'acme', name }, headers: { 'idempotency-key': name } }));
+      // Its secret was in the lost answer: the retry says which key to rotate instead of making another.
+      assert.equal(keyRetry.status, 409, keyRetry.text);
+      const made = /the key this request made, (key_[0-9a-f]{16}), exists/.exec(keyRetry.body.message);
+      assert.ok(made, keyRetry.body.message);
+      const keys = (await server.request('GET', '/v1/admin/keys?tenant=acme')).body.items.filter((k: any) => k.name === name);
+      assert.deepEqual(keys.map((k: any) => k.id), [made[1]]);
+
+      const rule = `crash-rule-${randomBytes(4).toString('hex')}`;
+      const ruleRetry = await crashAndRetry(() => server.request('POST', '/v1/score-rules', { key, body: { name: rule, type: 'threshold', condition: 'wall_ms < 60000' }, headers: { 'idempotency-key': rule } }));
+      assert.equal(ruleRetry.status, 201, ruleRetry.text);
+      const rules = (await server.request('GET', '/v1/score-rules', { key })).body.items.filter((r: any) => r.name === rule);
+      assert.deepEqual(rules.map((r: any) => r.id), [ruleRetry.body.id], 'one rule, the one the first try made');
+    });
+
     test('kill -9 between making an experiment and the recorded response, then the retry: the same experiment, once', async () => {
       const spec = `crash-spec-${randomBytes(4).toString('hex')}`;
       const put = await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } });

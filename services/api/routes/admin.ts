@@ -3,6 +3,7 @@
  * API keys (create, list, rotate, revoke), and the dead-letter topic. docs/api.md documents them.
  */
 import Router from '@koa/router';
+import { idempotencySeed } from '../middleware/idempotency.ts';
 import type { Context, Next } from 'koa';
 import type { Kernel } from '../../kernel/actor.ts';
 import { PLANS, type ApiKeyRecord, type Auth, type Plan, type Principal } from '../../kernel/auth.ts';
@@ -51,7 +52,7 @@ export function adminRouter(kernel: Kernel, auth: Auth): Router {
     const b = jsonBody(ctx);
     if (typeof b.tenant !== 'string') throw badRequest('tenant', 'is required: the tenant the key belongs to');
     if (b.name !== undefined && b.name !== null && (typeof b.name !== 'string' || b.name.length > 200)) throw badRequest('name', 'must be a string of at most 200 characters');
-    const { record, secret } = await auth.createKey(b.tenant, (b.name as string | undefined) ?? null);
+    const { record, secret } = await auth.createKey(b.tenant, (b.name as string | undefined) ?? null, idempotencySeed(ctx));
     ctx.status = 201;
     ctx.body = { ...keyView(record), key: secret };
   });

@@ -6,6 +6,7 @@
  * produces are read from ClickHouse (scoring/score-records.ts).
  */
 import Router from '@koa/router';
+import { idempotencySeed } from '../middleware/idempotency.ts';
 import type { Context } from 'koa';
 import type { Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
@@ -34,10 +35,13 @@ export function scoringRouter(deps: Deps): Router {
 /** Score rules: create, list, get, delete. */
 function ruleRoutes(router: Router, { specs, rules }: Deps): void {
   router.post('/v1/score-rules', async (ctx) => {
-    const rule = newScoreRule(specs, principal(ctx).tenant, parseRuleRequest(jsonBody(ctx)));
-    await rules.put(rule);
+    const seed = idempotencySeed(ctx);
+    const rule = newScoreRule(specs, principal(ctx).tenant, parseRuleRequest(jsonBody(ctx)), seed);
+    // A retry after a crash that came after the rule was stored: the rule the first try made.
+    const made = seed === null ? undefined : rules.get(rule.rule_id);
+    if (!made) await rules.put(rule);
     ctx.status = 201;
-    ctx.body = ruleFromEvent(rule);
+    ctx.body = ruleFromEvent(made ?? rule);
   });
 
   router.get('/v1/score-rules', (ctx) => {

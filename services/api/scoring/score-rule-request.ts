@@ -69,13 +69,13 @@ export function parseRuleRequest(b: Record<string, unknown>): RuleRequest {
   return { name: (b.name as string).trim(), eval_id: (b.eval_id as string | null | undefined) ?? null, config };
 }
 
-/** The new rule's event; a 400 naming eval_id when the tenant has no spec of that id. */
-export function newScoreRule(specs: SpecCatalog, tenant: string, request: RuleRequest): ScoreRuleChanged {
+/** The new rule's event (its id derived from an idempotent request's `seed`); a 400 naming eval_id when the tenant has no spec of that id. */
+export function newScoreRule(specs: SpecCatalog, tenant: string, request: RuleRequest, seed: string | null = null): ScoreRuleChanged {
   if (request.eval_id !== null) {
     const evalId = request.eval_id;
     specOrElse(specs, tenant, evalId, undefined, () => badRequest('eval_id', `no spec "${evalId}" of yours exists (the rule is scoped to experiments of that spec)`));
   }
   const now = Date.now();
   const { type, ...fields } = request.config;
-  return { tenant, event_id: newEventId(), ts: now, rule_id: newScoreRuleId(), name: request.name, eval_id: request.eval_id, type, config: JSON.stringify(fields), created_at: now };
+  return { tenant, event_id: newEventId(), ts: now, rule_id: newScoreRuleId(seed), name: request.name, eval_id: request.eval_id, type, config: JSON.stringify(fields), created_at: now };
 }
