@@ -107,9 +107,15 @@ classpath=$(cd "$repo" && node --input-type=module -e "
   const { kafkaClasspath } = await import('./infra/kafka/kafka.mjs');
   console.log(await kafkaClasspath());
 ")
+# The broker's settings, from the one place that has them (the tests' broker uses the same).
+server_properties=$(cd "$repo" && node --input-type=module -e "
+  const { serverProperties } = await import('./infra/kafka/kafka.mjs');
+  process.stdout.write(serverProperties({ dataDir: '/var/lib/kafka/data', brokerPort: 9092, controllerPort: 9093, listenHost: '0.0.0.0', advertised: 'PLAINTEXT://kafka:9092' }));
+")
 kafka_fp=$( {
   echo "$base_id"
   cat "$here/kafka.Dockerfile" "$here/kafka-start.sh" "$here/kafka-log4j2.xml"
+  echo "$server_properties"
   tr ':' '\n' <<<"$classpath" | xargs -n1 basename | sort
 } | sha)
 if up_to_date "$KAFKA" "$kafka_fp"; then
@@ -120,6 +126,7 @@ else
   mkdir -p "$ctx/libs"
   tr ':' '\n' <<<"$classpath" | while read -r jar; do link_or_copy "$jar" "$ctx/libs/"; done
   cp "$here/kafka-start.sh" "$here/kafka-log4j2.xml" "$ctx/"
+  printf '%s\n' "$server_properties" >"$ctx/server.base.properties"
   "$DOCKER" build -q --network host -f "$here/kafka.Dockerfile" --build-arg "BASE=$BASE" \
     --label "svc.fingerprint=$kafka_fp" -t "$KAFKA" "$ctx" >/dev/null
   rm -rf "$ctx"

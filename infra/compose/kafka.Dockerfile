@@ -8,6 +8,7 @@ RUN apt-get update -qq \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 COPY libs/ /opt/kafka/libs/
 COPY kafka-start.sh /opt/kafka/kafka-start.sh
+COPY server.base.properties /opt/kafka/server.base.properties
 COPY kafka-log4j2.xml /opt/kafka/log4j2.xml
 RUN chmod 755 /opt/kafka/kafka-start.sh && mkdir -p /var/lib/kafka/data
 EXPOSE 9092

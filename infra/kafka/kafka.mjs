@@ -171,13 +171,18 @@ export async function startKafka({ workDir, port }) {
   return { brokers, workDir, stop };
 }
 
-function serverProperties({ dataDir, brokerPort, controllerPort }) {
-  return `# Written by infra/kafka/kafka.mjs: one node, broker and controller (KRaft), for tests.
+/**
+ * The single node's settings (KRaft, broker and controller): the tests' broker, and the compose
+ * image's (infra/compose/build-images.sh writes them into it, listening on every address and
+ * advertising `advertised`).
+ */
+export function serverProperties({ dataDir, brokerPort, controllerPort, listenHost = '127.0.0.1', advertised = `PLAINTEXT://127.0.0.1:${brokerPort}` }) {
+  return `# Written by infra/kafka/kafka.mjs: one node, broker and controller (KRaft).
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:${controllerPort}
-listeners=PLAINTEXT://127.0.0.1:${brokerPort},CONTROLLER://127.0.0.1:${controllerPort}
-advertised.listeners=PLAINTEXT://127.0.0.1:${brokerPort}
+listeners=PLAINTEXT://${listenHost}:${brokerPort},CONTROLLER://127.0.0.1:${controllerPort}
+advertised.listeners=${advertised}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT

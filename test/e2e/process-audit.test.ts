@@ -114,6 +114,17 @@ os.waitpid(pid, 0)'; true`;
     for (let i = 0; i < 500; i++) assert.equal(seen.get(i), i % 7, `burst-${i}`);
   });
 
+  test('a process cannot leave the traced pid namespace: a new one is refused, and what runs after is recorded', async () => {
+    // The tracer reports the namespaces the runner put in its map; a child in a namespace of its
+    // own would go unreported, so making one must fail.
+    const { records } = await spawnsOf('spawns', 'unshare -pf /bin/echo escaped > /dev/null 2>&1; echo "exit $?" > /dev/null; /bin/echo after > /dev/null; true');
+    assert.ok(!records.some((r) => r.command === '/bin/echo escaped'), JSON.stringify(records));
+    const unshare = records.find((r) => r.pid !== undefined && r.command.startsWith('unshare -pf'));
+    assert.ok(unshare, JSON.stringify(records));
+    assert.notEqual(unshare.exit_code, 0, 'unshare of a pid namespace is refused');
+    assert.ok(records.some((r) => r.command === '/bin/echo after'), JSON.stringify(records));
+  });
+
   test('an argument holding a newline cannot forge a record', async () => {
     const { records } = await spawnsOf('spawns', `/bin/echo "a
 ffff q 1 0 1
