@@ -10,6 +10,7 @@
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -25,6 +26,27 @@ const brokers = backend('SVC_TEST_KAFKA_BROKERS', NAME);
 const runtime = backend('SVC_TEST_BWRAP', NAME);
 
 const DEAD_AFTER_MS = 3000;
+
+const cmdline = (pid: number) => {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8');
+  } catch {
+    return '';
+  }
+};
+/** The processes whose parent is `pid`. */
+function childrenOf(pid: number): number[] {
+  return readdirSync('/proc')
+    .filter((e) => /^\d+$/.test(e))
+    .map(Number)
+    .filter((p) => {
+      try {
+        return Number(readFileSync(`/proc/${p}/stat`, 'utf8').split(') ')[1]!.split(' ')[1]) === pid;
+      } catch {
+        return false;
+      }
+    });
+}
 
 if (brokers && runtime) {
   describe(NAME, () => {
@@ -165,8 +187,13 @@ if (brokers && runtime) {
       const id = await create();
       const alive = await req('POST', `/v1/sandboxes/${id}/commands`, { command: 'true' });
       assert.equal(alive.body.exit_code, 0, alive.text);
+      const launchers = childrenOf(runners.get('r2')!.pid).filter((pid) => cmdline(pid).includes('launcher.cjs'));
+      assert.equal(launchers.length, 1, 'the runner starts its sandboxes through one launcher');
       const killedAt = Date.now();
       await runners.get('r2')!.kill9();
+      // Its launcher follows it, and with it the sandbox's processes (their parent-death signal).
+      await until('the launcher of the killed runner gone', 15_000, async () => !existsSync(`/proc/${launchers[0]}`));
+      await until('the sandbox processes of the killed runner gone', 15_000, async () => sandboxPids(id).length === 0);
       await until('the sandbox of the dead runner ends', DEAD_AFTER_MS + 10_000, async () => (await req('GET', `/v1/sandboxes/${id}`)).status === 404);
       assert.ok(Date.now() - killedAt < DEAD_AFTER_MS + 8000, `declared dead after ${Date.now() - killedAt} ms`);
       const [row] = await until('its end in the store', 10_000, async () => {

@@ -8,6 +8,7 @@ import path from 'node:path';
 import { REPO } from './server.ts';
 
 export interface SvcProcess {
+  pid: number;
   output(): string;
   /** Exit code, or the signal, once the process has exited; null while it runs. */
   exit(): number | string | null;
@@ -34,6 +35,7 @@ export function runSvc(services: string[], env: Record<string, string>): SvcProc
   const exitPromise = new Promise<number | string>((resolve) => child.once('exit', (code, signal) => resolve(code ?? signal ?? -1)));
   const deadline = (ms: number, what: string) => new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`${what} within ${ms} ms; output:\n${out.slice(-4000)}`)), ms).unref());
   return {
+    pid: child.pid!,
     output: () => out,
     exit,
     async waitFor(pattern, ms = 60_000) {

@@ -51,7 +51,12 @@ process.on('message', (m) => {
 });
 // The runner is gone: so are we (and, through their parent-death signal, the supervisors). What
 // it could not undo itself (a killed runner leaves its workspaces mounted) is undone first.
-process.on('disconnect', () => {
+// 'disconnect' says so; the parent changing says so too, should the channel's close be missed
+// (a launcher outliving its runner would keep the runner's sandboxes running).
+let leaving = false;
+function runnerGone() {
+  if (leaving) return;
+  leaving = true;
   // A mount still running would hold libmount's lock against the unmounts below: it ends first.
   for (const child of running) child.kill('SIGKILL');
   for (const { command, args } of undo.values()) {
@@ -62,4 +67,9 @@ process.on('disconnect', () => {
     }
   }
   process.exit(0);
-});
+}
+process.on('disconnect', runnerGone);
+const runner = process.ppid;
+setInterval(() => {
+  if (process.ppid !== runner) runnerGone();
+}, 1000).unref();
