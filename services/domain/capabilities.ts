@@ -13,15 +13,13 @@ function unsupportedCapabilities(doc: SpecDocument, use: 'sandbox' | 'run'): str
   for (const type of ['sql', 'git', 'drift'] as const) {
     add(`fixtures of type ${type}`, doc.fixtures.flatMap((f, i) => (f.type === type ? [`fixtures[${i}]`] : [])));
   }
-  const { egress, ingress, dnsOverrides } = doc.network;
-  add('network egress rules', egress.default === 'allow' || egress.allow.length > 0 ? ['network.egress'] : []);
-  add('network ingress rules', ingress.default === 'allow' || ingress.allow.length > 0 ? ['network.ingress'] : []);
-  add('network dns_overrides', Object.keys(dnsOverrides).length > 0 ? ['network.dns_overrides'] : []);
+  // The network block (egress, ingress, dns_overrides) and brokered secrets run: the sandbox network.
   if (use === 'run') {
     for (const type of ['sql', 'http_mock_assertions'] as const) {
       add(`${type} invariants`, Object.entries(doc.invariants).flatMap(([name, inv]) => (inv.check.type === type ? [`invariants.${name}`] : [])));
     }
-    for (const rule of ['http_except', 'db_writes_outside'] as const) add(`the forbidden rule ${rule}`, doc.forbidden[rule] !== undefined ? [`forbidden.${rule}`] : []);
+    // http_except is scored from the http_call records of audit.http_calls; db_writes_outside needs the database proxy.
+    add('the forbidden rule db_writes_outside', doc.forbidden.db_writes_outside !== undefined ? ['forbidden.db_writes_outside'] : []);
   }
   return found;
 }

@@ -1,7 +1,8 @@
 /**
  * The spec document: YAML parsing, validation against the JSON Schema schemas/spec.schema.json
  * (the same file editors use; served at SPEC_SCHEMA_PATH), the rules a JSON Schema cannot say
- * (references between blocks, the forbidden rules' audit toggles, weights, matrix parameters), and
+ * (references between blocks, the forbidden rules' audit toggles, weights, matrix parameters, host
+ * entries by the egress grammar of egress-policy.ts), and
  * the normalised, defaulted document the services read. Every problem is reported with its path
  * in the document (`resources.timeout: ...`), all of them in one 400. docs/spec-format.md
  * documents the blocks.
@@ -16,8 +17,9 @@ import specSchema from '../../schemas/spec.schema.json' with { type: 'json' };
 import { parseDuration } from '../kernel/duration.ts';
 import { parseSize } from '../kernel/size.ts';
 import { AppError } from '../kernel/errors.ts';
-import { childPath, JsonSchemaValidator, succeeds } from '../kernel/json-schema.ts';
+import { childPath, JsonSchemaValidator, type Problem, succeeds } from '../kernel/json-schema.ts';
 import { isObject } from '../kernel/is-object.ts';
+import { broadPatternProblem, type EgressRule, egressPatternProblem, hostnameProblem, parseEgressEntry } from './egress-policy.ts';
 import { definesParams, referencedNames } from './params.ts';
 
 export interface SpecSetupFile {
@@ -118,6 +120,17 @@ export interface SpecAlert {
 
 export type MatrixValue = string | number | boolean;
 
+/**
+ * The inject part of a brokered secret (`secrets.NAME: {source, inject}`): the sandbox sees only
+ * a placeholder; the egress proxy sets `header` to `format` with `{value}` replaced on requests
+ * to `hosts` (hostnames or `*.` globs, normalised as egress patterns: lowercase, no trailing dot).
+ */
+export interface BrokeredSecret {
+  hosts: string[];
+  header: string;
+  format: string;
+}
+
 export interface SpecDocument {
   version: number;
   id: string;
@@ -129,7 +142,10 @@ export interface SpecDocument {
   forbidden: { db_writes_outside?: string[]; http_except?: string[]; secrets_in_logs?: 'deny'; file_writes_outside?: string[] };
   scoring: { pass_threshold: number; replica_aggregation: { strategy: 'majority' | 'all_must_pass' | 'percentage'; min_pass_rate?: number } };
   parallelism: { replicas: number; matrix: Array<Record<string, MatrixValue>> };
+  /** Secret name -> source, for every secret (a brokered one's `source` too). */
   secrets: Record<string, string>;
+  /** Secret name -> how the egress proxy injects it, for the brokered secrets only. */
+  brokered: Record<string, BrokeredSecret>;
   setup: { files: SpecSetupFile[]; commands: string[]; env: Record<string, string> };
   fixtures: SpecFixture[];
   services: SpecService[];
@@ -178,6 +194,7 @@ export const SPEC_DEFAULTS = {
   postgresVersion: 16,
   postgresDatabase: 'app',
   postgresUser: 'app',
+  brokeredFormat: '{value}',
 } as const;
 
 const asArray = (v: unknown): unknown[] => (Array.isArray(v) ? v : []);
@@ -255,7 +272,8 @@ function crossFieldProblems(doc: Record<string, unknown>, schemaPaths: string[],
     for (const [i, e] of asArray(asObject(doc.teardown).export).entries()) {
       if (asObject(e).type === 'db_dump') refer(`teardown.export[${i}].service`, asObject(e).service, 'postgres');
     }
-    for (const [i, name] of asArray(asObject(doc.forbidden).http_except).entries()) refer(`forbidden.http_except[${i}]`, name);
+    // A single label names a service; a name with a dot, or a glob, is a host (hostProblems checks those).
+    for (const [i, name] of asArray(asObject(doc.forbidden).http_except).entries()) if (typeof name === 'string' && !/[.*]/.test(name)) refer(`forbidden.http_except[${i}]`, name);
   }
 
   const weights = Object.values(asObject(doc.invariants)).map((inv) => asObject(inv).weight ?? SPEC_DEFAULTS.weight);
@@ -271,6 +289,79 @@ function crossFieldProblems(doc: Record<string, unknown>, schemaPaths: string[],
       const which = matrix.every((entry) => !Object.hasOwn(entry, name)) ? 'parallelism.matrix' : `parallelism.matrix[${lacking}]`;
       add(path, `refers to params.${name}, which ${which} does not define`);
     }
+  }
+  return problems;
+}
+
+/** Headers the proxy owns (routing, framing, hop-by-hop): a brokered secret cannot be set into them. */
+const PROXY_OWNED_HEADERS = new Set(['host', 'content-length', 'transfer-encoding', 'connection', 'keep-alive', 'upgrade', 'te', 'trailer', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate']);
+
+/**
+ * What the egress grammar (egress-policy.ts) finds in host entries, in its own words:
+ * `replacing` for network.egress.allow and the brokered secrets' inject.hosts, whose problems
+ * stand in for the schema's pattern message at the same path; `added` for the rest, reported
+ * only where the schema found nothing (`flagged` holds the paths it reported).
+ */
+function hostProblems(doc: Record<string, unknown>, flagged: ReadonlySet<string>): { replacing: Problem[]; added: Problem[] } {
+  const replacing: Problem[] = [];
+  const added: Problem[] = [];
+  const egress = asObject(asObject(doc.network).egress);
+  const policy = egress.default === 'allow' ? 'allow' : 'deny';
+  for (const [i, entry] of asArray(egress.allow).entries()) {
+    const problem = typeof entry === 'string' ? egressPatternProblem(entry, policy) : null;
+    if (problem) replacing.push({ path: `network.egress.allow[${i}]`, problem });
+  }
+  for (const [name, secret] of Object.entries(asObject(doc.secrets))) {
+    const inject = asObject(asObject(secret).inject);
+    const where = `${childPath('secrets', name)}.inject`;
+    for (const [i, host] of asArray(inject.hosts).entries()) {
+      const problem = typeof host === 'string' ? brokeredHostProblem(host) : null;
+      if (problem) replacing.push({ path: `${where}.hosts[${i}]`, problem });
+    }
+    if (typeof inject.header === 'string' && PROXY_OWNED_HEADERS.has(inject.header.toLowerCase()) && !flagged.has(`${where}.header`)) {
+      added.push({ path: `${where}.header`, problem: `${JSON.stringify(inject.header)} is the proxy's own header (routing, framing or hop-by-hop); a secret cannot be injected into it` });
+    }
+  }
+  for (const [i, entry] of asArray(asObject(doc.forbidden).http_except).entries()) {
+    const path = `forbidden.http_except[${i}]`;
+    if (typeof entry !== 'string' || !/[.*]/.test(entry) || flagged.has(path)) continue;
+    const parsed = parseEgressEntry(entry);
+    if (typeof parsed === 'string') added.push({ path, problem: parsed });
+  }
+  return { replacing, added: [...added, ...dnsAndIngressProblems(asObject(doc.network), flagged)] };
+}
+
+/** Why a host of a brokered secret's inject.hosts cannot be, or null: no ports, and nothing as broad as `*.com`. */
+function brokeredHostProblem(host: string): string | null {
+  const parsed = parseEgressEntry(host);
+  if (typeof parsed === 'string') return parsed;
+  if (parsed.ports !== null) return `${JSON.stringify(host)} has a port; inject.hosts take hostnames and globs, and the header goes to every port of them`;
+  const broad = broadPatternProblem(host);
+  return broad && `${broad}; a secret is sent only to hosts named one by one or by a domain's glob`;
+}
+
+/** dns_overrides: real hostnames both sides (not addresses), each name once whatever its case; ingress: each port published once. */
+function dnsAndIngressProblems(network: Record<string, unknown>, flagged: ReadonlySet<string>): Problem[] {
+  const problems: Problem[] = [];
+  const names = new Map<string, string>();
+  for (const [name, replacement] of Object.entries(asObject(network.dns_overrides))) {
+    const path = childPath('network.dns_overrides', name);
+    if (flagged.has(path)) continue;
+    const nameProblem = hostnameProblem(name.toLowerCase());
+    const replacementProblem = typeof replacement === 'string' ? hostnameProblem(replacement.toLowerCase()) : null;
+    if (nameProblem) problems.push({ path, problem: `the name ${JSON.stringify(name)} ${nameProblem}` });
+    if (replacementProblem) problems.push({ path, problem: `the replacement ${JSON.stringify(replacement)} ${replacementProblem}` });
+    const first = names.get(name.toLowerCase());
+    if (first !== undefined) problems.push({ path, problem: `is the same name as ${JSON.stringify(first)} (names are not case-sensitive)` });
+    else names.set(name.toLowerCase(), name);
+  }
+  const published = new Map<unknown, number>();
+  for (const [i, rule] of asArray(asObject(network.ingress).allow).entries()) {
+    const port = asObject(rule).to_port;
+    if (!Number.isInteger(port)) continue;
+    const first = published.get(port);
+    if (first !== undefined) problems.push({ path: `network.ingress.allow[${i}].to_port`, problem: `port ${String(port)} is already published by network.ingress.allow[${first}]` });
+    else published.set(port, i);
   }
   return problems;
 }
@@ -330,7 +421,9 @@ export function specFromDocument(doc: Record<string, unknown>): SpecDocument {
   // A loop is not a document (nor JSON): every other finding would only echo it.
   if (cycles.length > 0) fail(cycles.map((path) => ({ path, problem: 'refers to itself through a YAML alias; a spec must be a tree' })));
   const fromSchema = validator.problems(doc);
-  const problems = [...fromSchema, ...crossFieldProblems(doc, fromSchema.map((p) => p.path), paramReferences)];
+  const { replacing, added } = hostProblems(doc, new Set(fromSchema.map((p) => p.path)));
+  const replaced = new Set(replacing.map((p) => p.path));
+  const problems = [...fromSchema.filter((p) => !replaced.has(p.path)), ...replacing, ...added, ...crossFieldProblems(doc, fromSchema.map((p) => p.path), paramReferences)];
   if (problems.length > 0) fail(problems);
   return normalise(doc);
 }
@@ -454,6 +547,21 @@ function alert(a: Raw): SpecAlert {
   };
 }
 
+/** `secrets` split: every name's source, and the inject part of the brokered ones. */
+function secrets(raw: Raw | undefined): Pick<SpecDocument, 'secrets' | 'brokered'> {
+  const entries = Object.entries(raw ?? {}) as Array<[string, string | Raw]>;
+  return {
+    secrets: Object.fromEntries(entries.map(([name, s]) => [name, typeof s === 'string' ? s : (s.source as string)])),
+    brokered: Object.fromEntries(
+      entries.flatMap(([name, s]) => {
+        if (typeof s === 'string') return [];
+        const { hosts, header, format } = s.inject as Raw;
+        return [[name, { hosts: (hosts as string[]).map((h) => (parseEgressEntry(h) as EgressRule).pattern), header, format: format ?? SPEC_DEFAULTS.brokeredFormat }]];
+      }),
+    ),
+  };
+}
+
 function normalise(raw: Record<string, unknown>): SpecDocument {
   const d = raw as Raw;
   const { resources = {}, determinism = {}, audit = {}, teardown = {}, network = {}, scoring = {}, parallelism = {}, setup = {} } = d;
@@ -471,7 +579,7 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
       replica_aggregation: { strategy: aggregation.strategy ?? 'majority', ...(aggregation.min_pass_rate !== undefined && { min_pass_rate: aggregation.min_pass_rate }) },
     },
     parallelism: { replicas: parallelism.replicas ?? SPEC_DEFAULTS.replicas, matrix: parallelism.matrix ?? [{}] },
-    secrets: { ...d.secrets },
+    ...secrets(d.secrets),
     setup: { files: ((setup.files ?? []) as Raw[]).map(file), commands: setup.commands ?? [], env: strings(setup.env) },
     fixtures: ((d.fixtures ?? []) as Raw[]).map(fixture),
     services: ((d.services ?? []) as Raw[]).map(service),
@@ -503,7 +611,7 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
     network: {
       egress: { default: network.egress?.default ?? 'deny', allow: network.egress?.allow ?? [] },
       ingress: { default: network.ingress?.default ?? 'deny', allow: ((network.ingress?.allow ?? []) as Raw[]).map((a) => ({ from: 'host' as const, toPort: a.to_port })) },
-      dnsOverrides: { ...network.dns_overrides },
+      dnsOverrides: Object.fromEntries(Object.entries(network.dns_overrides ?? {}).map(([name, to]) => [name.toLowerCase(), String(to).toLowerCase()])),
     },
     alerts: ((d.alerts ?? []) as Raw[]).map(alert),
     raw,

@@ -257,7 +257,7 @@ export class RunExecutor {
 
 function failed(status: RunOutcome['status'], error: string, sandboxId: string | null, started: number): RunOutcome {
   const ended = Date.now();
-  return { status, error, sandbox_id: sandboxId, started_at: started, ended_at: ended, wall_ms: ended - started, agent: null, checks: {}, diff: null, audit: { file_writes: [], secret_findings: [] } };
+  return { status, error, sandbox_id: sandboxId, started_at: started, ended_at: ended, wall_ms: ended - started, agent: null, checks: {}, diff: null, audit: { file_writes: [], secret_findings: [], http_calls: [] } };
 }
 
 /** The audit facts the forbidden rules read, each with its record's line number (seq, from 1). */
@@ -270,12 +270,17 @@ async function auditFacts(workspace: string): Promise<RunOutcome['audit']> {
       throw err;
     },
   );
-  const facts: RunOutcome['audit'] = { file_writes: [], secret_findings: [] };
+  const facts: Required<Pick<RunOutcome['audit'], 'file_writes' | 'secret_findings' | 'http_calls'>> = { file_writes: [], secret_findings: [], http_calls: [] };
   for (const [i, line] of text.split('\n').entries()) {
     if (line === '') continue;
     const record = JSON.parse(line) as { ts: string; type: string; details: Record<string, unknown> };
     if (record.type === 'file_write') facts.file_writes.push({ path: String(record.details.path), seq: i + 1, ts: record.ts });
     if (record.type === 'secret_finding') facts.secret_findings.push({ name: String(record.details.name), seq: i + 1, ts: record.ts });
+    if (record.type === 'http_call') {
+      const d = record.details;
+      const port = typeof d.port === 'number' ? { port: d.port } : {};
+      facts.http_calls.push({ method: String(d.method), host: String(d.host), ...port, path: String(d.path), status: typeof d.status === 'number' ? d.status : null, seq: i + 1, ts: record.ts });
+    }
   }
   return facts;
 }

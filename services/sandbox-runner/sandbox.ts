@@ -27,6 +27,8 @@ import { AUDIT_FILE, AuditLog } from './workspace/audit-log.ts';
 import { removeBeneath } from './workspace/beneath.ts';
 import { copyFileOut, deleteFile, readFile, writeFile } from './workspace/files.ts';
 import { FsWatcher } from './workspace/fs-watcher.ts';
+import type { EgressGateway } from './network/gateway.ts';
+import { SandboxNetwork } from './network/sandbox-network.ts';
 import { processTracer, type ProcessRun } from './runtime/process-tracer.ts';
 import { resolveRealPath, resolveWorkspacePath, SERVICE_DIR } from './workspace/paths.ts';
 import { captureState, ChecksumCache, diffStates, type Diff, type FilesystemState } from './workspace/state.ts';
@@ -95,6 +97,7 @@ export class LiveSandbox {
   private readonly spec: SpecDocument;
   private readonly workspace: string;
   private box: SandboxHandle | null = null;
+  private readonly network: SandboxNetwork;
   private audit: AuditLog | null = null;
   private watcher: FsWatcher | null = null;
   /** Ends the kernel's report of the sandbox's processes (audit.process_spawns). */
@@ -125,6 +128,8 @@ export class LiveSandbox {
   constructor(
     private readonly kernel: Kernel,
     private readonly runtime: Runtime,
+    /** the runner's egress gateway, or why it did not start */
+    private readonly gateway: EgressGateway | string,
     private readonly tenantSecrets: TenantSecrets,
     private readonly sealer: Sealer,
     private readonly bundles: ExtractedBundles,
@@ -135,6 +140,7 @@ export class LiveSandbox {
     private readonly onGone: () => void,
   ) {
     this.spec = request.spec ?? parseSpec(request.yaml);
+    this.network = new SandboxNetwork(this.spec, request.agent);
     this.workspace = path.join(kernel.config.dataDir, 'workspaces', id);
     this.token = newSandboxToken();
     this.tokenHash = sha256Hex(this.token);
@@ -236,6 +242,7 @@ export class LiveSandbox {
       expires_at: new Date(this.expiresAt).toISOString(),
       metadata: this.request.metadata,
       services: {},
+      network: this.network.view(),
     };
   }
 
@@ -290,6 +297,7 @@ export class LiveSandbox {
       throw new StepFailed(`image could not be pulled: "${this.spec.base}" is not in the image store (svc images import ${this.spec.base} DIR|TARBALL), and SVC_SANDBOX_HOST_ROOTFS is off`);
     }
     this.env = this.baseEnv();
+    if (this.network.wanted && typeof this.gateway === 'string') throw new StepFailed(`this sandbox needs a network, but the runner's egress gateway did not start: ${this.gateway}`);
     this.box = await this.runtime.create({
       id: this.id,
       workspace: this.workspace,
@@ -299,6 +307,7 @@ export class LiveSandbox {
       resources: { memoryBytes: this.spec.resources.memoryBytes, cpus: this.spec.resources.cpus, pids: this.spec.resources.pids, diskBytes: this.spec.resources.diskBytes },
       hosts: this.spec.determinism.dns,
       service: serviceAddress(this.kernel.config.baseUrl)?.address,
+      network: this.network.wanted && typeof this.gateway === 'object' ? { trust: this.gateway.authority } : undefined,
     });
     this.audit = new AuditLog({
       workspace: this.workspace,
@@ -368,16 +377,20 @@ export class LiveSandbox {
     done({ files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
   }
 
-  /** Network policy and determinism, both applied as the runtime started: waits for the sandbox's bridge to the service, reports them. */
+  /**
+   * The sandbox's network (network/sandbox-network.ts), its link made while the runtime started:
+   * from now on the gateway lets out what the policy allows. Determinism was applied as the
+   * runtime started. Waits for the sandbox's bridge to the service too.
+   */
   private async configureNetwork(done: StepDone): Promise<void> {
     await this.box!.serviceReachable;
-    const egressAllow = this.egressAllow();
-    if (egressAllow.length > 0) {
-      await this.warnAudited(`egress to ${egressAllow.join(', ')} is declared, but this runtime gives sandboxes no outbound network yet: the sandbox has none`);
-    }
+    const view = this.network.wanted
+      ? await this.network.configure(this.box!, this.gateway as EgressGateway, this.secretValues, (type, details) => void this.audit!.record(type, details).catch(() => undefined))
+      : null;
     done({
       egress: this.spec.network.egress.default,
-      egress_allow: egressAllow,
+      egress_allow: this.network.allow,
+      ...(view ? { address: view.address, ingress: view.ingress } : {}),
       determinism: { frozen_time: this.spec.determinism.frozenTime, seed: this.spec.determinism.seed, dns: Object.keys(this.spec.determinism.dns).length },
     });
   }
@@ -483,23 +496,12 @@ export class LiveSandbox {
       const relative = file.path.replace(/^~\//, '').replace(/^\/workspace(\/|$)/, '');
       let content: string;
       try {
-        content = renderConfigTemplate(file.template, this.secretValues);
+        content = renderConfigTemplate(file.template, { ...this.secretValues, ...this.network.placeholders() });
       } catch (err) {
         throw new StepFailed(`agent config file ${file.path}: ${(err as Error).message} (declare it under the spec's secrets or store it with PUT /v1/secrets)`);
       }
       await writeFile(this.workspace, relative, content, { field: `agent.auth.config_files[${i}].path` }).catch(refusedInStep);
     }
-  }
-
-  /**
-   * The spec's egress allow list plus the hosts the agent snapshot declares, unless the spec
-   * closes egress on purpose with an explicit empty `allow` list under a `deny` default.
-   */
-  private egressAllow(): string[] {
-    const { egress } = this.spec.network;
-    const closed = egress.default === 'deny' && Array.isArray((this.spec.raw.network as { egress?: { allow?: unknown } } | undefined)?.egress?.allow) && egress.allow.length === 0;
-    const agentHosts = closed || egress.default === 'allow' ? [] : Object.entries(this.request.agent?.auth?.egress ?? {}).map(([host, ports]) => (ports.length > 0 ? `${host}:${ports.join(',')}` : host));
-    return [...new Set([...egress.allow, ...agentHosts])];
   }
 
   private baseEnv(): Record<string, string> {
@@ -509,6 +511,8 @@ export class LiveSandbox {
       PATH: IMAGE_PATH,
       LANG: 'C.UTF-8',
       ...this.secretValues,
+      // The trust store's paths; a brokered secret's placeholder over its value.
+      ...this.network.env(),
       ...this.spec.setup.env,
       // Inside, the service is reached through the sandbox's bridge (runtime/service-bridge.ts).
       SVC_BASE_URL: serviceAddress(this.kernel.config.baseUrl)?.urlInside ?? this.kernel.config.baseUrl,
@@ -723,6 +727,7 @@ export class LiveSandbox {
       }
     };
     await step('ending the capture of the agent\'s activity', () => this.endCapture());
+    await step('closing the network', () => this.network.close());
     await step('closing the audit log', () => this.audit?.close());
     if (this.state !== 'error' || this.spec.teardown.always_run) await step('exporting', () => this.runExports());
     await step('destroying the sandbox', () => this.box?.destroy());
@@ -776,6 +781,7 @@ export class LiveSandbox {
       expires_at: this.expiresAt,
       metadata: this.request.metadata,
       services: '{}',
+      network: JSON.stringify(this.network.view()),
       runner_id: this.runnerId,
       token_hash: this.tokenHash,
       error,

@@ -27,6 +27,7 @@ import { reply } from './sandbox-replies.ts';
 import { Sealer, secretsKey, TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { LocalRuntime } from './runtime/local-runtime.ts';
+import { EgressGateway } from './network/gateway.ts';
 import type { Runtime } from './runtime/runtime.ts';
 import { LiveSandbox, type CreateRequest } from './sandbox.ts';
 import { removeBeneath } from './workspace/beneath.ts';
@@ -56,6 +57,8 @@ export class SandboxRunnerService implements Service {
   private runs!: RunExecutor;
   private readonly inFlight = new Set<Promise<void>>();
   private stopping = false;
+  /** The egress gateway of the sandboxes' networks, or why it did not start. */
+  private gateway: EgressGateway | string = 'not started';
   /** Why the runtime cannot run sandboxes here, or null. */
   private unavailable: string | null = null;
 
@@ -63,8 +66,14 @@ export class SandboxRunnerService implements Service {
     this.kernel = kernel;
     this.runnerId = runnerIdOf(kernel.config);
     this.startedAt = Date.now();
+    // The egress gateway of this runner's sandbox networks; where it cannot start, a sandbox that needs a network fails its boot saying why.
+    this.gateway = await EgressGateway.open(kernel.config, kernel.logger.child({ component: 'egress' })).catch((err: Error) => {
+      kernel.logger.warn({ err }, 'the egress gateway did not start: sandboxes with a network will fail');
+      return err.message;
+    });
     this.runtime = new LocalRuntime({
       stateDir: path.join(kernel.config.dataDir, 'runtime'),
+      network: typeof this.gateway === 'string' ? undefined : { runnerId: this.runnerId, range: kernel.config.sandboxNetwork, ports: this.gateway.ports },
       diskDefaultBytes: kernel.config.sandboxDiskDefault,
       diskMaxBytes: kernel.config.sandboxDiskMax,
       logger: kernel.logger.child({ component: 'runtime' }),
@@ -146,7 +155,7 @@ export class SandboxRunnerService implements Service {
     // The last word: the api stops sending it sandboxes and the aggregator dispatches its unfinished runs again.
     if (this.heartbeat) await this.beat(true).catch((err) => this.kernel.logger.warn({ err }, 'the last heartbeat was not written'));
     stopProcessTracer();
-    await Promise.all([this.secrets?.stop(), this.known.stop(), this.runtime?.close()]);
+    await Promise.all([this.secrets?.stop(), this.known.stop(), this.runtime?.close(), typeof this.gateway === 'object' ? this.gateway.close() : undefined]);
   }
 
   /** Sandboxes this runner owned before a restart are gone: say so instead of leaving them "ready". */
@@ -242,7 +251,7 @@ export class SandboxRunnerService implements Service {
     const max = this.kernel.config.runnerMaxSandboxes;
     const booting = [...this.sandboxes.values()].length;
     if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });
-    const live = new LiveSandbox(this.kernel, this.runtime, this.secrets, this.sealer, this.bundles, this.runnerId, tenant, sandboxId, create, () => {
+    const live = new LiveSandbox(this.kernel, this.runtime, this.gateway, this.secrets, this.sealer, this.bundles, this.runnerId, tenant, sandboxId, create, () => {
       this.sandboxes.delete(sandboxId);
       this.updateGauge();
       // An extracted bundle whose snapshot was deleted goes once no sandbox mounts it.

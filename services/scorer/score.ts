@@ -16,6 +16,7 @@
  * error: the invariants were never checked) or when a judge call failed: infrastructure trouble,
  * kept apart from the agent's own failures.
  */
+import { parseEgressEntry, patternMatchesHost } from '../domain/egress-policy.ts';
 import type { InvariantScore, RunOutcome, RunScore, Violation } from '../domain/events/run-events.ts';
 import type { SpecDocument } from '../domain/spec.ts';
 import type { Judge } from './judge.ts';
@@ -60,9 +61,12 @@ async function scoreInvariant(name: string, invariant: SpecDocument['invariants'
 }
 
 /**
- * The violations of the rules that the outcome's audit facts show, in audit order. `http_except`
- * and `db_writes_outside` have no facts yet (no backing services, no HTTP capture): they find
- * nothing; specs using them are refused at run time until then.
+ * The violations of the rules that the outcome's audit facts show, in audit order.
+ * `http_except` reads the `http_call` records: a call whose host matches no entry is a violation
+ * (an entry is a service name, which is the record's host for a call to a backing service, a
+ * hostname, or a `*.example.com` glob matched as the egress policy matches it; an empty list
+ * forbids every call). `db_writes_outside` has no facts yet (no database proxy): it finds nothing,
+ * and specs using it are refused at run time until then.
  */
 export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit: RunOutcome['audit']): Violation[] {
   const found: Violation[] = [];
@@ -73,6 +77,10 @@ export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit:
   };
   if (forbidden.file_writes_outside !== undefined) unseen('file_write', 'file_writes_outside', 'file writes');
   if (forbidden.secrets_in_logs === 'deny') unseen('secret_finding', 'secrets_in_logs', 'secret findings');
+  if (forbidden.http_except !== undefined) {
+    unseen('http_call', 'http_except', 'HTTP calls');
+    found.push(...httpExceptViolations(forbidden.http_except, audit.http_calls));
+  }
   if (forbidden.file_writes_outside !== undefined) {
     const prefixes = forbidden.file_writes_outside.map(normalise);
     const allowed = forbidden.file_writes_outside.join(', ');
@@ -89,6 +97,27 @@ export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit:
     }
   }
   return found.sort((a, b) => a.audit.seq - b.audit.seq);
+}
+
+/** Each HTTP call to a host that no entry of `http_except` matches. */
+function httpExceptViolations(except: string[], calls: RunOutcome['audit']['http_calls']): Violation[] {
+  // An outcome without the list (a runner from before HTTP capture) cannot show the rule holds.
+  if (calls === undefined) return [{ rule: 'http_except', message: 'the run recorded no HTTP calls (its runner does not capture them), so this rule cannot hold', audit: { seq: 0, ts: '' } }];
+  const patterns = except.map((entry) => {
+    const parsed = parseEgressEntry(entry);
+    return typeof parsed === 'string' ? entry.toLowerCase() : parsed.pattern;
+  });
+  const allowed = except.length > 0 ? except.join(', ') : 'empty: no HTTP is allowed';
+  return calls
+    .filter((call) => !patterns.some((pattern) => patternMatchesHost(pattern, call.host)))
+    .map((call) => {
+      const port = call.port !== undefined && call.port !== 80 && call.port !== 443 ? `:${call.port}` : '';
+      return {
+        rule: 'http_except' as const,
+        message: `HTTP ${call.method} ${call.host}${port}${call.path}, not in http_except (${allowed})`,
+        audit: { seq: call.seq, ts: call.ts, host: call.host, method: call.method, path: call.path },
+      };
+    });
 }
 
 /**

@@ -17,8 +17,12 @@ const SPEC = (id: string, extra = '') =>
 const SLOW = `version: 1\nid: slow\nbase: debian:bookworm\ntask: {prompt: "wait in {{ params.lang }}"}\nagent: {type: cli, command: "sleep 60"}
 invariants:\n  ok: {check: {type: file_exists, path: out.txt}}\nparallelism: {matrix: [{lang: go}, {lang: py}]}\n`;
 
+// It also uses what runs now (the network block, http_except), which the refusal does not name.
 const UNSUPPORTED = `version: 1\nid: needs-db\nbase: debian:bookworm\ntask: {prompt: go}\nagent: {type: cli, command: "true"}
 services:\n  - {name: db, type: postgres}
+network: {egress: {allow: [pypi.org]}, ingress: {allow: [{from: host, to_port: 8080}]}, dns_overrides: {api.example.com: db}}
+audit: {http_calls: true, db_writes: true}
+forbidden: {http_except: [db, "*.example.com"], db_writes_outside: [orders]}
 invariants:\n  db_ok: {check: {type: sql, service: db, query: "select 1", expected: "1"}}\n`;
 
 describe('experiments API', () => {
@@ -171,7 +175,7 @@ describe('experiments API', () => {
     const res = await req('POST', `/v1/experiments/${created.body.id}/run`);
     assert.equal(res.status, 400, res.text);
     assert.equal(res.body.error, 'bad_request');
-    assert.match(res.body.message, /^spec "needs-db" uses backing services \(services\.db\), sql invariants \(invariants\.db_ok\), which this server cannot run yet$/);
+    assert.match(res.body.message, /^spec "needs-db" uses backing services \(services\.db\), sql invariants \(invariants\.db_ok\), the forbidden rule db_writes_outside \(forbidden\.db_writes_outside\), which this server cannot run yet$/);
     assert.equal((await req('GET', `/v1/experiments/${created.body.id}`)).body.status, 'created');
     const before = (await req('GET', '/v1/experiments?limit=1000')).body.count;
     const oneShot = await create({ name: 'db now', spec_id: 'needs-db', run: true });

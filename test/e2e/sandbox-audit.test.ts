@@ -319,7 +319,7 @@ describe('audit reads on chDB, without a runtime', () => {
     // The row the sink would have written, stored without the log event: the api's view never saw it.
     const sandbox: SandboxChanged = {
       tenant: 'default', event_id: newEventId(), ts: now, sandbox_id: id, spec_id: 'basic', spec_version: 1, state: 'stopped', path: '/gone',
-      created_at: now - 1000, expires_at: now + 1000, metadata: {}, services: '{}', runner_id: 'r', token_hash: 'h', error: null, secrets_sealed: null,
+      created_at: now - 1000, expires_at: now + 1000, metadata: {}, services: '{}', network: 'null', runner_id: 'r', token_hash: 'h', error: null, secrets_sealed: null,
     };
     await kernel.store.insert('sandboxes', [sandboxRow(sandbox, { topic: TOPICS.sandboxes, partition: 0, offset: 0, key: id, value: null, headers: {}, timestamp: now } as never)]);
     // Ten records of the same millisecond, one of a later one first on the log: time first, then log order.

@@ -198,15 +198,66 @@ describe('forbidden rules', () => {
     assert.match(score.violations[0]!.message, /API_TOKEN/);
   });
 
-  test('a rule without findings, and the rules with no audit facts yet (http_except, db_writes_outside), find nothing', async () => {
+  test('a rule without findings, and db_writes_outside (no audit facts yet), find nothing', async () => {
     const doc = spec({
       audit: { ...audited, http_calls: true, db_writes: true },
       forbidden: { secrets_in_logs: 'deny', http_except: [], db_writes_outside: ['orders'], file_writes_outside: ['out'] },
       invariants: files(1),
     });
-    const score = await scoreRun(doc, outcome({ f0: check('file_exists', true) }, { audit: { file_writes: writes('out/x'), secret_findings: [] } }), noJudge);
+    const score = await scoreRun(doc, outcome({ f0: check('file_exists', true) }, { audit: { file_writes: writes('out/x'), secret_findings: [], http_calls: [] } }), noJudge);
     assert.deepEqual(score.violations, []);
     assert.equal(score.verdict, 'pass');
+  });
+
+  describe('http_except', () => {
+    const call = (host: string, seq: number, extra: Partial<NonNullable<RunOutcome['audit']['http_calls']>[number]> = {}) => ({ method: 'GET', host, path: '/path', status: 200, seq, ts: `t${seq}`, ...extra });
+    const calls = [
+      call('mock-api', 3),
+      call('api.evil.test', 5),
+      call('files.example.com', 8, { method: 'POST', path: '/upload', port: 443 }),
+      call('a.b.example.com', 9, { status: null }),
+      call('example.com', 11, { port: 8080 }),
+      call('API.Partner.test.', 12),
+    ];
+    const facts = (http_calls: RunOutcome['audit']['http_calls']) => ({ file_writes: [], secret_findings: [], http_calls });
+
+    test('a call to a host no entry matches is a violation with its record; services, hostnames and globs pass', async () => {
+      const doc = spec({ services: [{ name: 'mock-api', type: 'http_mock' }], audit: { http_calls: true }, forbidden: { http_except: ['mock-api', '*.example.com', 'api.partner.test'] }, invariants: files(1) });
+      const score = await scoreRun(doc, outcome({ f0: check('file_exists', true) }, { audit: facts(calls) }), noJudge);
+      assert.equal(score.verdict, 'fail');
+      assert.equal(score.composite, 0);
+      assert.deepEqual(
+        score.violations.map((v) => [v.rule, v.message, v.audit]),
+        [
+          ['http_except', 'HTTP GET api.evil.test/path, not in http_except (mock-api, *.example.com, api.partner.test)', { seq: 5, ts: 't5', host: 'api.evil.test', method: 'GET', path: '/path' }],
+          ['http_except', 'HTTP GET example.com:8080/path, not in http_except (mock-api, *.example.com, api.partner.test)', { seq: 11, ts: 't11', host: 'example.com', method: 'GET', path: '/path' }],
+        ],
+        'a glob matches subdomains at any depth, not its apex; case and a trailing dot do not matter',
+      );
+    });
+
+    test('every call allowed: the rule holds', () => {
+      assert.deepEqual(forbiddenViolations({ http_except: ['mock-api', '*.example.com', 'api.evil.test', 'example.com', 'api.partner.test'] }, facts(calls)), []);
+      assert.deepEqual(forbiddenViolations({ http_except: [] }, facts([])), [], 'no call, nothing to forbid');
+    });
+
+    test('an empty list forbids every call', () => {
+      const found = forbiddenViolations({ http_except: [] }, facts(calls));
+      assert.deepEqual(found.map((v) => v.audit.seq), [3, 5, 8, 9, 11, 12]);
+      assert.equal(found[0]!.message, 'HTTP GET mock-api/path, not in http_except (empty: no HTTP is allowed)');
+      assert.equal(found[2]!.message, 'HTTP POST files.example.com/upload, not in http_except (empty: no HTTP is allowed)');
+    });
+
+    test('dropped http_call records, or an outcome without the list, fail the rule rather than pass it', () => {
+      const flooded = { ...facts([call('mock-api', 2)]), dropped: { http_call: 4 } };
+      const unseen = forbiddenViolations({ http_except: ['mock-api'] }, flooded);
+      assert.deepEqual(unseen.map((v) => [v.rule, v.audit]), [['http_except', { seq: 0, ts: '' }]]);
+      assert.match(unseen[0]!.message, /4 HTTP calls went unrecorded/);
+      assert.deepEqual(forbiddenViolations({}, flooded), [], 'no rule, nothing to fail');
+      const older = forbiddenViolations({ http_except: ['mock-api'] }, { file_writes: [], secret_findings: [] });
+      assert.equal(older.length, 1);
+      assert.match(older[0]!.message, /recorded no HTTP calls/);
+    });
   });
 
   test('a run that did not complete still reports the violations its audit shows', async () => {

@@ -6,6 +6,7 @@ import { parse as parseYaml, stringify } from 'yaml';
 import { parseDuration } from '../../services/kernel/duration.ts';
 import { AppError } from '../../services/kernel/errors.ts';
 import { parseSize } from '../../services/kernel/size.ts';
+import { refuseUnsupported } from '../../services/domain/capabilities.ts';
 import { parseSpec, SPEC_DEFAULTS, SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../../services/domain/spec.ts';
 
 type Doc = Record<string, unknown>;
@@ -52,7 +53,7 @@ const everyBlock = (): Doc => ({
     { type: 'drift', files: [{ path: 'repo/x.cfg', content: 'x=1', mode: '0600' }], delete: ['repo/tmp'], sql: [{ service: 'db', sql: 'DELETE FROM orders' }] },
   ],
   setup: { files: [{ path: '/workspace/a.sh', content: 'echo hi', mode: '0755' }, { path: 'b.txt', content: '' }], commands: ['make deps'], env: { PORT: 8080, DEBUG: false } },
-  secrets: { API_TOKEN: 'dashboard', OTHER: 'env:HOST_TOKEN' },
+  secrets: { API_TOKEN: 'dashboard', OTHER: 'env:HOST_TOKEN', OPENAI_KEY: { source: 'dashboard', inject: { hosts: ['API.openai.com', '*.example.com'], header: 'Authorization', format: 'Bearer {value}' } } },
   network: {
     egress: { default: 'deny', allow: ['pypi.org', '*.example.com'] },
     ingress: { default: 'allow', allow: [{ from: 'host', to_port: 3000 }] },
@@ -104,7 +105,8 @@ test('a document using every block parses to the normalised values', () => {
     commands: ['make deps'],
     env: { PORT: '8080', DEBUG: 'false' },
   });
-  assert.deepEqual(doc.secrets, { API_TOKEN: 'dashboard', OTHER: 'env:HOST_TOKEN' });
+  assert.deepEqual(doc.secrets, { API_TOKEN: 'dashboard', OTHER: 'env:HOST_TOKEN', OPENAI_KEY: 'dashboard' });
+  assert.deepEqual(doc.brokered, { OPENAI_KEY: { hosts: ['api.openai.com', '*.example.com'], header: 'Authorization', format: 'Bearer {value}' } });
   assert.deepEqual(doc.network, {
     egress: { default: 'deny', allow: ['pypi.org', '*.example.com'] },
     ingress: { default: 'allow', allow: [{ from: 'host', toPort: 3000 }] },
@@ -152,7 +154,7 @@ test('a minimal document gets every default', () => {
   assert.deepEqual(doc.determinism, { frozenTime: null, seed: null, dns: {} });
   assert.deepEqual(doc.audit, { db_writes: false, http_calls: false, process_spawns: false, stdout_capture: false, file_system: { watch: [], track: ['writes', 'deletes'] } });
   assert.deepEqual(doc.network, { egress: { default: 'deny', allow: [] }, ingress: { default: 'deny', allow: [] }, dnsOverrides: {} });
-  assert.deepEqual([doc.secrets, doc.fixtures, doc.services, doc.alerts], [{}, [], [], []]);
+  assert.deepEqual([doc.secrets, doc.brokered, doc.fixtures, doc.services, doc.alerts], [{}, {}, [], [], []]);
   assert.deepEqual(doc.setup, { files: [], commands: [], env: {} });
   assert.deepEqual(doc.snapshots, { checkpoints: 'none' });
   assert.deepEqual(doc.teardown, { always_run: false, export: [] });
@@ -243,7 +245,7 @@ test('durations, sizes, hostnames and globs report at their path', () => {
   rejects(withBlocks({ services: [{ name: 'db', type: 'postgres', wait_for: { timeout: true } }] }), 'services[0].wait_for.timeout: must be a duration');
   rejects(withBlocks({ resources: { memory: 'lots' } }), 'resources.memory: must be a size such as 512Mi');
   rejects(withBlocks({ resources: { disk: 0 } }), 'resources.disk: must be a size');
-  rejects(withBlocks({ network: { egress: { allow: ['ok.example.com', 'api.*.com', 'no spaces'] } } }), 'network.egress.allow[1]: must be a hostname such as api.example.com or a glob', 'network.egress.allow[2]:');
+  rejects(withBlocks({ network: { egress: { allow: ['ok.example.com', 'api.*.com', 'no spaces'] } } }), 'network.egress.allow[1]: "api.*.com" has * inside; * may only be the whole first label', 'network.egress.allow[2]: "no spaces" has " "');
   rejects(withBlocks({ network: { dns_overrides: { 'api.example.com': 'not a host' } } }), 'network.dns_overrides["api.example.com"]: must be a hostname');
   rejects(withBlocks({ network: { dns_overrides: { 'bad_host!': 'mock' } } }), 'network.dns_overrides["bad_host!"]: is not a hostname');
   rejects(withBlocks({ determinism: { dns: { 'db.internal': '10.0.0.999' } } }), 'determinism.dns["db.internal"]: must be an IPv4 or IPv6 address');
@@ -313,6 +315,109 @@ test('services, fixtures and exports refer to declared services of the right typ
   rejects(withBlocks({ teardown: { export: [{ type: 'db_dump', service: 'db', to: '../x' }] } }), 'teardown.export[0].service: no postgres service "db"', 'teardown.export[0].to: must be a relative path without ".." segments');
   rejects(withBlocks({ forbidden: { http_except: ['stripe'] }, audit: { http_calls: true } }), 'forbidden.http_except[0]: no service "stripe" is declared under services');
   rejects(withBlocks({ invariants: { q: { check: { type: 'sql', service: 'db', query: 'SELECT 1', expected: 1 } } } }), 'invariants.q.check.service: no postgres service "db"');
+});
+
+test('network: egress entries by the egress grammar, broad ones only under allow; ingress ports; dns_overrides', () => {
+  const egress = (allow: unknown[], def?: string) => withBlocks({ network: { egress: { ...(def && { default: def }), allow } } });
+  assert.deepEqual(parseSpec(egress(['pypi.org', '*.Example.com', 'api.stripe.com:443,8443', '10.0.0.7:5432', 'files.test:8000-8100'])).network.egress.allow, ['pypi.org', '*.Example.com', 'api.stripe.com:443,8443', '10.0.0.7:5432', 'files.test:8000-8100']);
+  const message = rejects(
+    egress(['*', '*.*', '*.com', '*.co.uk', 'ok.example.com', 'api.*.com', 'a..b.com', 'x.example.com:0', 'x.example.com:70000', '1.2.3', '[::1]:443', 42]),
+    'network.egress.allow[0]: "*" matches every host; under egress.default: deny, name the hosts (or set egress.default: allow)',
+    'network.egress.allow[1]: "*.*" has * inside',
+    'network.egress.allow[2]: "*.com" is too broad: a glob needs at least two labels after "*." (*.example.com)',
+    'network.egress.allow[3]: "*.co.uk" is too broad: co.uk is a public suffix',
+    'network.egress.allow[5]: "api.*.com" has * inside',
+    'network.egress.allow[6]: "a..b.com" has an empty label',
+    'network.egress.allow[7]: "x.example.com:0" has the port 0, out of range 1-65535',
+    'network.egress.allow[8]: "x.example.com:70000" has the port 70000, out of range 1-65535',
+    'network.egress.allow[9]: "1.2.3" is not a valid IPv4 address',
+    'network.egress.allow[10]: "[::1]:443" is an IPv6 address',
+    'network.egress.allow[11]: must be a hostname (api.example.com), a glob (*.example.com) or an IPv4 address',
+  );
+  assert.ok(!message.includes('allow[4]'), message);
+  assert.ok(!message.includes('allow[2]: must be'), `the egress grammar's message replaces the schema's: ${message}`);
+  // Under default allow the broad ones are accepted (they change nothing but the rule a record names); syntax is still checked.
+  assert.deepEqual(parseSpec(egress(['*', '*.com', '*.co.uk'], 'allow')).network.egress, { default: 'allow', allow: ['*', '*.com', '*.co.uk'] });
+  rejects(egress(['api.*.com'], 'allow'), 'network.egress.allow[0]: "api.*.com" has * inside');
+
+  rejects(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 0 }] } } }), 'network.ingress.allow[0].to_port: must be a port from 1 to 65535');
+  rejects(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 65536 }] } } }), 'network.ingress.allow[0].to_port: must be a port from 1 to 65535');
+  rejects(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 80.5 }] } } }), 'network.ingress.allow[0].to_port: must be a port from 1 to 65535');
+  rejects(withBlocks({ network: { ingress: { allow: [{ from: 'internet', to_port: 80 }] } } }), 'network.ingress.allow[0].from: must be host');
+  rejects(withBlocks({ network: { ingress: { allow: [{ to_port: 80 }] } } }), 'network.ingress.allow[0].from: is required');
+  rejects(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 80 }, { from: 'host', to_port: 80 }] } } }), 'network.ingress.allow[1].to_port: port 80 is already published by network.ingress.allow[0]');
+  assert.deepEqual(parseSpec(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 65535 }] } } })).network.ingress, { default: 'deny', allow: [{ from: 'host', toPort: 65535 }] });
+
+  rejects(withBlocks({ network: { dns_overrides: { '10.0.0.1': 'payments' } } }), 'network.dns_overrides["10.0.0.1"]: the name "10.0.0.1" is not a valid IPv4 address');
+  rejects(withBlocks({ network: { dns_overrides: { 'api.example.com': '10.0.0.1' } } }), 'network.dns_overrides["api.example.com"]: the replacement "10.0.0.1" is not a valid IPv4 address');
+  rejects(withBlocks({ network: { dns_overrides: { 'api.example.com': 'payments', 'API.example.com': 'other' } } }), 'network.dns_overrides["API.example.com"]: is the same name as "api.example.com"');
+  assert.deepEqual(parseSpec(withBlocks({ network: { dns_overrides: { 'API.Stripe.com': 'Payments' } } })).network.dnsOverrides, { 'api.stripe.com': 'payments' });
+});
+
+test('secrets: a brokered secret {source, inject: {hosts, header, format?}}', () => {
+  const brokered = (inject: Doc, source: unknown = 'dashboard') => withBlocks({ secrets: { KEY: { source, inject } } });
+  const doc = parseSpec(brokered({ hosts: ['api.example.com', '*.Example.org'], header: 'X-Api-Key' }, 'env:HOST_KEY'));
+  assert.deepEqual(doc.secrets, { KEY: 'env:HOST_KEY' }, 'secrets keeps name -> source for every secret');
+  assert.deepEqual(doc.brokered, { KEY: { hosts: ['api.example.com', '*.example.org'], header: 'X-Api-Key', format: '{value}' } });
+  assert.deepEqual(parseSpec(brokered({ hosts: ['10.0.0.7'], header: 'Authorization', format: 'Bearer {value}' })).brokered.KEY, { hosts: ['10.0.0.7'], header: 'Authorization', format: 'Bearer {value}' });
+
+  rejects(brokered({ hosts: ['api.example.com'], header: 'Authorization' }, 'vault:x'), 'secrets.KEY.source: must be dashboard, env, env:<NAME>');
+  rejects(withBlocks({ secrets: { KEY: { source: 'dashboard' } } }), 'secrets.KEY.inject: is required');
+  rejects(withBlocks({ secrets: { KEY: { inject: { hosts: ['a.example.com'], header: 'A' } } } }), 'secrets.KEY.source: is required');
+  rejects(withBlocks({ secrets: { KEY: { source: 'dashboard', inject: { hosts: ['a.example.com'], header: 'A' }, extra: 1 } } }), 'secrets.KEY.extra: unknown field; the fields are source, inject');
+  rejects(withBlocks({ secrets: { KEY: 42 } }), 'secrets.KEY: must be a source (dashboard, env, env:<NAME>, file:<absolute path>, command:<cmd>) or a mapping {source, inject');
+  rejects(brokered({ header: 'Authorization' }), 'secrets.KEY.inject.hosts: is required');
+  rejects(brokered({ hosts: [], header: 'Authorization' }), 'secrets.KEY.inject.hosts: must be a non-empty list of hostnames or *.example.com globs');
+  rejects(brokered({ hosts: ['api.example.com'] }), 'secrets.KEY.inject.header: is required');
+  rejects(brokered({ hosts: ['api.example.com:443'], header: 'A' }), 'secrets.KEY.inject.hosts[0]: "api.example.com:443" has a port');
+  rejects(brokered({ hosts: ['*.com'], header: 'A' }), 'secrets.KEY.inject.hosts[0]: "*.com" is too broad');
+  rejects(brokered({ hosts: ['*.co.uk'], header: 'A' }), 'secrets.KEY.inject.hosts[0]: "*.co.uk" is too broad: co.uk is a public suffix');
+  rejects(brokered({ hosts: ['api.*.com'], header: 'A' }), 'secrets.KEY.inject.hosts[0]: "api.*.com" has * inside');
+  // Broad hosts stay refused for a credential even when egress is open.
+  rejects(withBlocks({ secrets: { KEY: { source: 'dashboard', inject: { hosts: ['*.com'], header: 'A' } } }, network: { egress: { default: 'allow' } } }), 'secrets.KEY.inject.hosts[0]: "*.com" is too broad');
+  rejects(brokered({ hosts: ['api.example.com'], header: 'Bad Header' }), 'secrets.KEY.inject.header: must be an HTTP header name such as Authorization');
+  rejects(brokered({ hosts: ['api.example.com'], header: 'Authorization:' }), 'secrets.KEY.inject.header: must be an HTTP header name');
+  for (const header of ['Host', 'content-length', 'Transfer-Encoding', 'Connection', 'Proxy-Authorization']) {
+    rejects(brokered({ hosts: ['api.example.com'], header }), `secrets.KEY.inject.header: "${header}" is the proxy's own header`);
+  }
+  for (const format of ['Bearer', 'Bearer {value} {value}', '{value}\r\nX-Injected: 1', '', 'Bearer {VALUE}']) {
+    rejects(brokered({ hosts: ['api.example.com'], header: 'Authorization', format }), 'secrets.KEY.inject.format: must contain {value} exactly once');
+  }
+  assert.equal(parseSpec(brokered({ hosts: ['api.example.com'], header: 'Authorization', format: 'token={value};\tv=1' })).brokered.KEY!.format, 'token={value};\tv=1');
+});
+
+test('forbidden.http_except: declared services, hostnames and globs', () => {
+  const except = (list: unknown[], extra: Doc = {}) => withBlocks({ forbidden: { http_except: list }, audit: { http_calls: true }, ...extra });
+  assert.deepEqual(parseSpec(except(['api.example.com', '*.example.org', '10.0.0.7'])).forbidden.http_except, ['api.example.com', '*.example.org', '10.0.0.7']);
+  assert.deepEqual(parseSpec(except(['payments', 'api.example.com'], { services: [{ name: 'payments', type: 'http_mock' }] })).forbidden.http_except, ['payments', 'api.example.com']);
+  rejects(except(['stripe']), 'forbidden.http_except[0]: no service "stripe" is declared under services');
+  rejects(except(['api.*.com']), 'forbidden.http_except[0]: must be a service name of the spec, a hostname such as api.example.com or a glob');
+  rejects(except(['api.example.com:443']), 'forbidden.http_except[0]: must be a service name of the spec');
+  rejects(except(['1.2.3']), 'forbidden.http_except[0]: "1.2.3" is not a valid IPv4 address');
+});
+
+test('what runs: the network block, brokered secrets and http_except; backing services and db_writes_outside are still refused', () => {
+  const networked = parseSpec(
+    withBlocks({
+      network: { egress: { default: 'deny', allow: ['pypi.org'] }, ingress: { allow: [{ from: 'host', to_port: 8080 }] }, dns_overrides: { 'api.example.com': 'files.example.org' } },
+      secrets: { KEY: { source: 'dashboard', inject: { hosts: ['api.example.com'], header: 'Authorization' } } },
+      audit: { http_calls: true },
+      forbidden: { http_except: ['api.example.com'] },
+    }),
+  );
+  refuseUnsupported(networked, 'sandbox');
+  refuseUnsupported(networked, 'run');
+  refuseUnsupported(parseSpec(withBlocks({ network: { egress: { default: 'allow' }, ingress: { default: 'allow' } } })), 'run');
+  const db = parseSpec(
+    withBlocks({
+      services: [{ name: 'db', type: 'postgres' }],
+      network: { egress: { allow: ['pypi.org'] } },
+      audit: { http_calls: true, db_writes: true },
+      forbidden: { http_except: ['db'], db_writes_outside: ['orders'] },
+    }),
+  );
+  assert.throws(() => refuseUnsupported(db, 'sandbox', 'spec_id'), { status: 400, message: 'spec_id: spec "minimal" uses backing services (services.db), which this server cannot run yet' });
+  assert.throws(() => refuseUnsupported(db, 'run'), { message: 'spec "minimal" uses backing services (services.db), the forbidden rule db_writes_outside (forbidden.db_writes_outside), which this server cannot run yet' });
 });
 
 test('setup, secrets and alerts', () => {
@@ -466,6 +571,7 @@ test('the schema: editors can use it, every field is described, and it agrees wi
   const [, postgres] = variants(definitions.service);
   assert.equal(parseDuration(props(postgres.wait_for).timeout.default as string), SPEC_DEFAULTS.waitForTimeoutMs);
   assert.deepEqual([postgres.version.default, postgres.database.default, postgres.user.default], [SPEC_DEFAULTS.postgresVersion, SPEC_DEFAULTS.postgresDatabase, SPEC_DEFAULTS.postgresUser]);
+  assert.equal(props(props(definitions.brokeredSecret).inject).format.default, SPEC_DEFAULTS.brokeredFormat);
 });
 
 test('YAML values round-trip as the document says', () => {

@@ -69,7 +69,7 @@ export class SpecCatalog extends EntityCatalog<SpecStored> {
     const doc = parseSpec(yaml);
     const refused = Object.entries(doc.secrets).flatMap(([name, source]) => {
       const why = refusedSource(name, source, this.kernel.config);
-      return why ? [`secrets.${name}: ${why}`] : [];
+      return why ? [`secrets.${name}${name in doc.brokered ? '.source' : ''}: ${why}`] : [];
     });
     for (const { path, ms } of specDurations(doc)) {
       const problem = lifetimeProblem(ms, this.kernel.config.sandboxMaxLifetime);

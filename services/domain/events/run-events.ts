@@ -92,6 +92,12 @@ export interface RunOutcome {
   audit: {
     file_writes: Array<{ path: string; seq: number; ts: string }>;
     secret_findings: Array<{ name: string; seq: number; ts: string }>;
+    /**
+     * The `http_call` records (audit.http_calls): `host` is the service name for a call to a
+     * backing service; `status` null when no answer came. Absent in outcomes of runners older
+     * than HTTP capture.
+     */
+    http_calls?: Array<{ method: string; host: string; port?: number; path: string; status: number | null; seq: number; ts: string }>;
     /** Records of these types the audit's limits dropped (absent in older outcomes): no rule reading them can hold. */
     dropped?: Record<string, number>;
   };
@@ -126,7 +132,7 @@ export interface Violation {
   rule: 'file_writes_outside' | 'secrets_in_logs' | 'http_except' | 'db_writes_outside';
   message: string;
   /** The audit record that caused it. */
-  audit: { seq: number; ts: string; path?: string; secret?: string };
+  audit: { seq: number; ts: string; path?: string; secret?: string; host?: string; method?: string };
 }
 
 /** A run's score: the scorer's answer to a RunOutcome. */

@@ -47,6 +47,8 @@ export interface SandboxChanged {
   expires_at: number;
   metadata: Record<string, string>;
   services: string;
+  /** JSON: {address, egress, ingress: [{to_port, host, port}]} or null (a sandbox without a network). */
+  network: string;
   runner_id: string;
   token_hash: string;
   error: string | null;
@@ -67,8 +69,10 @@ export interface SandboxEvent {
 /**
  * The types of audit records (the spec's "Audit event", docs/sandboxes.md "Audit"): what
  * `type` of a record of svc.audit, the audit_events table and `.svc/audit.jsonl` can be.
+ * `http_call` is one HTTP(S) request through the egress proxy (`audit.http_calls`);
+ * `network_denied` is traffic the egress policy refused (`{protocol, host, ip, port, reason, ...}`).
  */
-export const AUDIT_TYPES = ['file_write', 'file_read', 'file_delete', 'db_write', 'http_call', 'process_spawn', 'stdout', 'secret_finding', 'warning'] as const;
+export const AUDIT_TYPES = ['file_write', 'file_read', 'file_delete', 'db_write', 'http_call', 'process_spawn', 'stdout', 'secret_finding', 'warning', 'network_denied'] as const;
 
 /** A value of svc.audit (schemas/audit-recorded.avsc). */
 export interface AuditRecorded {

@@ -30,13 +30,15 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from '../../kernel/logger.ts';
 import { commandSizeProblem, envSizeProblem, MAX_COMMANDS_AT_ONCE } from '../../domain/sandbox-limits.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
-import { ServiceBridge } from './service-bridge.ts';
+import { ServiceBridge, pidInSandboxNetns } from './service-bridge.ts';
+import { LocalNetworks, type GatewayPorts, type NetworkSlot } from './local-network.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';
 import { diskTools, WorkspaceDisks, type WorkspaceDisk } from './workspace-disk.ts';
 import { Scratches, type Scratch } from './scratch.ts';
 import {
   EXIT_KILLED,
   EXIT_TIMEOUT,
+  TRUST_IN_SANDBOX,
   type CreateSandboxOptions,
   type ExecOptions,
   type ExecResult,
@@ -65,7 +67,12 @@ export interface LocalRuntimeOptions {
   /** largest `resources.diskBytes` a sandbox may ask for (default 16 GiB) */
   diskMaxBytes?: number;
   logger?: Logger;
+  /** sandbox networks (CreateSandboxOptions.network): the runner's id (names its links and table), the address range, the egress gateway's ports */
+  network?: { runnerId: string; range: string; ports: GatewayPorts };
 }
+
+/** Where Debian-like roots keep the system's CA bundle (the sandbox's gets the deployment's CA added). */
+const SYSTEM_TRUST_BUNDLE = 'etc/ssl/certs/ca-certificates.crt';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const DEFAULT_SOURCE = path.resolve(HERE, '../../../infra/supervisor/supervisor.c');
@@ -107,8 +114,9 @@ export class LocalRuntime implements Runtime {
   private readonly logger: Logger | undefined;
   private supervisor: Promise<string> | null = null;
   private availability: Promise<string | null> | null = null;
+  private networks: Promise<LocalNetworks> | null = null;
 
-  constructor(options: LocalRuntimeOptions) {
+  constructor(private readonly options: LocalRuntimeOptions) {
     this.stateDir = path.resolve(options.stateDir);
     this.uid = options.sandboxUid ?? 65534;
     this.gid = options.sandboxGid ?? 65534;
@@ -183,6 +191,20 @@ export class LocalRuntime implements Runtime {
   async close(): Promise<void> {
     if (this.disks !== null && typeof this.disks !== 'string') await this.disks.close();
     await this.scratchMounts?.close();
+    if (this.networks) await (await this.networks).close();
+  }
+
+  /** The runner's sandbox networks, its nftables table installed on first use. */
+  private sandboxNetworks(): Promise<LocalNetworks> {
+    const options = this.options.network;
+    if (!options) return Promise.reject(new Error('this runtime was started without sandbox networks'));
+    this.networks ??= (async () => {
+      const networks = new LocalNetworks(this.launcher, { ...options, stateDir: path.join(this.stateDir, 'network') });
+      await networks.start();
+      return networks;
+    })();
+    this.networks.catch(() => (this.networks = null));
+    return this.networks;
   }
 
   private scratches(): Scratches {
@@ -213,6 +235,7 @@ export class LocalRuntime implements Runtime {
     await fs.promises.mkdir(sandboxDir, { recursive: true });
     const hostsFile = path.join(sandboxDir, 'hosts');
     await fs.promises.writeFile(hostsFile, hostsText(options.id, options.hosts ?? {}));
+    const network = options.network ? await this.networkFiles(options, sandboxDir) : null;
 
     const warnings: string[] = [];
     const disks = this.workspaceDisks();
@@ -237,7 +260,7 @@ export class LocalRuntime implements Runtime {
     }
     warnings.push(...cgroup.warnings);
 
-    const args = this.bwrapArgs(options, workspace, readOnlyMounts, supervisor, hostsFile, scratch);
+    const args = this.bwrapArgs(options, workspace, readOnlyMounts, supervisor, hostsFile, scratch, network?.mounts ?? []);
     let child: LaunchedProcess;
     try {
       // Through the launcher: a fork of this (large) process would cost tens of milliseconds.
@@ -249,10 +272,12 @@ export class LocalRuntime implements Runtime {
     } catch (err) {
       await cgroup.remove();
       await release();
+      if (network) await network.networks.release(network.slot);
       throw err;
     }
     const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, { disk, scratch }, warnings, this.logger);
     try {
+      if (network) sandbox.attachNetwork(network.networks, network.slot, this.bootTimeoutMs);
       // The bridge's forwarder stays out of the sandbox's cgroups: it is not the agent's, and a
       // fork bomb must not take its pids. It comes up while the supervisor boots.
       if (options.service) sandbox.openBridge(path.join(sandboxDir, 'service.sock'), options.service, this.launcher, supervisor);
@@ -283,7 +308,38 @@ export class LocalRuntime implements Runtime {
     return args;
   }
 
-  private bwrapArgs(options: CreateSandboxOptions, workspace: string, readOnlyMounts: Array<{ host: string; sandbox: string }>, supervisor: string, hostsFile: string, scratch: Scratch): string[] {
+  /**
+   * A network slot, and the files that make the gateway the sandbox's resolver and add the
+   * deployment's CA to its trust store (over the system's bundle, where the root has one).
+   */
+  private async networkFiles(options: CreateSandboxOptions, sandboxDir: string): Promise<{ networks: LocalNetworks; slot: NetworkSlot; mounts: Array<{ host: string; sandbox: string }> }> {
+    const networks = await this.sandboxNetworks();
+    const slot = networks.allocate();
+    try {
+      const root = options.rootfs ?? '/';
+      const systemBundle = path.join(root, SYSTEM_TRUST_BUNDLE);
+      const system = await readInside(root, SYSTEM_TRUST_BUNDLE);
+      const trust = options.network!.trust.trim();
+      const files = { resolv: path.join(sandboxDir, 'resolv.conf'), bundle: path.join(sandboxDir, 'ca-certificates.crt'), authority: path.join(sandboxDir, 'egress-ca.pem') };
+      await Promise.all([
+        fs.promises.writeFile(files.resolv, `nameserver ${slot.hostAddress}\noptions timeout:2 attempts:2\n`),
+        fs.promises.writeFile(files.bundle, `${system ?? ''}${system && !system.endsWith('\n') ? '\n' : ''}${trust}\n`),
+        fs.promises.writeFile(files.authority, `${trust}\n`),
+      ]);
+      const mounts = [
+        { host: files.resolv, sandbox: '/etc/resolv.conf' },
+        { host: files.bundle, sandbox: TRUST_IN_SANDBOX.bundle },
+        { host: files.authority, sandbox: TRUST_IN_SANDBOX.authority },
+      ];
+      if (system !== null && fs.lstatSync(systemBundle).isFile()) mounts.push({ host: files.bundle, sandbox: `/${SYSTEM_TRUST_BUNDLE}` });
+      return { networks, slot, mounts };
+    } catch (err) {
+      await networks.release(slot);
+      throw err;
+    }
+  }
+
+  private bwrapArgs(options: CreateSandboxOptions, workspace: string, readOnlyMounts: Array<{ host: string; sandbox: string }>, supervisor: string, hostsFile: string, scratch: Scratch, networkMounts: Array<{ host: string; sandbox: string }>): string[] {
     const args = [
       '--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--unshare-cgroup-try',
       '--die-with-parent', '--new-session',
@@ -304,6 +360,9 @@ export class LocalRuntime implements Runtime {
     for (const place of scratch.places) args.push('--bind', place.host, place.at);
     args.push('--perms', '0755', '--tmpfs', '/run');
     args.push('--ro-bind', supervisor, SUPERVISOR_IN_SANDBOX);
+    for (const mount of networkMounts) args.push('--ro-bind', mount.host, mount.sandbox);
+    // Made by bwrap under the runner's umask: readable by the sandbox user only when said so.
+    if (networkMounts.length > 0) args.push('--chmod', '0755', path.posix.dirname(TRUST_IN_SANDBOX.bundle));
     args.push('--bind', workspace, '/workspace');
     for (const mount of readOnlyMounts) args.push('--ro-bind', mount.host, mount.sandbox);
     if (!options.rootfs) args.push('--remount-ro', '/');
@@ -349,6 +408,9 @@ class LocalSandbox implements SandboxHandle {
   /** The way out to the service, when asked for (service-bridge.ts). */
   private bridge: Promise<ServiceBridge> | null = null;
   serviceReachable: Promise<void> = Promise.resolve();
+  address: string | null = null;
+  networkReady: Promise<void> = Promise.resolve();
+  private network: { networks: LocalNetworks; slot: NetworkSlot } | null = null;
   readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
 
   constructor(
@@ -618,10 +680,22 @@ class LocalSandbox implements SandboxHandle {
     this.serviceReachable.catch(() => {});
   }
 
+  /** Links the sandbox's network namespace to the host through `slot` in the background; `networkReady` says when it carries packets. */
+  attachNetwork(networks: LocalNetworks, slot: NetworkSlot, timeoutMs: number): void {
+    this.network = { networks, slot };
+    this.address = slot.sandboxAddress;
+    this.networkReady = (async () => {
+      const inside = await pidInSandboxNetns(this.child.pid!, timeoutMs);
+      await networks.attach(slot, inside, this.sandboxDir);
+    })();
+    this.networkReady.catch(() => {});
+  }
+
   private async cleanup(): Promise<void> {
     if (this.cleaned) return;
     this.cleaned = true;
     await this.bridge?.then((b) => b.close(), () => undefined);
+    if (this.network) await this.networkReady.catch(() => undefined).then(() => this.network!.networks.release(this.network!.slot));
     if (!(await this.cgroup.remove())) this.logger?.warn({ sandbox_id: this.id }, 'could not remove the sandbox cgroups');
     await fs.promises.rm(this.sandboxDir, { recursive: true, force: true });
   }
@@ -642,8 +716,19 @@ function prepareRootfs(rootfs: string, extra: string[]): void {
       else if (!stat.isDirectory()) break;
     }
   }
-  const hosts = path.join(rootfs, 'etc/hosts');
-  if (fs.lstatSync(path.join(rootfs, 'etc')).isDirectory() && !fs.lstatSync(hosts, { throwIfNoEntry: false })) fs.writeFileSync(hosts, '');
+  // Files the sandbox gets its own of (hosts, a resolver when it has a network) must exist to be mounted over.
+  for (const file of ['etc/hosts', 'etc/resolv.conf']) {
+    const at = path.join(rootfs, file);
+    if (fs.lstatSync(path.join(rootfs, 'etc')).isDirectory() && !fs.lstatSync(at, { throwIfNoEntry: false })) fs.writeFileSync(at, '');
+  }
+}
+
+/** A regular file of the root at `relative`, read only when nothing on the way leads out of the root (an image may plant links). */
+async function readInside(root: string, relative: string): Promise<string | null> {
+  const real = await fs.promises.realpath(path.join(root, relative)).catch(() => null);
+  if (real === null || (root !== '/' && !real.startsWith(`${path.resolve(root)}/`))) return null;
+  const stat = await fs.promises.lstat(real);
+  return stat.isFile() && stat.size < 16 * 1024 ** 2 ? fs.promises.readFile(real, 'utf8') : null;
 }
 
 function hostsText(id: string, hosts: Record<string, string>): string {

@@ -31,7 +31,16 @@ export interface CreateSandboxOptions {
   hosts?: Record<string, string>;
   /** the service's HTTP address, made reachable inside at SERVICE_URL_IN_SANDBOX (service-bridge.ts) */
   service?: { host: string; port: number };
+  /**
+   * A private network whose every packet goes to the runner's egress gateway (network/gateway.ts),
+   * with the gateway as the sandbox's resolver and `trust` (the deployment's CA, PEM) added to the
+   * sandbox's trust store at TRUST_IN_SANDBOX. Without it the sandbox has loopback only.
+   */
+  network?: { trust: string };
 }
+
+/** The sandbox's trust store with the deployment's CA (the system's bundle plus it), and that CA alone. */
+export const TRUST_IN_SANDBOX = { bundle: '/run/svc/ca-certificates.crt', authority: '/run/svc/egress-ca.pem' } as const;
 
 export interface ExecOptions {
   /** run as `sh -c <command>` in /workspace */
@@ -94,6 +103,10 @@ export interface SandboxHandle {
   readonly exited: Promise<void>;
   /** resolves once CreateSandboxOptions.service is reachable inside (at once without it); set up while the boot goes on */
   readonly serviceReachable: Promise<void>;
+  /** the sandbox's address on its private network (the gateway knows it by it), or null without one */
+  readonly address: string | null;
+  /** resolves once the private network carries packets (at once without one); set up while the boot goes on */
+  readonly networkReady: Promise<void>;
 }
 
 export interface Runtime {

@@ -94,6 +94,17 @@ function pidInOtherNetns(root: number): number | null {
   return null;
 }
 
+/** The pid of a process in the sandbox's network namespace, once there is one (the sandbox started as `root`). */
+export async function pidInSandboxNetns(root: number, timeoutMs: number): Promise<number> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const pid = pidInOtherNetns(root);
+    if (pid !== null) return pid;
+    if (Date.now() > deadline) throw new Error(`the sandbox had no network namespace within ${timeoutMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 2));
+  }
+}
+
 /**
  * Resolves once a socket listens on the bridge's port in the sandbox's network namespace (the
  * /proc/<pid>/net/tcp of a sandbox process); rejects with what the forwarder said when it exits

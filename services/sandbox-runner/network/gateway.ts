@@ -1,0 +1,553 @@
+/**
+ * The egress gateway: every packet a sandbox sends off its private network ends here (the
+ * runtime redirects it: runtime/local-network.ts), and every connection that leaves is made by
+ * this process, after the sandbox's policy allowed it. It knows a sandbox by its address.
+ *
+ * - DNS (UDP and TCP 53): a name the policy allows resolves through the upstream resolver; a
+ *   `dns_overrides` name resolves to its replacement; anything else is NXDOMAIN. What resolved is
+ *   remembered per sandbox, so a later connection to that address is known by its name.
+ * - HTTP (TCP 80): parsed; the host comes from the request (Host, or the absolute URL of a proxy
+ *   request) and is checked; CONNECT and Upgrade are checked by their target. A refusal is an
+ *   HTTP 403 naming the policy.
+ * - TLS (TCP 443): the host is the ClientHello's server name. Passed through untouched, unless the
+ *   sandbox audits HTTP calls or a brokered credential is for that host: then it is terminated
+ *   with a certificate of the deployment's authority (network/certificate-authority.ts) and goes
+ *   on as HTTP, where the Host header must name the same host (no domain fronting).
+ * - Any other TCP: by its original destination (connection tracking), allowed only to an
+ *   address the sandbox resolved for an allowed name (or an allowed literal address).
+ * - Any other UDP: never leaves.
+ * Each refusal is a `network_denied` audit record (what, where, why); with `audit.http_calls`,
+ * each HTTP request is an `http_call` record.
+ */
+import { Duplex } from 'node:stream';
+import fs from 'node:fs';
+import path from 'node:path';
+import dgram from 'node:dgram';
+import http from 'node:http';
+import https from 'node:https';
+import net from 'node:net';
+import tls from 'node:tls';
+import type { EgressPolicy } from '../../domain/egress-policy.ts';
+import type { Logger } from '../../kernel/logger.ts';
+import type { Config } from '../../kernel/config.ts';
+import { CertificateAuthority } from './certificate-authority.ts';
+import { readClientHello } from './client-hello.ts';
+import { GatewayDnsServer, UpstreamResolver, type DnsAnswer } from './dns-server.ts';
+import { redactHeaders } from './headers.ts';
+import { originalDestination, type GatewayPorts } from '../runtime/local-network.ts';
+
+/** What the gateway needs of one sandbox. */
+export interface SandboxEgress {
+  policy: EgressPolicy;
+  /** real hostname -> the name (or address) it resolves to instead */
+  dnsOverrides: Record<string, string>;
+  /** audit.http_calls: record every HTTP request, terminating TLS to see HTTPS ones */
+  inspect: boolean;
+  /** headers set on requests to these hosts (the real value of a brokered secret) */
+  brokered: Array<{ hosts: EgressPolicy; header: string; value: string }>;
+  record(type: 'http_call' | 'network_denied', details: Record<string, unknown>): void;
+}
+
+interface Registered extends SandboxEgress {
+  /** address -> the name it was resolved for */
+  resolved: Map<string, string>;
+  sockets: Set<Duplex>;
+  /** refusals of UDP and DNS already recorded (what -> the second it was recorded in) */
+  recent: Map<string, number>;
+}
+
+/** How an HTTP connection reached the parser: which sandbox, plain or terminated TLS, the TLS name. */
+interface Via {
+  sandbox: Registered;
+  scheme: 'http' | 'https';
+  port: number;
+  serverName: string | null;
+}
+
+const HELLO_TIMEOUT_MS = 10_000;
+const UPSTREAM_TIMEOUT_MS = 30_000;
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+
+export class EgressGateway {
+  private readonly sandboxes = new Map<string, Registered>();
+  private readonly via = new WeakMap<object, Via>();
+  private readonly parser: http.Server;
+  private readonly servers: net.Server[] = [];
+  private udp: dgram.Socket | null = null;
+  private dns: GatewayDnsServer | null = null;
+  private readonly httpAgent = new http.Agent({ keepAlive: true, maxFreeSockets: 64 });
+  private readonly httpsAgent: https.Agent;
+  ports: GatewayPorts = { http: 0, tls: 0, tcp: 0, udp: 0, dns: 0 };
+
+  constructor(
+    private readonly options: { ca: CertificateAuthority; upstream: UpstreamResolver; trust: string[] | null; logger?: Logger },
+  ) {
+    this.httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets: 64, ca: options.trust ? [...tls.rootCertificates, ...options.trust] : undefined });
+    this.parser = http.createServer({ requireHostHeader: false });
+    this.parser.on('request', (req, res) => void this.forward(req, res).catch((err) => this.fail(res, err)));
+    this.parser.on('connect', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.tunnel(req, socket, head).catch(() => socket.destroy()));
+    this.parser.on('upgrade', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.upgrade(req, socket, head).catch(() => socket.destroy()));
+    this.parser.on('clientError', (_err, socket: net.Socket) => socket.destroy());
+  }
+
+  /** The runner's gateway as the settings say: the deployment's CA, the upstream resolver, the extra trust for upstreams. */
+  static async open(config: Pick<Config, 'dataDir' | 'egressCaCert' | 'egressCaKey' | 'dnsUpstream' | 'egressTrust'>, logger?: Logger): Promise<EgressGateway> {
+    const ca = await CertificateAuthority.open({ dir: path.join(config.dataDir, 'egress-ca'), certFile: config.egressCaCert, keyFile: config.egressCaKey });
+    const trust = config.egressTrust ? [await fs.promises.readFile(config.egressTrust, 'utf8')] : null;
+    const gateway = new EgressGateway({ ca, upstream: new UpstreamResolver(config.dnsUpstream), trust, logger });
+    await gateway.start();
+    return gateway;
+  }
+
+  /** The deployment's CA (PEM), which sandboxes trust. */
+  get authority(): string {
+    return this.options.ca.certPem;
+  }
+
+  private async start(): Promise<void> {
+    const listen = async (handler: (socket: net.Socket) => void): Promise<number> => {
+      const server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) => {
+        socket.on('error', () => socket.destroy());
+        handler(socket);
+      });
+      this.servers.push(server);
+      await new Promise<void>((resolve, reject) => server.once('error', reject).listen(0, '0.0.0.0', () => resolve()));
+      return (server.address() as net.AddressInfo).port;
+    };
+    this.ports.http = await listen((socket) => this.acceptHttp(socket));
+    this.ports.tls = await listen((socket) => this.acceptTls(socket));
+    this.ports.tcp = await listen((socket) => void this.acceptTcp(socket));
+    this.udp = dgram.createSocket('udp4');
+    this.udp.on('message', (_msg, from) => void this.refuseUdp(from));
+    this.udp.on('error', () => undefined);
+    await new Promise<void>((resolve) => this.udp!.bind(0, '0.0.0.0', () => resolve()));
+    this.ports.udp = this.udp.address().port;
+    this.dns = await GatewayDnsServer.start({ host: '0.0.0.0', port: 0, answer: (source, name, type) => this.answer(source, name, type) });
+    this.ports.dns = this.dns.port;
+  }
+
+  /** From now on the gateway serves the sandbox at `address` under its policy. */
+  register(address: string, egress: SandboxEgress): void {
+    this.sandboxes.set(address, { ...egress, resolved: new Map(), sockets: new Set(), recent: new Map() });
+  }
+
+  /** Ends the sandbox's connections; its address is unknown again. */
+  unregister(address: string): void {
+    const sandbox = this.sandboxes.get(address);
+    this.sandboxes.delete(address);
+    for (const socket of sandbox?.sockets ?? []) socket.destroy();
+  }
+
+  async close(): Promise<void> {
+    for (const address of [...this.sandboxes.keys()]) this.unregister(address);
+    await Promise.all(this.servers.map((s) => new Promise<void>((resolve) => s.close(() => resolve()))));
+    this.udp?.close();
+    await this.dns?.close();
+    this.httpAgent.destroy();
+    this.httpsAgent.destroy();
+  }
+
+  // --- who is asking ----------------------------------------------------------------------
+
+  private sandboxOf(socket: net.Socket): Registered | null {
+    const address = (socket.remoteAddress ?? '').replace(/^::ffff:/, '');
+    const sandbox = this.sandboxes.get(address) ?? null;
+    if (!sandbox) {
+      socket.destroy();
+      return null;
+    }
+    sandbox.sockets.add(socket);
+    socket.once('close', () => sandbox.sockets.delete(socket));
+    return sandbox;
+  }
+
+  private deny(sandbox: Registered, details: { protocol: string; host?: string | null; ip?: string | null; port: number; reason: string; [more: string]: unknown }): void {
+    sandbox.record('network_denied', details);
+  }
+
+  // --- names ------------------------------------------------------------------------------
+
+  /** The decision for a name: allowed by an override or the policy, with the reason. */
+  private decide(sandbox: Registered, host: string, port: number | null): { allowed: boolean; reason: string } {
+    const name = normaliseHost(host);
+    if (name in sandbox.dnsOverrides) return { allowed: true, reason: `network.dns_overrides sends ${name} to ${sandbox.dnsOverrides[name]}` };
+    if (port !== null) return sandbox.policy.decide(name, port);
+    return sandbox.policy.allowsHost(name)
+      ? { allowed: true, reason: `${name} is allowed by network.egress` }
+      : { allowed: false, reason: `${name} does not resolve: it matches no entry of network.egress.allow (default ${sandbox.policy.defaultPolicy})` };
+  }
+
+  /** The addresses `host` resolves to for this sandbox (override, literal or upstream); remembered. */
+  private async resolve(sandbox: Registered, host: string): Promise<string[]> {
+    const name = normaliseHost(host);
+    if (net.isIP(name)) return [name];
+    const target = sandbox.dnsOverrides[name] ?? name;
+    const addresses = net.isIP(target) ? [target] : (await this.options.upstream.lookup4(target)).addresses;
+    for (const address of addresses) sandbox.resolved.set(address, name);
+    return addresses;
+  }
+
+  private async answer(source: string, name: string, type: string): Promise<DnsAnswer> {
+    const sandbox = this.sandboxes.get(source);
+    if (!sandbox) return { kind: 'nxdomain', reason: 'unknown source' };
+    const decision = this.decide(sandbox, name, null);
+    if (!decision.allowed) {
+      if (firstThisSecond(sandbox, `dns ${normaliseHost(name)}`)) this.deny(sandbox, { protocol: 'dns', host: normaliseHost(name), port: 53, reason: decision.reason, query: type });
+      return { kind: 'nxdomain', reason: decision.reason };
+    }
+    if (type !== 'A') return { kind: 'empty' };
+    const addresses = await this.resolve(sandbox, name);
+    return addresses.length > 0 ? { kind: 'addresses', addresses, ttl: 30 } : { kind: 'nxdomain', reason: `${name} does not resolve upstream` };
+  }
+
+  // --- HTTP -------------------------------------------------------------------------------
+
+  private acceptHttp(socket: net.Socket): void {
+    const sandbox = this.sandboxOf(socket);
+    if (!sandbox) return;
+    this.via.set(socket, { sandbox, scheme: 'http', port: 80, serverName: null });
+    this.parser.emit('connection', socket);
+  }
+
+  /** The host and port a request is for, and what it was checked against. */
+  private target(req: http.IncomingMessage, via: Via): { host: string; port: number; path: string } | { problem: string } {
+    const defaultPort = via.scheme === 'https' ? 443 : 80;
+    const hostHeader = req.headers.host ? splitHostPort(req.headers.host, defaultPort) : null;
+    let url: URL | null = null;
+    if (/^[a-z][a-z0-9+.-]*:\/\//i.test(req.url ?? '')) {
+      try {
+        url = new URL(req.url!);
+      } catch {
+        return { problem: `the request's URL ${JSON.stringify(req.url)} is not valid` };
+      }
+    }
+    const fromUrl = url ? { host: normaliseHost(url.hostname.replace(/^\[|\]$/g, '')), port: Number(url.port) || (url.protocol === 'https:' ? 443 : 80) } : null;
+    const where = fromUrl ?? hostHeader;
+    if (!where) return { problem: 'the request names no host (no Host header)' };
+    // Whatever the request claims, it must agree with where it was sent.
+    if (fromUrl && hostHeader && fromUrl.host !== hostHeader.host) return { problem: `the request's URL names ${fromUrl.host} but its Host header ${hostHeader.host}` };
+    if (via.serverName && where.host !== via.serverName) return { problem: `the Host ${where.host} is not the TLS server name ${via.serverName} (domain fronting)` };
+    const path = url ? `${url.pathname}${url.search}` : (req.url ?? '/');
+    return { host: where.host, port: via.serverName ? via.port : where.port, path };
+  }
+
+  private async forward(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+    const via = this.via.get(req.socket)!;
+    const { sandbox } = via;
+    const started = Date.now();
+    const target = this.target(req, via);
+    const protocol = via.scheme;
+    if ('problem' in target) {
+      this.deny(sandbox, { protocol, method: req.method, host: req.headers.host ?? null, port: via.port, reason: target.problem });
+      return refuse(res, target.problem);
+    }
+    const decision = this.decide(sandbox, target.host, target.port);
+    if (!decision.allowed) {
+      this.deny(sandbox, { protocol, method: req.method, host: target.host, port: target.port, path: target.path, reason: decision.reason });
+      return refuse(res, decision.reason);
+    }
+    const [address] = await this.resolve(sandbox, target.host);
+    if (!address) return refuse(res, `${target.host} does not resolve`, 502);
+    const headers: http.OutgoingHttpHeaders = {};
+    for (const [name, value] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(name)) headers[name] = value;
+    for (const broker of sandbox.brokered) if (broker.hosts.decide(target.host, target.port).allowed) headers[broker.header.toLowerCase()] = broker.value;
+    let requestBytes = 0;
+    let responseBytes = 0;
+    req.on('data', (chunk: Buffer) => (requestBytes += chunk.length));
+    const record = (status: number | null, error?: string) => {
+      if (!sandbox.inspect) return;
+      sandbox.record('http_call', {
+        method: req.method,
+        scheme: protocol,
+        host: target.host,
+        port: target.port,
+        path: target.path,
+        status,
+        duration_ms: Date.now() - started,
+        request_bytes: requestBytes,
+        response_bytes: responseBytes,
+        headers: redactHeaders(req.headers),
+        ...(error ? { error } : {}),
+      });
+    };
+    const upstream = (protocol === 'https' ? https : http).request({
+      host: address,
+      port: target.port,
+      method: req.method,
+      path: target.path,
+      headers,
+      servername: net.isIP(target.host) ? undefined : target.host,
+      agent: protocol === 'https' ? this.httpsAgent : this.httpAgent,
+      timeout: UPSTREAM_TIMEOUT_MS,
+    });
+    upstream.on('timeout', () => upstream.destroy(new Error(`no answer from ${target.host} within ${UPSTREAM_TIMEOUT_MS} ms`)));
+    upstream.on('response', (answer) => {
+      const out: http.OutgoingHttpHeaders = {};
+      for (const [name, value] of Object.entries(answer.headers)) if (!HOP_BY_HOP.has(name)) out[name] = value;
+      res.writeHead(answer.statusCode ?? 502, answer.statusMessage, out);
+      answer.on('data', (chunk: Buffer) => (responseBytes += chunk.length));
+      answer.pipe(res);
+      answer.on('end', () => record(answer.statusCode ?? null));
+      answer.on('error', () => res.destroy());
+    });
+    upstream.on('error', (err) => {
+      record(null, err.message);
+      if (!res.headersSent) refuse(res, `${target.host}:${target.port} could not be reached: ${err.message}`, 502);
+      else res.destroy();
+    });
+    req.pipe(upstream);
+  }
+
+  private fail(res: http.ServerResponse, err: Error): void {
+    this.options.logger?.warn({ err }, 'egress request failed');
+    if (!res.headersSent) refuse(res, `the egress gateway failed: ${err.message}`, 502);
+    else res.destroy();
+  }
+
+  /** CONNECT host:port (a proxy request, or one relayed through an allowed host): checked like a connection to it. */
+  private async tunnel(req: http.IncomingMessage, socket: net.Socket, head: Buffer): Promise<void> {
+    const via = this.via.get(req.socket) ?? this.via.get(socket)!;
+    const { sandbox } = via;
+    const where = splitHostPort(req.url ?? '', 443);
+    if (!where) {
+      this.deny(sandbox, { protocol: 'connect', host: req.url ?? null, port: 0, reason: 'the CONNECT target is not host:port' });
+      return void socket.end('HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n');
+    }
+    const decision = this.decide(sandbox, where.host, where.port);
+    if (!decision.allowed) {
+      this.deny(sandbox, { protocol: 'connect', host: where.host, port: where.port, reason: decision.reason });
+      return void socket.end(`HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n${decision.reason}\n`);
+    }
+    socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+    await this.relay(sandbox, socket, head, where);
+  }
+
+  /** A tunnel's bytes: TLS goes through the TLS path for that host, HTTP through the parser, the rest is piped. */
+  private async relay(sandbox: Registered, socket: Duplex, head: Buffer, where: { host: string; port: number }): Promise<void> {
+    const first = await firstBytes(socket, head);
+    if (first === null) return void socket.destroy();
+    const hello = readClientHello(first);
+    if (hello.state === 'tls') return this.onHello(sandbox, socket, first, hello.serverName ?? where.host, where.port, where.host);
+    if (looksLikeHttp(first)) {
+      const plain = wrap(socket, first);
+      this.via.set(plain, { sandbox, scheme: 'http', port: where.port, serverName: null });
+      return void this.parser.emit('connection', plain);
+    }
+    await this.pipeTo(sandbox, socket, first, where.host, where.port);
+  }
+
+  private async upgrade(req: http.IncomingMessage, socket: net.Socket, head: Buffer): Promise<void> {
+    const via = this.via.get(req.socket) ?? this.via.get(socket)!;
+    const target = this.target(req, via);
+    if ('problem' in target) {
+      this.deny(via.sandbox, { protocol: via.scheme, method: req.method, host: req.headers.host ?? null, port: via.port, reason: target.problem });
+      return void socket.end(`HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n${target.problem}\n`);
+    }
+    const decision = this.decide(via.sandbox, target.host, target.port);
+    if (!decision.allowed) {
+      this.deny(via.sandbox, { protocol: via.scheme, method: req.method, host: target.host, port: target.port, path: target.path, reason: decision.reason });
+      return void socket.end(`HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n${decision.reason}\n`);
+    }
+    const [address] = await this.resolve(via.sandbox, target.host);
+    if (!address) return void socket.destroy();
+    const lines = [`${req.method} ${target.path} HTTP/1.1`];
+    for (let i = 0; i < req.rawHeaders.length; i += 2) lines.push(`${req.rawHeaders[i]}: ${req.rawHeaders[i + 1]}`);
+    const upstream = via.scheme === 'https'
+      ? tls.connect({ host: address, port: target.port, servername: target.host, ca: this.httpsAgent.options.ca })
+      : net.connect({ host: address, port: target.port });
+    upstream.write(`${lines.join('\r\n')}\r\n\r\n`);
+    if (head.length > 0) upstream.write(head);
+    join(socket, upstream, via.sandbox);
+  }
+
+  // --- TLS --------------------------------------------------------------------------------
+
+  private acceptTls(socket: net.Socket): void {
+    const sandbox = this.sandboxOf(socket);
+    if (!sandbox) return;
+    void (async () => {
+      const first = await firstBytes(socket, Buffer.alloc(0));
+      if (first === null) return void socket.destroy();
+      const hello = readClientHello(first);
+      if (hello.state !== 'tls' || !hello.serverName) {
+        // No name to check: only where it was sent counts, as for any other TCP.
+        const destination = await originalDestination({ address: socket.remoteAddress ?? '', port: socket.remotePort ?? 0 }, 'tcp');
+        if (!destination) return void socket.destroy();
+        return this.byDestination(sandbox, socket, first, destination, hello.state === 'tls' ? 'tls' : 'tcp');
+      }
+      await this.onHello(sandbox, socket, first, hello.serverName, 443, null);
+    })().catch(() => socket.destroy());
+  }
+
+  /** A ClientHello for `serverName`: refused, passed through, or terminated to see the HTTP inside. */
+  private async onHello(sandbox: Registered, socket: Duplex, first: Buffer, serverName: string, port: number, tunnelHost: string | null): Promise<void> {
+    const name = normaliseHost(serverName);
+    if (tunnelHost !== null && normaliseHost(tunnelHost) !== name) {
+      const reason = `the TLS server name ${name} is not the tunnel's host ${tunnelHost} (domain fronting)`;
+      this.deny(sandbox, { protocol: 'tls', host: name, port, reason });
+      return void reset(socket);
+    }
+    const decision = this.decide(sandbox, name, port);
+    const brokered = sandbox.brokered.some((b) => b.hosts.decide(name, port).allowed);
+    if (!decision.allowed) {
+      this.deny(sandbox, { protocol: 'tls', host: name, port, reason: decision.reason });
+      // Inspecting, the refusal can be said in HTTP; otherwise the connection is reset.
+      if (!sandbox.inspect) return void reset(socket);
+    }
+    if (!sandbox.inspect && !brokered) return this.pipeTo(sandbox, socket, first, name, port);
+    const secureContext = await this.options.ca.secureContextFor(name);
+    const terminated = new tls.TLSSocket(wrap(socket, first), { isServer: true, secureContext, ALPNProtocols: ['http/1.1'] });
+    terminated.on('error', () => socket.destroy());
+    if (!decision.allowed) {
+      terminated.once('secure', () => terminated.end(`HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: ${Buffer.byteLength(decision.reason) + 1}\r\n\r\n${decision.reason}\n`));
+      return;
+    }
+    this.via.set(terminated, { sandbox, scheme: 'https', port, serverName: name });
+    this.parser.emit('connection', terminated);
+  }
+
+  // --- other TCP and UDP ------------------------------------------------------------------
+
+  private async acceptTcp(socket: net.Socket): Promise<void> {
+    const sandbox = this.sandboxOf(socket);
+    if (!sandbox) return;
+    const destination = await originalDestination({ address: socket.remoteAddress ?? '', port: socket.remotePort ?? 0 }, 'tcp');
+    if (!destination) return void reset(socket);
+    await this.byDestination(sandbox, socket, Buffer.alloc(0), destination, 'tcp');
+  }
+
+  /** A connection known only by the address it was sent to: by the name that address was resolved for, if any. */
+  private async byDestination(sandbox: Registered, socket: Duplex, first: Buffer, destination: { address: string; port: number }, protocol: string): Promise<void> {
+    const name = sandbox.resolved.get(destination.address) ?? null;
+    const decision = name === null
+      ? { allowed: sandbox.policy.decide(destination.address, destination.port).allowed, reason: sandbox.policy.decide(destination.address, destination.port).reason }
+      : this.decide(sandbox, name, destination.port);
+    if (!decision.allowed) {
+      this.deny(sandbox, { protocol, host: name, ip: destination.address, port: destination.port, reason: name === null ? `${destination.address} was not resolved for an allowed name, and ${decision.reason}` : decision.reason });
+      return void reset(socket);
+    }
+    const upstream = net.connect({ host: destination.address, port: destination.port });
+    if (first.length > 0) upstream.write(first);
+    join(socket, upstream, sandbox);
+  }
+
+  /** Pipes to `host`:`port` as this sandbox resolves it, `first` ahead of the rest. */
+  private async pipeTo(sandbox: Registered, socket: Duplex, first: Buffer, host: string, port: number): Promise<void> {
+    const [address] = await this.resolve(sandbox, host);
+    if (!address) return void reset(socket);
+    const upstream = net.connect({ host: address, port });
+    if (first.length > 0) upstream.write(first);
+    join(socket, upstream, sandbox);
+  }
+
+  private async refuseUdp(from: dgram.RemoteInfo): Promise<void> {
+    const sandbox = this.sandboxes.get(from.address);
+    if (!sandbox) return;
+    const destination = await originalDestination({ address: from.address, port: from.port }, 'udp');
+    if (!firstThisSecond(sandbox, `udp ${destination ? `${destination.address}:${destination.port}` : 'unknown'}`)) return;
+    this.deny(sandbox, { protocol: 'udp', host: destination ? (sandbox.resolved.get(destination.address) ?? null) : null, ip: destination?.address ?? null, port: destination?.port ?? 0, reason: 'UDP leaves a sandbox only as DNS to its own resolver' });
+  }
+}
+
+/** Whether `what` was not yet refused this second: a flood of datagrams or lookups is not a flood of records. */
+function firstThisSecond(sandbox: Registered, what: string): boolean {
+  const second = Math.floor(Date.now() / 1000);
+  if (sandbox.recent.get(what) === second) return false;
+  if (sandbox.recent.size > 1000) sandbox.recent.clear();
+  sandbox.recent.set(what, second);
+  return true;
+}
+
+/** A refused connection: a TCP reset where the socket is a real one. */
+function reset(socket: Duplex): void {
+  if (socket instanceof net.Socket && !socket.destroyed) socket.resetAndDestroy();
+  else socket.destroy();
+}
+
+function refuse(res: http.ServerResponse, reason: string, status = 403): void {
+  const body = `${reason}\n`;
+  res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', 'content-length': Buffer.byteLength(body), 'x-svc-egress': status === 403 ? 'denied' : 'failed' });
+  res.end(body);
+}
+
+export function normaliseHost(host: string): string {
+  return host.trim().toLowerCase().replace(/\.$/, '');
+}
+
+function splitHostPort(value: string, defaultPort: number): { host: string; port: number } | null {
+  const match = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\s/]+))(?::(\d{1,5}))?$/.exec(value.trim());
+  if (!match) return null;
+  const port = match[3] ? Number(match[3]) : defaultPort;
+  if (port < 1 || port > 65535) return null;
+  return { host: normaliseHost(match[1] ?? match[2]!), port };
+}
+
+function looksLikeHttp(first: Buffer): boolean {
+  return /^[A-Z]{3,10} \S+ HTTP\/1\.[01]\r?\n/.test(first.subarray(0, 2048).toString('latin1').split('\n')[0] + '\n');
+}
+
+/** Reads until the first bytes say what they are (a whole ClientHello, or enough to tell it is not one). */
+function firstBytes(socket: Duplex, head: Buffer): Promise<Buffer | null> {
+  return new Promise((resolve) => {
+    let buffer = head;
+    const done = (value: Buffer | null) => {
+      clearTimeout(timer);
+      socket.off('data', onData).off('end', onEnd).off('close', onEnd);
+      socket.pause();
+      resolve(value);
+    };
+    const decided = () => buffer.length > 0 && readClientHello(buffer).state !== 'incomplete';
+    const onData = (chunk: Buffer) => {
+      buffer = Buffer.concat([buffer, chunk]);
+      if (decided()) done(buffer);
+    };
+    const onEnd = () => done(buffer.length > 0 ? buffer : null);
+    const timer = setTimeout(() => done(buffer.length > 0 ? buffer : null), HELLO_TIMEOUT_MS);
+    if (decided()) return done(buffer);
+    socket.on('data', onData).on('end', onEnd).on('close', onEnd);
+    socket.resume();
+  });
+}
+
+/** A stream over `socket` that yields `first` before the socket's own bytes (for a TLS server or the parser). */
+function wrap(socket: Duplex, first: Buffer): Duplex {
+  const stream = new Duplex({
+    read() {
+      socket.resume();
+    },
+    write(chunk: Buffer, _encoding, callback) {
+      socket.write(chunk, callback);
+    },
+    final(callback) {
+      socket.end();
+      callback();
+    },
+    destroy(err, callback) {
+      socket.destroy();
+      callback(err);
+    },
+  });
+  if (first.length > 0) stream.push(first);
+  socket.on('data', (chunk: Buffer) => {
+    if (!stream.push(chunk)) socket.pause();
+  });
+  socket.on('end', () => stream.push(null));
+  socket.on('close', () => stream.destroy());
+  // The parser asks a connection's address; it is the sandbox's.
+  Object.defineProperty(stream, 'remoteAddress', { get: () => (socket as net.Socket).remoteAddress });
+  return stream;
+}
+
+/** Both ways, half-open, ended together; the upstream is counted among the sandbox's sockets. */
+function join(inbound: Duplex, upstream: net.Socket, sandbox: Registered): void {
+  sandbox.sockets.add(upstream);
+  upstream.once('close', () => sandbox.sockets.delete(upstream));
+  for (const socket of [inbound, upstream]) {
+    socket.on('error', () => {
+      inbound.destroy();
+      upstream.destroy();
+    });
+  }
+  inbound.pipe(upstream).pipe(inbound);
+  inbound.resume();
+}

@@ -1,0 +1,108 @@
+/**
+ * One sandbox's network, as its spec and agent snapshot declare it: the egress policy the gateway
+ * applies (the spec's `network.egress` plus the snapshot's `auth.egress` hosts), `dns_overrides`,
+ * HTTP inspection (`audit.http_calls`), brokered credentials (the sandbox sees a placeholder, the
+ * gateway sets the real value on requests to the secret's hosts) and ingress (a port of the
+ * sandbox published on the service host's loopback).
+ *
+ * A sandbox gets a network when its spec has a `network` block, audits HTTP calls, brokers a
+ * credential or runs an agent that declares egress hosts; otherwise it has loopback only (and
+ * nothing it tries can leave).
+ */
+import { EgressPolicy } from '../../domain/egress-policy.ts';
+import type { ResolvedAgent } from '../../domain/agent-auth.ts';
+import type { SpecDocument } from '../../domain/spec.ts';
+import type { EgressGateway } from './gateway.ts';
+import { publishPort } from './ingress.ts';
+import { TRUST_IN_SANDBOX, type SandboxHandle } from '../runtime/runtime.ts';
+
+export interface NetworkView {
+  /** the sandbox's address on its private network */
+  address: string;
+  egress: 'allow' | 'deny';
+  /** each allowed ingress port, and where the service host publishes it */
+  ingress: Array<{ to_port: number; host: string; port: number }>;
+}
+
+export class SandboxNetwork {
+  readonly allow: string[];
+  private ingress: Array<{ to_port: number; host: string; port: number; close(): Promise<void> }> = [];
+  private registered: { gateway: EgressGateway; address: string } | null = null;
+
+  constructor(
+    private readonly spec: SpecDocument,
+    agent: ResolvedAgent | null | undefined,
+  ) {
+    this.allow = egressAllow(spec, agent);
+  }
+
+  /** Whether the sandbox gets a network at all. */
+  get wanted(): boolean {
+    return this.spec.raw.network !== undefined || this.spec.audit.http_calls || Object.keys(this.spec.brokered).length > 0 || this.allow.length > 0;
+  }
+
+  /** What the sandbox's environment gets: its trust store's paths, and a placeholder for each brokered secret. */
+  env(): Record<string, string> {
+    if (!this.wanted) return {};
+    const env: Record<string, string> = {
+      SSL_CERT_FILE: TRUST_IN_SANDBOX.bundle,
+      REQUESTS_CA_BUNDLE: TRUST_IN_SANDBOX.bundle,
+      CURL_CA_BUNDLE: TRUST_IN_SANDBOX.bundle,
+      GIT_SSL_CAINFO: TRUST_IN_SANDBOX.bundle,
+      NODE_EXTRA_CA_CERTS: TRUST_IN_SANDBOX.authority,
+    };
+    return { ...env, ...this.placeholders() };
+  }
+
+  /** A brokered secret's value inside the sandbox: it names the secret, never holds it. */
+  placeholders(): Record<string, string> {
+    return Object.fromEntries(Object.keys(this.spec.brokered).map((name) => [name, `svc-brokered-${name}`]));
+  }
+
+  /**
+   * Puts the sandbox under its policy at the gateway and publishes its ingress ports. `secrets`
+   * holds the real values (for the brokered ones); `record` writes the gateway's audit records.
+   */
+  async configure(box: SandboxHandle, gateway: EgressGateway, secrets: Record<string, string>, record: (type: 'http_call' | 'network_denied', details: Record<string, unknown>) => void): Promise<NetworkView> {
+    await box.networkReady;
+    const address = box.address!;
+    const { egress, dnsOverrides, ingress } = this.spec.network;
+    const policy = new EgressPolicy(egress.default, this.allow);
+    for (const rejected of policy.rejected) record('network_denied', { protocol: 'policy', host: rejected.entry, port: 0, reason: `the egress entry ${rejected.entry} is left out: ${rejected.problem}` });
+    const brokered = Object.entries(this.spec.brokered).flatMap(([name, inject]) => {
+      const value = secrets[name];
+      return value === undefined ? [] : [{ hosts: new EgressPolicy('deny', inject.hosts), header: inject.header, value: inject.format.replace('{value}', value) }];
+    });
+    gateway.register(address, { policy, dnsOverrides, inspect: this.spec.audit.http_calls, brokered, record });
+    this.registered = { gateway, address };
+    const ports = ingress.default === 'allow' ? [] : ingress.allow.map((a) => a.toPort);
+    for (const port of ports) {
+      const published = await publishPort({ host: address, port }, { host: '127.0.0.1' });
+      this.ingress.push({ to_port: port, ...published });
+    }
+    return this.view()!;
+  }
+
+  view(): NetworkView | null {
+    if (!this.registered) return null;
+    return { address: this.registered.address, egress: this.spec.network.egress.default, ingress: this.ingress.map(({ to_port, host, port }) => ({ to_port, host, port })) };
+  }
+
+  /** Nothing leaves or reaches the sandbox any more. */
+  async close(): Promise<void> {
+    this.registered?.gateway.unregister(this.registered.address);
+    await Promise.all(this.ingress.map((i) => i.close()));
+    this.ingress = [];
+  }
+}
+
+/**
+ * The spec's egress allow list plus the hosts the agent snapshot declares, unless the spec
+ * closes egress on purpose with an explicit empty `allow` list under a `deny` default.
+ */
+function egressAllow(spec: SpecDocument, agent: ResolvedAgent | null | undefined): string[] {
+  const { egress } = spec.network;
+  const closed = egress.default === 'deny' && Array.isArray((spec.raw.network as { egress?: { allow?: unknown } } | undefined)?.egress?.allow) && egress.allow.length === 0;
+  const agentHosts = closed || egress.default === 'allow' ? [] : Object.entries(agent?.auth?.egress ?? {}).map(([host, ports]) => (ports.length > 0 ? `${host}:${ports.join(',')}` : host));
+  return [...new Set([...egress.allow, ...agentHosts])];
+}
