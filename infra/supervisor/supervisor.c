@@ -3,13 +3,15 @@
  *
  * Built statically on first use (gcc -O2 -static) and cached by source hash. Two modes:
  *
- *   supervisor launch CGPROCS[,CGPROCS...] -- PROGRAM ARGS...
+ *   supervisor launch CGPROCS[,CGPROCS...] [--netns PATH] -- PROGRAM ARGS...
  *       Forks PROGRAM (bwrap) and stays outside the sandbox as the subreaper of all of it,
  *       dying with the service (PDEATHSIG); exits with PROGRAM's status once every process
  *       of the sandbox is gone. The child moves into the given cgroups (writes 0 to each
  *       cgroup.procs file) and makes itself unattractive to the OOM killer (oom_score_adj
  *       -1000, inherited by bwrap and the supervisor but reset to 0 for every command) before
  *       it execs, so everything bwrap creates is inside the sandbox's cgroups from the start.
+ *       With --netns, the child first enters the network namespace at PATH (a sandbox network
+ *       made ahead by runtime/local-network.ts; bwrap then runs without --unshare-net).
  *
  *   supervisor forward ROOT_PID PORT UNIX_SOCKET
  *       The bridge from a sandbox to the service (runtime/service-bridge.ts): waits for a
@@ -606,7 +608,7 @@ static int serve(void) {
   }
 }
 
-static int launch(char *cgroups, char **argv) {
+static int launch(char *cgroups, const char *netns, char **argv) {
   /* This process stays outside the sandbox as the reaper of everything in it: whatever is
      killed in whichever order (destroy kills the whole cgroup at once), the processes end up
      here and are reaped, none is left as a zombie of the host's init or of the service. */
@@ -629,6 +631,14 @@ static int launch(char *cgroups, char **argv) {
       fd = open(tok, O_WRONLY);
       if (fd < 0 || write(fd, "0", 1) < 0) {
         fprintf(stderr, "supervisor: cannot join cgroup %s: %s\n", tok, strerror(errno));
+        _exit(125);
+      }
+      close(fd);
+    }
+    if (netns) {
+      fd = open(netns, O_RDONLY | O_CLOEXEC);
+      if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
+        fprintf(stderr, "supervisor: cannot enter network namespace %s: %s\n", netns, strerror(errno));
         _exit(125);
       }
       close(fd);
@@ -789,12 +799,13 @@ static int forward(const char *root, const char *port, const char *path) {
 
 int main(int argc, char **argv) {
   if (argc == 5 && strcmp(argv[1], "forward") == 0) return forward(argv[2], argv[3], argv[4]);
-  if (argc >= 5 && strcmp(argv[1], "launch") == 0 && strcmp(argv[3], "--") == 0) return launch(argv[2], argv + 4);
+  if (argc >= 5 && strcmp(argv[1], "launch") == 0 && strcmp(argv[3], "--") == 0) return launch(argv[2], NULL, argv + 4);
+  if (argc >= 7 && strcmp(argv[1], "launch") == 0 && strcmp(argv[3], "--netns") == 0 && strcmp(argv[5], "--") == 0) return launch(argv[2], argv[4], argv + 6);
   if (argc == 4 && strcmp(argv[1], "serve") == 0) {
     sandbox_uid = (uid_t)atoi(argv[2]);
     sandbox_gid = (gid_t)atoi(argv[3]);
     return serve();
   }
-  fprintf(stderr, "usage: supervisor launch CGPROCS[,...] -- PROGRAM ARGS... | supervisor serve UID GID | supervisor forward ROOT_PID PORT UNIX_SOCKET\n");
+  fprintf(stderr, "usage: supervisor launch CGPROCS[,...] [--netns PATH] -- PROGRAM ARGS... | supervisor serve UID GID | supervisor forward ROOT_PID PORT UNIX_SOCKET\n");
   return 2;
 }

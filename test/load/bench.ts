@@ -26,7 +26,8 @@ import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
 import { create as createTar } from 'tar';
 import { ADMIN_KEY, createTenantKey, REPO, startServer, type TestServer } from '../helpers/server.ts';
 import { otlpBodies, traceBodies } from './bodies.ts';
-import { benchQueries } from './queries.ts';
+import { benchQueries, pct } from './queries.ts';
+import { benchNetwork } from './network.ts';
 import { makeBundle } from '../helpers/bundles.ts';
 // @ts-expect-error plain JS module without types
 import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
@@ -158,7 +159,6 @@ async function benchIngest(kind: keyof typeof INGEST_PATHS, env: Record<string, 
   }
 }
 
-const pct = (values: number[], q: number) => [...values].sort((a, b) => a - b)[Math.min(values.length - 1, Math.floor(values.length * q))];
 
 /** Sandboxes on the local runtime, through the API: create, command round trip, concurrency, state. */
 async function benchSandboxes(): Promise<string[]> {
@@ -450,7 +450,7 @@ async function runnerKillToRedispatch(brokers: string): Promise<string> {
 }
 
 /** `SVC_BENCH_ONLY=sandboxes,experiments` runs only those sections (default: all, in this order). */
-const SECTIONS = ['log', 'sandboxes', 'experiments', 'agents', 'queries'] as const;
+const SECTIONS = ['log', 'sandboxes', 'network', 'experiments', 'agents', 'queries'] as const;
 const only = process.env.SVC_BENCH_ONLY?.split(',') ?? [...SECTIONS];
 
 async function benchLogAndIngest(): Promise<void> {
@@ -529,6 +529,7 @@ async function main() {
   console.log(`\nbench on ${os.cpus().length} cores, node ${process.version}\n`);
   if (only.includes('log')) await benchLogAndIngest();
   if (only.includes('sandboxes')) await table('sandboxes (local runtime)', benchSandboxes, true);
+  if (only.includes('network')) await table('sandbox network (local runtime, egress gateway)', benchNetwork, true);
   if (only.includes('experiments')) await table('experiments (local runtime)', benchExperiments, true);
   // Last: its 50 MB buffers would make the bench process slower to fork for the sandbox figures.
   if (only.includes('agents')) await table('specs and agent snapshots', benchSpecsAndAgents, false);

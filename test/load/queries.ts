@@ -25,7 +25,7 @@ interface Filled {
 
 type Kind = { name: string; paths: () => string[]; pages: number };
 
-const pct = (values: number[], q: number) => [...values].sort((a, b) => a - b)[Math.min(values.length - 1, Math.floor(values.length * q))];
+export const pct = (values: number[], q: number) => [...values].sort((a, b) => a - b)[Math.min(values.length - 1, Math.floor(values.length * q))];
 
 /** Deterministic picks, so both measurements ask the same things. */
 function picker(seed: number) {

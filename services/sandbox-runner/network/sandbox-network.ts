@@ -75,7 +75,9 @@ export class SandboxNetwork {
     });
     gateway.register(address, { policy, dnsOverrides, inspect: this.spec.audit.http_calls, brokered, record });
     this.registered = { gateway, address };
-    const ports = ingress.default === 'allow' ? [] : ingress.allow.map((a) => a.toPort);
+    // Published: the listed ports. `default: allow` also lets the service host reach any port at the address.
+    const ports = ingress.allow.map((a) => a.toPort);
+    await box.openIngress(ingress.default === 'allow' ? 'all' : ports);
     for (const port of ports) {
       const published = await publishPort({ host: address, port }, { host: '127.0.0.1' });
       this.ingress.push({ to_port: port, ...published });

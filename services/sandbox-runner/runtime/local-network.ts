@@ -1,7 +1,11 @@
 /**
- * The local runtime's side of a sandbox's private network: a veth pair from the sandbox's network
- * namespace to the host, and one nftables table per runner that hands every packet a sandbox sends
- * to the runner's egress gateway (network/gateway.ts) and drops the rest.
+ * The local runtime's side of a sandbox's private network: a network namespace with a veth pair to
+ * the host, and one nftables table per runner that hands every packet a sandbox sends to the
+ * runner's egress gateway (network/gateway.ts) and drops the rest.
+ *
+ * - The namespace is made ahead, addresses and route set (a spare waits, as the scratch mounts
+ *   do), and the sandbox's bwrap is started inside it (the supervisor's `launch --netns`). Once
+ *   the sandbox holds it, its name goes: it ends with the sandbox's processes, its link with it.
  *
  * - Addresses: a /30 per sandbox out of SVC_SANDBOX_NETWORK (host end .1, sandbox .2), at an
  *   offset made of the runner's tag (a hash of its id, so runners on one host do not collide)
@@ -34,6 +38,11 @@ export interface GatewayPorts {
 export interface NetworkSlot {
   /** the host end, `svh<tag><slot>` */
   link: string;
+  /** the namespace's name (`svc-<link>`) and path, until the sandbox holds it */
+  name: string;
+  namespace: string;
+  /** the sandbox's /etc/resolv.conf: the host end (the gateway answers whatever resolver is asked) */
+  resolvConf: string;
   hostAddress: string;
   sandboxAddress: string;
   slot: number;
@@ -47,7 +56,11 @@ export class LocalNetworks {
   private readonly base: number;
   private readonly tagBits: number;
   private readonly used = new Set<number>();
+  /** slot -> the ports the host may open into it */
+  private readonly ingress = new Map<number, number[] | 'all'>();
   private nextSlot = 0;
+  private spare: Promise<NetworkSlot> | null = null;
+  private closed = false;
 
   constructor(
     private readonly launcher: Launcher,
@@ -69,6 +82,9 @@ export class LocalNetworks {
     const ifaces = `"svh${this.tag}*"`;
     const rules = [
       `table inet ${this.table} {`,
+      // What the host may open into a sandbox: published ports, or every port of a sandbox whose ingress default is allow.
+      `  set ingress { type ipv4_addr . inet_service; }`,
+      `  set ingress_open { type ipv4_addr; }`,
       `  chain prerouting {`,
       `    type nat hook prerouting priority dstnat - 5; policy accept;`,
       `    iifname ${ifaces} meta l4proto { tcp, udp } th dport 53 redirect to :${ports.dns}`,
@@ -87,6 +103,14 @@ export class LocalNetworks {
       `    iifname ${ifaces} meta l4proto tcp reject with tcp reset`,
       `    iifname ${ifaces} reject with icmpx admin-prohibited`,
       `  }`,
+      `  chain output {`,
+      `    type filter hook output priority filter - 5; policy accept;`,
+      `    oifname ${ifaces} ct state established,related accept`,
+      `    oifname ${ifaces} ip daddr . tcp dport @ingress accept`,
+      `    oifname ${ifaces} ip daddr @ingress_open accept`,
+      `    oifname ${ifaces} meta l4proto tcp reject with tcp reset`,
+      `    oifname ${ifaces} reject with icmpx admin-prohibited`,
+      `  }`,
       `  chain forward {`,
       `    type filter hook forward priority filter - 5; policy accept;`,
       `    iifname ${ifaces} reject with icmpx admin-prohibited`,
@@ -98,58 +122,117 @@ export class LocalNetworks {
     const file = path.join(this.options.stateDir, `${this.table}.nft`);
     // `add` then `delete`: a table left by a killed runner goes, without an error when there is none.
     await fs.promises.writeFile(file, [`add table inet ${this.table}`, `delete table inet ${this.table}`, ...rules, ''].join('\n'));
+    // Namespaces a killed runner of this tag left, with their links.
+    const names = await fs.promises.readdir('/run/netns').catch(() => [] as string[]);
+    for (const name of names.filter((n) => n.startsWith(`svc-svh${this.tag}`))) await this.launcher.run('ip', ['netns', 'del', name]);
     await this.must('nft', ['-f', file], { key: `nft-${this.table}`, command: 'nft', args: ['delete', 'table', 'inet', this.table] });
   }
 
-  /** A free address pair and link name for a sandbox about to start. */
-  allocate(): NetworkSlot {
-    if (this.used.size >= SLOTS) throw new Error(`no free sandbox network on this runner (${SLOTS} in use)`);
-    while (this.used.has(this.nextSlot)) this.nextSlot = (this.nextSlot + 1) % SLOTS;
-    const slot = this.nextSlot;
-    this.nextSlot = (slot + 1) % SLOTS;
-    this.used.add(slot);
-    const offset = ((parseInt(this.tag, 16) * SLOTS) + slot) * 4;
-    return {
-      slot,
-      link: `svh${this.tag}${slot.toString(16).padStart(3, '0')}`,
-      hostAddress: ipv4(this.base + offset + 1),
-      sandboxAddress: ipv4(this.base + offset + 2),
-    };
+  /** A prepared network for a sandbox about to start: the spare when there is one, else made now. */
+  async take(): Promise<NetworkSlot> {
+    const spare = this.spare;
+    this.spare = null;
+    return (spare && (await spare.catch(() => null))) || this.prepare();
   }
 
-  /** Links the sandbox whose network namespace `pid` is in to the host through `slot`. */
-  async attach(slot: NetworkSlot, pid: number, dir: string): Promise<void> {
-    const host = path.join(dir, 'net-host.batch');
-    const inside = path.join(dir, 'net-sandbox.batch');
+  /** Makes the next spare, in the background (after a create: not to hold it up). */
+  refill(): void {
+    if (this.spare || this.closed) return;
+    this.spare = this.prepare();
+    this.spare.catch(() => (this.spare = null));
+  }
+
+  /**
+   * A namespace with its end of the link (eth0, no IPv6), loopback, the address and the default
+   * route; the host end with its address. Should the runner die, its launcher deletes the
+   * namespace's name (the undo); a restart sweeps the rest.
+   */
+  private async prepare(): Promise<NetworkSlot> {
+    const slot = this.allocate();
+    const dir = this.options.stateDir;
+    const host = path.join(dir, `${slot.link}.host`);
+    const inside = path.join(dir, `${slot.link}.inside`);
     await Promise.all([
+      fs.promises.writeFile(slot.resolvConf, `nameserver ${slot.hostAddress}\noptions timeout:2 attempts:2\n`, { mode: 0o644 }),
       fs.promises.writeFile(host, [
-        // A link a crashed sandbox of this slot left (its namespace is gone, the name may linger a moment).
-        `link add ${slot.link} type veth peer name eth0 netns ${pid}`,
+        `link add ${slot.link} type veth peer name eth0 netns ${slot.name}`,
         `link set dev ${slot.link} addrgenmode none`,
         `addr add ${slot.hostAddress}/30 dev ${slot.link}`,
         `link set ${slot.link} up`,
         '',
       ].join('\n')),
       fs.promises.writeFile(inside, [
-        `link set dev eth0 addrgenmode none`,
+        'link set lo up',
+        'link set dev eth0 addrgenmode none',
         `addr add ${slot.sandboxAddress}/30 dev eth0`,
-        `link set eth0 up`,
+        'link set eth0 up',
         `route add default via ${slot.hostAddress}`,
         '',
       ].join('\n')),
     ]);
-    await this.launcher.run('ip', ['link', 'del', slot.link]).catch(() => undefined);
-    await this.must('ip', ['-batch', host]);
-    await this.must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'ip', '-batch', inside]);
+    // One round trip to the launcher; what a crashed sandbox of this slot left is removed first.
+    const script = `{ ip netns add ${slot.name} || { ip netns del ${slot.name}; ip link del ${slot.link}; ip netns add ${slot.name}; }; } && ip -batch ${host} && ip -n ${slot.name} -batch ${inside}`;
+    try {
+      await this.must('sh', ['-c', script], { key: slot.name, command: 'ip', args: ['netns', 'del', slot.name] });
+    } catch (err) {
+      await this.release(slot);
+      throw err;
+    }
+    return slot;
+  }
+
+  /** Once the sandbox's processes hold the namespace, its name goes: it ends with them. */
+  async joined(slot: NetworkSlot): Promise<void> {
+    await this.launcher.run('ip', ['netns', 'del', slot.name]);
+    this.launcher.forget(slot.name);
+  }
+
+  /** A free address pair and names for a network. */
+  private allocate(): NetworkSlot {
+    if (this.used.size >= SLOTS) throw new Error(`no free sandbox network on this runner (${SLOTS} in use)`);
+    while (this.used.has(this.nextSlot)) this.nextSlot = (this.nextSlot + 1) % SLOTS;
+    const slot = this.nextSlot;
+    this.nextSlot = (slot + 1) % SLOTS;
+    this.used.add(slot);
+    const offset = ((parseInt(this.tag, 16) * SLOTS) + slot) * 4;
+    const link = `svh${this.tag}${slot.toString(16).padStart(3, '0')}`;
+    return {
+      slot,
+      link,
+      name: `svc-${link}`,
+      namespace: `/run/netns/svc-${link}`,
+      resolvConf: path.join(this.options.stateDir, `${link}.resolv.conf`),
+      hostAddress: ipv4(this.base + offset + 1),
+      sandboxAddress: ipv4(this.base + offset + 2),
+    };
+  }
+
+  /** Lets the host open connections to `ports` of the sandbox at `slot` ('all': every port). */
+  async openIngress(slot: NetworkSlot, ports: number[] | 'all'): Promise<void> {
+    this.ingress.set(slot.slot, ports);
+    if (ports === 'all') return this.must('nft', ['add', 'element', 'inet', this.table, 'ingress_open', `{ ${slot.sandboxAddress} }`]);
+    if (ports.length === 0) return;
+    await this.must('nft', ['add', 'element', 'inet', this.table, 'ingress', `{ ${ports.map((p) => `${slot.sandboxAddress} . ${p}`).join(', ')} }`]);
   }
 
   /** The slot is free again; its link goes with the sandbox's namespace (and is removed here should it linger). */
   async release(slot: NetworkSlot): Promise<void> {
-    await this.launcher.run('ip', ['link', 'del', slot.link]);
+    // The next sandbox of this address starts closed.
+    const opened = this.ingress.get(slot.slot);
+    this.ingress.delete(slot.slot);
+    await Promise.all([
+      // Gone with the sandbox's namespace, unless it never held it.
+      this.launcher.run('sh', ['-c', `ip netns del ${slot.name} 2>/dev/null; ip link del ${slot.link} 2>/dev/null; true`]).then(() => this.launcher.forget(slot.name)),
+      opened === 'all' ? this.launcher.run('nft', ['delete', 'element', 'inet', this.table, 'ingress_open', `{ ${slot.sandboxAddress} }`]) : undefined,
+      opened && opened !== 'all' && opened.length > 0 ? this.launcher.run('nft', ['delete', 'element', 'inet', this.table, 'ingress', `{ ${opened.map((p) => `${slot.sandboxAddress} . ${p}`).join(', ')} }`]) : undefined,
+    ]);
     this.used.delete(slot.slot);
   }
 
   async close(): Promise<void> {
+    this.closed = true;
+    const spare = await this.spare?.catch(() => null);
+    if (spare) await this.release(spare);
     await this.launcher.run('nft', ['delete', 'table', 'inet', this.table]);
     this.launcher.forget(`nft-${this.table}`);
   }

@@ -115,6 +115,7 @@ export class LocalRuntime implements Runtime {
   private supervisor: Promise<string> | null = null;
   private availability: Promise<string | null> | null = null;
   private networks: Promise<LocalNetworks> | null = null;
+  private readonly trust = new Map<string, Promise<{ bundle: string; authority: string; overSystem: boolean }>>();
 
   constructor(private readonly options: LocalRuntimeOptions) {
     this.stateDir = path.resolve(options.stateDir);
@@ -201,6 +202,7 @@ export class LocalRuntime implements Runtime {
     this.networks ??= (async () => {
       const networks = new LocalNetworks(this.launcher, { ...options, stateDir: path.join(this.stateDir, 'network') });
       await networks.start();
+      networks.refill();
       return networks;
     })();
     this.networks.catch(() => (this.networks = null));
@@ -235,7 +237,7 @@ export class LocalRuntime implements Runtime {
     await fs.promises.mkdir(sandboxDir, { recursive: true });
     const hostsFile = path.join(sandboxDir, 'hosts');
     await fs.promises.writeFile(hostsFile, hostsText(options.id, options.hosts ?? {}));
-    const network = options.network ? await this.networkFiles(options, sandboxDir) : null;
+    const network = options.network ? await this.networkFiles(options) : null;
 
     const warnings: string[] = [];
     const disks = this.workspaceDisks();
@@ -265,7 +267,8 @@ export class LocalRuntime implements Runtime {
     try {
       // Through the launcher: a fork of this (large) process would cost tens of milliseconds.
       // The arguments go over fd 5 (`--args`), so the sandbox's pid 1 does not show host paths.
-      child = await this.launcher.spawn(supervisor, ['launch', cgroup.procsFiles().join(','), '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', String(this.uid), String(this.gid)]);
+      const netns = network ? ['--netns', network.slot.namespace] : [];
+      child = await this.launcher.spawn(supervisor, ['launch', cgroup.procsFiles().join(','), ...netns, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', String(this.uid), String(this.gid)]);
       const argsStream = child.stdio[5] as Writable;
       argsStream.on('error', () => {});
       argsStream.end(Buffer.from(args.map((a) => `${a}\0`).join(''), 'utf8'));
@@ -289,6 +292,7 @@ export class LocalRuntime implements Runtime {
       // The next spares only now: their mkfs and mounts would hold up this create's own tools.
       if (typeof disks !== 'string') disks.refill();
       this.scratches().refill(options.resources.memoryBytes);
+      network?.networks.refill();
     }
     return sandbox;
   }
@@ -312,26 +316,17 @@ export class LocalRuntime implements Runtime {
    * A network slot, and the files that make the gateway the sandbox's resolver and add the
    * deployment's CA to its trust store (over the system's bundle, where the root has one).
    */
-  private async networkFiles(options: CreateSandboxOptions, sandboxDir: string): Promise<{ networks: LocalNetworks; slot: NetworkSlot; mounts: Array<{ host: string; sandbox: string }> }> {
+  private async networkFiles(options: CreateSandboxOptions): Promise<{ networks: LocalNetworks; slot: NetworkSlot; mounts: Array<{ host: string; sandbox: string }> }> {
     const networks = await this.sandboxNetworks();
-    const slot = networks.allocate();
+    const slot = await networks.take();
     try {
-      const root = options.rootfs ?? '/';
-      const systemBundle = path.join(root, SYSTEM_TRUST_BUNDLE);
-      const system = await readInside(root, SYSTEM_TRUST_BUNDLE);
-      const trust = options.network!.trust.trim();
-      const files = { resolv: path.join(sandboxDir, 'resolv.conf'), bundle: path.join(sandboxDir, 'ca-certificates.crt'), authority: path.join(sandboxDir, 'egress-ca.pem') };
-      await Promise.all([
-        fs.promises.writeFile(files.resolv, `nameserver ${slot.hostAddress}\noptions timeout:2 attempts:2\n`),
-        fs.promises.writeFile(files.bundle, `${system ?? ''}${system && !system.endsWith('\n') ? '\n' : ''}${trust}\n`),
-        fs.promises.writeFile(files.authority, `${trust}\n`),
-      ]);
+      const trust = await this.trustFiles(options.rootfs ?? '/', options.network!.trust.trim());
       const mounts = [
-        { host: files.resolv, sandbox: '/etc/resolv.conf' },
-        { host: files.bundle, sandbox: TRUST_IN_SANDBOX.bundle },
-        { host: files.authority, sandbox: TRUST_IN_SANDBOX.authority },
+        { host: slot.resolvConf, sandbox: '/etc/resolv.conf' },
+        { host: trust.bundle, sandbox: TRUST_IN_SANDBOX.bundle },
+        { host: trust.authority, sandbox: TRUST_IN_SANDBOX.authority },
       ];
-      if (system !== null && fs.lstatSync(systemBundle).isFile()) mounts.push({ host: files.bundle, sandbox: `/${SYSTEM_TRUST_BUNDLE}` });
+      if (trust.overSystem) mounts.push({ host: trust.bundle, sandbox: `/${SYSTEM_TRUST_BUNDLE}` });
       return { networks, slot, mounts };
     } catch (err) {
       await networks.release(slot);
@@ -339,9 +334,33 @@ export class LocalRuntime implements Runtime {
     }
   }
 
+  /** The root's system bundle plus the deployment's CA, and the CA alone: written once per root (and version of its bundle). */
+  private trustFiles(root: string, trust: string): Promise<{ bundle: string; authority: string; overSystem: boolean }> {
+    const stat = fs.lstatSync(path.join(root, SYSTEM_TRUST_BUNDLE), { throwIfNoEntry: false });
+    const key = createHash('sha256').update(`${root}\0${stat?.size}\0${stat?.mtimeMs}\0${trust}`).digest('hex').slice(0, 16);
+    let files = this.trust.get(key);
+    if (!files) {
+      files = (async () => {
+        const dir = path.join(this.stateDir, 'trust');
+        await fs.promises.mkdir(dir, { recursive: true });
+        const system = await readInside(root, SYSTEM_TRUST_BUNDLE);
+        const bundle = path.join(dir, `${key}.crt`);
+        const authority = path.join(dir, `${key}.ca.pem`);
+        await fs.promises.writeFile(bundle, `${system ?? ''}${system && !system.endsWith('\n') ? '\n' : ''}${trust}\n`, { mode: 0o644 });
+        await fs.promises.writeFile(authority, `${trust}\n`, { mode: 0o644 });
+        return { bundle, authority, overSystem: system !== null && stat?.isFile() === true };
+      })();
+      files.catch(() => this.trust.delete(key));
+      this.trust.set(key, files);
+    }
+    return files;
+  }
+
   private bwrapArgs(options: CreateSandboxOptions, workspace: string, readOnlyMounts: Array<{ host: string; sandbox: string }>, supervisor: string, hostsFile: string, scratch: Scratch, networkMounts: Array<{ host: string; sandbox: string }>): string[] {
     const args = [
-      '--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--unshare-cgroup-try',
+      '--unshare-ipc', '--unshare-pid', '--unshare-uts', '--unshare-cgroup-try',
+      // A sandbox with a network starts in the namespace made for it (the supervisor's `launch --netns`).
+      ...(options.network ? [] : ['--unshare-net']),
       '--die-with-parent', '--new-session',
       '--hostname', options.id,
       // the supervisor keeps only what it needs to start commands as the sandbox uid and to kill them
@@ -409,7 +428,8 @@ class LocalSandbox implements SandboxHandle {
   private bridge: Promise<ServiceBridge> | null = null;
   serviceReachable: Promise<void> = Promise.resolve();
   address: string | null = null;
-  networkReady: Promise<void> = Promise.resolve();
+  readonly networkReady: Promise<void> = Promise.resolve();
+  private named: Promise<void> = Promise.resolve();
   private network: { networks: LocalNetworks; slot: NetworkSlot } | null = null;
   readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
 
@@ -680,22 +700,25 @@ class LocalSandbox implements SandboxHandle {
     this.serviceReachable.catch(() => {});
   }
 
-  /** Links the sandbox's network namespace to the host through `slot` in the background; `networkReady` says when it carries packets. */
+  async openIngress(ports: number[] | 'all'): Promise<void> {
+    if (!this.network) throw new Error('this sandbox has no network');
+    await this.network.networks.openIngress(this.network.slot, ports);
+  }
+
+  /** The sandbox runs in the namespace `slot` made ahead: its network is ready from its start. */
   attachNetwork(networks: LocalNetworks, slot: NetworkSlot, timeoutMs: number): void {
     this.network = { networks, slot };
     this.address = slot.sandboxAddress;
-    this.networkReady = (async () => {
-      const inside = await pidInSandboxNetns(this.child.pid!, timeoutMs);
-      await networks.attach(slot, inside, this.sandboxDir);
-    })();
-    this.networkReady.catch(() => {});
+    // Packets flow from the start; the namespace's name goes once the sandbox holds it.
+    this.named = pidInSandboxNetns(this.child.pid!, timeoutMs).then(() => networks.joined(slot));
+    this.named.catch(() => {});
   }
 
   private async cleanup(): Promise<void> {
     if (this.cleaned) return;
     this.cleaned = true;
     await this.bridge?.then((b) => b.close(), () => undefined);
-    if (this.network) await this.networkReady.catch(() => undefined).then(() => this.network!.networks.release(this.network!.slot));
+    if (this.network) await this.named.catch(() => undefined).then(() => this.network!.networks.release(this.network!.slot));
     if (!(await this.cgroup.remove())) this.logger?.warn({ sandbox_id: this.id }, 'could not remove the sandbox cgroups');
     await fs.promises.rm(this.sandboxDir, { recursive: true, force: true });
   }

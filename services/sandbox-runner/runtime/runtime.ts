@@ -107,6 +107,8 @@ export interface SandboxHandle {
   readonly address: string | null;
   /** resolves once the private network carries packets (at once without one); set up while the boot goes on */
   readonly networkReady: Promise<void>;
+  /** lets the host open connections to these ports of the sandbox's address ('all': to every port); nothing else reaches it */
+  openIngress(ports: number[] | 'all'): Promise<void>;
 }
 
 export interface Runtime {
