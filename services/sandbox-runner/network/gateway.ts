@@ -26,6 +26,7 @@ import dgram from 'node:dgram';
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
+import os from 'node:os';
 import tls from 'node:tls';
 import type { EgressPolicy } from '../../domain/egress-policy.ts';
 import type { Logger } from '../../kernel/logger.ts';
@@ -64,6 +65,22 @@ interface Via {
   serverName: string | null;
 }
 
+/** Places no sandbox reaches, whatever its policy says. */
+const NEVER: Array<[string, net.BlockList]> = [
+  ['loopback', blockList([['127.0.0.0', 8, 'ipv4'], ['::1', 128, 'ipv6']])],
+  ['unspecified', blockList([['0.0.0.0', 8, 'ipv4'], ['::', 128, 'ipv6']])],
+  ['link-local (where clouds serve instance credentials)', blockList([['169.254.0.0', 16, 'ipv4'], ['fe80::', 10, 'ipv6']])],
+  ['multicast or broadcast', blockList([['224.0.0.0', 3, 'ipv4'], ['ff00::', 8, 'ipv6']])],
+];
+
+function blockList(subnets: Array<[string, number, 'ipv4' | 'ipv6']>): net.BlockList {
+  const list = new net.BlockList();
+  for (const [address, prefix, family] of subnets) list.addSubnet(address, prefix, family);
+  return list;
+}
+
+/** Connections one sandbox may hold through the gateway at once; past it new ones are reset. */
+const MAX_CONNECTIONS_PER_SANDBOX = 1024;
 const HELLO_TIMEOUT_MS = 10_000;
 const UPSTREAM_TIMEOUT_MS = 30_000;
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
@@ -78,10 +95,14 @@ export class EgressGateway {
   private readonly httpAgent = new http.Agent({ keepAlive: true, maxFreeSockets: 64 });
   private readonly httpsAgent: https.Agent;
   ports: GatewayPorts = { http: 0, tls: 0, tcp: 0, udp: 0, dns: 0 };
+  private readonly sandboxRanges = new net.BlockList();
+  private own = { at: 0, addresses: new Set<string>() };
 
   constructor(
-    private readonly options: { ca: CertificateAuthority; upstream: UpstreamResolver; trust: string[] | null; logger?: Logger },
+    private readonly options: { ca: CertificateAuthority; upstream: UpstreamResolver; trust: string[] | null; sandboxNetwork: string; logger?: Logger },
   ) {
+    const [network, prefix] = options.sandboxNetwork.split('/');
+    this.sandboxRanges.addSubnet(network!, Number(prefix), 'ipv4');
     this.httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets: 64, ca: options.trust ? [...tls.rootCertificates, ...options.trust] : undefined });
     this.parser = http.createServer({ requireHostHeader: false });
     this.parser.on('request', (req, res) => void this.forward(req, res).catch((err) => this.fail(res, err)));
@@ -91,10 +112,10 @@ export class EgressGateway {
   }
 
   /** The runner's gateway as the settings say: the deployment's CA, the upstream resolver, the extra trust for upstreams. */
-  static async open(config: Pick<Config, 'dataDir' | 'egressCaCert' | 'egressCaKey' | 'dnsUpstream' | 'egressTrust'>, logger?: Logger): Promise<EgressGateway> {
+  static async open(config: Pick<Config, 'dataDir' | 'egressCaCert' | 'egressCaKey' | 'dnsUpstream' | 'egressTrust' | 'sandboxNetwork'>, logger?: Logger): Promise<EgressGateway> {
     const ca = await CertificateAuthority.open({ dir: path.join(config.dataDir, 'egress-ca'), certFile: config.egressCaCert, keyFile: config.egressCaKey });
     const trust = config.egressTrust ? [await fs.promises.readFile(config.egressTrust, 'utf8')] : null;
-    const gateway = new EgressGateway({ ca, upstream: new UpstreamResolver(config.dnsUpstream), trust, logger });
+    const gateway = new EgressGateway({ ca, upstream: new UpstreamResolver(config.dnsUpstream), trust, sandboxNetwork: config.sandboxNetwork, logger });
     await gateway.start();
     return gateway;
   }
@@ -156,6 +177,11 @@ export class EgressGateway {
       socket.destroy();
       return null;
     }
+    if (sandbox.sockets.size >= MAX_CONNECTIONS_PER_SANDBOX) {
+      if (firstThisSecond(sandbox, 'connections')) this.deny(sandbox, { protocol: 'tcp', host: null, ip: null, port: socket.localPort ?? 0, reason: `the sandbox holds ${MAX_CONNECTIONS_PER_SANDBOX} connections through the egress gateway, the most it may` });
+      reset(socket);
+      return null;
+    }
     sandbox.sockets.add(socket);
     socket.once('close', () => sandbox.sockets.delete(socket));
     return sandbox;
@@ -185,6 +211,35 @@ export class EgressGateway {
     const addresses = net.isIP(target) ? [target] : (await this.options.upstream.lookup4(target)).addresses;
     for (const address of addresses) sandbox.resolved.set(address, name);
     return addresses;
+  }
+
+  /** The address to connect to for `host`, or why there is none: it does not resolve, or only to places a sandbox never reaches. */
+  private async addressFor(sandbox: Registered, host: string): Promise<{ address: string } | { problem: string }> {
+    const addresses = await this.resolve(sandbox, host);
+    if (addresses.length === 0) return { problem: `${host} does not resolve` };
+    const address = addresses.find((a) => this.unreachable(a) === null);
+    return address ? { address } : { problem: `${host} resolves to ${addresses[0]}, which is ${this.unreachable(addresses[0]!)}` };
+  }
+
+  /**
+   * Why a sandbox never reaches `address`, whatever its policy (a name may resolve anywhere, a
+   * Host header may be an address): the service host itself, loopback, link-local (where clouds
+   * serve instance credentials), multicast, or a sandbox network. Null when it may.
+   */
+  private unreachable(address: string): string | null {
+    const family = net.isIP(address) === 6 ? 'ipv6' : 'ipv4';
+    if (this.ownAddresses().has(address.replace(/^::ffff:/, ''))) return 'the service host itself: never reachable from a sandbox';
+    for (const [what, list] of NEVER) if (list.check(address, family)) return `${what}: never reachable from a sandbox`;
+    if (this.sandboxRanges.check(address, family)) return 'a sandbox network: never reachable from a sandbox';
+    return null;
+  }
+
+  /** The host's own addresses (read again at most once a second: interfaces come and go). */
+  private ownAddresses(): Set<string> {
+    if (Date.now() - this.own.at > 1000) {
+      this.own = { at: Date.now(), addresses: new Set(Object.values(os.networkInterfaces()).flatMap((list) => (list ?? []).map((i) => i.address))) };
+    }
+    return this.own.addresses;
   }
 
   private async answer(source: string, name: string, type: string): Promise<DnsAnswer> {
@@ -246,8 +301,12 @@ export class EgressGateway {
       this.deny(sandbox, { protocol, method: req.method, host: target.host, port: target.port, path: target.path, reason: decision.reason });
       return refuse(res, decision.reason);
     }
-    const [address] = await this.resolve(sandbox, target.host);
-    if (!address) return refuse(res, `${target.host} does not resolve`, 502);
+    const reached = await this.addressFor(sandbox, target.host);
+    if ('problem' in reached) {
+      this.deny(sandbox, { protocol, method: req.method, host: target.host, port: target.port, path: target.path, reason: reached.problem });
+      return refuse(res, reached.problem);
+    }
+    const { address } = reached;
     const headers: http.OutgoingHttpHeaders = {};
     for (const [name, value] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(name)) headers[name] = value;
     for (const broker of sandbox.brokered) if (broker.hosts.decide(target.host, target.port).allowed) headers[broker.header.toLowerCase()] = broker.value;
@@ -348,8 +407,12 @@ export class EgressGateway {
       this.deny(via.sandbox, { protocol: via.scheme, method: req.method, host: target.host, port: target.port, path: target.path, reason: decision.reason });
       return void socket.end(`HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n${decision.reason}\n`);
     }
-    const [address] = await this.resolve(via.sandbox, target.host);
-    if (!address) return void socket.destroy();
+    const reached = await this.addressFor(via.sandbox, target.host);
+    if ('problem' in reached) {
+      this.deny(via.sandbox, { protocol: via.scheme, method: req.method, host: target.host, port: target.port, path: target.path, reason: reached.problem });
+      return void socket.end(`HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n${reached.problem}\n`);
+    }
+    const { address } = reached;
     const lines = [`${req.method} ${target.path} HTTP/1.1`];
     for (let i = 0; i < req.rawHeaders.length; i += 2) lines.push(`${req.rawHeaders[i]}: ${req.rawHeaders[i + 1]}`);
     const upstream = via.scheme === 'https'
@@ -419,6 +482,11 @@ export class EgressGateway {
   /** A connection known only by the address it was sent to: by the name that address was resolved for, if any. */
   private async byDestination(sandbox: Registered, socket: Duplex, first: Buffer, destination: { address: string; port: number }, protocol: string): Promise<void> {
     const name = sandbox.resolved.get(destination.address) ?? null;
+    const never = this.unreachable(destination.address);
+    if (never) {
+      this.deny(sandbox, { protocol, host: name, ip: destination.address, port: destination.port, reason: `${destination.address} is ${never}` });
+      return void reset(socket);
+    }
     const decision = name === null
       ? { allowed: sandbox.policy.decide(destination.address, destination.port).allowed, reason: sandbox.policy.decide(destination.address, destination.port).reason }
       : this.decide(sandbox, name, destination.port);
@@ -433,9 +501,12 @@ export class EgressGateway {
 
   /** Pipes to `host`:`port` as this sandbox resolves it, `first` ahead of the rest. */
   private async pipeTo(sandbox: Registered, socket: Duplex, first: Buffer, host: string, port: number): Promise<void> {
-    const [address] = await this.resolve(sandbox, host);
-    if (!address) return void reset(socket);
-    const upstream = net.connect({ host: address, port });
+    const reached = await this.addressFor(sandbox, host);
+    if ('problem' in reached) {
+      this.deny(sandbox, { protocol: 'tls', host, port, reason: reached.problem });
+      return void reset(socket);
+    }
+    const upstream = net.connect({ host: reached.address, port });
     if (first.length > 0) upstream.write(first);
     join(socket, upstream, sandbox);
   }
