@@ -42,6 +42,8 @@ export interface SandboxEgress {
   policy: EgressPolicy;
   /** real hostname -> the name (or address) it resolves to instead */
   dnsOverrides: Record<string, string>;
+  /** name -> address the sandbox's /etc/hosts fixes (determinism.dns): where the gateway connects for that name too */
+  hosts: Record<string, string>;
   /** audit.http_calls: record every HTTP request, terminating TLS to see HTTPS ones */
   inspect: boolean;
   /** headers set on requests to these hosts (the real value of a brokered secret) */
@@ -208,7 +210,8 @@ export class EgressGateway {
     const name = normaliseHost(host);
     if (net.isIP(name)) return [name];
     const target = sandbox.dnsOverrides[name] ?? name;
-    const addresses = net.isIP(target) ? [target] : (await this.options.upstream.lookup4(target)).addresses;
+    const fixed = sandbox.hosts[target];
+    const addresses = net.isIP(target) ? [target] : fixed ? [fixed] : (await this.options.upstream.lookup4(target)).addresses;
     for (const address of addresses) sandbox.resolved.set(address, name);
     return addresses;
   }

@@ -73,7 +73,7 @@ export class SandboxNetwork {
       const value = secrets[name];
       return value === undefined ? [] : [{ hosts: new EgressPolicy('deny', inject.hosts), header: inject.header, value: inject.format.replace('{value}', value) }];
     });
-    gateway.register(address, { policy, dnsOverrides, inspect: this.spec.audit.http_calls, brokered, record });
+    gateway.register(address, { policy, dnsOverrides, hosts: lowerKeys(this.spec.determinism.dns), inspect: this.spec.audit.http_calls, brokered, record });
     this.registered = { gateway, address };
     // Published: the listed ports. `default: allow` also lets the service host reach any port at the address.
     const ports = ingress.allow.map((a) => a.toPort);
@@ -96,6 +96,10 @@ export class SandboxNetwork {
     await Promise.all(this.ingress.map((i) => i.close()));
     this.ingress = [];
   }
+}
+
+function lowerKeys(map: Record<string, string>): Record<string, string> {
+  return Object.fromEntries(Object.entries(map).map(([k, v]) => [k.toLowerCase().replace(/\.$/, ''), v]));
 }
 
 /**
