@@ -73,7 +73,7 @@ export class SandboxRunnerService implements Service {
     });
     this.runtime = new LocalRuntime({
       stateDir: path.join(kernel.config.dataDir, 'runtime'),
-      network: typeof this.gateway === 'string' ? undefined : { runnerId: this.runnerId, range: kernel.config.sandboxNetwork, ports: this.gateway.ports },
+      network: typeof this.gateway === 'string' ? undefined : { runnerId: this.runnerId, range: kernel.config.sandboxNetwork, ports: this.gateway.ports, onRefused: this.gateway.refusedUdp.bind(this.gateway) },
       diskDefaultBytes: kernel.config.sandboxDiskDefault,
       diskMaxBytes: kernel.config.sandboxDiskMax,
       logger: kernel.logger.child({ component: 'runtime' }),

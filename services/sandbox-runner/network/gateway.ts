@@ -15,14 +15,13 @@
  *   on as HTTP, where the Host header must name the same host (no domain fronting).
  * - Any other TCP: by its original destination (connection tracking), allowed only to an
  *   address the sandbox resolved for an allowed name (or an allowed literal address).
- * - Any other UDP: never leaves.
+ * - Any other UDP: never leaves (the runtime refuses it and reports it here: `refusedUdp`).
  * Each refusal is a `network_denied` audit record (what, where, why); with `audit.http_calls`,
  * each HTTP request is an `http_call` record.
  */
 import { Duplex } from 'node:stream';
 import fs from 'node:fs';
 import path from 'node:path';
-import dgram from 'node:dgram';
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
@@ -92,11 +91,10 @@ export class EgressGateway {
   private readonly via = new WeakMap<object, Via>();
   private readonly parser: http.Server;
   private readonly servers: net.Server[] = [];
-  private udp: dgram.Socket | null = null;
   private dns: GatewayDnsServer | null = null;
   private readonly httpAgent = new http.Agent({ keepAlive: true, maxFreeSockets: 64 });
   private readonly httpsAgent: https.Agent;
-  ports: GatewayPorts = { http: 0, tls: 0, tcp: 0, udp: 0, dns: 0 };
+  ports: GatewayPorts = { http: 0, tls: 0, tcp: 0, dns: 0 };
   private readonly sandboxRanges = new net.BlockList();
   private own = { at: 0, addresses: new Set<string>() };
 
@@ -140,11 +138,6 @@ export class EgressGateway {
     this.ports.http = await listen((socket) => this.acceptHttp(socket));
     this.ports.tls = await listen((socket) => this.acceptTls(socket));
     this.ports.tcp = await listen((socket) => void this.acceptTcp(socket));
-    this.udp = dgram.createSocket('udp4');
-    this.udp.on('message', (_msg, from) => void this.refuseUdp(from));
-    this.udp.on('error', () => undefined);
-    await new Promise<void>((resolve) => this.udp!.bind(0, '0.0.0.0', () => resolve()));
-    this.ports.udp = this.udp.address().port;
     this.dns = await GatewayDnsServer.start({ host: '0.0.0.0', port: 0, answer: (source, name, type) => this.answer(source, name, type) });
     this.ports.dns = this.dns.port;
   }
@@ -164,7 +157,6 @@ export class EgressGateway {
   async close(): Promise<void> {
     for (const address of [...this.sandboxes.keys()]) this.unregister(address);
     await Promise.all(this.servers.map((s) => new Promise<void>((resolve) => s.close(() => resolve()))));
-    this.udp?.close();
     await this.dns?.close();
     this.httpAgent.destroy();
     this.httpsAgent.destroy();
@@ -189,8 +181,9 @@ export class EgressGateway {
     return sandbox;
   }
 
+  /** A `network_denied` record; `ip` is null where the name was refused before it resolved. */
   private deny(sandbox: Registered, details: { protocol: string; host?: string | null; ip?: string | null; port: number; reason: string; [more: string]: unknown }): void {
-    sandbox.record('network_denied', details);
+    sandbox.record('network_denied', { ...details, host: details.host ?? null, ip: details.ip ?? null });
   }
 
   // --- names ------------------------------------------------------------------------------
@@ -269,7 +262,8 @@ export class EgressGateway {
 
   /** The host and port a request is for, and what it was checked against. */
   private target(req: http.IncomingMessage, via: Via): { host: string; port: number; path: string } | { problem: string } {
-    const defaultPort = via.scheme === 'https' ? 443 : 80;
+    // A Host without a port names the port the connection came to.
+    const defaultPort = via.port;
     const hostHeader = req.headers.host ? splitHostPort(req.headers.host, defaultPort) : null;
     let url: URL | null = null;
     if (/^[a-z][a-z0-9+.-]*:\/\//i.test(req.url ?? '')) {
@@ -313,25 +307,8 @@ export class EgressGateway {
     const headers: http.OutgoingHttpHeaders = {};
     for (const [name, value] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(name)) headers[name] = value;
     for (const broker of sandbox.brokered) if (broker.hosts.decide(target.host, target.port).allowed) headers[broker.header.toLowerCase()] = broker.value;
-    let requestBytes = 0;
-    let responseBytes = 0;
-    req.on('data', (chunk: Buffer) => (requestBytes += chunk.length));
-    const record = (status: number | null, error?: string) => {
-      if (!sandbox.inspect) return;
-      sandbox.record('http_call', {
-        method: req.method,
-        scheme: protocol,
-        host: target.host,
-        port: target.port,
-        path: target.path,
-        status,
-        duration_ms: Date.now() - started,
-        request_bytes: requestBytes,
-        response_bytes: responseBytes,
-        headers: redactHeaders(req.headers),
-        ...(error ? { error } : {}),
-      });
-    };
+    const call = new HttpCall(sandbox, req, protocol, target, started);
+    req.on('data', (chunk: Buffer) => (call.requestBytes += chunk.length));
     const upstream = (protocol === 'https' ? https : http).request({
       host: address,
       port: target.port,
@@ -346,16 +323,24 @@ export class EgressGateway {
     upstream.on('response', (answer) => {
       const out: http.OutgoingHttpHeaders = {};
       for (const [name, value] of Object.entries(answer.headers)) if (!HOP_BY_HOP.has(name)) out[name] = value;
+      call.status = answer.statusCode ?? null;
       res.writeHead(answer.statusCode ?? 502, answer.statusMessage, out);
-      answer.on('data', (chunk: Buffer) => (responseBytes += chunk.length));
+      answer.on('data', (chunk: Buffer) => (call.responseBytes += chunk.length));
       answer.pipe(res);
-      answer.on('end', () => record(answer.statusCode ?? null));
       answer.on('error', () => res.destroy());
     });
     upstream.on('error', (err) => {
-      record(null, err.message);
+      call.done(err.message);
       if (!res.headersSent) refuse(res, `${target.host}:${target.port} could not be reached: ${err.message}`, 502);
       else res.destroy();
+    });
+    // Recorded once the answer reached the sandbox, or when the sandbox went away first (then the
+    // upstream goes too: a client that leaves does not keep the runner downloading).
+    res.on('finish', () => call.done());
+    res.on('close', () => {
+      if (res.writableFinished) return;
+      upstream.destroy();
+      call.done('the sandbox closed the connection before the answer was complete');
     });
     req.pipe(upstream);
   }
@@ -416,6 +401,8 @@ export class EgressGateway {
       return void socket.end(`HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n${reached.problem}\n`);
     }
     const { address } = reached;
+    // Recorded as the connection ends: its status from the upstream's first line, its bytes both ways.
+    const call = new HttpCall(via.sandbox, req, via.scheme, target, Date.now());
     const lines = [`${req.method} ${target.path} HTTP/1.1`];
     for (let i = 0; i < req.rawHeaders.length; i += 2) lines.push(`${req.rawHeaders[i]}: ${req.rawHeaders[i + 1]}`);
     const upstream = via.scheme === 'https'
@@ -423,6 +410,11 @@ export class EgressGateway {
       : net.connect({ host: address, port: target.port });
     upstream.write(`${lines.join('\r\n')}\r\n\r\n`);
     if (head.length > 0) upstream.write(head);
+    upstream.once('data', (chunk: Buffer) => (call.status = Number(/^HTTP\/1\.[01] (\d{3})/.exec(chunk.subarray(0, 32).toString('latin1'))?.[1]) || null));
+    upstream.on('data', (chunk: Buffer) => (call.responseBytes += chunk.length));
+    socket.on('data', (chunk: Buffer) => (call.requestBytes += chunk.length));
+    upstream.on('error', (err) => call.done(err.message));
+    socket.once('close', () => call.done());
     join(socket, upstream, via.sandbox);
   }
 
@@ -498,8 +490,51 @@ export class EgressGateway {
       return void reset(socket);
     }
     const upstream = net.connect({ host: destination.address, port: destination.port });
-    if (first.length > 0) upstream.write(first);
-    join(socket, upstream, sandbox);
+    if (first.length > 0) {
+      upstream.write(first);
+      return join(socket, upstream, sandbox);
+    }
+    this.sniff(sandbox, socket, upstream, destination.port);
+  }
+
+  /**
+   * Whoever speaks first on an allowed connection says what it is: an HTTP request or a
+   * ClientHello from the sandbox goes the way of ports 80 and 443 (checked by its host, and
+   * recorded), whatever the port; a server that greets first (SSH, SMTP, MySQL) is piped.
+   */
+  private sniff(sandbox: Registered, socket: Duplex, upstream: net.Socket, port: number): void {
+    const fromServer = (greeting: Buffer) => {
+      socket.off('data', fromSandbox);
+      upstream.pause();
+      upstream.unshift(greeting);
+      join(socket, upstream, sandbox);
+    };
+    const fromSandbox = (chunk: Buffer) => {
+      upstream.off('data', fromServer);
+      socket.pause();
+      if (looksLikeHttp(chunk)) {
+        upstream.destroy();
+        const plain = wrap(socket, chunk);
+        this.via.set(plain, { sandbox, scheme: 'http', port, serverName: null });
+        return void this.parser.emit('connection', plain);
+      }
+      if (chunk[0] === 0x16) {
+        return void firstBytes(socket, chunk).then(async (hello) => {
+          const read = hello ? readClientHello(hello) : null;
+          if (hello && read?.state === 'tls' && read.serverName) {
+            upstream.destroy();
+            return this.onHello(sandbox, socket, hello, read.serverName, port, null);
+          }
+          if (hello) upstream.write(hello);
+          join(socket, upstream, sandbox);
+        }).catch(() => socket.destroy());
+      }
+      upstream.write(chunk);
+      join(socket, upstream, sandbox);
+    };
+    upstream.once('data', fromServer);
+    socket.once('data', fromSandbox);
+    upstream.on('error', () => socket.destroy());
   }
 
   /** Pipes to `host`:`port` as this sandbox resolves it, `first` ahead of the rest. */
@@ -514,12 +549,46 @@ export class EgressGateway {
     join(socket, upstream, sandbox);
   }
 
-  private async refuseUdp(from: dgram.RemoteInfo): Promise<void> {
-    const sandbox = this.sandboxes.get(from.address);
-    if (!sandbox) return;
-    const destination = await originalDestination({ address: from.address, port: from.port }, 'udp');
-    if (!firstThisSecond(sandbox, `udp ${destination ? `${destination.address}:${destination.port}` : 'unknown'}`)) return;
-    this.deny(sandbox, { protocol: 'udp', host: destination ? (sandbox.resolved.get(destination.address) ?? null) : null, ip: destination?.address ?? null, port: destination?.port ?? 0, reason: 'UDP leaves a sandbox only as DNS to its own resolver' });
+  /** UDP the runtime refused (anything but DNS never leaves): recorded, once per destination and second. */
+  refusedUdp(source: string, destination: { address: string; port: number }): void {
+    const sandbox = this.sandboxes.get(source);
+    if (!sandbox || !firstThisSecond(sandbox, `udp ${destination.address}:${destination.port}`)) return;
+    this.deny(sandbox, { protocol: 'udp', host: sandbox.resolved.get(destination.address) ?? null, ip: destination.address, port: destination.port, reason: 'UDP leaves a sandbox only as DNS to its own resolver' });
+  }
+
+}
+
+/** One HTTP request of a sandbox, recorded once (`audit.http_calls`) when it is done, however it ended. */
+class HttpCall {
+  requestBytes = 0;
+  responseBytes = 0;
+  status: number | null = null;
+  private recorded = false;
+
+  constructor(
+    private readonly sandbox: Registered,
+    private readonly req: http.IncomingMessage,
+    private readonly scheme: 'http' | 'https',
+    private readonly target: { host: string; port: number; path: string },
+    private readonly started: number,
+  ) {}
+
+  done(error?: string): void {
+    if (this.recorded || !this.sandbox.inspect) return;
+    this.recorded = true;
+    this.sandbox.record('http_call', {
+      method: this.req.method,
+      scheme: this.scheme,
+      host: this.target.host,
+      port: this.target.port,
+      path: this.target.path,
+      status: this.status,
+      duration_ms: Date.now() - this.started,
+      request_bytes: this.requestBytes,
+      response_bytes: this.responseBytes,
+      headers: redactHeaders(this.req.headers),
+      ...(error ? { error } : {}),
+    });
   }
 }
 

@@ -37,12 +37,12 @@ process.on('message', (m) => {
     // The undo is kept from the start: should the runner die while this runs, it is undone anyway
     // (a no-op when the command never got that far); dropped if the command fails.
     if (m.undo) undo.set(m.undo.key, m.undo);
-    const child = execFile(m.command, m.args, { timeout: m.timeoutMs, killSignal: 'SIGKILL' }, (err, _stdout, stderr) => {
+    const child = execFile(m.command, m.args, { timeout: m.timeoutMs, killSignal: 'SIGKILL', maxBuffer: 4 * 1024 * 1024 }, (err, stdout, stderr) => {
       running.delete(child);
       const code = err ? (typeof err.code === 'number' ? err.code : null) : 0;
       if (code !== 0 && m.undo) undo.delete(m.undo.key);
       const text = String(stderr || (err && code === null && !err.signal ? err.message : ''));
-      process.send({ id: m.id, ran: { code, signal: err?.signal ?? null, stderr: text.slice(-4096) } });
+      process.send({ id: m.id, ran: { code, signal: err?.signal ?? null, stderr: text.slice(-4096), stdout: m.stdout ? String(stdout) : '' } });
     });
     running.add(child);
   } else if (m.op === 'forget') {

@@ -38,6 +38,8 @@ export interface RunResult {
   signal: NodeJS.Signals | null;
   /** its last 4 KiB */
   stderr: string;
+  /** its output (up to 4 MiB), when asked for with `stdout: true` */
+  stdout: string;
 }
 
 export class Launcher {
@@ -58,7 +60,7 @@ export class Launcher {
       }
       for (const [id, done] of this.runs) {
         this.runs.delete(id);
-        done({ code: null, signal: 'SIGKILL', stderr: 'the launcher exited' });
+        done({ code: null, signal: 'SIGKILL', stderr: 'the launcher exited', stdout: '' });
       }
       if (this.child === child) this.child = null;
     });
@@ -110,7 +112,7 @@ export class Launcher {
    * kept once the command succeeded, is what the launcher runs should this process die before it
    * calls `forget(undo.key)` (a mount it no longer can unmount itself).
    */
-  run(command: string, args: string[], options: { timeoutMs?: number; undo?: { key: string; command: string; args: string[] } } = {}): Promise<RunResult> {
+  run(command: string, args: string[], options: { timeoutMs?: number; undo?: { key: string; command: string; args: string[] }; stdout?: boolean } = {}): Promise<RunResult> {
     const child = this.start();
     const id = ++this.next;
     if (this.pending++ === 0) this.channel(child)?.ref();
@@ -119,7 +121,7 @@ export class Launcher {
         if (--this.pending === 0) this.channel(this.child)?.unref();
         resolve(result);
       });
-      child.send({ op: 'run', id, command, args, timeoutMs: options.timeoutMs ?? 60_000, undo: options.undo });
+      child.send({ op: 'run', id, command, args, timeoutMs: options.timeoutMs ?? 60_000, undo: options.undo, stdout: options.stdout === true });
     });
   }
 

@@ -11,8 +11,10 @@
  *   offset made of the runner's tag (a hash of its id, so runners on one host do not collide)
  *   and a slot. The host end is named `svh<tag><slot>`, so one wildcard names a runner's links.
  * - The table `svc_<tag>` (family inet): TCP to port 80 goes to the gateway's HTTP port, 443 to its
- *   TLS port, any other TCP to its TCP port, DNS (UDP and TCP 53) to its resolver, any other UDP
- *   to its UDP port; the gateway decides and records. Nothing is forwarded: every connection
+ *   TLS port, any other TCP to its TCP port, DNS (UDP and TCP 53) to its resolver; the gateway
+ *   decides and records. Any other UDP is refused by the kernel (ICMP port unreachable, so a
+ *   client learns it at once) and noted in a set that is read every second and reported
+ *   (`onRefused`), to be recorded. Nothing is forwarded: every connection
  *   that leaves is the gateway's own. Input from a sandbox reaches only those ports; a source
  *   address that does not route back through its link (spoofed) is dropped. Only answers on
  *   connections the host opened (a published ingress port) come back in otherwise.
@@ -31,9 +33,12 @@ export interface GatewayPorts {
   http: number;
   tls: number;
   tcp: number;
-  udp: number;
   dns: number;
 }
+
+/** How long one refused UDP flow stays noted (its datagrams within that time are one record). */
+const UDP_REFUSED_TIMEOUT_S = 10;
+const UDP_POLL_MS = 1000;
 
 export interface NetworkSlot {
   /** the host end, `svh<tag><slot>` */
@@ -61,10 +66,12 @@ export class LocalNetworks {
   private nextSlot = 0;
   private spare: Promise<NetworkSlot> | null = null;
   private closed = false;
+  private poller: NodeJS.Timeout | null = null;
+  private reading = false;
 
   constructor(
     private readonly launcher: Launcher,
-    private readonly options: { runnerId: string; range: string; ports: GatewayPorts; stateDir: string },
+    private readonly options: { runnerId: string; range: string; ports: GatewayPorts; stateDir: string; onRefused?: RefusedUdp },
   ) {
     const { base, prefix } = parseRange(options.range);
     // /30 per sandbox: the range holds 2^(30 - prefix) of them, SLOTS per runner, the rest names the runner.
@@ -85,13 +92,14 @@ export class LocalNetworks {
       // What the host may open into a sandbox: published ports, or every port of a sandbox whose ingress default is allow.
       `  set ingress { type ipv4_addr . inet_service; }`,
       `  set ingress_open { type ipv4_addr; }`,
+      // UDP the kernel refused (anything but DNS), read back to be recorded: one element per flow and ${UDP_REFUSED_TIMEOUT_S} s.
+      `  set udp_refused { type ipv4_addr . ipv4_addr . inet_service; flags dynamic, timeout; timeout ${UDP_REFUSED_TIMEOUT_S}s; size 65536; }`,
       `  chain prerouting {`,
       `    type nat hook prerouting priority dstnat - 5; policy accept;`,
       `    iifname ${ifaces} meta l4proto { tcp, udp } th dport 53 redirect to :${ports.dns}`,
       `    iifname ${ifaces} tcp dport 80 redirect to :${ports.http}`,
       `    iifname ${ifaces} tcp dport 443 redirect to :${ports.tls}`,
       `    iifname ${ifaces} meta l4proto tcp redirect to :${ports.tcp}`,
-      `    iifname ${ifaces} meta l4proto udp redirect to :${ports.udp}`,
       `  }`,
       `  chain input {`,
       `    type filter hook input priority filter - 5; policy accept;`,
@@ -99,7 +107,8 @@ export class LocalNetworks {
       // Answers on connections the host opened (ingress) come back this way too.
       `    iifname ${ifaces} ct state established,related accept`,
       `    iifname ${ifaces} tcp dport { ${ports.http}, ${ports.tls}, ${ports.tcp}, ${ports.dns} } accept`,
-      `    iifname ${ifaces} udp dport { ${ports.dns}, ${ports.udp} } accept`,
+      `    iifname ${ifaces} udp dport ${ports.dns} accept`,
+      `    iifname ${ifaces} meta l4proto udp add @udp_refused { ip saddr . ip daddr . udp dport } reject with icmpx port-unreachable`,
       `    iifname ${ifaces} meta l4proto tcp reject with tcp reset`,
       `    iifname ${ifaces} reject with icmpx admin-prohibited`,
       `  }`,
@@ -113,6 +122,7 @@ export class LocalNetworks {
       `  }`,
       `  chain forward {`,
       `    type filter hook forward priority filter - 5; policy accept;`,
+      `    iifname ${ifaces} meta l4proto udp add @udp_refused { ip saddr . ip daddr . udp dport } reject with icmpx port-unreachable`,
       `    iifname ${ifaces} reject with icmpx admin-prohibited`,
       `    oifname ${ifaces} reject with icmpx admin-prohibited`,
       `  }`,
@@ -126,6 +136,28 @@ export class LocalNetworks {
     const names = await fs.promises.readdir('/run/netns').catch(() => [] as string[]);
     for (const name of names.filter((n) => n.startsWith(`svc-svh${this.tag}`))) await this.launcher.run('ip', ['netns', 'del', name]);
     await this.must('nft', ['-f', file], { key: `nft-${this.table}`, command: 'nft', args: ['delete', 'table', 'inet', this.table] });
+    this.pollRefused();
+  }
+
+  /** Reads the refused UDP flows while sandboxes have networks, and reports each new one. */
+  private pollRefused(): void {
+    if (this.poller || !this.options.onRefused) return;
+    let noted = new Set<string>();
+    this.poller = setInterval(() => {
+      // Only while some sandbox has a network (the spare is not one).
+      if (this.reading || this.used.size <= (this.spare ? 1 : 0)) return;
+      this.reading = true;
+      void this.launcher.run('nft', ['-j', 'list', 'set', 'inet', this.table, 'udp_refused'], { stdout: true }).then((result) => {
+        const now = new Set<string>();
+        for (const flow of refusedFlows(result.stdout)) {
+          const key = flow.join(' ');
+          now.add(key);
+          if (!noted.has(key)) this.options.onRefused!(flow[0], { address: flow[1], port: flow[2] });
+        }
+        noted = now;
+      }).finally(() => (this.reading = false));
+    }, UDP_POLL_MS);
+    this.poller.unref();
   }
 
   /** A prepared network for a sandbox about to start: the spare when there is one, else made now. */
@@ -231,6 +263,7 @@ export class LocalNetworks {
 
   async close(): Promise<void> {
     this.closed = true;
+    if (this.poller) clearInterval(this.poller);
     const spare = await this.spare?.catch(() => null);
     if (spare) await this.release(spare);
     await this.launcher.run('nft', ['delete', 'table', 'inet', this.table]);
@@ -240,6 +273,26 @@ export class LocalNetworks {
   private async must(command: string, args: string[], undo?: { key: string; command: string; args: string[] }): Promise<void> {
     const result = await this.launcher.run(command, args, { timeoutMs: 10_000, undo });
     if (result.code !== 0) throw new Error(`${command} ${args.join(' ')} failed: ${result.stderr.trim() || `status ${result.code ?? result.signal}`}`);
+  }
+}
+
+export type RefusedUdp = (source: string, destination: { address: string; port: number }) => void;
+
+/** The flows of `nft -j list set ... udp_refused`: [source, destination, port]. */
+function refusedFlows(json: string): Array<[string, string, number]> {
+  try {
+    const sets = (JSON.parse(json) as { nftables?: Array<{ set?: { elem?: Array<{ elem?: { val?: { concat?: unknown[] } } } | { concat?: unknown[] }> } }> }).nftables ?? [];
+    const flows: Array<[string, string, number]> = [];
+    for (const entry of sets) {
+      for (const element of entry.set?.elem ?? []) {
+        const concat = ('elem' in element ? element.elem?.val?.concat : (element as { concat?: unknown[] }).concat) ?? [];
+        const [source, destination, port] = concat;
+        if (typeof source === 'string' && typeof destination === 'string' && typeof port === 'number') flows.push([source, destination, port]);
+      }
+    }
+    return flows;
+  } catch {
+    return [];
   }
 }
 

@@ -31,7 +31,7 @@ import type { Logger } from '../../kernel/logger.ts';
 import { commandSizeProblem, envSizeProblem, MAX_COMMANDS_AT_ONCE } from '../../domain/sandbox-limits.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
 import { ServiceBridge, pidInSandboxNetns } from './service-bridge.ts';
-import { LocalNetworks, type GatewayPorts, type NetworkSlot } from './local-network.ts';
+import { LocalNetworks, type GatewayPorts, type NetworkSlot, type RefusedUdp } from './local-network.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';
 import { diskTools, WorkspaceDisks, type WorkspaceDisk } from './workspace-disk.ts';
 import { Scratches, type Scratch } from './scratch.ts';
@@ -68,7 +68,7 @@ export interface LocalRuntimeOptions {
   diskMaxBytes?: number;
   logger?: Logger;
   /** sandbox networks (CreateSandboxOptions.network): the runner's id (names its links and table), the address range, the egress gateway's ports */
-  network?: { runnerId: string; range: string; ports: GatewayPorts };
+  network?: { runnerId: string; range: string; ports: GatewayPorts; onRefused?: RefusedUdp };
 }
 
 /** Where Debian-like roots keep the system's CA bundle (the sandbox's gets the deployment's CA added). */
