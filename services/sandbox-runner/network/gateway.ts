@@ -83,6 +83,8 @@ function blockList(subnets: Array<[string, number, 'ipv4' | 'ipv6']>): net.Block
 /** Connections one sandbox may hold through the gateway at once; past it new ones are reset. */
 const MAX_CONNECTIONS_PER_SANDBOX = 1024;
 const HELLO_TIMEOUT_MS = 10_000;
+/** How long a sandbox's connection on another port may stay silent before it is taken for a protocol whose server speaks first. */
+const SERVER_FIRST_MS = 50;
 const UPSTREAM_TIMEOUT_MS = 30_000;
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
 
@@ -489,52 +491,48 @@ export class EgressGateway {
       this.deny(sandbox, { protocol, host: name, ip: destination.address, port: destination.port, reason: name === null ? `${destination.address} was not resolved for an allowed name, and ${decision.reason}` : decision.reason });
       return void reset(socket);
     }
-    const upstream = net.connect({ host: destination.address, port: destination.port });
     if (first.length > 0) {
+      const upstream = net.connect({ host: destination.address, port: destination.port });
       upstream.write(first);
       return join(socket, upstream, sandbox);
     }
-    this.sniff(sandbox, socket, upstream, destination.port);
+    this.sniff(sandbox, socket, destination);
   }
 
   /**
    * Whoever speaks first on an allowed connection says what it is: an HTTP request or a
    * ClientHello from the sandbox goes the way of ports 80 and 443 (checked by its host, and
-   * recorded), whatever the port; a server that greets first (SSH, SMTP, MySQL) is piped.
+   * recorded), whatever the port. A sandbox silent for SERVER_FIRST_MS is waiting for a server
+   * that greets first (SMTP, MySQL): then the connection is made and piped.
    */
-  private sniff(sandbox: Registered, socket: Duplex, upstream: net.Socket, port: number): void {
-    const fromServer = (greeting: Buffer) => {
-      socket.off('data', fromSandbox);
-      upstream.pause();
-      upstream.unshift(greeting);
+  private sniff(sandbox: Registered, socket: Duplex, destination: { address: string; port: number }): void {
+    const pipe = (first: Buffer) => {
+      const upstream = net.connect({ host: destination.address, port: destination.port });
+      if (first.length > 0) upstream.write(first);
       join(socket, upstream, sandbox);
     };
+    const timer = setTimeout(() => {
+      socket.off('data', fromSandbox);
+      socket.pause();
+      pipe(Buffer.alloc(0));
+    }, SERVER_FIRST_MS);
     const fromSandbox = (chunk: Buffer) => {
-      upstream.off('data', fromServer);
+      clearTimeout(timer);
       socket.pause();
       if (looksLikeHttp(chunk)) {
-        upstream.destroy();
         const plain = wrap(socket, chunk);
-        this.via.set(plain, { sandbox, scheme: 'http', port, serverName: null });
+        this.via.set(plain, { sandbox, scheme: 'http', port: destination.port, serverName: null });
         return void this.parser.emit('connection', plain);
       }
-      if (chunk[0] === 0x16) {
-        return void firstBytes(socket, chunk).then(async (hello) => {
-          const read = hello ? readClientHello(hello) : null;
-          if (hello && read?.state === 'tls' && read.serverName) {
-            upstream.destroy();
-            return this.onHello(sandbox, socket, hello, read.serverName, port, null);
-          }
-          if (hello) upstream.write(hello);
-          join(socket, upstream, sandbox);
-        }).catch(() => socket.destroy());
-      }
-      upstream.write(chunk);
-      join(socket, upstream, sandbox);
+      if (chunk[0] !== 0x16) return pipe(chunk);
+      void firstBytes(socket, chunk).then((hello) => {
+        const read = hello ? readClientHello(hello) : null;
+        if (hello && read?.state === 'tls' && read.serverName) return this.onHello(sandbox, socket, hello, read.serverName, destination.port, null);
+        pipe(hello ?? chunk);
+      }).catch(() => socket.destroy());
     };
-    upstream.once('data', fromServer);
     socket.once('data', fromSandbox);
-    upstream.on('error', () => socket.destroy());
+    socket.once('close', () => clearTimeout(timer));
   }
 
   /** Pipes to `host`:`port` as this sandbox resolves it, `first` ahead of the rest. */
