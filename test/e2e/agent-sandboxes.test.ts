@@ -65,9 +65,17 @@ if (runtime) {
       const diff = await req('GET', `/v1/sandboxes/${sb.id}/diff`);
       assert.deepEqual(diff.body, { added: [], modified: [], removed: [] });
 
-      // The agent's egress hosts joined the allow list; this runtime says it has no network yet.
-      const audit = await req('GET', `/v1/sandboxes/${sb.id}/files/.svc/audit.jsonl`);
-      assert.match(audit.text, /egress to api\.openai\.com:443 is declared/);
+      // The agent's egress hosts joined the allow list: the sandbox has a network, whose resolver
+      // answers that name (no refusal) and refuses another.
+      assert.equal(sb.network?.egress, 'deny', JSON.stringify(sb.network));
+      await run(sb.id, 'getent hosts api.openai.com; getent hosts not-allowed.example; true');
+      let denied: string[] = [];
+      for (let i = 0; i < 50 && !denied.includes('not-allowed.example'); i++) {
+        const audit = await req('GET', `/v1/sandboxes/${sb.id}/files/.svc/audit.jsonl`);
+        denied = audit.text.split('\n').filter(Boolean).map((l) => JSON.parse(l)).filter((r) => r.type === 'network_denied').map((r) => r.details.host);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      assert.deepEqual([...new Set(denied)], ['not-allowed.example']);
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
     });
 
