@@ -76,8 +76,9 @@ describe('red team: an agent cannot rewrite its own grade', { skip: runtime === 
     key = (await createTenantKey(server, 'grader-red-team')).key;
   });
   after(async () => {
-    await server.cleanup();
-    await judge.close();
+    // Both, even when the server never started: an open judge would keep this file running.
+    await server?.cleanup();
+    await judge?.close();
   });
 
   /** Runs an agent against a spec of one check; returns the one run's result. */
