@@ -429,6 +429,8 @@ class LocalSandbox implements SandboxHandle {
   serviceReachable: Promise<void> = Promise.resolve();
   address: string | null = null;
   readonly networkReady: Promise<void> = Promise.resolve();
+  /** aborted once the sandbox ends (destroyed, or on its own): what waits for it to come up stops waiting */
+  private readonly ended = new AbortController();
   private named: Promise<void> = Promise.resolve();
   private network: { networks: LocalNetworks; slot: NetworkSlot } | null = null;
   readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
@@ -483,6 +485,7 @@ class LocalSandbox implements SandboxHandle {
   private fail(error: Error): void {
     if (this.gone) return;
     this.gone = error;
+    this.ended.abort();
     this.readyReject?.(new Error(`sandbox failed to start: ${this.stderrText.trim() || error.message}`));
     this.readyReject = this.readyResolve = null;
     for (const p of this.pending.values()) {
@@ -695,7 +698,7 @@ class LocalSandbox implements SandboxHandle {
 
   /** Starts the bridge to the service in the background; `serviceReachable` says when it listens. */
   openBridge(socketPath: string, service: { host: string; port: number }, launcher: Launcher, supervisor: string): void {
-    this.bridge = ServiceBridge.open(this.child.pid!, socketPath, service, launcher, supervisor);
+    this.bridge = ServiceBridge.open(this.child.pid!, socketPath, service, launcher, supervisor, this.ended.signal);
     this.serviceReachable = this.bridge.then(() => undefined);
     this.serviceReachable.catch(() => {});
   }
@@ -710,7 +713,7 @@ class LocalSandbox implements SandboxHandle {
     this.network = { networks, slot };
     this.address = slot.sandboxAddress;
     // Packets flow from the start; the namespace's name goes once the sandbox holds it.
-    this.named = pidInSandboxNetns(this.child.pid!, timeoutMs).then(() => networks.joined(slot));
+    this.named = pidInSandboxNetns(this.child.pid!, timeoutMs, this.ended.signal).then(() => networks.joined(slot));
     this.named.catch(() => {});
   }
 

@@ -32,7 +32,7 @@ export class ServiceBridge {
    * (a direct child of it, so it dies with the service) as the sandbox starts, comes up while
    * the sandbox boots.
    */
-  static async open(sandboxRoot: number, socketPath: string, service: { host: string; port: number }, launcher: Launcher, supervisor: string): Promise<ServiceBridge> {
+  static async open(sandboxRoot: number, socketPath: string, service: { host: string; port: number }, launcher: Launcher, supervisor: string, ended: AbortSignal): Promise<ServiceBridge> {
     const sockets = new Set<net.Socket>();
     // Half-open both ways: a client that ends its request still gets the whole response, and a
     // response the service ends is flushed before the sandbox's side closes.
@@ -60,7 +60,7 @@ export class ServiceBridge {
     }
     const bridge = new ServiceBridge(server, forwarder, sockets);
     try {
-      await listening(sandboxRoot, forwarder);
+      await listening(sandboxRoot, forwarder, ended);
     } catch (err) {
       await bridge.close();
       throw err;
@@ -95,9 +95,10 @@ function pidInOtherNetns(root: number): number | null {
 }
 
 /** The pid of a process in the sandbox's network namespace, once there is one (the sandbox started as `root`). */
-export async function pidInSandboxNetns(root: number, timeoutMs: number): Promise<number> {
+export async function pidInSandboxNetns(root: number, timeoutMs: number, ended: AbortSignal): Promise<number> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
+    if (ended.aborted) throw new Error('the sandbox ended');
     const pid = pidInOtherNetns(root);
     if (pid !== null) return pid;
     if (Date.now() > deadline) throw new Error(`the sandbox had no network namespace within ${timeoutMs} ms`);
@@ -108,9 +109,9 @@ export async function pidInSandboxNetns(root: number, timeoutMs: number): Promis
 /**
  * Resolves once a socket listens on the bridge's port in the sandbox's network namespace (the
  * /proc/<pid>/net/tcp of a sandbox process); rejects with what the forwarder said when it exits
- * first.
+ * first, or as soon as the sandbox has ended.
  */
-async function listening(sandboxRoot: number, forwarder: LaunchedProcess): Promise<void> {
+async function listening(sandboxRoot: number, forwarder: LaunchedProcess, ended: AbortSignal): Promise<void> {
   const local = `0100007F:${SERVICE_PORT_IN_SANDBOX.toString(16).toUpperCase().padStart(4, '0')}`;
   let said = '';
   forwarder.stdio[2]?.on('data', (chunk: Buffer) => {
@@ -124,6 +125,8 @@ async function listening(sandboxRoot: number, forwarder: LaunchedProcess): Promi
     if (table.split('\n').some((line) => line.includes(` ${local} `) && line.trim().split(/\s+/)[3] === '0A')) return;
     if (forwarder.exitCode !== null || forwarder.signalCode !== null) throw new Error(`the service bridge exited: ${said.trim() || `status ${forwarder.exitCode ?? forwarder.signalCode}`}`);
     if (Date.now() > deadline) throw new Error(`the service bridge did not listen within ${LISTEN_TIMEOUT_MS} ms`);
+    // A sandbox that ended before its bridge listened (a boot that failed early) is not waited for.
+    if (ended.aborted) throw new Error('the sandbox ended before its service bridge listened');
     await new Promise((resolve) => setTimeout(resolve, 2));
   }
 }
