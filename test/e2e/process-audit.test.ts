@@ -5,7 +5,7 @@
  * recorded all the same; without the toggle only the commands themselves are.
  */
 import assert from 'node:assert/strict';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -166,6 +166,48 @@ b" > /dev/null; true`);
       }
     }
     await rm(dir, { recursive: true, force: true });
+  });
+
+  test('the capture is the built tracer (not bpftrace), and it ends with the runner, even one killed with SIGKILL', async () => {
+    /** The deployment's children: pid and command line of each. */
+    const children = async (parents: number[]) => {
+      const found: Array<{ pid: number; argv: string[] }> = [];
+      for (const entry of await readdir('/proc')) {
+        if (!/^\d+$/.test(entry)) continue;
+        try {
+          const stat = await readFile(`/proc/${entry}/stat`, 'utf8');
+          if (!parents.includes(Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]))) continue;
+          found.push({ pid: Number(entry), argv: (await readFile(`/proc/${entry}/cmdline`, 'utf8')).split('\0') });
+        } catch {
+          // gone meanwhile
+        }
+      }
+      return found;
+    };
+    // The default setting, whatever the environment says.
+    const own = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_PROCESS_TRACER: 'builtin' });
+    try {
+      await own.request('POST', '/v1/specs', { body: SPEC('spawns', 'audit: {process_spawns: true}\n'), headers: { 'content-type': 'application/x-yaml' } });
+      const sb = await own.request('POST', '/v1/sandboxes', { body: { spec_id: 'spawns' } });
+      assert.equal(sb.status, 201, sb.text);
+      assert.equal((await own.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, { body: { command: '/bin/echo built > /dev/null; true' } })).body.exit_code, 0);
+      await new Promise((r) => setTimeout(r, 300));
+      const lines = (await own.request('GET', `/v1/sandboxes/${sb.body.id}/files/.svc/audit.jsonl`)).text.trim().split('\n').map((l) => JSON.parse(l));
+      assert.ok(lines.some((l) => l.type === 'process_spawn' && l.details.command === '/bin/echo built'), JSON.stringify(lines));
+      const runner = await children(own.processes().map((p) => p.pid));
+      const tracer = runner.find((c) => c.argv.some((a) => a.endsWith('tracer.bpf.o')));
+      assert.ok(tracer, JSON.stringify(runner.map((c) => c.argv[0])));
+      assert.ok(!runner.some((c) => /bpftrace$/.test(c.argv[0] ?? '')), 'no bpftrace');
+      await own.kill9();
+      let alive = true;
+      for (let i = 0; i < 50 && alive; i++) {
+        await new Promise((r) => setTimeout(r, 100));
+        alive = await readFile(`/proc/${tracer.pid}/stat`, 'utf8').then((stat) => !/^\d+ \(.*\) Z/.test(stat), () => false);
+      }
+      assert.equal(alive, false, 'the tracer outlived its runner');
+    } finally {
+      await own.cleanup();
+    }
   });
 
   test('off by default: only the commands themselves are recorded', async () => {
