@@ -140,7 +140,7 @@ export class LiveSandbox {
     private readonly onGone: () => void,
   ) {
     this.spec = request.spec ?? parseSpec(request.yaml);
-    this.network = new SandboxNetwork(this.spec, request.agent);
+    this.network = new SandboxNetwork(id, this.spec, request.agent);
     this.workspace = path.join(kernel.config.dataDir, 'workspaces', id);
     this.token = newSandboxToken();
     this.tokenHash = sha256Hex(this.token);

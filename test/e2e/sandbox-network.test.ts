@@ -202,6 +202,8 @@ describe('the sandbox network on the local runtime', { skip: runtime === null },
     return { links, netns, spares, inUse: links.filter((l) => !spares.includes(l)), tables: names.filter((n) => n === `nft inet svc_${tag}`) };
   };
   /** At most one spare, and every named namespace is a spare with its link. */
+  /** The host's named network namespaces. */
+  const namespaces = async () => execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }).split('\n').map((l) => l.split(' ')[0]!).filter(Boolean);
   const tidy = (o: Awaited<ReturnType<typeof ours>>) => o.spares.length <= 1 && o.netns.length === o.spares.length;
 
   /** Waits up to `ms` for `check` to hold; the last value otherwise. */
@@ -843,7 +845,8 @@ import time; time.sleep(0.5); s.close()`);
       const view = await req('GET', `/v1/sandboxes/${plain.id}`);
       assert.equal(view.status, 200, view.text);
       const { network } = view.body;
-      assert.deepEqual(Object.keys(network).sort(), ['address', 'egress', 'ingress']);
+      assert.deepEqual(Object.keys(network).sort(), ['address', 'egress', 'ingress', 'name']);
+      assert.equal(network.name, `svc-${plain.id}`);
       assert.equal(network.address, plain.address);
       assert.equal(network.egress, 'deny');
       assert.equal(network.ingress.length, 1, JSON.stringify(network));
@@ -866,7 +869,7 @@ import time; time.sleep(0.5); s.close()`);
     test('a sandbox without ingress.allow publishes nothing: its view lists none and the host cannot connect to its address', async () => {
       await serve(audited, 8080);
       const view = await req('GET', `/v1/sandboxes/${audited.id}`);
-      assert.deepEqual(view.body.network, { address: audited.address, egress: 'deny', ingress: [] });
+      assert.deepEqual(view.body.network, { name: `svc-${audited.id}`, address: audited.address, egress: 'deny', ingress: [] });
       assert.equal(await probe(audited.address, 8080), 'ECONNREFUSED');
     });
 
@@ -881,7 +884,7 @@ import time; time.sleep(0.5); s.close()`);
     test('ingress default allow: the host reaches any port of the sandbox at its address, and nothing is published', async () => {
       await serve(open, 8081);
       const view = await req('GET', `/v1/sandboxes/${open.id}`);
-      assert.deepEqual(view.body.network, { address: open.address, egress: 'allow', ingress: [] });
+      assert.deepEqual(view.body.network, { name: `svc-${open.id}`, address: open.address, egress: 'allow', ingress: [] });
       const page = await fetch(`http://${open.address}:8081/`);
       assert.equal(page.status, 200);
     });
@@ -1089,6 +1092,10 @@ invariants:
       assert.equal(new Set([...boxes.map((b) => b.address), plain.address, open.address]).size, 22, 'every sandbox has its own address');
       const during = await ours();
       assert.equal(during.inUse.length, 22, JSON.stringify(during.inUse));
+      // Each network is named after its sandbox, as the spec's boot pipeline says.
+      assert.deepEqual(created.map((r) => r.body.network.name), boxes.map((b) => `svc-${b.id}`));
+      const named = await eventually(async () => namespaces(), (names) => boxes.every((b) => names.includes(`svc-${b.id}`)), 10_000);
+      assert.deepEqual(boxes.filter((b) => !named.includes(`svc-${b.id}`)).map((b) => b.id), [], 'every sandbox\'s namespace is svc-<its id>');
 
       const answers = await Promise.all(boxes.map((b) => sh(b, `curl -sS -m 20 -o /dev/null -w '%{http_code}' http://api.allowed.test/many`)));
       assert.deepEqual(answers.map((a) => a.stdout), Array(20).fill('200'), JSON.stringify(answers.map((a) => a.stderr)));
@@ -1101,6 +1108,8 @@ invariants:
       assert.deepEqual(afterwards.tables, before.tables);
       const leftover = await eventually(async () => boxes.flatMap((b) => sandboxPids(b.id)), (pids) => pids.length === 0, 10_000);
       assert.deepEqual(leftover, [], 'the 20 left no process');
+      const names = await namespaces();
+      assert.deepEqual(boxes.filter((b) => names.includes(`svc-${b.id}`)).map((b) => b.id), [], 'no svc-<id> namespace is left');
     });
 
     test('after a SIGKILL of the service with networked sandboxes alive, the restart leaves no link, namespace or process, and one table; a clean stop removes it', async () => {
@@ -1116,6 +1125,8 @@ invariants:
       await server.restart();
       const swept = await eventually(ours, (o) => o.links.length === 0 && o.netns.length === 0, 20_000);
       assert.deepEqual([swept.links, swept.netns], [[], []], `no svh${tag} link and no namespace left: ${JSON.stringify(swept)}`);
+      const names = await namespaces();
+      assert.deepEqual(alive.filter((b) => names.includes(`svc-${b.id}`)).map((b) => b.id), [], 'the killed runner\'s launcher removed its sandboxes\' namespace names');
       assert.ok(swept.tables.length <= 1, JSON.stringify(swept.tables));
       for (const b of [...alive, plain, open]) {
         const pids = await eventually(async () => sandboxPids(b.id), (p) => p.length === 0, 10_000);

@@ -188,6 +188,6 @@ export function sandboxView(s: SandboxChanged, baseUrl: string) {
     expires_at: new Date(s.expires_at).toISOString(),
     metadata: s.metadata,
     services: JSON.parse(s.services) as Record<string, { host: string; port: number; ready: boolean }>,
-    network: JSON.parse(s.network ?? 'null') as { address: string; egress: string; ingress: Array<{ to_port: number; host: string; port: number }> } | null,
+    network: JSON.parse(s.network ?? 'null') as { name: string; address: string; egress: string; ingress: Array<{ to_port: number; host: string; port: number }> } | null,
   };
 }

@@ -47,7 +47,7 @@ export interface SandboxChanged {
   expires_at: number;
   metadata: Record<string, string>;
   services: string;
-  /** JSON: {address, egress, ingress: [{to_port, host, port}]} or null (a sandbox without a network). */
+  /** JSON: {name, address, egress, ingress: [{to_port, host, port}]} or null (a sandbox without a network). */
   network: string;
   runner_id: string;
   token_hash: string;

@@ -14,9 +14,11 @@ import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import type { SpecDocument } from '../../domain/spec.ts';
 import type { EgressGateway } from './gateway.ts';
 import { publishPort } from './ingress.ts';
-import { TRUST_IN_SANDBOX, type SandboxHandle } from '../runtime/runtime.ts';
+import { networkName, TRUST_IN_SANDBOX, type SandboxHandle } from '../runtime/runtime.ts';
 
 export interface NetworkView {
+  /** `svc-<sandbox id>` */
+  name: string;
   /** the sandbox's address on its private network */
   address: string;
   egress: 'allow' | 'deny';
@@ -30,6 +32,7 @@ export class SandboxNetwork {
   private registered: { gateway: EgressGateway; address: string } | null = null;
 
   constructor(
+    private readonly sandboxId: string,
     private readonly spec: SpecDocument,
     agent: ResolvedAgent | null | undefined,
   ) {
@@ -87,7 +90,7 @@ export class SandboxNetwork {
 
   view(): NetworkView | null {
     if (!this.registered) return null;
-    return { address: this.registered.address, egress: this.spec.network.egress.default, ingress: this.ingress.map(({ to_port, host, port }) => ({ to_port, host, port })) };
+    return { name: networkName(this.sandboxId), address: this.registered.address, egress: this.spec.network.egress.default, ingress: this.ingress.map(({ to_port, host, port }) => ({ to_port, host, port })) };
   }
 
   /** Nothing leaves or reaches the sandbox any more. */

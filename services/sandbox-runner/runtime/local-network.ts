@@ -5,7 +5,9 @@
  *
  * - The namespace is made ahead, addresses and route set (a spare waits, as the scratch mounts
  *   do), and the sandbox's bwrap is started inside it (the supervisor's `launch --netns`). Once
- *   the sandbox holds it, its name goes: it ends with the sandbox's processes, its link with it.
+ *   the sandbox holds it, it takes the sandbox's name, `svc-<sandbox id>` (where the sandbox's
+ *   backing services join it); at release the name goes, and the namespace and its link end
+ *   with the sandbox's processes.
  *
  * - Addresses: a /30 per sandbox out of SVC_SANDBOX_NETWORK (host end .1, sandbox .2), at an
  *   offset made of the runner's tag (a hash of its id, so runners on one host do not collide)
@@ -28,6 +30,7 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Launcher } from './launcher.ts';
+import { networkName } from './runtime.ts';
 
 export interface GatewayPorts {
   http: number;
@@ -213,9 +216,10 @@ export class LocalNetworks {
     return slot;
   }
 
-  /** Once the sandbox's processes hold the namespace, its name goes: it ends with them. */
-  async joined(slot: NetworkSlot): Promise<void> {
-    await this.launcher.run('ip', ['netns', 'del', slot.name]);
+  /** Once the sandbox's process `pid` holds the namespace, it is named after the sandbox (`svc-<sandbox id>`) instead of its slot. */
+  async joined(slot: NetworkSlot, pid: number, sandboxId: string): Promise<void> {
+    const name = networkName(sandboxId);
+    await this.must('sh', ['-c', `ip netns attach ${name} ${pid} && ip netns del ${slot.name}`], { key: name, command: 'ip', args: ['netns', 'del', name] });
     this.launcher.forget(slot.name);
   }
 
@@ -248,13 +252,17 @@ export class LocalNetworks {
   }
 
   /** The slot is free again; its link goes with the sandbox's namespace (and is removed here should it linger). */
-  async release(slot: NetworkSlot): Promise<void> {
+  async release(slot: NetworkSlot, sandboxId?: string): Promise<void> {
+    const named = sandboxId ? networkName(sandboxId) : null;
     // The next sandbox of this address starts closed.
     const opened = this.ingress.get(slot.slot);
     this.ingress.delete(slot.slot);
     await Promise.all([
       // Gone with the sandbox's namespace, unless it never held it.
-      this.launcher.run('sh', ['-c', `ip netns del ${slot.name} 2>/dev/null; ip link del ${slot.link} 2>/dev/null; true`]).then(() => this.launcher.forget(slot.name)),
+      this.launcher.run('sh', ['-c', `${named ? `ip netns del ${named} 2>/dev/null; ` : ''}ip netns del ${slot.name} 2>/dev/null; ip link del ${slot.link} 2>/dev/null; true`]).then(() => {
+        this.launcher.forget(slot.name);
+        if (named) this.launcher.forget(named);
+      }),
       opened === 'all' ? this.launcher.run('nft', ['delete', 'element', 'inet', this.table, 'ingress_open', `{ ${slot.sandboxAddress} }`]) : undefined,
       opened && opened !== 'all' && opened.length > 0 ? this.launcher.run('nft', ['delete', 'element', 'inet', this.table, 'ingress', `{ ${opened.map((p) => `${slot.sandboxAddress} . ${p}`).join(', ')} }`]) : undefined,
     ]);

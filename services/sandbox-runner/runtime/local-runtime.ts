@@ -708,12 +708,12 @@ class LocalSandbox implements SandboxHandle {
     await this.network.networks.openIngress(this.network.slot, ports);
   }
 
-  /** The sandbox runs in the namespace `slot` made ahead: its network is ready from its start. */
+  /** The sandbox runs in the namespace `slot` made ahead: its network is ready from its start (and named after it a moment later). */
   attachNetwork(networks: LocalNetworks, slot: NetworkSlot, timeoutMs: number): void {
     this.network = { networks, slot };
     this.address = slot.sandboxAddress;
     // Packets flow from the start; the namespace's name goes once the sandbox holds it.
-    this.named = pidInSandboxNetns(this.child.pid!, timeoutMs, this.ended.signal).then(() => networks.joined(slot));
+    this.named = pidInSandboxNetns(this.child.pid!, timeoutMs, this.ended.signal).then((pid) => networks.joined(slot, pid, this.id));
     this.named.catch(() => {});
   }
 
@@ -721,7 +721,7 @@ class LocalSandbox implements SandboxHandle {
     if (this.cleaned) return;
     this.cleaned = true;
     await this.bridge?.then((b) => b.close(), () => undefined);
-    if (this.network) await this.named.catch(() => undefined).then(() => this.network!.networks.release(this.network!.slot));
+    if (this.network) await this.named.catch(() => undefined).then(() => this.network!.networks.release(this.network!.slot, this.id));
     if (!(await this.cgroup.remove())) this.logger?.warn({ sandbox_id: this.id }, 'could not remove the sandbox cgroups');
     await fs.promises.rm(this.sandboxDir, { recursive: true, force: true });
   }

@@ -39,6 +39,11 @@ export interface CreateSandboxOptions {
   network?: { trust: string };
 }
 
+/** The name of a sandbox's private network, as the spec's boot pipeline says (a runtime's namespace or network of that name). */
+export function networkName(sandboxId: string): string {
+  return `svc-${sandboxId}`;
+}
+
 /** The sandbox's trust store with the deployment's CA (the system's bundle plus it), and that CA alone. */
 export const TRUST_IN_SANDBOX = { bundle: '/run/svc/ca-certificates.crt', authority: '/run/svc/egress-ca.pem' } as const;
 
