@@ -14,7 +14,10 @@
  *   with a certificate of the deployment's authority (network/certificate-authority.ts) and goes
  *   on as HTTP, where the Host header must name the same host (no domain fronting).
  * - Any other TCP: by its original destination (connection tracking), allowed only to an
- *   address the sandbox resolved for an allowed name (or an allowed literal address).
+ *   address the sandbox resolved for an allowed name (or an allowed literal address); then its
+ *   first bytes say what it is, and HTTP or TLS on any port goes the ways above.
+ * - Never, whatever the policy: the service host itself, loopback, link-local, multicast, or a
+ *   sandbox network.
  * - Any other UDP: never leaves (the runtime refuses it and reports it here: `refusedUdp`).
  * Each refusal is a `network_denied` audit record (what, where, why); with `audit.http_calls`,
  * each HTTP request is an `http_call` record.
