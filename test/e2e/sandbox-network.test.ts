@@ -647,6 +647,33 @@ except OSError as e:
       assert.match(res.stdout.trim(), /^ConnectionRefusedError \d+$/, res.stdout);
       assert.ok(Number(res.stdout.trim().split(' ')[1]) < 1000, res.stdout);
     });
+    test('a sandbox holding connections open cannot exhaust the gateway: past its cap new ones are reset and recorded, and it is served again once it lets go', async () => {
+      const since = now();
+      const res = await py(plain, String.raw`
+import resource, socket
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+held, refused = [], 0
+for i in range(1300):
+    s = socket.create_connection(('${world.ip('api.allowed.test')}', 80), timeout=5)
+    held.append(s)
+for s in held:
+    s.settimeout(0.5)
+    try:
+        s.sendall(b'GET /held HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n')
+        if not s.recv(1): refused += 1
+    except OSError:
+        refused += 1
+print(len(held), refused)
+for s in held: s.close()`);
+      assert.equal(res.exit_code, 0, res.stderr);
+      const [opened, refused] = res.stdout.trim().split(' ').map(Number);
+      assert.equal(opened, 1300);
+      assert.ok(refused! >= 1300 - 1024, `at most 1,024 held through the gateway: ${res.stdout}`);
+      await denied(plain, since, { protocol: 'tcp' }, /the most it may/);
+      const after = await sh(plain, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://api.allowed.test/after-cap");
+      assert.equal(after.stdout, '200', after.stderr);
+    });
   });
 
   // --- 3. default allow, and how broad an entry may be ---------------------------------------

@@ -30,7 +30,7 @@ import https from 'node:https';
 import net from 'node:net';
 import os from 'node:os';
 import tls from 'node:tls';
-import type { EgressPolicy } from '../../domain/egress-policy.ts';
+import { normaliseHost, type EgressPolicy } from '../../domain/egress-policy.ts';
 import type { Logger } from '../../kernel/logger.ts';
 import type { Config } from '../../kernel/config.ts';
 import { CertificateAuthority } from './certificate-authority.ts';
@@ -612,10 +612,6 @@ function refuse(res: http.ServerResponse, reason: string, status = 403): void {
   const body = `${reason}\n`;
   res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', 'content-length': Buffer.byteLength(body), 'x-svc-egress': status === 403 ? 'denied' : 'failed' });
   res.end(body);
-}
-
-export function normaliseHost(host: string): string {
-  return host.trim().toLowerCase().replace(/\.$/, '');
 }
 
 function splitHostPort(value: string, defaultPort: number): { host: string; port: number } | null {

@@ -9,7 +9,7 @@
  * credential or runs an agent that declares egress hosts; otherwise it has loopback only (and
  * nothing it tries can leave).
  */
-import { EgressPolicy } from '../../domain/egress-policy.ts';
+import { EgressPolicy, normaliseHost } from '../../domain/egress-policy.ts';
 import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import type { SpecDocument } from '../../domain/spec.ts';
 import type { EgressGateway } from './gateway.ts';
@@ -102,7 +102,7 @@ export class SandboxNetwork {
 }
 
 function lowerKeys(map: Record<string, string>): Record<string, string> {
-  return Object.fromEntries(Object.entries(map).map(([k, v]) => [k.toLowerCase().replace(/\.$/, ''), v]));
+  return Object.fromEntries(Object.entries(map).map(([k, v]) => [normaliseHost(k), v]));
 }
 
 /**
