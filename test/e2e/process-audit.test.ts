@@ -30,6 +30,7 @@ describe('every process a command starts is audited', { skip: runtime === null }
   let key: string;
   const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
 
+  // Each test's own limit: a hang names its test instead of timing out the whole file.
   before(async () => {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
     key = (await createTenantKey(server, 'process-audit')).key;
@@ -55,7 +56,7 @@ describe('every process a command starts is audited', { skip: runtime === null }
     return { records: lines.filter((l) => l.type === 'process_spawn').map((l) => l.details), warnings: lines.filter((l) => l.type === 'warning').map((l) => l.details.message) };
   }
 
-  test('children, grandchildren, a double fork, a quick exec and a self-kill are each a record with its tree', async () => {
+  test('children, grandchildren, a double fork, a quick exec and a self-kill are each a record with its tree', { timeout: 120_000 }, async () => {
     const script = [
       'ls / > /dev/null',
       `python3 -c 'import subprocess, os, sys; subprocess.run(["sh", "-c", "exit 3"]); os.execv("/bin/true", ["true", "from-python"])'`,
@@ -91,7 +92,7 @@ describe('every process a command starts is audited', { skip: runtime === null }
     }
   });
 
-  test('a program run from memory (fexecve of a memfd, no file to name) is recorded by its arguments', async () => {
+  test('a program run from memory (fexecve of a memfd, no file to name) is recorded by its arguments', { timeout: 120_000 }, async () => {
     const script = `python3 -c 'import os
 fd = os.memfd_create("x")
 os.write(fd, open("/bin/true", "rb").read())
@@ -105,7 +106,7 @@ os.waitpid(pid, 0)'; true`;
     assert.equal(hidden.exit_code, 0);
   });
 
-  test('a burst of 500 short processes is 500 records, each once with its exit code (a process the kernel moves between CPUs at exec included)', async () => {
+  test('a burst of 500 short processes is 500 records, each once with its exit code (a process the kernel moves between CPUs at exec included)', { timeout: 120_000 }, async () => {
     const { records, warnings } = await spawnsOf('spawns', 'i=0; while [ $i -lt 500 ]; do /bin/sh -c "exit $((i % 7))" burst-$i; i=$((i+1)); done');
     assert.deepEqual(warnings.filter((w) => /process/.test(w)), []);
     const burst = records.filter((r) => / burst-\d+$/.test(r.command));
@@ -114,7 +115,7 @@ os.waitpid(pid, 0)'; true`;
     for (let i = 0; i < 500; i++) assert.equal(seen.get(i), i % 7, `burst-${i}`);
   });
 
-  test('a process cannot leave the traced pid namespace: a new one is refused, and what runs after is recorded', async () => {
+  test('a process cannot leave the traced pid namespace: a new one is refused, and what runs after is recorded', { timeout: 120_000 }, async () => {
     // The tracer reports the namespaces the runner put in its map; a child in a namespace of its
     // own would go unreported, so making one must fail.
     const { records } = await spawnsOf('spawns', 'unshare -pf /bin/echo escaped > /dev/null 2>&1; echo "exit $?" > /dev/null; /bin/echo after > /dev/null; true');
@@ -125,7 +126,7 @@ os.waitpid(pid, 0)'; true`;
     assert.ok(records.some((r) => r.command === '/bin/echo after'), JSON.stringify(records));
   });
 
-  test('an argument holding a newline cannot forge a record', async () => {
+  test('an argument holding a newline cannot forge a record', { timeout: 120_000 }, async () => {
     const { records } = await spawnsOf('spawns', `/bin/echo "a
 ffff q 1 0 1
 b" > /dev/null; true`);
@@ -134,7 +135,7 @@ b" > /dev/null; true`);
     assert.equal(echo.command, '/bin/echo a\nffff q 1 0 1\nb');
   });
 
-  test('a command line is recorded byte for byte (escape-like text kept as written), and one over 3,200 bytes is cut and marked', async () => {
+  test('a command line is recorded byte for byte (escape-like text kept as written), and one over 3,200 bytes is cut and marked', { timeout: 120_000 }, async () => {
     const long = 'y'.repeat(5000);
     const { records } = await spawnsOf('spawns', `/bin/echo '\\x41' 'back\\slash' "two  spaces" > /dev/null; /bin/echo ${long} > /dev/null; true`);
     const [escaped, cut] = records.filter((r) => r.pid !== undefined && r.command.startsWith('/bin/echo'));
@@ -145,7 +146,7 @@ b" > /dev/null; true`);
     assert.equal(cut.command, `/bin/echo ${long}`.slice(0, 3200));
   });
 
-  test('where the tracer is missing or dies at start, the sandbox boots and a warning says capture is off', async () => {
+  test('where the tracer is missing or dies at start, the sandbox boots and a warning says capture is off', { timeout: 120_000 }, async () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-tracer-'));
     const dies = path.join(dir, 'bpftrace');
     await writeFile(dies, '#!/bin/sh\n[ "$1" = --version ] && exit 0\necho "no BPF here" >&2\nexit 3\n', { mode: 0o755 });
@@ -168,7 +169,7 @@ b" > /dev/null; true`);
     await rm(dir, { recursive: true, force: true });
   });
 
-  test('the capture is the built tracer (not bpftrace), and it ends with the runner, even one killed with SIGKILL', async () => {
+  test('the capture is the built tracer (not bpftrace), and it ends with the runner, even one killed with SIGKILL', { timeout: 120_000 }, async () => {
     /** The deployment's children: pid and command line of each. */
     const children = async (parents: number[]) => {
       const found: Array<{ pid: number; argv: string[] }> = [];
@@ -210,7 +211,7 @@ b" > /dev/null; true`);
     }
   });
 
-  test('off by default: only the commands themselves are recorded', async () => {
+  test('off by default: only the commands themselves are recorded', { timeout: 120_000 }, async () => {
     const { records } = await spawnsOf('quiet', 'ls / > /dev/null; sh -c "exit 0"');
     assert.equal(records.length, 1, JSON.stringify(records));
     assert.equal(records[0]!.pid, undefined);

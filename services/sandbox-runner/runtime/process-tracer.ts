@@ -114,6 +114,8 @@ tracepoint:sched:sched_process_exit /pid == tid && @watched[(uint64)curtask->nsp
 
 /** How long an event waits for earlier ones from other CPUs before it is handled. */
 const REORDER_NS = 50_000_000n;
+/** How long the tracer may take to load its program, or to answer a watch, before it is given up (killed): capture is then off, never a hung boot. */
+const TRACER_ANSWER_MS = 30_000;
 
 /** One kernel event, in the order of its time: an exec (with its arguments), an exit. */
 type TracedEvent = { kind: 'e'; pid: number; ns: bigint; exec: Exec } | { kind: 'q'; pid: number; ns: bigint; status: number };
@@ -242,6 +244,8 @@ export class ProcessTracer {
   private watchedMap: number | null = null;
   /** The built tracer: the watches it has not answered yet, by namespace. */
   private readonly answers = new Map<number, Array<{ resolve: () => void; reject: (err: Error) => void }>>();
+  /** Why the running tracer was killed by the runner, told when it closes. */
+  private givenUp = '';
 
   /** `built`: the tracer of infra/process-tracer/; else the bpftrace `binary`. */
   constructor(
@@ -281,7 +285,8 @@ export class ProcessTracer {
     if (operation === '-') return Promise.resolve();
     return new Promise((resolve, reject) => {
       const waiting = this.answers.get(namespace) ?? [];
-      waiting.push({ resolve, reject });
+      const timer = setTimeout(() => this.giveUp(`the process tracer did not answer a watch within ${TRACER_ANSWER_MS} ms`), TRACER_ANSWER_MS);
+      waiting.push({ resolve: () => (clearTimeout(timer), resolve()), reject: (err) => (clearTimeout(timer), reject(err)) });
       this.answers.set(namespace, waiting);
     });
   }
@@ -318,6 +323,12 @@ export class ProcessTracer {
     return found.id;
   }
 
+  /** A tracer that stopped answering is killed: its close fails what waits on it, and a later watch starts another. */
+  private giveUp(reason: string): void {
+    this.givenUp = reason;
+    this.child?.kill('SIGKILL');
+  }
+
   stop(): void {
     const child = this.child;
     this.watches.clear();
@@ -352,8 +363,11 @@ export class ProcessTracer {
         for (const [, lost] of text.matchAll(/Lost (\d+) events/g)) for (const w of this.watches.values()) w.onLost(Number(lost));
       });
       // 'close', not 'exit': its stderr has been read by then.
+      const loading = setTimeout(() => this.giveUp(`${this.name} did not load within ${TRACER_ANSWER_MS} ms`), TRACER_ANSWER_MS);
       child.once('close', (code, signal) => {
-        const reason = `${this.name} exited (${signal ?? code}): ${errors.trim() || 'no message'}`;
+        clearTimeout(loading);
+        const reason = `${this.name} exited (${signal ?? code}): ${[this.givenUp, errors.trim()].filter(Boolean).join('; ') || 'no message'}`;
+        this.givenUp = '';
         this.child = null;
         this.starting = null;
         this.watchedMap = null;
@@ -369,6 +383,7 @@ export class ProcessTracer {
       });
       readline.createInterface({ input: child.stdout! }).on('line', (line) => {
         if (line.startsWith(`${this.nonce} B `)) {
+          clearTimeout(loading);
           this.epochMs = Date.now() - Number(BigInt(line.split(' ')[2]!) / 1_000_000n);
           if (built) return resolve();
           this.findWatchedMap(child.pid!).then((id) => {
