@@ -32,8 +32,8 @@ export type SpecFixture =
   | { type: 'copy'; from: string; to: string }
   | { type: 'sql'; service: string; sql: string }
   | { type: 'git'; url: string; ref?: string; to: string }
-  /** Applied after setup: files written, paths deleted, SQL run. */
-  | { type: 'drift'; files: SpecSetupFile[]; delete: string[]; sql: Array<{ service: string; sql: string }> };
+  /** Applied after setup: files written, paths deleted, SQL run, mock routes added; `pick` of them (chosen by the run's seed), else all. */
+  | { type: 'drift'; files: SpecSetupFile[]; delete: string[]; sql: Array<{ service: string; sql: string }>; routes: Array<MockRoute & { service: string }>; pick: number | null };
 
 interface AgentCommon {
   /** `agent.timeout`; null when the spec leaves it to the server's SVC_AGENT_TIMEOUT (default 5m). */
@@ -95,15 +95,16 @@ export interface SpecInvariant {
   gate: boolean;
 }
 
+export interface MockRoute {
+  method: HttpMethod;
+  path: string;
+  response: { status: number; headers: Record<string, string>; body: unknown };
+}
 export type SpecService =
-  | {
-      type: 'http_mock';
-      name: string;
-      wait_for: { timeoutMs: number };
-      routes: Array<{ method: HttpMethod; path: string; response: { status: number; headers: Record<string, string>; body: unknown } }>;
-      record: boolean;
-    }
-  | { type: 'postgres'; name: string; wait_for: { timeoutMs: number }; version: number; database: string; user: string };
+  /** `wait_for.http`: a path the mock must answer with a 2xx */
+  | { type: 'http_mock'; name: string; wait_for: { timeoutMs: number; http?: string }; routes: MockRoute[]; record: boolean }
+  /** `version` null: the newest the runner has; `wait_for.query`: must succeed with a row */
+  | { type: 'postgres'; name: string; wait_for: { timeoutMs: number; query?: string }; version: number | null; database: string; user: string };
 
 export type AlertMetric = 'pass_rate' | 'mean_wall_ms' | 'p95_wall_ms' | 'total_cost_usd' | 'mean_cost_per_run_usd' | 'tool_success_rate' | 'side_effect_violations' | 'mean_tool_calls';
 
@@ -191,7 +192,6 @@ export const SPEC_DEFAULTS = {
   weight: 1,
   passThreshold: 1,
   replicas: 1,
-  postgresVersion: 16,
   postgresDatabase: 'app',
   postgresUser: 'app',
   brokeredFormat: '{value}',
@@ -262,6 +262,7 @@ function crossFieldProblems(doc: Record<string, unknown>, schemaPaths: string[],
       const f = asObject(fixture);
       if (f.type === 'sql') refer(`fixtures[${i}].service`, f.service, 'postgres');
       if (f.type === 'drift') for (const [j, s] of asArray(f.sql).entries()) refer(`fixtures[${i}].sql[${j}].service`, asObject(s).service, 'postgres');
+      if (f.type === 'drift') for (const [j, r] of asArray(f.routes).entries()) refer(`fixtures[${i}].routes[${j}].service`, asObject(r).service, 'http_mock');
     }
     for (const [name, invariant] of Object.entries(asObject(doc.invariants))) {
       const check = asObject(asObject(invariant).check);
@@ -514,12 +515,17 @@ function check(c: Raw): InvariantCheck {
 }
 
 function service(s: Raw): SpecService {
-  const common = { name: s.name as string, wait_for: { timeoutMs: duration(s.wait_for?.timeout, SPEC_DEFAULTS.waitForTimeoutMs) } };
+  const timeoutMs = duration(s.wait_for?.timeout, SPEC_DEFAULTS.waitForTimeoutMs);
   if (s.type === 'postgres') {
-    return { type: 'postgres', ...common, version: s.version ?? SPEC_DEFAULTS.postgresVersion, database: s.database ?? SPEC_DEFAULTS.postgresDatabase, user: s.user ?? SPEC_DEFAULTS.postgresUser };
+    const wait_for = { timeoutMs, ...(s.wait_for?.query !== undefined && { query: s.wait_for.query as string }) };
+    return { type: 'postgres', name: s.name, wait_for, version: s.version ?? null, database: s.database ?? SPEC_DEFAULTS.postgresDatabase, user: s.user ?? SPEC_DEFAULTS.postgresUser };
   }
-  const routes = ((s.routes ?? []) as Raw[]).map((r) => ({ method: r.method, path: r.path, response: { status: r.response.status, headers: strings(r.response.headers), body: r.response.body ?? '' } }));
-  return { type: 'http_mock', ...common, routes, record: s.record ?? false };
+  const wait_for = { timeoutMs, ...(s.wait_for?.http !== undefined && { http: s.wait_for.http as string }) };
+  return { type: 'http_mock', name: s.name, wait_for, routes: ((s.routes ?? []) as Raw[]).map(mockRoute), record: s.record ?? false };
+}
+
+function mockRoute(r: Raw): MockRoute {
+  return { method: r.method, path: r.path, response: { status: r.response.status, headers: strings(r.response.headers), body: r.response.body ?? '' } };
 }
 
 function fixture(f: Raw): SpecFixture {
@@ -531,7 +537,14 @@ function fixture(f: Raw): SpecFixture {
     case 'git':
       return { type: 'git', url: f.url, to: f.to, ...(f.ref !== undefined && { ref: f.ref }) };
     case 'drift':
-      return { type: 'drift', files: ((f.files ?? []) as Raw[]).map(file), delete: f.delete ?? [], sql: ((f.sql ?? []) as Raw[]).map((s) => ({ service: s.service, sql: s.sql })) };
+      return {
+        type: 'drift',
+        files: ((f.files ?? []) as Raw[]).map(file),
+        delete: f.delete ?? [],
+        sql: ((f.sql ?? []) as Raw[]).map((s) => ({ service: s.service, sql: s.sql })),
+        routes: ((f.routes ?? []) as Raw[]).map((r) => ({ service: r.service, ...mockRoute(r) })),
+        pick: f.pick ?? null,
+      };
   }
 }
 

@@ -154,6 +154,8 @@ export const SETTINGS = {
   egressCaCert: setting('SVC_EGRESS_CA_CERT', null, 'The deployment\'s certificate authority (PEM) that sandboxes trust, for HTTPS inspection (`audit.http_calls`) and brokered credentials; with SVC_EGRESS_CA_KEY. Default: one made once and kept in `<data dir>/egress-ca/`.', str),
   egressCaKey: setting('SVC_EGRESS_CA_KEY', null, 'The private key (PEM) of SVC_EGRESS_CA_CERT.', str),
   sandboxNetwork: setting('SVC_SANDBOX_NETWORK', '100.64.0.0/10', 'The IPv4 range the sandboxes\' private networks take their addresses from (a /30 each); it must not overlap the host\'s networks.', str),
+  gitFixtureDirs: setting('SVC_GIT_FIXTURE_DIRS', null, 'Host directories whose git repositories `git` fixtures may clone as `file:///DIR` (comma-separated). Unset: none (remote URLs are cloned inside the sandbox, under its egress policy).', list),
+  postgresBinDir: setting('SVC_POSTGRES_BIN_DIR', null, 'The PostgreSQL server binaries `postgres` backing services run (default: /usr/lib/postgresql/<newest>/bin, or the one of the spec\'s `version`).', str),
   artifactsDir: setting('SVC_ARTIFACTS_DIR', null, 'Where teardown exports go (default `<data dir>/artifacts`).', str),
   blobDir: setting('SVC_BLOB_DIR', null, 'Where agent bundles are stored, once per content (default `<data dir>/blobs`); the api and the sandbox runners must share it.', str),
   sqlMaxExecutionTime: setting('SVC_SQL_MAX_EXECUTION_TIME', '30s', 'Longest run of one query on the analysts\' SQL endpoint (`/v1/admin/sql`); past it the query fails with ClickHouse\'s TIMEOUT_EXCEEDED. A query may ask for less (`max_execution_time`), never more.', durationMs),

@@ -17,6 +17,7 @@ import { AppError } from '../kernel/errors.ts';
 import { newSandboxId } from '../kernel/ids.ts';
 import { type Params, paramsEnv } from '../domain/params.ts';
 import { RUN_METADATA, runLifetimeMs, specForRun } from '../domain/run-plan.ts';
+import { holds } from '../domain/score-rules.ts';
 import { reportRun } from './run-reports.ts';
 import type { CheckResult, RunEvent, RunOutcome, RunRequested } from '../domain/events/run-events.ts';
 import type { InvariantCheck, SpecDocument } from '../domain/spec.ts';
@@ -114,6 +115,8 @@ export class RunExecutor {
       }
       // The workspace as the agent left it: checks only read it, so one capture serves the judge and the outcome.
       const diff = await sandbox.agentDiff();
+      // What the databases committed while the agent ran is in the audit before the outcome reads it.
+      await sandbox.recordDatabaseWrites();
       const checks: Record<string, CheckResult> = {};
       for (const [name, invariant] of Object.entries(spec.invariants)) {
         checks[name] = await this.check(sandbox, invariant.check, scripts.get(name), agentRun, diff).catch((err: Error) => ({
@@ -242,8 +245,18 @@ export class RunExecutor {
       }
       case 'llm_as_judge':
         return { type: 'llm_as_judge', passed: null, score: null, message: 'graded by the judge', judge_input: await this.judgeInput(sandbox, check.input, agentRun, diff) };
-      default:
-        return result(false, `${check.type} checks need backing services, which this server cannot run yet`);
+      case 'sql': {
+        const value = await sandbox.sqlFirst(check.service, check.query);
+        return result(value === check.expected, `${check.service}: the query returned ${value === null ? 'no value' : JSON.stringify(value)} (expected ${JSON.stringify(check.expected)})`);
+      }
+      case 'http_mock_assertions': {
+        const failures: string[] = [];
+        for (const a of check.assertions) {
+          const count = sandbox.mockRequestCount(check.service, a.method, a.path);
+          if (!holds(count, a.condition.operator, a.condition.value)) failures.push(`${a.method} ${a.path}: request_count is ${count}, not ${a.condition.operator} ${a.condition.value}`);
+        }
+        return result(failures.length === 0, failures.length === 0 ? `${check.service}: all ${check.assertions.length} assertions hold` : `${check.service}: ${failures.join('; ')}`);
+      }
     }
   }
 
@@ -257,7 +270,7 @@ export class RunExecutor {
 
 function failed(status: RunOutcome['status'], error: string, sandboxId: string | null, started: number): RunOutcome {
   const ended = Date.now();
-  return { status, error, sandbox_id: sandboxId, started_at: started, ended_at: ended, wall_ms: ended - started, agent: null, checks: {}, diff: null, audit: { file_writes: [], secret_findings: [], http_calls: [] } };
+  return { status, error, sandbox_id: sandboxId, started_at: started, ended_at: ended, wall_ms: ended - started, agent: null, checks: {}, diff: null, audit: { file_writes: [], secret_findings: [], http_calls: [], db_writes: [] } };
 }
 
 /** The audit facts the forbidden rules read, each with its record's line number (seq, from 1). */
@@ -270,12 +283,16 @@ async function auditFacts(workspace: string): Promise<RunOutcome['audit']> {
       throw err;
     },
   );
-  const facts: Required<Pick<RunOutcome['audit'], 'file_writes' | 'secret_findings' | 'http_calls'>> = { file_writes: [], secret_findings: [], http_calls: [] };
+  const facts: Required<Pick<RunOutcome['audit'], 'file_writes' | 'secret_findings' | 'http_calls' | 'db_writes'>> = { file_writes: [], secret_findings: [], http_calls: [], db_writes: [] };
   for (const [i, line] of text.split('\n').entries()) {
     if (line === '') continue;
     const record = JSON.parse(line) as { ts: string; type: string; details: Record<string, unknown> };
     if (record.type === 'file_write') facts.file_writes.push({ path: String(record.details.path), seq: i + 1, ts: record.ts });
     if (record.type === 'secret_finding') facts.secret_findings.push({ name: String(record.details.name), seq: i + 1, ts: record.ts });
+    if (record.type === 'db_write') {
+      const d = record.details;
+      facts.db_writes.push({ service: String(d.service), table: String(d.table), operation: String(d.operation), row_count: Number(d.row_count) || 0, rolled_back: d.rolled_back === true, seq: i + 1, ts: record.ts });
+    }
     if (record.type === 'http_call') {
       const d = record.details;
       const port = typeof d.port === 'number' ? { port: d.port } : {};

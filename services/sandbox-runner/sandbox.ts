@@ -8,6 +8,7 @@
 import { shellQuote } from '../kernel/shell.ts';
 import { mkdir, writeFile as writeHostFile } from 'node:fs/promises';
 import path from 'node:path';
+import { stringify as stringifyYaml } from 'yaml';
 import { publish, type Kernel } from '../kernel/actor.ts';
 import { renderConfigTemplate, type ResolvedAgent } from '../domain/agent-auth.ts';
 import type { ExtractedBundles } from '../kernel/bundles.ts';
@@ -28,6 +29,8 @@ import { removeBeneath } from './workspace/beneath.ts';
 import { copyFileOut, deleteFile, readFile, writeFile } from './workspace/files.ts';
 import { FsWatcher } from './workspace/fs-watcher.ts';
 import type { EgressGateway } from './network/gateway.ts';
+import { backingRoot, BackingServices } from './backing/backing-services.ts';
+import { applyDrift, cloneGit, type FixtureContext } from './boot/fixtures.ts';
 import { SandboxNetwork } from './network/sandbox-network.ts';
 import { processTracer, type ProcessRun } from './runtime/process-tracer.ts';
 import { resolveRealPath, resolveWorkspacePath, SERVICE_DIR } from './workspace/paths.ts';
@@ -78,6 +81,8 @@ const CHECK_PRELUDE = 'HOME="$(mktemp -d /tmp/.svc-check.XXXXXXXXXX)" || exit 12
 
 /** A moment for the exits of a kill to come through the tracer's pipe before the watch ends. */
 const PROCESS_EVENTS_DRAIN_MS = 100;
+/** The largest answer of a real host a mock in record mode keeps. */
+const MOCK_RECORD_MAX_BYTES = 1024 * 1024;
 
 /** A `process_spawn` record of a program a command started (the commands API records the commands themselves). */
 function processSpawnDetails(run: ProcessRun): Record<string, unknown> {
@@ -98,6 +103,9 @@ export class LiveSandbox {
   private readonly workspace: string;
   private box: SandboxHandle | null = null;
   private readonly network: SandboxNetwork;
+  private readonly backing: BackingServices;
+  /** The append of the latest db_write record (appends keep their order). */
+  private lastDbWrite: Promise<unknown> = Promise.resolve();
   private audit: AuditLog | null = null;
   private watcher: FsWatcher | null = null;
   /** Ends the kernel's report of the sandbox's processes (audit.process_spawns). */
@@ -141,6 +149,21 @@ export class LiveSandbox {
   ) {
     this.spec = request.spec ?? parseSpec(request.yaml);
     this.network = new SandboxNetwork(id, this.spec, request.agent);
+    this.backing = new BackingServices(this.spec.services, {
+      sandboxId: id,
+      root: backingRoot(kernel.config.dataDir, id),
+      cacheDir: path.join(kernel.config.dataDir, 'service-templates'),
+      binDir: kernel.config.postgresBinDir,
+      auditWrites: this.spec.audit.db_writes,
+      onWrite: (service, write) => {
+        this.lastDbWrite = this.audit?.record('db_write', { service, ...write }).catch(() => null) ?? this.lastDbWrite;
+      },
+      forward: (service) => (request) => {
+        const address = this.network.address;
+        if (address === null || typeof this.gateway === 'string') return Promise.reject(new Error('the sandbox has no way out'));
+        return this.gateway.fetchOutside(address, service, request, MOCK_RECORD_MAX_BYTES);
+      },
+    });
     this.workspace = path.join(kernel.config.dataDir, 'workspaces', id);
     this.token = newSandboxToken();
     this.tokenHash = sha256Hex(this.token);
@@ -241,7 +264,7 @@ export class LiveSandbox {
       created_at: new Date(this.createdAt).toISOString(),
       expires_at: new Date(this.expiresAt).toISOString(),
       metadata: this.request.metadata,
-      services: {},
+      services: this.backing.view(),
       network: this.network.view(),
     };
   }
@@ -296,6 +319,8 @@ export class LiveSandbox {
     if (rootfs === null && !config.sandboxHostRootfs) {
       throw new StepFailed(`image could not be pulled: "${this.spec.base}" is not in the image store (svc images import ${this.spec.base} DIR|TARBALL), and SVC_SANDBOX_HOST_ROOTFS is off`);
     }
+    // Its services start while the runtime does: they need nothing of it, and the databases take longest.
+    this.backing.start();
     this.env = this.baseEnv();
     if (this.network.wanted && typeof this.gateway === 'string') throw new StepFailed(`this sandbox needs a network, but the runner's egress gateway did not start: ${this.gateway}`);
     this.box = await this.runtime.create({
@@ -340,15 +365,49 @@ export class LiveSandbox {
     return mounts;
   }
 
-  /** Backing services: none are started yet. */
-  private startServices(done: StepDone): void {
-    done({ count: 0 });
+  /**
+   * Backing services (backing/), started with the runtime: waited for as their `wait_for` says;
+   * then the gateway serves the sandbox, its services included, under its policy.
+   */
+  private async startServices(done: StepDone): Promise<void> {
+    await this.backing.waitReady().catch((err: Error) => {
+      throw new StepFailed(err.message);
+    });
+    if (this.network.wanted) {
+      await this.network.attach(this.box!, this.gateway as EgressGateway, this.secretValues, await this.backing.endpoints(), (type, details) => void this.audit!.record(type, details).catch(() => undefined));
+    }
+    done({ count: this.backing.count, services: this.backing.view() });
   }
 
+  /** What the fixtures of boot/fixtures.ts use of the sandbox. */
+  private fixtureContext(): FixtureContext {
+    return {
+      workspace: this.workspace,
+      exec: async (command, env, timeoutMs) => {
+        const r = await this.box!.exec({ command, env, timeoutMs });
+        return { exitCode: r.exitCode, output: this.output(r, r.stderr ? 'stderr' : 'stdout') };
+      },
+      backing: this.backing,
+      gitFixtureDirs: this.kernel.config.gitFixtureDirs,
+      seed: Number(this.request.extra_env?.SVC_RANDOM_SEED ?? this.spec.determinism.seed ?? 0),
+    };
+  }
+
+  /** The fixtures in order, but drift (applied after setup). */
   private async applyFixtures(done: StepDone): Promise<void> {
     for (const [i, fixture] of this.spec.fixtures.entries()) {
-      // The api refuses the other types until their capabilities exist.
-      if (fixture.type !== 'copy') throw new StepFailed(`fixture ${i}: type ${fixture.type} is not supported yet`);
+      if (fixture.type === 'drift') continue;
+      if (fixture.type === 'sql') {
+        await (await this.backing.database(fixture.service)).runSql(fixture.sql).catch((err: Error) => {
+          throw new StepFailed(`fixture ${i} (sql on ${fixture.service}) failed: ${this.redact(err.message)}`);
+        });
+        void this.event('fixture', { index: i, type: fixture.type, service: fixture.service });
+        continue;
+      }
+      if (fixture.type === 'git') {
+        void this.event('fixture', { index: i, type: fixture.type, to: await cloneGit(this.fixtureContext(), i, fixture) });
+        continue;
+      }
       // A copy fixture copies a directory of the image into the workspace, inside the sandbox (as its
       // user: links it brings are the sandbox's view). Never into `.svc`, also not through a link.
       const to = resolveWorkspacePath(this.workspace, fixture.to, `fixtures[${i}].to`);
@@ -374,7 +433,14 @@ export class LiveSandbox {
         throw new StepFailed(`setup command "${this.redact(command)}" exited with ${result.exitCode}: ${this.output(result, result.stderr ? 'stderr' : 'stdout').trim().slice(-500)}`);
       }
     }
-    done({ files: this.spec.setup.files.length, commands: this.spec.setup.commands.length });
+    let drift = 0;
+    for (const [i, fixture] of this.spec.fixtures.entries()) {
+      if (fixture.type !== 'drift') continue;
+      const applied = await applyDrift(this.fixtureContext(), i, fixture);
+      drift += applied.length;
+      void this.event('fixture', { index: i, type: fixture.type, applied });
+    }
+    done({ files: this.spec.setup.files.length, commands: this.spec.setup.commands.length, drift });
   }
 
   /**
@@ -384,9 +450,7 @@ export class LiveSandbox {
    */
   private async configureNetwork(done: StepDone): Promise<void> {
     await this.box!.serviceReachable;
-    const view = this.network.wanted
-      ? await this.network.configure(this.box!, this.gateway as EgressGateway, this.secretValues, (type, details) => void this.audit!.record(type, details).catch(() => undefined))
-      : null;
+    const view = this.network.wanted ? await this.network.openIngress(this.box!) : null;
     done({
       egress: this.spec.network.egress.default,
       egress_allow: this.network.allow,
@@ -403,7 +467,8 @@ export class LiveSandbox {
       await this.watcher.start();
     }
     if (this.spec.audit.process_spawns) await this.watchProcesses();
-    done({ file_system: watch.length > 0, process_spawns: this.endProcessWatch !== null });
+    if (this.spec.audit.db_writes) await this.backing.startAudit();
+    done({ file_system: watch.length > 0, process_spawns: this.endProcessWatch !== null, db_writes: this.spec.audit.db_writes });
   }
 
   /**
@@ -513,6 +578,8 @@ export class LiveSandbox {
       ...this.secretValues,
       // The trust store's paths; a brokered secret's placeholder over its value.
       ...this.network.env(),
+      // Where its backing services are, and the databases' credentials.
+      ...this.backing.env(),
       ...this.spec.setup.env,
       // Inside, the service is reached through the sandbox's bridge (runtime/service-bridge.ts).
       SVC_BASE_URL: serviceAddress(this.kernel.config.baseUrl)?.urlInside ?? this.kernel.config.baseUrl,
@@ -573,12 +640,40 @@ export class LiveSandbox {
         return { body: diffStates(this.before!, await this.captureState()) };
       case 'timeout':
         return this.timeout(payload);
+      case 'service_requests':
+        return { body: { service: payload.service, ...this.mockOf(payload.service).journal() } };
+      case 'service_recording':
+        return { body: { service: payload.service, routes: this.mockOf(payload.service).recording() } };
       case 'destroy':
         await this.destroy('destroyed');
         return { body: { id: this.id, state: 'stopped' } };
       default:
         throw new AppError('bad_request', `unknown sandbox operation ${op}`);
     }
+  }
+
+  /** An http_mock of the sandbox by name; 404 naming the mocks it has. */
+  private mockOf(name: unknown): NonNullable<ReturnType<BackingServices['mock']>> {
+    const mock = typeof name === 'string' ? this.backing.mock(name) : null;
+    if (mock) return mock;
+    const mocks = this.spec.services.filter((s) => s.type === 'http_mock').map((s) => s.name);
+    throw new AppError('not_found', `sandbox ${this.id} has no http_mock service ${JSON.stringify(name)}${mocks.length > 0 ? ` (it has ${mocks.join(', ')})` : ''}`);
+  }
+
+  /** The `sql` invariant: the first column of the first row of `query`, as the database's grader role sees it. */
+  async sqlFirst(service: string, query: string): Promise<string | null> {
+    return (await this.backing.database(service)).queryFirst(query);
+  }
+
+  /** The `http_mock_assertions` invariant's `request_count`: requests the mock received for `method` and `path`. */
+  mockRequestCount(service: string, method: string, pathPattern: string): number {
+    return this.mockOf(service).requestCount(method, pathPattern);
+  }
+
+  /** Every database write committed until now is in the audit log (before the outcome reads it). */
+  async recordDatabaseWrites(): Promise<void> {
+    await this.backing.flushWrites();
+    await this.lastDbWrite;
   }
 
   private async command(payload: Record<string, unknown>): Promise<{ status?: number; body: unknown }> {
@@ -727,9 +822,11 @@ export class LiveSandbox {
       }
     };
     await step('ending the capture of the agent\'s activity', () => this.endCapture());
+    await step('recording the last database writes', () => this.backing.flushWrites());
     await step('closing the network', () => this.network.close());
     await step('closing the audit log', () => this.audit?.close());
     if (this.state !== 'error' || this.spec.teardown.always_run) await step('exporting', () => this.runExports());
+    await step('stopping the backing services', () => this.backing.stop());
     await step('destroying the sandbox', () => this.box?.destroy());
     await step('removing the workspace', async () => {
       // Never by path: should a process of the sandbox have survived, it may be swapping links.
@@ -750,7 +847,17 @@ export class LiveSandbox {
       await mkdir(path.dirname(target), { recursive: true });
       if (exp.type === 'audit_log') await copyFileOut(this.workspace, `${SERVICE_DIR}/${AUDIT_FILE}`, target).catch(() => writeHostFile(target, ''));
       else if (exp.type === 'snapshot') await writeHostFile(target, JSON.stringify(await this.captureState()));
+      else if (exp.type === 'db_dump') await writeHostFile(target, await (await this.backing.database(exp.service!)).dump());
       await this.event('export', { type: exp.type, to });
+    }
+    // What each mock in record mode saw, as routes a later spec replays.
+    for (const service of this.spec.services) {
+      const routes = service.type === 'http_mock' && service.record ? this.backing.mock(service.name)!.recording() : [];
+      if (routes.length === 0) continue;
+      const to = path.join('recordings', this.request.run_id ?? this.id, `${service.name}.yaml`);
+      await mkdir(path.join(root, this.tenant, path.dirname(to)), { recursive: true });
+      await writeHostFile(path.join(root, this.tenant, to), stringifyYaml({ routes }));
+      await this.event('export', { type: 'recording', service: service.name, to });
     }
   }
 
@@ -780,7 +887,7 @@ export class LiveSandbox {
       created_at: this.createdAt,
       expires_at: this.expiresAt,
       metadata: this.request.metadata,
-      services: '{}',
+      services: JSON.stringify(this.backing.view()),
       network: JSON.stringify(this.network.view()),
       runner_id: this.runnerId,
       token_hash: this.tokenHash,

@@ -14,6 +14,7 @@
  * sandboxes the log says it owned (state `error`, reason "runner restarted") and removes their
  * workspaces, so none claims to be ready while gone.
  */
+import fs from 'node:fs';
 import path from 'node:path';
 import { publish, subscribe, type Kernel, type Service } from '../kernel/actor.ts';
 import { BundleStore, ExtractedBundles } from '../kernel/bundles.ts';
@@ -34,6 +35,7 @@ import { removeBeneath } from './workspace/beneath.ts';
 import { RunExecutor } from './run-executor.ts';
 import { reportRun } from './run-reports.ts';
 import { stopProcessTracer } from './runtime/process-tracer.ts';
+import { backingRoot, BackingServices } from './backing/backing-services.ts';
 import type { RunRequested } from '../domain/events/run-events.ts';
 import type { RunnerHeartbeat } from '../domain/events/runner-events.ts';
 import { runnerIdOf } from './runner-identity.ts';
@@ -155,7 +157,7 @@ export class SandboxRunnerService implements Service {
     // The last word: the api stops sending it sandboxes and the aggregator dispatches its unfinished runs again.
     if (this.heartbeat) await this.beat(true).catch((err) => this.kernel.logger.warn({ err }, 'the last heartbeat was not written'));
     stopProcessTracer();
-    await Promise.all([this.secrets?.stop(), this.known.stop(), this.runtime?.close(), typeof this.gateway === 'object' ? this.gateway.close() : undefined]);
+    await Promise.all([BackingServices.settle(), this.secrets?.stop(), this.known.stop(), this.runtime?.close(), typeof this.gateway === 'object' ? this.gateway.close() : undefined]);
   }
 
   /** Sandboxes this runner owned before a restart are gone: say so instead of leaving them "ready". */
@@ -183,6 +185,8 @@ export class SandboxRunnerService implements Service {
       try {
         const left = removeBeneath(s.path);
         if (left > 0) this.kernel.logger.warn({ sandbox_id: s.sandbox_id, left }, 'could not remove all of the workspace of a lost sandbox');
+        // Its databases died with the runner; their directories did not.
+        fs.rmSync(backingRoot(this.kernel.config.dataDir, s.sandbox_id), { recursive: true, force: true });
       } catch (err) {
         this.kernel.logger.warn({ err, sandbox_id: s.sandbox_id }, 'could not remove the workspace of a lost sandbox');
       }

@@ -65,8 +65,9 @@ async function scoreInvariant(name: string, invariant: SpecDocument['invariants'
  * `http_except` reads the `http_call` records: a call whose host matches no entry is a violation
  * (an entry is a service name, which is the record's host for a call to a backing service, a
  * hostname, or a `*.example.com` glob matched as the egress policy matches it; an empty list
- * forbids every call). `db_writes_outside` has no facts yet (no database proxy): it finds nothing,
- * and specs using it are refused at run time until then.
+ * forbids every call). `db_writes_outside` reads the `db_write` records: a committed write to a
+ * table no entry names is a violation (`orders` names `public.orders` too; rolled-back writes
+ * count for nothing).
  */
 export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit: RunOutcome['audit']): Violation[] {
   const found: Violation[] = [];
@@ -80,6 +81,10 @@ export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit:
   if (forbidden.http_except !== undefined) {
     unseen('http_call', 'http_except', 'HTTP calls');
     found.push(...httpExceptViolations(forbidden.http_except, audit.http_calls));
+  }
+  if (forbidden.db_writes_outside !== undefined) {
+    unseen('db_write', 'db_writes_outside', 'database writes');
+    found.push(...dbWritesOutside(forbidden.db_writes_outside, audit.db_writes));
   }
   if (forbidden.file_writes_outside !== undefined) {
     const prefixes = forbidden.file_writes_outside.map(normalise);
@@ -97,6 +102,21 @@ export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit:
     }
   }
   return found.sort((a, b) => a.audit.seq - b.audit.seq);
+}
+
+/** Each committed database write to a table `allowed` does not name. */
+function dbWritesOutside(allowed: string[], writes: RunOutcome['audit']['db_writes']): Violation[] {
+  if (writes === undefined) return [{ rule: 'db_writes_outside', message: 'the run recorded no database writes (its runner does not capture them), so this rule cannot hold', audit: { seq: 0, ts: '' } }];
+  const qualified = (table: string) => (table.includes('.') ? table : `public.${table}`).toLowerCase();
+  const names = new Set(allowed.map(qualified));
+  const list = allowed.length > 0 ? allowed.join(', ') : 'empty: no write is allowed';
+  return writes
+    .filter((w) => !w.rolled_back && !names.has(qualified(w.table)))
+    .map((w) => ({
+      rule: 'db_writes_outside' as const,
+      message: `${w.operation} of ${w.row_count} row${w.row_count === 1 ? '' : 's'} in ${w.table} (${w.service}), not in db_writes_outside (${list})`,
+      audit: { seq: w.seq, ts: w.ts, service: w.service, table: w.table },
+    }));
 }
 
 /** Each HTTP call to a host that no entry of `http_except` matches. */

@@ -28,6 +28,7 @@ import { ADMIN_KEY, createTenantKey, REPO, startServer, type TestServer } from '
 import { otlpBodies, traceBodies } from './bodies.ts';
 import { benchQueries, pct } from './queries.ts';
 import { benchNetwork } from './network.ts';
+import { benchServices } from './services.ts';
 import { makeBundle } from '../helpers/bundles.ts';
 // @ts-expect-error plain JS module without types
 import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
@@ -450,7 +451,7 @@ async function runnerKillToRedispatch(brokers: string): Promise<string> {
 }
 
 /** `SVC_BENCH_ONLY=sandboxes,experiments` runs only those sections (default: all, in this order). */
-const SECTIONS = ['log', 'sandboxes', 'network', 'experiments', 'agents', 'queries'] as const;
+const SECTIONS = ['log', 'sandboxes', 'network', 'services', 'experiments', 'agents', 'queries'] as const;
 const only = process.env.SVC_BENCH_ONLY?.split(',') ?? [...SECTIONS];
 
 async function benchLogAndIngest(): Promise<void> {
@@ -530,6 +531,7 @@ async function main() {
   if (only.includes('log')) await benchLogAndIngest();
   if (only.includes('sandboxes')) await table('sandboxes (local runtime)', benchSandboxes, true);
   if (only.includes('network')) await table('sandbox network (local runtime, egress gateway)', benchNetwork, true);
+  if (only.includes('services')) await table('backing services (local runtime: postgres, http_mock)', benchServices, true);
   if (only.includes('experiments')) await table('experiments (local runtime)', benchExperiments, true);
   // Last: its 50 MB buffers would make the bench process slower to fork for the sandbox figures.
   if (only.includes('agents')) await table('specs and agent snapshots', benchSpecsAndAgents, false);

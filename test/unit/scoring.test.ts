@@ -198,15 +198,34 @@ describe('forbidden rules', () => {
     assert.match(score.violations[0]!.message, /API_TOKEN/);
   });
 
-  test('a rule without findings, and db_writes_outside (no audit facts yet), find nothing', async () => {
+  test('rules without findings find nothing', async () => {
     const doc = spec({
       audit: { ...audited, http_calls: true, db_writes: true },
       forbidden: { secrets_in_logs: 'deny', http_except: [], db_writes_outside: ['orders'], file_writes_outside: ['out'] },
       invariants: files(1),
     });
-    const score = await scoreRun(doc, outcome({ f0: check('file_exists', true) }, { audit: { file_writes: writes('out/x'), secret_findings: [], http_calls: [] } }), noJudge);
+    const score = await scoreRun(doc, outcome({ f0: check('file_exists', true) }, { audit: { file_writes: writes('out/x'), secret_findings: [], http_calls: [], db_writes: [] } }), noJudge);
     assert.deepEqual(score.violations, []);
     assert.equal(score.verdict, 'pass');
+  });
+
+  describe('db_writes_outside', () => {
+    const write = (table: string, seq: number, extra: Partial<NonNullable<RunOutcome['audit']['db_writes']>[number]> = {}) => ({ service: 'db', table, operation: 'insert', row_count: 2, rolled_back: false, seq, ts: `t${seq}`, ...extra });
+    const doc = (allowed: string[]) => spec({ services: [{ name: 'db', type: 'postgres' }], audit: { db_writes: true }, forbidden: { db_writes_outside: allowed }, invariants: files(1) });
+    const violations = async (allowed: string[], writes: NonNullable<RunOutcome['audit']['db_writes']> | undefined) =>
+      (await scoreRun(doc(allowed), outcome({ f0: check('file_exists', true) }, { audit: { file_writes: [], secret_findings: [], http_calls: [], db_writes: writes } }), noJudge)).violations;
+
+    test('a committed write to a table not listed is a violation naming it; `orders` names public.orders; rolled-back writes count for nothing', async () => {
+      const found = await violations(['orders', 'audit.log'], [write('orders', 1), write('public.orders', 2), write('audit.log', 3), write('secrets', 4, { operation: 'update', row_count: 1 }), write('users', 5, { rolled_back: true })]);
+      assert.deepEqual(found.map((v) => [v.rule, v.message, v.audit]), [['db_writes_outside', 'update of 1 row in secrets (db), not in db_writes_outside (orders, audit.log)', { seq: 4, ts: 't4', service: 'db', table: 'secrets' }]]);
+    });
+
+    test('an empty list forbids every write; an outcome without the records, or with dropped ones, fails the rule rather than pass it', async () => {
+      assert.match((await violations([], [write('orders', 1)]))[0]!.message, /empty: no write is allowed/);
+      assert.match((await violations(['orders'], undefined))[0]!.message, /recorded no database writes/);
+      const dropped = await scoreRun(doc(['orders']), outcome({ f0: check('file_exists', true) }, { audit: { file_writes: [], secret_findings: [], http_calls: [], db_writes: [], dropped: { db_write: 3 } } }), noJudge);
+      assert.match(dropped.violations[0]!.message, /3 database writes went unrecorded/);
+    });
   });
 
   describe('http_except', () => {

@@ -6,7 +6,6 @@ import { parse as parseYaml, stringify } from 'yaml';
 import { parseDuration } from '../../services/kernel/duration.ts';
 import { AppError } from '../../services/kernel/errors.ts';
 import { parseSize } from '../../services/kernel/size.ts';
-import { refuseUnsupported } from '../../services/domain/capabilities.ts';
 import { parseSpec, SPEC_DEFAULTS, SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../../services/domain/spec.ts';
 
 type Doc = Record<string, unknown>;
@@ -44,13 +43,13 @@ const everyBlock = (): Doc => ({
   agent: { type: 'cli', command: ['python', 'agent.py'], timeout: '90s', env: { LEVEL: 3, VERBOSE: true } },
   services: [
     { name: 'payments', type: 'http_mock', routes: [{ method: 'POST', path: '/charges', response: { status: 201, headers: { 'X-Mock': 'yes' }, body: { ok: true } } }], record: true },
-    { name: 'db', type: 'postgres', wait_for: { timeout: 45 } },
+    { name: 'db', type: 'postgres', wait_for: { timeout: 45, query: 'select 1 from orders' } },
   ],
   fixtures: [
     { type: 'copy', from: '/opt/repo', to: 'repo' },
     { type: 'sql', service: 'db', sql: 'CREATE TABLE orders (id int)' },
     { type: 'git', url: 'git@github.com:example/app.git', to: 'app' },
-    { type: 'drift', files: [{ path: 'repo/x.cfg', content: 'x=1', mode: '0600' }], delete: ['repo/tmp'], sql: [{ service: 'db', sql: 'DELETE FROM orders' }] },
+    { type: 'drift', files: [{ path: 'repo/x.cfg', content: 'x=1', mode: '0600' }], delete: ['repo/tmp'], sql: [{ service: 'db', sql: 'DELETE FROM orders' }], routes: [{ service: 'payments', method: 'GET', path: '/charges/:id', response: { status: 404 } }], pick: 2 },
   ],
   setup: { files: [{ path: '/workspace/a.sh', content: 'echo hi', mode: '0755' }, { path: 'b.txt', content: '' }], commands: ['make deps'], env: { PORT: 8080, DEBUG: false } },
   secrets: { API_TOKEN: 'dashboard', OTHER: 'env:HOST_TOKEN', OPENAI_KEY: { source: 'dashboard', inject: { hosts: ['API.openai.com', '*.example.com'], header: 'Authorization', format: 'Bearer {value}' } } },
@@ -92,13 +91,20 @@ test('a document using every block parses to the normalised values', () => {
   assert.deepEqual(doc.agent, { type: 'cli', timeoutMs: 90_000, env: { LEVEL: '3', VERBOSE: 'true' }, command: ['python', 'agent.py'] });
   assert.deepEqual(doc.services, [
     { type: 'http_mock', name: 'payments', wait_for: { timeoutMs: 30_000 }, routes: [{ method: 'POST', path: '/charges', response: { status: 201, headers: { 'X-Mock': 'yes' }, body: { ok: true } } }], record: true },
-    { type: 'postgres', name: 'db', wait_for: { timeoutMs: 45_000 }, version: 16, database: 'app', user: 'app' },
+    { type: 'postgres', name: 'db', wait_for: { timeoutMs: 45_000, query: 'select 1 from orders' }, version: null, database: 'app', user: 'app' },
   ]);
   assert.deepEqual(doc.fixtures, [
     { type: 'copy', from: '/opt/repo', to: 'repo' },
     { type: 'sql', service: 'db', sql: 'CREATE TABLE orders (id int)' },
     { type: 'git', url: 'git@github.com:example/app.git', to: 'app' },
-    { type: 'drift', files: [{ path: 'repo/x.cfg', content: 'x=1', mode: 0o600 }], delete: ['repo/tmp'], sql: [{ service: 'db', sql: 'DELETE FROM orders' }] },
+    {
+      type: 'drift',
+      files: [{ path: 'repo/x.cfg', content: 'x=1', mode: 0o600 }],
+      delete: ['repo/tmp'],
+      sql: [{ service: 'db', sql: 'DELETE FROM orders' }],
+      routes: [{ service: 'payments', method: 'GET', path: '/charges/:id', response: { status: 404, headers: {}, body: '' } }],
+      pick: 2,
+    },
   ]);
   assert.deepEqual(doc.setup, {
     files: [{ path: '/workspace/a.sh', content: 'echo hi', mode: 0o755 }, { path: 'b.txt', content: '', mode: 0o644 }],
@@ -308,7 +314,9 @@ test('services, fixtures and exports refer to declared services of the right typ
   rejects(withBlocks({ services: [{ name: 'db', type: 'postgres', routes: [] }] }), 'services[0].routes: is not a field for type: postgres');
   rejects(withBlocks({ fixtures: [{ type: 'sql', service: 'db', sql: 'SELECT 1' }] }), 'fixtures[0].service: no postgres service "db" is declared under services');
   rejects(withBlocks({ services: [{ name: 'db', type: 'http_mock' }], fixtures: [{ type: 'sql', service: 'db', sql: 'SELECT 1' }] }), 'fixtures[0].service: service "db" is http_mock, not postgres');
-  rejects(withBlocks({ fixtures: [{ type: 'drift' }] }), 'fixtures[0]: a drift fixture needs files, delete or sql');
+  rejects(withBlocks({ fixtures: [{ type: 'drift' }] }), 'fixtures[0]: a drift fixture needs files, delete, sql or routes');
+  rejects(withBlocks({ services: [{ name: 'db', type: 'postgres' }], fixtures: [{ type: 'drift', routes: [{ service: 'db', method: 'GET', path: '/x', response: { status: 200 } }] }] }), 'fixtures[0].routes[0].service: service "db" is postgres, not http_mock');
+  rejects(withBlocks({ fixtures: [{ type: 'drift', files: [{ path: 'a', content: '' }], pick: 0 }] }), 'fixtures[0].pick: must be a whole number of changes, at least 1');
   rejects(withBlocks({ fixtures: [{ type: 'copy', from: 'relative', to: 'x' }] }), 'fixtures[0].from: must be an absolute path of the image');
   rejects(withBlocks({ teardown: { export: [{ type: 'db_dump', to: 'x.sql' }] } }), 'teardown.export[0].service: is required for type: db_dump');
   rejects(withBlocks({ teardown: { export: [{ type: 'audit_log', service: 'db', to: 'a' }] } }), 'teardown.export[0].service: is not a field for type: audit_log');
@@ -394,30 +402,6 @@ test('forbidden.http_except: declared services, hostnames and globs', () => {
   rejects(except(['api.*.com']), 'forbidden.http_except[0]: must be a service name of the spec, a hostname such as api.example.com or a glob');
   rejects(except(['api.example.com:443']), 'forbidden.http_except[0]: must be a service name of the spec');
   rejects(except(['1.2.3']), 'forbidden.http_except[0]: "1.2.3" is not a valid IPv4 address');
-});
-
-test('what runs: the network block, brokered secrets and http_except; backing services and db_writes_outside are still refused', () => {
-  const networked = parseSpec(
-    withBlocks({
-      network: { egress: { default: 'deny', allow: ['pypi.org'] }, ingress: { allow: [{ from: 'host', to_port: 8080 }] }, dns_overrides: { 'api.example.com': 'files.example.org' } },
-      secrets: { KEY: { source: 'dashboard', inject: { hosts: ['api.example.com'], header: 'Authorization' } } },
-      audit: { http_calls: true },
-      forbidden: { http_except: ['api.example.com'] },
-    }),
-  );
-  refuseUnsupported(networked, 'sandbox');
-  refuseUnsupported(networked, 'run');
-  refuseUnsupported(parseSpec(withBlocks({ network: { egress: { default: 'allow' }, ingress: { default: 'allow' } } })), 'run');
-  const db = parseSpec(
-    withBlocks({
-      services: [{ name: 'db', type: 'postgres' }],
-      network: { egress: { allow: ['pypi.org'] } },
-      audit: { http_calls: true, db_writes: true },
-      forbidden: { http_except: ['db'], db_writes_outside: ['orders'] },
-    }),
-  );
-  assert.throws(() => refuseUnsupported(db, 'sandbox', 'spec_id'), { status: 400, message: 'spec_id: spec "minimal" uses backing services (services.db), which this server cannot run yet' });
-  assert.throws(() => refuseUnsupported(db, 'run'), { message: 'spec "minimal" uses backing services (services.db), the forbidden rule db_writes_outside (forbidden.db_writes_outside), which this server cannot run yet' });
 });
 
 test('setup, secrets and alerts', () => {
@@ -570,7 +554,8 @@ test('the schema: editors can use it, every field is described, and it agrees wi
   assert.equal(parseDuration(commandExit.timeout.default as string), SPEC_DEFAULTS.checkTimeoutMs);
   const [, postgres] = variants(definitions.service);
   assert.equal(parseDuration(props(postgres.wait_for).timeout.default as string), SPEC_DEFAULTS.waitForTimeoutMs);
-  assert.deepEqual([postgres.version.default, postgres.database.default, postgres.user.default], [SPEC_DEFAULTS.postgresVersion, SPEC_DEFAULTS.postgresDatabase, SPEC_DEFAULTS.postgresUser]);
+  // No default version: the runner's newest installed one.
+  assert.deepEqual([postgres.version.default, postgres.database.default, postgres.user.default], [undefined, SPEC_DEFAULTS.postgresDatabase, SPEC_DEFAULTS.postgresUser]);
   assert.equal(props(props(definitions.brokeredSecret).inject).format.default, SPEC_DEFAULTS.brokeredFormat);
 });
 

@@ -4,7 +4,6 @@
  * call answers once this process's view shows the aggregator's answer.
  */
 import type { ResolvedAgent } from '../../domain/agent-auth.ts';
-import { refuseUnsupported } from '../../domain/capabilities.ts';
 import type { ExperimentChanged, ExperimentCommand, ExperimentOptions, ExperimentStatus } from '../../domain/events/experiment-events.ts';
 import type { SpecDocument } from '../../domain/spec.ts';
 import { publish, type Kernel } from '../../kernel/actor.ts';
@@ -51,8 +50,6 @@ export class ExperimentLifecycle {
     const spec = specOrElse(this.deps.specs, tenant, request.spec_id, version, (notFound) => (version === undefined ? notFound : badRequest('spec_version', `spec "${request.spec_id}" has no version ${version}`)));
     this.checkAgainstSpec(tenant, request, spec.doc);
     if (request.run) {
-      // Refused before anything is created: a reproducer either runs or leaves nothing behind.
-      refuseUnsupported(spec.doc, 'run');
       this.resolveAgent(tenant, spec.doc, request.options.agent_snapshot_id);
       this.concurrency(tenant, spec.doc);
     }
@@ -136,7 +133,6 @@ export class ExperimentLifecycle {
   private runCommand(current: ExperimentChanged): ExperimentCommand {
     const options = JSON.parse(current.options) as ExperimentOptions;
     const spec = specOrElse(this.deps.specs, current.tenant, current.spec_id, current.spec_version, () => new AppError('conflict', `spec "${current.spec_id}" version ${current.spec_version} was deleted; the experiment cannot run`));
-    refuseUnsupported(spec.doc, 'run');
     const agent = this.resolveAgent(current.tenant, spec.doc, options.agent_snapshot_id);
     const matrix = options.matrix ?? spec.doc.parallelism.matrix;
     const replicas = options.replicas ?? spec.doc.parallelism.replicas;

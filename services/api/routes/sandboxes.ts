@@ -64,6 +64,9 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.delete('/:id/files/*path', async (ctx) => send(ctx, 'file_delete', { path: filePath(ctx.params.path) }));
   router.get('/:id/state', async (ctx) => send(ctx, 'state'));
   router.get('/:id/diff', async (ctx) => send(ctx, 'diff'));
+  // An http_mock's journal, and what its record mode saw as routes (docs/sandboxes.md "Backing services").
+  router.get('/:id/services/:name/requests', async (ctx) => send(ctx, 'service_requests', { service: ctx.params.name }));
+  router.get('/:id/services/:name/recording', async (ctx) => send(ctx, 'service_recording', { service: ctx.params.name }));
 
   router.post('/:id/timeout', async (ctx) => {
     const sandbox = sandboxes.owned(principal(ctx), ctx.params.id);

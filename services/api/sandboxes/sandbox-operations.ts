@@ -8,7 +8,6 @@ import type { Auth, Principal } from '../../kernel/auth.ts';
 import type { Config } from '../../kernel/config.ts';
 import { AppError, badRequest, type ErrorCode } from '../../kernel/errors.ts';
 import { newSandboxId } from '../../kernel/ids.ts';
-import { refuseUnsupported } from '../../domain/capabilities.ts';
 import type { SandboxChanged, SandboxReplied } from '../../domain/events/sandbox-events.ts';
 import { changedExpiry, lifetimeProblem } from '../../domain/sandbox-lifetime.ts';
 import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
@@ -64,7 +63,6 @@ export class SandboxOperations {
       return { status: 201, body: sandboxView(made, config.baseUrl) };
     }
     const spec = this.storedSpec(p.tenant, input.specId);
-    refuseUnsupported(spec.doc, 'sandbox', 'spec_id');
     // A spec stored before the maximum was lowered: its lifetime is refused, not cut short.
     const tooLong = input.timeoutMs === null && spec.doc.resources.timeoutMs !== null ? lifetimeProblem(spec.doc.resources.timeoutMs, config.sandboxMaxLifetime) : null;
     if (tooLong) throw badRequest('spec_id', `the spec's resources.timeout ${tooLong}; give a shorter timeout`);

@@ -98,6 +98,12 @@ export interface RunOutcome {
      * than HTTP capture.
      */
     http_calls?: Array<{ method: string; host: string; port?: number; path: string; status: number | null; seq: number; ts: string }>;
+    /**
+     * The `db_write` records (audit.db_writes): what each database committed, per table and
+     * operation; `rolled_back` writes were undone and count for no rule. Absent in outcomes of
+     * runners older than backing services.
+     */
+    db_writes?: Array<{ service: string; table: string; operation: string; row_count: number; rolled_back: boolean; seq: number; ts: string }>;
     /** Records of these types the audit's limits dropped (absent in older outcomes): no rule reading them can hold. */
     dropped?: Record<string, number>;
   };
@@ -132,7 +138,7 @@ export interface Violation {
   rule: 'file_writes_outside' | 'secrets_in_logs' | 'http_except' | 'db_writes_outside';
   message: string;
   /** The audit record that caused it. */
-  audit: { seq: number; ts: string; path?: string; secret?: string; host?: string; method?: string };
+  audit: { seq: number; ts: string; path?: string; secret?: string; host?: string; method?: string; service?: string; table?: string };
 }
 
 /** A run's score: the scorer's answer to a RunOutcome. */

@@ -19,6 +19,11 @@
  * - Never, whatever the policy: the service host itself, loopback, link-local, multicast, or a
  *   sandbox network.
  * - Any other UDP: never leaves (the runtime refuses it and reports it here: `refusedUdp`).
+ * - A backing service of the sandbox (backing/): its name (or a `dns_overrides` name sent to it)
+ *   resolves to its own address (`serviceAddress`), and a connection to that address goes to
+ *   the service, never out: an http_mock answers the parsed requests itself (HTTPS too, with a
+ *   certificate for the name asked for), a database gets the connection's bytes. Its `http_call`
+ *   records name the service as their host.
  * Each refusal is a `network_denied` audit record (what, where, why); with `audit.http_calls`,
  * each HTTP request is an `http_call` record.
  */
@@ -51,7 +56,24 @@ export interface SandboxEgress {
   /** headers set on requests to these hosts (the real value of a brokered secret) */
   brokered: Array<{ hosts: EgressPolicy; header: string; value: string }>;
   record(type: 'http_call' | 'network_denied', details: Record<string, unknown>): void;
+  /** the sandbox's backing services */
+  services: ServiceEndpoint[];
 }
+
+/** Where the sandbox reaches one of its backing services. */
+export interface ServiceEndpoint {
+  name: string;
+  /** its address on the sandbox's network (`serviceAddress`) */
+  address: string;
+  /** An HTTP service (http_mock) answers the gateway's parsed requests; `host` is the name the request asked for. */
+  http?: (req: http.IncomingMessage, res: http.ServerResponse, host: string) => void;
+  /** A TCP service (a database): a connection to it, and an observer of each connection's bytes. */
+  connect?: () => net.Socket;
+  observe?: () => { fromClient(chunk: Buffer): void; fromServer(chunk: Buffer): void; close(): void } | null;
+}
+
+/** The address of a sandbox's `index`th backing service: in 198.18.0.0/24 (RFC 2544's benchmarking range, never a real host's); the same in every sandbox. */
+export const serviceAddress = (index: number): string => `198.18.0.${index + 1}`;
 
 interface Registered extends SandboxEgress {
   /** address -> the name it was resolved for */
@@ -196,6 +218,7 @@ export class EgressGateway {
   /** The decision for a name: allowed by an override or the policy, with the reason. */
   private decide(sandbox: Registered, host: string, port: number | null): { allowed: boolean; reason: string } {
     const name = normaliseHost(host);
+    if (serviceNamed(sandbox, name)) return { allowed: true, reason: `${name} is a backing service of the sandbox` };
     if (name in sandbox.dnsOverrides) return { allowed: true, reason: `network.dns_overrides sends ${name} to ${sandbox.dnsOverrides[name]}` };
     if (port !== null) return sandbox.policy.decide(name, port);
     return sandbox.policy.allowsHost(name)
@@ -208,6 +231,8 @@ export class EgressGateway {
     const name = normaliseHost(host);
     if (net.isIP(name)) return [name];
     const target = sandbox.dnsOverrides[name] ?? name;
+    const service = serviceNamed(sandbox, target);
+    if (service) return [service.address];
     const fixed = sandbox.hosts[target];
     const addresses = net.isIP(target) ? [target] : fixed ? [fixed] : (await this.options.upstream.lookup4(target)).addresses;
     for (const address of addresses) sandbox.resolved.set(address, name);
@@ -298,6 +323,8 @@ export class EgressGateway {
       this.deny(sandbox, { protocol, method: req.method, host: req.headers.host ?? null, port: via.port, reason: target.problem });
       return refuse(res, target.problem);
     }
+    const service = serviceFor(sandbox, target.host);
+    if (service) return this.toService(sandbox, service, req, res, protocol, target, started);
     const decision = this.decide(sandbox, target.host, target.port);
     if (!decision.allowed) {
       this.deny(sandbox, { protocol, method: req.method, host: target.host, port: target.port, path: target.path, reason: decision.reason });
@@ -350,6 +377,68 @@ export class EgressGateway {
     req.pipe(upstream);
   }
 
+  /** A request to a backing service: an http_mock answers it; recorded with the service's name as its host. */
+  private toService(sandbox: Registered, service: ServiceEndpoint, req: http.IncomingMessage, res: http.ServerResponse, protocol: 'http' | 'https', target: { host: string; port: number; path: string }, started: number): void {
+    const call = new HttpCall(sandbox, req, protocol, { ...target, host: service.name }, started);
+    if (!service.http) {
+      call.done(`${service.name} does not speak HTTP`);
+      return refuse(res, `${service.name} is a backing service that does not speak HTTP`, 502);
+    }
+    // The mock reads the body itself (it must be the stream's only reader); whole bodies both ways, with their lengths.
+    call.requestBytes = Number(req.headers['content-length']) || 0;
+    res.on('finish', () => {
+      call.status = res.statusCode;
+      call.responseBytes = Number(res.getHeader('content-length')) || 0;
+      call.done();
+    });
+    res.on('close', () => call.done(res.writableFinished ? undefined : 'the sandbox closed the connection before the answer was complete'));
+    service.http(req, res, target.host);
+  }
+
+  /**
+   * Record mode of an http_mock: the real host's answer to a request the mock has no route for,
+   * under the sandbox's egress policy (never its overrides, which sent the request to the mock),
+   * recorded like the sandbox's own calls with the service it came through.
+   */
+  async fetchOutside(address: string, via: string, request: { method: string; host: string; path: string; headers: Record<string, string>; body: Buffer }, maxBodyBytes: number): Promise<{ status: number; headers: Record<string, string>; body: Buffer; refused?: boolean }> {
+    const sandbox = this.sandboxes.get(address);
+    if (!sandbox) throw new Error('the sandbox is gone');
+    const where = splitHostPort(request.host, 443);
+    if (!where) throw new Error(`the request names no valid host (${JSON.stringify(request.host)})`);
+    const decision = sandbox.policy.decide(where.host, where.port);
+    if (!decision.allowed) {
+      this.deny(sandbox, { protocol: 'https', method: request.method, host: where.host, port: where.port, path: request.path, reason: decision.reason, via });
+      return { status: 403, headers: { 'content-type': 'text/plain; charset=utf-8' }, body: Buffer.from(`${decision.reason}\n`), refused: true };
+    }
+    const addresses = net.isIP(where.host) ? [where.host] : (await this.options.upstream.lookup4(where.host)).addresses;
+    const target = addresses.find((a) => this.unreachable(a) === null);
+    if (!target) throw new Error(`${where.host} does not resolve to a reachable address`);
+    const started = Date.now();
+    const headers: Record<string, string> = {};
+    for (const [name, value] of Object.entries(request.headers)) if (!HOP_BY_HOP.has(name.toLowerCase())) headers[name] = value;
+    return new Promise((resolve, reject) => {
+      const upstream = https.request({ host: target, port: where.port, method: request.method, path: request.path, headers, servername: net.isIP(where.host) ? undefined : where.host, agent: this.httpsAgent, timeout: UPSTREAM_TIMEOUT_MS }, (answer) => {
+        const chunks: Buffer[] = [];
+        let size = 0;
+        answer.on('data', (chunk: Buffer) => {
+          size += chunk.length;
+          if (size > maxBodyBytes) return void answer.destroy(new Error(`${where.host}'s answer is over ${maxBodyBytes} bytes`));
+          chunks.push(chunk);
+        });
+        answer.on('error', reject);
+        answer.on('end', () => {
+          if (sandbox.inspect) sandbox.record('http_call', { method: request.method, scheme: 'https', host: where.host, port: where.port, path: request.path, status: answer.statusCode ?? null, duration_ms: Date.now() - started, request_bytes: request.body.length, response_bytes: size, headers: redactHeaders(request.headers), via });
+          const out: Record<string, string> = {};
+          for (const [name, value] of Object.entries(answer.headers)) if (!HOP_BY_HOP.has(name) && value !== undefined) out[name] = Array.isArray(value) ? value.join(', ') : value;
+          resolve({ status: answer.statusCode ?? 502, headers: out, body: Buffer.concat(chunks) });
+        });
+      });
+      upstream.on('timeout', () => upstream.destroy(new Error(`no answer from ${where.host} within ${UPSTREAM_TIMEOUT_MS} ms`)));
+      upstream.on('error', reject);
+      upstream.end(request.body);
+    });
+  }
+
   private fail(res: http.ServerResponse, err: Error): void {
     this.options.logger?.warn({ err }, 'egress request failed');
     if (!res.headersSent) refuse(res, `the egress gateway failed: ${err.message}`, 502);
@@ -395,6 +484,7 @@ export class EgressGateway {
       this.deny(via.sandbox, { protocol: via.scheme, method: req.method, host: req.headers.host ?? null, port: via.port, reason: target.problem });
       return void socket.end(`HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n${target.problem}\n`);
     }
+    if (serviceFor(via.sandbox, target.host)) return void socket.end('HTTP/1.1 501 Not Implemented\r\nConnection: close\r\n\r\nbacking services do not upgrade connections\n');
     const decision = this.decide(via.sandbox, target.host, target.port);
     if (!decision.allowed) {
       this.deny(via.sandbox, { protocol: via.scheme, method: req.method, host: target.host, port: target.port, path: target.path, reason: decision.reason });
@@ -457,7 +547,10 @@ export class EgressGateway {
       // Inspecting, the refusal can be said in HTTP; otherwise the connection is reset.
       if (!sandbox.inspect) return void reset(socket);
     }
-    if (!sandbox.inspect && !brokered) return this.pipeTo(sandbox, socket, first, name, port);
+    // A backing service's HTTPS is always terminated: the service is the gateway's own to answer.
+    const service = serviceFor(sandbox, name);
+    if (service && !service.http) return void reset(socket);
+    if (!sandbox.inspect && !brokered && !service) return this.pipeTo(sandbox, socket, first, name, port);
     const secureContext = await this.options.ca.secureContextFor(name);
     const terminated = new tls.TLSSocket(wrap(socket, first), { isServer: true, secureContext, ALPNProtocols: ['http/1.1'] });
     terminated.on('error', () => socket.destroy());
@@ -481,6 +574,8 @@ export class EgressGateway {
 
   /** A connection known only by the address it was sent to: by the name that address was resolved for, if any. */
   private async byDestination(sandbox: Registered, socket: Duplex, first: Buffer, destination: { address: string; port: number }, protocol: string): Promise<void> {
+    const service = sandbox.services.find((s) => s.address === destination.address);
+    if (service) return this.connectService(sandbox, service, socket, first, destination);
     const name = sandbox.resolved.get(destination.address) ?? null;
     const never = this.unreachable(destination.address);
     if (never) {
@@ -502,14 +597,31 @@ export class EgressGateway {
     this.sniff(sandbox, socket, destination);
   }
 
+  /** A connection to a backing service's address: a database gets its bytes (observed), an http_mock its requests. */
+  private connectService(sandbox: Registered, service: ServiceEndpoint, socket: Duplex, first: Buffer, destination: { address: string; port: number }): void {
+    if (!service.connect) return this.sniff(sandbox, socket, destination, service);
+    const upstream = service.connect();
+    const observer = service.observe?.() ?? null;
+    if (observer) {
+      if (first.length > 0) observer.fromClient(first);
+      socket.on('data', (chunk: Buffer) => observer.fromClient(chunk));
+      upstream.on('data', (chunk: Buffer) => observer.fromServer(chunk));
+      upstream.once('close', () => observer.close());
+    }
+    if (first.length > 0) upstream.write(first);
+    join(socket, upstream, sandbox);
+  }
+
   /**
    * Whoever speaks first on an allowed connection says what it is: an HTTP request or a
    * ClientHello from the sandbox goes the way of ports 80 and 443 (checked by its host, and
    * recorded), whatever the port. A sandbox silent for SERVER_FIRST_MS is waiting for a server
    * that greets first (SMTP, MySQL): then the connection is made and piped.
    */
-  private sniff(sandbox: Registered, socket: Duplex, destination: { address: string; port: number }): void {
+  private sniff(sandbox: Registered, socket: Duplex, destination: { address: string; port: number }, service?: ServiceEndpoint): void {
     const pipe = (first: Buffer) => {
+      // An http_mock's address is not a place outside: what is not HTTP there goes nowhere.
+      if (service) return reset(socket);
       const upstream = net.connect({ host: destination.address, port: destination.port });
       if (first.length > 0) upstream.write(first);
       join(socket, upstream, sandbox);
@@ -591,6 +703,17 @@ class HttpCall {
       ...(error ? { error } : {}),
     });
   }
+}
+
+/** The backing service of this name, if any. */
+function serviceNamed(sandbox: Registered, name: string): ServiceEndpoint | undefined {
+  return sandbox.services.find((s) => s.name === name);
+}
+
+/** The backing service a request's host reaches: by its name, a dns override sending a name to it, or its address. */
+function serviceFor(sandbox: Registered, host: string): ServiceEndpoint | undefined {
+  const name = normaliseHost(host);
+  return serviceNamed(sandbox, sandbox.dnsOverrides[name] ?? name) ?? sandbox.services.find((s) => s.address === name);
 }
 
 /** Whether `what` was not yet refused this second: a flood of datagrams or lookups is not a flood of records. */

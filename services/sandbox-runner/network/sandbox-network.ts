@@ -5,14 +5,18 @@
  * gateway sets the real value on requests to the secret's hosts) and ingress (a port of the
  * sandbox published on the service host's loopback).
  *
- * A sandbox gets a network when its spec has a `network` block, audits HTTP calls, brokers a
- * credential or runs an agent that declares egress hosts; otherwise it has loopback only (and
- * nothing it tries can leave).
+ * A sandbox gets a network when its spec has a `network` block or backing services, audits HTTP
+ * calls, brokers a credential or runs an agent that declares egress hosts; otherwise it has
+ * loopback only (and nothing it tries can leave).
+ *
+ * The gateway serves the sandbox from the `services_started` boot step on (`attach`: fixtures
+ * and setup reach its services, and the outside as the policy allows); its ingress ports are
+ * published at `network_configured` (`openIngress`).
  */
 import { EgressPolicy, normaliseHost } from '../../domain/egress-policy.ts';
 import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import type { SpecDocument } from '../../domain/spec.ts';
-import type { EgressGateway } from './gateway.ts';
+import type { EgressGateway, ServiceEndpoint } from './gateway.ts';
 import { publishPort } from './ingress.ts';
 import { networkName, TRUST_IN_SANDBOX, type SandboxHandle } from '../runtime/runtime.ts';
 
@@ -41,7 +45,7 @@ export class SandboxNetwork {
 
   /** Whether the sandbox gets a network at all. */
   get wanted(): boolean {
-    return this.spec.raw.network !== undefined || this.spec.audit.http_calls || Object.keys(this.spec.brokered).length > 0 || this.allow.length > 0;
+    return this.spec.raw.network !== undefined || this.spec.services.length > 0 || this.spec.audit.http_calls || Object.keys(this.spec.brokered).length > 0 || this.allow.length > 0;
   }
 
   /** What the sandbox's environment gets: its trust store's paths, and a placeholder for each brokered secret. */
@@ -63,21 +67,32 @@ export class SandboxNetwork {
   }
 
   /**
-   * Puts the sandbox under its policy at the gateway and publishes its ingress ports. `secrets`
-   * holds the real values (for the brokered ones); `record` writes the gateway's audit records.
+   * Puts the sandbox under its policy at the gateway, with its backing services. `secrets` holds
+   * the real values (for the brokered ones); `record` writes the gateway's audit records.
    */
-  async configure(box: SandboxHandle, gateway: EgressGateway, secrets: Record<string, string>, record: (type: 'http_call' | 'network_denied', details: Record<string, unknown>) => void): Promise<NetworkView> {
+  async attach(box: SandboxHandle, gateway: EgressGateway, secrets: Record<string, string>, services: ServiceEndpoint[], record: (type: 'http_call' | 'network_denied', details: Record<string, unknown>) => void): Promise<void> {
     await box.networkReady;
     const address = box.address!;
-    const { egress, dnsOverrides, ingress } = this.spec.network;
+    const { egress, dnsOverrides } = this.spec.network;
     const policy = new EgressPolicy(egress.default, this.allow);
     for (const rejected of policy.rejected) record('network_denied', { protocol: 'policy', host: rejected.entry, port: 0, reason: `the egress entry ${rejected.entry} is left out: ${rejected.problem}` });
     const brokered = Object.entries(this.spec.brokered).flatMap(([name, inject]) => {
       const value = secrets[name];
       return value === undefined ? [] : [{ hosts: new EgressPolicy('deny', inject.hosts), header: inject.header, value: inject.format.replace('{value}', value) }];
     });
-    gateway.register(address, { policy, dnsOverrides, hosts: lowerKeys(this.spec.determinism.dns), inspect: this.spec.audit.http_calls, brokered, record });
+    gateway.register(address, { policy, dnsOverrides, hosts: lowerKeys(this.spec.determinism.dns), inspect: this.spec.audit.http_calls, brokered, record, services });
     this.registered = { gateway, address };
+  }
+
+  /** The gateway's address for this sandbox (a mock's record mode goes out as it), once attached. */
+  get address(): string | null {
+    return this.registered?.address ?? null;
+  }
+
+  /** Publishes the sandbox's ingress ports (once attached). */
+  async openIngress(box: SandboxHandle): Promise<NetworkView> {
+    const { address } = this.registered!;
+    const { ingress } = this.spec.network;
     // Published: the listed ports. `default: allow` also lets the service host reach any port at the address.
     const ports = ingress.allow.map((a) => a.toPort);
     await box.openIngress(ingress.default === 'allow' ? 'all' : ports);

@@ -1,0 +1,578 @@
+/**
+ * An `http_mock` backing service (DECISIONS.md "Mocks"): answers the parsed HTTP requests the
+ * egress gateway hands it (HTTPS already terminated) from the spec's routes, keeps a journal of
+ * what it received for `http_mock_assertions` and the API, and with `record: true` sends
+ * unmatched requests to the real host and keeps the answers as routes a later spec can replay.
+ * It never listens itself: the caller serves `handle`.
+ *
+ * Routes
+ * - Path patterns: literal segments, `:name` (one non-empty segment, captured), `*` (one
+ *   non-empty segment), `**` (any number of segments, zero included; last segment only).
+ *   Segments are compared percent-decoded, case-sensitively; the query string is ignored and a
+ *   trailing slash is insignificant. `routePatternProblem` says why a pattern is invalid.
+ * - The first matching route wins, in spec order; `addRoute` (a drift fixture) replaces a route
+ *   of the same method and pattern in place, or appends. HEAD takes a HEAD route, else the GET
+ *   route, and gets its headers without a body.
+ * - Templates: `{{ path.<name> }}` in a string body, in string values inside a JSON body and in
+ *   header values becomes the captured path parameter (an unknown name stays as written). Plain
+ *   substitution, no expressions. In a header, characters a header cannot carry are
+ *   percent-encoded.
+ * - Body: a string is sent as is (text/plain; charset=utf-8 unless the route sets content-type);
+ *   anything else as JSON (application/json unless set). Content-length is always computed, a
+ *   route's own content-length and transfer-encoding are ignored. A route header
+ *   `x-mock-body-encoding: base64` says the string body is base64 bytes (how recordings keep
+ *   binary answers); it is decoded and not sent.
+ *
+ * Requests no route answers
+ * - Without record: 404 `{error: "no_route", message, routes: ["GET /a", ...]}` so the agent and
+ *   its developer see what the mock does answer.
+ * - With record: `forward` (the caller's, which applies the egress policy) gets it, and its
+ *   answer goes to the sandbox. An answer marked `refused` (the policy said no) is passed on but
+ *   not recorded; a thrown error is a 502 JSON naming the mock, the host and the reason.
+ * - A request body over `maxRequestBytes` (default 10 MiB) gets 413 and the connection closes.
+ *
+ * Journal: every request, answered or not, with its headers redacted (network/headers.ts) and
+ * its body size, never its body; the newest `maxJournal` (default 10,000) are kept and `dropped`
+ * counts the rest. `requestCount` counts every request since the start, dropped ones included,
+ * per method and path; past 100,000 distinct method+path pairs new pairs are not counted and
+ * `uncounted` says how many requests that left out (a count is then possibly low). Entries are
+ * added when answered (a slow forward's entry comes after quicker later ones; `ts` is arrival).
+ * `probe` (wait_for) asks the routes without a journal entry.
+ *
+ * Recording (`recording()`): one route per method + path (trailing slash and query string
+ * ignored, so different queries share one route), the latest answer winning. Headers lose
+ * hop-by-hop and framing ones and every credential-carrying one (a real session cookie must not
+ * end up in a spec). A gzip/deflate/br body is decoded (content-encoding dropped) when it can be
+ * within `maxBodyBytes`. The body becomes JSON when content-type says JSON and it parses to an
+ * object, array, number, boolean or null; else text when it is UTF-8 without control
+ * characters; else base64 with `x-mock-body-encoding: base64`. A body over `maxBodyBytes`
+ * (default 1 MiB), or past 64 MiB for all recorded bodies together, is left out and the route
+ * says so in an `x-mock-body-omitted: <n> bytes` header. Methods outside the spec's HttpMethod
+ * are answered but not recorded; at most `maxJournal` distinct routes are recorded. Replayed
+ * text is a template too: a recorded `{{ path.x }}` would be substituted.
+ */
+import type http from 'node:http';
+import zlib from 'node:zlib';
+import type { HttpMethod, MockRoute } from '../../domain/spec.ts';
+import { isCredentialHeader, redactHeaders } from '../network/headers.ts';
+
+export type { MockRoute };
+
+export interface JournalEntry {
+  /** when the request arrived, ISO 8601 */
+  ts: string;
+  method: string;
+  /** as received (percent-encoded), without the query string */
+  path: string;
+  /** without the leading `?`; '' when none */
+  query: string;
+  /** redacted */
+  headers: Record<string, string>;
+  /** bytes received; for a 413, as many as were read before giving up */
+  body_bytes: number;
+  status: number;
+  /** index of the route that answered; null: unmatched */
+  route: number | null;
+  /** answered by the real host in record mode */
+  recorded: boolean;
+}
+
+/** The real host's answer in record mode; throw when it cannot be reached. */
+export type Forward = (request: { method: string; host: string; path: string /* with query */; headers: Record<string, string>; body: Buffer }) => Promise<{
+  status: number;
+  headers: Record<string, string>;
+  body: Buffer;
+  /** the egress policy refused (or the caller answered itself): passed on to the sandbox, never recorded */
+  refused?: boolean;
+}>;
+
+export interface HttpMockOptions {
+  name: string;
+  routes: MockRoute[];
+  record: boolean;
+  /** required when `record` */
+  forward?: Forward;
+  /** journal entries kept (default 10,000); older ones go and `dropped` counts them */
+  maxJournal?: number;
+  /** largest answer body a recording keeps (default 1 MiB) */
+  maxBodyBytes?: number;
+  /** largest request body accepted (default 10 MiB); a bigger one gets 413 */
+  maxRequestBytes?: number;
+}
+
+export const DEFAULT_MAX_JOURNAL = 10_000;
+export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
+export const DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024;
+export const BODY_ENCODING_HEADER = 'x-mock-body-encoding';
+export const BODY_OMITTED_HEADER = 'x-mock-body-omitted';
+/** All recorded answer bodies together: a recording session never holds more. */
+const RECORDING_BUDGET_BYTES = 64 * 1024 * 1024;
+/** Distinct method+path pairs counted for requestCount. */
+const MAX_COUNTED_PAIRS = 100_000;
+
+const HTTP_METHODS: ReadonlySet<string> = new Set<HttpMethod>(['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIONS']);
+/** Headers about one hop or the framing of one message: never copied from one message to another. */
+const HOP_HEADERS = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'content-length']);
+
+// ---------------------------------------------------------------------------------------------
+// Path patterns
+
+type Segment = { kind: 'literal'; text: string } | { kind: 'param'; name: string } | { kind: 'one' } | { kind: 'rest' };
+
+const PARAM = /^:([A-Za-z_][A-Za-z0-9_]*)$/;
+
+/** Why `pattern` is not a route pattern, or null when it is one. */
+export function routePatternProblem(pattern: string): string | null {
+  try {
+    compilePattern(pattern);
+    return null;
+  } catch (error) {
+    return (error as Error).message;
+  }
+}
+
+/** The path parameters when `path` (query string ignored) matches `pattern`, else null. Throws on an invalid pattern. */
+export function matchRoute(pattern: string, path: string): Record<string, string> | null {
+  return matchSegments(compilePattern(pattern), path);
+}
+
+function compilePattern(pattern: string): Segment[] {
+  if (!pattern.startsWith('/')) throw new Error(`route path ${JSON.stringify(pattern)} does not start with /`);
+  if (pattern.includes('?')) throw new Error(`route path ${JSON.stringify(pattern)} has a query string (queries are not matched)`);
+  const parts = segmentsOf(pattern);
+  const names = new Set<string>();
+  return parts.map((part, i): Segment => {
+    if (part === '**') {
+      if (i !== parts.length - 1) throw new Error(`route path ${JSON.stringify(pattern)} has ** before its last segment`);
+      return { kind: 'rest' };
+    }
+    if (part === '*') return { kind: 'one' };
+    if (!part.startsWith(':')) return { kind: 'literal', text: decodeSegment(part) };
+    const name = PARAM.exec(part)?.[1];
+    if (!name) throw new Error(`route path ${JSON.stringify(pattern)}: ${JSON.stringify(part)} is not a parameter name (letters, digits, _)`);
+    if (names.has(name)) throw new Error(`route path ${JSON.stringify(pattern)} names the parameter ${name} twice`);
+    names.add(name);
+    return { kind: 'param', name };
+  });
+}
+
+function matchSegments(pattern: Segment[], path: string): Record<string, string> | null {
+  const parts = segmentsOf(path);
+  const params: Array<[string, string]> = [];
+  for (const [i, segment] of pattern.entries()) {
+    if (segment.kind === 'rest') return Object.fromEntries(params);
+    if (i >= parts.length) return null;
+    const value = decodeSegment(parts[i]!);
+    if (segment.kind === 'literal' ? value !== segment.text : value === '') return null;
+    if (segment.kind === 'param') params.push([segment.name, value]);
+  }
+  // fromEntries defines own properties: a parameter named __proto__ stays a parameter.
+  return pattern.length === parts.length ? Object.fromEntries(params) : null;
+}
+
+/** The segments of a path: query string dropped, one trailing slash insignificant, '/' has none. */
+function segmentsOf(path: string): string[] {
+  const query = path.indexOf('?');
+  let bare = query === -1 ? path : path.slice(0, query);
+  if (bare.endsWith('/')) bare = bare.slice(0, -1);
+  return bare === '' ? [] : bare.slice(1).split('/');
+}
+
+function decodeSegment(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    return segment; // a malformed escape is compared as written
+  }
+}
+
+/** The same pattern for replacing: trailing slash insignificant. */
+function samePattern(a: string, b: string): boolean {
+  return segmentsOf(a).join('/') === segmentsOf(b).join('/');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendering a route's answer
+
+const TEMPLATE = /\{\{\s*path\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}/g;
+
+function renderText(text: string, params: Record<string, string>, escape: (value: string) => string = (v) => v): string {
+  return text.replace(TEMPLATE, (whole, name: string) => (Object.hasOwn(params, name) ? escape(params[name]!) : whole));
+}
+
+function renderJson(value: unknown, params: Record<string, string>): unknown {
+  if (typeof value === 'string') return renderText(value, params);
+  if (Array.isArray(value)) return value.map((item) => renderJson(item, params));
+  if (value !== null && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, renderJson(item, params)]));
+  return value;
+}
+
+/** Header values carry visible ASCII and tabs only: a decoded parameter may hold anything. */
+function headerSafe(value: string): string {
+  return value.replace(/[^\t\x20-\x7e]/gu, (c) => encodeURIComponent(c));
+}
+
+interface Answer {
+  status: number;
+  headers: Record<string, string>;
+  body: Buffer;
+}
+
+function renderRoute(route: MockRoute, params: Record<string, string>): Answer {
+  const headers: Record<string, string> = {};
+  for (const [name, value] of Object.entries(route.response.headers)) headers[name.toLowerCase()] = renderText(String(value), params, headerSafe);
+  const encoding = headers[BODY_ENCODING_HEADER];
+  delete headers[BODY_ENCODING_HEADER];
+  const { body } = route.response;
+  let bytes: Buffer;
+  if (typeof body === 'string' && encoding === 'base64') bytes = Buffer.from(body, 'base64');
+  else if (typeof body === 'string') bytes = Buffer.from(renderText(body, params));
+  else if (body === undefined) bytes = Buffer.alloc(0);
+  else {
+    bytes = Buffer.from(JSON.stringify(renderJson(body, params)));
+    headers['content-type'] ??= 'application/json';
+  }
+  if (bytes.length > 0) headers['content-type'] ??= 'text/plain; charset=utf-8';
+  return { status: route.response.status, headers, body: bytes };
+}
+
+/** Writes an answer; HEAD, 1xx, 204 and 304 get no body; content-length is always ours. */
+function send(res: http.ServerResponse, method: string, answer: Answer, extra: Record<string, string> = {}): void {
+  const { status } = answer;
+  const headers: Record<string, string> = {};
+  for (const [name, value] of Object.entries(answer.headers)) if (!HOP_HEADERS.has(name.toLowerCase())) headers[name.toLowerCase()] = value;
+  const bodyless = status < 200 || status === 204 || status === 304;
+  if (!bodyless) headers['content-length'] = String(answer.body.length);
+  res.writeHead(status, { ...headers, ...extra });
+  res.end(bodyless || method === 'HEAD' ? undefined : answer.body);
+}
+
+function jsonAnswer(status: number, value: unknown): Answer {
+  return { status, headers: { 'content-type': 'application/json' }, body: Buffer.from(JSON.stringify(value)) };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The journal
+
+class RequestJournal {
+  private readonly kept: JournalEntry[] = [];
+  /** index in `kept` of the oldest entry once it is full (a ring) */
+  private oldest = 0;
+  private dropped = 0;
+  /** `${METHOD} ${path}` -> requests, every one since the start */
+  private readonly counts = new Map<string, number>();
+  private uncounted = 0;
+
+  constructor(private readonly max: number) {}
+
+  add(entry: JournalEntry): void {
+    if (this.kept.length < this.max) this.kept.push(entry);
+    else {
+      this.kept[this.oldest] = entry;
+      this.oldest = (this.oldest + 1) % this.max;
+      this.dropped++;
+    }
+    const key = `${entry.method.toUpperCase()} ${entry.path}`;
+    const count = this.counts.get(key);
+    if (count !== undefined) this.counts.set(key, count + 1);
+    else if (this.counts.size < MAX_COUNTED_PAIRS) this.counts.set(key, 1);
+    else this.uncounted++;
+  }
+
+  snapshot(): { entries: JournalEntry[]; dropped: number; uncounted: number } {
+    return { entries: [...this.kept.slice(this.oldest), ...this.kept.slice(0, this.oldest)], dropped: this.dropped, uncounted: this.uncounted };
+  }
+
+  count(method: string, pattern: string): number {
+    const segments = compilePattern(pattern);
+    const wanted = method.toUpperCase();
+    let total = 0;
+    for (const [key, count] of this.counts) {
+      const space = key.indexOf(' ');
+      if ((wanted === '*' || key.slice(0, space) === wanted) && matchSegments(segments, key.slice(space + 1))) total += count;
+    }
+    return total;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The recording
+
+interface Recorded {
+  method: HttpMethod;
+  path: string;
+  status: number;
+  headers: Record<string, string>;
+  /** null: left out, `omitted` says how big it was */
+  body: Buffer | null;
+  omitted: number;
+}
+
+class Recorder {
+  private readonly routes = new Map<string, Recorded>();
+  private bytes = 0;
+
+  constructor(private readonly maxRoutes: number, private readonly maxBodyBytes: number) {}
+
+  save(method: string, path: string, answer: Answer): void {
+    if (!HTTP_METHODS.has(method)) return;
+    const normalised = `/${segmentsOf(path).join('/')}`;
+    const key = `${method} ${normalised}`;
+    const previous = this.routes.get(key);
+    if (!previous && this.routes.size >= this.maxRoutes) return;
+    const { headers, body } = decodeContent(answer.headers, answer.body, this.maxBodyBytes);
+    const before = this.bytes - (previous?.body?.length ?? 0);
+    const fits = body.length <= this.maxBodyBytes && before + body.length <= RECORDING_BUDGET_BYTES;
+    this.bytes = before + (fits ? body.length : 0);
+    this.routes.set(key, { method: method as HttpMethod, path: normalised, status: answer.status, headers: recordableHeaders(headers), body: fits ? body : null, omitted: body.length });
+  }
+
+  routesSeen(): MockRoute[] {
+    return [...this.routes.values()].map((recorded) => ({ method: recorded.method, path: recorded.path, response: { status: recorded.status, ...replayableBody(recorded) } }));
+  }
+}
+
+/** The body without its content-encoding when it decodes within `limit`; else as it came. */
+function decodeContent(headers: Record<string, string>, body: Buffer, limit: number): { headers: Record<string, string>; body: Buffer } {
+  const lower = Object.fromEntries(Object.entries(headers).map(([name, value]) => [name.toLowerCase(), value]));
+  const encoding = lower['content-encoding']?.trim().toLowerCase();
+  const decoders: Record<string, (input: Buffer, options: zlib.ZlibOptions & zlib.BrotliOptions) => Buffer> = {
+    gzip: zlib.gunzipSync,
+    'x-gzip': zlib.gunzipSync,
+    deflate: zlib.inflateSync,
+    br: zlib.brotliDecompressSync,
+  };
+  const decoder = encoding ? decoders[encoding] : undefined;
+  if (!decoder) return { headers: lower, body };
+  try {
+    const decoded = decoder(body, { maxOutputLength: limit });
+    delete lower['content-encoding'];
+    return { headers: lower, body: decoded };
+  } catch {
+    return { headers: lower, body }; // corrupt or too big decoded: kept encoded, still replays right
+  }
+}
+
+function recordableHeaders(headers: Record<string, string>): Record<string, string> {
+  return Object.fromEntries(Object.entries(headers).filter(([name]) => !HOP_HEADERS.has(name) && !isCredentialHeader(name)));
+}
+
+const STRICT_UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+function replayableBody(recorded: Recorded): { headers: Record<string, string>; body: unknown } {
+  const headers = { ...recorded.headers };
+  if (!recorded.body) return { headers: { ...headers, [BODY_OMITTED_HEADER]: `${recorded.omitted} bytes` }, body: '' };
+  let text: string | null;
+  try {
+    text = STRICT_UTF8.decode(recorded.body);
+  } catch {
+    text = null;
+  }
+  if (text !== null && /[/+]json\b/i.test(headers['content-type'] ?? '')) {
+    try {
+      const parsed: unknown = JSON.parse(text);
+      // A JSON string stays text: replayed as a string body it would lose its quotes.
+      if (typeof parsed !== 'string') return { headers, body: parsed };
+    } catch {
+      // not JSON after all: text below
+    }
+  }
+  if (text !== null && !/[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]/.test(text)) return { headers, body: text };
+  return { headers: { ...headers, [BODY_ENCODING_HEADER]: 'base64' }, body: recorded.body.toString('base64') };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+
+/** `body` null: it did not arrive whole (`broken`) or was too large. */
+type BodyRead = { body: Buffer | null; bytes: number; failure: 'too_large' | 'broken' | null };
+
+/** The request body, read up to `limit` bytes; past it reading stops (the rest is discarded). */
+function readBody(req: http.IncomingMessage, limit: number): Promise<BodyRead> {
+  // A body someone else already read never ends here: say so rather than hang.
+  if (req.readableEnded || req.destroyed) return Promise.resolve({ body: null, bytes: 0, failure: 'broken' });
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = [];
+    let bytes = 0;
+    let settled = false;
+    const settle = (read: BodyRead) => {
+      if (settled) return;
+      settled = true;
+      req.off('data', onData);
+      resolve(read);
+    };
+    const onData = (chunk: Buffer) => {
+      bytes += chunk.length;
+      if (bytes > limit) settle({ body: null, bytes, failure: 'too_large' });
+      else chunks.push(chunk);
+    };
+    req.on('data', onData);
+    req.once('end', () => settle({ body: Buffer.concat(chunks), bytes, failure: null }));
+    req.once('error', () => settle({ body: null, bytes, failure: 'broken' }));
+    req.once('close', () => settle(req.complete ? { body: Buffer.concat(chunks), bytes, failure: null } : { body: null, bytes, failure: 'broken' }));
+  });
+}
+
+/** Path and query of a request target, origin form or a proxy's absolute form. */
+function splitTarget(target: string): { path: string; query: string } {
+  if (/^https?:\/\//i.test(target)) {
+    try {
+      const url = new URL(target);
+      return { path: url.pathname, query: url.search.slice(1) };
+    } catch {
+      // not a URL after all: split as written
+    }
+  }
+  const mark = target.indexOf('?');
+  return mark === -1 ? { path: target, query: '' } : { path: target.slice(0, mark), query: target.slice(mark + 1) };
+}
+
+/** Request headers for the real host: joined, without hop-by-hop and framing ones (the body is whole). */
+function forwardableHeaders(headers: http.IncomingHttpHeaders): Record<string, string> {
+  const kept: Record<string, string> = {};
+  for (const [name, value] of Object.entries(headers)) {
+    if (value !== undefined && !HOP_HEADERS.has(name)) kept[name] = Array.isArray(value) ? value.join(', ') : value;
+  }
+  return kept;
+}
+
+function reason(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The mock
+
+interface Outcome {
+  route: number | null;
+  recorded: boolean;
+}
+
+export class HttpMock {
+  readonly name: string;
+  private readonly routes: Array<{ route: MockRoute; pattern: Segment[] }> = [];
+  private readonly record: boolean;
+  private readonly forward: Forward | undefined;
+  private readonly maxRequestBytes: number;
+  private readonly log: RequestJournal;
+  private readonly recorder: Recorder;
+
+  constructor(options: HttpMockOptions) {
+    const maxJournal = positive(options.maxJournal, DEFAULT_MAX_JOURNAL, 'maxJournal');
+    if (options.record && !options.forward) throw new Error(`mock ${options.name} records but has no forward function`);
+    this.name = options.name;
+    this.record = options.record;
+    this.forward = options.forward;
+    this.maxRequestBytes = positive(options.maxRequestBytes, DEFAULT_MAX_REQUEST_BYTES, 'maxRequestBytes');
+    this.log = new RequestJournal(maxJournal);
+    this.recorder = new Recorder(maxJournal, positive(options.maxBodyBytes, DEFAULT_MAX_BODY_BYTES, 'maxBodyBytes'));
+    for (const route of options.routes) this.routes.push(this.compile(route));
+  }
+
+  /** Answers one request; `host` is the Host the sandbox asked for. Never rejects; resolves once answered and journaled. */
+  async handle(req: http.IncomingMessage, res: http.ServerResponse, host: string): Promise<void> {
+    const ts = new Date().toISOString();
+    const method = (req.method ?? 'GET').toUpperCase();
+    const { path, query } = splitTarget(req.url ?? '/');
+    const read = await readBody(req, this.maxRequestBytes);
+    let outcome: Outcome = { route: null, recorded: false };
+    try {
+      if (read.failure === 'too_large') send(res, method, jsonAnswer(413, { error: 'body_too_large', message: `mock ${this.name} takes request bodies up to ${this.maxRequestBytes} bytes` }), { connection: 'close' });
+      else if (read.body === null) send(res, method, jsonAnswer(400, { error: 'broken_request', message: `mock ${this.name}: the request body did not arrive whole` }));
+      else outcome = await this.answer(req, res, { method, path, query, host, body: read.body });
+    } catch (error) {
+      if (!res.headersSent) send(res, method, jsonAnswer(500, { error: 'mock_failed', message: `mock ${this.name} failed to answer ${method} ${path}: ${reason(error)}` }));
+      else res.destroy();
+    }
+    this.log.add({ ts, method, path, query, headers: redactHeaders(req.headers), body_bytes: read.bytes, status: res.statusCode, ...outcome });
+  }
+
+  /**
+   * The status `method path` gets from the routes (404 when none matches; record mode's real
+   * host is not asked), without journaling it: a readiness probe is not a request of the agent.
+   */
+  probe(method: string, path: string): number {
+    const found = this.find(method.toUpperCase(), path);
+    return found ? this.routes[found.index]!.route.response.status : 404;
+  }
+
+  /** The journal, oldest first; `dropped` entries went past maxJournal; `uncounted` requests are missing from requestCount. */
+  journal(): { entries: JournalEntry[]; dropped: number; uncounted: number } {
+    return this.log.snapshot();
+  }
+
+  /** Requests since the start whose method is `method` (any case; '*' any) and whose path matches the pattern `path`. */
+  requestCount(method: string, path: string): number {
+    return this.log.count(method, path);
+  }
+
+  /** What record mode saw, as routes (see the module header). */
+  recording(): MockRoute[] {
+    return this.recorder.routesSeen();
+  }
+
+  /** A drift fixture's route: replaces the route of the same method and pattern in place, else comes last. */
+  addRoute(route: MockRoute): void {
+    const compiled = this.compile(route);
+    const same = this.routes.findIndex(({ route: r }) => r.method === route.method && samePattern(r.path, route.path));
+    if (same === -1) this.routes.push(compiled);
+    else this.routes[same] = compiled;
+  }
+
+  private compile(route: MockRoute): { route: MockRoute; pattern: Segment[] } {
+    try {
+      return { route, pattern: compilePattern(route.path) };
+    } catch (error) {
+      throw new Error(`mock ${this.name}: ${reason(error)}`);
+    }
+  }
+
+  private async answer(req: http.IncomingMessage, res: http.ServerResponse, request: { method: string; path: string; query: string; host: string; body: Buffer }): Promise<Outcome> {
+    const { method, path } = request;
+    const found = this.find(method, path);
+    if (found) {
+      send(res, method, renderRoute(this.routes[found.index]!.route, found.params));
+      return { route: found.index, recorded: false };
+    }
+    if (!this.record) {
+      const routes = this.routes.map(({ route }) => `${route.method} ${route.path}`);
+      send(res, method, jsonAnswer(404, { error: 'no_route', message: `mock ${this.name} has no route for ${method} ${path}`, routes }));
+      return { route: null, recorded: false };
+    }
+    return this.answerFromRealHost(req, res, request);
+  }
+
+  /** The first route for the method (HEAD: a HEAD route, else a GET one) whose pattern matches. */
+  private find(method: string, path: string): { index: number; params: Record<string, string> } | null {
+    for (const wanted of method === 'HEAD' ? ['HEAD', 'GET'] : [method]) {
+      for (const [index, { route, pattern }] of this.routes.entries()) {
+        if (route.method !== wanted) continue;
+        const params = matchSegments(pattern, path);
+        if (params) return { index, params };
+      }
+    }
+    return null;
+  }
+
+  private async answerFromRealHost(req: http.IncomingMessage, res: http.ServerResponse, request: { method: string; path: string; query: string; host: string; body: Buffer }): Promise<Outcome> {
+    const { method, path, host } = request;
+    let answer: Awaited<ReturnType<Forward>>;
+    try {
+      const target = request.query ? `${path}?${request.query}` : path;
+      answer = await this.forward!({ method, host, path: target, headers: forwardableHeaders(req.headers), body: request.body });
+    } catch (error) {
+      send(res, method, jsonAnswer(502, { error: 'forward_failed', message: `mock ${this.name} could not get ${method} ${path} from ${host}: ${reason(error)}` }));
+      return { route: null, recorded: false };
+    }
+    send(res, method, answer);
+    if (answer.refused) return { route: null, recorded: false };
+    this.recorder.save(method, path, answer);
+    return { route: null, recorded: true };
+  }
+}
+
+function positive(value: number | undefined, fallback: number, what: string): number {
+  if (value === undefined) return fallback;
+  if (!Number.isSafeInteger(value) || value < 1) throw new Error(`${what} must be a positive whole number, not ${value}`);
+  return value;
+}

@@ -1,0 +1,978 @@
+/**
+ * A sandbox's PostgreSQL backing service: one server per sandbox, started in a fraction of a
+ * second from a cached template, jailed, with an audit of the writes the database committed.
+ *
+ * Start. `initdb` runs once per server version, init settings and spec names (database, user)
+ * into a template under `cacheDir` (built in a temporary directory and renamed into place, so
+ * concurrent first starts, in this process or another, never see half a template). The
+ * template already holds the roles, the database (alone: no postgres, template0/1), the
+ * unlogged-table guard and the replication slot. A start takes a spare copy of its data
+ * directory made in the background (or copies it), starts the server with settings for an
+ * ephemeral database (no fsync, small buffers, unix socket only) and gives the three roles
+ * fresh random passwords:
+ *   - `svc_superuser`, used by the runner alone (setup, the slot, pg_dump), never for tenant SQL;
+ *   - the spec's user, the agent's role: owner of the database, not a superuser, cannot create
+ *     roles or databases, no replication, no BYPASSRLS; fixtures run as this role;
+ *   - `svc_grader`, the `sql` invariant's role: read-only (pg_read_all_data, BYPASSRLS, reads in a
+ *     READ ONLY transaction).
+ * Every connection arrives over the unix socket, so scram-sha-256 passwords are what tell the
+ * roles apart.
+ *
+ * Jail. The server runs as the host's `postgres` user (no capabilities, no_new_privs) inside
+ * bubblewrap: its own mount, pid, ipc, uts and network namespaces, the host root read-only,
+ * only its data and socket directories writable, its own /tmp, /run and /dev/shm. Even a
+ * superuser statement (COPY ... TO PROGRAM) stays inside. It dies with the runner
+ * (--die-with-parent), and stop() kills the namespace's init, which takes every process of the
+ * server with it.
+ *
+ * Audit (auditWrites). The logical replication slot (test_decoding) sees exactly the rows that
+ * transactions committed, trigger-written rows included; it is read every 250 ms while writes
+ * come (every second when idle) and on flushWrites(), each read bounded, and turned into one
+ * DbWrite per transaction, table and operation (consecutive single-table transactions of the
+ * same kind are merged, with `transactions` counting them). Not recorded: temporary tables
+ * (not in the write-ahead log the slot reads) and large objects. Unlogged tables are not in it
+ * either, so creating one (or ALTER TABLE ... SET UNLOGGED) is refused. Rolled-back writes are
+ * never in the slot: observeConnection() watches the gateway's connections for them
+ * (postgres-wire.ts) and reports them with `rolled_back: true`. Nothing is reported before
+ * startAudit(), and the writes committed before it (fixtures, setup) never are.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import pg from 'pg';
+import { PgWireObserver, type WriteOperation } from './postgres-wire.ts';
+
+export interface DbWrite {
+  /** schema-qualified unless in `public`, unquoted: "orders", "audit.log", "My Table" */
+  table: string;
+  operation: WriteOperation;
+  row_count: number;
+  /** transactions merged into this record (1 unless consecutive ones wrote the same way) */
+  transactions: number;
+  rolled_back: boolean;
+  /** ISO time of the (last) commit; for a rolled-back write, when the rollback was seen */
+  ts: string;
+}
+
+export interface PostgresOptions {
+  /** service name (for messages) */
+  name: string;
+  /** the spec's database and user (the agent's role) */
+  database: string;
+  user: string;
+  /** the agent role's password (default: a random one); the runner may need it before the start ends */
+  password?: string;
+  /** the spec's major version: selects /usr/lib/postgresql/<version>/bin (default: the newest installed) */
+  version?: number | null;
+  /** a private directory for this service, created here (0700) and removed by stop() */
+  root: string;
+  /** where initialised templates are cached (shared by the runner's sandboxes, kept across restarts) */
+  cacheDir: string;
+  /** PostgreSQL's bin directory (default: from `version`); when `version` is given too, they must agree */
+  binDir?: string;
+  /** audit.db_writes */
+  auditWrites: boolean;
+  onWrite?: (write: DbWrite) => void;
+  /** cgroup.procs files the server joins before it starts (its every process is in them) */
+  cgroupProcs?: string[];
+  /** sizes the server's memory (shared buffers, decoding memory); default 128 */
+  memoryMb?: number;
+  /** aborting stops a start under way (the start rejects, nothing is left behind) */
+  signal?: AbortSignal;
+}
+
+export interface ConnectionObserver {
+  fromClient(chunk: Buffer): void;
+  fromServer(chunk: Buffer): void;
+  close(): void;
+}
+
+const SUPERUSER = 'svc_superuser';
+const GRADER = 'svc_grader';
+const SLOT = 'svc_audit';
+/** where the data and socket directories are inside the jail */
+const JAIL_DATA = '/run/pg/data';
+const JAIL_SOCKETS = '/run/pg/sock';
+const PORT = 5432;
+const READY_TIMEOUT_MS = 30_000;
+/** the host user the server runs as */
+const POSTGRES_USER = 'postgres';
+
+export class PostgresService {
+  readonly port = PORT;
+  readonly socketPath: string;
+  readonly credentials: { user: string; password: string; database: string };
+  private readonly socketDir: string;
+  private readonly superuserPassword = randomPassword();
+  private readonly graderPassword = randomPassword();
+  private server: JailedServer | null = null;
+  /** the template copy under way, killed by a stop() meanwhile */
+  private copying: { child: ChildProcess; done: Promise<void> } | null = null;
+  private audit: WriteAudit | null = null;
+  private stopping: Promise<void> | null = null;
+
+  private constructor(private readonly options: PostgresOptions, private readonly root: string, private readonly binDir: string) {
+    this.socketDir = path.join(root, 'sock');
+    this.socketPath = path.join(this.socketDir, `.s.PGSQL.${PORT}`);
+    this.credentials = { user: options.user, password: options.password ?? randomPassword(), database: options.database };
+  }
+
+  /** Waits for the template copies made in the background (before removing cacheDir, say). */
+  static async settle(): Promise<void> {
+    await Promise.all(refilling.values());
+  }
+
+  static async start(options: PostgresOptions): Promise<PostgresService> {
+    let service: PostgresService | null = null;
+    const abort = (): void => void service?.stop();
+    options.signal?.addEventListener('abort', abort, { once: true });
+    try {
+      checkNames(options);
+      const binDir = options.binDir ?? installedBinDir(options.version ?? null);
+      const template = await templateFor(binDir, path.resolve(options.cacheDir), { database: options.database, user: options.user });
+      if (options.version && template.major !== options.version) throw new Error(`PostgreSQL ${options.version} was asked for, but ${binDir} is PostgreSQL ${template.major}`);
+      const root = path.resolve(options.root);
+      await fs.promises.mkdir(path.dirname(root), { recursive: true });
+      await fs.promises.mkdir(root, { mode: 0o700 }).catch((err: NodeJS.ErrnoException) => {
+        throw new Error(`cannot create ${root}: ${err.code === 'EEXIST' ? 'it already exists' : err.message}`);
+      });
+      service = new PostgresService(options, root, binDir);
+      if (options.signal?.aborted) throw new Error('aborted');
+      await service.boot(template);
+      service.stillStarting();
+      return service;
+    } catch (err) {
+      await service?.stop();
+      const why = options.signal?.aborted ? 'stopped while starting' : (err as Error).message;
+      throw new Error(`${options.name}: PostgreSQL did not start: ${why}`);
+    } finally {
+      options.signal?.removeEventListener('abort', abort);
+    }
+  }
+
+  private async boot(template: Template): Promise<void> {
+    const { user, database } = this.options;
+    const dataDir = path.join(this.root, 'data');
+    if (!(await takeSpareCopy(template, dataDir))) {
+      // cp -a keeps the postgres user's ownership and modes, which the server insists on.
+      const copy = spawn('cp', ['-a', template.dataDir, dataDir], { stdio: ['ignore', 'ignore', 'pipe'] });
+      this.copying = { child: copy, done: exited(copy, 'copying the template') };
+      await this.copying.done;
+    }
+    refillSpareCopies(template, path.resolve(this.options.cacheDir));
+    await makeOwnedDir(this.socketDir);
+    this.stillStarting();
+    this.server = new JailedServer(this.binDir, dataDir, this.socketDir, serverSettings(this.options.memoryMb ?? 128), this.options.cgroupProcs ?? []);
+    await this.server.ready;
+    this.stillStarting();
+    // The template's superuser password is the same for every copy: replaced before anyone else connects.
+    const superuser = await this.connect(SUPERUSER, template.superuserPassword, database);
+    try {
+      await superuser.query([
+        `ALTER ROLE ${SUPERUSER} PASSWORD ${pg.escapeLiteral(this.superuserPassword)}`,
+        `ALTER ROLE ${GRADER} PASSWORD ${pg.escapeLiteral(this.graderPassword)}`,
+        `ALTER ROLE ${pg.escapeIdentifier(user)} PASSWORD ${pg.escapeLiteral(this.credentials.password)}`,
+        // unread, the slot would keep every WAL segment for the sandbox's life
+        ...(this.options.auditWrites ? [] : [`SELECT pg_drop_replication_slot('${SLOT}')`]),
+      ].join(';\n'));
+      this.stillStarting();
+    } catch (err) {
+      await superuser.end().catch(() => {});
+      throw err;
+    }
+    if (!this.options.auditWrites) return void (await superuser.end());
+    // the audit's reads flush the WAL with a synchronous commit
+    await superuser.query('SET synchronous_commit = on');
+    this.audit = new WriteAudit(superuser, this.options.onWrite);
+  }
+
+  private stillStarting(): void {
+    if (this.stopping) throw new Error('stopped while starting');
+  }
+
+  /** wait_for: whether the agent's role can connect (and `query`, when given, returns a row). */
+  async isReady(query?: string): Promise<boolean> {
+    let client: pg.Client | null = null;
+    try {
+      client = await this.connect(this.credentials.user, this.credentials.password, this.credentials.database);
+      if (!query) return true;
+      return (lastResult(await client.query(query))?.rows.length ?? 0) > 0;
+    } catch {
+      return false;
+    } finally {
+      await client?.end().catch(() => {});
+    }
+  }
+
+  /** A `sql` fixture: the text (several statements allowed) as the agent's role. */
+  async runSql(sql: string): Promise<void> {
+    let client: pg.Client | null = null;
+    try {
+      client = await this.connect(this.credentials.user, this.credentials.password, this.credentials.database);
+      await client.query(sql);
+    } catch (err) {
+      throw new Error(`${this.options.name}: ${describeSqlError(err as pg.DatabaseError, sql)}`);
+    } finally {
+      await client?.end().catch(() => {});
+    }
+  }
+
+  /** The `sql` invariant: the first column of the first row as text (null: no row, or NULL), read-only as the grader role. */
+  async queryFirst(sql: string): Promise<string | null> {
+    let client: pg.Client | null = null;
+    try {
+      client = await this.connect(GRADER, this.graderPassword, this.credentials.database);
+      await client.query('BEGIN TRANSACTION READ ONLY');
+      // The server's own text for every type (no Date, number or JSON parsing).
+      const result = lastResult(await client.query({ text: sql, rowMode: 'array', types: { getTypeParser: () => (value: string) => value } }));
+      const first = (result?.rows[0] as unknown[] | undefined)?.[0];
+      return first === undefined || first === null ? null : String(first);
+    } catch (err) {
+      throw new Error(`${this.options.name}: ${describeSqlError(err as pg.DatabaseError, sql)}`);
+    } finally {
+      await client?.end().catch(() => {});
+    }
+  }
+
+  /**
+   * Starts reporting writes (the boot's "start audit capture"): those committed before the call
+   * (fixtures, setup) are skipped, later ones reported. Before it nothing is reported.
+   */
+  async startAudit(): Promise<void> {
+    await this.audit?.begin();
+  }
+
+  /** Once audit has started: resolves when every write committed before the call has been passed to onWrite. */
+  async flushWrites(): Promise<void> {
+    await this.audit?.drain();
+  }
+
+  /** An observer for one sandbox connection, fed both directions by the gateway; reports rolled-back writes. */
+  observeConnection(): ConnectionObserver {
+    const onWrite = this.options.onWrite;
+    if (!this.options.auditWrites || !onWrite) return { fromClient() {}, fromServer() {}, close() {} };
+    return new PgWireObserver((write) => {
+      if (!this.audit?.started) return;
+      try {
+        onWrite({ ...write, transactions: 1, rolled_back: true, ts: new Date().toISOString() });
+      } catch {
+        // the gateway's connection must not fail for a listener's error
+      }
+    });
+  }
+
+  /** pg_dump of the database, plain SQL (the runner's own machinery left out). */
+  async dump(): Promise<Buffer> {
+    // An archive first, so the guard's event trigger can be left out by its table-of-contents entry.
+    const archive = path.join(this.root, `dump-${randomBytes(4).toString('hex')}`);
+    const connection = ['--host', this.socketDir, '--port', String(PORT), '--username', SUPERUSER, '--dbname', this.credentials.database, '--no-password'];
+    const env = { ...process.env, PGPASSWORD: this.superuserPassword };
+    try {
+      await runTool(path.join(this.binDir, 'pg_dump'), [...connection, '--format=custom', '--exclude-schema=svc_internal', `--file=${archive}`], env);
+      const contents = (await runTool(path.join(this.binDir, 'pg_restore'), ['--list', archive])).toString('utf8');
+      await fs.promises.writeFile(`${archive}.list`, contents.split('\n').filter((line) => !/ EVENT TRIGGER - svc_refuse_unlogged /.test(line)).join('\n'));
+      return await runTool(path.join(this.binDir, 'pg_restore'), [`--use-list=${archive}.list`, '--file=-', archive]);
+    } finally {
+      await Promise.all([archive, `${archive}.list`].map((file) => fs.promises.rm(file, { force: true })));
+    }
+  }
+
+  /** Kills every process of the server and removes root. Idempotent; safe while starting. */
+  stop(): Promise<void> {
+    this.stopping ??= (async () => {
+      this.copying?.child.kill('SIGKILL');
+      await this.copying?.done.catch(() => {});
+      const auditStopped = this.audit?.stop();
+      await this.server?.kill();
+      await auditStopped;
+      await fs.promises.rm(this.root, { recursive: true, force: true });
+    })();
+    return this.stopping;
+  }
+
+  private connect(user: string, password: string, database: string): Promise<pg.Client> {
+    return connectOver(this.socketDir, user, password, database);
+  }
+}
+
+async function connectOver(socketDir: string, user: string, password: string, database: string): Promise<pg.Client> {
+  const client = new pg.Client({ host: socketDir, port: PORT, user, password, database, connectionTimeoutMillis: 10_000 });
+  // A connection lost later (the server stopped) must not crash the runner; its queries fail.
+  client.on('error', () => {});
+  try {
+    await client.connect();
+  } catch (err) {
+    await client.end().catch(() => {});
+    throw err;
+  }
+  return client;
+}
+
+function randomPassword(): string {
+  return randomBytes(24).toString('base64url');
+}
+
+function lastResult(result: pg.QueryResult | pg.QueryResult[]): pg.QueryResult | undefined {
+  return Array.isArray(result) ? result.at(-1) : result;
+}
+
+/** The database's message, with the line and column of its position in `sql` when it gave one. */
+function describeSqlError(err: pg.DatabaseError, sql: string): string {
+  let text = err.message;
+  const position = Number(err.position);
+  if (position > 0) {
+    const before = sql.slice(0, position - 1);
+    const line = before.split('\n').length;
+    text += ` (line ${line}, column ${position - before.lastIndexOf('\n') - 1})`;
+  }
+  if (err.detail) text += `: ${err.detail}`;
+  return text;
+}
+
+function checkNames(options: PostgresOptions): void {
+  for (const [what, name] of [['user', options.user], ['database', options.database]] as const) {
+    if (!name || Buffer.byteLength(name) > 63 || name.includes('\0')) throw new Error(`the ${what} name must be 1 to 63 bytes: ${JSON.stringify(name)}`);
+  }
+  if (options.user.startsWith('svc_') || options.user.startsWith('pg_')) throw new Error(`the user name ${options.user} is reserved`);
+  if (['template0', 'template1'].includes(options.database) || options.database.startsWith('svc_')) throw new Error(`the database name ${options.database} is reserved`);
+}
+
+/** The bin directory of that installed major version (null: the newest). */
+function installedBinDir(version: number | null): string {
+  const base = '/usr/lib/postgresql';
+  const versions = (fs.existsSync(base) ? fs.readdirSync(base) : []).filter((v) => fs.existsSync(path.join(base, v, 'bin', 'postgres'))).sort((a, b) => Number(b) - Number(a));
+  const chosen = version === null ? versions[0] : versions.find((v) => Number(v) === version);
+  if (!chosen) {
+    const wanted = version === null ? 'PostgreSQL' : `PostgreSQL ${version}`;
+    throw new Error(`${wanted} is not installed here (installed: ${versions.join(', ') || 'none'}; apt-get install postgresql-<version>)`);
+  }
+  return path.join(base, chosen, 'bin');
+}
+
+/** Settings of an ephemeral server (durability off, unix socket only, logical decoding on). */
+function serverSettings(memoryMb: number): string[] {
+  const sharedBuffersMb = Math.max(16, Math.min(1024, Math.floor(memoryMb / 8)));
+  return [
+    `listen_addresses=`,
+    `unix_socket_directories=${JAIL_SOCKETS}`,
+    `port=${PORT}`,
+    'fsync=off',
+    'synchronous_commit=off',
+    'full_page_writes=off',
+    `shared_buffers=${sharedBuffersMb}MB`,
+    `logical_decoding_work_mem=${Math.max(1, Math.min(64, Math.floor(memoryMb / 16)))}MB`,
+    'max_connections=30',
+    'wal_level=logical',
+    'max_replication_slots=4',
+    'max_wal_senders=0',
+    'min_wal_size=2MB',
+    // old segments are removed, not renamed into future ones (fewer files in the template)
+    'wal_recycle=off',
+    'max_wal_size=64MB',
+    'dynamic_shared_memory_type=posix',
+    'huge_pages=off',
+    'jit=off',
+    'TimeZone=UTC',
+    'log_timezone=UTC',
+    // tenant statements are not echoed into the runner's log
+    'log_min_error_statement=panic',
+  ];
+}
+
+// ---------------------------------------------------------------------------------------------
+// The jail.
+
+/** The bubblewrap arguments for a server on `dataDir` with sockets in `socketDir` (host paths). */
+function jailArgs(dataDir: string, socketDir: string): string[] {
+  return [
+    '--unshare-pid', '--unshare-ipc', '--unshare-net', '--unshare-uts', '--unshare-cgroup-try',
+    '--die-with-parent', '--new-session',
+    '--ro-bind', '/', '/',
+    '--proc', '/proc', '--dev', '/dev',
+    '--perms', '1777', '--tmpfs', '/dev/shm',
+    '--perms', '1777', '--tmpfs', '/tmp',
+    // the host paths sit in the runner's 0700 directories: mounted where the postgres user reaches them
+    '--tmpfs', '/run', '--perms', '0755', '--dir', '/run/pg',
+    '--bind', dataDir, JAIL_DATA,
+    '--bind', socketDir, JAIL_SOCKETS,
+    '--chdir', '/',
+    '--',
+    'setpriv', `--reuid=${postgresUser().uid}`, `--regid=${postgresUser().gid}`, '--clear-groups', '--inh-caps=-all', '--bounding-set=-all', '--no-new-privs', '--',
+  ];
+}
+
+/** A directory the jailed postgres user owns. */
+async function makeOwnedDir(dir: string): Promise<void> {
+  await fs.promises.mkdir(dir, { mode: 0o700 });
+  const { uid, gid } = postgresUser();
+  await fs.promises.chown(dir, uid, gid);
+}
+
+let postgresIds: { uid: number; gid: number } | null = null;
+
+function postgresUser(): { uid: number; gid: number } {
+  if (postgresIds) return postgresIds;
+  const line = fs.readFileSync('/etc/passwd', 'utf8').split('\n').find((l) => l.startsWith(`${POSTGRES_USER}:`));
+  if (!line) throw new Error(`there is no ${POSTGRES_USER} user on this host (apt-get install postgresql creates it)`);
+  const [, , uid, gid] = line.split(':');
+  postgresIds = { uid: Number(uid), gid: Number(gid) };
+  return postgresIds;
+}
+
+const JAIL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+/** A PostgreSQL program in the jail, the cgroups joined first when given. */
+function spawnJailed(dataDir: string, socketDir: string, command: string[], cgroupProcs: string[] = []): ChildProcess {
+  const bwrap = ['bwrap', ...jailArgs(dataDir, socketDir), ...command];
+  // Joining the cgroups before exec'ing bwrap puts every later process of the server in them.
+  const argv = cgroupProcs.length
+    ? ['/bin/sh', '-c', 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done; shift; exec "$@"', 'sh', ...cgroupProcs, '--', ...bwrap]
+    : bwrap;
+  // Nothing of the runner's environment (its secrets) goes in.
+  return spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'ignore', 'pipe'], env: { PATH: JAIL_PATH, LANG: 'C.UTF-8' } });
+}
+
+/** The jailed postmaster: ready once it accepts connections. */
+class JailedServer {
+  readonly ready: Promise<void>;
+  private readonly child: ChildProcess;
+  private readonly exit: Promise<void>;
+  private stderrTail = '';
+
+  constructor(binDir: string, dataDir: string, socketDir: string, settings: string[], cgroupProcs: string[]) {
+    const command = [path.join(binDir, 'postgres'), '-D', JAIL_DATA, ...settings.flatMap((s) => ['-c', s])];
+    this.child = spawnJailed(dataDir, socketDir, command, cgroupProcs);
+    this.exit = new Promise((resolve) => this.child.once('close', () => resolve()));
+    this.ready = new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`not ready after ${READY_TIMEOUT_MS / 1000} s: ${this.stderrTail.trim()}`)), READY_TIMEOUT_MS);
+      // Its log goes on being read (and dropped) so the server never blocks on a full pipe.
+      this.child.stderr!.on('data', (chunk: Buffer) => {
+        this.stderrTail = (this.stderrTail + chunk.toString('utf8')).slice(-4096);
+        if (this.stderrTail.includes('database system is ready to accept connections')) {
+          clearTimeout(timer);
+          resolve();
+        }
+      });
+      this.child.once('error', reject);
+      void this.exit.then(() => {
+        clearTimeout(timer);
+        const status = this.child.exitCode === 97 ? 'could not join its cgroups' : `exited (${this.child.signalCode ?? this.child.exitCode})`;
+        reject(new Error(`${status}: ${this.stderrTail.trim().split('\n').slice(-3).join(' | ')}`));
+      });
+    });
+    this.ready.catch(() => {});
+  }
+
+  /** Fast shutdown (a clean checkpoint, for the template), then waits for the jail to go. */
+  async shutdown(): Promise<void> {
+    const postmaster = childPids(this.jailInitPid() ?? undefined)[0];
+    if (postmaster) process.kill(postmaster, 'SIGINT');
+    await this.exit;
+  }
+
+  /** Kills the jail's init: the kernel then kills every process in its pid namespace. */
+  async kill(): Promise<void> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
+    try {
+      process.kill(this.jailInitPid() ?? this.child.pid!, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+    // bwrap outside waits for its init, which the kernel reaps only once the namespace is empty.
+    const timer = setTimeout(() => this.child.kill('SIGKILL'), 5_000);
+    await this.exit;
+    clearTimeout(timer);
+  }
+
+  private jailInitPid(): number | null {
+    return childPids(this.child.pid)[0] ?? null;
+  }
+}
+
+function childPids(pid: number | undefined): number[] {
+  if (!pid) return [];
+  try {
+    return fs.readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim().split(/\s+/).filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+/** A program's standard output; rejects with its stderr when it fails. */
+async function runTool(command: string, args: string[], env: NodeJS.ProcessEnv = process.env): Promise<Buffer> {
+  const child = spawn(command, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const chunks: Buffer[] = [];
+  child.stdout!.on('data', (chunk: Buffer) => chunks.push(chunk));
+  await exited(child, path.basename(command));
+  return Buffer.concat(chunks);
+}
+
+/** Resolves when the child exits 0, rejects with its stderr otherwise. */
+function exited(child: ChildProcess, what: string): Promise<void> {
+  let stderr = '';
+  child.stderr?.on('data', (chunk: Buffer) => (stderr = (stderr + chunk.toString('utf8')).slice(-2048)));
+  return new Promise((resolve, reject) => {
+    child.once('error', (err) => reject(new Error(`${what}: ${err.message}`)));
+    child.once('close', (code, signal) => (code === 0 ? resolve() : reject(new Error(`${what} failed (${signal ?? code}): ${stderr.trim()}`))));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The template.
+
+/** What a template is made for: the spec's names are built in (a rename at each start would need a second database to copy). */
+interface TemplateNames {
+  database: string;
+  user: string;
+}
+
+interface Template {
+  /** the server's major version */
+  major: number;
+  /** the template's directory: data/, password, spare-* */
+  dir: string;
+  dataDir: string;
+  /** the superuser's password in the template (replaced at each start) */
+  superuserPassword: string;
+}
+
+const INITDB_ARGS = ['--username', SUPERUSER, '--auth-local=scram-sha-256', '--auth-host=reject', '--encoding=UTF8', '--locale=C', '--no-sync', '--wal-segsize=1', '--no-instructions'];
+
+/** Local sockets only, by password: the socket is all there is, so passwords tell the roles apart. */
+const PG_HBA = 'local all all scram-sha-256\n';
+
+/** The roles, and the database alone (what a sandbox does not need is not copied at each start). */
+function templateRolesSql({ database, user }: TemplateNames): string[] {
+  const owner = pg.escapeIdentifier(user);
+  const db = pg.escapeIdentifier(database);
+  return [
+    `CREATE ROLE ${owner} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS`,
+    `CREATE ROLE ${GRADER} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION BYPASSRLS IN ROLE pg_read_all_data`,
+    `ALTER ROLE ${GRADER} SET default_transaction_read_only = on`,
+    database === 'postgres' ? `ALTER DATABASE postgres OWNER TO ${owner}` : `CREATE DATABASE ${db} OWNER ${owner} TEMPLATE template0`,
+    ...(database === 'postgres' ? [] : ['DROP DATABASE postgres']),
+    'ALTER DATABASE template0 IS_TEMPLATE false',
+    'DROP DATABASE template0',
+  ];
+}
+
+/** In the agent's database: the guard against unlogged tables (invisible to the slot), then the slot. */
+const TEMPLATE_DATABASE_SQL = [
+  'ALTER DATABASE template1 IS_TEMPLATE false',
+  'DROP DATABASE template1',
+  'CREATE SCHEMA svc_internal',
+  'REVOKE ALL ON SCHEMA svc_internal FROM PUBLIC',
+  `CREATE FUNCTION svc_internal.refuse_unlogged() RETURNS event_trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  relation record;
+BEGIN
+  FOR relation IN
+    SELECT n.nspname, c.relname FROM pg_event_trigger_ddl_commands() d
+    JOIN pg_class c ON c.oid = d.objid JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE d.classid = 'pg_class'::regclass AND c.relpersistence = 'u' AND c.relkind IN ('r', 'p', 'm')
+  LOOP
+    RAISE EXCEPTION 'unlogged tables are not allowed here: %.% would hide its writes from the audit of database writes, which reads the write-ahead log that unlogged tables bypass', quote_ident(relation.nspname), quote_ident(relation.relname)
+      USING ERRCODE = 'feature_not_supported', HINT = 'Create a regular (logged) table instead.';
+  END LOOP;
+END
+$$`,
+  `CREATE EVENT TRIGGER svc_refuse_unlogged ON ddl_command_end
+  WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE')
+  EXECUTE FUNCTION svc_internal.refuse_unlogged()`,
+  `SELECT pg_create_logical_replication_slot('${SLOT}', 'test_decoding')`,
+];
+
+/** A template unused for this long is removed when another is built. */
+const TEMPLATE_UNUSED_MS = 7 * 24 * 3600_000;
+
+const templates = new Map<string, Promise<Template>>();
+
+/** The cached template for this server, these settings and names, built on first use. */
+async function templateFor(binDir: string, cacheDir: string, names: TemplateNames, again = false): Promise<Template> {
+  const key = JSON.stringify([binDir, cacheDir, names]);
+  if (!templates.has(key)) {
+    const finding = findOrBuildTemplate(binDir, cacheDir, names);
+    templates.set(key, finding);
+    finding.catch(() => templates.delete(key));
+  }
+  const template = await templates.get(key)!;
+  try {
+    // Its modification time says when it was last used (sweepCache removes those unused for long).
+    const now = new Date();
+    await fs.promises.utimes(template.dir, now, now);
+    return template;
+  } catch (err) {
+    // Removed meanwhile, by a runner sweeping the cache: found or built again.
+    templates.delete(key);
+    if (again) throw err;
+    return templateFor(binDir, cacheDir, names, true);
+  }
+}
+
+async function findOrBuildTemplate(binDir: string, cacheDir: string, names: TemplateNames): Promise<Template> {
+  const version = spawnSync(path.join(binDir, 'postgres'), ['--version'], { encoding: 'utf8' });
+  if (version.status !== 0) throw new Error(`cannot run ${binDir}/postgres: ${version.error?.message ?? version.stderr.trim()}`);
+  const settings = JSON.stringify([version.stdout.trim(), INITDB_ARGS, PG_HBA, templateRolesSql(names), TEMPLATE_DATABASE_SQL, serverSettings(128)]);
+  const major = Number(/(\d+)/.exec(version.stdout)?.[1]);
+  const dir = path.join(cacheDir, `postgres-${major}-${createHash('sha256').update(settings).digest('hex').slice(0, 16)}`);
+  const found = readTemplate(dir, major);
+  if (found) return found;
+  await fs.promises.mkdir(cacheDir, { recursive: true, mode: 0o700 });
+  await sweepCache(cacheDir);
+  const build = path.join(cacheDir, `.build-${process.pid}-${randomBytes(4).toString('hex')}`);
+  try {
+    await buildTemplate(binDir, build, names);
+    try {
+      await fs.promises.rename(build, dir);
+    } catch (err) {
+      // another runner finished first: its template is as good
+      if (!['EEXIST', 'ENOTEMPTY'].includes((err as NodeJS.ErrnoException).code ?? '')) throw err;
+    }
+  } finally {
+    await fs.promises.rm(build, { recursive: true, force: true });
+  }
+  const built = readTemplate(dir, major);
+  if (!built) throw new Error(`the PostgreSQL template ${dir} is incomplete`);
+  return built;
+}
+
+function readTemplate(dir: string, major: number): Template | null {
+  try {
+    const superuserPassword = fs.readFileSync(path.join(dir, 'password'), 'utf8');
+    return fs.existsSync(path.join(dir, 'data', 'PG_VERSION')) ? { major, dir, dataDir: path.join(dir, 'data'), superuserPassword } : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Copies of a template made ahead of need: a start renames one into place (when on the same
+ * filesystem) instead of copying on its critical path. A copy creates some 300 files, which
+ * ext4 makes slow (a quarter of a second) right after many deletions, as sandboxes come and go.
+ */
+const SPARE_COPIES = 2;
+/** the refills under way, by template directory */
+const refilling = new Map<string, Promise<void>>();
+
+/** Whether a spare copy of the template is now `target`. */
+async function takeSpareCopy(template: Template, target: string): Promise<boolean> {
+  const spares = (await fs.promises.readdir(template.dir)).filter((entry) => entry.startsWith('spare-'));
+  for (const spare of spares) {
+    try {
+      await fs.promises.rename(path.join(template.dir, spare), target);
+      return true;
+    } catch (err) {
+      // ENOENT: another start took it; EXDEV: the sandbox is on another filesystem
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') return false;
+    }
+  }
+  return false;
+}
+
+/** Makes spare copies in the background, one at a time, up to SPARE_COPIES; a failure leaves starts to copy. */
+function refillSpareCopies(template: Template, cacheDir: string): void {
+  if (refilling.has(template.dir)) return;
+  const refill = (async () => {
+    const spares = async (): Promise<number> => (await fs.promises.readdir(template.dir)).filter((entry) => entry.startsWith('spare-')).length;
+    while ((await spares()) < SPARE_COPIES) {
+      const building = path.join(cacheDir, `.build-${process.pid}-${randomBytes(4).toString('hex')}`);
+      try {
+        await runTool('cp', ['-a', template.dataDir, building]);
+        await fs.promises.rename(building, path.join(template.dir, `spare-${randomBytes(4).toString('hex')}`));
+      } finally {
+        await fs.promises.rm(building, { recursive: true, force: true });
+      }
+    }
+  })()
+    .catch(() => {})
+    .finally(() => refilling.delete(template.dir));
+  refilling.set(template.dir, refill);
+}
+
+/** Build directories of runners that died while building, and templates unused for a week. */
+async function sweepCache(cacheDir: string): Promise<void> {
+  for (const entry of await fs.promises.readdir(cacheDir)) {
+    const pid = Number(/^\.build-(\d+)-/.exec(entry)?.[1]);
+    const abandoned = pid > 0 && pid !== process.pid && !processAlive(pid);
+    const unused = entry.startsWith('postgres-') && Date.now() - (await fs.promises.stat(path.join(cacheDir, entry))).mtimeMs > TEMPLATE_UNUSED_MS;
+    if (abandoned || unused) await fs.promises.rm(path.join(cacheDir, entry), { recursive: true, force: true });
+  }
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** initdb, the roles, database, guard and slot, a clean shutdown: a data directory ready to copy. */
+async function buildTemplate(binDir: string, build: string, names: TemplateNames): Promise<void> {
+  const dataDir = path.join(build, 'data');
+  const socketDir = path.join(build, 'sock');
+  const password = randomPassword();
+  await fs.promises.mkdir(build, { mode: 0o700 });
+  await makeOwnedDir(dataDir);
+  await makeOwnedDir(socketDir);
+  await fs.promises.writeFile(path.join(socketDir, 'pw'), password, { mode: 0o600 });
+  await fs.promises.chown(path.join(socketDir, 'pw'), postgresUser().uid, postgresUser().gid);
+  await exited(spawnJailed(dataDir, socketDir, [path.join(binDir, 'initdb'), '-D', JAIL_DATA, `--pwfile=${JAIL_SOCKETS}/pw`, ...INITDB_ARGS]), 'initdb');
+  await fs.promises.rm(path.join(socketDir, 'pw'));
+  await fs.promises.writeFile(path.join(dataDir, 'pg_hba.conf'), PG_HBA);
+  const server = new JailedServer(binDir, dataDir, socketDir, serverSettings(128), []);
+  try {
+    await server.ready;
+    await runAsSuperuser(socketDir, password, 'template1', templateRolesSql(names));
+    await runAsSuperuser(socketDir, password, names.database, TEMPLATE_DATABASE_SQL);
+    await server.shutdown();
+  } finally {
+    await server.kill();
+  }
+  await slimDataDir(dataDir);
+  await fs.promises.writeFile(path.join(build, 'password'), password, { mode: 0o600 });
+}
+
+/**
+ * Fewer files to copy at each start: the free space and visibility maps (the server makes them
+ * again when it needs them) and the relation cache files (removed at every start anyway).
+ */
+async function slimDataDir(dataDir: string): Promise<void> {
+  const files = await fs.promises.readdir(dataDir, { recursive: true });
+  const removable = files.filter((f) => /(_fsm|_vm|pg_internal\.init)$/.test(f) || f === 'postmaster.opts');
+  await Promise.all(removable.map((f) => fs.promises.rm(path.join(dataDir, f))));
+}
+
+async function runAsSuperuser(socketDir: string, password: string, database: string, statements: string[]): Promise<void> {
+  const client = await connectOver(socketDir, SUPERUSER, password, database);
+  try {
+    // one at a time: CREATE/DROP DATABASE cannot run in a multi-statement transaction
+    for (const statement of statements) await client.query(statement);
+  } finally {
+    await client.end();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The committed-write audit: the logical replication slot, drained into DbWrites.
+
+/** changes per slot read (a transaction is never split, so one read can return more) */
+const CHANGES_PER_READ = 50_000;
+const ROWS_PER_FETCH = 500;
+const BUSY_POLL_MS = 250;
+const IDLE_POLL_MS = 1_000;
+
+class WriteAudit {
+  private chain: Promise<unknown> = Promise.resolve();
+  private timer: NodeJS.Timeout | null = null;
+  private stopped = false;
+  /** whether writes are reported (begin() was called) */
+  started = false;
+  /** the error of the last background read, reported by the next flush */
+  private failure: Error | null = null;
+
+  constructor(
+    private readonly client: pg.Client,
+    private readonly onWrite: ((write: DbWrite) => void) | undefined,
+  ) {}
+
+  /** Skips what the slot holds so far, then reports: on every drain, and every 250 ms to 1 s. */
+  async begin(): Promise<void> {
+    if (this.started) return;
+    await this.drain(true);
+    this.started = true;
+    this.schedule(BUSY_POLL_MS);
+  }
+
+  /** Reads the slot to its end (after any read under way), passing what it finds to onWrite (or not, when `discard`). */
+  drain(discard = false): Promise<void> {
+    if (!discard && !this.started) return Promise.resolve();
+    const run = this.chain.then(async () => {
+      if (this.failure) {
+        const failure = this.failure;
+        this.failure = null;
+        throw failure;
+      }
+      await this.readAll(discard);
+    });
+    this.chain = run.catch(() => {});
+    return run;
+  }
+
+  /** Ends the connection (a read under way fails with it). */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    await this.client.end().catch(() => {});
+  }
+
+  private schedule(delayMs: number): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => {
+      this.chain = this.chain
+        .then(() => this.readAll(false))
+        .then((changes) => this.schedule(changes > 0 ? BUSY_POLL_MS : IDLE_POLL_MS))
+        .catch((err: Error) => {
+          this.failure = new Error(`reading the audit slot: ${err.message}`);
+          this.schedule(IDLE_POLL_MS);
+        });
+    }, delayMs);
+    this.timer.unref();
+  }
+
+  /** the number of rows changed that were read */
+  private async readAll(discard: boolean): Promise<number> {
+    if (this.stopped) return 0;
+    // Commits are asynchronous here, and the slot reads only flushed WAL: a synchronous commit of
+    // a transaction that wrote (a message, ignored below) flushes everything committed before it.
+    await this.client.query(`SELECT pg_logical_emit_message(true, 'svc', '')`);
+    let changed = 0;
+    for (;;) {
+      const read = await this.readOnce(discard);
+      changed += read.changed;
+      if (read.lines < CHANGES_PER_READ || this.stopped) return changed;
+    }
+  }
+
+  /** One bounded read of the slot, fetched through a cursor so memory stays bounded too. */
+  private async readOnce(discard: boolean): Promise<{ lines: number; changed: number }> {
+    const changes = new SlotChanges(discard ? () => {} : (write) => this.emit(write));
+    // A change line can be huge (it carries the row): only the start of a long one is needed.
+    const options = `'include-xids', '1', 'include-timestamp', '1', 'skip-empty-xacts', '1'`;
+    const select = `SELECT CASE WHEN octet_length(data) <= 8192 THEN data ELSE left(data, 512) END AS data FROM pg_logical_slot_get_changes('${SLOT}', NULL, ${CHANGES_PER_READ}, ${options})`;
+    let lines = 0;
+    try {
+      const first = await this.client.query(`BEGIN; DECLARE svc_changes NO SCROLL CURSOR FOR ${select}; FETCH ${ROWS_PER_FETCH} FROM svc_changes`);
+      let rows: Array<{ data: string }> = lastResult(first)?.rows ?? [];
+      for (;;) {
+        for (const row of rows) changes.line(row.data);
+        lines += rows.length;
+        if (rows.length < ROWS_PER_FETCH) break;
+        rows = (await this.client.query(`FETCH ${ROWS_PER_FETCH} FROM svc_changes`)).rows;
+      }
+      await this.client.query('COMMIT');
+    } catch (err) {
+      await this.client.query('ROLLBACK').catch(() => {});
+      throw err;
+    }
+    changes.end();
+    return { lines, changed: changes.changed };
+  }
+
+  private emit(write: DbWrite): void {
+    try {
+      this.onWrite?.(write);
+    } catch {
+      // a listener's error must not stop the audit
+    }
+  }
+}
+
+/**
+ * test_decoding's lines, one transaction at a time:
+ *   BEGIN 745
+ *   table public.orders: INSERT: id[integer]:1 ...
+ *   table public."My Table", audit.log: TRUNCATE: (no-flags)
+ *   COMMIT 745 (at 2026-11-25 10:00:00.123456+00)
+ */
+class SlotChanges {
+  /** rows changed, in every transaction read */
+  changed = 0;
+  private transaction = new Map<string, DbWrite>();
+  /** a single-table transaction's record, held to merge the next one into */
+  private held: DbWrite | null = null;
+
+  constructor(private readonly emit: (write: DbWrite) => void) {}
+
+  line(text: string): void {
+    if (text.startsWith('BEGIN')) {
+      this.transaction.clear();
+    } else if (text.startsWith('COMMIT')) {
+      this.commit(commitTime(text));
+    } else if (text.startsWith('table ')) {
+      const change = parseChange(text);
+      if (!change) return;
+      this.changed++;
+      for (const table of change.tables) this.count(table, change.operation);
+    }
+  }
+
+  end(): void {
+    if (this.held) this.emit(this.held);
+    this.held = null;
+  }
+
+  private count(table: string, operation: WriteOperation): void {
+    const key = `${operation}\0${table}`;
+    const write = this.transaction.get(key);
+    const rows = operation === 'truncate' ? 0 : 1;
+    if (write) write.row_count += rows;
+    else this.transaction.set(key, { table, operation, row_count: rows, transactions: 1, rolled_back: false, ts: '' });
+  }
+
+  private commit(ts: string): void {
+    const writes = [...this.transaction.values()];
+    this.transaction.clear();
+    if (!writes.length) return;
+    for (const write of writes) write.ts = ts;
+    const held = this.held;
+    if (writes.length === 1 && held && held.table === writes[0]!.table && held.operation === writes[0]!.operation) {
+      held.row_count += writes[0]!.row_count;
+      held.transactions++;
+      held.ts = ts;
+      return;
+    }
+    this.end();
+    if (writes.length === 1) this.held = writes[0]!;
+    else for (const write of writes) this.emit(write);
+  }
+}
+
+const OPERATIONS: Record<string, WriteOperation> = { INSERT: 'insert', UPDATE: 'update', DELETE: 'delete', TRUNCATE: 'truncate' };
+
+/** `table <name>[, <name>...]: <OPERATION>: ...`, names as quote_qualified_identifier writes them. */
+function parseChange(text: string): { tables: string[]; operation: WriteOperation } | null {
+  const tables: string[] = [];
+  let at = 'table '.length;
+  for (;;) {
+    const schema = readIdentifier(text, at);
+    if (!schema || text[schema.end] !== '.') return null;
+    const name = readIdentifier(text, schema.end + 1);
+    if (!name) return null;
+    tables.push(schema.value === 'public' ? name.value : `${schema.value}.${name.value}`);
+    at = name.end;
+    if (text.startsWith(', ', at)) at += 2;
+    else if (text.startsWith(': ', at)) break;
+    else return null;
+  }
+  const operation = OPERATIONS[text.slice(at + 2, text.indexOf(':', at + 2))];
+  return operation ? { tables, operation } : null;
+}
+
+function readIdentifier(text: string, at: number): { value: string; end: number } | null {
+  if (text[at] !== '"') {
+    const end = text.slice(at).search(/[.,:]/);
+    return end <= 0 ? null : { value: text.slice(at, at + end), end: at + end };
+  }
+  let value = '';
+  let i = at + 1;
+  for (;;) {
+    const close = text.indexOf('"', i);
+    if (close < 0) return null;
+    value += text.slice(i, close);
+    if (text[close + 1] !== '"') return { value, end: close + 1 };
+    value += '"';
+    i = close + 2;
+  }
+}
+
+/** `COMMIT 745 (at 2026-11-25 10:00:00.123456+00)` → ISO; now when the line has no time. */
+function commitTime(text: string): string {
+  const match = /\(at (\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d(?:\.\d+)?)([+-]\d\d)(?::?(\d\d))?\)/.exec(text);
+  if (!match) return new Date().toISOString();
+  const date = new Date(`${match[1]}T${match[2]}${match[3]}:${match[4] ?? '00'}`);
+  return Number.isNaN(date.getTime()) ? new Date().toISOString() : date.toISOString();
+}
