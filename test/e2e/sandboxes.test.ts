@@ -250,6 +250,22 @@ determinism:
       assert.deepEqual(checkpoint.data.diff, { added: [], modified: [], removed: [] });
     });
 
+    test('a command answers when it ends, however long past the reply timeout (up to its own timeout)', async () => {
+      const own = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_REPLY_TIMEOUT: '2s' });
+      try {
+        await own.request('POST', '/v1/specs', { body: SPEC('slow-command'), headers: { 'content-type': 'application/x-yaml' } });
+        const sb = (await own.request('POST', '/v1/sandboxes', { body: { spec_id: 'slow-command' } })).body;
+        const slow = await own.request('POST', `/v1/sandboxes/${sb.id}/commands`, { body: { command: 'sleep 4; echo done', timeout: '20s' } });
+        assert.equal(slow.status, 200, slow.text);
+        assert.equal(slow.body.stdout, 'done\n');
+        const killed = await own.request('POST', `/v1/sandboxes/${sb.id}/commands`, { body: { command: 'sleep 30', timeout: '3s' } });
+        assert.equal(killed.status, 200, killed.text);
+        assert.equal(killed.body.timed_out, true);
+      } finally {
+        await own.cleanup();
+      }
+    });
+
     test('after a kill -9 and restart, the sandboxes of the dead runner are not claimed ready', async () => {
       const own = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true' });
       try {

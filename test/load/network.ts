@@ -12,6 +12,7 @@ import { promisify } from 'node:util';
 import { startOutsideWorld } from '../helpers/outside-world.ts';
 import { startServer, type TestServer } from '../helpers/server.ts';
 import { pct } from './queries.ts';
+import { interleavedCreates, timedSandboxes } from './sandbox-timing.ts';
 
 const run = promisify(execFile);
 
@@ -57,29 +58,12 @@ export async function benchNetwork(): Promise<string[]> {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_DNS_UPSTREAM: world.dns, SVC_EGRESS_TRUST: world.caFile });
     const s = server;
     const base = 'version: 1\nbase: debian:bookworm\ntask: {prompt: bench}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n';
-    const specs = {
-      plain: `id: plain\n${base}`,
-      network: `id: network\n${base}network: {egress: {default: deny, allow: [api.allowed.test]}}\n`,
-      inspected: `id: inspected\n${base}network: {egress: {default: deny, allow: [api.allowed.test]}}\naudit: {http_calls: true}\n`,
-    };
-    for (const yaml of Object.values(specs)) await s.request('POST', '/v1/specs', { body: yaml, headers: { 'content-type': 'application/x-yaml' } });
-    const create = async (spec: string) => {
-      const started = performance.now();
-      const res = await s.request('POST', '/v1/sandboxes', { body: { spec_id: spec } });
-      if (res.status !== 201) throw new Error(`create: ${res.status} ${res.text}`);
-      return { id: res.body.id as string, ms: performance.now() - started };
-    };
-    const destroy = (id: string) => s.request('DELETE', `/v1/sandboxes/${id}`);
-    for (let i = 0; i < 5; i++) for (const spec of ['plain', 'network']) await destroy((await create(spec)).id);
-    const creates: Record<'plain' | 'network', number[]> = { plain: [], network: [] };
-    // Interleaved, so a slow spell of the machine weighs on both alike.
-    for (let i = 0; i < 30; i++) {
-      for (const spec of ['plain', 'network'] as const) {
-        const { id, ms } = await create(spec);
-        creates[spec].push(ms);
-        await destroy(id);
-      }
-    }
+    const { create, destroy } = await timedSandboxes(s, [
+      `id: plain\n${base}`,
+      `id: network\n${base}network: {egress: {default: deny, allow: [api.allowed.test]}}\n`,
+      `id: inspected\n${base}network: {egress: {default: deny, allow: [api.allowed.test]}}\naudit: {http_calls: true}\n`,
+    ]);
+    const creates = await interleavedCreates({ create, destroy }, ['plain', 'network'] as const, 5, 30);
     const script = path.join(dir, 'client.py');
     await writeFile(script, CLIENT);
     const ip = world.ip('api.allowed.test');

@@ -10,6 +10,7 @@ import path from 'node:path';
 import { PostgresService } from '../../services/sandbox-runner/backing/postgres.ts';
 import { startServer, type TestServer } from '../helpers/server.ts';
 import { pct } from './queries.ts';
+import { interleavedCreates, timedSandboxes } from './sandbox-timing.ts';
 
 const BASE = 'version: 1\nbase: debian:bookworm\ntask: {prompt: bench}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n';
 const SERVICES = `services:
@@ -26,31 +27,14 @@ export async function benchServices(): Promise<string[]> {
   try {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
     const s = server;
-    const specs = { plain: `id: plain\n${BASE}`, backed: `id: backed\n${BASE}${SERVICES}`, audited: `id: audited\n${BASE}${SERVICES}audit: {db_writes: true}\n` };
-    for (const yaml of Object.values(specs)) await s.request('POST', '/v1/specs', { body: yaml, headers: { 'content-type': 'application/x-yaml' } });
-    const create = async (spec: string) => {
-      const started = performance.now();
-      const res = await s.request('POST', '/v1/sandboxes', { body: { spec_id: spec } });
-      if (res.status !== 201) throw new Error(`create: ${res.status} ${res.text}`);
-      return { id: res.body.id as string, ms: performance.now() - started };
-    };
-    const destroy = (id: string) => s.request('DELETE', `/v1/sandboxes/${id}`);
+    const { create, destroy } = await timedSandboxes(s, [`id: plain\n${BASE}`, `id: backed\n${BASE}${SERVICES}`, `id: audited\n${BASE}${SERVICES}audit: {db_writes: true}\n`]);
     const command = async (id: string, text: string) => {
       const res = await s.request('POST', `/v1/sandboxes/${id}/commands`, { body: { command: text, timeout: '5m' } });
       if (res.body.exit_code !== 0) throw new Error(`command: ${res.text.slice(0, 500)}`);
       return res.body.duration_ms as number;
     };
 
-    for (let i = 0; i < 3; i++) for (const spec of ['plain', 'backed']) await destroy((await create(spec)).id);
-    const creates: Record<'plain' | 'backed', number[]> = { plain: [], backed: [] };
-    // Interleaved, so a slow spell of the machine weighs on both alike.
-    for (let i = 0; i < 20; i++) {
-      for (const spec of ['plain', 'backed'] as const) {
-        const { id, ms } = await create(spec);
-        creates[spec].push(ms);
-        await destroy(id);
-      }
-    }
+    const creates = await interleavedCreates({ create, destroy }, ['plain', 'backed'] as const, 3, 20);
     const database = await postgresStarts(dir, 10);
 
     const writes: Record<'off' | 'on', number[]> = { off: [], on: [] };

@@ -105,7 +105,20 @@ export class SandboxOperations {
   async send(p: Principal, id: string, op: string, payload: object = {}): Promise<SandboxAnswer> {
     const sandbox = this.deps.sandboxes.owned(p, id);
     if (await this.endIfOrphaned(sandbox)) throw new AppError('not_found', `sandbox ${id} is gone: ${RunnerRoster.reason(this.deps.runners.dead(sandbox.runner_id)!, this.deps.config.runnerDeadAfter)}`);
-    return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, sandbox.runner_id, op, payload));
+    return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, sandbox.runner_id, op, payload, this.answerWithin(sandbox, op, payload)));
+  }
+
+  /**
+   * How long the runner may take: a command that waits for its end runs for its timeout (else
+   * as long as the sandbox lives), and its answer comes after that; anything else within the
+   * reply timeout.
+   */
+  private answerWithin(sandbox: SandboxChanged, op: string, payload: object): number {
+    const { replyTimeout } = this.deps.config;
+    const { timeout_ms, background } = payload as { timeout_ms?: number | null; background?: boolean };
+    if (op !== 'command' || background) return replyTimeout;
+    const runs = timeout_ms ?? Math.max(0, sandbox.expires_at - Date.now());
+    return runs + replyTimeout;
   }
 
   /** Ends a sandbox whose runner is dead (before the roster's next sweep does); true when it was. */

@@ -26,11 +26,16 @@ export class SandboxRequester {
     this.requester = null;
   }
 
-  /** Sends operation `op` on a sandbox to runner `runnerId` (its owner, or for a create the one picked) and resolves with its reply. */
-  request(tenant: string, sandboxId: string, runnerId: string, op: string, payload: object): Promise<SandboxReplied> {
+  /**
+   * Sends operation `op` on a sandbox to runner `runnerId` (its owner, or for a create the one
+   * picked) and resolves with its reply, waiting `waitMs` for it (default: the reply timeout).
+   */
+  request(tenant: string, sandboxId: string, runnerId: string, op: string, payload: object, waitMs?: number): Promise<SandboxReplied> {
     const sealer = this.sealer!;
-    return this.requester!.request({ key: sandboxId, tenant, unanswered: `the sandbox runner ${runnerId} did not answer ${op} for ${sandboxId}` }, (correlationId) =>
-      sealedRequest(sealer, { tenant, sandbox_id: sandboxId, correlation_id: correlationId, runner_id: runnerId }, op, payload),
+    return this.requester!.request(
+      { key: sandboxId, tenant, unanswered: `the sandbox runner ${runnerId} did not answer ${op} for ${sandboxId}` },
+      (correlationId) => sealedRequest(sealer, { tenant, sandbox_id: sandboxId, correlation_id: correlationId, runner_id: runnerId }, op, payload),
+      waitMs,
     );
   }
 }

@@ -96,6 +96,8 @@ const JAIL_DATA = '/run/pg/data';
 const JAIL_SOCKETS = '/run/pg/sock';
 const PORT = 5432;
 const READY_TIMEOUT_MS = 30_000;
+/** How long the `sql` invariant's query may run. */
+const GRADER_TIMEOUT_MS = 60_000;
 /** the host user the server runs as */
 const POSTGRES_USER = 'postgres';
 
@@ -224,6 +226,10 @@ export class PostgresService {
     try {
       client = await this.connect(GRADER, this.graderPassword, this.credentials.database);
       await client.query('BEGIN TRANSACTION READ ONLY');
+      // The database's owner (the agent) can set the database's defaults (ALTER DATABASE ... SET
+      // search_path = its_own_schema, public; statement_timeout): the grader's are its own.
+      // pg_catalog first: no built-in is shadowed by a same-named object the agent made.
+      await client.query(`SET LOCAL search_path = pg_catalog, public; SET LOCAL statement_timeout = ${GRADER_TIMEOUT_MS}`);
       // The server's own text for every type (no Date, number or JSON parsing).
       const result = lastResult(await client.query({ text: sql, rowMode: 'array', types: { getTypeParser: () => (value: string) => value } }));
       const first = (result?.rows[0] as unknown[] | undefined)?.[0];
