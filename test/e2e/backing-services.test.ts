@@ -190,6 +190,8 @@ teardown:
   test('mocks answer by name with path parameters; unmatched is a 404 naming the routes; each request is in the journal and an http_call of the service', async () => {
     const charge = await sh(shop.id, 'curl -sS http://payments/v1/charges/42');
     assert.deepEqual(JSON.parse(charge.stdout), { id: '42', status: 'paid' });
+    const python = await sh(shop.id, `python3 -c "import json, os, urllib.request; print(json.load(urllib.request.urlopen('http://%s/v1/charges/7' % os.environ['SVC_SERVICE_PAYMENTS_HOST']))['id'])"`);
+    assert.equal(python.stdout, '7\n', python.stderr);
     const posted = await sh(shop.id, `curl -sS -o /dev/null -w '%{http_code}' -X POST -H 'Authorization: Bearer tok_live_1' -d '{"amount":5}' "http://$SVC_SERVICE_PAYMENTS_HOST/v1/charges?idem=1"`);
     assert.equal(posted.stdout, '201');
     const missing = await sh(shop.id, `curl -sS -w '\\n%{http_code}' http://payments/v2/nothing`);
@@ -273,6 +275,8 @@ teardown:
       assert.match(await refused('bad-ref'), /fixture 0 \(git file:\/\/.*\) failed: .*no-such-ref/);
       await storeSpec(server, key, SPEC('bad-dir', `fixtures: [{type: git, url: "file:///etc", to: app}]\n`));
       assert.match(await refused('bad-dir'), /not in a directory the operator allows for git fixtures \(SVC_GIT_FIXTURE_DIRS\)/);
+      await storeSpec(server, key, SPEC('bad-drift', `services: [{name: db, type: postgres}]\nfixtures: [{type: drift, sql: [{service: db, sql: "DELETE FROM nowhere"}]}]\n`));
+      assert.match(await refused('bad-drift'), /fixture 0 \(drift: sql on db\) failed: .*nowhere/);
       await storeSpec(server, key, SPEC('bad-remote', `fixtures: [{type: git, url: "https://denied.test/repo.git", to: app}]\n`));
       assert.match(await refused('bad-remote'), /fixture 0 \(git https:\/\/denied\.test\/repo\.git\) failed/);
     });
