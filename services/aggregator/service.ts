@@ -158,8 +158,10 @@ export class AggregatorService implements Service {
 
   private facts(experimentId: string, runId: string, scenarioId: string, index: number, replica: number): RunFacts {
     const fresh = (): RunFacts => ({ runId, scenarioId, index, replica, dispatched: new Map(), started: new Map(), rejected: new Set(), finished: false, scored: false, latest: null });
-    // Finished experiments keep no state: history replayed at start stays out of memory.
-    if (TERMINAL.has(this.experiments.get(experimentId)?.status ?? '')) return fresh();
+    // Finished experiments keep no state: history replayed at start stays out of memory. A
+    // cancelled one keeps it while runs it dispatched may still be scored (countAfterCancel).
+    const status = this.experiments.get(experimentId)?.status ?? '';
+    if (TERMINAL.has(status) && status !== 'cancelled') return fresh();
     const tracked = this.tracked.get(experimentId) ?? { runs: new Map(), scorePositions: [] };
     this.tracked.set(experimentId, tracked);
     let facts = tracked.runs.get(runId);
@@ -236,6 +238,7 @@ export class AggregatorService implements Service {
   /** Dispatches what can run, re-dispatches what was lost, completes what is done. */
   private async advance(experimentId: string): Promise<void> {
     const experiment = this.experiments.get(experimentId);
+    if (experiment?.status === 'cancelled') return this.countAfterCancel(experiment);
     if (experiment && TERMINAL.has(experiment.status)) this.tracked.delete(experimentId);
     if (!experiment || experiment.yaml === null || TERMINAL.has(experiment.status) || experiment.status === 'created') return;
     let spec: SpecDocument;
@@ -307,6 +310,29 @@ export class AggregatorService implements Service {
     await publish(this.kernel, TOPICS.runRequests, requests.map((r) => ({ key: r.run_id, tenant: r.tenant, value: r })));
   }
 
+  /**
+   * A cancelled experiment dispatches nothing more, but the runs already executing finish and
+   * are scored (docs/experiments.md): its `scored_runs` keeps counting them, as its counts,
+   * metrics and RunResults do, until none is left in flight.
+   */
+  private async countAfterCancel(experiment: ExperimentChanged): Promise<void> {
+    const tracked = this.tracked.get(experiment.experiment_id);
+    if (!tracked || experiment.yaml === null) return this.forget(experiment.experiment_id);
+    const lease = runLifetimeMs(this.spec(experiment), this.kernel.config) + LEASE_SLACK_MS;
+    const runs = [...tracked.runs.values()];
+    const countScored = () => runs.filter((r) => r.scored).length;
+    const scored = countScored();
+    if (scored !== experiment.scored_runs) {
+      // Readers who see the count find the scores in run_scores too.
+      await this.kernel.visibility.waitFor(tracked.scorePositions, this.kernel.config.replyTimeout);
+      await this.write(this.experiments.get(experiment.experiment_id)!, { scored_runs: scored });
+    }
+    // A score that came meanwhile scheduled the next pass, which counts it.
+    if (countScored() !== scored) return;
+    const lastDispatch = (r: RunFacts) => Math.max(0, ...r.dispatched.values());
+    if (!runs.some((r) => !r.scored && r.dispatched.size > 0 && Date.now() - lastDispatch(r) <= lease)) this.forget(experiment.experiment_id);
+  }
+
   private async complete(experimentId: string, spec: SpecDocument, tracked: Tracked): Promise<void> {
     // Not for the metrics (they come from the scores folded here): for the readers of the
     // results, who read run_scores once they see `completed`.
@@ -321,6 +347,11 @@ export class AggregatorService implements Service {
     await this.write(this.experiments.get(experimentId)!, { status: 'completed', completed_at: Date.now(), metrics: JSON.stringify(metrics) });
   }
 
+  private forget(experimentId: string): void {
+    this.specs.delete(experimentId);
+    this.tracked.delete(experimentId);
+  }
+
   private spec(experiment: ExperimentChanged): SpecDocument {
     let spec = this.specs.get(experiment.experiment_id);
     if (!spec) {
@@ -333,10 +364,7 @@ export class AggregatorService implements Service {
   private async write(experiment: ExperimentChanged, change: Partial<ExperimentChanged>): Promise<void> {
     const next: ExperimentChanged = { ...experiment, ...change, event_id: newEventId(), ts: Math.max(Date.now(), experiment.ts + 1) };
     this.experiments.set(next.experiment_id, next);
-    if (TERMINAL.has(next.status)) {
-      this.specs.delete(next.experiment_id);
-      this.tracked.delete(next.experiment_id);
-    }
+    if (TERMINAL.has(next.status) && next.status !== 'cancelled') this.forget(next.experiment_id);
     await publish(this.kernel, TOPICS.experiments, [{ key: next.experiment_id, tenant: next.tenant, value: next }]);
   }
 }

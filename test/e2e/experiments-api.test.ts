@@ -17,8 +17,6 @@ const SPEC = (id: string, extra = '') =>
 const SLOW = `version: 1\nid: slow\nbase: debian:bookworm\ntask: {prompt: "wait in {{ params.lang }}"}\nagent: {type: cli, command: "sleep 60"}
 invariants:\n  ok: {check: {type: file_exists, path: out.txt}}\nparallelism: {matrix: [{lang: go}, {lang: py}]}\n`;
 
-// It also uses what runs now (the network block, http_except), which the refusal does not name.
-
 describe('experiments API', () => {
   let server: TestServer;
   let key: string;
@@ -193,6 +191,28 @@ describe('experiments API', () => {
     assert.deepEqual(results.options, { spec_version: 1, matrix: [{ lang: 'zig' }], replicas: 1, seed: 42 });
     assert.deepEqual(results.scenarios.map((s: { params: object }) => s.params), [{ lang: 'zig' }]);
     assert.equal((await req('POST', `/v1/experiments/${res.body.id}/cancel`)).status, 200);
+  });
+
+  test('runs executing at a cancel finish and are counted the same in every field: scored_runs, counts, metrics, RunResults', async () => {
+    await putSpec(`version: 1\nid: pause\nbase: debian:bookworm\ntask: {prompt: wait}\nagent: {type: cli, command: "sleep 3; touch out.txt"}\ninvariants:\n  ok: {check: {type: file_exists, path: out.txt}}\nparallelism: {replicas: 2}\n`);
+    const created = (await create({ name: 'cut short', spec_id: 'pause', run: true })).body;
+    for (let i = 0; i < 100 && (await req('GET', `/v1/experiments/${created.id}`)).body.status !== 'running'; i++) await new Promise((r) => setTimeout(r, 100));
+    const cancelled = await req('POST', `/v1/experiments/${created.id}/cancel`);
+    assert.equal(cancelled.body.status, 'cancelled', cancelled.text);
+    let results: any;
+    for (const deadline = Date.now() + 60_000; Date.now() < deadline; await new Promise((r) => setTimeout(r, 250))) {
+      results = (await req('GET', `/v1/experiments/${created.id}`)).body;
+      if (results.scored_runs === 2) break;
+    }
+    assert.equal(results.status, 'cancelled');
+    assert.equal(results.scored_runs, 2, `both runs in flight were scored and counted: ${JSON.stringify(results).slice(0, 800)}`);
+    const runs = results.scenarios.flatMap((sc: any) => sc.runs);
+    assert.deepEqual(runs.map((r: any) => r.verdict), ['pass', 'pass']);
+    const summary = (await req('GET', '/v1/experiments?limit=1000')).body.items.find((e: { id: string }) => e.id === created.id);
+    assert.equal(summary.scored_runs, 2);
+    assert.deepEqual(summary.counts, { pass: 1, fail: 0, flaky: 0, error: 0 });
+    const metrics = (await req('GET', `/v1/metrics/experiments/${created.id}`)).body;
+    assert.equal(metrics.pass_rate, 1, JSON.stringify(metrics));
   });
 
   test('a created experiment can be cancelled', async () => {
