@@ -6,14 +6,15 @@
  *   svc keys list [--tenant NAME]
  *   svc keys rotate <key-id>
  *   svc keys revoke <key-id>
- *   svc images import NAME DIR|TARBALL [--entrypoint CMD] | list | resolve REFERENCE | rm NAME
- *                                         the local image store of the sandbox runtime (in SVC_DATA_DIR)
+ *   svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | list | resolve REFERENCE | rm NAME
+ *                                         the local image store of the sandbox runtime (in SVC_DATA_DIR;
+ *                                         pulls read the SVC_REGISTRY_* settings)
  * The key commands call the admin API of a running server (--url, default SVC_BASE_URL or
  * http://127.0.0.1:$SVC_PORT) with the admin key (--admin-key, default SVC_API_KEY). A new or
  * rotated key is printed alone on the last line.
  */
 import { parseArgs } from 'node:util';
-import path from 'node:path';
+import { loadConfig } from './kernel/config.ts';
 import { main as startMain } from './main.ts';
 import { imagesCommand } from './sandbox-runner/runtime/images.ts';
 
@@ -24,7 +25,7 @@ const USAGE = `usage:
   svc keys list [--tenant NAME] [--url URL] [--admin-key KEY]
   svc keys rotate <key-id> [--url URL] [--admin-key KEY]
   svc keys revoke <key-id> [--url URL] [--admin-key KEY]
-  svc images import NAME DIR|TARBALL [--entrypoint CMD] | list | resolve REFERENCE | rm NAME`;
+  svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | list | resolve REFERENCE | rm NAME`;
 
 async function admin(method: string, path: string, opts: { url?: string; 'admin-key'?: string }, body?: object): Promise<any> {
   const base = (opts.url ?? process.env.SVC_BASE_URL ?? `http://127.0.0.1:${process.env.SVC_PORT || 8080}`).replace(/\/+$/, '');
@@ -89,7 +90,8 @@ export async function cli(argv: string[]): Promise<void> {
   const [command, ...rest] = argv;
   if (command === 'keys') return keys(rest);
   if (command === 'images') {
-    const code = await imagesCommand(rest, path.resolve(process.env.SVC_DATA_DIR || './data'));
+    const config = loadConfig(process.env, {}, { requireAdminKey: false });
+    const code = await imagesCommand(rest, config.dataDir, console.log, config);
     if (code !== 0) process.exit(code);
     return;
   }

@@ -4,6 +4,7 @@
  * (test/unit/docs.test.ts checks both directions). Bad configuration fails at start with a
  * message naming the variable.
  */
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { formatDuration, parseDuration } from './duration.ts';
 import { parseSize } from './size.ts';
@@ -65,6 +66,41 @@ const url: Parser<string> = (raw) => {
     throw new Error(`expected an http(s) URL, got "${raw}"`);
   }
   return raw.replace(/\/+$/, '');
+};
+
+const registryHost = /^([A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:]+\])(:[0-9]{1,5})?$/;
+const hostPortList: Parser<string[]> = (raw) => {
+  const hosts = list(raw);
+  for (const h of hosts) if (!registryHost.test(h)) throw new Error(`expected host or host:port, got "${h}"`);
+  return hosts;
+};
+const hostPort: Parser<string> = (raw) => {
+  if (!registryHost.test(raw)) throw new Error(`expected host or host:port, got "${raw}"`);
+  return raw;
+};
+/** Registry credentials: `host=user:password,...`, or the path of a Docker config.json (`auths`: `auth` or `username`/`password`). */
+const registryAuth: Parser<Record<string, { username: string; password: string }>> = (raw) => {
+  const auths: Record<string, { username: string; password: string }> = {};
+  if (raw.startsWith('/') || raw.startsWith('.')) {
+    let doc: { auths?: Record<string, { auth?: string; username?: string; password?: string }> };
+    try {
+      doc = JSON.parse(readFileSync(raw, 'utf8'));
+    } catch (err) {
+      throw new Error(`cannot read ${raw} as JSON: ${(err as Error).message}`);
+    }
+    for (const [registry, entry] of Object.entries(doc.auths ?? {})) {
+      const [username, ...password] = entry.auth ? Buffer.from(entry.auth, 'base64').toString('utf8').split(':') : [entry.username, entry.password ?? ''];
+      if (!username) throw new Error(`${raw}: auths["${registry}"] has no auth or username (credential helpers are not read)`);
+      auths[registry] = { username, password: password.join(':') };
+    }
+    return auths;
+  }
+  for (const item of list(raw)) {
+    const m = /^([^=\s]+)=([^:]+):(.*)$/.exec(item);
+    if (!m) throw new Error('expected host=user:password entries separated by commas, or the path of a Docker config.json');
+    auths[m[1]!] = { username: m[2]!, password: m[3]! };
+  }
+  return auths;
 };
 
 export const SETTINGS = {
@@ -143,7 +179,11 @@ export const SETTINGS = {
   runnerHeartbeat: setting('SVC_RUNNER_HEARTBEAT', '5s', 'How often a sandbox runner says it is alive (on svc.runners).', durationMs),
   runnerDeadAfter: setting('SVC_RUNNER_DEAD_AFTER', '30s', 'A runner silent this long is dead: its sandboxes end in `error` and its experiment runs are dispatched again (the api and the aggregator decide it).', durationMs),
   runnerMaxSandboxes: setting('SVC_RUNNER_MAX_SANDBOXES', '100', 'Sandboxes one runner holds at once; past it creation answers 503 `at_capacity` (0: no limit).', nonNegativeInt),
-  sandboxHostRootfs: setting('SVC_SANDBOX_HOST_ROOTFS', 'false', 'When a spec\'s `base` image is not in the image store, boot on the host\'s read-only system directories (/usr, /etc, /bin, /lib) with a `warning` event instead of failing.', bool),
+  sandboxHostRootfs: setting('SVC_SANDBOX_HOST_ROOTFS', 'false', 'When a spec\'s `base` image is neither in the image store nor pulled from its registry, boot on the host\'s read-only system directories (/usr, /etc, /bin, /lib) with a `warning` event instead of failing.', bool),
+  registryAuth: setting('SVC_REGISTRY_AUTH', null, 'Credentials for the registries images are pulled from: `host=user:password,...` (`docker.io` for Docker Hub), or the path (starting with `/` or `.`) of a Docker `config.json` whose `auths` it reads (credential helpers are not). A registry without credentials is asked anonymously.', registryAuth),
+  registryInsecure: setting('SVC_REGISTRY_INSECURE', null, 'Registries (`host` or `host:port`, comma-separated) reached over plain HTTP instead of HTTPS, e.g. `127.0.0.1:5000`.', hostPortList),
+  registryMirror: setting('SVC_REGISTRY_MIRROR', null, 'A registry (`host` or `host:port`) that Docker Hub images (`python:3.12`, `docker.io/...`) are pulled from instead of registry-1.docker.io.', hostPort),
+  imageMaxBytes: setting('SVC_IMAGE_MAX_BYTES', '16Gi', 'Largest image the store takes, pulled or imported from an image archive: the files of all its layers unpacked (`8Gi`, `500MB` or bytes); one past it fails with a message saying so.', size),
   sandboxDiskDefault: setting('SVC_SANDBOX_DISK_DEFAULT', '1Gi', 'Workspace size of a sandbox whose spec sets no `resources.disk` (`512Mi`, `1Gi`, `5GB` or bytes). Each workspace is a filesystem of its own of that size (a sparse file: the host pays only for what is written); a write past it fails with ENOSPC inside the sandbox.', size),
   sandboxDiskMax: setting('SVC_SANDBOX_DISK_MAX', '16Gi', 'Largest `resources.disk` a sandbox may have; a spec asking more fails the sandbox\'s creation (400).', size),
   auditRecordsPerSecond: setting('SVC_AUDIT_RECORDS_PER_SECOND', '1000', 'Audit records one sandbox may write per second; the rest of that second are dropped and counted, by type, in one `warning` record.', positiveInt),
