@@ -3,7 +3,8 @@
  *
  * Built statically on first use (gcc -O2 -static) and cached by source hash. Two modes:
  *
- *   supervisor launch CGPROCS[,CGPROCS...] [--netns PATH] -- PROGRAM ARGS...
+ *   supervisor launch CGPROCS[,CGPROCS...] [--netns PATH | --new-netns] [--userns FIRST:COUNT]
+ *                     [--image SOURCE TARGET]... [--overlay LOWER UPPER WORK TARGET]... -- PROGRAM ARGS...
  *       Forks PROGRAM (bwrap) and stays outside the sandbox as the subreaper of all of it,
  *       dying with the service (PDEATHSIG); exits with PROGRAM's status once every process
  *       of the sandbox is gone. The child moves into the given cgroups (writes 0 to each
@@ -11,7 +12,18 @@
  *       -1000, inherited by bwrap and the supervisor but reset to 0 for every command) before
  *       it execs, so everything bwrap creates is inside the sandbox's cgroups from the start.
  *       With --netns, the child first enters the network namespace at PATH (a sandbox network
- *       made ahead by runtime/local-network.ts; bwrap then runs without --unshare-net).
+ *       made ahead by runtime/local-network.ts; bwrap then runs without --unshare-net); with
+ *       --new-netns it makes one of its own, loopback up (bwrap then runs without it too).
+ *       --userns (root inside): a user namespace whose ids 0..COUNT-1 are the host's
+ *       FIRST..FIRST+COUNT-1, handed to PROGRAM as fd USERNS_FD for `serve --userns`; every uid
+ *       may then bind ports below 1024 in the sandbox's network namespace (which belongs to
+ *       the host's user namespace, so no capability inside counts there): it needs --netns or
+ *       --new-netns.
+ *       Boot mounts, made on the host before the fork, for bwrap to take in as the root:
+ *       --image clones SOURCE read-only at TARGET (idmapped into the --userns namespace, so
+ *       the image's root is root inside); --overlay mounts an overlayfs (volatile) at TARGET.
+ *       They are detached from the host once the sandbox holds them: when fd BOOTED_FD, handed
+ *       to PROGRAM, is closed everywhere (`serve --booted` closes it once it runs).
  *
  *   supervisor forward ROOT_PID PORT UNIX_SOCKET
  *       The bridge from a sandbox to the service (runtime/service-bridge.ts): waits for a
@@ -22,14 +34,18 @@
  *       At most 64 relays at once (more connections wait in the backlog). Started alongside
  *       the sandbox, outside its cgroups; it and its relays die with their parents.
  *
- *   supervisor serve UID GID
+ *   supervisor serve UID GID [--userns FD] [--booted FD]
  *       Runs inside the bubblewrap namespaces as root (with only the capabilities bwrap leaves
  *       it: SETUID, SETGID, SETPCAP, KILL). Reads requests on fd 3, writes replies on fd 4.
  *       Every command runs as `sh -c COMMAND` in /workspace under a per-command "shepherd"
  *       (a root child-subreaper that owns the command's whole process tree, forwards its output
  *       and kills the tree on request). The command itself is a new session, with
  *       uid/gid UID/GID, no supplementary groups, empty capability sets (bounding and ambient
- *       included), no_new_privs and a seccomp filter.
+ *       included), no_new_privs and a seccomp filter. With --userns, the command first enters
+ *       the user namespace at FD and UID/GID are ids in it; uid 0 there keeps ROOT_CAPS (in
+ *       that namespace only: the mount, pid, net, ipc and uts namespaces belong to the host's).
+ *       The supervisor stays the host's root, so root inside cannot signal or trace it.
+ *       --booted: closed at once (see launch).
  *
  * Protocol (native byte order; both ends are on one machine). Every frame:
  *   u32 length (of what follows), u8 type, u32 command id, payload.
@@ -69,6 +85,9 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -87,8 +106,21 @@
 
 enum { T_EXEC = 1, T_KILL = 2, T_KILLALL = 3, T_READY = 10, T_STARTED = 11, T_STDOUT = 12, T_STDERR = 13, T_EXIT = 14, T_ERROR = 15, T_KILLED = 16 };
 
+/* fds `launch` hands to PROGRAM: the user namespace of root inside, the end of its boot */
+#define USERNS_FD 6
+#define BOOTED_FD 7
+
+/* What root inside keeps, in its user namespace only: Docker's default set without NET_RAW,
+   MKNOD, AUDIT_WRITE, SYS_CHROOT (none would work here: the network namespace is not its,
+   devices cannot be made, chroot is denied) and NET_BIND_SERVICE (every uid may bind low ports). */
+#define CAP_BIT(c) (1ULL << (c))
+#define ROOT_CAPS (CAP_BIT(CAP_CHOWN) | CAP_BIT(CAP_DAC_OVERRIDE) | CAP_BIT(CAP_FOWNER) | CAP_BIT(CAP_FSETID) | \
+                   CAP_BIT(CAP_KILL) | CAP_BIT(CAP_SETGID) | CAP_BIT(CAP_SETUID) | CAP_BIT(CAP_SETPCAP) | CAP_BIT(CAP_SETFCAP))
+
 static uid_t sandbox_uid;
 static gid_t sandbox_gid;
+/* the user namespace commands enter (serve --userns), or -1 */
+static int userns_fd = -1;
 
 static void send_frame(uint8_t type, uint32_t id, const void *data, size_t len) {
   unsigned char buf[FRAME_MAX];
@@ -249,20 +281,25 @@ static void run_command(char *command, char **envp, int out_fd, int err_fd) {
   if (null >= 0) dup2(null, 0);
   dup2(out_fd, 1);
   dup2(err_fd, 2);
-  syscall(SYS_close_range, 3, ~0U, 0);
   int oom = open("/proc/self/oom_score_adj", O_WRONLY);
   if (oom >= 0) {
     if (write(oom, "0", 1) < 0) { /* keep the inherited value */ }
     close(oom);
   }
+  /* Entering it gives every capability in it (and a full bounding set), trimmed below. */
+  if (userns_fd >= 0 && setns(userns_fd, CLONE_NEWUSER) < 0) child_fail("setns (user namespace)");
+  syscall(SYS_close_range, 3, ~0U, 0);
+  uint64_t keep = userns_fd >= 0 && sandbox_uid == 0 ? ROOT_CAPS : 0;
   for (int cap = 0; cap <= 63; cap++)
-    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno == EINVAL) break;
+    if (!(keep & CAP_BIT(cap)) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno == EINVAL) break;
   if (setgroups(0, NULL) < 0) child_fail("setgroups");
   if (setresgid(sandbox_gid, sandbox_gid, sandbox_gid) < 0) child_fail("setgid");
   if (setresuid(sandbox_uid, sandbox_uid, sandbox_uid) < 0) child_fail("setuid");
   struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
   struct __user_cap_data_struct data[2];
   memset(data, 0, sizeof data);
+  data[0].permitted = data[0].effective = (uint32_t)keep;
+  data[1].permitted = data[1].effective = (uint32_t)(keep >> 32);
   if (syscall(SYS_capset, &hdr, data) < 0) child_fail("capset");
   prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail("no_new_privs");
@@ -608,46 +645,229 @@ static int serve(void) {
   }
 }
 
-static int launch(char *cgroups, const char *netns, char **argv) {
+/* ------------------------------------------------------------------------------------------ */
+/* launch                                                                                     */
+
+#define MAX_BOOT_MOUNTS 4
+
+/* --image (source set) or --overlay (lower, upper, work set), at target */
+struct boot_mount {
+  const char *source, *lower, *upper, *work, *target;
+  int mounted;
+};
+
+struct launch_options {
+  char *cgroups;
+  const char *netns;
+  int new_netns;
+  unsigned long ids_first, ids_count;
+  struct boot_mount mounts[MAX_BOOT_MOUNTS];
+  int mount_count;
+  char **argv;
+};
+
+static int write_text(const char *path, const char *text) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = write(fd, text, strlen(text));
+  int saved = errno;
+  close(fd);
+  errno = saved;
+  return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+/* A user namespace with ids 0..count-1 mapped to the host's first..first+count-1: made by a
+   child that unshares and waits while this process (root of the host's namespace) writes its
+   maps, so any range may be mapped. Returns an fd to it (not close-on-exec), or -1. */
+static int make_userns(unsigned long first, unsigned long count) {
+  int ready[2], done[2];
+  if (pipe2(ready, O_CLOEXEC) < 0) return -1;
+  if (pipe2(done, O_CLOEXEC) < 0) {
+    close(ready[0]);
+    close(ready[1]);
+    return -1;
+  }
+  pid_t child = fork();
+  if (child == 0) {
+    close(ready[0]);
+    close(done[1]);
+    char ok = unshare(CLONE_NEWUSER) == 0;
+    if (write(ready[1], &ok, 1) < 0 || read(done[0], &ok, 1) < 0) { /* exits either way */ }
+    _exit(0);
+  }
+  close(ready[1]);
+  close(done[0]);
+  char ok = 0, path[64], map[64];
+  int fd = -1, saved = EAGAIN;
+  if (child > 0 && read(ready[0], &ok, 1) == 1 && ok) {
+    snprintf(map, sizeof map, "0 %lu %lu\n", first, count);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", (int)child);
+    int mapped = write_text(path, map) == 0;
+    snprintf(path, sizeof path, "/proc/%d/gid_map", (int)child);
+    mapped = mapped && write_text(path, map) == 0;
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)child);
+    if (mapped) fd = open(path, O_RDONLY);
+    saved = errno;
+  }
+  close(done[1]);
+  close(ready[0]);
+  if (child > 0) waitpid(child, NULL, 0);
+  errno = saved;
+  return fd;
+}
+
+/* The first error message the kernel left on a filesystem context (overlayfs says why). */
+static void fs_context_error(int fs, char *out, size_t size) {
+  out[0] = 0;
+  ssize_t n = read(fs, out, size - 1);
+  out[n > 0 ? n : 0] = 0;
+  if (n > 0 && out[n - 1] == '\n') out[n - 1] = 0;
+}
+
+static int mount_image(struct boot_mount *m, int userns) {
+  int tree = open_tree(AT_FDCWD, m->source, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (tree < 0) return -1;
+  struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+  if (userns >= 0) {
+    attr.attr_set |= MOUNT_ATTR_IDMAP;
+    attr.userns_fd = (uint64_t)userns;
+  }
+  int rc = mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr);
+  if (rc == 0) rc = move_mount(tree, "", AT_FDCWD, m->target, MOVE_MOUNT_F_EMPTY_PATH);
+  int saved = errno;
+  close(tree);
+  errno = saved;
+  return rc;
+}
+
+/* Volatile: no syncs to the upper layer, which never outlives the sandbox. */
+static int mount_overlay(struct boot_mount *m, char *why, size_t size) {
+  int fs = fsopen("overlay", FSOPEN_CLOEXEC);
+  if (fs < 0) return -1;
+  int rc = fsconfig(fs, FSCONFIG_SET_STRING, "lowerdir+", m->lower, 0);
+  if (rc == 0) rc = fsconfig(fs, FSCONFIG_SET_STRING, "upperdir", m->upper, 0);
+  if (rc == 0) rc = fsconfig(fs, FSCONFIG_SET_STRING, "workdir", m->work, 0);
+  if (rc == 0) rc = fsconfig(fs, FSCONFIG_SET_FLAG, "volatile", NULL, 0);
+  if (rc == 0) rc = fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0);
+  int mnt = rc == 0 ? fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) : -1;
+  if (mnt >= 0) rc = move_mount(mnt, "", AT_FDCWD, m->target, MOVE_MOUNT_F_EMPTY_PATH);
+  int saved = errno;
+  if (mnt < 0 || rc < 0) fs_context_error(fs, why, size);
+  if (mnt >= 0) close(mnt);
+  close(fs);
+  errno = saved;
+  return mnt < 0 ? -1 : rc;
+}
+
+static void detach_boot_mounts(struct launch_options *o) {
+  for (int i = o->mount_count - 1; i >= 0; i--)
+    if (o->mounts[i].mounted && umount2(o->mounts[i].target, MNT_DETACH) == 0) o->mounts[i].mounted = 0;
+}
+
+static int make_boot_mounts(struct launch_options *o, int userns) {
+  for (int i = 0; i < o->mount_count; i++) {
+    struct boot_mount *m = &o->mounts[i];
+    char why[256] = "";
+    if ((m->source ? mount_image(m, userns) : mount_overlay(m, why, sizeof why)) < 0) {
+      fprintf(stderr, "supervisor: cannot mount the sandbox's root at %s: %s%s%s\n", m->target, strerror(errno), why[0] ? ": " : "", why);
+      detach_boot_mounts(o);
+      return -1;
+    }
+    m->mounted = 1;
+  }
+  return 0;
+}
+
+static int loopback_up(void) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  strcpy(ifr.ifr_name, "lo");
+  int rc = s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0 ? -1 : 0;
+  ifr.ifr_flags |= IFF_UP;
+  if (rc == 0) rc = ioctl(s, SIOCSIFFLAGS, &ifr);
+  if (s >= 0) close(s);
+  return rc;
+}
+
+/* fd moves to `at`, open across exec (by way of a free number, so neither clobbers the other) */
+static int move_fd(int fd, int at) {
+  int high = fcntl(fd, F_DUPFD, 32);
+  close(fd);
+  if (high < 0 || dup2(high, at) < 0) return -1;
+  close(high);
+  return 0;
+}
+
+static void launch_fail(const char *what, const char *arg) {
+  fprintf(stderr, "supervisor: %s%s: %s\n", what, arg, strerror(errno));
+  _exit(125);
+}
+
+/* The child: into the cgroups and the network namespace, then bwrap. */
+static void launch_child(struct launch_options *o, int userns, int booted) {
+  int fd = open("/proc/self/oom_score_adj", O_WRONLY);
+  if (fd >= 0) {
+    if (write(fd, "-1000", 5) < 0) { /* best effort */ }
+    close(fd);
+  }
+  for (char *tok = strtok(o->cgroups, ","); tok; tok = strtok(NULL, ",")) {
+    if (!*tok || strcmp(tok, "-") == 0) continue;
+    if (write_text(tok, "0") < 0) launch_fail("cannot join cgroup ", tok);
+  }
+  if (o->netns) {
+    fd = open(o->netns, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) launch_fail("cannot enter network namespace ", o->netns);
+    close(fd);
+  } else if (o->new_netns && (unshare(CLONE_NEWNET) < 0 || loopback_up() < 0)) {
+    launch_fail("cannot make the network namespace", "");
+  }
+  /* /proc/sys/net is the calling process's network namespace: the sandbox's, now */
+  if (userns >= 0 && write_text("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0") < 0) launch_fail("cannot open ports below 1024", "");
+  if (userns >= 0 && move_fd(userns, USERNS_FD) < 0) launch_fail("fd of the user namespace", "");
+  if (booted >= 0 && move_fd(booted, BOOTED_FD) < 0) launch_fail("fd of the boot", "");
+  execvp(o->argv[0], o->argv);
+  launch_fail("exec ", o->argv[0]);
+}
+
+static int launch(struct launch_options *o) {
   /* This process stays outside the sandbox as the reaper of everything in it: whatever is
      killed in whichever order (destroy kills the whole cgroup at once), the processes end up
      here and are reaped, none is left as a zombie of the host's init or of the service. */
   prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   if (getppid() == 1) return 125; /* the service is already gone */
+  int userns = o->ids_count ? make_userns(o->ids_first, o->ids_count) : -1;
+  if (o->ids_count && userns < 0) {
+    perror("supervisor: cannot make the sandbox's user namespace");
+    return 125;
+  }
+  if (make_boot_mounts(o, userns) < 0) return 125;
+  int booted[2] = {-1, -1};
+  if (o->mount_count && pipe2(booted, O_CLOEXEC) < 0) {
+    perror("supervisor: pipe");
+    detach_boot_mounts(o);
+    return 125;
+  }
   pid_t child = fork();
   if (child < 0) {
     perror("supervisor: fork");
+    detach_boot_mounts(o);
     return 125;
   }
   if (child == 0) {
-    int fd = open("/proc/self/oom_score_adj", O_WRONLY);
-    if (fd >= 0) {
-      if (write(fd, "-1000", 5) < 0) { /* best effort */ }
-      close(fd);
-    }
-    for (char *tok = strtok(cgroups, ","); tok; tok = strtok(NULL, ",")) {
-      if (!*tok || strcmp(tok, "-") == 0) continue;
-      fd = open(tok, O_WRONLY);
-      if (fd < 0 || write(fd, "0", 1) < 0) {
-        fprintf(stderr, "supervisor: cannot join cgroup %s: %s\n", tok, strerror(errno));
-        _exit(125);
-      }
-      close(fd);
-    }
-    if (netns) {
-      fd = open(netns, O_RDONLY | O_CLOEXEC);
-      if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
-        fprintf(stderr, "supervisor: cannot enter network namespace %s: %s\n", netns, strerror(errno));
-        _exit(125);
-      }
-      close(fd);
-    }
-    execvp(argv[0], argv);
-    fprintf(stderr, "supervisor: exec %s: %s\n", argv[0], strerror(errno));
-    _exit(125);
+    if (booted[0] >= 0) close(booted[0]);
+    launch_child(o, userns, booted[1]);
   }
-  for (int fd = 3; fd < 16; fd++) close(fd);
+  for (int fd = 3; fd < 16; fd++)
+    if (fd != booted[0]) close(fd);
+  if (booted[0] >= 0) {
+    /* EOF: the supervisor runs inside (it holds its root by its own mounts now), or all died */
+    char c;
+    for (ssize_t n; (n = read(booted[0], &c, 1)) > 0 || (n < 0 && errno == EINTR);) {}
+    close(booted[0]);
+    detach_boot_mounts(o);
+  }
   int status = 0, st;
   for (;;) {
     pid_t p = waitpid(-1, &st, 0);
@@ -659,6 +879,40 @@ static int launch(char *cgroups, const char *netns, char **argv) {
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return 128 + WTERMSIG(status);
+}
+
+/* argv after `launch`; 0, or -1 for a usage error */
+static int parse_launch(int argc, char **argv, struct launch_options *o) {
+  memset(o, 0, sizeof *o);
+  if (argc < 1) return -1;
+  o->cgroups = argv[0];
+  for (int i = 1; i < argc; i++) {
+    char *a = argv[i];
+    int left = argc - i - 1;
+    if (strcmp(a, "--") == 0) {
+      o->argv = argv + i + 1;
+      /* --userns opens low ports in the network namespace: never in the host's */
+      return left > 0 && (!o->ids_count || o->netns || o->new_netns) ? 0 : -1;
+    }
+    if (strcmp(a, "--netns") == 0 && left >= 1) o->netns = argv[++i];
+    else if (strcmp(a, "--new-netns") == 0) o->new_netns = 1;
+    else if (strcmp(a, "--userns") == 0 && left >= 1) {
+      if (sscanf(argv[++i], "%lu:%lu", &o->ids_first, &o->ids_count) != 2 || o->ids_count == 0) return -1;
+    } else if (strcmp(a, "--image") == 0 && left >= 2 && o->mount_count < MAX_BOOT_MOUNTS) {
+      struct boot_mount *m = &o->mounts[o->mount_count++];
+      m->source = argv[i + 1];
+      m->target = argv[i + 2];
+      i += 2;
+    } else if (strcmp(a, "--overlay") == 0 && left >= 4 && o->mount_count < MAX_BOOT_MOUNTS) {
+      struct boot_mount *m = &o->mounts[o->mount_count++];
+      m->lower = argv[i + 1];
+      m->upper = argv[i + 2];
+      m->work = argv[i + 3];
+      m->target = argv[i + 4];
+      i += 4;
+    } else return -1;
+  }
+  return -1;
 }
 
 /* Writes all of buf, or fails. */
@@ -799,13 +1053,19 @@ static int forward(const char *root, const char *port, const char *path) {
 
 int main(int argc, char **argv) {
   if (argc == 5 && strcmp(argv[1], "forward") == 0) return forward(argv[2], argv[3], argv[4]);
-  if (argc >= 5 && strcmp(argv[1], "launch") == 0 && strcmp(argv[3], "--") == 0) return launch(argv[2], NULL, argv + 4);
-  if (argc >= 7 && strcmp(argv[1], "launch") == 0 && strcmp(argv[3], "--netns") == 0 && strcmp(argv[5], "--") == 0) return launch(argv[2], argv[4], argv + 6);
-  if (argc == 4 && strcmp(argv[1], "serve") == 0) {
+  struct launch_options launch_options;
+  if (argc >= 2 && strcmp(argv[1], "launch") == 0 && parse_launch(argc - 2, argv + 2, &launch_options) == 0) return launch(&launch_options);
+  if (argc >= 4 && strcmp(argv[1], "serve") == 0) {
     sandbox_uid = (uid_t)atoi(argv[2]);
     sandbox_gid = (gid_t)atoi(argv[3]);
-    return serve();
+    int i = 4;
+    for (; i + 1 < argc; i += 2) {
+      if (strcmp(argv[i], "--userns") == 0) userns_fd = atoi(argv[i + 1]);
+      else if (strcmp(argv[i], "--booted") == 0) close(atoi(argv[i + 1]));
+      else break;
+    }
+    if (i == argc) return serve();
   }
-  fprintf(stderr, "usage: supervisor launch CGPROCS[,...] [--netns PATH] -- PROGRAM ARGS... | supervisor serve UID GID | supervisor forward ROOT_PID PORT UNIX_SOCKET\n");
+  fprintf(stderr, "usage: supervisor launch CGPROCS[,...] [--netns PATH | --new-netns] [--userns FIRST:COUNT] [--image SOURCE TARGET]... [--overlay LOWER UPPER WORK TARGET]... -- PROGRAM ARGS... | supervisor serve UID GID [--userns FD] [--booted FD] | supervisor forward ROOT_PID PORT UNIX_SOCKET\n");
   return 2;
 }

@@ -19,12 +19,14 @@ import { parseSize } from '../kernel/size.ts';
 import { AppError } from '../kernel/errors.ts';
 import { childPath, JsonSchemaValidator, type Problem, succeeds } from '../kernel/json-schema.ts';
 import { isObject } from '../kernel/is-object.ts';
+import { commandSizeProblem, envSizeProblem } from './sandbox-limits.ts';
 import { broadPatternProblem, type EgressRule, egressPatternProblem, hostnameProblem, parseEgressEntry } from './egress-policy.ts';
 import { definesParams, referencedNames } from './params.ts';
 
+/** A file the spec writes (setup, drift, grader): `content` is the text as written, or the bytes of an `encoding: base64` file. */
 export interface SpecSetupFile {
   path: string;
-  content: string;
+  content: string | Buffer;
   mode: number;
 }
 
@@ -40,19 +42,24 @@ interface AgentCommon {
   timeoutMs: number | null;
   env: Record<string, string>;
 }
+/** An agent that runs as a command of the sandbox. */
+interface CommandAgentCommon extends AgentCommon {
+  /** `agent.workdir`: where its command starts (absolute); absent: /agent for a snapshot, /workspace for the others. */
+  workdir?: string;
+}
 /** Exactly one of `snapshot` (an agent name: its newest version) and `snapshot_id` is set. */
-export interface SnapshotAgent extends AgentCommon {
+export interface SnapshotAgent extends CommandAgentCommon {
   type: 'snapshot';
   snapshot?: string;
   snapshot_id?: string;
   entrypoint?: string[];
 }
-export interface CliAgent extends AgentCommon {
+export interface CliAgent extends CommandAgentCommon {
   type: 'cli';
   /** A string runs with `sh -c` in the workspace; a list is the exec form. */
   command: string | string[];
 }
-export interface ImageAgent extends AgentCommon {
+export interface ImageAgent extends CommandAgentCommon {
   type: 'image';
   entrypoint?: string[];
 }
@@ -148,11 +155,15 @@ export interface SpecDocument {
   /** Secret name -> how the egress proxy injects it, for the brokered secrets only. */
   brokered: Record<string, BrokeredSecret>;
   setup: { files: SpecSetupFile[]; commands: string[]; env: Record<string, string> };
+  /** Files that exist only while the checks run: written after the agent's end and its diff, removed after the checks. */
+  grader: { files: SpecSetupFile[] };
   fixtures: SpecFixture[];
   services: SpecService[];
   /** `timeoutMs` is null when the spec leaves the lifetime to the server's SVC_SANDBOX_TIMEOUT (default 10m). */
   resources: { timeoutMs: number | null; memoryBytes: number; cpus: number; pids: number; diskBytes: number | null; concurrencyLimit: number | null };
   determinism: { frozenTime: string | null; seed: number | null; dns: Record<string, string> };
+  /** Who the commands run as; whether / takes writes (default: as root yes, as nobody no). */
+  sandbox: { user: 'nobody' | 'root'; writableRoot: boolean };
   audit: {
     db_writes: boolean;
     http_calls: boolean;
@@ -199,6 +210,17 @@ export const SPEC_DEFAULTS = {
 
 const asArray = (v: unknown): unknown[] => (Array.isArray(v) ? v : []);
 const asObject = (v: unknown): Record<string, unknown> => (isObject(v) ? v : {});
+
+/** Standard base64 (RFC 4648 section 4, padded); whitespace between the characters is allowed (YAML block scalars). */
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+/** Whether `text` is base64 as file contents take it (see BASE64). */
+export function isBase64(text: string): boolean {
+  return BASE64.test(text.replace(/\s+/g, ''));
+}
+
+/** A file mode as the spec and the files API write it: an octal string of three digits, optionally after a 0 ("0644"). */
+export const FILE_MODE_TEXT = /^0?[0-7]{3}$/;
 
 // --- the schema -------------------------------------------------------------------------------
 
@@ -290,6 +312,35 @@ function crossFieldProblems(doc: Record<string, unknown>, schemaPaths: string[],
       const which = matrix.every((entry) => !Object.hasOwn(entry, name)) ? 'parallelism.matrix' : `parallelism.matrix[${lacking}]`;
       add(path, `refers to params.${name}, which ${which} does not define`);
     }
+  }
+  return problems;
+}
+
+/**
+ * What a schema cannot measure: base64 contents that do not decode, and commands and environment
+ * variables past Linux's 128 KiB for one argument or variable (sandbox-limits.ts), which could
+ * only fail when the sandbox runs them. Reported where the schema found nothing (`flagged`).
+ */
+function contentProblems(doc: Record<string, unknown>, flagged: ReadonlySet<string>): Problem[] {
+  const problems: Problem[] = [];
+  const add = (path: string, problem: string | null) => {
+    if (problem && !flagged.has(path)) problems.push({ path, problem });
+  };
+  const files: Array<[string, unknown]> = [
+    ...asArray(asObject(doc.setup).files).map((f, i): [string, unknown] => [`setup.files[${i}]`, f]),
+    ...asArray(asObject(doc.grader).files).map((f, i): [string, unknown] => [`grader.files[${i}]`, f]),
+    ...asArray(doc.fixtures).flatMap((fixture, i) => asArray(asObject(fixture).files).map((f, j): [string, unknown] => [`fixtures[${i}].files[${j}]`, f])),
+  ];
+  for (const [path, file] of files) {
+    const { content, encoding } = asObject(file);
+    if (encoding === 'base64' && typeof content === 'string' && !isBase64(content)) add(`${path}.content`, 'is not valid base64 (encoding: base64 takes standard, padded base64: A-Z, a-z, 0-9, + and /)');
+  }
+  for (const [i, command] of asArray(asObject(doc.setup).commands).entries()) if (typeof command === 'string') add(`setup.commands[${i}]`, commandSizeProblem(command));
+  const agent = asObject(doc.agent);
+  const agentCommand = Array.isArray(agent.command) ? agent.command.filter((a) => typeof a === 'string').join(' ') : agent.command;
+  if (typeof agentCommand === 'string') add('agent.command', commandSizeProblem(agentCommand));
+  for (const block of ['setup', 'agent']) {
+    for (const [name, value] of Object.entries(asObject(asObject(doc[block]).env))) add(childPath(`${block}.env`, name), envSizeProblem({ [name]: String(value) }));
   }
   return problems;
 }
@@ -424,7 +475,8 @@ export function specFromDocument(doc: Record<string, unknown>): SpecDocument {
   const fromSchema = validator.problems(doc);
   const { replacing, added } = hostProblems(doc, new Set(fromSchema.map((p) => p.path)));
   const replaced = new Set(replacing.map((p) => p.path));
-  const problems = [...fromSchema.filter((p) => !replaced.has(p.path)), ...replacing, ...added, ...crossFieldProblems(doc, fromSchema.map((p) => p.path), paramReferences)];
+  const flagged = new Set(fromSchema.map((p) => p.path));
+  const problems = [...fromSchema.filter((p) => !replaced.has(p.path)), ...replacing, ...added, ...contentProblems(doc, flagged), ...crossFieldProblems(doc, [...flagged], paramReferences)];
   if (problems.length > 0) fail(problems);
   return normalise(doc);
 }
@@ -473,19 +525,20 @@ function condition(text: string): Condition {
 
 function file(f: Raw): SpecSetupFile {
   const mode = f.mode === undefined ? SPEC_DEFAULTS.fileMode : typeof f.mode === 'string' ? parseInt(f.mode, 8) : (f.mode as number);
-  return { path: f.path, content: f.content, mode };
+  return { path: f.path, content: f.encoding === 'base64' ? Buffer.from(f.content, 'base64') : f.content, mode };
 }
 
 function agent(a: Raw | undefined): SpecAgent | null {
   if (a === undefined) return null;
   const common = { timeoutMs: a.timeout === undefined ? null : parseDuration(a.timeout), env: strings(a.env) };
+  const workdir = a.workdir !== undefined && { workdir: a.workdir as string };
   switch (a.type as SpecAgent['type']) {
     case 'snapshot':
-      return { type: 'snapshot', ...common, ...(a.snapshot !== undefined && { snapshot: a.snapshot }), ...(a.snapshot_id !== undefined && { snapshot_id: a.snapshot_id }), ...(a.entrypoint && { entrypoint: a.entrypoint }) };
+      return { type: 'snapshot', ...common, ...(a.snapshot !== undefined && { snapshot: a.snapshot }), ...(a.snapshot_id !== undefined && { snapshot_id: a.snapshot_id }), ...(a.entrypoint && { entrypoint: a.entrypoint }), ...workdir };
     case 'cli':
-      return { type: 'cli', ...common, command: a.command };
+      return { type: 'cli', ...common, command: a.command, ...workdir };
     case 'image':
-      return { type: 'image', ...common, ...(a.entrypoint && { entrypoint: a.entrypoint }) };
+      return { type: 'image', ...common, ...(a.entrypoint && { entrypoint: a.entrypoint }), ...workdir };
     case 'hosted':
       return { type: 'hosted', ...common, url: a.url, method: a.method ?? 'POST', headers: strings(a.headers), send_env: a.send_env ?? [] };
   }
@@ -577,7 +630,7 @@ function secrets(raw: Raw | undefined): Pick<SpecDocument, 'secrets' | 'brokered
 
 function normalise(raw: Record<string, unknown>): SpecDocument {
   const d = raw as Raw;
-  const { resources = {}, determinism = {}, audit = {}, teardown = {}, network = {}, scoring = {}, parallelism = {}, setup = {} } = d;
+  const { resources = {}, determinism = {}, audit = {}, teardown = {}, network = {}, scoring = {}, parallelism = {}, setup = {}, sandbox = {} } = d;
   const aggregation = scoring.replica_aggregation ?? {};
   return {
     version: d.version,
@@ -594,6 +647,7 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
     parallelism: { replicas: parallelism.replicas ?? SPEC_DEFAULTS.replicas, matrix: parallelism.matrix ?? [{}] },
     ...secrets(d.secrets),
     setup: { files: ((setup.files ?? []) as Raw[]).map(file), commands: setup.commands ?? [], env: strings(setup.env) },
+    grader: { files: ((d.grader?.files ?? []) as Raw[]).map(file) },
     fixtures: ((d.fixtures ?? []) as Raw[]).map(fixture),
     services: ((d.services ?? []) as Raw[]).map(service),
     resources: {
@@ -604,6 +658,7 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
       diskBytes: resources.disk === undefined ? null : parseSize(resources.disk),
       concurrencyLimit: resources.concurrency_limit ?? null,
     },
+    sandbox: { user: sandbox.user ?? 'nobody', writableRoot: sandbox.writable_root ?? sandbox.user === 'root' },
     determinism: {
       frozenTime: determinism.frozen_time === undefined ? null : new Date(determinism.frozen_time).toISOString(),
       seed: determinism.seed ?? null,

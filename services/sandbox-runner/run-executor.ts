@@ -23,17 +23,39 @@ import type { CheckResult, RunEvent, RunOutcome, RunRequested } from '../domain/
 import type { InvariantCheck, SpecDocument } from '../domain/spec.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { listImages, normalizeReference } from './runtime/images.ts';
-import type { CreateRequest, LiveSandbox } from './sandbox.ts';
+import { excerpt, type CheckRun, type CreateRequest, type LiveSandbox } from './sandbox.ts';
 import { AUDIT_FILE } from './workspace/audit-log.ts';
 import { exists as fileExists, readFile } from './workspace/files.ts';
-import { SERVICE_DIR } from './workspace/paths.ts';
+import { SERVICE_DIR, workspaceSegments } from './workspace/paths.ts';
 
 const OUTPUT_TAIL = 4096;
 const JUDGE_INPUT_MAX = 64 * 1024;
+/** How much of a check's output its message quotes. */
+const MESSAGE_OUTPUT_CHARS = 200;
+/** The longest message of a custom script that a result keeps. */
+const SCRIPT_MESSAGE_CHARS = 1000;
+/** What a check's result keeps of each of its streams. */
+const CHECK_STREAM_BYTES = 64 * 1024;
+/** What a run's results keep of all its checks' output (the outcome travels as one event). */
+const CHECK_OUTPUT_BUDGET = 1024 * 1024;
+
+/** The room left for checks' output in a run; each check's streams take from it. */
+class OutputBudget {
+  private left = CHECK_OUTPUT_BUDGET;
+  /** What one stream of the next check may keep. */
+  perStream(): number {
+    return Math.min(CHECK_STREAM_BYTES, Math.floor(this.left / 2));
+  }
+  spend(run: CheckRun): void {
+    this.left -= Buffer.byteLength(run.output.stdout.text) + Buffer.byteLength(run.output.stderr.text);
+  }
+}
 
 export type BootSandbox = (tenant: string, id: string, request: CreateRequest) => Promise<LiveSandbox>;
 
 const tail = (text: string) => (text.length > OUTPUT_TAIL ? text.slice(-OUTPUT_TAIL) : text);
+/** The end of a check's output that its message quotes (where test runners print their summary). */
+const lastChars = (text: string) => (text.length > MESSAGE_OUTPUT_CHARS ? `…${text.slice(-MESSAGE_OUTPUT_CHARS)}` : text);
 
 export class RunExecutor {
   constructor(
@@ -90,8 +112,8 @@ export class RunExecutor {
         scenario_id: run.scenario_id,
         run_id: run.run_id,
         agent,
+        // agent.env is the agent's command's alone (runAgent), not the setup's or the checks'.
         extra_env: {
-          ...spec.agent?.env,
           ...paramsEnv(params),
           SVC_EXPERIMENT_ID: run.experiment_id,
           SVC_SCENARIO_ID: run.scenario_id,
@@ -101,6 +123,7 @@ export class RunExecutor {
           SVC_WORKSPACE: '/workspace',
           ...(agent ? { SVC_AGENT_DIR: '/agent' } : {}),
         },
+        private_home: true,
       });
     } catch (err) {
       return failed('boot_failed', (err as Error).message, null, started);
@@ -111,21 +134,13 @@ export class RunExecutor {
       const agentRun = await this.runAgent(sandbox, spec, agent, agentTimeoutMs);
       await sandbox.endAgent();
       if (agentRun.timed_out) {
-        return { ...failed('agent_timeout', `the agent exceeded its timeout of ${agentTimeoutMs} ms`, sandboxId, started), agent: agentRun };
+        return { ...failed('agent_timeout', `the agent exceeded its timeout of ${agentTimeoutMs} ms`, sandboxId, started), agent: agentRun, ...(sandbox.image ? { image: sandbox.image } : {}) };
       }
       // The workspace as the agent left it: checks only read it, so one capture serves the judge and the outcome.
       const diff = await sandbox.agentDiff();
       // What the databases committed while the agent ran is in the audit before the outcome reads it.
       await sandbox.recordDatabaseWrites();
-      const checks: Record<string, CheckResult> = {};
-      for (const [name, invariant] of Object.entries(spec.invariants)) {
-        checks[name] = await this.check(sandbox, invariant.check, scripts.get(name), agentRun, diff).catch((err: Error) => ({
-          type: invariant.check.type,
-          passed: false,
-          score: null,
-          message: `the check could not run: ${err.message}`,
-        }));
-      }
+      const checks = await this.runChecks(sandbox, spec, scripts, agentRun, diff);
       const ended = Date.now();
       return {
         status: 'completed',
@@ -138,10 +153,31 @@ export class RunExecutor {
         checks,
         diff,
         audit: { ...(await auditFacts(sandbox.workspaceDir)), dropped: sandbox.auditDropped },
+        ...(sandbox.image ? { image: sandbox.image } : {}),
       };
     } finally {
       await sandbox.destroy('run finished').catch((err) => this.kernel.logger.warn({ err, sandbox_id: sandboxId }, 'run teardown failed'));
     }
+  }
+
+  /**
+   * Every invariant's check, with the grader's files there while they run (written after the
+   * agent's end and diff, removed after): a file that cannot be written fails every check, since
+   * none of them would see what the spec meant them to.
+   */
+  private async runChecks(sandbox: LiveSandbox, spec: SpecDocument, scripts: Map<string, string>, agentRun: NonNullable<RunOutcome['agent']>, diff: NonNullable<RunOutcome['diff']>): Promise<Record<string, CheckResult>> {
+    const checks: Record<string, CheckResult> = {};
+    const budget = new OutputBudget();
+    try {
+      const unwritten = await sandbox.writeGraderFiles();
+      for (const [name, invariant] of Object.entries(spec.invariants)) {
+        const failure = (message: string): CheckResult => ({ type: invariant.check.type, passed: false, score: null, message });
+        checks[name] = unwritten !== null ? failure(unwritten) : await this.check(sandbox, invariant.check, scripts.get(name), agentRun, diff, budget).catch((err: Error) => failure(`the check could not run: ${excerpt(err.message)}`));
+      }
+    } finally {
+      await sandbox.removeGraderFiles();
+    }
+    return checks;
   }
 
   /** The agent of the spec's `agent` block, run to its end or its timeout. */
@@ -152,7 +188,7 @@ export class RunExecutor {
     let command: string;
     if (a.type === 'snapshot') {
       if (!agent) throw new AppError('bad_request', 'the run has no resolved agent snapshot');
-      command = `cd /agent && exec ${agent.entrypoint.map(shellQuote).join(' ')}`;
+      command = `exec ${agent.entrypoint.map(shellQuote).join(' ')}`;
     } else if (a.type === 'cli') {
       command = Array.isArray(a.command) ? `exec ${a.command.map(shellQuote).join(' ')}` : a.command;
     } else {
@@ -161,7 +197,9 @@ export class RunExecutor {
       if (!entrypoint) throw new AppError('bad_request', `image agent: neither agent.entrypoint nor the image "${spec.base}" (svc images import --entrypoint) names a command`);
       command = `exec ${entrypoint.map(shellQuote).join(' ')}`;
     }
-    const result = (await sandbox.handle('command', { command, timeout_ms: timeoutMs })).body as {
+    const workdir = a.workdir ?? (a.type === 'snapshot' ? '/agent' : null);
+    if (workdir !== null) command = `${await this.enterWorkdir(sandbox, workdir)}\n${command}`;
+    const result = (await sandbox.agentCommand(command, { timeoutMs, env: a.env })).body as {
       stdout: string;
       stderr: string;
       exit_code: number;
@@ -171,17 +209,28 @@ export class RunExecutor {
     return { exit_code: result.exit_code, timed_out: result.timed_out === true, duration_ms: result.duration_ms, stdout: tail(result.stdout), stderr: tail(result.stderr) };
   }
 
+  /**
+   * The line that moves the agent's command to `workdir`, once a probe found it enterable: a
+   * workdir that is not there is the spec's error (the run's `error`), not a failure of the agent.
+   */
+  private async enterWorkdir(sandbox: LiveSandbox, workdir: string): Promise<string> {
+    const why = await sandbox.cannotEnter(workdir);
+    if (why !== null) throw new AppError('bad_request', `agent.workdir: ${excerpt(workdir)} is not a directory the agent can enter: ${excerpt(why)}`);
+    return `cd -- ${shellQuote(workdir)} || exit 126`;
+  }
+
   /** A hosted agent gets the task and the sandbox's API coordinates; its answer ends the run. */
   private async callHostedAgent(sandbox: LiveSandbox, spec: SpecDocument, timeoutMs: number): Promise<NonNullable<RunOutcome['agent']>> {
     const a = spec.agent as Extract<SpecDocument['agent'], { type: 'hosted' }>;
     const vars = sandbox.environment;
-    const sent = ['SVC_BASE_URL', 'SVC_API_KEY', 'SVC_SANDBOX_ID', ...Object.keys(a.env), ...a.send_env];
+    const sent = ['SVC_BASE_URL', 'SVC_API_KEY', 'SVC_SANDBOX_ID', ...a.send_env];
+    const env = { ...Object.fromEntries(sent.filter((k) => k in vars).map((k) => [k, vars[k]])), ...a.env };
     const started = Date.now();
     try {
       const res = await fetch(a.url, {
         method: a.method,
         headers: { 'content-type': 'application/json', ...a.headers },
-        body: JSON.stringify({ task: { prompt: spec.task.prompt }, env: Object.fromEntries(sent.filter((k) => k in vars).map((k) => [k, vars[k]])) }),
+        body: JSON.stringify({ task: { prompt: spec.task.prompt }, env }),
         signal: AbortSignal.timeout(timeoutMs),
       });
       // Its answer goes into the run's outcome (log and store): redacted whole, before the tail is cut.
@@ -194,26 +243,54 @@ export class RunExecutor {
     }
   }
 
+  /** The custom checks' script files: a grader file of that path, else the workspace's file as it is at ready. */
   private async readCheckScripts(sandbox: LiveSandbox, spec: SpecDocument): Promise<Map<string, string>> {
     const scripts = new Map<string, string>();
+    const samePath = (a: string, b: string) => workspaceSegments(a).join('/') === workspaceSegments(b).join('/');
     for (const [name, { check }] of Object.entries(spec.invariants)) {
       if (check.type !== 'custom' || check.form !== 'file') continue;
-      const file = await readFile(sandbox.workspaceDir, check.script, { field: `invariants.${name}.check.script` }).catch(() => null);
-      if (file) scripts.set(name, file.content.toString('utf8'));
+      const graders = spec.grader.files.find((f) => samePath(f.path, check.script));
+      const file = graders ?? (await readFile(sandbox.workspaceDir, check.script, { field: `invariants.${name}.check.script` }).catch(() => null));
+      if (file) scripts.set(name, Buffer.from(file.content).toString('utf8'));
     }
     return scripts;
   }
 
-  private async check(sandbox: LiveSandbox, check: InvariantCheck, script: string | undefined, agentRun: NonNullable<RunOutcome['agent']>, diff: NonNullable<RunOutcome['diff']>): Promise<CheckResult> {
+  /** command_exit: the command's exit code, its output kept in full (within the budget), an excerpt of it in the message. */
+  private async commandCheck(sandbox: LiveSandbox, check: Extract<InvariantCheck, { type: 'command_exit' }>, budget: OutputBudget): Promise<CheckResult> {
+    const r = await sandbox.runCheck({ shell: check.command }, { timeoutMs: check.timeoutMs, maxOutputBytes: budget.perStream() });
+    budget.spend(r);
+    const result = (passed: boolean, message: string): CheckResult => ({ type: check.type, passed, score: null, message, output: r.output });
+    if (r.timedOut) return result(false, `timed out after ${check.timeoutMs} ms`);
+    const output = lastChars((r.output.stderr.text || r.output.stdout.text).trim());
+    return result(r.exitCode === check.expect_exit, `exit code ${r.exitCode} (expected ${check.expect_exit})${output ? `: ${output}` : ''}`);
+  }
+
+  /** custom: the Python script's verdict, the last line of its stdout; its output kept as command_exit's is. */
+  private async customCheck(sandbox: LiveSandbox, check: Extract<InvariantCheck, { type: 'custom' }>, script: string | undefined, budget: OutputBudget): Promise<CheckResult> {
+    const source = check.form === 'inline' ? check.script : script;
+    if (source === undefined) return { type: 'custom', passed: false, score: null, message: `${check.script} did not exist when the sandbox became ready` };
+    const r = await sandbox.runCheck({ python: source }, { timeoutMs: check.timeoutMs, maxOutputBytes: budget.perStream() });
+    budget.spend(r);
+    const result = (passed: boolean, score: number | null, message: string): CheckResult => ({ type: 'custom', passed, score, message, output: r.output });
+    if (r.timedOut) return result(false, null, `timed out after ${check.timeoutMs} ms`);
+    const last = r.output.stdout.text.trim().split('\n').at(-1) ?? '';
+    try {
+      const answer = JSON.parse(last) as { passed?: unknown; score?: unknown; message?: unknown };
+      if (typeof answer.passed !== 'boolean') throw new Error('no boolean "passed"');
+      const score = typeof answer.score === 'number' && answer.score >= 0 && answer.score <= 1 ? answer.score : null;
+      return result(answer.passed, score, typeof answer.message === 'string' ? excerpt(answer.message, SCRIPT_MESSAGE_CHARS) : `passed: ${answer.passed}`);
+    } catch (err) {
+      return result(false, null, `the script must print a JSON object with "passed" as its last line (${(err as Error).message}); exit code ${r.exitCode}: ${lastChars((r.output.stderr.text || last).trim())}`);
+    }
+  }
+
+  private async check(sandbox: LiveSandbox, check: InvariantCheck, script: string | undefined, agentRun: NonNullable<RunOutcome['agent']>, diff: NonNullable<RunOutcome['diff']>, budget: OutputBudget): Promise<CheckResult> {
     const workspace = sandbox.workspaceDir;
     const result = (passed: boolean, message: string): CheckResult => ({ type: check.type, passed, score: null, message });
     switch (check.type) {
-      case 'command_exit': {
-        const r = await sandbox.runCheck(check.command, { timeoutMs: check.timeoutMs });
-        if (r.timedOut) return result(false, `timed out after ${check.timeoutMs} ms`);
-        const output = (r.stderr || r.stdout).trim().slice(-300);
-        return result(r.exitCode === check.expect_exit, `exit code ${r.exitCode} (expected ${check.expect_exit})${output ? `: ${output}` : ''}`);
-      }
+      case 'command_exit':
+        return this.commandCheck(sandbox, check, budget);
       case 'file_exists':
       case 'file_absent': {
         const exists = await fileExists(workspace, check.path).catch(() => false);
@@ -228,21 +305,8 @@ export class RunExecutor {
         const matches = new RegExp(check.regex!, 'm').test(text);
         return result(matches, `${check.path} ${matches ? 'matches' : 'does not match'} /${check.regex}/`);
       }
-      case 'custom': {
-        const source = check.form === 'inline' ? check.script : script;
-        if (source === undefined) return result(false, `${check.script} did not exist when the sandbox became ready`);
-        const r = await sandbox.runCheck('python3 -I -c "$SVC_CHECK_SCRIPT"', { timeoutMs: check.timeoutMs, env: { SVC_CHECK_SCRIPT: source } });
-        if (r.timedOut) return result(false, `timed out after ${check.timeoutMs} ms`);
-        const last = r.stdout.trim().split('\n').at(-1) ?? '';
-        try {
-          const answer = JSON.parse(last) as { passed?: unknown; score?: unknown; message?: unknown };
-          if (typeof answer.passed !== 'boolean') throw new Error('no boolean "passed"');
-          const score = typeof answer.score === 'number' && answer.score >= 0 && answer.score <= 1 ? answer.score : null;
-          return { type: 'custom', passed: answer.passed, score, message: typeof answer.message === 'string' ? answer.message : `passed: ${answer.passed}` };
-        } catch (err) {
-          return result(false, `the script must print a JSON object with "passed" as its last line (${(err as Error).message}); exit code ${r.exitCode}: ${(r.stderr || last).trim().slice(-300)}`);
-        }
-      }
+      case 'custom':
+        return this.customCheck(sandbox, check, script, budget);
       case 'llm_as_judge':
         return { type: 'llm_as_judge', passed: null, score: null, message: 'graded by the judge', judge_input: await this.judgeInput(sandbox, check.input, agentRun, diff) };
       case 'sql': {

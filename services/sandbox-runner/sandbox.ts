@@ -6,6 +6,7 @@
  * through the path-safe layer (workspace/files.ts and beneath.ts): the agent may be racing it.
  */
 import { shellQuote } from '../kernel/shell.ts';
+import { randomBytes } from 'node:crypto';
 import { mkdir, writeFile as writeHostFile } from 'node:fs/promises';
 import path from 'node:path';
 import { stringify as stringifyYaml } from 'yaml';
@@ -14,6 +15,7 @@ import { renderConfigTemplate, type ResolvedAgent } from '../domain/agent-auth.t
 import type { ExtractedBundles } from '../kernel/bundles.ts';
 import { AppError } from '../kernel/errors.ts';
 import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../domain/events/sandbox-events.ts';
+import type { CheckOutput } from '../domain/events/run-events.ts';
 import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
 import { resolveHostSecret } from '../kernel/secret-sources.ts';
 import { parseSpec, type SpecDocument } from '../domain/spec.ts';
@@ -21,12 +23,12 @@ import { changedExpiry } from '../domain/sandbox-lifetime.ts';
 import { redactSecrets, type Sealer, type TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { refusedInStep, runBoot, StepFailed, type BootStep, type StepDone } from './boot/pipeline.ts';
-import { resolveImage } from './runtime/images.ts';
+import { ensureImage } from './runtime/images.ts';
 import type { ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
 import { SERVICE_URL_IN_SANDBOX } from './runtime/service-bridge.ts';
 import { AUDIT_FILE, AuditLog } from './workspace/audit-log.ts';
 import { removeBeneath } from './workspace/beneath.ts';
-import { copyFileOut, deleteFile, readFile, writeFile } from './workspace/files.ts';
+import { copyFileOut, deleteFile, makeDirectory, readFile, writeFile } from './workspace/files.ts';
 import { FsWatcher } from './workspace/fs-watcher.ts';
 import type { EgressGateway } from './network/gateway.ts';
 import { backingRoot, BackingServices } from './backing/backing-services.ts';
@@ -52,10 +54,14 @@ export interface CreateRequest {
   extra_env?: Record<string, string>;
   /** The parsed spec, when the caller has it (a run's, with its params applied); else `yaml` is parsed. */
   spec?: SpecDocument;
+  /** HOME is AGENT_HOME, outside the workspace, instead of /workspace (a run's: the agent's dotfiles stay out of its diff). */
+  private_home?: boolean;
 }
 
 /** Where the agent bundle is mounted, read-only, in every sandbox of a snapshot agent. */
 const AGENT_DIR = '/agent';
+/** HOME of a sandbox with `private_home`: a directory of the sandbox user in its private /tmp. */
+const AGENT_HOME = '/tmp/home';
 
 type State = SandboxChanged['state'];
 
@@ -74,10 +80,28 @@ const CHECK_ENV: Readonly<Record<string, string>> = {
 };
 
 /**
- * A check runs as `sh -c` this prelude: a fresh HOME no one else has seen (mktemp, in the
- * sandbox's private /tmp), then the check's own command, in the workspace as before.
+ * A check runs in the workspace from its own directory, SVC_CHECK_DIR (made by the service in the
+ * sandbox's /tmp, see runCheck): a fresh HOME no one else has seen, then its source read from a
+ * file there. Never through an argument or a variable, so a check of any size runs (Linux takes
+ * at most 128 KiB for one).
  */
-const CHECK_PRELUDE = 'HOME="$(mktemp -d /tmp/.svc-check.XXXXXXXXXX)" || exit 125; export HOME; eval "$SVC_CHECK_COMMAND"';
+const CHECK_PRELUDE = 'HOME="$SVC_CHECK_DIR/home"; export HOME; ';
+const CHECK_RUNNERS = {
+  shell: { file: 'check.sh', command: `${CHECK_PRELUDE}. "$SVC_CHECK_DIR/check.sh"` },
+  python: { file: 'check.py', command: `${CHECK_PRELUDE}exec python3 -I "$SVC_CHECK_DIR/check.py"` },
+} as const;
+
+/** What a check in the sandbox did: its exit, and its output as kept. */
+export interface CheckRun {
+  exitCode: number;
+  timedOut: boolean;
+  output: CheckOutput;
+}
+
+/** The first characters of `text` that an error message quotes, never the whole (a command may be 200 KB). */
+export function excerpt(text: string, chars = 200): string {
+  return text.length <= chars ? text : `${text.slice(0, chars)}… (${text.length} characters)`;
+}
 
 /** A moment for the exits of a kill to come through the tracer's pipe before the watch ends. */
 const PROCESS_EVENTS_DRAIN_MS = 100;
@@ -104,6 +128,8 @@ export class LiveSandbox {
   private box: SandboxHandle | null = null;
   private readonly network: SandboxNetwork;
   private readonly backing: BackingServices;
+  /** The image the sandbox runs: its reference, digest, and what replaced it when it could not be had. */
+  image: { reference: string; digest: string | null; replaced: string | null } | null = null;
   /** The append of the latest db_write record (appends keep their order). */
   private lastDbWrite: Promise<unknown> = Promise.resolve();
   private audit: AuditLog | null = null;
@@ -111,6 +137,10 @@ export class LiveSandbox {
   /** Ends the kernel's report of the sandbox's processes (audit.process_spawns). */
   private endProcessWatch: (() => void) | null = null;
   private captureEnded: Promise<Diff | null> | null = null;
+  /** The workspace's diff as the agent left it, once taken (grader files come after it). */
+  private finalDiff: Promise<Diff> | null = null;
+  /** The host directory of AGENT_HOME, for a sandbox with `private_home`. */
+  private homeDir: string | null = null;
   /** The audit records' appends to svc.audit, in the order they were written. */
   private auditChain: Promise<void> = Promise.resolve();
   private readonly queuedAudit: Array<{ ts: string; type: string; details: object }> = [];
@@ -200,8 +230,34 @@ export class LiveSandbox {
   }
 
   /** The workspace's diff since ready as the agent left it: the reconciliation's, when it made one (one capture, not two). */
-  async agentDiff(): Promise<Diff> {
-    return (await this.endCapture()) ?? diffStates(this.before!, await this.captureState());
+  agentDiff(): Promise<Diff> {
+    this.finalDiff ??= (async () => (await this.endCapture()) ?? diffStates(this.before!, await this.captureState()))();
+    return this.finalDiff;
+  }
+
+  /**
+   * Writes the spec's grader files into the workspace (as the setup files are). Only after the
+   * agent's end and its diff: no process of the agent is left to see them, and neither its diff
+   * nor its audit holds them (the service's own writes, not recorded). Returns why one could not
+   * be written (the agent may have left a file where a directory goes), or null.
+   */
+  async writeGraderFiles(): Promise<string | null> {
+    if (!this.finalDiff) throw new Error('grader files are written only once the agent has ended and its diff is taken');
+    await this.finalDiff;
+    for (const [i, file] of this.spec.grader.files.entries()) {
+      const field = `grader.files[${i}].path`;
+      try {
+        await writeFile(this.workspace, file.path, file.content, { field, mode: file.mode });
+      } catch (err) {
+        return `the grader's file ${excerpt(file.path)} could not be written: ${(err as Error).message}`;
+      }
+    }
+    return null;
+  }
+
+  /** Removes the grader files once the checks ran (one a check removed itself is not missed). */
+  async removeGraderFiles(): Promise<void> {
+    for (const file of this.spec.grader.files) await deleteFile(this.workspace, file.path).catch(() => undefined);
   }
 
   /**
@@ -243,14 +299,56 @@ export class LiveSandbox {
   /**
    * Runs a check of the service's (an invariant), not the agent's: not audited as a process of
    * the agent, output redacted, in the sandbox as it is now (the agent's processes are gone).
-   * The checker is out of the agent's reach: HOME is a fresh private directory (the agent's HOME
-   * is the workspace, where its dotfiles, Python user site and tool configs would otherwise
-   * load), PATH holds only the read-only image's directories, and Python neither loads a user
-   * site nor puts the working directory (the agent's workspace) first on its import path.
+   * The checker is out of the agent's reach: HOME is a fresh private directory (the agent's
+   * dotfiles, Python user site and tool configs would otherwise load), PATH holds only the
+   * read-only image's directories, and Python neither loads a user site nor puts the working
+   * directory (the agent's workspace) first on its import path. Its source goes through a file of
+   * a directory the service makes in the sandbox's /tmp: the service's own (mode 0755), so no
+   * process of the sandbox can swap or rewrite it, with a HOME of the sandbox user's in it.
+   * Each stream keeps its first `maxOutputBytes`, and counts them all.
    */
-  async runCheck(command: string, options: { timeoutMs: number; env?: Record<string, string> }): Promise<{ exitCode: number; stdout: string; stderr: string; timedOut: boolean }> {
-    const r = await this.box!.exec({ command: CHECK_PRELUDE, timeoutMs: options.timeoutMs, env: { ...options.env, ...CHECK_ENV, SVC_CHECK_COMMAND: command }, maxCaptureBytes: 256 * 1024 });
-    return { exitCode: r.exitCode, stdout: this.output(r, 'stdout'), stderr: this.output(r, 'stderr'), timedOut: r.timedOut };
+  async runCheck(source: { shell: string } | { python: string }, options: { timeoutMs: number; maxOutputBytes: number }): Promise<CheckRun> {
+    const runner = 'shell' in source ? CHECK_RUNNERS.shell : CHECK_RUNNERS.python;
+    const name = `.svc-check-${randomBytes(8).toString('hex')}`;
+    const dir = makeDirectory(this.tmpOnHost(), name, { mode: 0o755 });
+    try {
+      makeDirectory(dir, 'home', { mode: 0o700, owner: this.box!.user });
+      await writeFile(dir, runner.file, 'shell' in source ? source.shell : source.python);
+      const bytes = { stdout: 0, stderr: 0 };
+      const r = await this.box!.exec({
+        command: runner.command,
+        timeoutMs: options.timeoutMs,
+        env: { ...CHECK_ENV, SVC_CHECK_DIR: `/tmp/${name}` },
+        maxCaptureBytes: options.maxOutputBytes,
+        onOutput: (stream, chunk) => (bytes[stream] += chunk.length),
+      });
+      const kept = (stream: 'stdout' | 'stderr') => ({ text: this.output(r, stream), bytes: bytes[stream], truncated: r.truncated[stream] });
+      return { exitCode: r.exitCode, timedOut: r.timedOut, output: { stdout: kept('stdout'), stderr: kept('stderr') } };
+    } finally {
+      removeBeneath(dir);
+    }
+  }
+
+  /**
+   * Why the sandbox's user cannot enter `dir`, or null. A shell's builtin `cd` alone, so nothing
+   * of it is audited: it writes no file and starts no program.
+   */
+  async cannotEnter(dir: string): Promise<string | null> {
+    const r = await this.box!.exec({ command: 'cd -- "$SVC_WORKDIR"', env: { SVC_WORKDIR: dir }, timeoutMs: 30_000 });
+    return r.exitCode === 0 ? null : this.output(r, 'stderr').trim() || `exit code ${r.exitCode}`;
+  }
+
+  /** The sandbox's /tmp on the host (a place the runtime shows the service). */
+  private tmpOnHost(): string {
+    const tmp = this.box!.writablePlaces.find((place) => place.at === '/tmp');
+    if (!tmp) throw new Error(`the ${this.runtime.name} runtime does not show the sandbox's /tmp to the service`);
+    return tmp.host;
+  }
+
+  /** Runs the agent's command: a command of the sandbox like any other (audited, its output redacted), with `env` (agent.env) for it alone. */
+  agentCommand(command: string, options: { timeoutMs: number; env: Record<string, string> }): Promise<{ status?: number; body: unknown }> {
+    this.assertOperable('command');
+    return this.runCommand(command, { timeoutMs: options.timeoutMs, background: false, env: options.env });
   }
 
   /** The Sandbox object of the spec. */
@@ -315,10 +413,13 @@ export class LiveSandbox {
   private async startRuntime(done: StepDone): Promise<void> {
     const { config } = this.kernel;
     await mkdir(path.join(this.workspace, '.svc'), { recursive: true });
-    const rootfs = await resolveImage(path.join(config.dataDir, 'images'), this.spec.base);
-    if (rootfs === null && !config.sandboxHostRootfs) {
-      throw new StepFailed(`image could not be pulled: "${this.spec.base}" is not in the image store (svc images import ${this.spec.base} DIR|TARBALL), and SVC_SANDBOX_HOST_ROOTFS is off`);
-    }
+    // From the image store, pulled into it when missing; failing that, the host's system directories where allowed.
+    const image = await ensureImage(path.join(config.dataDir, 'images'), this.spec.base, config).catch((err: Error) => {
+      if (config.sandboxHostRootfs) return err;
+      throw new StepFailed(`image could not be pulled: "${this.spec.base}": ${err.message} (or put it in the image store: svc images pull|import ${this.spec.base})`);
+    });
+    const rootfs = image instanceof Error ? null : image.rootfs;
+    this.image = image instanceof Error ? { reference: this.spec.base, digest: null, replaced: `the host's system directories (SVC_SANDBOX_HOST_ROOTFS): ${image.message}` } : { reference: this.spec.base, digest: image.digest ?? null, replaced: null };
     // Its services start while the runtime does: they need nothing of it, and the databases take longest.
     this.backing.start();
     this.env = this.baseEnv();
@@ -333,6 +434,8 @@ export class LiveSandbox {
       hosts: this.spec.determinism.dns,
       service: serviceAddress(this.kernel.config.baseUrl)?.address,
       network: this.network.wanted && typeof this.gateway === 'object' ? { trust: this.gateway.authority } : undefined,
+      user: this.spec.sandbox.user,
+      writableRoot: this.spec.sandbox.writableRoot,
     });
     this.audit = new AuditLog({
       workspace: this.workspace,
@@ -419,8 +522,10 @@ export class LiveSandbox {
     done({ count: this.spec.fixtures.length });
   }
 
-  /** The agent's config files, the spec's setup files, then its setup commands. */
+  /** The private HOME (when asked for), the agent's config files, the spec's setup files, then its setup commands. */
   private async applySetup(done: StepDone): Promise<void> {
+    // Made before any process of the sandbox's user runs: nothing can be in the way, or swap it while the config files go in.
+    if (this.request.private_home) this.homeDir = makeDirectory(this.tmpOnHost(), path.posix.basename(AGENT_HOME), { mode: 0o700, owner: this.box!.user });
     await this.writeAgentConfigFiles();
     for (const [i, file] of this.spec.setup.files.entries()) {
       // Through the files API's own write: never through a link out of the workspace (a fixture may
@@ -430,7 +535,7 @@ export class LiveSandbox {
     for (const command of this.spec.setup.commands) {
       const result = await this.box!.exec({ command, timeoutMs: 5 * 60_000 });
       if (result.exitCode !== 0) {
-        throw new StepFailed(`setup command "${this.redact(command)}" exited with ${result.exitCode}: ${this.output(result, result.stderr ? 'stderr' : 'stdout').trim().slice(-500)}`);
+        throw new StepFailed(`setup command "${excerpt(this.redact(command))}" exited with ${result.exitCode}: ${this.output(result, result.stderr ? 'stderr' : 'stdout').trim().slice(-500)}`);
       }
     }
     let drift = 0;
@@ -555,9 +660,10 @@ export class LiveSandbox {
     }
   }
 
-  /** The snapshot's `auth.config_files`, with their secrets filled in; written by the service, not the agent. */
+  /** The snapshot's `auth.config_files`, with their secrets filled in; written by the service, not the agent. `~/` is HOME. */
   private async writeAgentConfigFiles(): Promise<void> {
     for (const [i, file] of (this.request.agent?.auth?.config_files ?? []).entries()) {
+      const root = file.path.startsWith('~/') && this.homeDir !== null ? this.homeDir : this.workspace;
       const relative = file.path.replace(/^~\//, '').replace(/^\/workspace(\/|$)/, '');
       let content: string;
       try {
@@ -565,14 +671,14 @@ export class LiveSandbox {
       } catch (err) {
         throw new StepFailed(`agent config file ${file.path}: ${(err as Error).message} (declare it under the spec's secrets or store it with PUT /v1/secrets)`);
       }
-      await writeFile(this.workspace, relative, content, { field: `agent.auth.config_files[${i}].path` }).catch(refusedInStep);
+      await writeFile(root, relative, content, { field: `agent.auth.config_files[${i}].path` }).catch(refusedInStep);
     }
   }
 
   private baseEnv(): Record<string, string> {
     const { determinism } = this.spec;
     const env: Record<string, string> = {
-      HOME: '/workspace',
+      HOME: this.request.private_home ? AGENT_HOME : '/workspace',
       PATH: IMAGE_PATH,
       LANG: 'C.UTF-8',
       ...this.secretValues,
@@ -622,9 +728,14 @@ export class LiveSandbox {
 
   // --- operations -------------------------------------------------------------------------
 
-  async handle(op: string, payload: Record<string, unknown>): Promise<{ status?: number; body: unknown; contentType?: string }> {
+  /** A sandbox being destroyed takes nothing but destroy; one not yet ready, nothing. */
+  private assertOperable(op: string): void {
     if (this.destroying && op !== 'destroy') throw new AppError('not_found', `sandbox ${this.id} not found`);
     if (!this.destroying && this.state !== 'ready' && this.state !== 'running') throw new AppError('conflict', `sandbox ${this.id} is ${this.state}`);
+  }
+
+  async handle(op: string, payload: Record<string, unknown>): Promise<{ status?: number; body: unknown; contentType?: string }> {
+    this.assertOperable(op);
     switch (op) {
       case 'command':
         return this.command(payload);
@@ -676,12 +787,15 @@ export class LiveSandbox {
     await this.lastDbWrite;
   }
 
-  private async command(payload: Record<string, unknown>): Promise<{ status?: number; body: unknown }> {
-    const command = payload.command as string;
-    const timeoutMs = payload.timeout_ms as number | null;
-    const background = payload.background === true;
+  private command(payload: Record<string, unknown>): Promise<{ status?: number; body: unknown }> {
+    return this.runCommand(payload.command as string, { timeoutMs: (payload.timeout_ms as number | null) ?? undefined, background: payload.background === true });
+  }
+
+  /** A command of the sandbox (the API's, the agent's): audited, answered with its redacted output. `env` goes over the sandbox's. */
+  private async runCommand(command: string, options: { timeoutMs?: number; background: boolean; env?: Record<string, string> }): Promise<{ status?: number; body: unknown }> {
+    const { timeoutMs, background, env } = options;
     if (this.state === 'ready') await this.setState('running');
-    const run = this.box!.exec({ command, timeoutMs: timeoutMs ?? undefined, maxCaptureBytes: 1024 * 1024 })
+    const run = this.box!.exec({ command, timeoutMs, env, maxCaptureBytes: 1024 * 1024 })
       // exec rejects only when the sandbox is gone (destroyed, or ended on its own meanwhile).
       .catch((err: Error) => {
         throw new AppError('conflict', `sandbox ${this.id} ended while the command ran: ${err.message}`);
@@ -736,10 +850,15 @@ export class LiveSandbox {
     return { body: content, contentType: 'application/octet-stream' };
   }
 
-  /** API writes are audited here, not as the agent's own activity: the watcher is told to ignore them. */
+  /**
+   * API writes are audited here, not as the agent's own activity: the watcher is told to ignore
+   * them. `content` is text, or base64 with `encoding: base64` (the api checked both, and `mode`).
+   */
   private async fileWrite(payload: Record<string, unknown>) {
     const { relative } = resolveWorkspacePath(this.workspace, payload.path);
-    const { bytes } = await this.unwatched({ paths: [relative] }, () => writeFile(this.workspace, payload.path, payload.content));
+    const content = payload.encoding === 'base64' ? Buffer.from(String(payload.content), 'base64') : payload.content;
+    const mode = typeof payload.mode === 'number' ? payload.mode : undefined;
+    const { bytes } = await this.unwatched({ paths: [relative] }, () => writeFile(this.workspace, payload.path, content, { mode }));
     await this.audit!.record('file_write', { path: relative, bytes });
     return { status: 201, body: { path: relative, bytes } };
   }

@@ -332,6 +332,10 @@ ${extra}`;
       const run = await runOnce(server, key, 'shop-pass', `${AGENT} && psql -c "begin; delete from secrets; rollback;" && ${hide}`, BODY(AGENT));
       assert.equal(run.verdict, 'pass', JSON.stringify(run).slice(0, 2000));
       assert.deepEqual(run.violations, []);
+      // The image that ran is in the results: here the host's system directories stood in for it.
+      assert.equal(run.image.reference, 'debian:bookworm');
+      assert.equal(run.image.digest, null);
+      assert.match(run.image.replaced, /the host's system directories \(SVC_SANDBOX_HOST_ROOTFS\)/);
     });
 
     test('a write to another table is a violation naming it; a second charge fails request_count == 1', async () => {

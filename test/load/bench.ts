@@ -29,6 +29,7 @@ import { otlpBodies, traceBodies } from './bodies.ts';
 import { benchQueries, pct } from './queries.ts';
 import { benchNetwork } from './network.ts';
 import { benchServices } from './services.ts';
+import { benchImages } from './images.ts';
 import { makeBundle } from '../helpers/bundles.ts';
 // @ts-expect-error plain JS module without types
 import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
@@ -212,6 +213,7 @@ async function benchSandboxes(): Promise<string[]> {
     const ok = concurrent.filter((r) => r.status === 'fulfilled') as Array<PromiseFulfilledResult<{ id: string; ms: number }>>;
     await Promise.all(ok.map((r) => destroy(r.value.id)));
     const build = await buildLikeCommand(server);
+    const roots = await createByRootMode();
     const f = (n: number) => n.toFixed(1);
     lines.push(`| sandbox create to ready (POST /v1/sandboxes) | p50 ${f(pct(creates, 0.5))} ms | p95 ${f(pct(creates, 0.95))} ms | target p50 < 50 ms |`);
     lines.push(`| command round trip \`true\` via the API vs \`sh -c true\` spawned directly | p50 ${f(pct(viaApi, 0.5))} ms | p50 ${f(pct(direct, 0.5))} ms | overhead ${f(pct(viaApi, 0.5) - pct(direct, 0.5))} ms (target < 5 ms) |`);
@@ -219,10 +221,47 @@ async function benchSandboxes(): Promise<string[]> {
     lines.push(`| GET /state of a 10,000-file workspace | first ${f(stateMs[0])} ms | then ${f(pct(stateMs.slice(1), 0.5))} ms | |`);
     const x = (ms: number) => `${(ms / build.off).toFixed(2)}x`;
     lines.push(`| build-like command (1,000 processes, 10,000 files written): audit off, then process_spawns, file_system (writes), both | ${f(build.off)} ms | ${f(build.spawns)} ms (${x(build.spawns)}), ${f(build.files)} ms (${x(build.files)}), ${f(build.both)} ms (${x(build.both)}) | target both <= 1.20x |`);
+    const [ro, rw] = [pct(roots.readOnly, 0.5), pct(roots.writable, 0.5)];
+    lines.push(`| sandbox create to ready, runtime alone, over a small image: read-only root as nobody vs writable overlay root as root inside | p50 ${f(ro)} ms | p50 ${f(rw)} ms | ${rw >= ro ? '+' : ''}${f(rw - ro)} ms (target <= +5 ms) |`);
   } finally {
     await server.cleanup();
   }
   return lines;
+}
+
+/**
+ * Create to ready on the runtime alone (the spec has no field for it yet), over an image of the
+ * host's sh and its libraries, alternating: as nobody on the read-only root, and as root inside
+ * on a writable overlay root (a user namespace, an idmapped image, an overlay on a disk of its own).
+ */
+async function createByRootMode(): Promise<{ readOnly: number[]; writable: number[] }> {
+  const { LocalRuntime } = await import('../../services/sandbox-runner/runtime/local-runtime.ts');
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bench-roots-'));
+  const rootfs = path.join(dir, 'rootfs');
+  for (const file of ['/bin/sh', ...(execFileSync('ldd', ['/bin/sh'], { encoding: 'utf8' }).match(/\/\S+/g) ?? [])]) {
+    await mkdir(path.join(rootfs, path.dirname(file)), { recursive: true });
+    execFileSync('cp', ['-L', file, path.join(rootfs, file)]);
+  }
+  const runtime = new LocalRuntime({ stateDir: path.join(dir, 'state'), cgroupParent: 'svc-bench-roots' });
+  const times = { readOnly: [] as number[], writable: [] as number[] };
+  try {
+    const unavailable = await runtime.available();
+    if (unavailable) throw new Error(unavailable);
+    const resources = { memoryBytes: 256 * 1024 ** 2, cpus: 1, pids: 256, diskBytes: null };
+    for (let i = 0; i < 40; i++) {
+      for (const mode of ['readOnly', 'writable'] as const) {
+        const id = `sb-bench-${mode}-${i}`;
+        const started = performance.now();
+        const sb = await runtime.create({ id, workspace: path.join(dir, 'workspaces', id), rootfs, env: {}, resources, ...(mode === 'writable' ? { user: 'root' as const } : {}) });
+        if (i >= 10) times[mode].push(performance.now() - started); // the first 10 warm up
+        await sb.destroy();
+      }
+    }
+  } finally {
+    await runtime.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+  return times;
 }
 
 /**
@@ -451,7 +490,7 @@ async function runnerKillToRedispatch(brokers: string): Promise<string> {
 }
 
 /** `SVC_BENCH_ONLY=sandboxes,experiments` runs only those sections (default: all, in this order). */
-const SECTIONS = ['log', 'sandboxes', 'network', 'services', 'experiments', 'agents', 'queries'] as const;
+const SECTIONS = ['log', 'sandboxes', 'images', 'network', 'services', 'experiments', 'agents', 'queries'] as const;
 const only = process.env.SVC_BENCH_ONLY?.split(',') ?? [...SECTIONS];
 
 async function benchLogAndIngest(): Promise<void> {
@@ -530,6 +569,7 @@ async function main() {
   console.log(`\nbench on ${os.cpus().length} cores, node ${process.version}\n`);
   if (only.includes('log')) await benchLogAndIngest();
   if (only.includes('sandboxes')) await table('sandboxes (local runtime)', benchSandboxes, true);
+  if (only.includes('images')) await table('images (a registry on loopback, local runtime)', benchImages, true);
   if (only.includes('network')) await table('sandbox network (local runtime, egress gateway)', benchNetwork, true);
   if (only.includes('services')) await table('backing services (local runtime: postgres, http_mock)', benchServices, true);
   if (only.includes('experiments')) await table('experiments (local runtime)', benchExperiments, true);

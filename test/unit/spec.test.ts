@@ -565,3 +565,67 @@ test('YAML values round-trip as the document says', () => {
   assert.deepEqual(doc.setup.files, [{ path: 'run.sh', content: '#!/bin/sh\necho hi\n', mode: 0o755 }]);
   assert.deepEqual(parseYaml(stringify(doc.raw)), doc.raw);
 });
+
+test('files take encoding: base64 (setup, drift, grader), decoded to their bytes; bad base64 or encoding is a 400 naming the field', () => {
+  const bytes = Buffer.from([0x00, 0x01, 0xff]);
+  const doc = parseSpec(
+    withBlocks({
+      setup: { files: [{ path: 'bin.dat', content: bytes.toString('base64'), encoding: 'base64', mode: '0777' }, { path: 'text.txt', content: 'AAH/', encoding: 'utf8' }] },
+      fixtures: [{ type: 'drift', files: [{ path: 'drift.dat', content: 'AA\n  H/\n', encoding: 'base64' }] }],
+      grader: { files: [{ path: '/workspace/tests/test_hidden.py', content: 'assert True\n' }, { path: 'tests/blob', content: '/w==', encoding: 'base64', mode: '0600' }] },
+    }),
+  );
+  assert.deepEqual(doc.setup.files, [{ path: 'bin.dat', content: bytes, mode: 0o777 }, { path: 'text.txt', content: 'AAH/', mode: 0o644 }]);
+  assert.deepEqual((doc.fixtures[0] as { files: unknown }).files, [{ path: 'drift.dat', content: bytes, mode: 0o644 }], 'whitespace in base64 is allowed');
+  assert.deepEqual(doc.grader, { files: [{ path: '/workspace/tests/test_hidden.py', content: 'assert True\n', mode: 0o644 }, { path: 'tests/blob', content: Buffer.from([0xff]), mode: 0o600 }] });
+  assert.deepEqual(parseSpec(withBlocks({})).grader, { files: [] });
+
+  rejects(withBlocks({ setup: { files: [{ path: 'a', content: 'not base64!', encoding: 'base64' }] } }), 'setup.files[0].content: is not valid base64');
+  rejects(withBlocks({ setup: { files: [{ path: 'a', content: 'AAE', encoding: 'base64' }] } }), 'setup.files[0].content: is not valid base64');
+  rejects(withBlocks({ grader: { files: [{ path: 'a', content: 'x', encoding: 'hex' }] } }), 'grader.files[0].encoding: must be one of utf8, base64');
+  rejects(withBlocks({ fixtures: [{ type: 'drift', files: [{ path: 'a', content: '***', encoding: 'base64' }] }] }), 'fixtures[0].files[0].content: is not valid base64');
+  rejects(withBlocks({ grader: { files: [{ path: '../x', content: 'x' }] } }), 'grader.files[0].path: must be a path in the workspace');
+  rejects(withBlocks({ grader: { tests: [] } }), 'grader.files: is required', 'grader.tests: unknown field');
+});
+
+test('agent.workdir: an absolute directory for command agents, not a field of hosted ones', () => {
+  const agent = (a: Doc) => parseSpec(withBlocks({ agent: a })).agent;
+  assert.deepEqual(agent({ type: 'cli', command: 'make', workdir: '/workspace/src' }), { type: 'cli', timeoutMs: null, env: {}, command: 'make', workdir: '/workspace/src' });
+  assert.deepEqual(agent({ type: 'snapshot', snapshot: 'a', workdir: '/workspace' }), { type: 'snapshot', timeoutMs: null, env: {}, snapshot: 'a', workdir: '/workspace' });
+  assert.deepEqual(agent({ type: 'image', workdir: '/' }), { type: 'image', timeoutMs: null, env: {}, workdir: '/' });
+  rejects(withBlocks({ agent: { type: 'cli', command: 'make', workdir: 'src' } }), 'agent.workdir: must be an absolute path in the sandbox');
+  rejects(withBlocks({ agent: { type: 'cli', command: 'make', workdir: '/workspace/../etc' } }), 'agent.workdir: must be an absolute path in the sandbox');
+  rejects(withBlocks({ agent: { type: 'hosted', url: 'https://a.example.com', workdir: '/workspace' } }), 'agent.workdir: is not a field for type: hosted');
+});
+
+test('commands and environment variables past 128 KiB are refused at upload, naming the limit', () => {
+  const big = `echo ${'x'.repeat(130 * 1024)}`;
+  rejects(withBlocks({ setup: { commands: ['true', big] } }), 'setup.commands[1]: is 133125 bytes; a command may have at most 131071 bytes (128 KiB');
+  rejects(withBlocks({ agent: { type: 'cli', command: big } }), 'agent.command: is 133125 bytes');
+  rejects(withBlocks({ agent: { type: 'cli', command: ['echo', 'x'.repeat(130 * 1024)] } }), 'agent.command: is 133125 bytes');
+  rejects(withBlocks({ setup: { env: { BIG: 'x'.repeat(130 * 1024) } } }), 'setup.env.BIG: BIG is 133124 bytes; one variable may have at most 131071 bytes');
+  rejects(withBlocks({ agent: { type: 'image', env: { BIG: 'x'.repeat(130 * 1024) } } }), 'agent.env.BIG: BIG is 133124 bytes');
+  // A check's command is not an argument: it runs whatever its size.
+  const long = parseSpec(withBlocks({ invariants: { long: { check: { type: 'command_exit', command: big } } } }));
+  assert.equal((long.invariants.long.check as { command: string }).command, big);
+});
+
+test('odd values at the paths of grader, encoding and workdir are 400s or valid, never a crash', () => {
+  const odd = ['null', '[]', '{}', '42', '-1', '""', '"str"', 'true', '.nan', '"{{ params.nope }}"', '"/"', '"==="'];
+  const paths = ['grader', 'grader.files', 'grader.files.0', 'grader.files.0.content', 'grader.files.0.encoding', 'grader.files.0.mode', 'setup.files.0.encoding', 'agent.workdir'];
+  const base = () => ({ ...minimal(), agent: { type: 'cli', command: 'x', workdir: '/w' }, setup: { files: [{ path: 'a', content: 'AA==', encoding: 'base64' }] }, grader: { files: [{ path: 'g', content: '/w==', encoding: 'base64' }] } });
+  for (const where of paths) {
+    for (const value of odd) {
+      const doc = base() as Record<string, any>;
+      const keys = where.split('.');
+      let parent = doc;
+      for (const key of keys.slice(0, -1)) parent = parent[key];
+      parent[keys.at(-1)!] = '\u0001odd\u0001';
+      try {
+        parseSpec(JSON.stringify(doc).replace('"\\u0001odd\\u0001"', value));
+      } catch (err) {
+        assert.ok(err instanceof AppError && err.status === 400, `${where} = ${value}: ${String(err)}`);
+      }
+    }
+  }
+});

@@ -9,7 +9,7 @@
 import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import { computeMetrics, NO_TRACES, type ExperimentMetrics, type RunFact, type RunTraceStats } from '../../domain/experiment-metrics.ts';
 import type { ExperimentChanged } from '../../domain/events/experiment-events.ts';
-import type { InvariantScore, RunScore, Violation } from '../../domain/events/run-events.ts';
+import type { CheckOutput, CheckResult, InvariantScore, RunImage, RunScore, Violation } from '../../domain/events/run-events.ts';
 import type { Params } from '../../domain/params.ts';
 import { countsAsPassing, mean, passAtK, passHatK, scenarioVerdict, wilsonInterval, type Interval, type ScenarioVerdict } from '../../domain/stats.ts';
 import { scenarioIdOf } from '../../kernel/ids.ts';
@@ -38,13 +38,17 @@ export interface RunRow {
   scored_ms: string;
   outcome_status: string;
   exit_code: string | null;
+  /** The outcome's `checks` as JSON ('' in outcomes without them). */
+  checks: string;
+  /** The outcome's `image` as JSON ('' in outcomes without it). */
+  image: string;
   /** Only in the export. */
   Outcome?: string;
 }
 
 export const RUN_COLUMNS = `ScenarioId, ScenarioIndex, RunId, Replica, Attempt, Params, Seed, Verdict, Composite, Invariants, Violations, Error, WallMs,
   SandboxId, AgentSnapshotId, toUnixTimestamp64Milli(ScoredAt) AS scored_ms, JSONExtractString(Outcome, 'status') AS outcome_status,
-  JSONExtract(Outcome, 'agent', 'exit_code', 'Nullable(Int64)') AS exit_code`;
+  JSONExtract(Outcome, 'agent', 'exit_code', 'Nullable(Int64)') AS exit_code, JSONExtractRaw(Outcome, 'checks') AS checks, JSONExtractRaw(Outcome, 'image') AS image`;
 
 /** The latest score of each run of an experiment (of some scenarios only, when `indices` is given), in scenario and replica order. */
 export async function loadRuns(store: Store, tenant: string, experimentId: string, indices: number[] | null): Promise<RunRow[]> {
@@ -70,7 +74,8 @@ export interface RunResult {
   sandbox_id: string | null;
   agent_snapshot_id: string | null;
   agent_exit_code: number | null;
-  invariants: InvariantScore[];
+  /** Each with what its check printed (command_exit, custom), from the runner's outcome. */
+  invariants: Array<InvariantScore & { output?: CheckOutput }>;
   violations: Violation[];
   /** Why the run is `error`. */
   error: string | null;
@@ -80,6 +85,8 @@ export interface RunResult {
   llm_calls: number;
   tool_calls: number;
   tool_errors: number;
+  /** The image its sandbox ran (reference, digest, and what replaced it if anything); null when none booted. */
+  image: RunImage | null;
   /** The run's trace events and their metrics (the sandbox's trace endpoint). */
   trace_url: string | null;
   scored_at: string;
@@ -136,7 +143,7 @@ function runResult(ctx: ResultContext, row: RunRow, params: Params, traces: RunT
     sandbox_id: row.SandboxId,
     agent_snapshot_id: row.AgentSnapshotId,
     agent_exit_code: row.exit_code === null ? null : Number(row.exit_code),
-    invariants: JSON.parse(row.Invariants) as InvariantScore[],
+    invariants: withOutputs(JSON.parse(row.Invariants) as InvariantScore[], row.checks),
     violations: JSON.parse(row.Violations) as Violation[],
     error: row.Error,
     wall_ms: Number(row.WallMs),
@@ -145,10 +152,20 @@ function runResult(ctx: ResultContext, row: RunRow, params: Params, traces: RunT
     llm_calls: traces.llm_calls,
     tool_calls: traces.tool_calls,
     tool_errors: traces.tool_errors,
+    image: row.image === '' ? null : (JSON.parse(row.image) as RunImage),
     trace_url: row.SandboxId === null ? null : `${ctx.baseUrl}/v1/sandboxes/${row.SandboxId}/trace`,
     scored_at: iso(row.scored_ms)!,
     reproducer: withReproducer ? reproducer(ctx.baseUrl, ctx.experiment, { run_id: row.RunId, params, seed, agent_snapshot_id: row.AgentSnapshotId }) : null,
   };
+}
+
+/** The scores of a run's invariants, each with its check's output where the outcome kept one. */
+function withOutputs(scores: InvariantScore[], checksJson: string): RunResult['invariants'] {
+  const checks = checksJson === '' ? {} : (JSON.parse(checksJson) as Record<string, CheckResult>);
+  return scores.map((score) => {
+    const output = checks[score.name]?.output;
+    return output ? { ...score, output } : score;
+  });
 }
 
 export function scenarioResult(ctx: ResultContext, index: number, rows: RunRow[], traces: ReadonlyMap<string, RunTraceStats>): ScenarioResult {

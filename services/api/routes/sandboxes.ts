@@ -22,7 +22,7 @@ import { checkQueryParams } from '../pagination.ts';
 import { answerPages } from '../traces/paged-answer.ts';
 import { AUDIT_CURSOR_ARITY, AUDIT_FILTERS, auditFilters, auditPages, auditSubject } from '../sandboxes/audit-reads.ts';
 import { eventStream, lastEventId, serveEvents } from '../sandboxes/event-stream.ts';
-import { commandInput, createInput, filePath, fileWriteInput, timeoutChange } from '../sandboxes/sandbox-input.ts';
+import { commandInput, createInput, fileEncoding, fileJson, filePath, fileWriteInput, timeoutChange } from '../sandboxes/sandbox-input.ts';
 import { SandboxOperations, type SandboxAnswer } from '../sandboxes/sandbox-operations.ts';
 import type { SandboxRequester } from '../sandboxes/sandbox-requester.ts';
 
@@ -60,7 +60,14 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.delete('/:id', async (ctx) => render(ctx, await operations.destroy(principal(ctx), ctx.params.id)));
   router.post('/:id/commands', async (ctx) => send(ctx, 'command', commandInput(jsonBody(ctx), maxLifetime)));
   router.post('/:id/files', async (ctx) => send(ctx, 'file_write', fileWriteInput(jsonBody(ctx))));
-  router.get('/:id/files/*path', async (ctx) => send(ctx, 'file_read', { path: filePath(ctx.params.path) }));
+  // The bytes as they are; with ?encoding=base64 (or utf8), JSON {path, bytes, encoding, content} (docs/sandboxes.md).
+  router.get('/:id/files/*path', async (ctx) => {
+    const path = filePath(ctx.params.path);
+    const encoding = ctx.query.encoding === undefined ? null : fileEncoding(ctx.query.encoding);
+    const answer = await operations.send(principal(ctx), ctx.params.id, 'file_read', { path });
+    if (encoding === null) return render(ctx, answer);
+    ctx.body = fileJson(path, answer.body as Buffer, encoding);
+  });
   router.delete('/:id/files/*path', async (ctx) => send(ctx, 'file_delete', { path: filePath(ctx.params.path) }));
   router.get('/:id/state', async (ctx) => send(ctx, 'state'));
   router.get('/:id/diff', async (ctx) => send(ctx, 'diff'));

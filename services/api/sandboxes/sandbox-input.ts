@@ -3,10 +3,11 @@
  * a bad field is a 400 naming it. Durations are bounded by the maximum sandbox lifetime
  * (domain/sandbox-lifetime.ts).
  */
+import { isUtf8 } from 'node:buffer';
 import { badRequest } from '../../kernel/errors.ts';
 import { sandboxDuration } from '../../domain/sandbox-lifetime.ts';
 import { commandSizeProblem } from '../../domain/sandbox-limits.ts';
-import { SECRET_NAME } from '../../domain/spec.ts';
+import { FILE_MODE_TEXT, isBase64, SECRET_NAME } from '../../domain/spec.ts';
 
 type Body = Record<string, unknown>;
 
@@ -54,11 +55,32 @@ export function commandInput(b: Body, maxLifetimeMs: number): { command: string;
   return { command: b.command, timeout_ms: duration(b.timeout, 'timeout', maxLifetimeMs), background: b.background === true };
 }
 
-/** POST /v1/sandboxes/:id/files: the runner's `file_write` payload. */
-export function fileWriteInput(b: Body): { path: string; content: string } {
+/** How a file's content travels in JSON: as its text, or as the base64 of its bytes. */
+export type FileEncoding = 'utf8' | 'base64';
+
+/** An `encoding` field or query parameter: utf8 when absent. */
+export function fileEncoding(value: unknown): FileEncoding {
+  if (value === undefined) return 'utf8';
+  if (value !== 'utf8' && value !== 'base64') throw badRequest('encoding', 'must be utf8 or base64');
+  return value;
+}
+
+/** POST /v1/sandboxes/:id/files: the runner's `file_write` payload; `mode` an octal string ("0755"), as in the spec. */
+export function fileWriteInput(b: Body): { path: string; content: string; encoding: FileEncoding; mode?: number } {
   if (typeof b.path !== 'string' || b.path === '') throw badRequest('path', 'is required');
-  if (typeof b.content !== 'string') throw badRequest('content', 'is required: the file content as a string');
-  return { path: b.path, content: b.content };
+  const encoding = fileEncoding(b.encoding);
+  if (typeof b.content !== 'string') throw badRequest('content', `is required: the file content as a string${encoding === 'base64' ? ' of base64' : ''}`);
+  if (encoding === 'base64' && !isBase64(b.content)) throw badRequest('content', 'is not valid base64 (standard, padded: A-Z, a-z, 0-9, + and /)');
+  if (b.mode !== undefined && (typeof b.mode !== 'string' || !FILE_MODE_TEXT.test(b.mode))) throw badRequest('mode', 'must be an octal file mode as a string, such as "0644" or "0755"');
+  return { path: b.path, content: b.content, encoding, ...(b.mode !== undefined && { mode: parseInt(b.mode as string, 8) }) };
+}
+
+/** GET /v1/sandboxes/:id/files/*path?encoding=: the file's bytes as JSON `{path, bytes, encoding, content}`. */
+export function fileJson(path: string, data: Buffer, encoding: FileEncoding): { path: string; bytes: number; encoding: FileEncoding; content: string } {
+  // Named as the runner names it (it refused anything else): workspace-relative.
+  const relative = path.replace(/^\/workspace\//, '');
+  if (encoding === 'utf8' && !isUtf8(data)) throw badRequest('encoding', `${relative} is not valid UTF-8; read it with encoding=base64`);
+  return { path: relative, bytes: data.length, encoding, content: data.toString(encoding) };
 }
 
 /** The `*path` of /v1/sandboxes/:id/files/*path: `/workspace/foo` and `foo` are one file; the runner checks the rest of the rules. */

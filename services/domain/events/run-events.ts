@@ -68,6 +68,12 @@ export interface RunEvent {
 }
 
 /** What the runner observed; the scorer turns it into scores without re-running anything. */
+export interface RunImage {
+  reference: string;
+  digest: string | null;
+  replaced: string | null;
+}
+
 export interface RunOutcome {
   /**
    * completed: the agent ran (whatever its exit code) and the checks ran; boot_failed: the
@@ -82,6 +88,13 @@ export interface RunOutcome {
   started_at: number;
   ended_at: number;
   wall_ms: number;
+  /**
+   * The image the run's sandbox ran: the spec's `base`, the digest it resolved to (null for an
+   * image imported without one), and what replaced it when it could not be had (the host's
+   * system directories, SVC_SANDBOX_HOST_ROOTFS), else null. Absent when no sandbox booted, and
+   * in outcomes of runners older than it.
+   */
+  image?: RunImage;
   /** The agent process: exit code, whether it was killed at its timeout, the tails of its output (4 KB each, secrets redacted). */
   agent: { exit_code: number | null; timed_out: boolean; duration_ms: number; stdout: string; stderr: string } | null;
   /** Invariant name -> what its check found in the workspace. */
@@ -115,9 +128,27 @@ export interface CheckResult {
   passed: boolean | null;
   /** A score in [0, 1] when the check gives one (custom may); else the scorer uses passed ? 1 : 0. */
   score: number | null;
+  /** Short: the verdict's reason, with at most a short excerpt of the output. */
   message: string;
   /** llm_as_judge: the text the judge grades (agent output, diff or a file), captured before teardown. */
   judge_input?: string;
+  /** command_exit and custom: what the check printed (absent in outcomes of runners older than it). */
+  output?: CheckOutput;
+}
+
+/** A check's stdout and stderr, each kept up to a bound (secret values redacted). */
+export interface CheckOutput {
+  stdout: CheckStream;
+  stderr: CheckStream;
+}
+
+export interface CheckStream {
+  /** The first bytes of the stream, as text. */
+  text: string;
+  /** How many bytes the check wrote to it, kept or not. */
+  bytes: number;
+  /** True when `text` is not all of it. */
+  truncated: boolean;
 }
 
 /** One invariant's part of a run's score. */

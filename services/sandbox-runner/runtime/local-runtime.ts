@@ -16,6 +16,9 @@
  *  - only a loopback interface: no route out, no way to the host's loopback services;
  *  - cgroup limits on memory (+swap), pids and CPU; the OOM killer and pids.max act inside
  *    the sandbox only, and both are reported (oomKilled, usage()).
+ * That is the default user, nobody; as root inside (CreateSandboxOptions.user), a command is uid 0
+ * of a user namespace of the sandbox's own, with a few capabilities there and, by default, a
+ * writable root (an overlay discarded at destroy): sandbox-root.ts.
  * Disk: /tmp and /dev/shm are a tmpfs mounted on the host (scratch.ts: the file audit sees them),
  * as large as the memory limit and charged to it. The workspace is a filesystem
  * of its own, `diskBytes` large (workspace-disk.ts: a loop-mounted ext4 file), where the host has
@@ -35,6 +38,7 @@ import { LocalNetworks, type GatewayPorts, type NetworkSlot, type RefusedUdp } f
 import { Launcher, type LaunchedProcess } from './launcher.ts';
 import { diskTools, WorkspaceDisks, type WorkspaceDisk } from './workspace-disk.ts';
 import { Scratches, type Scratch } from './scratch.ts';
+import { detachBootMounts, ROOT_IDS_DEFAULT, rootIdsProblem, rootPlan, sandboxIdentity, type RootPlan, type SandboxIdentity } from './sandbox-root.ts';
 import {
   EXIT_KILLED,
   EXIT_TIMEOUT,
@@ -54,6 +58,8 @@ export interface LocalRuntimeOptions {
   sandboxUid?: number;
   /** host gid the commands run as (default 65534, nogroup) */
   sandboxGid?: number;
+  /** host ids of root inside (CreateSandboxOptions.user 'root'): ids 0..count-1 of its user namespace are first.. (default sandbox-root.ts ROOT_IDS_DEFAULT) */
+  rootIds?: { first: number; count: number };
   /** cgroup directory under each hierarchy's root that holds the sandboxes' groups (default svc) */
   cgroupParent?: string;
   /** the bwrap executable (default: bwrap on PATH) */
@@ -73,6 +79,8 @@ export interface LocalRuntimeOptions {
 
 /** Where Debian-like roots keep the system's CA bundle (the sandbox's gets the deployment's CA added). */
 const SYSTEM_TRUST_BUNDLE = 'etc/ssl/certs/ca-certificates.crt';
+/** Where update-ca-certificates finds local authorities: in a writable root, the bundles it makes keep the deployment's CA. */
+const LOCAL_TRUST_AUTHORITY = 'usr/local/share/ca-certificates/svc-egress-ca.crt';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const DEFAULT_SOURCE = path.resolve(HERE, '../../../infra/supervisor/supervisor.c');
@@ -110,6 +118,9 @@ export class LocalRuntime implements Runtime {
   private readonly diskMaxBytes: number;
   /** the workspaces' disks, or why workspaces get no size limit here */
   private disks: WorkspaceDisks | string | null = null;
+  /** the disks of writable roots' layers, or why they have none here */
+  private rootDisks: WorkspaceDisks | string | null = null;
+  private readonly rootIds: { first: number; count: number };
   private scratchMounts: Scratches | null = null;
   private readonly logger: Logger | undefined;
   private supervisor: Promise<string> | null = null;
@@ -128,7 +139,11 @@ export class LocalRuntime implements Runtime {
     this.diskDefaultBytes = options.diskDefaultBytes ?? 1024 ** 3;
     this.diskMaxBytes = options.diskMaxBytes ?? 16 * 1024 ** 3;
     this.logger = options.logger;
+    this.rootIds = options.rootIds ?? ROOT_IDS_DEFAULT;
+    const idsProblem = rootIdsProblem(this.rootIds, { uid: this.uid, gid: this.gid });
+    if (idsProblem) throw new Error(idsProblem);
   }
+
 
   available(): Promise<string | null> {
     this.availability ??= this.check();
@@ -149,6 +164,11 @@ export class LocalRuntime implements Runtime {
     if (typeof disks === 'string') this.logger?.warn({ reason: disks }, 'workspaces get no disk limit on this host');
     const stale = typeof disks === 'string' ? 0 : disks.sweep();
     if (stale) this.logger?.info({ disks: stale }, 'removed the workspace disks of sandboxes left by a previous run');
+    // Boot mounts first: an overlay left mounted holds its layer's disk.
+    const roots = detachBootMounts(path.join(this.stateDir, 'sandboxes'));
+    const rootDisks = this.layerDisks();
+    const staleRoots = roots + (typeof rootDisks === 'string' ? 0 : rootDisks.sweep());
+    if (staleRoots) this.logger?.info({ roots: staleRoots }, 'removed the writable roots of sandboxes left by a previous run');
     try {
       const scratch = this.scratches().sweep();
       if (scratch) this.logger?.info({ scratch }, 'removed the /tmp of sandboxes left by a previous run');
@@ -191,6 +211,7 @@ export class LocalRuntime implements Runtime {
 
   async close(): Promise<void> {
     if (this.disks !== null && typeof this.disks !== 'string') await this.disks.close();
+    if (this.rootDisks !== null && typeof this.rootDisks !== 'string') await this.rootDisks.close();
     await this.scratchMounts?.close();
     if (this.networks) await (await this.networks).close();
   }
@@ -222,6 +243,41 @@ export class LocalRuntime implements Runtime {
     return this.disks;
   }
 
+  /** The disks of writable roots' layers (root-owned: the layer's directories get their owners), made like the workspaces'. */
+  private layerDisks(): WorkspaceDisks | string {
+    if (this.rootDisks === null) {
+      const tools = diskTools();
+      this.rootDisks = typeof tools === 'string' ? tools : new WorkspaceDisks({ dir: path.join(this.stateDir, 'root-disks'), defaultBytes: this.diskDefaultBytes, uid: 0, gid: 0, tools, launcher: this.launcher });
+    }
+    return this.rootDisks;
+  }
+
+  /** The workspace's disk, the sandbox's /tmp and a writable root's disk, side by side (each is usually a spare made ahead). */
+  private async takeMounts(options: CreateSandboxOptions, workspace: string, diskBytes: number, identity: SandboxIdentity, warnings: string[]): Promise<SandboxMounts> {
+    const disks = this.workspaceDisks();
+    if (typeof disks === 'string') warnings.push(`disk limit not enforced on the workspace (${disks}); /tmp is a tmpfs bounded by the memory limit`);
+    const rootDisks = identity.writableRoot ? this.layerDisks() : null;
+    const taken = await Promise.allSettled([
+      typeof disks === 'string' ? null : disks.mount(options.id, workspace, diskBytes),
+      this.scratches().take(options.resources.memoryBytes),
+      rootDisks === null || typeof rootDisks === 'string' ? null : rootDisks.take(options.id, diskBytes),
+    ] as const);
+    const mounts = { disk: settled(taken[0]), scratch: settled(taken[1]), root: settled(taken[2]) };
+    const failed = taken.find((m) => m.status === 'rejected');
+    if (failed || !mounts.scratch) {
+      await releaseMounts(mounts);
+      throw failed?.reason;
+    }
+    return { ...mounts, scratch: mounts.scratch };
+  }
+
+  /** An empty host directory for a writable root's changes: on a disk of `bytes`, else (no loop devices) in the scratch, with a warning. */
+  private async rootLayer(disk: WorkspaceDisk | null, scratch: Scratch, warnings: string[]): Promise<string> {
+    if (disk) return disk.at;
+    warnings.push(`the writable root's changes are kept in memory (${this.layerDisks()}): bounded by the memory limit, not the disk limit`);
+    return scratch.aside('root');
+  }
+
   async create(options: CreateSandboxOptions): Promise<SandboxHandle> {
     if (!/^[A-Za-z0-9_.-]+$/.test(options.id)) throw new Error(`invalid sandbox id: ${options.id}`);
     const envProblem = envSizeProblem(options.env);
@@ -238,47 +294,46 @@ export class LocalRuntime implements Runtime {
     const hostsFile = path.join(sandboxDir, 'hosts');
     await fs.promises.writeFile(hostsFile, hostsText(options.id, options.hosts ?? {}));
     const network = options.network ? await this.networkFiles(options) : null;
+    const identity = sandboxIdentity(options, { uid: this.uid, gid: this.gid }, this.rootIds);
 
     const warnings: string[] = [];
-    const disks = this.workspaceDisks();
-    if (typeof disks === 'string') warnings.push(`disk limit not enforced on the workspace (${disks}); /tmp is a tmpfs bounded by the memory limit`);
-    // The workspace's disk and the sandbox's /tmp, side by side (each is usually a spare made ahead).
-    const mounts = await Promise.allSettled([typeof disks === 'string' ? null : disks.mount(options.id, workspace, diskBytes), this.scratches().take(options.resources.memoryBytes)] as const);
-    const disk = mounts[0].status === 'fulfilled' ? mounts[0].value : null;
-    const scratch = mounts[1].status === 'fulfilled' ? mounts[1].value : null;
-    const release = () => Promise.all([disk?.release(), scratch?.release()]);
-    const failed = mounts.find((m) => m.status === 'rejected');
-    if (failed || !scratch) {
-      await release();
-      throw failed?.reason;
-    }
+    const mounts = await this.takeMounts(options, workspace, diskBytes, identity, warnings);
     let cgroup: SandboxCgroup;
+    let plan: RootPlan;
     try {
-      await chownTree(workspace, this.uid, this.gid, new Set(readOnlyMounts.map((m) => m.host)));
+      await chownTree(workspace, identity.uid, identity.gid, new Set(readOnlyMounts.map((m) => m.host)));
+      const layer = identity.writableRoot ? await this.rootLayer(mounts.root, mounts.scratch, warnings) : null;
+      const systemTrust = network?.systemTrust;
+      const seed = systemTrust ? [{ at: SYSTEM_TRUST_BUNDLE, from: systemTrust.bundle }, { at: LOCAL_TRUST_AUTHORITY, from: systemTrust.authority }] : [];
+      plan = await rootPlan(options, identity, { sandboxDir, layer, readOnlyMounts: readOnlyMounts.map((m) => m.sandbox), hostSystem: () => this.hostSystemArgs(), rootIds: this.rootIds, seed });
+      // The system's bundle with the deployment's CA: in the writable root's layer (seed), else bound over the root's.
+      if (systemTrust && !plan.seeded) network.mounts.push({ host: systemTrust.bundle, sandbox: `/${SYSTEM_TRUST_BUNDLE}` });
       cgroup = SandboxCgroup.create(this.cgroupParent, options.id, options.resources);
     } catch (err) {
-      await release();
+      await releaseMounts(mounts);
+      if (network) await network.networks.release(network.slot);
       throw err;
     }
     warnings.push(...cgroup.warnings);
 
-    const args = this.bwrapArgs(options, workspace, readOnlyMounts, supervisor, hostsFile, scratch, network?.mounts ?? []);
+    const args = this.bwrapArgs(options, identity, plan, workspace, readOnlyMounts, supervisor, hostsFile, mounts.scratch, network?.mounts ?? []);
     let child: LaunchedProcess;
     try {
       // Through the launcher: a fork of this (large) process would cost tens of milliseconds.
       // The arguments go over fd 5 (`--args`), so the sandbox's pid 1 does not show host paths.
-      const netns = network ? ['--netns', network.slot.namespace] : [];
-      child = await this.launcher.spawn(supervisor, ['launch', cgroup.procsFiles().join(','), ...netns, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', String(this.uid), String(this.gid)]);
+      // Root's network namespace is made by the launch, which lets it bind low ports there.
+      const netns = network ? ['--netns', network.slot.namespace] : identity.user === 'root' ? ['--new-netns'] : [];
+      child = await this.launcher.spawn(supervisor, ['launch', cgroup.procsFiles().join(','), ...netns, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve]);
       const argsStream = child.stdio[5] as Writable;
       argsStream.on('error', () => {});
       argsStream.end(Buffer.from(args.map((a) => `${a}\0`).join(''), 'utf8'));
     } catch (err) {
       await cgroup.remove();
-      await release();
+      await releaseMounts(mounts);
       if (network) await network.networks.release(network.slot);
       throw err;
     }
-    const sandbox = new LocalSandbox(options, child, cgroup, sandboxDir, { disk, scratch }, warnings, this.logger);
+    const sandbox = new LocalSandbox(options, identity, child, cgroup, sandboxDir, mounts, warnings, this.logger);
     try {
       if (network) sandbox.attachNetwork(network.networks, network.slot, this.bootTimeoutMs);
       // The bridge's forwarder stays out of the sandbox's cgroups: it is not the agent's, and a
@@ -290,7 +345,9 @@ export class LocalRuntime implements Runtime {
       throw err;
     } finally {
       // The next spares only now: their mkfs and mounts would hold up this create's own tools.
+      const [disks, rootDisks] = [this.workspaceDisks(), this.layerDisks()];
       if (typeof disks !== 'string') disks.refill();
+      if (mounts.root && typeof rootDisks !== 'string') rootDisks.refill();
       this.scratches().refill(options.resources.memoryBytes);
       network?.networks.refill();
     }
@@ -316,7 +373,7 @@ export class LocalRuntime implements Runtime {
    * A network slot, and the files that make the gateway the sandbox's resolver and add the
    * deployment's CA to its trust store (over the system's bundle, where the root has one).
    */
-  private async networkFiles(options: CreateSandboxOptions): Promise<{ networks: LocalNetworks; slot: NetworkSlot; mounts: Array<{ host: string; sandbox: string }> }> {
+  private async networkFiles(options: CreateSandboxOptions): Promise<{ networks: LocalNetworks; slot: NetworkSlot; mounts: Array<{ host: string; sandbox: string }>; systemTrust: { bundle: string; authority: string } | null }> {
     const networks = await this.sandboxNetworks();
     const slot = await networks.take();
     try {
@@ -326,8 +383,7 @@ export class LocalRuntime implements Runtime {
         { host: trust.bundle, sandbox: TRUST_IN_SANDBOX.bundle },
         { host: trust.authority, sandbox: TRUST_IN_SANDBOX.authority },
       ];
-      if (trust.overSystem) mounts.push({ host: trust.bundle, sandbox: `/${SYSTEM_TRUST_BUNDLE}` });
-      return { networks, slot, mounts };
+      return { networks, slot, mounts, systemTrust: trust.overSystem ? trust : null };
     } catch (err) {
       await networks.release(slot);
       throw err;
@@ -356,35 +412,30 @@ export class LocalRuntime implements Runtime {
     return files;
   }
 
-  private bwrapArgs(options: CreateSandboxOptions, workspace: string, readOnlyMounts: Array<{ host: string; sandbox: string }>, supervisor: string, hostsFile: string, scratch: Scratch, networkMounts: Array<{ host: string; sandbox: string }>): string[] {
+  private bwrapArgs(options: CreateSandboxOptions, identity: SandboxIdentity, plan: RootPlan, workspace: string, readOnlyMounts: Array<{ host: string; sandbox: string }>, supervisor: string, hostsFile: string, scratch: Scratch, networkMounts: Array<{ host: string; sandbox: string }>): string[] {
     const args = [
       '--unshare-ipc', '--unshare-pid', '--unshare-uts', '--unshare-cgroup-try',
-      // A sandbox with a network starts in the namespace made for it (the supervisor's `launch --netns`).
-      ...(options.network ? [] : ['--unshare-net']),
+      // A sandbox with a network starts in the namespace made for it (the supervisor's `launch --netns`), root in its own (`--new-netns`).
+      ...(options.network || identity.user === 'root' ? [] : ['--unshare-net']),
       '--die-with-parent', '--new-session',
       '--hostname', options.id,
       // the supervisor keeps only what it needs to start commands as the sandbox uid and to kill them
       '--cap-drop', 'ALL', '--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID', '--cap-add', 'CAP_SETPCAP', '--cap-add', 'CAP_KILL',
     ];
-    if (options.rootfs) {
-      prepareRootfs(options.rootfs, readOnlyMounts.map((m) => m.sandbox));
-      args.push('--ro-bind', options.rootfs, '/');
-    } else {
-      args.push(...this.hostSystemArgs());
-    }
+    args.push(...plan.bwrap);
     args.push('--ro-bind', hostsFile, '/etc/hosts');
     args.push('--proc', '/proc', '--dev', '/dev');
     for (const file of PROC_MASKED_FILES) if (fs.existsSync(`/proc/${file}`)) args.push('--ro-bind', '/dev/null', `/proc/${file}`);
     for (const dir of PROC_MASKED_DIRS) if (fs.existsSync(`/proc/${dir}`)) args.push('--perms', '0555', '--tmpfs', `/proc/${dir}`);
     for (const place of scratch.places) args.push('--bind', place.host, place.at);
-    args.push('--perms', '0755', '--tmpfs', '/run');
+    if (!plan.writable) args.push('--perms', '0755', '--tmpfs', '/run');
     args.push('--ro-bind', supervisor, SUPERVISOR_IN_SANDBOX);
     for (const mount of networkMounts) args.push('--ro-bind', mount.host, mount.sandbox);
     // Made by bwrap under the runner's umask: readable by the sandbox user only when said so.
     if (networkMounts.length > 0) args.push('--chmod', '0755', path.posix.dirname(TRUST_IN_SANDBOX.bundle));
     args.push('--bind', workspace, '/workspace');
     for (const mount of readOnlyMounts) args.push('--ro-bind', mount.host, mount.sandbox);
-    if (!options.rootfs) args.push('--remount-ro', '/');
+    if (!options.rootfs && !plan.writable) args.push('--remount-ro', '/');
     args.push('--chdir', '/workspace');
     return args;
   }
@@ -434,19 +485,22 @@ class LocalSandbox implements SandboxHandle {
   private named: Promise<void> = Promise.resolve();
   private network: { networks: LocalNetworks; slot: NetworkSlot } | null = null;
   readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
+  readonly user: SandboxHandle['user'];
 
   constructor(
     options: CreateSandboxOptions,
+    identity: SandboxIdentity,
     private readonly child: LaunchedProcess,
     private readonly cgroup: SandboxCgroup,
     private readonly sandboxDir: string,
-    private readonly mounts: { disk: WorkspaceDisk | null; scratch: Scratch },
+    private readonly mounts: SandboxMounts,
     readonly warnings: string[],
     private readonly logger: Logger | undefined,
   ) {
     this.id = options.id;
     this.env = { PATH: DEFAULT_PATH, HOME: '/tmp', LANG: 'C.UTF-8', HOSTNAME: options.id, ...options.env };
     this.writablePlaces = mounts.scratch.places;
+    this.user = { inside: identity.user, uid: identity.uid, gid: identity.gid };
     const stdio = child.stdio as unknown as [null, null, Readable, Writable, Readable, Writable];
     this.requests = stdio[3];
     this.requests.on('error', () => {});
@@ -690,7 +744,7 @@ class LocalSandbox implements SandboxHandle {
         await this.cleanup();
       } finally {
         // Only at destroy, not when the sandbox ends on its own: the caller may still read the workspace.
-        await Promise.all([this.mounts.disk?.release(), this.mounts.scratch.release()]);
+        await releaseMounts(this.mounts);
       }
     })();
     return this.destroying;
@@ -723,30 +777,26 @@ class LocalSandbox implements SandboxHandle {
     await this.bridge?.then((b) => b.close(), () => undefined);
     if (this.network) await this.named.catch(() => undefined).then(() => this.network!.networks.release(this.network!.slot, this.id));
     if (!(await this.cgroup.remove())) this.logger?.warn({ sandbox_id: this.id }, 'could not remove the sandbox cgroups');
+    // Never through a mount: a launch killed before the sandbox took its root leaves them here.
+    if (detachBootMounts(this.sandboxDir)) this.logger?.warn({ sandbox_id: this.id }, 'detached the boot mounts its launch left');
     await fs.promises.rm(this.sandboxDir, { recursive: true, force: true });
   }
 }
 
-/**
- * Mount points the read-only image must already have (bwrap cannot create them in it). Created
- * on the host only where nothing is in the way, and never through a symbolic link of the image.
- */
-function prepareRootfs(rootfs: string, extra: string[]): void {
-  const wanted = ['proc', 'dev', 'tmp', 'run', 'workspace', 'etc', ...extra.filter((p) => !p.startsWith('/workspace/')).map((p) => p.replace(/^\/+/, ''))];
-  for (const rel of wanted) {
-    let current = rootfs;
-    for (const part of rel.split('/').filter(Boolean)) {
-      current = path.join(current, part);
-      const stat = fs.lstatSync(current, { throwIfNoEntry: false });
-      if (!stat) fs.mkdirSync(current);
-      else if (!stat.isDirectory()) break;
-    }
-  }
-  // Files the sandbox gets its own of (hosts, a resolver when it has a network) must exist to be mounted over.
-  for (const file of ['etc/hosts', 'etc/resolv.conf']) {
-    const at = path.join(rootfs, file);
-    if (fs.lstatSync(path.join(rootfs, 'etc')).isDirectory() && !fs.lstatSync(at, { throwIfNoEntry: false })) fs.writeFileSync(at, '');
-  }
+/** What a sandbox holds mounted on the host besides its namespaces. */
+interface SandboxMounts {
+  disk: WorkspaceDisk | null;
+  scratch: Scratch;
+  /** the disk of a writable root's layer */
+  root: WorkspaceDisk | null;
+}
+
+function releaseMounts(mounts: { disk: WorkspaceDisk | null; scratch: Scratch | null; root: WorkspaceDisk | null }): Promise<unknown> {
+  return Promise.all([mounts.disk?.release(), mounts.scratch?.release(), mounts.root?.release()]);
+}
+
+function settled<T>(result: PromiseSettledResult<T>): T | null {
+  return result.status === 'fulfilled' ? result.value : null;
 }
 
 /** A regular file of the root at `relative`, read only when nothing on the way leads out of the root (an image may plant links). */

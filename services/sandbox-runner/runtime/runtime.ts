@@ -37,7 +37,16 @@ export interface CreateSandboxOptions {
    * sandbox's trust store at TRUST_IN_SANDBOX. Without it the sandbox has loopback only.
    */
   network?: { trust: string };
+  /**
+   * Who the agent is inside: 'nobody' (default; an unprivileged host uid) or 'root' (uid 0 of a
+   * user namespace of its own, an unprivileged host uid outside; see the runtime for what it may do).
+   */
+  user?: SandboxUser;
+  /** / takes the agent's writes, into a layer of the sandbox's own discarded at destroy (default: as root yes, as nobody no) */
+  writableRoot?: boolean;
 }
+
+export type SandboxUser = 'nobody' | 'root';
 
 /** The name of a sandbox's private network, as the spec's boot pipeline says (a runtime's namespace or network of that name). */
 export function networkName(sandboxId: string): string {
@@ -93,6 +102,8 @@ export interface SandboxHandle {
    * directories the service can watch and diff; what the runtime cannot show is not listed.
    */
   readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
+  /** who the agent is inside, and the host uid and gid its files get (what the service writes for it should be theirs) */
+  readonly user: { readonly inside: SandboxUser; readonly uid: number; readonly gid: number };
   /** `sh -c <command>` in /workspace as the sandbox user; rejects only when the sandbox is gone */
   exec(options: ExecOptions): Promise<ExecResult>;
   /** resolves once the command has started; `done` carries its result */

@@ -111,6 +111,13 @@ export class Scratch {
     return SCRATCH_PLACES.map((p) => ({ host: path.join(this.dir, p.dir), at: p.at }));
   }
 
+  /** A directory of this filesystem that the sandbox does not see (made when missing), for what the runtime keeps in it. */
+  async aside(name: string): Promise<string> {
+    const dir = path.join(this.dir, name);
+    await fs.promises.mkdir(dir, { recursive: true, mode: 0o700 });
+    return dir;
+  }
+
   /** Whether it is still there: a sweep may have removed it. */
   intact(): boolean {
     return this.places.every((p) => fs.existsSync(p.host));

@@ -61,9 +61,7 @@ export class WorkspaceDisks {
    */
   async mount(id: string, mountpoint: string, bytes: number): Promise<WorkspaceDisk> {
     const size = diskSize(bytes);
-    const taken = size === diskSize(this.options.defaultBytes) ? this.spare : null;
-    if (taken) this.spare = null;
-    const spare = taken && (await taken);
+    const spare = await this.takeSpare(size);
     if (spare) {
       const moved = await WorkspaceDisk.move(spare, mountpoint, this.options.tools, this.options.launcher).catch(() => null);
       if (moved) return moved;
@@ -76,6 +74,32 @@ export class WorkspaceDisks {
       await fs.promises.rm(image, { force: true });
       throw new Error(`cannot give the workspace its disk: ${(err as Error).message}`);
     }
+  }
+
+  /**
+   * A filesystem of `bytes` left where it was mounted (the spare's place, else `<id>.mnt` of its
+   * own, removed at release), for what the sandbox does not see as a directory of its own (the
+   * layer of a writable root).
+   */
+  async take(id: string, bytes: number): Promise<WorkspaceDisk> {
+    const size = diskSize(bytes);
+    const spare = await this.takeSpare(size);
+    if (spare) return spare;
+    const image = path.join(this.options.dir, `${id}.img`);
+    try {
+      await this.make(image, size);
+      return await WorkspaceDisk.mount(image, path.join(this.options.dir, `${id}.mnt`), this.options.tools, this.options.launcher, { create: true });
+    } catch (err) {
+      await fs.promises.rm(image, { force: true });
+      throw new Error(`cannot give the sandbox's root its disk: ${(err as Error).message}`);
+    }
+  }
+
+  /** The spare, when it has `size` (null when it failed to come up). */
+  private async takeSpare(size: number): Promise<WorkspaceDisk | null> {
+    const taken = size === diskSize(this.options.defaultBytes) ? this.spare : null;
+    if (taken) this.spare = null;
+    return taken && (await taken);
   }
 
   /** Releases the spare: a runtime that stops leaves nothing mounted. */
@@ -126,6 +150,8 @@ export class WorkspaceDisks {
 export class WorkspaceDisk {
   private mounted = false;
   private released: Promise<void> | null = null;
+  /** the mount point was made for it: removed at release */
+  private madeMountpoint = false;
 
   private constructor(
     readonly image: string,
@@ -138,6 +164,7 @@ export class WorkspaceDisk {
   static async mount(image: string, mountpoint: string, tools: DiskTools, launcher: Launcher, options: { create?: boolean } = {}): Promise<WorkspaceDisk> {
     if (options.create) await fs.promises.mkdir(mountpoint, { mode: 0o700 });
     const disk = new WorkspaceDisk(image, mountpoint, tools, launcher);
+    disk.madeMountpoint = options.create === true;
     await disk.attach(mountpoint, async () => {
       // Should the runner be killed, the launcher unmounts it (it outlives the runner a moment).
       // noinit_itable: the file is sparse, its inode tables read as zeros already.
@@ -160,6 +187,7 @@ export class WorkspaceDisk {
         await run(launcher, tools.mount, ['--move', staging, mountpoint], undoAt(tools, mountpoint));
         moved = true;
         disk.mountpoint = mountpoint;
+        disk.madeMountpoint = false;
         launcher.forget(staging);
         await fs.promises.rmdir(staging);
       });
@@ -188,6 +216,11 @@ export class WorkspaceDisk {
     }
   }
 
+  /** Where it is mounted. */
+  get at(): string {
+    return this.mountpoint;
+  }
+
   /** Unmounts (lazily: a straggling open file does not keep the workspace busy) and deletes the file. Idempotent. */
   release(): Promise<void> {
     this.released ??= (async () => {
@@ -198,6 +231,7 @@ export class WorkspaceDisk {
       this.mounted = false;
       this.launcher.forget(this.mountpoint);
       await fs.promises.rm(this.image, { force: true });
+      if (this.madeMountpoint) await fs.promises.rmdir(this.mountpoint).catch(() => undefined);
     })();
     return this.released;
   }

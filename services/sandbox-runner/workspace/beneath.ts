@@ -22,7 +22,7 @@
  *
  * Linux only (/proc/self/fd); sandboxes only run there.
  */
-import { closeSync, constants, lstatSync, mkdirSync, openSync, readdirSync, readlinkSync, realpathSync, rmdirSync, unlinkSync, type BigIntStats, type Dirent, type Stats } from 'node:fs';
+import { closeSync, constants, fchmodSync, fchownSync, lstatSync, mkdirSync, openSync, readdirSync, readlinkSync, realpathSync, rmdirSync, unlinkSync, type BigIntStats, type Dirent, type Stats } from 'node:fs';
 import { open, type FileHandle } from 'node:fs/promises';
 import { AppError, badRequest } from '../../kernel/errors.ts';
 import { SANDBOX_WORKSPACE, SERVICE_DIR } from './paths.ts';
@@ -68,8 +68,38 @@ export function readlinkAt(dirFd: number, name: string): string {
   return readlinkSync(at(dirFd, name));
 }
 
-function mkdirAt(dirFd: number, name: string, mode: number): void {
-  mkdirSync(at(dirFd, name), { mode });
+/** A host uid and gid: whom the service's writes for a sandbox belong to. */
+export interface Owner {
+  uid: number;
+  gid: number;
+}
+
+/**
+ * Makes the directory `name` in `dirFd` with exactly `mode` (no umask), owned by `owner` when
+ * given; false when the name exists already. The mode and owner are set on the directory opened
+ * (O_NOFOLLOW), never through a path: should the agent swap the name between the mkdir and the
+ * open, a link or file is left as it is, and a directory of its own gets what it could set itself.
+ */
+export function makeDirAt(dirFd: number, name: string, mode: number, owner?: Owner): boolean {
+  try {
+    mkdirSync(at(dirFd, name), { mode });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'EEXIST') return false;
+    throw err;
+  }
+  let fd: number;
+  try {
+    fd = openDirAt(dirFd, name);
+  } catch {
+    return true;
+  }
+  try {
+    if (owner) fchownSync(fd, owner.uid, owner.gid);
+    fchmodSync(fd, mode);
+  } finally {
+    closeSync(fd);
+  }
+  return true;
 }
 
 export function unlinkAt(dirFd: number, name: string): void {
@@ -239,6 +269,8 @@ export interface ResolveOptions {
   forWrite?: boolean;
   /** Create missing parent directories with this mode (writes). */
   createDirs?: number;
+  /** Who owns the directories `createDirs` makes (default: the service's own user). */
+  dirOwner?: Owner;
 }
 
 export interface Resolved {
@@ -356,11 +388,7 @@ class BeneathWalk {
         return;
       }
       if (code === 'ENOENT') {
-        try {
-          mkdirAt(dir, seg, this.options.createDirs!);
-        } catch (e) {
-          if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-        }
+        makeDirAt(dir, seg, this.options.createDirs!, this.options.dirOwner);
         this.again(seg);
         return;
       }

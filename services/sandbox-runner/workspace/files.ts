@@ -9,15 +9,22 @@
  * may swap a directory for a symlink at any moment: that fails the call with a 400 (or is followed
  * as the link it now is, if it stays inside), it never leads the service out of the workspace.
  *
+ * What `writeFile` writes (the file, and the directories it makes on the way) belongs to the owner
+ * of the root it writes beneath, with exactly the mode asked for: the runtime gives the workspace
+ * to the sandbox's user, so the agent and setup commands may chmod or rewrite what the service
+ * wrote for them. `makeDirectory` makes such a root elsewhere (the agent's home, a check's
+ * directory in the sandbox's /tmp).
+ *
  * Each operation returns what the audit record needs: `{path, bytes}` with the workspace-relative path
  * the caller named. Auditing itself is the caller's (the runner records `file_read`/`file_write`/
  * `file_delete` through AuditLog, and tells the FsWatcher to ignore these paths meanwhile).
  */
-import { constants, createWriteStream } from 'node:fs';
+import { constants, createWriteStream, statSync } from 'node:fs';
 import { type FileHandle } from 'node:fs/promises';
+import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { AppError, badRequest } from '../../kernel/errors.ts';
-import { closeFd, lstatAt, mapErrno, openHandleAt, resolveBeneath, unlinkAt, type Resolved } from './beneath.ts';
+import { closeFd, lstatAt, makeDirAt, mapErrno, openHandleAt, openRoot, resolveBeneath, unlinkAt, type Owner, type Resolved } from './beneath.ts';
 import { workspaceSegments } from './paths.ts';
 
 /** Mode of files written through the API (the spec: 0644), whatever the umask. */
@@ -101,19 +108,24 @@ export async function exists(workspace: string, input: unknown, options: { field
   });
 }
 
-/** Writes `content` (a string) as the whole file, creating parent directories; `mode` (default 0644) whatever the umask. */
+/**
+ * Writes `content` (text as UTF-8, or bytes) as the whole file, creating parent directories;
+ * `mode` (default 0644) exactly, whatever the umask. File and new directories belong to `owner`,
+ * by default the owner of `workspace` (the root written beneath).
+ */
 export async function writeFile(
   workspace: string,
   input: unknown,
   content: unknown,
-  options: { field?: string; contentField?: string; mode?: number } = {},
+  options: { field?: string; contentField?: string; mode?: number; owner?: Owner } = {},
 ): Promise<FileWriteResult> {
   const field = options.field ?? 'path';
   const mode = (options.mode ?? FILE_MODE) & 0o777;
-  if (typeof content !== 'string') throw badRequest(options.contentField ?? 'content', 'must be a string');
+  if (typeof content !== 'string' && !Buffer.isBuffer(content)) throw badRequest(options.contentField ?? 'content', 'must be a string');
   const relative = workspaceSegments(input, field).join('/');
-  const data = Buffer.from(content, 'utf8');
-  return withResolved(workspace, input, { field, forWrite: true, createDirs: DIR_MODE }, async (target) => {
+  const data = typeof content === 'string' ? Buffer.from(content, 'utf8') : content;
+  const owner = options.owner ?? ownerOf(workspace);
+  return withResolved(workspace, input, { field, forWrite: true, createDirs: DIR_MODE, dirOwner: owner }, async (target) => {
     let fh: FileHandle;
     let created = true;
     try {
@@ -128,12 +140,36 @@ export async function writeFile(
       if (!st.isFile()) throw badRequest(field, 'is not a regular file');
       await fh.truncate(0);
       await fh.writeFile(data);
+      // Owner first: a chown may clear mode bits.
+      await fh.chown(owner.uid, owner.gid);
       await fh.chmod(mode);
       return { path: relative, bytes: data.length, created };
     } finally {
       await fh.close();
     }
   });
+}
+
+/** The owner of a root directory of the service's (its own path, not one the agent can swap). */
+function ownerOf(root: string): Owner {
+  const { uid, gid } = statSync(root);
+  return { uid, gid };
+}
+
+/**
+ * Makes the new directory `name` directly in `root` (a directory of the service's, such as the
+ * sandbox's /tmp on the host) with exactly `mode`, owned by `owner` (default: the service's own
+ * user); returns its host path. It must not exist yet: a name already there (made by someone
+ * else) is refused, never reused.
+ */
+export function makeDirectory(root: string, name: string, options: { mode: number; owner?: Owner }): string {
+  const fd = openRoot(root);
+  try {
+    if (!makeDirAt(fd, name, options.mode, options.owner)) throw new Error(`${path.join(root, name)} exists already`);
+  } finally {
+    closeFd(fd);
+  }
+  return path.join(root, name);
 }
 
 /** Removes a file (a symlink is removed itself, not its target). 404 `not_found` when missing. */
@@ -158,7 +194,7 @@ export async function deleteFile(workspace: string, input: unknown, options: { f
 async function withResolved<T>(
   workspace: string,
   input: unknown,
-  options: { field: string; followFinal?: boolean; forWrite?: boolean; createDirs?: number },
+  options: { field: string; followFinal?: boolean; forWrite?: boolean; createDirs?: number; dirOwner?: Owner },
   fn: (target: Resolved) => Promise<T>,
 ): Promise<T> {
   const field = options.field;
