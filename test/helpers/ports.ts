@@ -21,3 +21,14 @@ export async function freePort(): Promise<number> {
   }
   throw new Error(`no free port between ${LOW} and ${HIGH}`);
 }
+
+/** A listener on the host's loopback that counts the connections it gets (a sandbox must reach none). */
+export async function countingListener(): Promise<{ port: number; connections(): number; close(): void }> {
+  let connections = 0;
+  const server = net.createServer((socket) => {
+    connections++;
+    socket.destroy();
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { port: (server.address() as net.AddressInfo).port, connections: () => connections, close: () => server.close() };
+}

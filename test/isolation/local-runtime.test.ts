@@ -5,13 +5,13 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
 import { imagesCommand, ImageStore, normalizeReference } from '../../services/sandbox-runner/runtime/images.ts';
 import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
 import type { CreateSandboxOptions, SandboxHandle, SandboxResources } from '../../services/sandbox-runner/runtime/runtime.ts';
+import { countingListener } from '../helpers/ports.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-isolation-'));
 const runtime = new LocalRuntime({ stateDir: path.join(root, 'state') });
@@ -139,13 +139,8 @@ if (unavailable) {
     });
 
     test('no route out and no way to the host loopback', async () => {
-      let connections = 0;
-      const server = net.createServer((s) => {
-        connections++;
-        s.destroy();
-      });
-      await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-      const port = (server.address() as net.AddressInfo).port;
+      const listener = await countingListener();
+      const { port } = listener;
       try {
         const sb = await sandbox();
         const r = await sb.exec({
@@ -156,9 +151,9 @@ if (unavailable) {
         assert.equal(r.stdout, '');
         assert.match(r.stderr, /Connection refused/);
         assert.match(r.stderr, /Network is unreachable/);
-        assert.equal(connections, 0);
+        assert.equal(listener.connections(), 0);
       } finally {
-        server.close();
+        listener.close();
       }
     });
 

@@ -13,6 +13,7 @@ import { after, describe, test } from 'node:test';
 import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
 import { ROOT_IDS_DEFAULT } from '../../services/sandbox-runner/runtime/sandbox-root.ts';
 import type { CreateSandboxOptions, SandboxHandle, SandboxResources } from '../../services/sandbox-runner/runtime/runtime.ts';
+import { countingListener } from '../helpers/ports.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-root-inside-'));
 const stateDir = path.join(root, 'state');
@@ -229,13 +230,8 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
     });
 
     test('no route out and no way to the host loopback; it may bind low ports of its own, not change its network', async () => {
-      let connections = 0;
-      const server = net.createServer((s) => {
-        connections++;
-        s.destroy();
-      });
-      await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-      const port = (server.address() as net.AddressInfo).port;
+      const listener = await countingListener();
+      const { port } = listener;
       try {
         const sb = await sandbox();
         const r = await sb.exec({
@@ -246,9 +242,9 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
         assert.match(r.stderr, /Connection refused/);
         assert.match(r.stderr, /Network is unreachable/);
         assert.equal(r.stderr.match(/Operation not permitted/g)?.length, 3, r.stderr);
-        assert.equal(connections, 0);
+        assert.equal(listener.connections(), 0);
       } finally {
-        server.close();
+        listener.close();
       }
     });
 
