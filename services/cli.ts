@@ -7,6 +7,7 @@
  *   svc keys rotate <key-id>
  *   svc keys revoke <key-id>
  *   svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | list | resolve REFERENCE | rm NAME
+ *   svc images build NAME DOCKERFILE [CONTEXT_DIR]
  *                                         the local image store of the sandbox runtime (in SVC_DATA_DIR;
  *                                         pulls read the SVC_REGISTRY_* settings)
  * The key commands call the admin API of a running server (--url, default SVC_BASE_URL or
@@ -25,7 +26,8 @@ const USAGE = `usage:
   svc keys list [--tenant NAME] [--url URL] [--admin-key KEY]
   svc keys rotate <key-id> [--url URL] [--admin-key KEY]
   svc keys revoke <key-id> [--url URL] [--admin-key KEY]
-  svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | list | resolve REFERENCE | rm NAME`;
+  svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | list | resolve REFERENCE | rm NAME
+  svc images build NAME DOCKERFILE [CONTEXT_DIR]`;
 
 async function admin(method: string, path: string, opts: { url?: string; 'admin-key'?: string }, body?: object): Promise<any> {
   const base = (opts.url ?? process.env.SVC_BASE_URL ?? `http://127.0.0.1:${process.env.SVC_PORT || 8080}`).replace(/\/+$/, '');

@@ -143,6 +143,8 @@ export interface SpecDocument {
   version: number;
   id: string;
   base: string;
+  /** Builds `base` from this Dockerfile at boot (cached step by step), instead of pulling it. */
+  build: { dockerfile: string } | null;
   task: { prompt: string };
   agent: SpecAgent | null;
   invariants: Record<string, SpecInvariant>;
@@ -636,6 +638,7 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
     version: d.version,
     id: d.id,
     base: d.base,
+    build: d.build ? { dockerfile: d.build.dockerfile } : null,
     task: { prompt: d.task.prompt },
     agent: agent(d.agent),
     invariants: Object.fromEntries(Object.entries(d.invariants as Record<string, Raw>).map(([name, inv]) => [name, { check: check(inv.check), weight: inv.weight ?? SPEC_DEFAULTS.weight, gate: inv.gate ?? false }])),

@@ -23,7 +23,8 @@ import { changedExpiry } from '../domain/sandbox-lifetime.ts';
 import { redactSecrets, type Sealer, type TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { refusedInStep, runBoot, StepFailed, type BootStep, type StepDone } from './boot/pipeline.ts';
-import { ensureImage } from './runtime/images.ts';
+import { ensureImage, normalizeReference, type ImageInfo } from './runtime/images.ts';
+import { buildImage } from './runtime/image-builder.ts';
 import type { ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
 import { SERVICE_URL_IN_SANDBOX } from './runtime/service-bridge.ts';
 import { AUDIT_FILE, AuditLog } from './workspace/audit-log.ts';
@@ -414,8 +415,9 @@ export class LiveSandbox {
     const { config } = this.kernel;
     await mkdir(path.join(this.workspace, '.svc'), { recursive: true });
     // From the image store, pulled into it when missing; failing that, the host's system directories where allowed.
-    const image = await ensureImage(path.join(config.dataDir, 'images'), this.spec.base, config).catch((err: Error) => {
-      if (config.sandboxHostRootfs) return err;
+    const image = await this.obtainImage().catch((err: Error) => {
+      if (config.sandboxHostRootfs && !this.spec.build) return err;
+      if (this.spec.build) throw new StepFailed(`image could not be built: "${this.spec.base}": ${err.message}`);
       throw new StepFailed(`image could not be pulled: "${this.spec.base}": ${err.message} (or put it in the image store: svc images pull|import ${this.spec.base})`);
     });
     const rootfs = image instanceof Error ? null : image.rootfs;
@@ -452,6 +454,15 @@ export class LiveSandbox {
     if (rootfs === null) {
       await this.warnAudited(`image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`);
     }
+  }
+
+  /** The spec's image: built from its Dockerfile (every unchanged step cached), else from the store, pulled when missing. */
+  private async obtainImage(): Promise<ImageInfo> {
+    const { config } = this.kernel;
+    const imagesDir = path.join(config.dataDir, 'images');
+    if (!this.spec.build) return ensureImage(imagesDir, this.spec.base, config);
+    const built = await buildImage({ imagesDir, runtime: this.runtime, settings: config, dockerfile: this.spec.build.dockerfile, context: null, name: normalizeReference(this.spec.base) });
+    return built.image;
   }
 
   /** The service's `.svc`, libfaketime for a frozen clock, and the agent's bundle (extracted now) for a snapshot agent. */

@@ -419,7 +419,7 @@ test('setup, secrets and alerts', () => {
 });
 
 test('unknown fields are reported at every level', () => {
-  rejects(withBlocks({ colour: 'red' }), 'colour: unknown field; the fields are version, id, base, task, agent');
+  rejects(withBlocks({ colour: 'red' }), 'colour: unknown field; the fields are version, id, base, build, task, agent');
   rejects(withBlocks({ task: { prompt: 'x', hint: 'y' } }), 'task.hint: unknown field; the fields are prompt');
   rejects(withBlocks({ resources: { gpus: 1 } }), 'resources.gpus: unknown field');
   rejects(withBlocks({ network: { egress: { deny: [] } } }), 'network.egress.deny: unknown field');

@@ -76,7 +76,7 @@ export interface PullResult {
 }
 
 /** Metadata of a new image, besides what staging measures. */
-type ImageMeta = Omit<ImageInfo, 'name' | 'rootfs' | 'importedAt' | 'bytes'>;
+export type ImageMeta = Omit<ImageInfo, 'name' | 'rootfs' | 'importedAt' | 'bytes'>;
 
 const REFERENCE = /^[a-z0-9]([a-z0-9._\-/]*[a-z0-9])?(:[0-9]+)?([a-z0-9._\-/]*[a-z0-9])?(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$/;
 /** Where the runtime mounts things over the read-only root. */
@@ -251,6 +251,18 @@ export class ImageStore {
     });
   }
 
+  /**
+   * Stores the root filesystem `dir` as image `name`, replacing an image of that name. `dir` is
+   * moved, not copied: it must be on the store's filesystem (the image builder makes it in `dir`).
+   */
+  async adoptRootfs(name: string, dir: string, meta: ImageMeta): Promise<ImageInfo> {
+    return this.stage(normalizeReference(name), meta.source, async (rootfs) => {
+      await fs.promises.rmdir(rootfs);
+      await fs.promises.rename(dir, rootfs);
+      return meta;
+    });
+  }
+
   /** Builds an image in a staging directory with `fill`, then renames it into place. */
   private async stage(name: string, what: string, fill: (rootfs: string) => Promise<ImageMeta>): Promise<ImageInfo> {
     await fs.promises.mkdir(this.dir, { recursive: true });
@@ -317,12 +329,13 @@ function parseEntrypoint(raw: string): string[] {
   return value;
 }
 
-const USAGE = 'usage: svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | list | resolve REFERENCE | rm NAME';
+const USAGE = 'usage: svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | build NAME DOCKERFILE [CONTEXT_DIR] | list | resolve REFERENCE | rm NAME';
 const megabytes = (bytes: number): string => `${(bytes / 1e6).toFixed(1)} MB`;
 
 /**
  * `svc images ...` for the CLI: `import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD]`,
- * `pull REFERENCE`, `list`, `resolve REFERENCE`, `rm NAME`. `settings` (registries, size bound)
+ * `pull REFERENCE`, `build NAME DOCKERFILE [CONTEXT_DIR]` (image-builder.ts), `list`, `resolve REFERENCE`,
+ * `rm NAME`. `settings` (registries, size bound)
  * default to the settings' defaults. Returns the exit code; prints with `out`.
  */
 export async function imagesCommand(args: string[], dataDir: string, out: (line: string) => void = console.log, settings?: PullSettings): Promise<number> {
@@ -342,6 +355,11 @@ export async function imagesCommand(args: string[], dataDir: string, out: (line:
       if (upToDate) out(`${image.name} is up to date (${image.digest})`);
       else out(`pulled ${image.source} (${image.digest}; ${downloaded} layers downloaded, ${cached} cached; ${megabytes(image.bytes)}) into ${image.rootfs}`);
       return 0;
+    }
+    if (sub === 'build' && (rest.length === 2 || rest.length === 3) && flag === -1) {
+      // Loaded when asked for: the builder needs the runtime, and imports this module.
+      const { buildCommand } = await import('./image-builder.ts');
+      return await buildCommand(rest[0]!, rest[1]!, rest[2] ?? null, dataDir, pullSettings, out);
     }
     if (sub === 'list' && rest.length === 0) {
       for (const image of await store.listImages()) out([image.name, megabytes(image.bytes), image.importedAt, ...(image.digest ? [image.digest] : [])].join('\t'));

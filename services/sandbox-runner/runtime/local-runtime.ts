@@ -46,6 +46,7 @@ import {
   type CreateSandboxOptions,
   type ExecOptions,
   type ExecResult,
+  type RootChanges,
   type Runtime,
   type SandboxHandle,
   type SandboxUsage,
@@ -334,6 +335,7 @@ export class LocalRuntime implements Runtime {
       throw err;
     }
     const sandbox = new LocalSandbox(options, identity, child, cgroup, sandboxDir, mounts, warnings, this.logger);
+    if (plan.upper) sandbox.upper = plan.upper;
     try {
       if (network) sandbox.attachNetwork(network.networks, network.slot, this.bootTimeoutMs);
       // The bridge's forwarder stays out of the sandbox's cgroups: it is not the agent's, and a
@@ -486,9 +488,11 @@ class LocalSandbox implements SandboxHandle {
   private network: { networks: LocalNetworks; slot: NetworkSlot } | null = null;
   readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
   readonly user: SandboxHandle['user'];
+  /** the overlay's upper layer of a writable image root (rootChanges) */
+  upper: string | null = null;
 
   constructor(
-    options: CreateSandboxOptions,
+    private readonly options: CreateSandboxOptions,
     identity: SandboxIdentity,
     private readonly child: LaunchedProcess,
     private readonly cgroup: SandboxCgroup,
@@ -755,6 +759,14 @@ class LocalSandbox implements SandboxHandle {
     this.bridge = ServiceBridge.open(this.child.pid!, socketPath, service, launcher, supervisor, this.ended.signal);
     this.serviceReachable = this.bridge.then(() => undefined);
     this.serviceReachable.catch(() => {});
+  }
+
+  async rootChanges(): Promise<RootChanges | null> {
+    if (!this.upper || !this.options.rootfs) return null;
+    await this.killAll();
+    const processes = this.processes();
+    if (!processes) throw new Error(this.gone ? `sandbox ${this.id} is gone: ${this.gone.message}` : `sandbox ${this.id}: its supervisor is not running`);
+    return { upper: this.upper, lower: this.options.rootfs, merged: `/proc/${processes.supervisorPid}/root`, idShift: this.user.inside === 'root' ? this.user.uid : 0 };
   }
 
   async openIngress(ports: number[] | 'all'): Promise<void> {

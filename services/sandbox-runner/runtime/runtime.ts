@@ -125,6 +125,24 @@ export interface SandboxHandle {
   readonly networkReady: Promise<void>;
   /** lets the host open connections to these ports of the sandbox's address ('all': to every port); nothing else reaches it */
   openIngress(ports: number[] | 'all'): Promise<void>;
+  /**
+   * What the commands so far changed in a writable root over an image (CreateSandboxOptions
+   * writableRoot and rootfs), for the image builder; kills the sandbox's commands first. Valid
+   * until destroy(). Null without such a root; absent where the runtime cannot show it.
+   */
+  rootChanges?(): Promise<RootChanges | null>;
+}
+
+/** A writable root's changes, as overlayfs keeps them. */
+export interface RootChanges {
+  /** host directory: the overlay's upper layer (whiteouts are character devices 0/0) */
+  upper: string;
+  /** host directory: the image (CreateSandboxOptions.rootfs) */
+  lower: string;
+  /** host path of the sandbox's / as its processes see it (the merged view) */
+  merged: string;
+  /** the host id of id 0 inside: the upper layer's files are owned by it plus the id inside */
+  idShift: number;
 }
 
 export interface Runtime {

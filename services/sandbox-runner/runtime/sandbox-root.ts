@@ -76,6 +76,8 @@ export interface RootPlan {
   writable: boolean;
   /** whether RootPlaces.seed went into the layer (else the caller binds those files read-only) */
   seeded: boolean;
+  /** the overlay's upper directory of a writable image root, else null */
+  upper: string | null;
 }
 
 export interface RootPlaces {
@@ -103,13 +105,15 @@ export async function rootPlan(options: CreateSandboxOptions, identity: SandboxI
   const owner = root ? { uid: identity.uid, gid: identity.gid } : { uid: 0, gid: 0 };
   let bwrap: string[];
   let seeded = false;
+  let upper: string | null = null;
   if (identity.writableRoot) {
     if (!at.layer) throw new Error('a writable root needs a layer');
     if (options.rootfs) {
       const lower = path.join(at.sandboxDir, 'lower');
       await Promise.all([fs.promises.mkdir(lower), fs.promises.mkdir(merged), makeLayer(at.layer, 'upper', owner)]);
       seeded = await seedLayer(path.join(at.layer, 'upper'), options.rootfs, at.seed ?? [], root ? identity.uid : 0);
-      launch.push('--image', options.rootfs, lower, '--overlay', lower, path.join(at.layer, 'upper'), path.join(at.layer, 'work'), merged);
+      upper = path.join(at.layer, 'upper');
+      launch.push('--image', options.rootfs, lower, '--overlay', lower, upper, path.join(at.layer, 'work'), merged);
       bwrap = ['--bind', merged, '/'];
     } else {
       await makeLayer(at.layer, 'root', owner);
@@ -127,7 +131,7 @@ export async function rootPlan(options: CreateSandboxOptions, identity: SandboxI
     bwrap = at.hostSystem();
   }
   if (launch.includes('--image')) serve.push('--booted', String(BOOTED_FD));
-  return { launch, bwrap, serve, writable: identity.writableRoot, seeded };
+  return { launch, bwrap, serve, writable: identity.writableRoot, seeded, upper };
 }
 
 /**

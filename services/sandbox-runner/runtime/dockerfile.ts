@@ -1,0 +1,183 @@
+/**
+ * A Dockerfile, read into instructions for image-builder.ts: FROM, RUN, COPY, ADD, ENV, WORKDIR,
+ * USER, ENTRYPOINT, CMD and ARG (with a default). LABEL, EXPOSE, STOPSIGNAL, HEALTHCHECK, SHELL,
+ * VOLUME, ONBUILD and MAINTAINER are read and ignored (`ignored` says which lines); any other
+ * instruction is an error naming its line. Lines end in `\` to continue; `#` starts a comment
+ * line (also between continued lines). Parser directives (`# escape=`) are not read.
+ *
+ * Variables (`$NAME`, `${NAME}`, `${NAME:-default}`, `${NAME:+alternative}`) are expanded by
+ * `words` at build time, from the ARGs and ENVs so far, as Docker expands them; RUN, CMD and
+ * ENTRYPOINT are left to the shell.
+ */
+
+export type InstructionKind = 'FROM' | 'RUN' | 'COPY' | 'ADD' | 'ENV' | 'WORKDIR' | 'USER' | 'ENTRYPOINT' | 'CMD' | 'ARG';
+
+export interface Instruction {
+  kind: InstructionKind;
+  /** The line the instruction starts on (1-based). */
+  line: number;
+  /** The instruction as written, continuations joined: what the build cache keys on. */
+  text: string;
+  /** Its arguments, unexpanded (after COPY/ADD flags). */
+  args: string;
+  /** The JSON (exec) form of RUN, CMD, ENTRYPOINT, COPY and ADD, when written so. */
+  exec?: string[];
+  /** COPY/ADD --chown=UID[:GID], numeric. */
+  chown?: { uid: number; gid: number };
+}
+
+export interface Dockerfile {
+  instructions: Instruction[];
+  /** Lines of instructions read and ignored, with why. */
+  ignored: string[];
+}
+
+const KINDS = new Set<string>(['FROM', 'RUN', 'COPY', 'ADD', 'ENV', 'WORKDIR', 'USER', 'ENTRYPOINT', 'CMD', 'ARG']);
+const IGNORED = new Set(['LABEL', 'EXPOSE', 'STOPSIGNAL', 'HEALTHCHECK', 'SHELL', 'VOLUME', 'ONBUILD', 'MAINTAINER']);
+const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/** The instructions of a Dockerfile's text; throws naming the line of the first problem. */
+export function parseDockerfile(source: string): Dockerfile {
+  const instructions: Instruction[] = [];
+  const ignored: string[] = [];
+  for (const { line, text } of logicalLines(source)) {
+    const match = /^(\S+)\s*([\s\S]*)$/.exec(text)!;
+    const word = match[1]!.toUpperCase();
+    const rest = match[2]!.trim();
+    if (IGNORED.has(word)) {
+      ignored.push(`line ${line}: ${word} is ignored (it does not change the image's files or run settings here)`);
+      continue;
+    }
+    if (!KINDS.has(word)) throw new Error(`Dockerfile line ${line}: unknown instruction ${JSON.stringify(match[1])}`);
+    const kind = word as InstructionKind;
+    if (rest === '') throw new Error(`Dockerfile line ${line}: ${kind} needs arguments`);
+    instructions.push(instruction(kind, line, text, rest));
+  }
+  const first = instructions.find((i) => i.kind !== 'ARG');
+  if (!first || first.kind !== 'FROM') throw new Error(`Dockerfile: the first instruction (besides ARG) must be FROM${first ? ` (line ${first.line} is ${first.kind})` : ''}`);
+  const second = instructions.filter((i) => i.kind === 'FROM')[1];
+  if (second) throw new Error(`Dockerfile line ${second.line}: a second FROM (multi-stage builds are not supported)`);
+  return { instructions, ignored };
+}
+
+function instruction(kind: InstructionKind, line: number, text: string, rest: string): Instruction {
+  const at = `Dockerfile line ${line}`;
+  if (kind === 'COPY' || kind === 'ADD') return copyInstruction(kind, line, text, rest);
+  if (kind === 'RUN' && rest.startsWith('--')) throw new Error(`${at}: RUN flags (${rest.split(/\s/)[0]}) are not supported`);
+  if (kind === 'FROM' && /^--|\sAS\s/i.test(` ${rest}`)) throw new Error(`${at}: FROM takes an image only (no --platform, no AS stages)`);
+  if (kind === 'ARG') {
+    const name = rest.split('=')[0]!;
+    if (!NAME.test(name)) throw new Error(`${at}: ARG ${JSON.stringify(name)} is not a variable name (ARG NAME or ARG NAME=default)`);
+  }
+  const exec = kind === 'RUN' || kind === 'CMD' || kind === 'ENTRYPOINT' ? jsonForm(rest, at) : undefined;
+  return { kind, line, text, args: rest, ...(exec ? { exec } : {}) };
+}
+
+function copyInstruction(kind: 'COPY' | 'ADD', line: number, text: string, rest: string): Instruction {
+  const at = `Dockerfile line ${line}`;
+  let args = rest;
+  let chown: Instruction['chown'];
+  for (let flag = /^--(\S+)\s+/.exec(args); flag; flag = /^--(\S+)\s+/.exec(args)) {
+    const owner = /^chown=(\d+)(?::(\d+))?$/.exec(flag[1]!);
+    if (!owner) throw new Error(`${at}: ${kind} --${flag[1]} is not supported (only --chown=UID[:GID], numeric)`);
+    chown = { uid: Number(owner[1]), gid: Number(owner[2] ?? owner[1]) };
+    args = args.slice(flag[0].length);
+  }
+  const exec = jsonForm(args, at);
+  if (exec && exec.length < 2) throw new Error(`${at}: ${kind} needs a source and a destination`);
+  return { kind, line, text, args, ...(exec ? { exec } : {}), ...(chown ? { chown } : {}) };
+}
+
+/** `["a", "b"]` as a list of strings; undefined for anything else (the shell form). */
+function jsonForm(rest: string, at: string): string[] | undefined {
+  if (!rest.startsWith('[')) return undefined;
+  let value: unknown;
+  try {
+    value = JSON.parse(rest);
+  } catch {
+    return undefined;
+  }
+  if (!Array.isArray(value) || !value.every((v) => typeof v === 'string')) throw new Error(`${at}: the exec form must be a JSON list of strings`);
+  if (value.length === 0) throw new Error(`${at}: an empty exec form`);
+  return value;
+}
+
+/** The instructions' lines: continuations joined, comments and blank lines dropped. */
+function logicalLines(source: string): Array<{ line: number; text: string }> {
+  const out: Array<{ line: number; text: string }> = [];
+  let current: { line: number; text: string } | null = null;
+  for (const [i, raw] of source.split(/\r?\n/).entries()) {
+    const trimmed = raw.trim();
+    if (trimmed.startsWith('#') || (trimmed === '' && !current)) continue;
+    const continues = /\\\s*$/.test(raw);
+    const part = continues ? raw.replace(/\\\s*$/, '') : raw;
+    if (current) current.text += part;
+    else current = { line: i + 1, text: part.trimStart() };
+    if (!continues) {
+      if (current.text.trim()) out.push({ line: current.line, text: current.text.trim() });
+      current = null;
+    }
+  }
+  if (current?.text.trim()) out.push({ line: current.line, text: current.text.trim() });
+  return out;
+}
+
+/**
+ * Shell-like words of `text`: split on unquoted whitespace, quotes removed, backslash escapes,
+ * and variables expanded from `vars` outside single quotes (unset ones are empty).
+ */
+export function words(text: string, vars: Record<string, string>): string[] {
+  const out: string[] = [];
+  let word: string | null = null;
+  let quote: '"' | "'" | null = null;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]!;
+    if (quote === "'") {
+      if (c === "'") quote = null;
+      else word += c;
+    } else if (c === '\\' && i + 1 < text.length) {
+      word = (word ?? '') + text[++i];
+    } else if (c === '$') {
+      const [value, length] = variable(text, i, vars);
+      word = (word ?? '') + value;
+      i += length - 1;
+    } else if (c === '"' || (c === "'" && !quote)) {
+      quote = quote === c ? null : (c as '"' | "'");
+      word ??= '';
+    } else if (/\s/.test(c) && !quote) {
+      if (word !== null) out.push(word);
+      word = null;
+    } else {
+      word = (word ?? '') + c;
+    }
+  }
+  if (quote) throw new Error(`an unterminated ${quote} quote in ${JSON.stringify(text)}`);
+  if (word !== null) out.push(word);
+  return out;
+}
+
+/** The value of the variable reference at `text[at]` (a `$`) and how many characters it spans. */
+function variable(text: string, at: number, vars: Record<string, string>): [string, number] {
+  const braced = /^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([-+])([^}]*))?\}/.exec(text.slice(at));
+  if (braced) {
+    const value = vars[braced[1]!] ?? '';
+    if (braced[2] === '-') return [value || braced[3]!, braced[0].length];
+    if (braced[2] === '+') return [value ? braced[3]! : '', braced[0].length];
+    return [value, braced[0].length];
+  }
+  const plain = /^\$([A-Za-z_][A-Za-z0-9_]*)/.exec(text.slice(at));
+  return plain ? [vars[plain[1]!] ?? '', plain[0].length] : ['$', 1];
+}
+
+/** `ENV A=1 B="two words"`, or the old `ENV A one value`: the pairs, expanded. */
+export function envPairs(args: string, vars: Record<string, string>, at: string): Array<[string, string]> {
+  const first = /^([A-Za-z_][A-Za-z0-9_]*)(=|\s+)/.exec(args);
+  if (!first) throw new Error(`${at}: ENV needs NAME=value`);
+  if (first[2] !== '=') return [[first[1]!, words(args.slice(first[0].length), vars).join(' ')]];
+  return words(args, vars).map((word) => {
+    const eq = word.indexOf('=');
+    const name = word.slice(0, eq);
+    if (eq < 1 || !NAME.test(name)) throw new Error(`${at}: ${JSON.stringify(word)} is not NAME=value`);
+    return [name, word.slice(eq + 1)];
+  });
+}

@@ -1,0 +1,380 @@
+/**
+ * Builds an image of the store from a Dockerfile (dockerfile.ts) and a build context directory.
+ *
+ * FROM resolves through the store (`ensureImage`: pulled when missing). Each RUN, COPY, ADD and
+ * WORKDIR makes a layer, an uncompressed tar in the store's blob cache (its digest is its diff
+ * id); ENV, USER, ENTRYPOINT, CMD and ARG change the run settings only.
+ *  - RUN runs in a sandbox of the runtime as root inside with a writable root over the image so
+ *    far (the accumulated ENV, ARGs as variables, in WORKDIR), with no network (loopback only);
+ *    its layer is what the writable root's upper directory holds after it (layer-tar.ts). USER
+ *    does not apply to RUN: RUN is always root inside.
+ *  - COPY and ADD copy files of the context, never following a symbolic link: a link in the
+ *    context is copied as a link, and a source path through a link is refused. ADD fetches no
+ *    URLs and unpacks no archives.
+ *  - WORKDIR makes the directories that are missing.
+ * Every step has a cache key: the key before it (the first: the base image's id), the
+ * instruction as written, the ARG values, and for COPY/ADD the content of the files copied. A
+ * step whose key the cache (`<images>/build-cache/<key>.json`) knows reuses its layer; the image
+ * is made (the base's files copied, the layers applied) only when a step ran or the stored image
+ * is not the one the keys name (its `id`, the digest of the config written, says which it is).
+ */
+import { spawn } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { Readable } from 'node:stream';
+import { contextSources, copyLayer, missingDirs } from './build-context.ts';
+import { envPairs, type Instruction, parseDockerfile, words } from './dockerfile.ts';
+import { type ImageInfo, ImageStore, type PullSettings } from './images.ts';
+import { LocalRuntime } from './local-runtime.ts';
+import { type LayerEntry, tempName, upperLayer, writeLayerTar } from './layer-tar.ts';
+import { applyLayers } from './oci-layers.ts';
+import { hostPlatform, type ImageRunConfig, MAX_CONFIG_BYTES, parseImageConfig, sha256Digest } from './oci.ts';
+import type { Runtime, SandboxResources } from './runtime.ts';
+
+export interface BuildImageOptions {
+  /** `<dataDir>/images` */
+  imagesDir: string;
+  /** runs the RUN steps (the `local` runtime: it shows a sandbox's root changes) */
+  runtime: Runtime;
+  /** registries and the size bound, for FROM's pull and the layers */
+  settings: PullSettings;
+  /** the Dockerfile's text */
+  dockerfile: string;
+  /** the build context directory (COPY/ADD sources); null: none (COPY/ADD fail) */
+  context: string | null;
+  /** the store name of the image; default `build:<first 16 hex of its final cache key>` */
+  name?: string;
+  /** ARG values, over the Dockerfile's defaults */
+  buildArgs?: Record<string, string>;
+  /** the sandboxes of RUN steps (default: 2 GiB, 2 CPUs, 4096 pids, the runtime's default disk) */
+  resources?: SandboxResources;
+  /** longest a RUN step may take (default 30 min) */
+  runTimeoutMs?: number;
+  /** progress lines, and RUN output as it comes */
+  log?: (line: string) => void;
+}
+
+export interface BuildStep {
+  line: number;
+  instruction: string;
+  /** null: a step with no layer (ENV, USER, ...) */
+  cached: boolean | null;
+}
+
+export interface BuildResult {
+  image: ImageInfo;
+  steps: BuildStep[];
+  /** the Dockerfile lines ignored, with why */
+  ignored: string[];
+  /** no step ran and the store had the image already */
+  upToDate: boolean;
+}
+
+const DEFAULT_RESOURCES: SandboxResources = { memoryBytes: 2 * 1024 ** 3, cpus: 2, pids: 4096, diskBytes: null };
+const DEFAULT_RUN_TIMEOUT_MS = 30 * 60_000;
+
+/** What the steps so far made of the image. */
+interface BuildState {
+  key: string;
+  config: ImageRunConfig;
+  /** CMD was set by this Dockerfile (an ENTRYPOINT then keeps it; it clears the base image's) */
+  ownCmd: boolean;
+  vars: Record<string, string>;
+  /** the ARGs before FROM: in scope after it only where an ARG without a default names them again (as Docker) */
+  outerArgs: Record<string, string>;
+  /** ARG names declared so far (only those reach RUN as variables) */
+  args: Set<string>;
+  /** the new layers' digests, oldest first */
+  layers: string[];
+  history: Array<{ created_by: string; empty_layer?: boolean }>;
+}
+
+/** Builds the Dockerfile into the store; throws naming the Dockerfile line of a failed step. */
+export async function buildImage(options: BuildImageOptions): Promise<BuildResult> {
+  const store = new ImageStore(options.imagesDir);
+  const { instructions, ignored } = parseDockerfile(options.dockerfile);
+  const vars: Record<string, string> = {};
+  const fromAt = instructions.findIndex((i) => i.kind === 'FROM');
+  for (const arg of instructions.slice(0, fromAt)) Object.assign(vars, argValue(arg, vars, options.buildArgs));
+  const from = instructions[fromAt]!;
+  const reference = words(from.args, vars)[0];
+  if (!reference) throw new Error(`Dockerfile line ${from.line}: FROM names no image`);
+  const base = await store.ensureImage(reference, options.settings).catch((err: Error) => {
+    throw new Error(`Dockerfile line ${from.line}: FROM ${reference}: ${err.message}`);
+  });
+  const workDir = tempName(store.dir, 'build');
+  const builder = new Builder(store, base, options, workDir);
+  try {
+    await fs.promises.mkdir(workDir, { recursive: true });
+    const state = builder.initialState(vars);
+    const steps: BuildStep[] = [];
+    for (const instruction of instructions.slice(fromAt + 1)) steps.push(await builder.step(instruction, state));
+    const { image, upToDate } = await builder.finish(state, reference);
+    return { image, steps, ignored, upToDate };
+  } finally {
+    await fs.promises.rm(workDir, { recursive: true, force: true });
+  }
+}
+
+/** An ARG's value: the build's, else its default (expanded), else the same ARG's before FROM, else none. */
+function argValue(arg: Instruction, vars: Record<string, string>, buildArgs: Record<string, string> = {}, outerArgs: Record<string, string> = {}): Record<string, string> {
+  const eq = arg.args.indexOf('=');
+  const name = eq === -1 ? arg.args.trim() : arg.args.slice(0, eq);
+  if (name in buildArgs) return { [name]: buildArgs[name]! };
+  if (eq === -1) return name in outerArgs ? { [name]: outerArgs[name]! } : {};
+  return { [name]: words(arg.args.slice(eq + 1), vars).join(' ') };
+}
+
+function chainKey(...parts: string[]): string {
+  return createHash('sha256').update(parts.join('\0')).digest('hex');
+}
+
+class Builder {
+  /** the image so far as a directory, made at the first step that runs */
+  private root: string | null = null;
+  private sandboxes = 0;
+
+  constructor(
+    private readonly store: ImageStore,
+    private readonly base: ImageInfo,
+    private readonly options: BuildImageOptions,
+    private readonly workDir: string,
+  ) {}
+
+  initialState(vars: Record<string, string>): BuildState {
+    const config: ImageRunConfig = this.base.config ?? { env: [], entrypoint: this.base.entrypoint ?? null, cmd: null, workdir: null, user: null };
+    const identity = this.base.id ?? this.base.manifestDigest ?? `${this.base.name}@${this.base.importedAt}`;
+    // The base image's ENV is there for the Dockerfile's variables too.
+    const envVars = Object.fromEntries(config.env.map(splitEnv));
+    return { key: chainKey('svc-build-v1', identity), config: { ...config, env: [...config.env] }, ownCmd: false, vars: envVars, outerArgs: { ...vars }, args: new Set(), layers: [], history: [] };
+  }
+
+  /** Applies one instruction to `state`: its run settings, or its layer (cached or made). */
+  async step(instruction: Instruction, state: BuildState): Promise<BuildStep> {
+    const at = `Dockerfile line ${instruction.line}`;
+    const argsNow = JSON.stringify([...state.args].sort().map((name) => [name, state.vars[name] ?? null]));
+    const sources = instruction.kind === 'COPY' || instruction.kind === 'ADD' ? await contextSources(this.options.context, instruction, state.vars, at) : null;
+    state.key = chainKey(state.key, instruction.text, argsNow, sources?.digest ?? '');
+    const layerless = !['RUN', 'COPY', 'ADD', 'WORKDIR'].includes(instruction.kind);
+    state.history.push({ created_by: instruction.text, ...(layerless ? { empty_layer: true } : {}) });
+    const done = (cached: boolean | null): BuildStep => ({ line: instruction.line, instruction: instruction.text, cached });
+    if (layerless) {
+      applySetting(instruction, state, at, this.options.buildArgs);
+      return done(null);
+    }
+    if (instruction.kind === 'WORKDIR') state.config.workdir = path.posix.resolve(state.config.workdir ?? '/', words(instruction.args, state.vars).join(' '));
+    const cached = await this.cachedLayer(state.key);
+    if (cached !== undefined) {
+      if (cached) state.layers.push(cached);
+      this.options.log?.(`${at}: ${instruction.text} (cached)`);
+      return done(true);
+    }
+    this.options.log?.(`${at}: ${instruction.text}`);
+    const root = await this.imageSoFar(state.layers);
+    const tar = instruction.kind === 'RUN' ? await this.run(instruction, state, root, at) : await this.layerTar(instruction.kind === 'WORKDIR' ? missingDirs(root, state.config.workdir!, 0, 0) : await copyLayer(root, sources!, state.config.workdir ?? '/', instruction));
+    const layer = tar ? await this.storeLayer(tar, root) : null;
+    if (layer) state.layers.push(layer);
+    await this.remember(state.key, layer);
+    return done(false);
+  }
+
+  /** The layer a cache key names (null: the step made none), or undefined when not cached. */
+  private async cachedLayer(key: string): Promise<string | null | undefined> {
+    try {
+      const { layer } = JSON.parse(await fs.promises.readFile(this.cacheFile(key), 'utf8')) as { layer: string | null };
+      return layer === null || this.store.blobs.has(layer) ? layer : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  private async remember(key: string, layer: string | null): Promise<void> {
+    const file = this.cacheFile(key);
+    await fs.promises.mkdir(path.dirname(file), { recursive: true });
+    const temp = tempName(path.dirname(file), 'entry');
+    await fs.promises.writeFile(temp, `${JSON.stringify({ layer })}\n`);
+    await fs.promises.rename(temp, file);
+  }
+
+  private cacheFile(key: string): string {
+    return path.join(this.store.dir, 'build-cache', `${key}.json`);
+  }
+
+  /** The base image's files with `layers` applied, in the build's directory (made once, then kept current by storeLayer). */
+  private async imageSoFar(layers: string[]): Promise<string> {
+    if (this.root) return this.root;
+    const root = path.join(this.workDir, 'rootfs');
+    await fs.promises.mkdir(root);
+    await copyTree(this.base.rootfs, root);
+    await applyLayers(root, layers.map((digest) => ({ file: this.store.blobs.pathOf(digest), digest, diffId: digest })), this.options.settings.imageMaxBytes);
+    this.root = root;
+    return root;
+  }
+
+  /** `entries` as a tar in the build's directory; null for none. */
+  private async layerTar(entries: LayerEntry[]): Promise<{ file: string; digest: string } | null> {
+    if (entries.length === 0) return null;
+    const file = tempName(this.workDir, 'layer');
+    return { file, digest: await writeLayerTar(entries, file) };
+  }
+
+  /** Moves a layer tar into the blob cache and applies it to the image so far; returns its digest. */
+  private async storeLayer({ file, digest }: { file: string; digest: string }, root: string): Promise<string> {
+    if (!this.store.blobs.has(digest)) await this.store.blobs.write(fs.createReadStream(file), { digest }, `layer of ${digest}`);
+    await fs.promises.rm(file);
+    await applyLayers(root, [{ file: this.store.blobs.pathOf(digest), digest, diffId: digest }], this.options.settings.imageMaxBytes);
+    return digest;
+  }
+
+  // long: one sandbox's whole life, from create to the layer it left
+  private async run(instruction: Instruction, state: BuildState, root: string, at: string): Promise<{ file: string; digest: string } | null> {
+    const workspace = path.join(this.workDir, `workspace-${++this.sandboxes}`);
+    const env = Object.fromEntries(state.config.env.map(splitEnv));
+    const argVars = Object.fromEntries([...state.args].filter((name) => name in state.vars && !(name in env)).map((name) => [name, state.vars[name]!]));
+    const sandbox = await this.options.runtime.create({
+      id: `build-${randomBytes(6).toString('hex')}`,
+      workspace,
+      rootfs: root,
+      env,
+      resources: this.options.resources ?? DEFAULT_RESOURCES,
+      user: 'root',
+      writableRoot: true,
+    });
+    try {
+      if (!sandbox.rootChanges) throw new Error(`${at}: the ${this.options.runtime.name} runtime cannot show a sandbox's root changes; RUN needs the local runtime`);
+      const onOutput = (_stream: string, chunk: Buffer): void => this.options.log?.(chunk.toString('utf8').replace(/\n$/, ''));
+      const result = await sandbox.exec({ command: runCommand(instruction, state.config.workdir ?? '/'), env: argVars, timeoutMs: this.options.runTimeoutMs ?? DEFAULT_RUN_TIMEOUT_MS, onOutput });
+      if (result.exitCode !== 0) {
+        const why = result.timedOut ? 'timed out' : result.oomKilled ? 'was killed at its memory limit' : `failed with exit code ${result.exitCode}`;
+        const tail = result.stderr.trim().split('\n').slice(-5).join('\n');
+        throw new Error(`${at}: RUN ${why}${tail ? `:\n${tail}` : ''}`);
+      }
+      const changes = await sandbox.rootChanges();
+      if (!changes) throw new Error(`${at}: the sandbox has no writable root over the image`);
+      // Written now: the upper directory goes with the sandbox.
+      return await this.layerTar(await upperLayer(changes));
+    } finally {
+      await sandbox.destroy();
+      await fs.promises.rm(workspace, { recursive: true, force: true });
+    }
+  }
+
+  /** The image in the store under its name: the stored one when it is this build's already, else made. */
+  async finish(state: BuildState, reference: string): Promise<{ image: ImageInfo; upToDate: boolean }> {
+    const { config, layers } = state;
+    const baseDiffIds = await this.baseDiffIds();
+    const configBytes = Buffer.from(JSON.stringify({
+      ...hostPlatform(),
+      config: { Env: config.env, Entrypoint: config.entrypoint, Cmd: config.cmd, WorkingDir: config.workdir ?? '', User: config.user ?? '' },
+      rootfs: { type: 'layers', diff_ids: [...baseDiffIds, ...layers] },
+      history: [...state.history, { created_by: `svc build ${state.key}`, empty_layer: true }],
+    }));
+    const id = sha256Digest(configBytes);
+    const name = this.options.name ?? `build:${state.key.slice(0, 16)}`;
+    const stored = await this.store.getImage(name);
+    if (stored?.id === id) return { image: stored, upToDate: !this.root };
+    if (!this.store.blobs.has(id)) await this.store.blobs.write(Readable.from([configBytes]), { digest: id }, 'image config');
+    const root = await this.imageSoFar(layers);
+    const command = [...(config.entrypoint ?? []), ...(config.cmd ?? [])];
+    const image = await this.store.adoptRootfs(name, root, {
+      source: `Dockerfile FROM ${reference}`,
+      ...(command.length ? { entrypoint: command } : {}),
+      id,
+      config,
+      ...(this.base.layers ? { layers: [...this.base.layers, ...layers] } : {}),
+    });
+    this.root = null;
+    return { image, upToDate: false };
+  }
+
+  /** The base image's layer diff ids, from its config in the blob cache (none for an image imported from a directory). */
+  private async baseDiffIds(): Promise<string[]> {
+    if (!this.base.id || !this.store.blobs.has(this.base.id)) return [];
+    return parseImageConfig(await this.store.blobs.readSmall(this.base.id, MAX_CONFIG_BYTES, 'base image config'), 'base image config').diffIds;
+  }
+}
+
+function splitEnv(pair: string): [string, string] {
+  const eq = pair.indexOf('=');
+  return eq === -1 ? [pair, ''] : [pair.slice(0, eq), pair.slice(eq + 1)];
+}
+
+/** ARG, ENV, USER, ENTRYPOINT or CMD: what it changes of the variables and run settings. */
+function applySetting(instruction: Instruction, state: BuildState, at: string, buildArgs: Record<string, string> | undefined): void {
+  const { config } = state;
+  switch (instruction.kind) {
+    case 'ARG': {
+      const value = argValue(instruction, state.vars, buildArgs, state.outerArgs);
+      Object.assign(state.vars, value);
+      state.args.add(instruction.args.split('=')[0]!.trim());
+      return;
+    }
+    case 'ENV':
+      for (const [name, value] of envPairs(instruction.args, state.vars, at)) {
+        config.env = [...config.env.filter((pair) => splitEnv(pair)[0] !== name), `${name}=${value}`];
+        state.vars[name] = value;
+      }
+      return;
+    case 'USER':
+      config.user = words(instruction.args, state.vars).join(' ') || null;
+      return;
+    case 'ENTRYPOINT':
+      config.entrypoint = instruction.exec ?? ['/bin/sh', '-c', instruction.args];
+      // As Docker: a new ENTRYPOINT drops the base image's CMD, not one this Dockerfile set.
+      if (!state.ownCmd) config.cmd = null;
+      return;
+    case 'CMD':
+      config.cmd = instruction.exec ?? ['/bin/sh', '-c', instruction.args];
+      state.ownCmd = true;
+      return;
+    default:
+      throw new Error(`${at}: ${instruction.kind} is not a setting`);
+  }
+}
+
+const shellQuote = (word: string): string => `'${word.replace(/'/g, `'\\''`)}'`;
+
+/** The shell command of a RUN step (sandbox commands run as `sh -c` in /workspace): in WORKDIR, the exec form run without a shell of its own. */
+function runCommand(instruction: Instruction, workdir: string): string {
+  const cd = `cd -- ${shellQuote(workdir)} || exit 1\n`;
+  return instruction.exec ? `${cd}exec ${instruction.exec.map(shellQuote).join(' ')}` : `${cd}${instruction.args}`;
+}
+
+/** `cp -a` of a directory's contents (owners, modes, links, hard links kept; reflinked where the filesystem can). */
+function copyTree(from: string, to: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('cp', ['-a', '--reflink=auto', '--', `${from}/.`, `${to}/`], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (chunk: Buffer) => (stderr = (stderr + chunk.toString('utf8')).slice(-2000)));
+    child.on('error', (err) => reject(new Error(`cp: ${err.message}`)));
+    child.on('close', (code) => (code === 0 ? resolve() : reject(new Error(`copying the base image failed (cp ${code}): ${stderr.trim()}`))));
+  });
+}
+
+/**
+ * `svc images build NAME DOCKERFILE [CONTEXT_DIR]`: builds with a `local` runtime of its own
+ * (state in `<dataDir>/runtime-build`, cgroups under `svc-build`, apart from a running server's).
+ * Returns the exit code; prints with `out`.
+ */
+export async function buildCommand(name: string, dockerfile: string, context: string | null, dataDir: string, settings: PullSettings, out: (line: string) => void): Promise<number> {
+  const runtime = new LocalRuntime({ stateDir: path.join(dataDir, 'runtime-build'), cgroupParent: 'svc-build' });
+  const started = performance.now();
+  try {
+    const unavailable = await runtime.available();
+    const text = await fs.promises.readFile(dockerfile, 'utf8').catch((err: Error) => {
+      throw new Error(`cannot read the Dockerfile ${dockerfile}: ${err.message}`);
+    });
+    // Without a working runtime, a build whose steps are all cached still works; a RUN says why not.
+    const result = await buildImage({ imagesDir: path.join(dataDir, 'images'), runtime, settings, dockerfile: text, context, name, log: out }).catch((err: Error) => {
+      throw new Error(unavailable && /RUN|sandbox/.test(err.message) ? `${err.message} (the local runtime: ${unavailable})` : err.message);
+    });
+    for (const line of result.ignored) out(line);
+    const cached = result.steps.filter((s) => s.cached).length;
+    const ran = result.steps.filter((s) => s.cached === false).length;
+    out(`built ${result.image.name} (${result.image.id}; ${ran} steps run, ${cached} cached${result.upToDate ? ', up to date' : ''}; ${Math.round(performance.now() - started)} ms) into ${result.image.rootfs}`);
+    return 0;
+  } finally {
+    await runtime.close();
+  }
+}

@@ -1,0 +1,177 @@
+// Dockerfile builds into the image store (image-builder.ts) against the real `local` runtime: RUN
+// steps in sandboxes with a writable root, their layers (whiteouts included) in the blob cache,
+// COPY from a context, the cache, and errors naming the line. No mocks. Skipped with the reason
+// where the runtime (bubblewrap, root, cgroups) or the loopback registry is missing; under
+// CI=true that is a failure instead.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { buildImage, type BuildImageOptions } from '../../services/sandbox-runner/runtime/image-builder.ts';
+import { ImageStore, type PullSettings } from '../../services/sandbox-runner/runtime/images.ts';
+import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
+import { MAX_CONFIG_BYTES, parseImageConfig } from '../../services/sandbox-runner/runtime/oci.ts';
+import { buildImage as ociImage, push, REGISTRY_BINARY, shellLayer, startRegistry, tarOf, type TestRegistry } from '../helpers/oci-registry.ts';
+
+const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-image-build-'));
+const runtime = new LocalRuntime({ stateDir: path.join(root, 'runtime') });
+const unavailable = (await runtime.available()) ?? (fs.existsSync(REGISTRY_BINARY) ? null : `${REGISTRY_BINARY} is not installed (apt-get install docker-registry)`);
+const imagesDir = path.join(root, 'data', 'images');
+const store = new ImageStore(imagesDir);
+const context = path.join(root, 'context');
+let registry: TestRegistry;
+let settings: PullSettings;
+
+/** A base root filesystem: /bin/sh and the programs RUN steps use, with their libraries, and files to change. */
+function baseRootfs(dir: string): string {
+  for (const program of ['/bin/sh', '/usr/bin/rm', '/usr/bin/mkdir', '/usr/bin/cat', '/usr/bin/ls']) {
+    const real = fs.realpathSync(program);
+    const libs = execFileSync('ldd', [real], { encoding: 'utf8' }).match(/\/\S+/g) ?? [];
+    for (const file of [real, ...libs]) {
+      const to = path.join(dir, file);
+      fs.mkdirSync(path.dirname(to), { recursive: true });
+      if (!fs.existsSync(to)) fs.copyFileSync(file, to);
+      fs.chmodSync(to, 0o755);
+    }
+    const at = path.join(dir, program);
+    if (!fs.existsSync(at)) {
+      fs.mkdirSync(path.dirname(at), { recursive: true });
+      fs.symlinkSync(real, at);
+    }
+  }
+  fs.mkdirSync(path.join(dir, 'etc'), { recursive: true });
+  fs.mkdirSync(path.join(dir, 'opt/dir'), { recursive: true });
+  for (const [file, text] of [['etc/remove-me', 'old\n'], ['etc/keep', 'kept\n'], ['opt/dir/a', 'a\n'], ['opt/dir/b', 'b\n']]) fs.writeFileSync(path.join(dir, file!), text!);
+  return dir;
+}
+
+const DOCKERFILE = `# a comment
+ARG GREETING=hello
+FROM base:1
+ARG GREETING
+ENV APP_HOME=/app \\
+    GREETING2="$GREETING there"
+WORKDIR $APP_HOME
+COPY app/ ./
+COPY escape /app/escape
+RUN echo "$GREETING" > /etc/x && rm /etc/remove-me \\
+ && rm -rf /opt/dir && mkdir /opt/dir && echo new > /opt/dir/new && pwd > /etc/pwd
+RUN ["/bin/sh", "-c", "echo exec form > made-here"]
+USER 1000:1000
+ENTRYPOINT ["/bin/sh", "/app/main.sh"]
+CMD ["--flag"]
+LABEL a=b
+EXPOSE 80
+`;
+
+function build(overrides: Partial<BuildImageOptions> = {}): ReturnType<typeof buildImage> {
+  return buildImage({ imagesDir, runtime, settings, dockerfile: DOCKERFILE, context, name: 'built:1', resources: { memoryBytes: 256 * 1024 ** 2, cpus: 1, pids: 256, diskBytes: null }, ...overrides });
+}
+
+/** Names in a layer blob (an uncompressed tar). */
+function layerNames(digest: string): string[] {
+  return execFileSync('tar', ['-tf', store.blobs.pathOf(digest)], { encoding: 'utf8' }).split('\n').filter(Boolean);
+}
+
+async function diffIds(id: string): Promise<string[]> {
+  return parseImageConfig(await store.blobs.readSmall(id, MAX_CONFIG_BYTES, 'config'), 'config').diffIds;
+}
+
+if (unavailable) {
+  if (process.env.CI === 'true') test('image builds', () => assert.fail(`${unavailable}; under CI=true the image build tests are mandatory`));
+  else test('image builds', { skip: unavailable }, () => {});
+  await runtime.close();
+} else {
+  before(async () => {
+    registry = await startRegistry();
+    settings = { registryAuth: null, registryInsecure: [registry.host], registryMirror: null, imageMaxBytes: 1024 ** 3 };
+    await store.importImage('base:1', baseRootfs(path.join(root, 'base')));
+    fs.mkdirSync(path.join(context, 'app'), { recursive: true });
+    fs.writeFileSync(path.join(context, 'app/main.sh'), 'echo main\n');
+    fs.writeFileSync(path.join(context, 'app/data.txt'), 'one\n');
+    fs.symlinkSync('/etc/passwd', path.join(context, 'escape'));
+    fs.symlinkSync('/', path.join(context, 'outside'));
+  });
+  after(async () => {
+    await registry?.stop();
+    await runtime.close();
+    fs.rmSync(root, { recursive: true, force: true });
+  });
+
+  describe('a Dockerfile build', () => {
+    test('RUN, COPY, ENV, WORKDIR, USER, ENTRYPOINT and CMD make the image; the layers hold whiteouts', { timeout: 120_000 }, async () => {
+      const { image, steps, ignored, upToDate } = await build();
+      assert.equal(upToDate, false);
+      assert.deepEqual(steps.filter((s) => s.cached !== null).map((s) => s.cached), [false, false, false, false, false]);
+      assert.equal(ignored.length, 2, ignored.join('\n'));
+      const at = (p: string): string => path.join(image.rootfs, p);
+      assert.equal(fs.readFileSync(at('etc/x'), 'utf8'), 'hello\n');
+      assert.equal(fs.readFileSync(at('etc/pwd'), 'utf8'), '/app\n');
+      assert.equal(fs.readFileSync(at('app/made-here'), 'utf8'), 'exec form\n');
+      assert.equal(fs.existsSync(at('etc/remove-me')), false);
+      assert.equal(fs.readFileSync(at('etc/keep'), 'utf8'), 'kept\n');
+      assert.deepEqual(fs.readdirSync(at('opt/dir')), ['new']);
+      assert.equal(fs.readFileSync(at('app/main.sh'), 'utf8'), 'echo main\n');
+      assert.equal(fs.lstatSync(at('app/escape')).isSymbolicLink(), true, 'a link of the context is copied as a link');
+      assert.equal(fs.readlinkSync(at('app/escape')), '/etc/passwd');
+      assert.equal(fs.statSync(at('etc/x')).uid, 0, 'what root wrote inside is root-owned in the image');
+      assert.deepEqual(image.config, { env: ['APP_HOME=/app', 'GREETING2=hello there'], entrypoint: ['/bin/sh', '/app/main.sh'], cmd: ['--flag'], workdir: '/app', user: '1000:1000' });
+      assert.deepEqual(image.entrypoint, ['/bin/sh', '/app/main.sh', '--flag']);
+      assert.equal(store.resolveImage('built:1'), image.rootfs);
+      const layers = await diffIds(image.id!);
+      const runLayer = layerNames(layers.at(-2)!);
+      assert.ok(runLayer.includes('etc/.wh.remove-me'), runLayer.join(' '));
+      assert.ok(runLayer.includes('opt/dir/.wh.a') && runLayer.includes('opt/dir/.wh.b'), runLayer.join(' '));
+      assert.ok(!runLayer.some((n) => n.startsWith('run/')), 'the runtime state under /run is left out');
+    });
+
+    test('a second build is all cache hits; a changed COPY file rebuilds from its step on', { timeout: 120_000 }, async (t) => {
+      const started = performance.now();
+      const again = await build();
+      const ms = performance.now() - started;
+      t.diagnostic(`rebuild with every layer cached: ${ms.toFixed(0)} ms`);
+      assert.equal(again.upToDate, true);
+      assert.ok(again.steps.every((s) => s.cached !== false));
+      await store.removeImage('built:1');
+      const remade = await build();
+      assert.equal(remade.upToDate, false, 'made again from the cached layers');
+      assert.ok(remade.steps.every((s) => s.cached !== false));
+      assert.equal(remade.image.id, again.image.id);
+      assert.equal(fs.readFileSync(path.join(remade.image.rootfs, 'etc/x'), 'utf8'), 'hello\n');
+      fs.writeFileSync(path.join(context, 'app/data.txt'), 'two\n');
+      const changed = await build();
+      assert.deepEqual(changed.steps.filter((s) => s.cached !== null).map((s) => s.cached), [true, false, false, false, false]);
+      assert.equal(fs.readFileSync(path.join(changed.image.rootfs, 'app/data.txt'), 'utf8'), 'two\n');
+      assert.notEqual(changed.image.id, again.image.id);
+      const withArg = await build({ buildArgs: { GREETING: 'hi' }, name: 'built:2' });
+      assert.equal(fs.readFileSync(path.join(withArg.image.rootfs, 'etc/x'), 'utf8'), 'hi\n');
+      assert.deepEqual(withArg.steps.filter((s) => s.cached !== null).map((s) => s.cached), [false, false, false, false, false], 'an ARG value is part of every key after it');
+    });
+
+    test('FROM an image of a registry, pulled into the store', { timeout: 120_000 }, async () => {
+      const parts = ociImage([tarOf([...shellLayer(), { path: 'etc/from', body: 'registry\n' }])], { Env: ['PATH=/bin:/usr/bin'] });
+      await push(registry, 'builder-base', '1', parts);
+      const { image } = await build({ dockerfile: `FROM ${registry.host}/builder-base:1\nRUN read line < /etc/from; echo "$line again" > /etc/twice\n`, name: undefined });
+      assert.match(image.name, /^build:[0-9a-f]{16}$/);
+      assert.equal(fs.readFileSync(path.join(image.rootfs, 'etc/twice'), 'utf8'), 'registry again\n');
+      assert.deepEqual(image.config?.env, ['PATH=/bin:/usr/bin']);
+      assert.equal(image.layers?.length, 2, 'the base layer and the RUN layer');
+    });
+
+    test('a failing RUN fails the build naming the line and the exit code', { timeout: 60_000 }, async () => {
+      await assert.rejects(build({ dockerfile: 'FROM base:1\n\nRUN echo nope >&2; exit 3\n', name: 'failing:1' }), /Dockerfile line 3: RUN failed with exit code 3:\nnope/);
+      assert.equal(store.resolveImage('failing:1'), null);
+    });
+
+    test('bad instructions and context paths out of the context are clear errors', async () => {
+      await assert.rejects(build({ dockerfile: 'FROM base:1\nFOO bar\n' }), /Dockerfile line 2: unknown instruction "FOO"/);
+      await assert.rejects(build({ dockerfile: 'RUN true\n' }), /the first instruction \(besides ARG\) must be FROM \(line 1 is RUN\)/);
+      await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY outside/etc/passwd /x\n' }), /line 2: outside\/etc\/passwd goes through the symbolic link outside of the build context; refused/);
+      await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY ../x /x\n' }), /line 2: \.\.\/x is outside the build context/);
+      await assert.rejects(build({ dockerfile: 'FROM base:1\nADD https://example.com/x /x\n' }), /line 2: ADD of a URL/);
+      await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY --from=0 a b\n' }), /line 2: COPY --from=0 is not supported/);
+    });
+  });
+}
