@@ -8,6 +8,8 @@
  *   svc keys revoke <key-id>
  *   svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | list | resolve REFERENCE | rm NAME
  *   svc images build NAME DOCKERFILE [CONTEXT_DIR]
+ *   svc import TASK_DIR [--name NAME] [--out DIR]
+ *                                         a Terminal-Bench or Harbor task folder as specs (task-import.ts)
  *                                         the local image store of the sandbox runtime (in SVC_DATA_DIR;
  *                                         pulls read the SVC_REGISTRY_* settings)
  * The key commands call the admin API of a running server (--url, default SVC_BASE_URL or
@@ -18,6 +20,7 @@ import { parseArgs } from 'node:util';
 import { loadConfig } from './kernel/config.ts';
 import { main as startMain } from './main.ts';
 import { imagesCommand } from './sandbox-runner/runtime/images.ts';
+import { importCommand } from './task-import.ts';
 
 const USAGE = `usage:
   svc start [--api-key KEY]
@@ -27,7 +30,8 @@ const USAGE = `usage:
   svc keys rotate <key-id> [--url URL] [--admin-key KEY]
   svc keys revoke <key-id> [--url URL] [--admin-key KEY]
   svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | list | resolve REFERENCE | rm NAME
-  svc images build NAME DOCKERFILE [CONTEXT_DIR]`;
+  svc images build NAME DOCKERFILE [CONTEXT_DIR]
+  svc import TASK_DIR [--name NAME] [--out DIR]`;
 
 async function admin(method: string, path: string, opts: { url?: string; 'admin-key'?: string }, body?: object): Promise<any> {
   const base = (opts.url ?? process.env.SVC_BASE_URL ?? `http://127.0.0.1:${process.env.SVC_PORT || 8080}`).replace(/\/+$/, '');
@@ -94,6 +98,14 @@ export async function cli(argv: string[]): Promise<void> {
   if (command === 'images') {
     const config = loadConfig(process.env, {}, { requireAdminKey: false });
     const code = await imagesCommand(rest, config.dataDir, console.log, config);
+    if (code !== 0) process.exit(code);
+    return;
+  }
+  if (command === 'import') {
+    const { values, positionals } = parseArgs({ args: rest, options: { name: { type: 'string' }, out: { type: 'string' } }, allowPositionals: true });
+    if (positionals.length !== 1) throw new Error(USAGE);
+    const config = loadConfig(process.env, {}, { requireAdminKey: false });
+    const code = await importCommand(positionals[0]!, values, config.dataDir, config, console.log);
     if (code !== 0) process.exit(code);
     return;
   }
