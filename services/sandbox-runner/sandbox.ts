@@ -131,6 +131,8 @@ export class LiveSandbox {
   private readonly backing: BackingServices;
   /** The image the sandbox runs: its reference, digest, and what replaced it when it could not be had. */
   image: { reference: string; digest: string | null; replaced: string | null } | null = null;
+  /** The image's own variables (its config's Env: PATH, LANG, a tool's home...), under the spec's. */
+  private imageEnv: Record<string, string> = {};
   /** The append of the latest db_write record (appends keep their order). */
   private lastDbWrite: Promise<unknown> = Promise.resolve();
   private audit: AuditLog | null = null;
@@ -421,6 +423,7 @@ export class LiveSandbox {
       throw new StepFailed(`image could not be pulled: "${this.spec.base}": ${err.message} (or put it in the image store: svc images pull|import ${this.spec.base})`);
     });
     const rootfs = image instanceof Error ? null : image.rootfs;
+    this.imageEnv = image instanceof Error ? {} : imageEnv(image.config?.env ?? []);
     this.image = image instanceof Error ? { reference: this.spec.base, digest: null, replaced: `the host's system directories (SVC_SANDBOX_HOST_ROOTFS): ${image.message}` } : { reference: this.spec.base, digest: image.digest ?? null, replaced: null };
     // Its services start while the runtime does: they need nothing of it, and the databases take longest.
     this.backing.start();
@@ -692,6 +695,7 @@ export class LiveSandbox {
       HOME: this.request.private_home ? AGENT_HOME : '/workspace',
       PATH: IMAGE_PATH,
       LANG: 'C.UTF-8',
+      ...this.imageEnv,
       ...this.secretValues,
       // The trust store's paths; a brokered secret's placeholder over its value.
       ...this.network.env(),
@@ -1067,4 +1071,12 @@ function serviceAddress(baseUrl: string): { address: { host: string; port: numbe
   const url = new URL(baseUrl);
   if (url.protocol !== 'http:') return null;
   return { address: { host: url.hostname.replace(/^\[|\]$/g, ''), port: Number(url.port || 80) }, urlInside: `${SERVICE_URL_IN_SANDBOX}${url.pathname.replace(/\/+$/, '')}` };
+}
+
+/** An image config's `Env` (`NAME=value` strings) as variables; malformed entries and HOME (the sandbox's own) are left out. */
+function imageEnv(entries: string[]): Record<string, string> {
+  return Object.fromEntries(entries.flatMap((entry) => {
+    const at = entry.indexOf('=');
+    return at > 0 && entry.slice(0, at) !== 'HOME' ? [[entry.slice(0, at), entry.slice(at + 1)]] : [];
+  }));
 }
