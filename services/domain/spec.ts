@@ -288,6 +288,11 @@ function crossFieldProblems(doc: Record<string, unknown>, schemaPaths: string[],
       if (f.type === 'drift') for (const [j, s] of asArray(f.sql).entries()) refer(`fixtures[${i}].sql[${j}].service`, asObject(s).service, 'postgres');
       if (f.type === 'drift') for (const [j, r] of asArray(f.routes).entries()) refer(`fixtures[${i}].routes[${j}].service`, asObject(r).service, 'http_mock');
     }
+    // A service's name is its own: an override of it would send the service's traffic elsewhere.
+    for (const name of Object.keys(asObject(asObject(doc.network).dns_overrides))) {
+      const service = declared.get(name.toLowerCase());
+      if (service) add(childPath('network.dns_overrides', name), `is the name of services[${service.index}]: a service is always reached by its name, which no override may send elsewhere`);
+    }
     for (const [name, invariant] of Object.entries(asObject(doc.invariants))) {
       const check = asObject(asObject(invariant).check);
       const where = `${childPath('invariants', name)}.check.service`;

@@ -317,6 +317,8 @@ test('services, fixtures and exports refer to declared services of the right typ
   rejects(withBlocks({ fixtures: [{ type: 'drift' }] }), 'fixtures[0]: a drift fixture needs files, delete, sql or routes');
   rejects(withBlocks({ services: [{ name: 'db', type: 'postgres' }], fixtures: [{ type: 'drift', routes: [{ service: 'db', method: 'GET', path: '/x', response: { status: 200 } }] }] }), 'fixtures[0].routes[0].service: service "db" is postgres, not http_mock');
   rejects(withBlocks({ fixtures: [{ type: 'drift', files: [{ path: 'a', content: '' }], pick: 0 }] }), 'fixtures[0].pick: must be a whole number of changes, at least 1');
+  // An override named like a service would send the service's traffic (under its name, allowed) to a real host.
+  rejects(withBlocks({ services: [{ name: 'db', type: 'postgres' }], network: { dns_overrides: { db: 'evil.example.com' } } }), 'network.dns_overrides.db: is the name of services[0]: a service is always reached by its name, which no override may send elsewhere');
   rejects(withBlocks({ fixtures: [{ type: 'copy', from: 'relative', to: 'x' }] }), 'fixtures[0].from: must be an absolute path of the image');
   rejects(withBlocks({ teardown: { export: [{ type: 'db_dump', to: 'x.sql' }] } }), 'teardown.export[0].service: is required for type: db_dump');
   rejects(withBlocks({ teardown: { export: [{ type: 'audit_log', service: 'db', to: 'a' }] } }), 'teardown.export[0].service: is not a field for type: audit_log');

@@ -168,11 +168,6 @@ export class BackingServices {
     return env;
   }
 
-  /** The database passwords: secrets of the sandbox (redacted from what it records). */
-  secrets(): Record<string, string> {
-    return Object.fromEntries([...this.services.values()].flatMap((r) => (r.type === 'postgres' ? [[`SVC_SERVICE_${r.spec.name.toUpperCase().replace(/-/g, '_')}_PASSWORD`, r.password]] : [])));
-  }
-
   /** Where the gateway sends the sandbox's traffic for each service. */
   async endpoints(): Promise<ServiceEndpoint[]> {
     return Promise.all([...this.services.values()].map(async (running): Promise<ServiceEndpoint> => {

@@ -231,7 +231,7 @@ export class EgressGateway {
     const name = normaliseHost(host);
     if (net.isIP(name)) return [name];
     const target = sandbox.dnsOverrides[name] ?? name;
-    const service = serviceNamed(sandbox, target);
+    const service = serviceNamed(sandbox, name) ?? serviceNamed(sandbox, target);
     if (service) return [service.address];
     const fixed = sandbox.hosts[target];
     const addresses = net.isIP(target) ? [target] : fixed ? [fixed] : (await this.options.upstream.lookup4(target)).addresses;
@@ -713,7 +713,7 @@ function serviceNamed(sandbox: Registered, name: string): ServiceEndpoint | unde
 /** The backing service a request's host reaches: by its name, a dns override sending a name to it, or its address. */
 function serviceFor(sandbox: Registered, host: string): ServiceEndpoint | undefined {
   const name = normaliseHost(host);
-  return serviceNamed(sandbox, sandbox.dnsOverrides[name] ?? name) ?? sandbox.services.find((s) => s.address === name);
+  return serviceNamed(sandbox, name) ?? serviceNamed(sandbox, sandbox.dnsOverrides[name] ?? name) ?? sandbox.services.find((s) => s.address === name);
 }
 
 /** Whether `what` was not yet refused this second: a flood of datagrams or lookups is not a flood of records. */
