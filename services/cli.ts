@@ -1,5 +1,5 @@
 /**
- * The `svc` command (`npx svc ...`).
+ * The `svc` command (`npx svc ...`). The operator's commands are here, beside the server:
  *   svc start [--api-key KEY]             run every service in this process (embedded)
  *   svc run <service>                     run one service (distributed, on Kafka)
  *   svc keys create --tenant NAME [--name LABEL]
@@ -15,12 +15,14 @@
  * The key commands call the admin API of a running server (--url, default SVC_BASE_URL or
  * http://127.0.0.1:$SVC_PORT) with the admin key (--admin-key, default SVC_API_KEY). A new or
  * rotated key is printed alone on the last line.
+ *
+ * Everything else (login, specs, agents, eval, experiments, sandboxes, traces, ...) is the
+ * client CLI in packages/cli/ (docs/cli.md), which only speaks the public HTTP API; it receives
+ * the commands above as `operator` commands, so one `svc --help` and one completion list all.
+ * The server's modules load only when an operator command runs, so client commands start fast.
  */
 import { parseArgs } from 'node:util';
-import { loadConfig } from './kernel/config.ts';
-import { main as startMain } from './main.ts';
-import { imagesCommand } from './sandbox-runner/runtime/images.ts';
-import { importCommand } from './task-import.ts';
+import { runCli, type OperatorCommand } from '../packages/cli/src/main.ts';
 
 const USAGE = `usage:
   svc start [--api-key KEY]
@@ -92,29 +94,39 @@ async function keys(args: string[]): Promise<void> {
   }
 }
 
-export async function cli(argv: string[]): Promise<void> {
-  const [command, ...rest] = argv;
-  if (command === 'keys') return keys(rest);
-  if (command === 'images') {
-    const config = loadConfig(process.env, {}, { requireAdminKey: false });
-    const code = await imagesCommand(rest, config.dataDir, console.log, config);
-    if (code !== 0) process.exit(code);
-    return;
-  }
-  if (command === 'import') {
-    const { values, positionals } = parseArgs({ args: rest, options: { name: { type: 'string' }, out: { type: 'string' } }, allowPositionals: true });
-    if (positionals.length !== 1) throw new Error(USAGE);
-    const config = loadConfig(process.env, {}, { requireAdminKey: false });
-    const code = await importCommand(positionals[0]!, values, config.dataDir, config, console.log);
-    if (code !== 0) process.exit(code);
-    return;
-  }
-  if (command === 'start') return startMain(rest);
-  if (command === 'run') return startMain(argv);
-  throw new Error(USAGE);
+async function images(rest: string[]): Promise<void> {
+  const { loadConfig } = await import('./kernel/config.ts');
+  const { imagesCommand } = await import('./sandbox-runner/runtime/images.ts');
+  const config = loadConfig(process.env, {}, { requireAdminKey: false });
+  const code = await imagesCommand(rest, config.dataDir, console.log, config);
+  if (code !== 0) process.exit(code);
 }
 
-cli(process.argv.slice(2)).catch((err) => {
-  process.stderr.write(`${(err as Error).message}\n`);
-  process.exit(1);
-});
+async function importTask(rest: string[]): Promise<void> {
+  const { values, positionals } = parseArgs({ args: rest, options: { name: { type: 'string' }, out: { type: 'string' } }, allowPositionals: true });
+  if (positionals.length !== 1) throw new Error(USAGE);
+  const { loadConfig } = await import('./kernel/config.ts');
+  const { importCommand } = await import('./task-import.ts');
+  const config = loadConfig(process.env, {}, { requireAdminKey: false });
+  const code = await importCommand(positionals[0]!, values, config.dataDir, config, console.log);
+  if (code !== 0) process.exit(code);
+}
+
+const startMain = async (args: string[]) => (await import('./main.ts')).main(args);
+
+/** The operator's commands, each with its own parsing, as the client CLI lists them. */
+export const OPERATOR_COMMANDS: Record<string, OperatorCommand> = {
+  start: { summary: 'run every service in this process (embedded)', usage: '[--api-key KEY]', run: (args) => startMain(args) },
+  run: { summary: 'run one or more services (distributed, on Kafka)', usage: '<service...>', run: (args) => startMain(['run', ...args]) },
+  keys: { summary: 'tenant API keys (admin): create, list, rotate, revoke', usage: 'create --tenant NAME | list | rotate ID | revoke ID [--url URL] [--admin-key KEY]', run: keys },
+  images: { summary: 'the local image store of the sandbox runtime', usage: 'import NAME SOURCE | pull REF | list | resolve REF | rm NAME | build NAME DOCKERFILE [DIR]', run: images },
+  import: { summary: 'a Terminal-Bench or Harbor task folder as specs', usage: 'TASK_DIR [--name NAME] [--out DIR]', run: importTask },
+};
+
+export async function cli(argv: string[]): Promise<number> {
+  return runCli(argv, OPERATOR_COMMANDS);
+}
+
+const code = await cli(process.argv.slice(2));
+// `start` and `run` keep the process alive with their services; everything else ends here.
+if (!['start', 'run'].includes(process.argv[2] ?? '') || code !== 0) process.exit(code);

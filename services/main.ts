@@ -14,10 +14,11 @@ import { SinkService } from './sink/service.ts';
 import { AggregatorService } from './aggregator/service.ts';
 import { SandboxRunnerService } from './sandbox-runner/service.ts';
 import { ScorerService } from './scorer/service.ts';
+import { AlerterService } from './alerter/service.ts';
 
-const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner', 'aggregator', 'scorer'] as const;
+const SERVICE_NAMES = ['api', 'sink', 'sandbox-runner', 'aggregator', 'scorer', 'alerter'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
-/** The services that read the store the sink writes (the aggregator and the runners read none). */
+/** The services that read the store the sink writes (the aggregator, the alerter and the runners read none). */
 const STORE_READERS: readonly ServiceName[] = ['api', 'scorer'];
 /** The services that use the store at all: a process of none of them opens no store. */
 const STORE_SERVICES: readonly ServiceName[] = [...STORE_READERS, 'sink'];
@@ -41,6 +42,7 @@ export async function startServices(config: Config, names: readonly ServiceName[
   if (names.includes('sandbox-runner')) services.push(new SandboxRunnerService());
   if (names.includes('aggregator')) services.push(new AggregatorService());
   if (names.includes('scorer')) services.push(new ScorerService());
+  if (names.includes('alerter')) services.push(new AlerterService());
   if (names.includes('api')) services.push((api = new ApiService({ registry: opened.registry })));
   const started: Service[] = [];
   try {

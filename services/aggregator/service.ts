@@ -20,6 +20,11 @@
  * dispatch, or it has been in flight longer than its lease (the run's lifetime, runLifetimeMs, plus a minute).
  * So a restart of any service in the middle of an experiment loses nothing; a run executed twice
  * (a lease that lapsed on a slow runner) is still counted once.
+ *
+ * An experiment over a dataset (docs/datasets.md) runs the scenarios the api wrote for it on
+ * svc.experiment-scenarios (each record with each matrix entry, the record in the params) instead
+ * of its matrix: they are held while it is not finished, and it dispatches nothing until all of
+ * them are read (the api writes them before the experiment, but the topics are read apart).
  */
 import { createHash } from 'node:crypto';
 import { publish, subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
@@ -28,7 +33,8 @@ import { newEventId, runIdOf, scenarioIdOf } from '../kernel/ids.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
 import { runLifetimeMs } from '../domain/run-plan.ts';
 import { computeMetrics, NO_TRACES, type RunFact, type RunTraceStats } from '../domain/experiment-metrics.ts';
-import type { ExperimentChanged, ExperimentCommand, ExperimentOptions } from '../domain/events/experiment-events.ts';
+import type { ExperimentChanged, ExperimentCommand, ExperimentOptions, ExperimentScenario } from '../domain/events/experiment-events.ts';
+import { scenarioCount } from '../domain/datasets.ts';
 import type { Params } from '../domain/params.ts';
 import type { RunEvent, RunRequested, RunScored } from '../domain/events/run-events.ts';
 import { parseSpec, type SpecDocument } from '../domain/spec.ts';
@@ -40,6 +46,8 @@ import { goneAt, isLive } from '../domain/runners.ts';
 const LEASE_SLACK_MS = 60_000;
 const LEASE_CHECK_MS = 30_000;
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
+/** How long scenarios wait for an experiment that never came before they are let go. */
+const ORPHAN_SCENARIOS_MS = 60 * 60_000;
 
 interface RunFacts {
   runId: string;
@@ -93,6 +101,8 @@ export class AggregatorService implements Service {
   private chain: Promise<unknown> = Promise.resolve();
   /** Experiments with a pass queued that has not started yet. */
   private readonly scheduled = new Set<string>();
+  /** The scenarios of unfinished experiments over a dataset, as read so far (index -> params), with when the first came. */
+  private readonly scenarios = new Map<string, { count: number; params: Map<number, Params>; since: number }>();
 
   async start(kernel: Kernel): Promise<void> {
     this.kernel = kernel;
@@ -106,6 +116,7 @@ export class AggregatorService implements Service {
       fold<RunEvent>(TOPICS.runEvents, (e) => this.onRunEvent(e)),
       fold<RunnerHeartbeat>(TOPICS.runners, (beat) => this.beats.set(beat.runner_id, beat)),
       fold<RunScored>(TOPICS.runScores, (s, event) => this.onScored(s, { topic: event.record.topic, partition: event.record.partition, offset: event.record.offset })),
+      fold<ExperimentScenario>(TOPICS.experimentScenarios, (s) => this.onScenario(s)),
     ] as Array<EntityView<unknown>>;
     for (const view of this.views) await view.start(kernel);
     this.live = true;
@@ -120,6 +131,7 @@ export class AggregatorService implements Service {
     });
     this.leaseTimer = setInterval(() => {
       for (const id of this.tracked.keys()) this.schedule(id);
+      this.dropOrphanScenarios();
     }, LEASE_CHECK_MS);
     this.leaseTimer.unref();
     this.livenessTimer = setInterval(() => this.checkRunners(), Math.min(5000, Math.max(500, Math.floor(kernel.config.runnerDeadAfter / 6))));
@@ -170,6 +182,23 @@ export class AggregatorService implements Service {
       tracked.runs.set(runId, facts);
     }
     return facts;
+  }
+
+  private onScenario(s: ExperimentScenario): void {
+    const status = this.experiments.get(s.experiment_id)?.status ?? '';
+    if (TERMINAL.has(status)) return;
+    const held = this.scenarios.get(s.experiment_id) ?? { count: s.scenario_count, params: new Map<number, Params>(), since: s.ts };
+    this.scenarios.set(s.experiment_id, held);
+    held.params.set(s.scenario_index, JSON.parse(s.params) as Params);
+    if (this.live && held.params.size === held.count) this.schedule(s.experiment_id);
+  }
+
+  /**
+   * Scenarios whose experiment never came (its creation died after writing them) are let go
+   * after an hour; the experiment of a retried creation writes them again.
+   */
+  private dropOrphanScenarios(): void {
+    for (const [id, held] of this.scenarios) if (!this.experiments.has(id) && Date.now() - held.since > ORPHAN_SCENARIOS_MS) this.scenarios.delete(id);
   }
 
   private onDispatched(r: RunRequested): void {
@@ -248,9 +277,11 @@ export class AggregatorService implements Service {
       await this.write(experiment, { status: 'failed', completed_at: Date.now(), error: `the spec cannot be planned: ${(err as Error).message}` });
       return;
     }
+    const matrix = this.scenarioParams(experiment, spec);
+    if (matrix === null) return; // its scenarios are still being read: a pass follows the last of them
     const tracked = this.tracked.get(experimentId) ?? { runs: new Map(), scorePositions: [] };
     this.tracked.set(experimentId, tracked);
-    const plan = planRuns(experiment, spec);
+    const plan = planRuns(experiment, spec, matrix);
     const now = Date.now();
     const lease = runLifetimeMs(spec, this.kernel.config) + LEASE_SLACK_MS;
     const latestRestart = Math.max(0, ...this.runnerStarts.values());
@@ -347,7 +378,19 @@ export class AggregatorService implements Service {
     await this.write(this.experiments.get(experimentId)!, { status: 'completed', completed_at: Date.now(), metrics: JSON.stringify(metrics) });
   }
 
+  /** The params of each scenario: the matrix entries, or over a dataset the scenarios read (null until all of them are). */
+  private scenarioParams(experiment: ExperimentChanged, spec: SpecDocument): Params[] | null {
+    const options = JSON.parse(experiment.options) as ExperimentOptions;
+    const matrix = options.matrix ?? spec.parallelism.matrix;
+    if (!options.dataset) return matrix;
+    const held = this.scenarios.get(experiment.experiment_id);
+    const count = scenarioCount(matrix.length, options.dataset);
+    if (!held || held.params.size < count) return null;
+    return Array.from({ length: count }, (_, i) => held.params.get(i)!);
+  }
+
   private forget(experimentId: string): void {
+    this.scenarios.delete(experimentId);
     this.specs.delete(experimentId);
     this.tracked.delete(experimentId);
   }
@@ -408,9 +451,8 @@ interface PlannedRun {
  * so early results cover every scenario. Seeds: the request's, else the spec's, else one derived
  * from the run id (stable across attempts).
  */
-function planRuns(experiment: ExperimentChanged, spec: SpecDocument): PlannedRun[] {
+function planRuns(experiment: ExperimentChanged, spec: SpecDocument, matrix: Params[]): PlannedRun[] {
   const options = JSON.parse(experiment.options) as ExperimentOptions;
-  const matrix = options.matrix ?? spec.parallelism.matrix;
   const replicas = options.replicas ?? spec.parallelism.replicas;
   const runs: PlannedRun[] = [];
   for (let replica = 1; replica <= replicas; replica++) {

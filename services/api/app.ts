@@ -19,6 +19,8 @@ import { agentsRouter } from './routes/agents.ts';
 import { experimentsRouter } from './routes/experiments.ts';
 import { otlpRouter } from './routes/otlp.ts';
 import { sandboxesRouter } from './routes/sandboxes.ts';
+import { sandboxShellRouter } from './routes/sandbox-shell.ts';
+import { dashboard } from './routes/dashboard.ts';
 import { schemaRegistryRouter } from './routes/schema-registry.ts';
 import { scoringRouter } from './routes/scoring.ts';
 import { secretsRouter } from './routes/secrets.ts';
@@ -32,6 +34,13 @@ import type { ExperimentCatalog } from './catalogs/experiment-catalog.ts';
 import type { RunnerRoster } from './catalogs/runner-roster.ts';
 import type { SandboxCatalog } from './catalogs/sandbox-catalog.ts';
 import type { ScoreRuleCatalog } from './catalogs/score-rule-catalog.ts';
+import type { AlertCatalog } from './catalogs/alert-catalog.ts';
+import type { AlertEvaluator } from './alerts/evaluation-requester.ts';
+import { alertsRouter } from './routes/alerts.ts';
+import type { DatasetCatalog } from './catalogs/dataset-catalog.ts';
+import { datasetsRouter } from './routes/datasets.ts';
+import type { BundleCatalog } from './catalogs/bundle-catalog.ts';
+import { bundlesRouter } from './routes/bundles.ts';
 import type { SpecCatalog } from './catalogs/spec-catalog.ts';
 import type { SandboxRequester } from './sandboxes/sandbox-requester.ts';
 import type { TraceIngest } from './traces/ingest.ts';
@@ -49,6 +58,10 @@ export interface AppDeps {
   runners: RunnerRoster;
   experiments: ExperimentCatalog;
   scoreRules: ScoreRuleCatalog;
+  alerts: AlertCatalog;
+  alertEvaluator: AlertEvaluator;
+  datasets: DatasetCatalog;
+  bundles: BundleCatalog;
   requester: SandboxRequester;
   /** The built-in schema registry, when this process serves it. */
   registry: BuiltInRegistry | null;
@@ -63,6 +76,8 @@ export function createApp(deps: AppDeps): Koa {
   // The analysts' SQL endpoint speaks ClickHouse's HTTP interface (its own auth, raw body, text
   // errors), so it sits before the auth, limits and body parsing below.
   app.use(sqlEndpoint(kernel, auth));
+  // The dashboard's static files (/ui) need no key: the page sends the tenant's key itself.
+  app.use(dashboard());
   app.use(authentication(auth));
   app.use(requestLimits(kernel.config));
   app.use(bodyParsing());
@@ -72,18 +87,22 @@ export function createApp(deps: AppDeps): Koa {
 }
 
 /** One router per resource, in the order they are matched. */
-function routers({ kernel, auth, specs, agents, secrets, sandboxes, runners, experiments, scoreRules, requester, ingest, registry }: AppDeps): Router[] {
+function routers({ kernel, alerts, alertEvaluator, auth, specs, agents, bundles, secrets, sandboxes, runners, experiments, scoreRules, datasets, requester, ingest, registry }: AppDeps): Router[] {
   return [
     serviceInfoRouter(kernel),
     tracesRouter(kernel, ingest),
     otlpRouter(ingest, sandboxes),
     specsRouter(specs),
     agentsRouter(agents, kernel.config),
+    bundlesRouter(bundles, kernel.config),
     spansRouter(kernel, agents),
     secretsRouter(secrets),
     sandboxesRouter({ kernel, auth, specs, agents, sandboxes, runners, requester, ingest }),
-    experimentsRouter({ kernel, auth, specs, agents, experiments }),
+    sandboxShellRouter({ kernel, auth, specs, agents, sandboxes, runners, requester }),
+    experimentsRouter({ kernel, auth, specs, agents, experiments, datasets }),
+    datasetsRouter(kernel, datasets),
     scoringRouter({ kernel, specs, experiments, rules: scoreRules }),
+    alertsRouter({ kernel, specs, experiments, alerts, evaluator: alertEvaluator }),
     adminRouter(kernel, auth),
     ...(registry ? [adminSchemaRegistry(registry)] : []),
   ];

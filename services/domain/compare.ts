@@ -12,12 +12,17 @@
  *   each paired scenario    the same CMH test on its single stratum.
  *
  * A metric or scenario regressed when its test is significant and its effect points the bad way.
- * The other metrics are reported without a test. docs/experiments.md explains it for users.
+ * A test too small to ever reach significance (even the most extreme outcome of runs that many
+ * would not: one run against one, or three against three for CMH; fewer than two runs a side for
+ * Welch) is *underpowered* (docs/decisions.md, "Compare"): there the point estimate decides, and
+ * a worse one counts as a regression marked untested (p_value null), so a drop from all-pass to
+ * all-fail is never "no regression". The other metrics are reported without a test.
+ * docs/experiments.md explains it for users.
  */
 import { computeMetrics, NO_TRACES, tallyScenarios, type ExperimentMetrics, type RunFact, type RunTraceStats } from './experiment-metrics.ts';
 import { scenarioIdOf } from '../kernel/ids.ts';
 import type { Params } from './params.ts';
-import { cochranMantelHaenszel, welchTTest, type ReplicaAggregation, type ScenarioVerdict, type Table2x2 } from './stats.ts';
+import { cochranMantelHaenszel, mean, welchTTest, type ReplicaAggregation, type ScenarioVerdict, type Table2x2 } from './stats.ts';
 
 const ALPHA = 0.05;
 
@@ -28,7 +33,7 @@ export interface CompareSide {
   aggregation: ReplicaAggregation;
 }
 
-type MetricName = Exclude<keyof ExperimentMetrics, 'experiment_id' | 'counts' | 'runs' | 'completed_runs'>;
+export type MetricName = Exclude<keyof ExperimentMetrics, 'experiment_id' | 'counts' | 'runs' | 'completed_runs'>;
 
 interface MetricRule {
   name: MetricName;
@@ -47,7 +52,26 @@ const METRICS: MetricRule[] = [
   { name: 'mean_tool_calls', better: 'lower', test: 'welch' },
 ];
 
-export interface MetricComparison {
+/**
+ * What a metric's or a scenario's test could say: `significant` or `not_significant` at alpha;
+ * `underpowered` when even the most extreme outcome of samples that size could not be
+ * significant (no p-value then: the point estimate decides); `no_test` for a metric shown
+ * without one.
+ */
+export type Significance = 'significant' | 'not_significant' | 'underpowered' | 'no_test';
+
+/** A test's verdict on one metric or scenario. */
+export interface Tested {
+  /** Null when untested: no test for the metric, or underpowered. */
+  p_value: number | null;
+  /** The smallest p-value the test could give at these sample sizes (null without a test). */
+  min_p_value: number | null;
+  significance: Significance;
+  /** Significantly worse, or (underpowered) worse on the point estimate. */
+  regressed: boolean;
+}
+
+export interface MetricComparison extends Tested {
   name: MetricName;
   baseline: number;
   candidate: number;
@@ -56,8 +80,6 @@ export interface MetricComparison {
   direction: 'better' | 'worse' | 'same';
   better: 'higher' | 'lower';
   test: 'cmh' | 'welch' | null;
-  p_value: number | null;
-  regressed: boolean;
 }
 
 interface Side {
@@ -68,12 +90,10 @@ interface Side {
   verdict: ScenarioVerdict;
 }
 
-export interface ScenarioComparison {
+export interface ScenarioComparison extends Tested {
   params: Params;
   baseline: Side;
   candidate: Side;
-  p_value: number;
-  regressed: boolean;
 }
 
 export interface Comparison {
@@ -82,6 +102,8 @@ export interface Comparison {
   regressed: boolean;
   /** Metric names, then `scenario <params JSON>` for each scenario that regressed. */
   regressions: string[];
+  /** Those of `regressions` decided on the point estimate alone (underpowered: untested). */
+  untested_regressions: string[];
   alpha: number;
   metrics: MetricComparison[];
   /** Metrics one side has no value for (nothing to average), so no comparison. */
@@ -135,6 +157,41 @@ function direction(delta: number, better: 'higher' | 'lower', scale: number): Me
   return (delta > 0) === (better === 'higher') ? 'better' : 'worse';
 }
 
+/** A test that has no say: the metric is shown without one. */
+const NO_TEST: Tested = { p_value: null, min_p_value: null, significance: 'no_test', regressed: false };
+
+/**
+ * The Cochran–Mantel–Haenszel verdict on strata of (baseline, candidate) runs for "yes". Worse
+ * means fewer yes in the candidate when `worseWhenFewer`, more otherwise. Underpowered when the
+ * most extreme tables of these sizes (every baseline run one way, every candidate run the other)
+ * would not be significant: then a worse point estimate (the stratified excess) is a regression.
+ */
+export function cmhVerdict(strata: readonly Table2x2[], worseWhenFewer: boolean, alpha = ALPHA): Tested {
+  const result = cochranMantelHaenszel(strata);
+  const extreme = cochranMantelHaenszel(strata.map(({ a, b, c, d }) => ({ a: a + b, b: 0, c: 0, d: c + d })));
+  const worse = worseWhenFewer ? result.excess > 1e-12 : result.excess < -1e-12;
+  if (!(extreme.p_value < alpha)) return { p_value: null, min_p_value: extreme.p_value, significance: 'underpowered', regressed: worse };
+  const significant = result.p_value < alpha;
+  return { p_value: result.p_value, min_p_value: extreme.p_value, significance: significant ? 'significant' : 'not_significant', regressed: significant && worse };
+}
+
+/**
+ * Welch's verdict on per-run values where lower is better. Fewer than two values on a side
+ * cannot be tested (underpowered: a higher candidate mean is a regression); none on a side
+ * leaves nothing to compare.
+ */
+export function welchVerdict(baseline: readonly number[], candidate: readonly number[], alpha = ALPHA): Tested {
+  if (baseline.length === 0 || candidate.length === 0) return NO_TEST;
+  const result = welchTTest(baseline, candidate);
+  if (result === null) {
+    const [b, c] = [mean(baseline), mean(candidate)];
+    return { p_value: null, min_p_value: 1, significance: 'underpowered', regressed: c - b > 1e-12 * Math.max(1, Math.abs(b)) };
+  }
+  const significant = result.p_value < alpha;
+  // Two constant samples that differ give p 0: any size that Welch can test can reach significance.
+  return { p_value: result.p_value, min_p_value: 0, significance: significant ? 'significant' : 'not_significant', regressed: significant && result.mean_b > result.mean_a };
+}
+
 export function compareExperiments(baseline: CompareSide, candidate: CompareSide, alpha = ALPHA): Comparison {
   const baseScenarios = scenariosByKey(baseline.runs);
   const candScenarios = scenariosByKey(candidate.runs);
@@ -147,20 +204,12 @@ export function compareExperiments(baseline: CompareSide, candidate: CompareSide
   const pairedRuns = (side: 'base' | 'cand') => pairs.flatMap((p) => completed(p[side].runs));
   const perRun = (side: 'base' | 'cand', traces: ReadonlyMap<string, RunTraceStats>, value: (r: RunFact, t: RunTraceStats) => number) =>
     pairedRuns(side).map((r) => value(r, traces.get(r.run_id) ?? NO_TRACES));
-
-  // Each test: its p-value and whether its effect points at the candidate being worse.
-  const cmh = (yes: (r: RunFact) => boolean, worseWhenFewer: boolean) => {
-    const result = cochranMantelHaenszel(pairs.map((p) => table(completed(p.base.runs), completed(p.cand.runs), yes)));
-    return { p: result.p_value, worse: worseWhenFewer ? result.excess > 0 : result.excess < 0 };
-  };
-  const welch = (value: (r: RunFact, t: RunTraceStats) => number) => {
-    const result = welchTTest(perRun('base', baseline.traces, value), perRun('cand', candidate.traces, value));
-    // Every Welch metric here is better lower: worse when the candidate's mean is higher.
-    return result === null ? null : { p: result.p_value, worse: result.mean_b > result.mean_a };
-  };
-  const tests: Partial<Record<MetricName, { p: number; worse: boolean } | null>> = {
-    pass_rate: cmh(passed, true),
-    side_effect_violations: cmh(violated, false),
+  const strata = (yes: (r: RunFact) => boolean) => pairs.map((p) => table(completed(p.base.runs), completed(p.cand.runs), yes));
+  // Every Welch metric here is better lower.
+  const welch = (value: (r: RunFact, t: RunTraceStats) => number) => welchVerdict(perRun('base', baseline.traces, value), perRun('cand', candidate.traces, value), alpha);
+  const tests: Partial<Record<MetricName, Tested>> = {
+    pass_rate: cmhVerdict(strata(passed), true, alpha),
+    side_effect_violations: cmhVerdict(strata(violated), false, alpha),
     mean_wall_ms: welch((r) => r.wall_ms),
     mean_cost_per_run_usd: welch((_r, t) => t.cost_usd),
     mean_tool_calls: welch((_r, t) => t.tool_calls),
@@ -177,18 +226,8 @@ export function compareExperiments(baseline: CompareSide, candidate: CompareSide
       notComparable.push(rule.name);
       continue;
     }
-    const test = rule.test === null ? null : (tests[rule.name] ?? null);
-    metrics.push({
-      name: rule.name,
-      baseline: b,
-      candidate: c,
-      delta: c - b,
-      direction: direction(c - b, rule.better, b),
-      better: rule.better,
-      test: rule.test,
-      p_value: test?.p ?? null,
-      regressed: test !== null && test.p < alpha && test.worse,
-    });
+    const verdict = rule.test === null ? NO_TEST : (tests[rule.name] ?? NO_TEST);
+    metrics.push({ name: rule.name, baseline: b, candidate: c, delta: c - b, direction: direction(c - b, rule.better, b), better: rule.better, test: rule.test, ...verdict });
   }
 
   const aggregationOf = (side: CompareSide, s: ScenarioRuns) => tallyScenarios(s.runs, side.aggregation)[0];
@@ -196,17 +235,21 @@ export function compareExperiments(baseline: CompareSide, candidate: CompareSide
     const tally = aggregationOf(side, s);
     return { scenario_id: scenarioIdOf(side.experiment_id, s.index), passed: tally.passed, failed: tally.failed, errored: tally.errored, verdict: tally.verdict };
   };
-  const scenarios = pairs.map(({ base, cand }): ScenarioComparison => {
-    const result = cochranMantelHaenszel([table(completed(base.runs), completed(cand.runs), passed)]);
-    return { params: base.params, baseline: sideOf(baseline, base), candidate: sideOf(candidate, cand), p_value: result.p_value, regressed: result.p_value < alpha && result.excess > 0 };
-  });
+  const scenarios = pairs.map(({ base, cand }): ScenarioComparison => ({
+    params: base.params,
+    baseline: sideOf(baseline, base),
+    candidate: sideOf(candidate, cand),
+    ...cmhVerdict([table(completed(base.runs), completed(cand.runs), passed)], true, alpha),
+  }));
 
-  const regressions = [...metrics.filter((m) => m.regressed).map((m) => m.name), ...scenarios.filter((s) => s.regressed).map((s) => `scenario ${paramsKey(s.params)}`)];
+  const named = [...metrics.map((m) => ({ name: m.name as string, t: m as Tested })), ...scenarios.map((s) => ({ name: `scenario ${paramsKey(s.params)}`, t: s as Tested }))].filter((n) => n.t.regressed);
+  const regressions = named.map((n) => n.name);
   return {
     baseline_id: baseline.experiment_id,
     candidate_id: candidate.experiment_id,
     regressed: regressions.length > 0,
     regressions,
+    untested_regressions: named.filter((n) => n.t.significance === 'underpowered').map((n) => n.name),
     alpha,
     metrics,
     not_comparable: notComparable,
@@ -214,3 +257,6 @@ export function compareExperiments(baseline: CompareSide, candidate: CompareSide
     unpaired: { baseline: unpaired(baseScenarios, candScenarios, baseline.experiment_id), candidate: unpaired(candScenarios, baseScenarios, candidate.experiment_id) },
   };
 }
+
+/** The metrics compare tests for significance (a regression alert may name only these). */
+export const TESTED_METRICS: readonly MetricName[] = METRICS.filter((m) => m.test !== null).map((m) => m.name);

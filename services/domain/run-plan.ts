@@ -47,5 +47,5 @@ export function specForRun(yaml: string, params: Params): SpecDocument {
     if (node !== null && typeof node === 'object') return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, substitute(v)]));
     return node;
   };
-  return specFromDocument(substitute(raw) as Record<string, unknown>);
+  return specFromDocument(substitute(raw) as Record<string, unknown>, { applied: true });
 }

@@ -21,13 +21,26 @@ import { childPath, JsonSchemaValidator, type Problem, succeeds } from '../kerne
 import { isObject } from '../kernel/is-object.ts';
 import { commandSizeProblem, envSizeProblem } from './sandbox-limits.ts';
 import { broadPatternProblem, type EgressRule, egressPatternProblem, hostnameProblem, parseEgressEntry } from './egress-policy.ts';
-import { definesParams, referencedNames } from './params.ts';
+import { definesParams, referencedNames, specRecordProblems } from './params.ts';
 
 /** A file the spec writes (setup, drift, grader): `content` is the text as written, or the bytes of an `encoding: base64` file. */
 export interface SpecSetupFile {
   path: string;
   content: string | Buffer;
   mode: number;
+}
+
+/** A task-file bundle (POST /v1/bundles) copied into the workspace under `to` ('' for the workspace itself). */
+export interface SpecBundleCopy {
+  digest: string;
+  to: string;
+}
+
+/** `build`: the Dockerfile's text, or (null) the file `file` of the `context` bundle. */
+export interface SpecBuild {
+  dockerfile: string | null;
+  context: string | null;
+  file: string;
 }
 
 export type SpecFixture =
@@ -128,6 +141,14 @@ export interface SpecAlert {
 
 export type MatrixValue = string | number | boolean;
 
+/** `dataset`: exactly one of `id` (ds_...) and `name`; no `version`: the newest when the experiment is created; `tags`: records with any of them. */
+export interface SpecDataset {
+  id?: string;
+  name?: string;
+  version?: number;
+  tags?: string[];
+}
+
 /**
  * The inject part of a brokered secret (`secrets.NAME: {source, inject}`): the sandbox sees only
  * a placeholder; the egress proxy sets `header` to `format` with `{value}` replaced on requests
@@ -144,7 +165,7 @@ export interface SpecDocument {
   id: string;
   base: string;
   /** Builds `base` from this Dockerfile at boot (cached step by step), instead of pulling it. */
-  build: { dockerfile: string } | null;
+  build: SpecBuild | null;
   task: { prompt: string };
   agent: SpecAgent | null;
   invariants: Record<string, SpecInvariant>;
@@ -156,9 +177,9 @@ export interface SpecDocument {
   secrets: Record<string, string>;
   /** Secret name -> how the egress proxy injects it, for the brokered secrets only. */
   brokered: Record<string, BrokeredSecret>;
-  setup: { files: SpecSetupFile[]; commands: string[]; env: Record<string, string> };
+  setup: { files: SpecSetupFile[]; bundles: SpecBundleCopy[]; commands: string[]; env: Record<string, string> };
   /** Files that exist only while the checks run: written after the agent's end and its diff, removed after the checks. */
-  grader: { files: SpecSetupFile[] };
+  grader: { files: SpecSetupFile[]; bundles: SpecBundleCopy[] };
   fixtures: SpecFixture[];
   services: SpecService[];
   /** `timeoutMs` is null when the spec leaves the lifetime to the server's SVC_SANDBOX_TIMEOUT (default 10m). */
@@ -181,6 +202,8 @@ export interface SpecDocument {
     dnsOverrides: Record<string, string>;
   };
   alerts: SpecAlert[];
+  /** The dataset whose records an experiment of this spec runs, one scenario each (docs/datasets.md); null: the matrix alone. */
+  dataset: SpecDataset | null;
   /** The parsed document as uploaded. */
   raw: Record<string, unknown>;
 }
@@ -475,15 +498,17 @@ export function parseSpec(yamlText: string): SpecDocument {
 }
 
 /** Validates and normalises a document already parsed from YAML (a run's, with its params applied). */
-export function specFromDocument(doc: Record<string, unknown>): SpecDocument {
-  const { paramReferences, cycles } = scan(doc);
+export function specFromDocument(doc: Record<string, unknown>, options: { applied?: boolean } = {}): SpecDocument {
+  // A run's document (`applied`: its params and record already in place) has no references
+  // left to check; any that remain came in with a value (a record's text) and are only text.
+  const { paramReferences, cycles } = options.applied ? { ...scan(doc), paramReferences: [] } : scan(doc);
   // A loop is not a document (nor JSON): every other finding would only echo it.
   if (cycles.length > 0) fail(cycles.map((path) => ({ path, problem: 'refers to itself through a YAML alias; a spec must be a tree' })));
   const fromSchema = validator.problems(doc);
   const { replacing, added } = hostProblems(doc, new Set(fromSchema.map((p) => p.path)));
   const replaced = new Set(replacing.map((p) => p.path));
   const flagged = new Set(fromSchema.map((p) => p.path));
-  const problems = [...fromSchema.filter((p) => !replaced.has(p.path)), ...replacing, ...added, ...contentProblems(doc, flagged), ...crossFieldProblems(doc, [...flagged], paramReferences)];
+  const problems = [...fromSchema.filter((p) => !replaced.has(p.path)), ...replacing, ...added, ...contentProblems(doc, flagged), ...crossFieldProblems(doc, [...flagged], paramReferences), ...(options.applied ? [] : specRecordProblems(doc))];
   if (problems.length > 0) fail(problems);
   return normalise(doc);
 }
@@ -533,6 +558,19 @@ function condition(text: string): Condition {
 function file(f: Raw): SpecSetupFile {
   const mode = f.mode === undefined ? SPEC_DEFAULTS.fileMode : typeof f.mode === 'string' ? parseInt(f.mode, 8) : (f.mode as number);
   return { path: f.path, content: f.encoding === 'base64' ? Buffer.from(f.content, 'base64') : f.content, mode };
+}
+
+function bundleCopy(b: Raw): SpecBundleCopy {
+  return { digest: b.digest, to: b.to ?? '' };
+}
+
+/** Every task-file bundle a spec names, with where: the api checks that the tenant uploaded each. */
+export function specBundles(doc: SpecDocument): Array<{ path: string; digest: string }> {
+  return [
+    ...(doc.build?.context ? [{ path: 'build.context', digest: doc.build.context }] : []),
+    ...doc.setup.bundles.map((b, i) => ({ path: `setup.bundles[${i}].digest`, digest: b.digest })),
+    ...doc.grader.bundles.map((b, i) => ({ path: `grader.bundles[${i}].digest`, digest: b.digest })),
+  ];
 }
 
 function agent(a: Raw | undefined): SpecAgent | null {
@@ -643,7 +681,7 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
     version: d.version,
     id: d.id,
     base: d.base,
-    build: d.build ? { dockerfile: d.build.dockerfile } : null,
+    build: d.build ? { dockerfile: d.build.dockerfile ?? null, context: d.build.context ?? null, file: d.build.file ?? 'Dockerfile' } : null,
     task: { prompt: d.task.prompt },
     agent: agent(d.agent),
     invariants: Object.fromEntries(Object.entries(d.invariants as Record<string, Raw>).map(([name, inv]) => [name, { check: check(inv.check), weight: inv.weight ?? SPEC_DEFAULTS.weight, gate: inv.gate ?? false }])),
@@ -654,8 +692,8 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
     },
     parallelism: { replicas: parallelism.replicas ?? SPEC_DEFAULTS.replicas, matrix: parallelism.matrix ?? [{}] },
     ...secrets(d.secrets),
-    setup: { files: ((setup.files ?? []) as Raw[]).map(file), commands: setup.commands ?? [], env: strings(setup.env) },
-    grader: { files: ((d.grader?.files ?? []) as Raw[]).map(file) },
+    setup: { files: ((setup.files ?? []) as Raw[]).map(file), bundles: ((setup.bundles ?? []) as Raw[]).map(bundleCopy), commands: setup.commands ?? [], env: strings(setup.env) },
+    grader: { files: ((d.grader?.files ?? []) as Raw[]).map(file), bundles: ((d.grader?.bundles ?? []) as Raw[]).map(bundleCopy) },
     fixtures: ((d.fixtures ?? []) as Raw[]).map(fixture),
     services: ((d.services ?? []) as Raw[]).map(service),
     resources: {
@@ -690,6 +728,7 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
       dnsOverrides: Object.fromEntries(Object.entries(network.dns_overrides ?? {}).map(([name, to]) => [name.toLowerCase(), String(to).toLowerCase()])),
     },
     alerts: ((d.alerts ?? []) as Raw[]).map(alert),
+    dataset: d.dataset ? { ...(d.dataset.id !== undefined ? { id: d.dataset.id } : { name: d.dataset.name }), ...(d.dataset.version !== undefined && { version: d.dataset.version }), ...(d.dataset.tags !== undefined && { tags: d.dataset.tags }) } : null,
     raw,
   };
 }

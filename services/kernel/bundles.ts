@@ -18,11 +18,20 @@ import { pipeline } from 'node:stream/promises';
 import { extract, Parser, type ReadEntry } from 'tar';
 import { AppError, badRequest } from './errors.ts';
 
+/** The subdirectory of the blob store that holds task-file bundles (agent bundles are at its top). */
+export const TASK_FILES_SUBDIR = 'task-files';
+
 /** A decompressed bundle may be at most this many times its compressed size limit (gzip bombs). */
 const MAX_EXPANSION = 10;
 const GZIP_MAGIC = [0x1f, 0x8b];
 /** Entry types a bundle may hold; devices and FIFOs have no place in agent code. */
 const ALLOWED_TYPES = new Set(['File', 'OldFile', 'ContiguousFile', 'Directory', 'SymbolicLink', 'Link']);
+
+/** A size limit, with the name the 413 gives it (e.g. `agents.max_size`). */
+export interface SizeLimit {
+  bytes: number;
+  name: string;
+}
 
 export interface ReceivedBundle {
   /** `sha256:<hex>` of the uploaded bytes. */
@@ -139,8 +148,11 @@ class BundleCheck extends Transform {
   private readonly links = new Map<string, string>();
   private readonly hardLinks = new Map<string, string>();
 
-  constructor(private readonly maxBytes: number) {
+  private readonly maxBytes: number;
+
+  constructor(private readonly limit: SizeLimit) {
     super();
+    const maxBytes = (this.maxBytes = limit.bytes);
     this.parser.on('entry', (entry: ReadEntry) => {
       this.entries++;
       // Headers count too: they bound the links kept in memory.
@@ -169,7 +181,7 @@ class BundleCheck extends Transform {
     }
     this.sizeBytes += chunk.length;
     if (this.sizeBytes > this.maxBytes) {
-      this.fail(new AppError('payload_too_large', `bundle: larger than the agent snapshot size limit of ${this.maxBytes} bytes (agents.max_size)`));
+      this.fail(new AppError('payload_too_large', `bundle: larger than the size limit of ${this.maxBytes} bytes (${this.limit.name})`));
     }
     if (this.problem) return done();
     this.hash.update(chunk);
@@ -209,11 +221,11 @@ export class BundleStore {
   }
 
   /** Streams an upload to a temporary file, checking it on the way; the caller commits or discards it. */
-  async receive(source: Readable, maxBytes: number): Promise<ReceivedBundle> {
+  async receive(source: Readable, limit: SizeLimit): Promise<ReceivedBundle> {
     const tmpDir = path.join(this.dir, 'tmp');
     await mkdir(tmpDir, { recursive: true });
     const tempPath = path.join(tmpDir, `${Date.now()}-${randomBytes(6).toString('hex')}.part`);
-    const check = new BundleCheck(maxBytes);
+    const check = new BundleCheck(limit);
     const file = createWriteStream(tempPath);
     try {
       await pipeline(source, check, file);

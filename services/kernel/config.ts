@@ -138,6 +138,7 @@ export const SETTINGS = {
   defaultPageSize: setting('SVC_PAGE_SIZE_DEFAULT', '100', 'Default `limit` of paginated endpoints.', positiveInt),
   maxPageSize: setting('SVC_PAGE_SIZE_MAX', '1000', 'Largest `limit` accepted; more is a 400.', positiveInt),
   traceEventsPerRequest: setting('SVC_TRACE_EVENTS_PER_REQUEST', '1000', 'Most trace events in one ingest request.', positiveInt),
+  ingestMaxLag: setting('SVC_INGEST_MAX_LAG', '1000000', 'Trace records the sink may be behind the log while ingest answers before its events are queryable (`Prefer: respond-async`); past it, such requests get 503 `overloaded` with `Retry-After`.', positiveInt),
   ingestMaxInFlight: setting('SVC_INGEST_MAX_IN_FLIGHT', '64', 'Ingest requests handled at once, from reading the body until the events are queryable; past it, 503 `overloaded` with `Retry-After` before the body is read.', positiveInt),
   traceRetention: setting('SVC_TRACE_RETENTION', '30d', 'How long trace events are kept: whole days (`30d`, `720h`) or `forever`; applied at start as a TTL on `trace_events`.', (raw) => {
     if (raw === 'forever') return null;
@@ -164,12 +165,30 @@ export const SETTINGS = {
   datasetRecordBytes: setting('SVC_DATASET_RECORD_BYTES', '65536', 'Largest dataset record.', positiveInt),
   datasetsPerTenant: setting('SVC_DATASETS_PER_TENANT', '1000', 'Datasets per tenant.', positiveInt),
   agentMaxSizeBytes: setting('SVC_AGENTS_MAX_SIZE', '104857600', 'Largest agent snapshot bundle in bytes (`agents.max_size`).', positiveInt),
+  bundleMaxSizeBytes: setting('SVC_BUNDLES_MAX_SIZE', '104857600', 'Largest task-file bundle (POST /v1/bundles) in bytes (`bundles.max_size`).', positiveInt),
   agentMaxVersions: setting('SVC_AGENTS_MAX_VERSIONS', '100', 'Versions per agent (`agents.max_versions`).', positiveInt),
   snapshotRetention: setting('SVC_RETENTION_SNAPSHOTS', 'forever', 'How long agent snapshots are kept (`retention.snapshots`): `forever` or a duration.', (raw) => (raw === 'forever' ? null : parseDuration(raw))),
   alertsPerTenant: setting('SVC_ALERTS_PER_TENANT', '50', 'Alert rules per tenant.', positiveInt),
   webhookRetries: setting('SVC_WEBHOOK_RETRIES', '3', 'Retries of an alert webhook on 5xx or network errors.', nonNegativeInt),
-  webhookTimeout: setting('SVC_WEBHOOK_TIMEOUT', '10s', 'Timeout of one alert webhook call.', durationMs),
+  webhookTimeout: setting('SVC_WEBHOOK_TIMEOUT', '10s', 'Timeout of one alert notification call: a webhook POST, a Slack API call, an SMTP exchange.', durationMs),
+  webhookAllowPrivate: setting('SVC_WEBHOOK_ALLOW_PRIVATE', null, 'Host names, addresses and CIDR ranges (comma-separated) that alert webhooks may reach although they are private (loopback, private networks, link-local, reserved); by default webhooks go to public addresses only.', list),
+  webhookBackoff: setting('SVC_WEBHOOK_BACKOFF', '1s', 'Wait before the first retry of a failed alert notification; each next retry waits twice as long, with up to 50% random jitter.', durationMs),
   alertDedupWindow: setting('SVC_ALERT_DEDUP_WINDOW', '5m', 'Notification dedup window per rule per experiment.', durationMs),
+  alertMaxWindow: setting('SVC_ALERT_MAX_WINDOW', '30d', 'Longest `last_<duration>` window of an alert rule: the alerter keeps the runs of the experiments completed within it (and of the last two of each spec) in memory.', durationMs),
+  slackBotToken: setting('SVC_SLACK_BOT_TOKEN', null, 'Bot token (`xoxb-...`) with which the alerter posts `slack` alerts (chat.postMessage). Unset: such alerts fail, saying so on the firing.', str),
+  slackApiUrl: setting('SVC_SLACK_API_URL', 'https://slack.com/api', 'Base address of the Slack Web API the bot posts to.', url),
+  slackWebhookHosts: setting('SVC_SLACK_WEBHOOK_HOSTS', 'hooks.slack.com,hooks.slack-gov.com', 'Hosts (`host` or `host:port`) whose `webhook` URLs are Slack incoming webhooks: they get a rich card (blocks) instead of the raw JSON body.', hostPortList),
+  smtpUrl: setting('SVC_SMTP_URL', null, 'SMTP server of `email` alerts: `smtp://[user:password@]host[:port]` (STARTTLS when offered) or `smtps://...` (TLS). Unset: such alerts fail, saying so on the firing.', (raw) => {
+    let u: URL;
+    try {
+      u = new URL(raw);
+    } catch {
+      throw new Error(`expected smtp://host[:port] or smtps://host[:port], got "${raw}"`);
+    }
+    if (u.protocol !== 'smtp:' && u.protocol !== 'smtps:') throw new Error(`expected smtp://host[:port] or smtps://host[:port], got "${raw}"`);
+    return raw;
+  }),
+  smtpFrom: setting('SVC_SMTP_FROM', 'svc alerts <alerts@localhost>', 'Sender (`From`) of `email` alerts.', str),
   judgeUrl: setting('SVC_JUDGE_URL', null, 'Base address of the OpenAI-compatible chat-completions API that grades `llm_as_judge` checks and score rules (e.g. `https://api.openai.com/v1`). Unset: every judge call fails as a judge failure.', url),
   judgeApiKey: setting('SVC_JUDGE_API_KEY', null, 'Bearer token sent to the judge, when set.', str),
   judgeModel: setting('SVC_JUDGE_MODEL', 'gpt-4o-mini', 'Judge model when the check or rule names none.', str),
@@ -185,6 +204,9 @@ export const SETTINGS = {
   registryMirror: setting('SVC_REGISTRY_MIRROR', null, 'A registry (`host` or `host:port`) that Docker Hub images (`python:3.12`, `docker.io/...`) are pulled from instead of registry-1.docker.io.', hostPort),
   imageMaxBytes: setting('SVC_IMAGE_MAX_BYTES', '16Gi', 'Largest image the store takes, pulled or imported from an image archive: the files of all its layers unpacked (`8Gi`, `500MB` or bytes); one past it fails with a message saying so.', size),
   sandboxDiskDefault: setting('SVC_SANDBOX_DISK_DEFAULT', '1Gi', 'Workspace size of a sandbox whose spec sets no `resources.disk` (`512Mi`, `1Gi`, `5GB` or bytes). Each workspace is a filesystem of its own of that size (a sparse file: the host pays only for what is written); a write past it fails with ENOSPC inside the sandbox.', size),
+  sandboxPoolSize: setting('SVC_SANDBOX_POOL_SIZE', '2', 'Warm sandboxes a runner keeps per class (image, resources, user, mounts) once a class has been created twice; a create takes one instead of waiting for the runtime. 0: no pool.', nonNegativeInt),
+  sandboxPoolClasses: setting('SVC_SANDBOX_POOL_CLASSES', '4', 'Classes of warm sandboxes kept at once (the least recently used is emptied first).', positiveInt),
+  sandboxPoolIdle: setting('SVC_SANDBOX_POOL_IDLE', '10m', 'A class of warm sandboxes unused this long is emptied.', durationMs),
   sandboxDiskMax: setting('SVC_SANDBOX_DISK_MAX', '16Gi', 'Largest `resources.disk` a sandbox may have; a spec asking more fails the sandbox\'s creation (400).', size),
   auditRecordsPerSecond: setting('SVC_AUDIT_RECORDS_PER_SECOND', '1000', 'Audit records one sandbox may write per second; the rest of that second are dropped and counted, by type, in one `warning` record.', positiveInt),
   auditMaxRecords: setting('SVC_AUDIT_MAX_RECORDS', '100000', 'Audit records one sandbox may write in all; past it records are dropped, said in a `warning` record at the cap and counted, by type, in one at teardown.', positiveInt),
@@ -197,7 +219,7 @@ export const SETTINGS = {
   gitFixtureDirs: setting('SVC_GIT_FIXTURE_DIRS', null, 'Host directories whose git repositories `git` fixtures may clone as `file:///DIR` (comma-separated). Unset: none (remote URLs are cloned inside the sandbox, under its egress policy).', list),
   postgresBinDir: setting('SVC_POSTGRES_BIN_DIR', null, 'The PostgreSQL server binaries `postgres` backing services run (default: /usr/lib/postgresql/<newest>/bin, or the one of the spec\'s `version`).', str),
   artifactsDir: setting('SVC_ARTIFACTS_DIR', null, 'Where teardown exports go (default `<data dir>/artifacts`).', str),
-  blobDir: setting('SVC_BLOB_DIR', null, 'Where agent bundles are stored, once per content (default `<data dir>/blobs`); the api and the sandbox runners must share it.', str),
+  blobDir: setting('SVC_BLOB_DIR', null, 'Where agent bundles and task-file bundles are stored, once per content (default `<data dir>/blobs`); the api and the sandbox runners must share it.', str),
   sqlMaxExecutionTime: setting('SVC_SQL_MAX_EXECUTION_TIME', '30s', 'Longest run of one query on the analysts\' SQL endpoint (`/v1/admin/sql`); past it the query fails with ClickHouse\'s TIMEOUT_EXCEEDED. A query may ask for less (`max_execution_time`), never more.', durationMs),
   sqlMaxMemory: setting('SVC_SQL_MAX_MEMORY', '2147483648', 'Most memory in bytes one query on the SQL endpoint may use (`max_memory_usage`); past it the query fails with MEMORY_LIMIT_EXCEEDED. A query may ask for less, never more.', positiveInt),
   sqlMaxResultBytes: setting('SVC_SQL_MAX_RESULT_BYTES', '268435456', 'Largest result in bytes of one query on the SQL endpoint (`max_result_bytes`: the result is held in memory before it is sent).', positiveInt),
@@ -205,6 +227,7 @@ export const SETTINGS = {
   sinkFlushInterval: setting('SVC_SINK_FLUSH_INTERVAL', '10ms', '...or once the oldest waiting row is this old.', durationMs),
   handlerMaxAttempts: setting('SVC_HANDLER_MAX_ATTEMPTS', '5', 'Tries of an event handler before the event goes to the dead-letter topic.', positiveInt),
   replyTimeout: setting('SVC_REPLY_TIMEOUT', '30s', 'How long an API call waits for the event it depends on to be applied before answering 504.', durationMs),
+  testAlerterHold: setting('SVC_TEST_ALERTER_HOLD', '0', 'Tests only: the alerter waits this long after recording the firings of a completed experiment and before delivering them and moving on, and logs `holding after recording firings`, so a test can kill it in between. `0`: no wait.', durationMs),
   testIdempotencyHold: setting('SVC_TEST_IDEMPOTENCY_HOLD', '0', 'Tests only: the api waits this long between handling a POST with an `Idempotency-Key` and recording its response, and logs `holding before recording the idempotent response`, so a test can kill the process in between. `0`: no wait.', durationMs),
 } as const;
 

@@ -19,6 +19,10 @@ export const scenarioIdOf = (experimentId: string, index: number): string => `sc
 /** A run (replica `replica`, 1-based) of a scenario: `run-<experiment hex>-<index + 1>-<replica>`. */
 export const runIdOf = (experimentId: string, index: number, replica: number): string => `run-${experimentId.replace(/^exp-/, '')}-${index + 1}-${replica}`;
 export const newScoreRuleId = (seed: string | null = null): string => `rule_${seeded(seed, 'score rule') ?? hex(8)}`;
+export const newDatasetId = (seed: string | null = null): string => `ds_${seeded(seed, 'dataset') ?? hex(8)}`;
+/** Record `index` of one add of records (the add's seed, when idempotent, makes the same ids again). */
+export const newRecordId = (seed: string | null, index: number): string => `rec_${seeded(seed, `record ${index}`) ?? hex(8)}`;
+export const newAlertId = (seed: string | null = null): string => `alert_${seeded(seed, 'alert rule') ?? hex(8)}`;
 export const newKeyId = (seed: string | null = null): string => `key_${seeded(seed, 'api key') ?? hex(8)}`;
 export const newLiveKey = (): string => `svc_live_${hex(24)}`;
 export const newSandboxToken = (): string => `svc_sb_${hex(24)}`;

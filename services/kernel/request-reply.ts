@@ -47,7 +47,8 @@ export class Requester<Request extends object, Reply> {
   async start(): Promise<void> {
     const { correlationOf, receive = (reply: Reply) => reply } = this.exchange;
     this.consumer = await subscribe<Reply>(this.kernel, {
-      groupId: `replies.${this.kernel.instanceId}`,
+      // A group of its own per exchange: two requesters of one process on one group would split the topics between them.
+      groupId: `replies.${this.exchange.replies}.${this.kernel.instanceId}`,
       topics: [this.exchange.replies],
       fromBeginning: false,
       commit: false,

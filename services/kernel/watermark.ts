@@ -87,6 +87,44 @@ export class Visibility {
   }
 
   /**
+   * Whether every position is queryable: at once when so, else once it becomes so within
+   * `timeoutMs` (false after that). Positions its projection applied before this process started
+   * count too: the projection's group commits only what it stored.
+   */
+  async visible(positions: RecordPosition[], timeoutMs: number): Promise<boolean> {
+    const applied = (p: RecordPosition) => this.byTopic.get(p.topic)?.covers([p]) === true;
+    if (positions.every(applied) || (await this.committed(positions))) return true;
+    try {
+      await this.waitFor(positions, timeoutMs);
+      return true;
+    } catch (err) {
+      if (err instanceof AppError && err.code === 'timeout') return this.committed(positions);
+      throw err;
+    }
+  }
+
+  /** How many records of `topic` its projection has not stored yet (its end past its group's commits). */
+  async lag(topic: string): Promise<number> {
+    const table = this.tableOf(topic);
+    const [ends, committed] = await Promise.all([this.log.endOffsets(topic), this.log.committedOffsets(sinkGroupId(table), topic)]);
+    return ends.reduce((sum, end, partition) => sum + Math.max(0, end - Math.max(0, committed[partition] ?? 0)), 0);
+  }
+
+  private async committed(positions: RecordPosition[]): Promise<boolean> {
+    for (const topic of new Set(positions.map((p) => p.topic))) {
+      const committed = await this.log.committedOffsets(sinkGroupId(this.tableOf(topic)), topic);
+      if (!positions.every((p) => p.topic !== topic || (committed[p.partition] ?? -1) > p.offset)) return false;
+    }
+    return true;
+  }
+
+  private tableOf(topic: string): string {
+    const table = this.catalog.find((t) => t.name === topic)?.table;
+    if (!table) throw new Error(`topic ${topic} has no table in the catalog: nothing makes it visible`);
+    return table;
+  }
+
+  /**
    * A read's barrier, for a table fed by writes of another actor (whose positions the reader
    * never saw): resolves once the projection of the table's topic has applied everything on
    * that topic when the call began; only the partition of `key` when given (records of one key
@@ -113,8 +151,7 @@ export class Visibility {
   }
 
   private async pollCommits(topic: string, positions: RecordPosition[], deadline: number): Promise<void> {
-    const table = this.catalog.find((t) => t.name === topic)?.table;
-    if (!table) throw new Error(`topic ${topic} has no table in the catalog: nothing makes it visible`);
+    const table = this.tableOf(topic);
     for (;;) {
       const committed = await this.log.committedOffsets(sinkGroupId(table), topic);
       if (positions.every((p) => (committed[p.partition] ?? -1) > p.offset)) return;

@@ -18,18 +18,20 @@ import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../domain/even
 import type { CheckOutput } from '../domain/events/run-events.ts';
 import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
 import { resolveHostSecret } from '../kernel/secret-sources.ts';
-import { parseSpec, type SpecDocument } from '../domain/spec.ts';
+import { parseSpec, type SpecBundleCopy, type SpecDocument } from '../domain/spec.ts';
 import { changedExpiry } from '../domain/sandbox-lifetime.ts';
 import { redactSecrets, type Sealer, type TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { refusedInStep, runBoot, StepFailed, type BootStep, type StepDone } from './boot/pipeline.ts';
 import { ensureImage, normalizeReference, type ImageInfo } from './runtime/images.ts';
 import { buildImage } from './runtime/image-builder.ts';
-import type { ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
+import { readContextFile } from './runtime/build-context.ts';
+import type { CreateSandboxOptions, ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
+import type { SandboxPool } from './runtime/sandbox-pool.ts';
 import { SERVICE_URL_IN_SANDBOX } from './runtime/service-bridge.ts';
 import { AUDIT_FILE, AuditLog } from './workspace/audit-log.ts';
 import { removeBeneath } from './workspace/beneath.ts';
-import { copyFileOut, deleteFile, makeDirectory, readFile, writeFile } from './workspace/files.ts';
+import { copyFileOut, copyTreeIn, deleteFile, makeDirectory, readFile, removeTree, writeFile } from './workspace/files.ts';
 import { FsWatcher } from './workspace/fs-watcher.ts';
 import type { EgressGateway } from './network/gateway.ts';
 import { backingRoot, BackingServices } from './backing/backing-services.ts';
@@ -125,7 +127,8 @@ function processSpawnDetails(run: ProcessRun): Record<string, unknown> {
 export class LiveSandbox {
   state: State = 'creating';
   private readonly spec: SpecDocument;
-  private readonly workspace: string;
+  /** on the host: `workspaces/<id>`, or where a warm sandbox taken from the pool was made */
+  private workspace: string;
   private box: SandboxHandle | null = null;
   private readonly network: SandboxNetwork;
   private readonly backing: BackingServices;
@@ -142,6 +145,8 @@ export class LiveSandbox {
   private captureEnded: Promise<Diff | null> | null = null;
   /** The workspace's diff as the agent left it, once taken (grader files come after it). */
   private finalDiff: Promise<Diff> | null = null;
+  /** The workspace paths the grader's bundles wrote, removed after the checks. */
+  private graderPaths: string[] = [];
   /** The host directory of AGENT_HOME, for a sandbox with `private_home`. */
   private homeDir: string | null = null;
   /** The audit records' appends to svc.audit, in the order they were written. */
@@ -169,11 +174,14 @@ export class LiveSandbox {
   constructor(
     private readonly kernel: Kernel,
     private readonly runtime: Runtime,
+    /** warm sandboxes made ahead (null: none) */
+    private readonly pool: SandboxPool | null,
     /** the runner's egress gateway, or why it did not start */
     private readonly gateway: EgressGateway | string,
     private readonly tenantSecrets: TenantSecrets,
     private readonly sealer: Sealer,
-    private readonly bundles: ExtractedBundles,
+    /** agent bundles (mounted at /agent) and task-file bundles (copied in), extracted once per content */
+    private readonly bundles: { agents: ExtractedBundles; taskFiles: ExtractedBundles },
     private readonly runnerId: string,
     readonly tenant: string,
     readonly id: string,
@@ -239,10 +247,10 @@ export class LiveSandbox {
   }
 
   /**
-   * Writes the spec's grader files into the workspace (as the setup files are). Only after the
-   * agent's end and its diff: no process of the agent is left to see them, and neither its diff
-   * nor its audit holds them (the service's own writes, not recorded). Returns why one could not
-   * be written (the agent may have left a file where a directory goes), or null.
+   * Writes the spec's grader files and bundles into the workspace (as the setup ones are). Only
+   * after the agent's end and its diff: no process of the agent is left to see them, and neither
+   * its diff nor its audit holds them (the service's own writes, not recorded). Returns why one
+   * could not be written (the agent may have left a file where a directory goes), or null.
    */
   async writeGraderFiles(): Promise<string | null> {
     if (!this.finalDiff) throw new Error('grader files are written only once the agent has ended and its diff is taken');
@@ -255,12 +263,26 @@ export class LiveSandbox {
         return `the grader's file ${excerpt(file.path)} could not be written: ${(err as Error).message}`;
       }
     }
+    for (const [i, bundle] of this.spec.grader.bundles.entries()) {
+      try {
+        this.graderPaths.push(...(await this.copyBundle(bundle, `grader.bundles[${i}]`)));
+      } catch (err) {
+        return `the grader's bundle ${bundle.digest.slice(0, 19)} could not be copied to ${excerpt(bundle.to || '/workspace')}: ${(err as Error).message}`;
+      }
+    }
     return null;
   }
 
-  /** Removes the grader files once the checks ran (one a check removed itself is not missed). */
+  /** Removes the grader's files and bundles once the checks ran (one a check removed itself is not missed). */
   async removeGraderFiles(): Promise<void> {
     for (const file of this.spec.grader.files) await deleteFile(this.workspace, file.path).catch(() => undefined);
+    for (const name of this.graderPaths.splice(0)) await removeTree(this.workspace, name, { field: 'grader.bundles' }).catch(() => undefined);
+  }
+
+  /** Copies a task-file bundle into the workspace under its `to`; returns the workspace paths of its top-level names. */
+  private async copyBundle(bundle: SpecBundleCopy, field: string): Promise<string[]> {
+    const dir = await this.bundles.taskFiles.ensure(bundle.digest);
+    return copyTreeIn(this.workspace, dir, bundle.to, { field: `${field}.to` });
   }
 
   /**
@@ -415,7 +437,6 @@ export class LiveSandbox {
   /** The isolation runtime, over the workspace, with the image (or the host's system directories) and the audit log. */
   private async startRuntime(done: StepDone): Promise<void> {
     const { config } = this.kernel;
-    await mkdir(path.join(this.workspace, '.svc'), { recursive: true });
     // From the image store, pulled into it when missing; failing that, the host's system directories where allowed.
     const image = await this.obtainImage().catch((err: Error) => {
       if (config.sandboxHostRootfs && !this.spec.build) return err;
@@ -429,9 +450,11 @@ export class LiveSandbox {
     this.backing.start();
     this.env = this.baseEnv();
     if (this.network.wanted && typeof this.gateway === 'string') throw new StepFailed(`this sandbox needs a network, but the runner's egress gateway did not start: ${this.gateway}`);
-    this.box = await this.runtime.create({
+    const options: CreateSandboxOptions = {
       id: this.id,
       workspace: this.workspace,
+      // The same for every sandbox: a warm one made ahead is named alike.
+      hostname: 'sandbox',
       readOnlyMounts: await this.readOnlyMounts(),
       rootfs,
       env: this.env,
@@ -441,7 +464,11 @@ export class LiveSandbox {
       network: this.network.wanted && typeof this.gateway === 'object' ? { trust: this.gateway.authority } : undefined,
       user: this.spec.sandbox.user,
       writableRoot: this.spec.sandbox.writableRoot,
-    });
+    };
+    const warm = await this.pool?.take(options);
+    if (warm) this.workspace = warm.workspace;
+    else await mkdir(path.join(this.workspace, '.svc'), { recursive: true });
+    this.box = warm?.box ?? (await this.runtime.create(options));
     this.audit = new AuditLog({
       workspace: this.workspace,
       sandboxId: this.id,
@@ -453,7 +480,7 @@ export class LiveSandbox {
       recordsPerSecond: config.auditRecordsPerSecond,
       maxRecords: config.auditMaxRecords,
     });
-    done({ runtime: this.runtime.name });
+    done({ runtime: this.runtime.name, warm: Boolean(warm) });
     if (rootfs === null) {
       await this.warnAudited(`image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`);
     }
@@ -464,7 +491,12 @@ export class LiveSandbox {
     const { config } = this.kernel;
     const imagesDir = path.join(config.dataDir, 'images');
     if (!this.spec.build) return ensureImage(imagesDir, this.spec.base, config);
-    const built = await buildImage({ imagesDir, runtime: this.runtime, settings: config, dockerfile: this.spec.build.dockerfile, context: null, name: normalizeReference(this.spec.base) });
+    const { build } = this.spec;
+    const context = build.context ? await this.bundles.taskFiles.ensure(build.context) : null;
+    const dockerfile = build.dockerfile ?? readContextFile(context!, build.file);
+    // RUN steps go out under the spec's own egress policy (a package install needs its mirror allowed).
+    const network = typeof this.gateway === 'object' ? this.network.forBuild(this.gateway, (line) => this.kernel.logger.info({ sandbox_id: this.id }, `image build: ${line}`)) : null;
+    const built = await buildImage({ imagesDir, runtime: this.runtime, settings: config, dockerfile, context, network, name: normalizeReference(this.spec.base) });
     return built.image;
   }
 
@@ -474,7 +506,7 @@ export class LiveSandbox {
     if (this.spec.determinism.frozenTime) mounts.push({ host: LIBFAKETIME, sandbox: LIBFAKETIME });
     const agent = this.request.agent;
     if (agent) {
-      const bundle = await this.bundles.ensure(agent.digest).catch((err: Error) => {
+      const bundle = await this.bundles.agents.ensure(agent.digest).catch((err: Error) => {
         throw new StepFailed(`agent snapshot ${agent.name} v${agent.version} (${agent.snapshot_id}) could not be extracted: ${err.message}`);
       });
       mounts.push({ host: bundle, sandbox: AGENT_DIR });
@@ -541,6 +573,11 @@ export class LiveSandbox {
     // Made before any process of the sandbox's user runs: nothing can be in the way, or swap it while the config files go in.
     if (this.request.private_home) this.homeDir = makeDirectory(this.tmpOnHost(), path.posix.basename(AGENT_HOME), { mode: 0o700, owner: this.box!.user });
     await this.writeAgentConfigFiles();
+    for (const [i, bundle] of this.spec.setup.bundles.entries()) {
+      await this.copyBundle(bundle, `setup.bundles[${i}]`).catch((err: Error) => {
+        throw new StepFailed(`setup.bundles[${i}] (${bundle.digest.slice(0, 19)}) could not be copied: ${err.message}`);
+      });
+    }
     for (const [i, file] of this.spec.setup.files.entries()) {
       // Through the files API's own write: never through a link out of the workspace (a fixture may
       // have brought one), never into `.svc`.
@@ -559,7 +596,7 @@ export class LiveSandbox {
       drift += applied.length;
       void this.event('fixture', { index: i, type: fixture.type, applied });
     }
-    done({ files: this.spec.setup.files.length, commands: this.spec.setup.commands.length, drift });
+    done({ files: this.spec.setup.files.length, bundles: this.spec.setup.bundles.length, commands: this.spec.setup.commands.length, drift });
   }
 
   /**

@@ -15,9 +15,11 @@
  * workspaces, so none claims to be ready while gone.
  */
 import fs from 'node:fs';
+import { createHash } from 'node:crypto';
 import path from 'node:path';
 import { publish, subscribe, type Kernel, type Service } from '../kernel/actor.ts';
-import { BundleStore, ExtractedBundles } from '../kernel/bundles.ts';
+import { BundleStore, ExtractedBundles, TASK_FILES_SUBDIR } from '../kernel/bundles.ts';
+import { SandboxPool } from './runtime/sandbox-pool.ts';
 import { EntityView } from '../kernel/entity-view.ts';
 import { AppError, toErrorBody } from '../kernel/errors.ts';
 import type { SandboxChanged, SandboxRequested } from '../domain/events/sandbox-events.ts';
@@ -52,6 +54,8 @@ export class SandboxRunnerService implements Service {
   private sealer!: Sealer;
   /** Agent bundles extracted once per digest, mounted read-only at /agent. */
   private bundles!: ExtractedBundles;
+  private taskFiles!: ExtractedBundles;
+  private pool: SandboxPool | null = null;
   private readonly sandboxes = new Map<string, LiveSandbox>();
   private readonly known = new EntityView<SandboxChanged>(TOPICS.sandboxes);
   private consumer: Consumer | null = null;
@@ -80,6 +84,14 @@ export class SandboxRunnerService implements Service {
       diskMaxBytes: kernel.config.sandboxDiskMax,
       logger: kernel.logger.child({ component: 'runtime' }),
     });
+    this.pool = new SandboxPool(this.runtime, {
+      size: kernel.config.sandboxPoolSize,
+      classes: kernel.config.sandboxPoolClasses,
+      idleMs: kernel.config.sandboxPoolIdle,
+      dir: path.join(kernel.config.dataDir, 'workspaces'),
+      owner: createHash('sha256').update(this.runnerId).digest('hex').slice(0, 8),
+      logger: kernel.logger.child({ component: 'pool' }),
+    });
     // Runtime selection: `auto` takes the first that works here (only `local` exists so far);
     // a pinned runtime that does not work stops the start instead of failing every sandbox.
     const unavailable = (this.unavailable = await this.runtime.available());
@@ -88,6 +100,7 @@ export class SandboxRunnerService implements Service {
     this.secrets = new TenantSecrets(kernel);
     this.sealer = new Sealer(secretsKey(kernel.config));
     this.bundles = new ExtractedBundles(path.join(kernel.config.dataDir, 'agent-bundles'), new BundleStore(kernel.config.blobDir));
+    this.taskFiles = new ExtractedBundles(path.join(kernel.config.dataDir, 'task-file-bundles'), new BundleStore(path.join(kernel.config.blobDir, TASK_FILES_SUBDIR)));
     await this.bundles.prune(new Set());
     await Promise.all([this.secrets.start(), this.known.start(kernel)]);
     await this.endOrphans();
@@ -157,6 +170,7 @@ export class SandboxRunnerService implements Service {
     // The last word: the api stops sending it sandboxes and the aggregator dispatches its unfinished runs again.
     if (this.heartbeat) await this.beat(true).catch((err) => this.kernel.logger.warn({ err }, 'the last heartbeat was not written'));
     stopProcessTracer();
+    await this.pool?.close();
     await Promise.all([BackingServices.settle(), this.secrets?.stop(), this.known.stop(), this.runtime?.close(), typeof this.gateway === 'object' ? this.gateway.close() : undefined]);
   }
 
@@ -255,7 +269,7 @@ export class SandboxRunnerService implements Service {
     const max = this.kernel.config.runnerMaxSandboxes;
     const booting = [...this.sandboxes.values()].length;
     if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });
-    const live = new LiveSandbox(this.kernel, this.runtime, this.gateway, this.secrets, this.sealer, this.bundles, this.runnerId, tenant, sandboxId, create, () => {
+    const live = new LiveSandbox(this.kernel, this.runtime, this.pool, this.gateway, this.secrets, this.sealer, { agents: this.bundles, taskFiles: this.taskFiles }, this.runnerId, tenant, sandboxId, create, () => {
       this.sandboxes.delete(sandboxId);
       this.updateGauge();
       // An extracted bundle whose snapshot was deleted goes once no sandbox mounts it.

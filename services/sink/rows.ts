@@ -10,6 +10,8 @@ import type { LogRecord } from '../kernel/log/event-log.ts';
 import type { ExperimentChanged } from '../domain/events/experiment-events.ts';
 import type { RunScored } from '../domain/events/run-events.ts';
 import type { ScoreRecorded } from '../domain/events/score-events.ts';
+import type { DatasetChanged, DatasetRecordAdded } from '../domain/events/dataset-events.ts';
+import type { ExperimentScenario } from '../domain/events/experiment-events.ts';
 
 /** ClickHouse DateTime64 text for microseconds since the epoch, in UTC. */
 function clickhouseTimeUs(us: number): string {
@@ -18,7 +20,7 @@ function clickhouseTimeUs(us: number): string {
   return `${iso.slice(0, 10)} ${iso.slice(11, 23)}${String(us - ms * 1000).padStart(3, '0')}`;
 }
 
-function clickhouseTimeMs(ms: number): string {
+export function clickhouseTimeMs(ms: number): string {
   const iso = new Date(ms).toISOString();
   return `${iso.slice(0, 10)} ${iso.slice(11, 23)}`;
 }
@@ -222,6 +224,55 @@ export function scoreRow(s: ScoreRecorded, record: LogRecord): Record<string, un
     Details: s.details,
     Error: s.error ?? '',
     ScoredAt: clickhouseTimeMs(s.ts),
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+export function datasetRow(d: DatasetChanged, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: d.tenant,
+    DatasetId: d.dataset_id,
+    Name: d.name,
+    Description: d.description ?? '',
+    Version: d.version,
+    Records: d.versions.at(-1)?.records ?? 0,
+    Versions: JSON.stringify(d.versions.map(({ version, records, added, created_at }) => ({ version, records, added, created_at: new Date(created_at).toISOString() }))),
+    CreatedAt: clickhouseTimeMs(d.created_at),
+    Deleted: d.deleted ? 1 : 0,
+    UpdatedAt: clickhouseTimeMs(d.ts),
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+export function datasetRecordRow(r: DatasetRecordAdded, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: r.tenant,
+    DatasetId: r.dataset_id,
+    Seq: r.seq,
+    RecordId: r.record_id,
+    Version: r.version,
+    Input: r.input,
+    Expected: r.expected,
+    Metadata: r.metadata,
+    Tags: r.tags,
+    CreatedAt: clickhouseTimeMs(r.created_at),
+    Deleted: r.deleted ? 1 : 0,
+    UpdatedAt: clickhouseTimeMs(r.ts),
+    LogPartition: record.partition,
+    LogOffset: record.offset,
+  };
+}
+
+export function experimentScenarioRow(s: ExperimentScenario, record: LogRecord): Record<string, unknown> {
+  return {
+    TenantId: s.tenant,
+    ExperimentId: s.experiment_id,
+    ScenarioIndex: s.scenario_index,
+    ScenarioCount: s.scenario_count,
+    Params: s.params,
+    CreatedAt: clickhouseTimeMs(s.ts),
     LogPartition: record.partition,
     LogOffset: record.offset,
   };

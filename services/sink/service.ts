@@ -11,8 +11,11 @@ import type { Consumer, LogRecord } from '../kernel/log/event-log.ts';
 import { sinkGroupId, topicSpec, TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
 import { TableWriter } from './table-writer.ts';
-import { agentSnapshotRow, auditRow, deadLetterRow, experimentRow, runScoreRow, sandboxEventRow, sandboxRow, scoreRow, traceEventRows } from './rows.ts';
-import type { ExperimentChanged } from '../domain/events/experiment-events.ts';
+import { alertFiringRow, alertRuleRow } from './alert-rows.ts';
+import type { AlertChanged, AlertFired } from '../domain/events/alert-events.ts';
+import { agentSnapshotRow, auditRow, datasetRecordRow, datasetRow, deadLetterRow, experimentRow, experimentScenarioRow, runScoreRow, sandboxEventRow, sandboxRow, scoreRow, traceEventRows } from './rows.ts';
+import type { DatasetChanged, DatasetRecordAdded } from '../domain/events/dataset-events.ts';
+import type { ExperimentChanged, ExperimentScenario } from '../domain/events/experiment-events.ts';
 import type { RunScored } from '../domain/events/run-events.ts';
 import type { ScoreRecorded } from '../domain/events/score-events.ts';
 
@@ -29,6 +32,11 @@ export const PROJECTIONS: Record<string, ToRows> = {
   [TOPICS.experiments]: (v, r) => [experimentRow(v as ExperimentChanged, r)],
   [TOPICS.runScores]: (v, r) => [runScoreRow(v as RunScored, r)],
   [TOPICS.scores]: (v, r) => [scoreRow(v as ScoreRecorded, r)],
+  [TOPICS.alerts]: (v, r) => [alertRuleRow(v as AlertChanged, r)],
+  [TOPICS.alertFirings]: (v, r) => [alertFiringRow(v as AlertFired, r)],
+  [TOPICS.experimentScenarios]: (v, r) => [experimentScenarioRow(v as ExperimentScenario, r)],
+  [TOPICS.datasets]: (v, r) => [datasetRow(v as DatasetChanged, r)],
+  [TOPICS.datasetRecords]: (v, r) => [datasetRecordRow(v as DatasetRecordAdded, r)],
 };
 
 export class SinkService implements Service {

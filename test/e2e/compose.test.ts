@@ -2,7 +2,7 @@
  * docker-compose.yml really runs (issue 14): the images are built on this machine from local
  * files (infra/compose/build-images.sh: a debootstrap base, Kafka from its Maven artifacts, the
  * service with chDB), the deployment comes up (Kafka, the api+sink+scorer process, a sandbox
- * runner and the aggregator, all on Kafka), and through its HTTP API a tenant key is made, a spec
+ * runner, the aggregator and the alerter, all on Kafka), and through its HTTP API a tenant key is made, a spec
  * stored, a sandbox created, used and deleted, and an experiment of two runs goes to completion
  * with the pass rate its agent earns; then `down -v`.
  *
@@ -164,7 +164,7 @@ if ('skip' in ready) {
     let up = false;
     const timings: string[] = [];
     const composeRun = (args: string[], timeoutMs = 300_000) => run(compose[0]!, [...compose.slice(1), '-f', path.join(REPO, 'docker-compose.yml'), '-p', project, ...args], { env, timeoutMs });
-    const SERVICES = ['kafka', 'app', 'sandbox-runner', 'aggregator'];
+    const SERVICES = ['kafka', 'app', 'sandbox-runner', 'aggregator', 'alerter'];
     /** The last lines of every service's log, for failure messages. */
     const logs = async () => {
       const parts = [];
@@ -229,7 +229,7 @@ if ('skip' in ready) {
         await new Promise((r) => setTimeout(r, 1000));
       }
       // The processes without the api start once its registry answers: wait for them too.
-      for (const service of ['sandbox-runner', 'aggregator']) {
+      for (const service of ['sandbox-runner', 'aggregator', 'alerter']) {
         while (!/"msg":"started"/.test((await composeRun(['logs', '--no-color', service], 60_000)).out)) {
           if (Date.now() > deadline) assert.fail(`${service} did not start within 240 s\n${await logs()}`);
           await new Promise((r) => setTimeout(r, 1000));
@@ -256,7 +256,7 @@ if ('skip' in ready) {
       assert.equal(health.body.log.backend, 'kafka');
       assert.equal(health.body.store.backend, 'chdb');
       const ps = await composeRun(['ps', '--services', '--filter', 'status=running'], 60_000);
-      assert.deepEqual(ps.out.trim().split('\n').sort(), ['aggregator', 'app', 'kafka', 'sandbox-runner'], ps.out);
+      assert.deepEqual(ps.out.trim().split('\n').sort(), ['aggregator', 'alerter', 'app', 'kafka', 'sandbox-runner'], ps.out);
     });
 
     let key: string;

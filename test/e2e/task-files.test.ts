@@ -3,15 +3,16 @@
  * the service writes (setup.files, the files API, grader files) owned by the sandbox's user with
  * exactly their mode; binary contents (base64) both ways; grader-only files the agent never sees;
  * agent.workdir, agent.env for the agent alone, a HOME outside the workspace; a 200 KB check that
- * runs, its output kept with its size; and bad inputs as 400s naming the field. On the local
- * runtime, over HTTP against the real service.
+ * runs, its output kept with its size; task-file bundles (POST /v1/bundles) copied in by setup and
+ * by the grader; and bad inputs as 400s naming the field. On the local runtime, over HTTP against
+ * the real service.
  */
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
-import { makeBundle, uploadAgent } from '../helpers/bundles.ts';
+import { makeBundle, makeHostileBundle, sha256, uploadAgent, uploadTaskFiles } from '../helpers/bundles.ts';
 import { SPEC, storeSpec } from '../helpers/sandboxes.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
@@ -179,6 +180,84 @@ teardown:
     // The control: the same agent finds the same file when it is a setup file, so its search is a real one.
     const control = await runSpec('grader-files-control', yaml.replace(`id: ${id}`, 'id: grader-files-control').replace('grader:\n  files:', 'setup:\n  files:').replace(/\nteardown:[\s\S]*$/, '\n'));
     assert.equal(invariant(control.run, 'agent_found_nothing').passed, false, 'the agent finds a file that is there');
+  });
+
+  test('task-file bundles: stored once per content (201, then 200), listed and read by digest; another tenant does not find them; bad bodies are 400/413/415; a spec naming one not uploaded is a 400 naming the field', async () => {
+    const bytes = await makeBundle({ 'a.txt': 'a\n' });
+    const first = await uploadTaskFiles(server, key, bytes);
+    assert.equal(first.status, 201, first.text);
+    assert.equal(first.body.digest, sha256(bytes));
+    assert.equal(first.body.size_bytes, bytes.length);
+    assert.equal(first.body.entries, 1);
+    const again = await uploadTaskFiles(server, key, bytes);
+    assert.equal(again.status, 200, again.text);
+    assert.deepEqual(again.body, first.body);
+    const read = await req('GET', `/v1/bundles/${first.body.digest}`);
+    assert.deepEqual([read.status, read.body], [200, first.body]);
+    const listed = await req('GET', '/v1/bundles');
+    assert.ok(listed.body.items.some((b: { digest: string }) => b.digest === first.body.digest), listed.text);
+
+    const other = (await createTenantKey(server, 'task-files-other')).key;
+    const theirs = await server.request('GET', `/v1/bundles/${first.body.digest}`, { key: other });
+    assert.equal(theirs.status, 404, theirs.text);
+    const spec = (id: string, digest: string) => `version: 1\nid: ${id}\nbase: debian:bookworm\ntask: {prompt: p}\nsetup:\n  bundles: [{digest: "${digest}", to: task}]\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n`;
+    const refused = await server.request('POST', '/v1/specs', { key: other, body: spec('theirs', first.body.digest), headers: { 'content-type': 'application/x-yaml' } });
+    assert.equal(refused.status, 400, refused.text);
+    assert.match(refused.body.message, /setup\.bundles\[0\]\.digest: no bundle sha256:[0-9a-f]{64} was uploaded/);
+    const malformed = await uploadSpec(spec('malformed', 'sha256:abc'));
+    assert.equal(malformed.status, 400, malformed.text);
+    assert.match(malformed.body.message, /setup\.bundles\[0\]\.digest/);
+
+    const notGzip = await uploadTaskFiles(server, key, Buffer.from('plain text'));
+    assert.equal(notGzip.status, 400, notGzip.text);
+    assert.match(notGzip.body.message, /^bundle: is not gzip-compressed/);
+    const hostile = await uploadTaskFiles(server, key, await makeHostileBundle('dotdot'));
+    assert.equal(hostile.status, 400, hostile.text);
+    assert.match(hostile.body.message, /^bundle: /);
+    const wrongType = await uploadTaskFiles(server, key, bytes, { 'content-type': 'text/plain' });
+    assert.equal(wrongType.status, 415, wrongType.text);
+    const badDigest = await req('GET', '/v1/bundles/sha256:nothex');
+    assert.equal(badDigest.status, 400, badDigest.text);
+    assert.match(badDigest.body.message, /^digest: /);
+  });
+
+  test('setup.bundles and grader.bundles: bytes, modes and links as packed, owned by the sandbox user; the grader\'s never seen by the agent, there for the checks, then gone', async () => {
+    const setupBundle = await makeBundle({ 'bin/run.sh': '#!/bin/sh\necho ran\n', 'data/blob.bin': BINARY, 'data/notes.txt': 'notes\n' }, { links: { 'data/latest': 'notes.txt' } });
+    const graderBundle = await makeBundle({ 'gt/secret.txt': 'GRADER-91c2 answer\n', 'gt/check.sh': '#!/bin/sh\ngrep -q GRADER-91c2 gt/secret.txt\n' });
+    const setupDigest = (await uploadTaskFiles(server, key, setupBundle)).body.digest;
+    const graderDigest = (await uploadTaskFiles(server, key, graderBundle)).body.digest;
+    const agent = [
+      'M=GRADER; M="${M}-91c2"',
+      'grep -rl "$M" /workspace /tmp 2>/dev/null > /workspace/found; ls /workspace/gt >> /workspace/found 2>/dev/null',
+      'task/bin/run.sh > /workspace/ran.txt && chmod 600 task/data/notes.txt && echo changed > task/data/notes.txt',
+    ].join('\n');
+    const yaml = `version: 1
+id: task-bundles
+base: debian:bookworm
+task: {prompt: do the task}
+agent:
+  type: cli
+  command: ${JSON.stringify(agent)}
+setup:
+  bundles: [{digest: "${setupDigest}", to: task}]
+grader:
+  bundles: [{digest: "${graderDigest}"}]
+invariants:
+  setup_copied:
+    check: {type: command_exit, command: 'test "$(od -An -tx1 task/data/blob.bin | tr -d " ")" = 0001ff && test "$(readlink task/data/latest)" = notes.txt && test "$(stat -c %u:%a task/bin/run.sh)" = ${SANDBOX_UID}:755 && test "$(cat ran.txt)" = ran && test "$(cat task/data/latest)" = changed'}
+  grader_there:
+    check: {type: command_exit, command: 'sh gt/check.sh && test "$(stat -c %u gt/secret.txt)" = ${SANDBOX_UID}'}
+  agent_found_nothing:
+    check: {type: command_exit, command: 'test ! -s found'}
+teardown:
+  export: [{type: snapshot, to: "tb/{{ run_id }}/state.json"}]
+`;
+    const { run, outcome } = await runSpec('task-bundles', yaml);
+    assert.deepEqual(verdicts(run), { setup_copied: true, grader_there: true, agent_found_nothing: true });
+    assert.ok(!JSON.stringify(outcome.diff).includes('gt/'), `the diff holds no grader file: ${JSON.stringify(outcome.diff)}`);
+    const state = JSON.parse(await readFile(path.join(server.dataDir, 'artifacts', tenant, 'tb', run.run_id, 'state.json'), 'utf8'));
+    assert.ok(Object.keys(state.files).includes('task/data/blob.bin'), Object.keys(state.files).join(', '));
+    assert.ok(!Object.keys(state.files).some((f) => f === 'gt' || f.startsWith('gt/')), `gone after the checks: ${Object.keys(state.files).join(', ')}`);
   });
 
   test('agent.workdir, agent.env for the agent alone (not setup, not checks), HOME outside the workspace: a dotfile is not in the diff', async () => {

@@ -10,7 +10,7 @@ import { create } from 'tar';
 import type { TestServer } from './server.ts';
 
 /** A gzip'd tar of `files` (path -> content) plus `links` (path -> symlink target). */
-export async function makeBundle(files: Record<string, string>, options: { links?: Record<string, string> } = {}): Promise<Buffer> {
+export async function makeBundle(files: Record<string, string | Buffer>, options: { links?: Record<string, string> } = {}): Promise<Buffer> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bundle-'));
   try {
     const root = path.join(dir, 'root');
@@ -54,7 +54,16 @@ export async function uploadAgent(server: TestServer, key: string, metadata: unk
   const form = new FormData();
   if (metadata !== undefined) form.append('metadata', typeof metadata === 'string' ? metadata : JSON.stringify(metadata));
   if (bundle) form.append('bundle', new Blob([new Uint8Array(bundle)], { type: 'application/gzip' }), 'bundle.tar.gz');
-  const res = await fetch(`${server.url}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${key}`, ...headers }, body: form });
+  return answer(await fetch(`${server.url}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${key}`, ...headers }, body: form }));
+}
+
+/** POST /v1/bundles: a task-file bundle as the raw body. */
+export async function uploadTaskFiles(server: TestServer, key: string, bundle: Buffer, headers: Record<string, string> = {}) {
+  return answer(await fetch(`${server.url}/v1/bundles`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/gzip', ...headers }, body: new Uint8Array(bundle) }));
+}
+
+/** Status, body (parsed when JSON) and text of an answer. */
+async function answer(res: Response): Promise<{ status: number; body: any; text: string }> {
   const text = await res.text();
   let body: any = text;
   try {

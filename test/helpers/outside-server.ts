@@ -5,7 +5,8 @@
  * with `{"id","result"}` lines; exits when stdin closes (its test process is gone).
  */
 import dgram from 'node:dgram';
-import { readFileSync } from 'node:fs';
+import { createReadStream, readFileSync, statSync } from 'node:fs';
+import path from 'node:path';
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
@@ -16,7 +17,7 @@ import dnsPacket from 'dns-packet';
 import { GatewayDnsServer } from '../../services/sandbox-runner/network/dns-server.ts';
 import { DNS_OCTET, DOT_PORT, TCP_ECHO_PORT, UDP_ECHO_PORT, WEB_HOSTS, WORLD_HOSTS, worldOctet, type WorldRequest } from './outside-world.ts';
 
-const config = JSON.parse(process.env.SVCO_CONFIG ?? '{}') as { prefix: string; certFile: string; keyFile: string };
+const config = JSON.parse(process.env.SVCO_CONFIG ?? '{}') as { prefix: string; certFile: string; keyFile: string; filesDir?: string };
 const { prefix } = config;
 const cert = readFileSync(config.certFile);
 const key = readFileSync(config.keyFile);
@@ -90,6 +91,18 @@ function webHandler(server: string, scheme: 'http' | 'https') {
           return;
         }
         res.writeHead(200, { 'content-type': 'application/dns-message', 'content-length': reply.length, 'cache-control': 'max-age=60' }).end(reply);
+        return;
+      }
+      if (url.pathname.startsWith('/files/') && config.filesDir) {
+        const file = path.join(config.filesDir, path.posix.normalize(decodeURIComponent(url.pathname.slice('/files/'.length))).replace(/^(\.\.\/)+/, ''));
+        const stat = statSync(file, { throwIfNoEntry: false });
+        if (!stat?.isFile()) {
+          res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
+          return;
+        }
+        res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': stat.size });
+        if (req.method === 'HEAD') res.end();
+        else createReadStream(file).pipe(res);
         return;
       }
       if (url.pathname === '/big') {

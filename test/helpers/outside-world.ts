@@ -13,6 +13,9 @@
  *   (DNS)               10.98.k.10  :53 UDP and TCP, authoritative for the names above,
  *                                   NXDOMAIN for everything else
  *
+ * With `files`, every web server also serves that directory's files at `/files/<path>` (a
+ * package mirror, say).
+ *
  * The echo answers `{server, method, host, path, headers, body_bytes, scheme}` as JSON
  * (`?status=NNN` picks the status). Every web server also relays `CONNECT host:port` (names
  * resolved with the table above), so a test can show that a CONNECT through an allowed host was
@@ -225,7 +228,7 @@ async function makeCertificates(dir: string): Promise<{ caFile: string; certFile
 }
 
 /** Starts the world; see the file's comment. */
-export async function startOutsideWorld(): Promise<OutsideWorld> {
+export async function startOutsideWorld(options: { files?: string } = {}): Promise<OutsideWorld> {
   await sweepStale().catch(() => undefined);
   const hex = randomBytes(3).toString('hex');
   const namespace = `svco-${hex}`;
@@ -304,7 +307,7 @@ export async function startOutsideWorld(): Promise<OutsideWorld> {
     ].join('\n'));
 
     const certs = await certsPromise;
-    const env: NodeJS.ProcessEnv = { ...process.env, SVCO_CONFIG: JSON.stringify({ prefix, certFile: certs.certFile, keyFile: certs.keyFile }) };
+    const env: NodeJS.ProcessEnv = { ...process.env, SVCO_CONFIG: JSON.stringify({ prefix, certFile: certs.certFile, keyFile: certs.keyFile, filesDir: options.files }) };
     delete env.NODE_TEST_CONTEXT;
     child = spawn('ip', ['netns', 'exec', namespace, process.execPath, '--import', 'tsx', path.join(HERE, 'outside-server.ts')], {
       cwd: REPO,

@@ -40,7 +40,7 @@ export interface TestServer {
 /**
  * `SVC_TEST_DEPLOYMENT=split` runs the suites against the distributed deployment instead of the
  * embedded one: on the test Kafka (SVC_TEST_KAFKA_BROKERS), `svc run api sink scorer`, `svc run
- * sandbox-runner` and `svc run aggregator`, each its own process, sharing the data dir (the runner
+ * sandbox-runner`, `svc run aggregator` and `svc run alerter`, each its own process, sharing the data dir (the runner
  * keeps its workspaces there, the api process its chDB; the aggregator opens no store).
  */
 export interface ServerOptions {
@@ -61,7 +61,7 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
   // The first runner shares the data dir (suites look at its workspaces there); others have their own.
   const runnerAt = (i: number) => ({ services: ['sandbox-runner'], env: { SVC_RUNNER_ID: `runner-${i + 1}`, ...(i === 0 ? {} : { SVC_DATA_DIR: path.join(dataDir, `runner-${i + 1}`) }) } });
   const PROCESSES: Array<{ services: string[]; env: Record<string, string> }> = SPLIT
-    ? [{ services: ['api', 'sink', 'scorer'], env: {} }, ...Array.from({ length: runnerCount }, (_, i) => runnerAt(i)), { services: ['aggregator'], env: {} }]
+    ? [{ services: ['api', 'sink', 'scorer'], env: {} }, ...Array.from({ length: runnerCount }, (_, i) => runnerAt(i)), { services: ['aggregator'], env: {} }, { services: ['alerter'], env: {} }]
     : [{ services: [], env: {} }];
   const fullEnv: Record<string, string> = {
     SVC_PORT: String(port),

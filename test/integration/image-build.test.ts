@@ -14,6 +14,7 @@ import { ImageStore, type PullSettings } from '../../services/sandbox-runner/run
 import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
 import { MAX_CONFIG_BYTES, parseImageConfig } from '../../services/sandbox-runner/runtime/oci.ts';
 import { buildImage as ociImage, push, REGISTRY_BINARY, shellLayer, startRegistry, tarOf, type TestRegistry } from '../helpers/oci-registry.ts';
+import { copyWithLibraries } from '../helpers/debian-image.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-image-build-'));
 const runtime = new LocalRuntime({ stateDir: path.join(root, 'runtime') });
@@ -26,19 +27,14 @@ let settings: PullSettings;
 
 /** A base root filesystem: /bin/sh and the programs RUN steps use, with their libraries, and files to change. */
 function baseRootfs(dir: string): string {
-  for (const program of ['/bin/sh', '/usr/bin/rm', '/usr/bin/mkdir', '/usr/bin/cat', '/usr/bin/ls']) {
-    const real = fs.realpathSync(program);
-    const libs = execFileSync('ldd', [real], { encoding: 'utf8' }).match(/\/\S+/g) ?? [];
-    for (const file of [real, ...libs]) {
-      const to = path.join(dir, file);
-      fs.mkdirSync(path.dirname(to), { recursive: true });
-      if (!fs.existsSync(to)) fs.copyFileSync(file, to);
-      fs.chmodSync(to, 0o755);
-    }
+  // Real paths: /bin may be a link to /usr/bin on the host, while this image has its own /bin.
+  const programs = ['/bin/sh', '/usr/bin/rm', '/usr/bin/mkdir', '/usr/bin/cat', '/usr/bin/ls', '/usr/bin/ln'];
+  copyWithLibraries(dir, programs.map((p) => fs.realpathSync(p)));
+  for (const program of programs) {
     const at = path.join(dir, program);
     if (!fs.existsSync(at)) {
       fs.mkdirSync(path.dirname(at), { recursive: true });
-      fs.symlinkSync(real, at);
+      fs.symlinkSync(fs.realpathSync(program), at);
     }
   }
   fs.mkdirSync(path.join(dir, 'etc'), { recursive: true });
@@ -160,6 +156,28 @@ if (unavailable) {
       assert.equal(image.layers?.length, 2, 'the base layer and the RUN layer');
     });
 
+    test('multi-stage: a later stage copies an earlier one\'s files (by name and by index, through the image\'s own links) and builds FROM it; only the last stage is the image; a rebuild is all cache hits', { timeout: 120_000 }, async () => {
+      const dockerfile = [
+        'FROM base:1 AS tools',
+        'RUN mkdir -p /opt/real && echo compiled > /opt/real/tool && ln -s real /opt/link && echo scratch > /etc/only-in-tools',
+        'FROM tools AS more',
+        'RUN echo more > /etc/more',
+        'FROM base:1',
+        'COPY --from=tools /opt/link/tool /usr/local/bin/tool',
+        'COPY --from=1 /etc/more /etc/from-index',
+        '',
+      ].join('\n');
+      const first = await build({ dockerfile, name: 'staged:1' });
+      const at = (p: string): string => path.join(first.image.rootfs, p);
+      assert.equal(fs.readFileSync(at('usr/local/bin/tool'), 'utf8'), 'compiled\n');
+      assert.equal(fs.readFileSync(at('etc/from-index'), 'utf8'), 'more\n');
+      assert.equal(fs.existsSync(at('etc/only-in-tools')), false, 'an earlier stage\'s other files are not in the image');
+      assert.equal(store.resolveImage('staged:1'), first.image.rootfs);
+      const again = await build({ dockerfile, name: 'staged:1' });
+      assert.deepEqual(again.steps.filter((s) => s.cached !== null).map((s) => s.cached), [true, true, true, true]);
+      assert.equal(again.upToDate, true);
+    });
+
     test('a failing RUN fails the build naming the line and the exit code', { timeout: 60_000 }, async () => {
       await assert.rejects(build({ dockerfile: 'FROM base:1\n\nRUN echo nope >&2; exit 3\n', name: 'failing:1' }), /Dockerfile line 3: RUN failed with exit code 3:\nnope/);
       assert.equal(store.resolveImage('failing:1'), null);
@@ -171,7 +189,10 @@ if (unavailable) {
       await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY outside/etc/passwd /x\n' }), /line 2: outside\/etc\/passwd goes through the symbolic link outside of the build context; refused/);
       await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY ../x /x\n' }), /line 2: \.\.\/x is outside the build context/);
       await assert.rejects(build({ dockerfile: 'FROM base:1\nADD https://example.com/x /x\n' }), /line 2: ADD of a URL/);
-      await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY --from=0 a b\n' }), /line 2: COPY --from=0 is not supported/);
+      await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY --from=nowhere a b\n' }), /line 2: COPY --from=nowhere: no earlier stage of that name or index, and no such image/);
+      await assert.rejects(build({ dockerfile: 'FROM base:1\nADD --from=0 a b\n' }), /line 2: ADD --from=0 is not supported/);
+      await assert.rejects(build({ dockerfile: 'FROM base:1 AS one\nFROM base:1 AS ONE\n' }), /line 2: a second stage named one/);
+      await assert.rejects(build({ dockerfile: 'FROM base:1 AS\n' }), /line 1: FROM takes an image and optionally AS and a stage name/);
     });
   });
 }

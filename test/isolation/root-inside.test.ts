@@ -14,6 +14,7 @@ import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtim
 import { ROOT_IDS_DEFAULT } from '../../services/sandbox-runner/runtime/sandbox-root.ts';
 import type { CreateSandboxOptions, SandboxHandle, SandboxResources } from '../../services/sandbox-runner/runtime/runtime.ts';
 import { countingListener } from '../helpers/ports.ts';
+import { dpkgImage, helloPackage } from '../helpers/debian-image.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-root-inside-'));
 const stateDir = path.join(root, 'state');
@@ -52,47 +53,6 @@ function allMountInfo(): string {
     }
   }
   return text;
-}
-
-/**
- * A small Debian-like root filesystem: the programs (with the libraries they link) a package
- * install needs, dpkg's empty database, and accounts for root, `_apt` (42) and nobody.
- */
-function dpkgImage(dir: string): string {
-  const programs = ['/bin/sh', ...['id', 'cat', 'ls', 'stat', 'touch', 'mkdir', 'rm', 'mv', 'cp', 'ln', 'chown', 'chmod', 'head', 'tar', 'diff', 'setpriv', 'dpkg', 'dpkg-deb', 'dpkg-query', 'dpkg-split', 'dd'].map((p) => `/usr/bin/${p}`), '/usr/sbin/ldconfig', '/usr/sbin/start-stop-daemon'];
-  for (const sub of ['usr/bin', 'usr/sbin', 'usr/lib', 'usr/lib64', 'etc/dpkg', 'var/lib/dpkg/info', 'var/lib/dpkg/updates', 'var/lib/dpkg/triggers', 'opt']) fs.mkdirSync(path.join(dir, sub), { recursive: true });
-  for (const link of ['bin', 'sbin', 'lib', 'lib64']) fs.symlinkSync(`usr/${link}`, path.join(dir, link));
-  for (const program of programs) {
-    const libs = execFileSync('ldd', [program], { encoding: 'utf8' }).match(/\/\S+/g) ?? [];
-    for (const file of [program, ...libs]) {
-      const to = path.join(dir, file);
-      fs.mkdirSync(path.dirname(to), { recursive: true });
-      if (!fs.existsSync(to)) fs.copyFileSync(file, to);
-      fs.chmodSync(to, 0o755);
-    }
-  }
-  fs.writeFileSync(path.join(dir, 'etc/passwd'), 'root:x:0:0:root:/root:/bin/sh\n_apt:x:42:65534::/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n');
-  fs.writeFileSync(path.join(dir, 'etc/group'), 'root:x:0:\nnogroup:x:65534:\n');
-  fs.writeFileSync(path.join(dir, 'etc/nsswitch.conf'), 'passwd: files\ngroup: files\n');
-  for (const file of ['var/lib/dpkg/status', 'var/lib/dpkg/available']) fs.writeFileSync(path.join(dir, file), '');
-  fs.mkdirSync(path.join(dir, 'etc/ssl/certs'), { recursive: true });
-  fs.writeFileSync(path.join(dir, 'etc/ssl/certs/ca-certificates.crt'), 'SYSTEM-CA\n');
-  return dir;
-}
-
-/** A package that installs a program and a config file, whose postinst gives the config to `_apt` (as apt's own downloads run). */
-function helloPackage(dir: string): string {
-  const src = path.join(dir, 'svc-hello');
-  fs.mkdirSync(path.join(src, 'DEBIAN'), { recursive: true });
-  fs.mkdirSync(path.join(src, 'usr/bin'), { recursive: true });
-  fs.mkdirSync(path.join(src, 'etc'), { recursive: true });
-  fs.writeFileSync(path.join(src, 'DEBIAN/control'), 'Package: svc-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: test <t@example.com>\nDescription: test package\n');
-  fs.writeFileSync(path.join(src, 'DEBIAN/postinst'), '#!/bin/sh\nchown 42:65534 /etc/svc-hello.conf\n', { mode: 0o755 });
-  fs.writeFileSync(path.join(src, 'usr/bin/svc-hello'), '#!/bin/sh\necho hello from the package\n', { mode: 0o755 });
-  fs.writeFileSync(path.join(src, 'etc/svc-hello.conf'), 'greeting=hello\n');
-  const deb = path.join(dir, 'svc-hello.deb');
-  execFileSync('dpkg-deb', ['--root-owner-group', '--build', src, deb], { stdio: 'ignore' });
-  return deb;
 }
 
 if (unavailable) {

@@ -9,7 +9,13 @@
  *      server's memory sampled (the upload must stream).
  *   4. Sandboxes on the local runtime: create, command overhead, concurrency, state.
  *   5. An experiment of 200 scenarios against the same sandbox work done directly.
- *   6. `queries`: GET /v1/traces (filtered, paginated) and GET /v1/traces/:id latency over a store
+ *   6. `datasets`: an add of 10,000 records in 10 batches, a read of one version with a tag filter
+ *      (test/load/datasets.ts).
+ *   7. `alerts`: an experiment's completion until its webhooks are received, 50 rules against one
+ *      (test/load/alerts.ts).
+ *   8. `dashboard`: the /ui page of an experiment of 200 scenarios in Chromium, cold and warm
+ *      (test/load/dashboard.ts).
+ *   9. `queries`: GET /v1/traces (filtered, paginated) and GET /v1/traces/:id latency over a store
  *      filled with SVC_BENCH_QUERY_EVENTS (default 10,000,000) events, before and after merging.
  * Kafka comes from infra/kafka (Maven Central); without java/mvn its rows say why they are missing.
  * Sizes: SVC_BENCH_LOG_RECORDS (default 200000), SVC_BENCH_INGEST_EVENTS (default 300000),
@@ -17,6 +23,7 @@
  */
 import { execFile, execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -26,10 +33,15 @@ import { KafkaLog } from '../../services/kernel/log/kafka/kafka-log.ts';
 import { create as createTar } from 'tar';
 import { ADMIN_KEY, createTenantKey, REPO, startServer, type TestServer } from '../helpers/server.ts';
 import { otlpBodies, traceBodies } from './bodies.ts';
+import { mergeVisibilityTokens } from '../../packages/sdk/src/tracing.ts';
 import { benchQueries, pct } from './queries.ts';
 import { benchNetwork } from './network.ts';
 import { benchServices } from './services.ts';
 import { benchImages } from './images.ts';
+import { interleavedCreates, timedSandboxes } from './sandbox-timing.ts';
+import { benchDatasets } from './datasets.ts';
+import { benchAlerts } from './alerts.ts';
+import { benchDashboard } from './dashboard.ts';
 import { makeBundle } from '../helpers/bundles.ts';
 // @ts-expect-error plain JS module without types
 import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
@@ -162,13 +174,43 @@ async function benchIngest(kind: keyof typeof INGEST_PATHS, env: Record<string, 
 }
 
 
+const BENCH_SPEC = 'version: 1\nid: bench\nbase: debian:bookworm\ntask: {prompt: bench}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n';
+
+/** Create-to-ready of the minimal spec with no warm pool: every create waits for the runtime. */
+async function coldCreates(): Promise<number[]> {
+  const server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_SANDBOX_POOL_SIZE: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
+  try {
+    const timed = await timedSandboxes(server, [BENCH_SPEC]);
+    return (await interleavedCreates(timed, ['bench'], 10, 30)).bench;
+  } finally {
+    await server.cleanup();
+  }
+}
+
+/** The memory the warm sandboxes waiting on `server`'s runner hold (their cgroups'), per sandbox. */
+async function idleWarmSandboxes(server: TestServer): Promise<{ count: number; bytes: number }> {
+  const workspaces = path.join(server.dataDir, 'workspaces');
+  let names: string[] = [];
+  for (let i = 0; i < 100 && names.length < 2; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    names = fs.readdirSync(workspaces).filter((n) => n.startsWith('pool-'));
+  }
+  const usage = (name: string): number => {
+    for (const file of [`/sys/fs/cgroup/svc/${name}/memory.current`, `/sys/fs/cgroup/memory/svc/${name}/memory.usage_in_bytes`]) {
+      if (fs.existsSync(file)) return Number(fs.readFileSync(file, 'utf8'));
+    }
+    return 0;
+  };
+  const bytes = names.map(usage);
+  return { count: names.length, bytes: bytes.reduce((a, b) => a + b, 0) / Math.max(1, names.length) };
+}
+
 /** Sandboxes on the local runtime, through the API: create, command round trip, concurrency, state. */
 async function benchSandboxes(): Promise<string[]> {
   const server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
   const lines: string[] = [];
   try {
-    const spec = 'version: 1\nid: bench\nbase: debian:bookworm\ntask: {prompt: bench}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n';
-    await server.request('POST', '/v1/specs', { body: spec, headers: { 'content-type': 'application/x-yaml' } });
+    await server.request('POST', '/v1/specs', { body: BENCH_SPEC, headers: { 'content-type': 'application/x-yaml' } });
     const create = async () => {
       const started = performance.now();
       const res = await server.request('POST', '/v1/sandboxes', { body: { spec_id: 'bench' } });
@@ -212,10 +254,14 @@ async function benchSandboxes(): Promise<string[]> {
     const concurrentMs = performance.now() - started;
     const ok = concurrent.filter((r) => r.status === 'fulfilled') as Array<PromiseFulfilledResult<{ id: string; ms: number }>>;
     await Promise.all(ok.map((r) => destroy(r.value.id)));
+    const idle = await idleWarmSandboxes(server);
     const build = await buildLikeCommand(server);
     const roots = await createByRootMode();
+    const cold = await coldCreates();
     const f = (n: number) => n.toFixed(1);
-    lines.push(`| sandbox create to ready (POST /v1/sandboxes) | p50 ${f(pct(creates, 0.5))} ms | p95 ${f(pct(creates, 0.95))} ms | target p50 < 50 ms |`);
+    lines.push(`| sandbox create to ready (POST /v1/sandboxes), warm pool (SVC_SANDBOX_POOL_SIZE=2) | p50 ${f(pct(creates, 0.5))} ms | p95 ${f(pct(creates, 0.95))} ms | target p50 < 20 ms |`);
+    lines.push(`| sandbox create to ready, cold (SVC_SANDBOX_POOL_SIZE=0) | p50 ${f(pct(cold, 0.5))} ms | p95 ${f(pct(cold, 0.95))} ms | target p50 < 50 ms |`);
+    lines.push(`| memory of one idle warm sandbox (its cgroups' memory, ${idle.count} measured) | ${f(idle.bytes / 1024 / 1024)} MiB | | |`);
     lines.push(`| command round trip \`true\` via the API vs \`sh -c true\` spawned directly | p50 ${f(pct(viaApi, 0.5))} ms | p50 ${f(pct(direct, 0.5))} ms | overhead ${f(pct(viaApi, 0.5) - pct(direct, 0.5))} ms (target < 5 ms) |`);
     lines.push(`| 20 sandboxes created concurrently | ${ok.length}/20 ready | ${f(concurrentMs)} ms in all | target 20/20 |`);
     lines.push(`| GET /state of a 10,000-file workspace | first ${f(stateMs[0])} ms | then ${f(pct(stateMs.slice(1), 0.5))} ms | |`);
@@ -489,8 +535,85 @@ async function runnerKillToRedispatch(brokers: string): Promise<string> {
   }
 }
 
+/**
+ * Ingest answered once durable (`Prefer: respond-async`): `clients` clients post 1,000-event
+ * bodies for INGEST_EVENTS events; POST latency, acknowledged events/s, and how long after its
+ * answer a request's events became queryable (every 5th request, asked with its token), then the
+ * whole run until its last events were queryable; the server's peak RSS.
+ */
+async function benchAsyncIngest(clients: number): Promise<{ acked: number; p50: number; p95: number; lagP95: number; visibleRate: number; peakMiB: number }> {
+  const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', SVC_INGEST_MAX_IN_FLIGHT: String(Math.max(64, clients)) });
+  const memory = sampleMemory(server);
+  try {
+    const { key } = await createTenantKey(server, 'bench');
+    const bodies = traceBodies(8);
+    const headers = { authorization: `Bearer ${key}`, 'content-type': 'application/json', prefer: 'respond-async' };
+    const latencies: number[] = [];
+    const lags: Array<Promise<number>> = [];
+    const tokens: string[] = [];
+    const post = async (i: number, measured: boolean) => {
+      for (;;) {
+        const started = performance.now();
+        const res = await fetch(`${server.url}/v1/traces`, { method: 'POST', headers, body: bodies[i % bodies.length] });
+        const text = await res.text();
+        if (res.status === 503) {
+          await new Promise((r) => setTimeout(r, 100));
+          continue;
+        }
+        if (res.status !== 202) throw new Error(`POST /v1/traces: ${res.status} ${text}`);
+        const acked = performance.now();
+        const token = res.headers.get('svc-visibility-token')!;
+        if (!measured) return;
+        latencies.push(acked - started);
+        tokens.push(token);
+        if (i % 5 === 0) {
+          lags.push(
+            fetch(`${server.url}/v1/traces/visibility?token=${encodeURIComponent(token)}&wait=30s`, { headers: { authorization: `Bearer ${key}` } }).then(async (r) => {
+              if (!((await r.json()) as { visible: boolean }).visible) throw new Error('not visible within 30 s');
+              return performance.now() - acked;
+            }),
+          );
+        }
+        return;
+      }
+    };
+    for (let i = 0; i < 40; i += clients) await Promise.all(Array.from({ length: Math.min(clients, 40) }, (_, j) => post(i + j, false)));
+    const requests = Math.ceil(INGEST_EVENTS / 1000);
+    let next = 0;
+    const started = performance.now();
+    await Promise.all(
+      Array.from({ length: clients }, async () => {
+        while (next < requests) await post(next++, true);
+      }),
+    );
+    const ackSeconds = (performance.now() - started) / 1000;
+    const lagMs = await Promise.all(lags);
+    // Every token merged into one: the sink's progress on every partition they name.
+    const all = tokens.reduce<string | null>((merged, token) => mergeVisibilityTokens(merged, token), null)!;
+    for (;;) {
+      const r = await fetch(`${server.url}/v1/traces/visibility?token=${encodeURIComponent(all)}&wait=30s`, { headers: { authorization: `Bearer ${key}` } });
+      if (((await r.json()) as { visible: boolean }).visible) break;
+    }
+    const visibleSeconds = (performance.now() - started) / 1000;
+    return { acked: (requests * 1000) / ackSeconds, p50: pct(latencies, 0.5), p95: pct(latencies, 0.95), lagP95: pct(lagMs, 0.95), visibleRate: (requests * 1000) / visibleSeconds, peakMiB: await memory.stop() };
+  } finally {
+    await server.cleanup();
+  }
+}
+
+async function benchIngestAsync(): Promise<string[]> {
+  const lines: string[] = [];
+  const f = (n: number) => Math.round(n).toLocaleString('en-US');
+  for (const clients of [16, 64]) {
+    const r = await benchAsyncIngest(clients);
+    lines.push(`| POST /v1/traces with \`Prefer: respond-async\`, ${clients} clients, 1,000-event bodies: acknowledged | ${f(r.acked)} events/s | POST p50 ${r.p50.toFixed(1)} ms, p95 ${r.p95.toFixed(1)} ms | |`);
+    lines.push(`|   visibility after the answer (every 5th request) / whole run until queryable / server peak RSS | p95 ${r.lagP95.toFixed(0)} ms | ${f(r.visibleRate)} events/s | ${f(r.peakMiB)} MiB |`);
+  }
+  return lines;
+}
+
 /** `SVC_BENCH_ONLY=sandboxes,experiments` runs only those sections (default: all, in this order). */
-const SECTIONS = ['log', 'sandboxes', 'images', 'network', 'services', 'experiments', 'agents', 'queries'] as const;
+const SECTIONS = ['log', 'ingest-async', 'sandboxes', 'images', 'network', 'services', 'experiments', 'datasets', 'agents', 'alerts', 'dashboard', 'queries'] as const;
 const only = process.env.SVC_BENCH_ONLY?.split(',') ?? [...SECTIONS];
 
 async function benchLogAndIngest(): Promise<void> {
@@ -568,13 +691,17 @@ async function table(title: string, lines: () => Promise<string[]>, needsBwrap: 
 async function main() {
   console.log(`\nbench on ${os.cpus().length} cores, node ${process.version}\n`);
   if (only.includes('log')) await benchLogAndIngest();
+  if (only.includes('ingest-async')) await table('trace ingest answered once durable (embedded)', benchIngestAsync, false);
   if (only.includes('sandboxes')) await table('sandboxes (local runtime)', benchSandboxes, true);
   if (only.includes('images')) await table('images (a registry on loopback, local runtime)', benchImages, true);
   if (only.includes('network')) await table('sandbox network (local runtime, egress gateway)', benchNetwork, true);
   if (only.includes('services')) await table('backing services (local runtime: postgres, http_mock)', benchServices, true);
   if (only.includes('experiments')) await table('experiments (local runtime)', benchExperiments, true);
+  if (only.includes('datasets')) await table('datasets (embedded)', benchDatasets, false);
   // Last: its 50 MB buffers would make the bench process slower to fork for the sandbox figures.
   if (only.includes('agents')) await table('specs and agent snapshots', benchSpecsAndAgents, false);
+  if (only.includes('alerts')) await table('alerts (local runtime): experiment completion to notification', benchAlerts, true);
+  if (only.includes('dashboard')) await table('dashboard (Chromium, local runtime): an experiment page of 200 scenarios', benchDashboard, true);
   if (only.includes('queries')) await table(`trace queries over ${QUERY_EVENTS.toLocaleString('en-US')} stored events`, () => benchQueries(QUERY_EVENTS, chdbDirect), false);
 }
 

@@ -6,7 +6,7 @@ import { parse as parseYaml, stringify } from 'yaml';
 import { parseDuration } from '../../services/kernel/duration.ts';
 import { AppError } from '../../services/kernel/errors.ts';
 import { parseSize } from '../../services/kernel/size.ts';
-import { parseSpec, SPEC_DEFAULTS, SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../../services/domain/spec.ts';
+import { parseSpec, specBundles, SPEC_DEFAULTS, SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../../services/domain/spec.ts';
 
 type Doc = Record<string, unknown>;
 
@@ -51,7 +51,7 @@ const everyBlock = (): Doc => ({
     { type: 'git', url: 'git@github.com:example/app.git', to: 'app' },
     { type: 'drift', files: [{ path: 'repo/x.cfg', content: 'x=1', mode: '0600' }], delete: ['repo/tmp'], sql: [{ service: 'db', sql: 'DELETE FROM orders' }], routes: [{ service: 'payments', method: 'GET', path: '/charges/:id', response: { status: 404 } }], pick: 2 },
   ],
-  setup: { files: [{ path: '/workspace/a.sh', content: 'echo hi', mode: '0755' }, { path: 'b.txt', content: '' }], commands: ['make deps'], env: { PORT: 8080, DEBUG: false } },
+  setup: { files: [{ path: '/workspace/a.sh', content: 'echo hi', mode: '0755' }, { path: 'b.txt', content: '' }], bundles: [{ digest: 'sha256:' + 'a'.repeat(64), to: 'vendor' }, { digest: 'sha256:' + 'b'.repeat(64) }], commands: ['make deps'], env: { PORT: 8080, DEBUG: false } },
   secrets: { API_TOKEN: 'dashboard', OTHER: 'env:HOST_TOKEN', OPENAI_KEY: { source: 'dashboard', inject: { hosts: ['API.openai.com', '*.example.com'], header: 'Authorization', format: 'Bearer {value}' } } },
   network: {
     egress: { default: 'deny', allow: ['pypi.org', '*.example.com'] },
@@ -108,6 +108,7 @@ test('a document using every block parses to the normalised values', () => {
   ]);
   assert.deepEqual(doc.setup, {
     files: [{ path: '/workspace/a.sh', content: 'echo hi', mode: 0o755 }, { path: 'b.txt', content: '', mode: 0o644 }],
+    bundles: [{ digest: 'sha256:' + 'a'.repeat(64), to: 'vendor' }, { digest: 'sha256:' + 'b'.repeat(64), to: '' }],
     commands: ['make deps'],
     env: { PORT: '8080', DEBUG: 'false' },
   });
@@ -161,7 +162,7 @@ test('a minimal document gets every default', () => {
   assert.deepEqual(doc.audit, { db_writes: false, http_calls: false, process_spawns: false, stdout_capture: false, file_system: { watch: [], track: ['writes', 'deletes'] } });
   assert.deepEqual(doc.network, { egress: { default: 'deny', allow: [] }, ingress: { default: 'deny', allow: [] }, dnsOverrides: {} });
   assert.deepEqual([doc.secrets, doc.brokered, doc.fixtures, doc.services, doc.alerts], [{}, {}, [], [], []]);
-  assert.deepEqual(doc.setup, { files: [], commands: [], env: {} });
+  assert.deepEqual(doc.setup, { files: [], bundles: [], commands: [], env: {} });
   assert.deepEqual(doc.snapshots, { checkpoints: 'none' });
   assert.deepEqual(doc.teardown, { always_run: false, export: [] });
 });
@@ -579,15 +580,15 @@ test('files take encoding: base64 (setup, drift, grader), decoded to their bytes
   );
   assert.deepEqual(doc.setup.files, [{ path: 'bin.dat', content: bytes, mode: 0o777 }, { path: 'text.txt', content: 'AAH/', mode: 0o644 }]);
   assert.deepEqual((doc.fixtures[0] as { files: unknown }).files, [{ path: 'drift.dat', content: bytes, mode: 0o644 }], 'whitespace in base64 is allowed');
-  assert.deepEqual(doc.grader, { files: [{ path: '/workspace/tests/test_hidden.py', content: 'assert True\n', mode: 0o644 }, { path: 'tests/blob', content: Buffer.from([0xff]), mode: 0o600 }] });
-  assert.deepEqual(parseSpec(withBlocks({})).grader, { files: [] });
+  assert.deepEqual(doc.grader, { files: [{ path: '/workspace/tests/test_hidden.py', content: 'assert True\n', mode: 0o644 }, { path: 'tests/blob', content: Buffer.from([0xff]), mode: 0o600 }], bundles: [] });
+  assert.deepEqual(parseSpec(withBlocks({})).grader, { files: [], bundles: [] });
 
   rejects(withBlocks({ setup: { files: [{ path: 'a', content: 'not base64!', encoding: 'base64' }] } }), 'setup.files[0].content: is not valid base64');
   rejects(withBlocks({ setup: { files: [{ path: 'a', content: 'AAE', encoding: 'base64' }] } }), 'setup.files[0].content: is not valid base64');
   rejects(withBlocks({ grader: { files: [{ path: 'a', content: 'x', encoding: 'hex' }] } }), 'grader.files[0].encoding: must be one of utf8, base64');
   rejects(withBlocks({ fixtures: [{ type: 'drift', files: [{ path: 'a', content: '***', encoding: 'base64' }] }] }), 'fixtures[0].files[0].content: is not valid base64');
   rejects(withBlocks({ grader: { files: [{ path: '../x', content: 'x' }] } }), 'grader.files[0].path: must be a path in the workspace');
-  rejects(withBlocks({ grader: { tests: [] } }), 'grader.files: is required', 'grader.tests: unknown field');
+  rejects(withBlocks({ grader: { tests: [] } }), 'grader.tests: unknown field');
 });
 
 test('agent.workdir: an absolute directory for command agents, not a field of hosted ones', () => {
@@ -630,4 +631,24 @@ test('odd values at the paths of grader, encoding and workdir are 400s or valid,
       }
     }
   }
+});
+
+test('task-file bundles (setup, grader) and build.context parse with their defaults; specBundles lists each with its path; bad digests, fields and a build with neither dockerfile nor context are 400s naming the field', () => {
+  const a = 'sha256:' + 'a'.repeat(64);
+  const b = 'sha256:' + 'b'.repeat(64);
+  const doc = parseSpec(withBlocks({ build: { context: a }, setup: { bundles: [{ digest: b, to: '/workspace/task' }] }, grader: { bundles: [{ digest: a, to: '.grader' }] } }));
+  assert.deepEqual(doc.build, { dockerfile: null, context: a, file: 'Dockerfile' });
+  assert.deepEqual(doc.setup.bundles, [{ digest: b, to: '/workspace/task' }]);
+  assert.deepEqual(doc.grader, { files: [], bundles: [{ digest: a, to: '.grader' }] });
+  assert.deepEqual(specBundles(doc), [
+    { path: 'build.context', digest: a },
+    { path: 'setup.bundles[0].digest', digest: b },
+    { path: 'grader.bundles[0].digest', digest: a },
+  ]);
+  assert.deepEqual(parseSpec(withBlocks({ build: { dockerfile: 'FROM x\n' } })).build, { dockerfile: 'FROM x\n', context: null, file: 'Dockerfile' });
+  rejects(withBlocks({ setup: { bundles: [{ digest: 'sha256:abc' }] } }), 'setup.bundles[0].digest: must be a bundle digest');
+  rejects(withBlocks({ setup: { bundles: [{ to: 'x' }] } }), 'setup.bundles[0].digest: is required');
+  rejects(withBlocks({ grader: { bundles: [{ digest: a, to: '../up' }] } }), 'grader.bundles[0].to: must be a path in the workspace');
+  rejects(withBlocks({ grader: { bundles: [{ digest: a, mode: '0644' }] } }), 'grader.bundles[0].mode: unknown field');
+  rejects(withBlocks({ build: { file: 'Dockerfile' } }), 'build: must be a mapping {dockerfile?, context?, file?} with a dockerfile or a context');
 });

@@ -218,7 +218,8 @@ describe('compare', () => {
     assert.equal(go.candidate.verdict, 'fail');
     // The py stratum has no variation, so the stratified test equals go's own.
     const pass = result.metrics.find((m) => m.name === 'pass_rate')!;
-    close(pass.p_value, go.p_value, 1e-12);
+    close(pass.p_value!, go.p_value!, 1e-12);
+    assert.deepEqual([pass.significance, go.significance], ['significant', 'significant']);
     assert.ok(pass.p_value! < 0.001);
     assert.equal(pass.direction, 'worse');
     assert.equal(pass.baseline, 1);
@@ -227,12 +228,56 @@ describe('compare', () => {
     assert.equal(result.metrics.find((m) => m.name === 'mean_wall_ms')!.regressed, false);
   });
 
-  test('one scenario with several replicas is enough for significance; 3 against 3 is not', () => {
+  test('one scenario with several replicas is enough for significance; 3 against 3 is underpowered, so all-pass to all-fail is a regression marked untested', () => {
     const five = compareExperiments(side('exp-b', runs('b', 0, {}, 'PPPPP', wobble(1))), side('exp-c', runs('c', 0, {}, 'FFFFF', wobble(1))));
     assert.deepEqual(five.regressions, ['pass_rate', 'scenario {}']);
+    assert.deepEqual(five.untested_regressions, []);
+    const fivePass = five.metrics.find((m) => m.name === 'pass_rate')!;
+    assert.equal(fivePass.significance, 'significant');
+    close(fivePass.p_value!, cochranMantelHaenszel([{ a: 5, b: 0, c: 0, d: 5 }]).p_value, 1e-12);
+    close(fivePass.min_p_value!, fivePass.p_value!, 1e-12);
+    // The same sizes, a smaller drop: powered, not significant, no regression.
+    const some = compareExperiments(side('exp-b', runs('b', 0, {}, 'PPPPP', wobble(1))), side('exp-c', runs('c', 0, {}, 'PPFFF', wobble(1))));
+    const somePass = some.metrics.find((m) => m.name === 'pass_rate')!;
+    assert.deepEqual([somePass.significance, somePass.regressed, somePass.direction], ['not_significant', false, 'worse']);
+    assert.ok(somePass.p_value! > 0.05);
+    assert.equal(some.regressed, false);
+    // Three against three could never be significant (the most extreme outcome gives p > 0.05):
+    // the drop counts on its point estimate, marked untested.
     const three = compareExperiments(side('exp-b', runs('b', 0, {}, 'PPP', wobble(1))), side('exp-c', runs('c', 0, {}, 'FFF', wobble(1))));
-    assert.equal(three.regressed, false);
-    assert.equal(three.metrics.find((m) => m.name === 'pass_rate')!.direction, 'worse', 'worse, but not significantly');
+    const threePass = three.metrics.find((m) => m.name === 'pass_rate')!;
+    assert.deepEqual([threePass.significance, threePass.p_value, threePass.regressed, threePass.direction], ['underpowered', null, true, 'worse']);
+    close(threePass.min_p_value!, cochranMantelHaenszel([{ a: 3, b: 0, c: 0, d: 3 }]).p_value, 1e-12);
+    assert.ok(threePass.min_p_value! > 0.05);
+    assert.equal(three.regressed, true);
+    assert.deepEqual(three.regressions, ['pass_rate', 'scenario {}']);
+    assert.deepEqual(three.untested_regressions, ['pass_rate', 'scenario {}']);
+    // Equal wall times on both sides: tested, no regression.
+    assert.deepEqual(['mean_wall_ms'].map((n) => three.metrics.find((m) => m.name === n)!.regressed), [false]);
+  });
+
+  test('one run against one: pass to fail is a regression marked untested; fail to pass and unchanged runs are not', () => {
+    const one = (verdict: string, wall: number) => runs('x', 0, { lang: 'go' }, verdict, () => wall);
+    const drop = compareExperiments(side('exp-b', one('P', 100)), side('exp-c', one('F', 100)));
+    assert.equal(drop.regressed, true);
+    assert.deepEqual(drop.regressions, ['pass_rate', 'scenario {"lang":"go"}']);
+    assert.deepEqual(drop.untested_regressions, drop.regressions);
+    const pass = drop.metrics.find((m) => m.name === 'pass_rate')!;
+    assert.deepEqual([pass.baseline, pass.candidate, pass.significance, pass.p_value, pass.min_p_value, pass.regressed], [1, 0, 'underpowered', null, 1, true]);
+    const scenario = drop.scenarios[0]!;
+    assert.deepEqual([scenario.baseline.verdict, scenario.candidate.verdict, scenario.significance, scenario.p_value, scenario.regressed], ['pass', 'fail', 'underpowered', null, true]);
+    // Welch needs two runs a side: one each is underpowered, and equal walls are no regression.
+    const wall = drop.metrics.find((m) => m.name === 'mean_wall_ms')!;
+    assert.deepEqual([wall.significance, wall.p_value, wall.regressed], ['underpowered', null, false]);
+    // p95 and total cost are shown without a test.
+    assert.deepEqual(['p95_wall_ms', 'total_cost_usd'].map((n) => drop.metrics.find((m) => m.name === n)!.significance), ['no_test', 'no_test']);
+    const slower = compareExperiments(side('exp-b', one('P', 100)), side('exp-c', one('P', 150)));
+    assert.deepEqual(slower.regressions, ['mean_wall_ms']);
+    assert.deepEqual(slower.untested_regressions, ['mean_wall_ms']);
+    const better = compareExperiments(side('exp-b', one('F', 100)), side('exp-c', one('P', 100)));
+    assert.deepEqual([better.regressed, better.metrics.find((m) => m.name === 'pass_rate')!.direction], [false, 'better']);
+    const same = compareExperiments(side('exp-b', one('P', 100)), side('exp-c', one('P', 100)));
+    assert.equal(same.regressed, false);
   });
 
   test("slower, costlier candidates regress by Welch's test on per-run values; errored runs are left out", () => {

@@ -3,6 +3,9 @@
  * from SVC_BASE_URL, SVC_API_KEY and SVC_SANDBOX_ID, which a sandbox injects into its agent.
  */
 import type { TraceEventBody } from './tracing.ts';
+import { sandboxEvents, type SandboxEvent } from './events.ts';
+
+export type { SandboxEvent };
 
 export interface ClientOptions {
   baseUrl?: string;
@@ -86,6 +89,20 @@ export interface Experiment {
   [field: string]: unknown;
 }
 
+/** POST /v1/experiments (docs/experiments.md, "Create"). */
+export interface CreateExperiment {
+  name: string;
+  spec_id: string;
+  spec_version?: number;
+  secrets?: Record<string, string>;
+  agent_snapshot_id?: string;
+  matrix?: Array<Record<string, string | number | boolean>>;
+  replicas?: number;
+  seed?: number;
+  dataset?: { id?: string; name?: string; version?: number; tags?: string[] };
+  run?: boolean;
+}
+
 export interface Comparison {
   baseline_id: string;
   candidate_id: string;
@@ -106,6 +123,44 @@ export interface TraceFilters extends PageQuery {
   since?: string;
 }
 
+/** A line of a sandbox's audit log (GET /v1/sandboxes/:id/audit). */
+export interface AuditRecord {
+  ts: string;
+  sandbox_id: string;
+  type: string;
+  details: Record<string, unknown>;
+}
+
+/** A span of a trace: its start and end events combined (docs/traces.md, "Spans"). */
+export interface SpanRecord {
+  span_id: string;
+  parent_span_id: string | null;
+  trace_id: string;
+  root_span_id: string;
+  event_type: string;
+  tool: string;
+  phase: string;
+  status: string;
+  start: string;
+  end: string | null;
+  duration_ms: number | null;
+  [field: string]: unknown;
+}
+
+export interface TaskBundle {
+  digest: string;
+  size_bytes: number;
+  entries: number;
+  created_at: string;
+}
+
+export interface Dataset {
+  id: string;
+  name: string;
+  version: number;
+  [field: string]: unknown;
+}
+
 /** Spec records' shape is not fixed by the spec; the known fields are typed. */
 export interface SpecRecord {
   spec_id?: string;
@@ -121,15 +176,20 @@ interface RequestOptions {
   body?: BodyInit;
   headers?: Record<string, string>;
   query?: object;
+  signal?: AbortSignal;
 }
 
 export type SvcClient = ReturnType<typeof createClient>;
 
+/** The process environment in Node; nothing in a browser (the dashboard passes every option). */
+const ENV: Record<string, string | undefined> = typeof process === 'undefined' ? {} : process.env;
+
+// long: one object literal naming every endpoint the client covers, grouped by resource.
 export function createClient(options: ClientOptions = {}) {
-  const baseUrl = (options.baseUrl ?? process.env.SVC_BASE_URL ?? '').replace(/\/+$/, '');
+  const baseUrl = (options.baseUrl ?? ENV.SVC_BASE_URL ?? '').replace(/\/+$/, '');
   if (!baseUrl) throw new Error('createClient: no base URL (set SVC_BASE_URL or pass baseUrl)');
-  const apiKey = options.apiKey ?? process.env.SVC_API_KEY;
-  const sandboxId = options.sandboxId ?? process.env.SVC_SANDBOX_ID;
+  const apiKey = options.apiKey ?? ENV.SVC_API_KEY;
+  const sandboxId = options.sandboxId ?? ENV.SVC_SANDBOX_ID;
   const seg = encodeURIComponent;
 
   async function send(method: string, path: string, opts: RequestOptions = {}): Promise<Response> {
@@ -143,7 +203,7 @@ export function createClient(options: ClientOptions = {}) {
     const params = new URLSearchParams();
     for (const [k, v] of Object.entries(opts.query ?? {})) if (v !== undefined && v !== null) params.set(k, String(v));
     const qs = params.size > 0 ? `?${params}` : '';
-    const res = await fetch(`${baseUrl}${path}${qs}`, { method, headers, body });
+    const res = await fetch(`${baseUrl}${path}${qs}`, { method, headers, body, signal: opts.signal });
     if (!res.ok) {
       const text = await res.text();
       let parsed: { error?: unknown; message?: unknown } = {};
@@ -166,6 +226,8 @@ export function createClient(options: ClientOptions = {}) {
   return {
     baseUrl,
     sandboxId,
+    /** Any endpoint, as JSON: for what the typed methods below do not cover. */
+    request: <T = unknown>(method: string, path: string, opts?: RequestOptions) => json<T>(method, path, opts),
     sandboxes: {
       create: (body: CreateSandbox) => json<Sandbox>('POST', '/v1/sandboxes', { json: body }),
       get: (id: string) => json<Sandbox>('GET', sandboxPath(id)),
@@ -186,6 +248,17 @@ export function createClient(options: ClientOptions = {}) {
       /** Either reset the timer (`timeout`) or add to it (`extend`), as duration strings. */
       timeout: (id: string, change: { timeout: string } | { extend: string }) => json<unknown>('POST', `${sandboxPath(id)}/timeout`, { json: change }),
       trace: (id: string) => json<{ events: StoredTraceEvent[]; metrics: Record<string, unknown> }>('GET', `${sandboxPath(id)}/trace`),
+      audit: (id: string, query: PageQuery & { type?: string; since?: string } = {}) => json<Page<AuditRecord>>('GET', `${sandboxPath(id)}/audit`, { query }),
+      /**
+       * The sandbox's event stream (SSE), from the start or after `lastEventId`, until it closes
+       * (after `destroyed`) or `signal` aborts.
+       */
+      events: async function* (id: string, opts: { lastEventId?: string; signal?: AbortSignal } = {}): AsyncGenerator<SandboxEvent> {
+        const headers: Record<string, string> = { accept: 'text/event-stream', ...(opts.lastEventId !== undefined && { 'last-event-id': opts.lastEventId }) };
+        const res = await send('GET', `${sandboxPath(id)}/events`, { headers, signal: opts.signal });
+        if (!res.body) return;
+        yield* sandboxEvents(res.body);
+      },
     },
     specs: {
       put: (yaml: string) => json<SpecRecord>('POST', '/v1/specs', { body: yaml, headers: { 'content-type': 'application/x-yaml' } }),
@@ -210,7 +283,7 @@ export function createClient(options: ClientOptions = {}) {
       deleteSnapshot: (id: string) => json<{ id: string; deleted: boolean }>('DELETE', `/v1/snapshots/${seg(id)}`),
     },
     experiments: {
-      create: (body: { name: string; spec_id: string; secrets?: Record<string, string> }) => json<Experiment>('POST', '/v1/experiments', { json: body }),
+      create: (body: CreateExperiment) => json<Experiment>('POST', '/v1/experiments', { json: body }),
       run: (id: string) => json<unknown>('POST', `/v1/experiments/${seg(id)}/run`),
       get: (id: string) => json<Experiment>('GET', `/v1/experiments/${seg(id)}`),
       list: (query: PageQuery = {}) => json<Page<Experiment>>('GET', '/v1/experiments', { query }),
@@ -222,11 +295,49 @@ export function createClient(options: ClientOptions = {}) {
       /** The full bundle: parsed JSON, or the NDJSON text. */
       export: (id: string, format: 'json' | 'ndjson' = 'json') =>
         format === 'json' ? json<unknown>('GET', `/v1/experiments/${seg(id)}/export`, { query: { format } }) : text('GET', `/v1/experiments/${seg(id)}/export`, { query: { format } }),
+      /** The completed experiments of a spec (an eval), oldest first. */
+      history: (specId: string, query: PageQuery = {}) => json<Page<Record<string, unknown>>>('GET', `/v1/evals/${seg(specId)}/history`, { query }),
+      score: (id: string, body: Record<string, unknown> = {}) => json<unknown>('POST', `/v1/experiments/${seg(id)}/score`, { json: body }),
+      scores: (id: string, query: PageQuery = {}) => json<unknown>('GET', `/v1/experiments/${seg(id)}/scores`, { query }),
+    },
+    scoreRules: {
+      create: (body: Record<string, unknown>) => json<Record<string, unknown>>('POST', '/v1/score-rules', { json: body }),
+      list: () => json<unknown>('GET', '/v1/score-rules'),
+      delete: (id: string) => json<unknown>('DELETE', `/v1/score-rules/${seg(id)}`),
+    },
+    secrets: {
+      list: () => json<{ items: Array<{ name: string; [field: string]: unknown }>; count: number }>('GET', '/v1/secrets'),
+      put: (name: string, value: string) => json<{ name: string; updated_at: string }>('PUT', `/v1/secrets/${seg(name)}`, { json: { value } }),
+      delete: (name: string) => json<{ name: string; deleted: boolean }>('DELETE', `/v1/secrets/${seg(name)}`),
+    },
+    bundles: {
+      /** Uploads a task-file bundle (.tar.gz bytes); the same bytes again answer the same record. */
+      upload: async (bundle: Bytes) => json<TaskBundle>('POST', '/v1/bundles', { body: await toBytes(bundle), headers: { 'content-type': 'application/gzip' } }),
+      list: (query: PageQuery = {}) => json<Page<TaskBundle>>('GET', '/v1/bundles', { query }),
+      get: (digest: string) => json<TaskBundle>('GET', `/v1/bundles/${seg(digest)}`),
+    },
+    datasets: {
+      create: (body: { name: string; description?: string }) => json<Dataset>('POST', '/v1/datasets', { json: body }),
+      list: (query: PageQuery & { name?: string } = {}) => json<Page<Dataset>>('GET', '/v1/datasets', { query }),
+      get: (id: string) => json<Dataset>('GET', `/v1/datasets/${seg(id)}`),
+      delete: (id: string) => json<{ id: string; deleted: boolean }>('DELETE', `/v1/datasets/${seg(id)}`),
+      addRecords: (id: string, records: unknown[]) => json<{ added: number; [field: string]: unknown }>('POST', `/v1/datasets/${seg(id)}/records`, { json: records }),
+      records: (id: string, query: PageQuery & { version?: number; tags?: string } = {}) => json<Page<Record<string, unknown>>>('GET', `/v1/datasets/${seg(id)}/records`, { query }),
+    },
+    alerts: {
+      create: (body: Record<string, unknown>) => json<Record<string, unknown>>('POST', '/v1/alerts', { json: body }),
+      list: (query: { eval_id?: string } = {}) => json<Array<Record<string, unknown>>>('GET', '/v1/alerts', { query }),
+      delete: (id: string) => json<unknown>('DELETE', `/v1/alerts/${seg(id)}`),
+      firings: (query: PageQuery & { rule_id?: string; experiment_id?: string; status?: string } = {}) => json<Page<Record<string, unknown>>>('GET', '/v1/alert-firings', { query }),
     },
     traces: {
       /** Posts events as they are (no batching; see Tracer for that). */
       ingest: (events: Partial<TraceEventBody>[]) => json<{ ingested: number }>('POST', '/v1/traces', { json: { events } }),
       list: (filters: TraceFilters = {}) => json<Page<StoredTraceEvent>>('GET', '/v1/traces', { query: filters }),
+      /** Every span of one trace, oldest start first (docs/traces.md, "Spans"). */
+      get: (traceId: string, query: PageQuery = {}) => json<Page<SpanRecord>>('GET', `/v1/traces/${seg(traceId)}`, { query }),
+      spans: (filters: PageQuery & { trace_id?: string; span_id?: string; parent_span_id?: string; root_span_id?: string; tool?: string; event_type?: string } = {}) =>
+        json<Page<SpanRecord>>('GET', '/v1/spans', { query: filters }),
     },
   };
 }

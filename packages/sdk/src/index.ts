@@ -1,6 +1,8 @@
 export { createClient, SvcError } from './client.ts';
-export type { AgentMetadata, AgentSnapshot, ClientOptions, CommandResult, Comparison, CreateSandbox, Experiment, Page, PageQuery, Sandbox, SpecRecord, StoredTraceEvent, SvcClient, TraceFilters } from './client.ts';
-export { getTracer, traced, Tracer } from './tracing.ts';
+export type { AgentMetadata, AgentSnapshot, AuditRecord, ClientOptions, CommandResult, Comparison, CreateExperiment, CreateSandbox, Dataset, Experiment, Page, PageQuery, Sandbox, SpanRecord, SpecRecord, StoredTraceEvent, SvcClient, TaskBundle, TraceFilters } from './client.ts';
+export { sandboxEvents, sseMessages } from './events.ts';
+export type { SandboxEvent } from './events.ts';
+export { getTracer, mergeVisibilityTokens, traced, Tracer } from './tracing.ts';
 export type { EventInput, EventType, Phase, Span, TraceCost, TraceEventBody, TracerOptions } from './tracing.ts';
 export { wrapAnthropic, wrapOpenAI } from './wrappers.ts';
 export type { AnthropicLike, OpenAILike, WrapOptions } from './wrappers.ts';

@@ -56,6 +56,12 @@ export interface TracerOptions {
   maxQueue?: number;
   /** Per-request timeout, so a hung destination cannot hold a flush forever. */
   requestTimeoutMs?: number;
+  /**
+   * Each POST is answered once the service holds the events durably (`Prefer: respond-async`),
+   * not once they are queryable: fire and forget (default). `false`: read-your-writes, slower.
+   * `visible()` waits for what was posted so far to become queryable.
+   */
+  respondAsync?: boolean;
 }
 
 /** Server-side truncation is at about 4 KB; cutting here too keeps batches small. */
@@ -86,6 +92,10 @@ export class Tracer {
   private readonly batchSize: number;
   private readonly maxQueue: number;
   private readonly requestTimeoutMs: number;
+  private readonly respondAsync: boolean;
+  /** what the service acknowledged before it was queryable: the visibility tokens of every batch, merged */
+  private lastToken: string | null = null;
+  private readonly baseUrl: string;
   private readonly spans = new AsyncLocalStorage<Span>();
   private queue: TraceEventBody[] = [];
   private inFlight: Promise<boolean> | null = null;
@@ -99,6 +109,8 @@ export class Tracer {
     this.batchSize = options.batchSize ?? 100;
     this.maxQueue = options.maxQueue ?? 10_000;
     this.requestTimeoutMs = options.requestTimeoutMs ?? 10_000;
+    this.respondAsync = options.respondAsync ?? true;
+    this.baseUrl = baseUrl;
     if (this.endpoint) {
       this.timer = setInterval(() => void this.flush(), options.flushIntervalMs ?? 1000);
       // The interval must not keep a finished agent alive.
@@ -183,11 +195,32 @@ export class Tracer {
     }
   }
 
-  /** Stops the interval and makes a last flush. */
-  async shutdown(): Promise<void> {
+  /**
+   * Flushes, then waits up to `waitMs` until everything posted so far is queryable (with
+   * respond-async posts; at once otherwise). False when it is not by then or cannot be told.
+   */
+  async visible(waitMs = 10_000): Promise<boolean> {
+    await this.flush();
+    if (!this.endpoint || this.queue.length > 0) return this.queue.length === 0;
+    if (!this.lastToken) return true;
+    try {
+      const url = `${this.baseUrl}/v1/traces/visibility?token=${encodeURIComponent(this.lastToken)}&wait=${Math.max(0, Math.round(waitMs))}ms`;
+      const res = await fetch(url, { headers: { ...(this.apiKey && { authorization: `Bearer ${this.apiKey}` }) }, signal: AbortSignal.timeout(waitMs + this.requestTimeoutMs) });
+      return res.ok && ((await res.json()) as { visible?: boolean }).visible === true;
+    } catch {
+      return false;
+    }
+  }
+
+  /**
+   * Stops the interval and makes a last flush; then, for respond-async posts, waits (at most
+   * `waitMs`) until what was posted is queryable, so a read after shutdown sees it.
+   */
+  async shutdown(waitMs = 10_000): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
     await this.flush();
+    if (this.lastToken) await this.visible(waitMs);
   }
 
   private enqueue(events: TraceEventBody[]): void {
@@ -219,18 +252,39 @@ export class Tracer {
     try {
       const res = await fetch(this.endpoint!, {
         method: 'POST',
-        headers: { 'content-type': 'application/json', ...(this.apiKey && { authorization: `Bearer ${this.apiKey}` }) },
+        headers: { 'content-type': 'application/json', ...(this.apiKey && { authorization: `Bearer ${this.apiKey}` }), ...(this.respondAsync && { prefer: 'respond-async' }) },
         body: JSON.stringify({ events: batch }),
         signal: AbortSignal.timeout(this.requestTimeoutMs),
       });
       await res.arrayBuffer().catch(() => undefined);
-      if (res.ok) return 'ok';
+      if (res.ok) {
+        const token = res.headers.get('svc-visibility-token');
+        if (token) this.lastToken = mergeVisibilityTokens(this.lastToken, token);
+        return 'ok';
+      }
       // A 4xx other than 429 will fail the same way again: give the batch up.
       return res.status === 429 || res.status >= 500 ? 'retry' : 'rejected';
     } catch {
       return 'retry';
     }
   }
+}
+
+/**
+ * One visibility token for two (the service's `v1.` + base64url of `partition:offset` pairs): the
+ * later offset of each partition, so one check covers every batch posted so far.
+ */
+export function mergeVisibilityTokens(a: string | null, b: string): string {
+  if (!a) return b;
+  const pairs = new Map<string, number>();
+  for (const token of [a, b]) {
+    if (!token.startsWith('v1.')) return b;
+    for (const pair of Buffer.from(token.slice(3), 'base64url').toString('utf8').split(',')) {
+      const [partition, offset] = pair.split(':');
+      if (partition !== undefined && offset !== undefined) pairs.set(partition, Math.max(Number(offset), pairs.get(partition) ?? -1));
+    }
+  }
+  return `v1.${Buffer.from([...pairs].map(([p, o]) => `${p}:${o}`).join(',')).toString('base64url')}`;
 }
 
 let defaultTracer: Tracer | null = null;

@@ -9,7 +9,8 @@ import type { Principal } from '../../kernel/auth.ts';
 import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError } from '../../kernel/errors.ts';
 import type { RecordPosition } from '../../kernel/log/event-log.ts';
-import type { ExperimentChanged, ExperimentOptions, ExperimentStatus } from '../../domain/events/experiment-events.ts';
+import type { ExperimentChanged, ExperimentDataset, ExperimentOptions, ExperimentStatus } from '../../domain/events/experiment-events.ts';
+import { scenarioCount } from '../../domain/datasets.ts';
 import type { Params } from '../../domain/params.ts';
 import { parseSpec, SPEC_DEFAULTS, type SpecDocument } from '../../domain/spec.ts';
 import { TOPICS } from '../../kernel/topics.ts';
@@ -20,7 +21,11 @@ export const TERMINAL_STATUSES: readonly ExperimentStatus[] = ['completed', 'fai
 /** What an experiment runs: its scenarios (null when neither the experiment nor the catalog still has its spec), replicas and scoring. */
 export interface ExperimentPlan {
   options: ExperimentOptions;
+  /** The matrix entries (of the request, else the spec); an experiment over a dataset runs each with every selected record. */
   matrix: Params[] | null;
+  /** How many scenarios it runs (null when the matrix is unknown); its dataset, if it runs one. */
+  scenarios: number | null;
+  dataset: ExperimentDataset | null;
   replicas: number;
   scoring: SpecDocument['scoring'];
   yaml: string | null;
@@ -103,9 +108,12 @@ export class ExperimentCatalog extends EntityCatalog<ExperimentChanged> {
   plan(experiment: ExperimentChanged): ExperimentPlan {
     const options = JSON.parse(experiment.options) as ExperimentOptions;
     const pinned = this.pinned(experiment);
+    const matrix = options.matrix ?? pinned?.doc.parallelism.matrix ?? null;
     return {
       options,
-      matrix: options.matrix ?? pinned?.doc.parallelism.matrix ?? null,
+      matrix,
+      scenarios: matrix === null ? null : scenarioCount(matrix.length, options.dataset),
+      dataset: options.dataset ?? null,
       replicas: options.replicas ?? pinned?.doc.parallelism.replicas ?? SPEC_DEFAULTS.replicas,
       scoring: pinned?.doc.scoring ?? DEFAULT_SCORING,
       yaml: pinned?.yaml ?? null,

@@ -9,11 +9,12 @@ import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError, notFound } from '../../kernel/errors.ts';
 import type { SpecStored } from '../../domain/events/spec-events.ts';
 import { eventIds, newEventId } from '../../kernel/ids.ts';
-import { parseSpec, specDurations, type SpecDocument } from '../../domain/spec.ts';
+import { parseSpec, specBundles, specDurations, type SpecDocument } from '../../domain/spec.ts';
 import { lifetimeProblem } from '../../domain/sandbox-lifetime.ts';
 import { refusedSource } from '../../kernel/secret-sources.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { AgentCatalog } from './agent-catalog.ts';
+import type { BundleCatalog } from './bundle-catalog.ts';
 import { KeyedQueue } from '../../kernel/keyed-queue.ts';
 
 export interface SpecRecord {
@@ -36,6 +37,7 @@ export class SpecCatalog extends EntityCatalog<SpecStored> {
   constructor(
     kernel: Kernel,
     private readonly agents: AgentCatalog,
+    private readonly bundles: BundleCatalog,
   ) {
     super(kernel, TOPICS.specs);
   }
@@ -77,6 +79,9 @@ export class SpecCatalog extends EntityCatalog<SpecStored> {
     }
     if (doc.agent?.type === 'snapshot' && doc.agent.snapshot_id !== undefined && !this.agents.exists(tenant, doc.agent.snapshot_id)) {
       refused.push(`agent.snapshot_id: no agent snapshot ${doc.agent.snapshot_id} exists (GET /v1/agents/:name/versions lists them)`);
+    }
+    for (const { path, digest } of specBundles(doc)) {
+      if (!this.bundles.has(tenant, digest)) refused.push(`${path}: no bundle ${digest} was uploaded (POST /v1/bundles)`);
     }
     if (refused.length > 0) throw new AppError('bad_request', `spec: ${refused.join('; ')}`);
     return this.queue.run(`${tenant}/${doc.id}`, async () => {

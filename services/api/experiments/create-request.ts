@@ -4,7 +4,8 @@
  */
 import type { ExperimentOptions } from '../../domain/events/experiment-events.ts';
 import { type Params, referencedParams } from '../../domain/params.ts';
-import { SECRET_NAME, type SpecDocument } from '../../domain/spec.ts';
+import { SECRET_NAME, type SpecDataset, type SpecDocument } from '../../domain/spec.ts';
+import { DATASET_NAME, TAG } from '../../domain/datasets.ts';
 import { type Bad, FieldProblems } from '../field-problems.ts';
 import { isObject } from '../../kernel/is-object.ts';
 
@@ -12,15 +13,22 @@ const NAME_MAX = 200;
 const MATRIX_MAX = 1000;
 const REPLICAS_MAX = 100;
 const PARAM_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
-const CREATE_FIELDS = ['name', 'spec_id', 'secrets', 'spec_version', 'agent_snapshot_id', 'matrix', 'replicas', 'seed', 'run'];
+const CREATE_FIELDS = ['name', 'spec_id', 'secrets', 'spec_version', 'agent_snapshot_id', 'matrix', 'replicas', 'seed', 'dataset', 'run'];
+const DATASET_FIELDS = ['id', 'name', 'version', 'tags', 'record_ids'];
+const RECORD_IDS_MAX = 10_000;
 
 export interface CreateRequest {
   name: string;
   spec_id: string;
   secrets: Record<string, string>;
   options: ExperimentOptions;
+  /** The request's dataset, which replaces the spec's; resolved and pinned (options.dataset) at creation. */
+  dataset: DatasetRequest | null;
   run: boolean;
 }
+
+/** `dataset` of the request: the spec's form, plus `record_ids` (a reproducer's: these records only). */
+export type DatasetRequest = SpecDataset & { record_ids?: string[] };
 
 function parseSecrets(raw: unknown, bad: Bad): Record<string, string> {
   const secrets: Record<string, string> = {};
@@ -86,6 +94,35 @@ function parseOptions(b: Record<string, unknown>, bad: Bad): ExperimentOptions {
   return options;
 }
 
+/** `dataset`: exactly one of id and name, a version, tags and record ids; null after reporting what is wrong. */
+function parseDataset(raw: unknown, bad: Bad): DatasetRequest | null {
+  if (!isObject(raw)) {
+    bad('dataset', 'must be an object {id | name, version?, tags?, record_ids?}');
+    return null;
+  }
+  let valid = true;
+  const invalid: Bad = (field, problem) => {
+    valid = false;
+    bad(field, problem);
+  };
+  for (const field of Object.keys(raw)) if (!DATASET_FIELDS.includes(field)) invalid(`dataset.${field}`, `unknown field; accepted: ${DATASET_FIELDS.join(', ')}`);
+  if ((raw.id === undefined) === (raw.name === undefined)) invalid('dataset', 'needs exactly one of id (ds_...) and name');
+  if (raw.id !== undefined && (typeof raw.id !== 'string' || !/^ds_[0-9a-f]{16}$/.test(raw.id))) invalid('dataset.id', 'must be a dataset id, ds_ and 16 hex digits');
+  if (raw.name !== undefined && (typeof raw.name !== 'string' || !DATASET_NAME.test(raw.name))) invalid('dataset.name', 'must be a dataset name of 1 to 200 characters');
+  if (raw.version !== undefined && (!Number.isInteger(raw.version) || (raw.version as number) < 1)) invalid('dataset.version', 'must be a positive integer');
+  const strings = (field: 'tags' | 'record_ids', max: number, accepts: (s: string) => boolean, what: string) => {
+    const list = raw[field];
+    if (list === undefined) return;
+    if (!Array.isArray(list) || list.length === 0 || list.length > max) return invalid(`dataset.${field}`, `must be a list of 1 to ${max} ${what}s`);
+    list.forEach((item: unknown, i: number) => {
+      if (typeof item !== 'string' || !accepts(item)) invalid(`dataset.${field}[${i}]`, `is not a ${what}`);
+    });
+  };
+  strings('tags', 100, (t) => TAG.test(t), 'tag');
+  strings('record_ids', RECORD_IDS_MAX, (id) => /^rec_[0-9a-f]{16}$/.test(id), 'record id (rec_ and 16 hex digits)');
+  return valid ? (raw as DatasetRequest) : null;
+}
+
 /** Every problem of a creation body, each naming its field, in one 400. */
 export function parseCreateRequest(b: Record<string, unknown>): CreateRequest {
   const problems = new FieldProblems();
@@ -96,9 +133,10 @@ export function parseCreateRequest(b: Record<string, unknown>): CreateRequest {
   if (typeof b.spec_id !== 'string' || b.spec_id === '') bad('spec_id', 'is required: the id of a stored spec');
   const secrets = parseSecrets(b.secrets, bad);
   const options = parseOptions(b, bad);
+  const dataset = b.dataset === undefined || b.dataset === null ? null : parseDataset(b.dataset, bad);
   if (b.run !== undefined && typeof b.run !== 'boolean') bad('run', 'must be true or false');
   problems.throwIfAny();
-  return { name: b.name as string, spec_id: b.spec_id as string, secrets, options, run: b.run === true };
+  return { name: b.name as string, spec_id: b.spec_id as string, secrets, options, dataset, run: b.run === true };
 }
 
 /** A request matrix entry must define every parameter the spec refers to. */

@@ -14,6 +14,7 @@ import type { Store } from '../../kernel/store/store.ts';
 import { runFacts, runTraceStats } from '../../queries/run-facts.ts';
 import type { ExperimentPlan } from '../catalogs/experiment-catalog.ts';
 import { allAuditRecords, auditStored, type AuditItem } from '../sandboxes/audit-reads.ts';
+import { ScenarioParamsWindow } from './scenario-params.ts';
 import { experimentDetail, RUN_COLUMNS, scenarioResult, type ExperimentDetail, type ResultContext, type RunResult, type RunRow, type ScenarioResult } from './run-results.ts';
 
 const EXPORT_PAGE = 500;
@@ -52,6 +53,11 @@ async function* runAudit(store: Store, tenant: string, sandboxId: string | null)
 /** Scenario and run lines in index order, counted; planned scenarios without any scored run come in their place, with no runs. */
 class ScenarioLines {
   private nextIndex = 0;
+  /** The index of the next scenario to emit. */
+  get next(): number {
+    return this.nextIndex;
+  }
+
   scenarios = 0;
   runs = 0;
 
@@ -120,9 +126,15 @@ async function* exportLines(kernel: Kernel, experiment: ExperimentChanged, plan:
   const metrics = computeMetrics(id, facts, traces, plan.scoring.replica_aggregation);
   yield { type: 'experiment', ...experimentDetail(experiment, plan, metrics) };
   yield { type: 'spec', id: experiment.spec_id, version: experiment.spec_version, yaml: plan.yaml };
-  const planned = plan.matrix?.length ?? 0;
-  const lines = new ScenarioLines(store, { experiment, plan, baseUrl: config.baseUrl }, traces, planned);
-  for await (const rows of runsByScenario(store, tenant, id)) yield* lines.emit(Number(rows[0].ScenarioIndex), rows);
+  const planned = plan.scenarios ?? 0;
+  // Over a dataset, the scenarios' params are read in index order beside the runs.
+  const window = plan.dataset ? new ScenarioParamsWindow(store, tenant, id, planned) : null;
+  const lines = new ScenarioLines(store, { experiment, plan, baseUrl: config.baseUrl, scenarioParams: window?.params }, traces, planned);
+  for await (const rows of runsByScenario(store, tenant, id)) {
+    await window?.upTo(Number(rows[0].ScenarioIndex), lines.next);
+    yield* lines.emit(Number(rows[0].ScenarioIndex), rows);
+  }
+  await window?.upTo(planned, lines.next);
   yield* lines.emit(planned, []);
   yield { type: 'end', scenarios: lines.scenarios, runs: lines.runs };
 }

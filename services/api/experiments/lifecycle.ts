@@ -16,6 +16,9 @@ import { TOPICS } from '../../kernel/topics.ts';
 import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { TERMINAL_STATUSES, type ExperimentCatalog } from '../catalogs/experiment-catalog.ts';
 import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
+import type { DatasetCatalog } from '../catalogs/dataset-catalog.ts';
+import { scenarioCount } from '../../domain/datasets.ts';
+import { pinDataset, publishScenarios } from './dataset-scenarios.ts';
 import { specOrElse } from '../spec-lookup.ts';
 import { matrixProblems, type CreateRequest } from './create-request.ts';
 import { countsOf, experimentSummary, type ExperimentSummary } from './summary.ts';
@@ -30,6 +33,7 @@ export interface LifecycleDeps {
   specs: SpecCatalog;
   agents: AgentCatalog;
   experiments: ExperimentCatalog;
+  datasets: DatasetCatalog;
 }
 
 export class ExperimentLifecycle {
@@ -55,7 +59,12 @@ export class ExperimentLifecycle {
     }
     const stored = seed === null ? undefined : this.deps.experiments.get(newExperimentId(seed));
     if (stored) return experimentSummary(request.run && stored.status === 'created' ? await this.queueRun(stored) : stored);
-    const experiment = this.createdEvent(tenant, request, spec, seed);
+    // An experiment over a dataset: its scenarios are on the log before the experiment is.
+    const matrix = request.options.matrix ?? spec.doc.parallelism.matrix;
+    const dataset = await pinDataset(this.deps.kernel, this.deps.datasets, tenant, request.dataset, spec.doc, matrix);
+    const options = dataset ? { ...request.options, dataset } : request.options;
+    const experiment = this.createdEvent(tenant, { ...request, options }, spec, seed);
+    if (dataset) await publishScenarios(this.deps.kernel, this.deps.datasets, tenant, experiment.experiment_id, dataset, matrix, seed);
     await this.deps.experiments.put(experiment);
     return experimentSummary(request.run ? await this.queueRun(experiment) : experiment);
   }
@@ -139,7 +148,7 @@ export class ExperimentLifecycle {
     return this.command(current, 'run', {
       yaml: spec.stored.yaml,
       agent: agent === null ? null : JSON.stringify(agent),
-      total_runs: matrix.length * replicas,
+      total_runs: scenarioCount(matrix.length, options.dataset) * replicas,
       concurrency: this.concurrency(current.tenant, spec.doc),
     });
   }

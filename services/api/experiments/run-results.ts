@@ -10,13 +10,14 @@ import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import { computeMetrics, NO_TRACES, type ExperimentMetrics, type RunFact, type RunTraceStats } from '../../domain/experiment-metrics.ts';
 import type { ExperimentChanged } from '../../domain/events/experiment-events.ts';
 import type { CheckOutput, CheckResult, InvariantScore, RunImage, RunScore, Violation } from '../../domain/events/run-events.ts';
-import type { Params } from '../../domain/params.ts';
+import { matrixPart, type Params, scenarioRecord, type ScenarioRecord } from '../../domain/params.ts';
 import { countsAsPassing, mean, passAtK, passHatK, scenarioVerdict, wilsonInterval, type Interval, type ScenarioVerdict } from '../../domain/stats.ts';
 import { scenarioIdOf } from '../../kernel/ids.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { runTraceStats } from '../../queries/run-facts.ts';
 import type { ExperimentPlan } from '../catalogs/experiment-catalog.ts';
 import { reproducer } from './reproducer.ts';
+import { scenarioParams } from './scenario-params.ts';
 import { experimentSummary, iso } from './summary.ts';
 
 export interface RunRow {
@@ -97,7 +98,10 @@ export interface RunResult {
 export interface ScenarioResult {
   scenario_id: string;
   index: number;
+  /** Its matrix entry. */
   params: Params;
+  /** In an experiment over a dataset: the record it ran (docs/datasets.md). */
+  record?: ScenarioRecord;
   /** Over completed runs; null while no run of it is scored. */
   verdict: ScenarioVerdict | null;
   /** Whether it counts as passing in the experiment's pass rate (replica_aggregation). */
@@ -127,6 +131,14 @@ export interface ResultContext {
   experiment: ExperimentChanged;
   plan: ExperimentPlan;
   baseUrl: string;
+  /** An experiment over a dataset: the params of the scenarios at hand (scenario-params.ts), by index. */
+  scenarioParams?: ReadonlyMap<number, Params>;
+}
+
+/** A scenario's params: its matrix entry, or, over a dataset, its stored params; else its runs'. */
+function paramsOf(ctx: ResultContext, index: number, rows: RunRow[]): Params {
+  const planned = ctx.plan.dataset ? ctx.scenarioParams?.get(index) : ctx.plan.matrix?.[index];
+  return planned ?? (rows.length > 0 ? (JSON.parse(rows[0].Params) as Params) : {});
 }
 
 function runResult(ctx: ResultContext, row: RunRow, params: Params, traces: RunTraceStats, withReproducer: boolean): RunResult {
@@ -173,13 +185,15 @@ export function scenarioResult(ctx: ResultContext, index: number, rows: RunRow[]
   const failed = rows.filter((r) => r.Verdict === 'fail').length;
   const completed = passed + failed;
   const verdict = rows.length === 0 ? null : scenarioVerdict(passed, failed);
-  const params = ctx.plan.matrix?.[index] ?? (rows.length > 0 ? (JSON.parse(rows[0].Params) as Params) : {});
+  const params = paramsOf(ctx, index, rows);
+  const record = scenarioRecord(params);
   const statsOf = (r: RunRow) => traces.get(r.RunId) ?? NO_TRACES;
   const walls = rows.filter((r) => r.Verdict !== 'error').map((r) => Number(r.WallMs));
   return {
     scenario_id: scenarioIdOf(ctx.experiment.experiment_id, index),
     index,
-    params,
+    params: matrixPart(params),
+    ...(record && { record }),
     verdict,
     passing: countsAsPassing(ctx.plan.scoring.replica_aggregation, passed, completed),
     complete: rows.length >= ctx.plan.replicas,
@@ -203,7 +217,7 @@ export function scenarioResult(ctx: ResultContext, index: number, rows: RunRow[]
 /** Scenario indices: every planned matrix entry, and any that has scored runs. */
 export function scenarioIndices(plan: ExperimentPlan, withRuns: Iterable<number>): number[] {
   const indices = new Set<number>(withRuns);
-  for (let i = 0; i < (plan.matrix?.length ?? 0); i++) indices.add(i);
+  for (let i = 0; i < (plan.scenarios ?? 0); i++) indices.add(i);
   return [...indices].sort((a, b) => a - b);
 }
 
@@ -250,9 +264,9 @@ export type RunResults = ExperimentDetail & { scenarios: ScenarioResult[] };
 /** GET /v1/experiments/:id. */
 export async function runResults(store: Store, experiment: ExperimentChanged, plan: ExperimentPlan, baseUrl: string): Promise<RunResults> {
   const { tenant, experiment_id: id } = experiment;
-  const [rows, traces] = await Promise.all([loadRuns(store, tenant, id, null), runTraceStats(store, tenant, id)]);
+  const [rows, traces, params] = await Promise.all([loadRuns(store, tenant, id, null), runTraceStats(store, tenant, id), plan.dataset ? scenarioParams(store, tenant, id, null) : undefined]);
   const groups = byIndex(rows);
-  const ctx = { experiment, plan, baseUrl };
+  const ctx = { experiment, plan, baseUrl, scenarioParams: params };
   const metrics = computeMetrics(id, rows.map(fact), traces, plan.scoring.replica_aggregation);
   return { ...experimentDetail(experiment, plan, metrics), scenarios: scenarioIndices(plan, groups.keys()).map((i) => scenarioResult(ctx, i, groups.get(i) ?? [], traces)) };
 }

@@ -13,6 +13,7 @@ import { runFacts, runTraceStats } from '../../queries/run-facts.ts';
 import type { ExperimentPlan } from '../catalogs/experiment-catalog.ts';
 import { decodeCursor, encodeCursor, parseLimit } from '../pagination.ts';
 import { byIndex, loadRuns, scenarioIndices, scenarioResult, type ScenarioResult } from './run-results.ts';
+import { scenarioParams } from './scenario-params.ts';
 
 /** A scenario's verdict, or `pending` while no run of it is scored. */
 export type ScenarioStatus = ScenarioVerdict | 'pending';
@@ -66,9 +67,9 @@ export async function scenarioPage(
   );
   const page = matching.slice(0, limit);
   if (page.length === 0) return { items: [], next: null };
-  const [rows, traces] = await Promise.all([loadRuns(store, tenant, id, page), runTraceStats(store, tenant, id)]);
+  const [rows, traces, params] = await Promise.all([loadRuns(store, tenant, id, page), runTraceStats(store, tenant, id), plan.dataset ? scenarioParams(store, tenant, id, page) : undefined]);
   const groups = byIndex(rows);
-  const ctx = { experiment, plan, baseUrl };
+  const ctx = { experiment, plan, baseUrl, scenarioParams: params };
   return {
     items: page.map((i) => ({ experiment_id: id, ...scenarioResult(ctx, i, groups.get(i) ?? [], traces) })),
     next: matching.length > limit ? encodeCursor([String(page[page.length - 1])]) : null,

@@ -51,7 +51,7 @@ async function receiveUpload(ctx: Context, agents: AgentCatalog, config: Config)
       return;
     }
     bundleStream = stream;
-    bundle = agents.bundles.receive(stream, config.agentMaxSizeBytes);
+    bundle = agents.bundles.receive(stream, { bytes: config.agentMaxSizeBytes, name: 'agents.max_size' });
     bundle.catch(() => {}); // awaited below, after the whole body is read
   });
   for (const limit of ['partsLimit', 'filesLimit', 'fieldsLimit'] as const) {

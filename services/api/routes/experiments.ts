@@ -12,6 +12,7 @@ import { experimentMetrics } from '../../queries/run-facts.ts';
 import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import type { ExperimentCatalog } from '../catalogs/experiment-catalog.ts';
 import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
+import type { DatasetCatalog } from '../catalogs/dataset-catalog.ts';
 import { compareRequest } from '../experiments/compare-request.ts';
 import { parseCreateRequest } from '../experiments/create-request.ts';
 import { evalHistory } from '../experiments/eval-history.ts';
@@ -27,7 +28,7 @@ import { jsonBody } from '../request-body.ts';
 
 const pageBody = <T>(page: { items: T[]; next: string | null }) => pageOf(page.items, page.next);
 
-type Deps = { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; experiments: ExperimentCatalog };
+type Deps = { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; experiments: ExperimentCatalog; datasets: DatasetCatalog };
 
 /** What the handlers use: the store, the config, the catalogs, and the caller's experiment of an id (404, 403 otherwise). */
 function handlerContext({ kernel, specs, experiments }: Deps) {

@@ -10,7 +10,7 @@ import { AppError } from '../../kernel/errors.ts';
 import { encodeOtlpResponse, otlpJsonResponse } from '../traces/otlp-mapping.ts';
 import type { SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
 import { type TraceIngest, untagged } from '../traces/ingest.ts';
-import { postedBody } from '../traces/ingest-http.ts';
+import { markRespondedAsync, postedBody, prefersRespondAsync } from '../traces/ingest-http.ts';
 
 /** Most bytes of an OTLP request body, after decompression. */
 const MAX_BODY_BYTES = 16 * 1024 * 1024;
@@ -27,7 +27,10 @@ export function otlpRouter(ingest: TraceIngest, sandboxes: SandboxCatalog): Rout
     const format = type === 'application/x-protobuf' ? 'otlp-protobuf' : 'otlp-json';
     // A sandbox token posts as its sandbox (tagged, its secrets redacted), a key as its tenant.
     const source = principal.kind === 'sandbox' ? sandboxes.traceSource(sandboxes.owned(principal, principal.keyId)) : untagged(principal.tenant);
-    const decoded = await ingest.ingest(postedBody(ctx), { endpoint: '/otel/v1/traces', format, maxBodyBytes: MAX_BODY_BYTES, keyId: principal.keyId, source });
+    const respondAsync = prefersRespondAsync(ctx);
+    const decoded = await ingest.ingest(postedBody(ctx), { endpoint: '/otel/v1/traces', format, maxBodyBytes: MAX_BODY_BYTES, keyId: principal.keyId, source, respondAsync });
+    // OTLP/HTTP answers success with 200 only: the token is in the headers.
+    if (respondAsync) markRespondedAsync(ctx, decoded.visibilityToken, 200);
 
     const { rejected, errors } = decoded;
     const partial = rejected > 0 ? { rejectedSpans: rejected, errorMessage: errors.join('; ') } : null;

@@ -14,7 +14,7 @@ import type { RunnerRoster } from '../catalogs/runner-roster.ts';
 import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { MAX_INGEST_BODY_BYTES, type TraceIngest } from '../traces/ingest.ts';
-import { postedBody, requireJson } from '../traces/ingest-http.ts';
+import { ingestAnswer, postedBody, prefersRespondAsync, requireJson } from '../traces/ingest-http.ts';
 import { sandboxTrace } from '../traces/trace-event-reads.ts';
 import { jsonBody } from '../request-body.ts';
 import { idempotencySeed } from '../middleware/idempotency.ts';
@@ -85,8 +85,9 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.post('/:id/trace', async (ctx) => {
     const sandbox = sandboxes.owned(principal(ctx), ctx.params.id);
     requireJson(ctx);
-    const decoded = await ingest.ingest(postedBody(ctx), { endpoint: '/v1/sandboxes/:id/trace', format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, keyId: principal(ctx).keyId, source: sandboxes.traceSource(sandbox) });
-    ctx.body = { ingested: decoded.count };
+    const respondAsync = prefersRespondAsync(ctx);
+    const decoded = await ingest.ingest(postedBody(ctx), { endpoint: '/v1/sandboxes/:id/trace', format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, keyId: principal(ctx).keyId, source: sandboxes.traceSource(sandbox), respondAsync });
+    ctx.body = ingestAnswer(ctx, decoded, respondAsync);
   });
 
   router.get('/:id/trace', async (ctx) => {

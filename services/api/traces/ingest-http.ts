@@ -29,3 +29,26 @@ export async function readIngestBody(ctx: Context): Promise<Buffer> {
 export function postedBody(ctx: Context): IngestBody {
   return { bytes: ctx.state.rawBody as Buffer, contentEncoding: ctx.get('Content-Encoding'), idSeed: idempotencySeed(ctx) };
 }
+
+/** Whether the client asked to be answered before its events are queryable (RFC 7240 `Prefer: respond-async`). */
+export function prefersRespondAsync(ctx: Context): boolean {
+  return ctx.get('Prefer').split(',').some((preference) => preference.split(';')[0]!.trim().toLowerCase() === 'respond-async');
+}
+
+/**
+ * Marks an answer given once the events were durably in the log, not yet queryable:
+ * `Preference-Applied: respond-async` and the `SVC-Visibility-Token` to wait on (none when
+ * nothing was stored), and 202 where the endpoint's protocol allows (OTLP answers 200).
+ */
+export function markRespondedAsync(ctx: Context, token: string | null, status: 200 | 202): void {
+  ctx.set('Preference-Applied', 'respond-async');
+  if (token) ctx.set('SVC-Visibility-Token', token);
+  ctx.status = status;
+}
+
+/** The JSON answer of a trace-json ingest: `{ingested}`, and the visibility token of a respond-async one (202). */
+export function ingestAnswer(ctx: Context, result: { count: number; visibilityToken: string | null }, respondAsync: boolean): { ingested: number; visibility_token?: string } {
+  if (!respondAsync) return { ingested: result.count };
+  markRespondedAsync(ctx, result.visibilityToken, 202);
+  return { ingested: result.count, ...(result.visibilityToken ? { visibility_token: result.visibilityToken } : {}) };
+}

@@ -3,13 +3,19 @@
  * POST /v1/sandboxes/:id/trace, POST /otel/v1/traces): the body is parsed, validated, redacted
  * and encoded by a worker thread (ingest-worker.ts), the events are stamped with the tenant and
  * the tags of where they came from, appended to svc.traces, and the request is answered once
- * the sink made them queryable (read-your-writes).
+ * the sink made them queryable (read-your-writes); or, when the client prefers
+ * (`Prefer: respond-async`), as soon as the log holds them durably, with a visibility token to
+ * wait on later (GET /v1/traces/visibility). Such answers stop (503 `overloaded`) while the sink
+ * is more than SVC_INGEST_MAX_LAG records behind, so what is acknowledged but not yet queryable
+ * stays bounded.
  */
 import os from 'node:os';
 import { Piscina } from 'piscina';
 import { publishEncoded, type Kernel } from '../../kernel/actor.ts';
 import { AppError } from '../../kernel/errors.ts';
 import { TOPICS } from '../../kernel/topics.ts';
+import type { RecordPosition } from '../../kernel/log/event-log.ts';
+import { encodeVisibilityToken } from './visibility-token.ts';
 import type { IngestFormat, IngestOutcome, IngestTask, IngestWorkerData } from './ingest-worker.ts';
 import { RateLimiter } from '../middleware/rate-limit.ts';
 import { UNTAGGED, type IngestContext } from './trace-records.ts';
@@ -48,8 +54,27 @@ export function untagged(tenant: string): TraceSource {
   return { tenant, context: UNTAGGED, secrets: {} };
 }
 
+/** One ingest request, as its endpoint describes it. */
+export interface IngestRequest {
+  endpoint: string;
+  format: IngestFormat;
+  maxBodyBytes: number;
+  keyId: string;
+  source: TraceSource;
+  /** answer once the log holds the events (with a visibility token), not once they are queryable */
+  respondAsync?: boolean;
+}
+
+/** What was ingested, and the visibility token of a respond-async answer (else null). */
+export type IngestResult = DecodedIngest & { visibilityToken: string | null };
+
+/** How often a respond-async ingest reads the sink's lag. */
+const LAG_READ_MS = 250;
+
 export class TraceIngest {
   private pool: Piscina<IngestTask, IngestOutcome> | null = null;
+  private lag = 0;
+  private lagReadAt = 0;
   /** Trace events per second per API key, whichever endpoint they come through. */
   private readonly limiter: RateLimiter;
 
@@ -62,12 +87,24 @@ export class TraceIngest {
    * key's rate limit, append them and wait until they are queryable. Returns what was decoded
    * (OTLP answers with the spans it rejected).
    */
-  async ingest(body: IngestBody, request: { endpoint: string; format: IngestFormat; maxBodyBytes: number; keyId: string; source: TraceSource }): Promise<DecodedIngest> {
+  async ingest(body: IngestBody, request: IngestRequest): Promise<IngestResult> {
+    if (request.respondAsync) await this.checkLag();
     const decoded = await this.decode(body, request.format, request.maxBodyBytes, request.source);
     this.limiter.take(request.keyId, decoded.count);
-    await this.append(request.source.tenant, decoded);
+    const positions = await this.append(request.source.tenant, decoded);
+    if (!request.respondAsync) await this.kernel.visibility.waitFor(positions, this.kernel.config.replyTimeout);
     this.kernel.metrics.ingestedEvents.inc({ endpoint: request.endpoint }, decoded.count);
-    return decoded;
+    return { ...decoded, visibilityToken: request.respondAsync && positions.length > 0 ? encodeVisibilityToken(positions) : null };
+  }
+
+  /** 503 `overloaded` while the sink is further behind than SVC_INGEST_MAX_LAG records (read at most every LAG_READ_MS). */
+  private async checkLag(): Promise<void> {
+    if (Date.now() - this.lagReadAt > LAG_READ_MS) {
+      this.lagReadAt = Date.now();
+      this.lag = await this.kernel.visibility.lag(TOPICS.traces);
+    }
+    const max = this.kernel.config.ingestMaxLag;
+    if (this.lag > max) throw new AppError('overloaded', `the sink is ${this.lag} trace records behind (more than SVC_INGEST_MAX_LAG, ${max}); retry after the Retry-After delay`, { retryAfter: 1 });
   }
 
   async start(): Promise<void> {
@@ -127,11 +164,10 @@ export class TraceIngest {
     return this.pool!.run(task, { transferList, signal: AbortSignal.timeout(this.kernel.config.replyTimeout) });
   }
 
-  /** Appends decoded records and waits until their events are queryable. */
-  private async append(tenant: string, decoded: DecodedIngest): Promise<void> {
-    if (decoded.records.length === 0) return;
+  /** Appends decoded records; resolves with where they are once the log holds them durably. */
+  private async append(tenant: string, decoded: DecodedIngest): Promise<RecordPosition[]> {
+    if (decoded.records.length === 0) return [];
     const records = decoded.records.map((r) => ({ key: r.key, tenant, value: Buffer.from(r.value.buffer, r.value.byteOffset, r.value.byteLength) }));
-    const positions = await publishEncoded(this.kernel, TOPICS.traces, records);
-    await this.kernel.visibility.waitFor(positions, this.kernel.config.replyTimeout);
+    return publishEncoded(this.kernel, TOPICS.traces, records);
   }
 }

@@ -48,6 +48,39 @@ export interface ExperimentOptions {
   replicas?: number;
   /** Replaces the spec's determinism.seed for every run. */
   seed?: number;
+  /** The dataset the experiment runs, pinned when it was created: one scenario per record and matrix entry. */
+  dataset?: ExperimentDataset;
+}
+
+/**
+ * The dataset an experiment runs (docs/datasets.md), as pinned at creation: with the spec version
+ * and the agent snapshot, it names exactly what each scenario ran, so a reproducer can run one again.
+ */
+export interface ExperimentDataset {
+  id: string;
+  name: string;
+  version: number;
+  /** Records with any of these tags only. */
+  tags?: string[];
+  /** These records only (a reproducer's). */
+  record_ids?: string[];
+  /** How many records were selected: the experiment's scenarios are records x matrix entries, record-major. */
+  records: number;
+}
+
+/**
+ * A value of svc.experiment-scenarios (schemas/experiment-scenario.avsc): one scenario of an
+ * experiment over a dataset, written by the api before the experiment itself.
+ */
+export interface ExperimentScenario {
+  tenant: string;
+  event_id: string;
+  ts: number;
+  experiment_id: string;
+  scenario_index: number;
+  scenario_count: number;
+  /** Params JSON: the matrix entry with the record (domain/params.ts, RECORD_PARAM). */
+  params: string;
 }
 
 /** A value of svc.experiment-commands (schemas/experiment-command.avsc): the api asks the aggregator. */

@@ -18,7 +18,7 @@ import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import type { SpecDocument } from '../../domain/spec.ts';
 import type { EgressGateway, ServiceEndpoint } from './gateway.ts';
 import { publishPort } from './ingress.ts';
-import { networkName, TRUST_IN_SANDBOX, type SandboxHandle } from '../runtime/runtime.ts';
+import { networkName, TRUST_IN_SANDBOX, type BuildNetwork, type SandboxHandle } from '../runtime/runtime.ts';
 
 export interface NetworkView {
   /** `svc-<sandbox id>` */
@@ -73,15 +73,37 @@ export class SandboxNetwork {
   async attach(box: SandboxHandle, gateway: EgressGateway, secrets: Record<string, string>, services: ServiceEndpoint[], record: (type: 'http_call' | 'network_denied', details: Record<string, unknown>) => void): Promise<void> {
     await box.networkReady;
     const address = box.address!;
-    const { egress, dnsOverrides } = this.spec.network;
-    const policy = new EgressPolicy(egress.default, this.allow);
+    const policy = new EgressPolicy(this.spec.network.egress.default, this.allow);
     for (const rejected of policy.rejected) record('network_denied', { protocol: 'policy', host: rejected.entry, port: 0, reason: `the egress entry ${rejected.entry} is left out: ${rejected.problem}` });
     const brokered = Object.entries(this.spec.brokered).flatMap(([name, inject]) => {
       const value = secrets[name];
       return value === undefined ? [] : [{ hosts: new EgressPolicy('deny', inject.hosts), header: inject.header, value: inject.format.replace('{value}', value) }];
     });
-    gateway.register(address, { policy, dnsOverrides, hosts: lowerKeys(this.spec.determinism.dns), inspect: this.spec.audit.http_calls, brokered, record, services });
+    gateway.register(address, { policy, dnsOverrides: this.spec.network.dnsOverrides, hosts: lowerKeys(this.spec.determinism.dns), inspect: this.spec.audit.http_calls, brokered, record, services });
     this.registered = { gateway, address };
+  }
+
+  /**
+   * The network of the sandboxes that run a Dockerfile's RUN steps for this spec: its egress
+   * policy and DNS overrides, without its services (not started yet), brokered secrets or HTTP
+   * inspection; what the gateway refuses goes to `log` (a build step is the service's work, not
+   * the agent's, so nothing reaches the audit). Null when the spec has no network (loopback only).
+   */
+  forBuild(gateway: EgressGateway, log: (line: string) => void): BuildNetwork | null {
+    if (!this.wanted) return null;
+    const { egress, dnsOverrides } = this.spec.network;
+    return {
+      trust: gateway.authority,
+      attach: async (box) => {
+        await box.networkReady;
+        const address = box.address!;
+        const record = (type: string, details: Record<string, unknown>) => {
+          if (type === 'network_denied') log(`network denied: ${String(details.host)}:${String(details.port)} (${String(details.reason)})`);
+        };
+        gateway.register(address, { policy: new EgressPolicy(egress.default, this.allow), dnsOverrides, hosts: lowerKeys(this.spec.determinism.dns), inspect: false, brokered: [], record, services: [] });
+        return () => gateway.unregister(address);
+      },
+    };
   }
 
   /** The gateway's address for this sandbox (a mock's record mode goes out as it), once attached. */

@@ -40,7 +40,7 @@ const ARCHIVE = /\.(tar|tgz|tbz2?|txz|tar\.(gz|bz2|xz|zst))$/i;
 const MAX_LINKS = 40;
 
 /** The files a COPY or ADD copies, and their content digest (part of its cache key). */
-export async function contextSources(context: string | null, instruction: Instruction, vars: Record<string, string>, at: string): Promise<ContextSources> {
+export async function contextSources(context: string | null, instruction: Instruction, vars: Record<string, string>, at: string, options: { inImage?: boolean } = {}): Promise<ContextSources> {
   if (!context) throw new Error(`${at}: ${instruction.kind} needs a build context`);
   const list = instruction.exec ?? words(instruction.args, vars);
   if (list.length < 2) throw new Error(`${at}: ${instruction.kind} needs a source and a destination`);
@@ -49,7 +49,7 @@ export async function contextSources(context: string | null, instruction: Instru
   for (const src of list.slice(0, -1)) {
     if (instruction.kind === 'ADD' && /^[a-z][a-z0-9+.-]*:\/\//i.test(src)) throw new Error(`${at}: ADD of a URL (${src}) is not supported: fetch it in a RUN step`);
     if (instruction.kind === 'ADD' && ARCHIVE.test(src)) throw new Error(`${at}: ADD would unpack the archive ${src}, which is not supported: COPY it and unpack it in a RUN step`);
-    for (const host of matches(path.resolve(context), src, at)) {
+    for (const host of matches(path.resolve(context), src, at, options.inImage)) {
       const source = await readSource(host);
       for (const file of source.files) await hashFile(hash, `${src}\0${path.basename(host)}/${file.rel}`, file.host);
       sources.push(source);
@@ -58,12 +58,33 @@ export async function contextSources(context: string | null, instruction: Instru
   return { digest: hash.digest('hex'), sources, dest: list.at(-1)! };
 }
 
-/** The context paths `src` names, its parents walked without following links. */
-function matches(context: string, src: string, at: string): string[] {
+/** A Dockerfile kept in the context: the text of its file `file` (no wildcards, no link followed), at most 1 MiB. */
+export function readContextFile(context: string, file: string): string {
+  const at = `the Dockerfile ${file}`;
+  if (/[*?[]/.test(file)) throw new Error(`${at}: a Dockerfile's name has no wildcards`);
+  const [host] = matches(path.resolve(context), file, at);
+  const stat = fs.lstatSync(host!);
+  if (!stat.isFile()) throw new Error(`${at} is not a regular file in the build context`);
+  if (stat.size > MAX_DOCKERFILE_BYTES) throw new Error(`${at} is ${stat.size} bytes, more than ${MAX_DOCKERFILE_BYTES}`);
+  return fs.readFileSync(host!, 'utf8');
+}
+
+const MAX_DOCKERFILE_BYTES = 1024 * 1024;
+
+/**
+ * The context paths `src` names, its parents walked without following links; `inImage`: the
+ * context is an image's root (COPY --from), whose parents are followed as that image's links say.
+ */
+function matches(context: string, src: string, at: string, inImage = false): string[] {
   const rel = path.posix.normalize(src.replace(/^\/+/, '') || '.');
   if (rel === '..' || rel.startsWith('../')) throw new Error(`${at}: ${src} is outside the build context`);
-  const parts = rel === '.' ? [] : rel.replace(/\/$/, '').split('/');
+  let parts = rel === '.' ? [] : rel.replace(/\/$/, '').split('/');
   let dir = context;
+  if (inImage && parts.length > 1) {
+    if (parts.slice(0, -1).some((part) => /[*?[]/.test(part))) throw new Error(`${at}: ${src}: wildcards are supported in the last path component only`);
+    const parent = resolveInRoot(context, `/${parts.slice(0, -1).join('/')}`);
+    parts = [...(parent ? parent.split('/') : []), parts.at(-1)!];
+  }
   for (const [i, part] of parts.slice(0, -1).entries()) {
     if (/[*?[]/.test(part)) throw new Error(`${at}: ${src}: wildcards are supported in the last path component only`);
     dir = path.join(dir, part);

@@ -84,10 +84,10 @@ async function rmdirRetry(dir: string): Promise<boolean> {
 
 export class SandboxCgroup {
   readonly warnings: string[] = [];
-  private readonly dirs: string[];
-  private readonly memoryDir: string;
-  private readonly pidsDir: string;
-  private readonly cpuDir: string | null;
+  private dirs: string[];
+  private memoryDir: string;
+  private pidsDir: string;
+  private cpuDir: string | null;
 
   private constructor(
     private readonly layout: Layout,
@@ -151,6 +151,16 @@ export class SandboxCgroup {
       write(path.join(this.cpuDir, 'cpu.cfs_period_us'), CPU_PERIOD_US);
       write(path.join(this.cpuDir, 'cpu.cfs_quota_us'), quota);
     } else this.warnings.push('the cpu cgroup controller is not mounted: no CPU limit');
+  }
+
+  /** Renames the groups to `id` (its processes stay in them): a warm sandbox's groups take the name of the sandbox it becomes. */
+  rename(id: string): void {
+    const renamed = (dir: string) => path.join(path.dirname(dir), id);
+    for (const dir of this.dirs) fs.renameSync(dir, renamed(dir));
+    this.dirs = this.dirs.map(renamed);
+    this.memoryDir = renamed(this.memoryDir);
+    this.pidsDir = renamed(this.pidsDir);
+    this.cpuDir = this.cpuDir && renamed(this.cpuDir);
   }
 
   /** cgroup.procs files a process writes `0` to in order to join every group */

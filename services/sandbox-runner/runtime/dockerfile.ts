@@ -1,6 +1,7 @@
 /**
- * A Dockerfile, read into instructions for image-builder.ts: FROM, RUN, COPY, ADD, ENV, WORKDIR,
- * USER, ENTRYPOINT, CMD and ARG (with a default). LABEL, EXPOSE, STOPSIGNAL, HEALTHCHECK, SHELL,
+ * A Dockerfile, read into instructions for image-builder.ts: FROM (`FROM image [AS name]`: each
+ * FROM starts a stage, the last one is the image), RUN, COPY (`--from=stage|image`), ADD, ENV,
+ * WORKDIR, USER, ENTRYPOINT, CMD and ARG (with a default). LABEL, EXPOSE, STOPSIGNAL, HEALTHCHECK, SHELL,
  * VOLUME, ONBUILD and MAINTAINER are read and ignored (`ignored` says which lines); any other
  * instruction is an error naming its line. Lines end in `\` to continue; `#` starts a comment
  * line (also between continued lines). Parser directives (`# escape=`) are not read.
@@ -24,6 +25,10 @@ export interface Instruction {
   exec?: string[];
   /** COPY/ADD --chown=UID[:GID], numeric. */
   chown?: { uid: number; gid: number };
+  /** COPY --from: an earlier stage's name or index, or an image reference (unexpanded). */
+  from?: string;
+  /** FROM ... AS: the stage's name, lowercased (COPY --from and FROM name it so). */
+  stage?: string;
 }
 
 export interface Dockerfile {
@@ -55,8 +60,11 @@ export function parseDockerfile(source: string): Dockerfile {
   }
   const first = instructions.find((i) => i.kind !== 'ARG');
   if (!first || first.kind !== 'FROM') throw new Error(`Dockerfile: the first instruction (besides ARG) must be FROM${first ? ` (line ${first.line} is ${first.kind})` : ''}`);
-  const second = instructions.filter((i) => i.kind === 'FROM')[1];
-  if (second) throw new Error(`Dockerfile line ${second.line}: a second FROM (multi-stage builds are not supported)`);
+  const stages = new Set<string>();
+  for (const from of instructions.filter((i) => i.kind === 'FROM')) {
+    if (from.stage && stages.has(from.stage)) throw new Error(`Dockerfile line ${from.line}: a second stage named ${from.stage}`);
+    if (from.stage) stages.add(from.stage);
+  }
   return { instructions, ignored };
 }
 
@@ -64,7 +72,7 @@ function instruction(kind: InstructionKind, line: number, text: string, rest: st
   const at = `Dockerfile line ${line}`;
   if (kind === 'COPY' || kind === 'ADD') return copyInstruction(kind, line, text, rest);
   if (kind === 'RUN' && rest.startsWith('--')) throw new Error(`${at}: RUN flags (${rest.split(/\s/)[0]}) are not supported`);
-  if (kind === 'FROM' && /^--|\sAS\s/i.test(` ${rest}`)) throw new Error(`${at}: FROM takes an image only (no --platform, no AS stages)`);
+  if (kind === 'FROM') return fromInstruction(line, text, rest);
   if (kind === 'ARG') {
     const name = rest.split('=')[0]!;
     if (!NAME.test(name)) throw new Error(`${at}: ARG ${JSON.stringify(name)} is not a variable name (ARG NAME or ARG NAME=default)`);
@@ -73,19 +81,31 @@ function instruction(kind: InstructionKind, line: number, text: string, rest: st
   return { kind, line, text, args: rest, ...(exec ? { exec } : {}) };
 }
 
+function fromInstruction(line: number, text: string, rest: string): Instruction {
+  const at = `Dockerfile line ${line}`;
+  if (rest.startsWith('--')) throw new Error(`${at}: FROM flags (${rest.split(/\s/)[0]}) are not supported`);
+  const parts = rest.split(/\s+/);
+  if (parts.length === 1) return { kind: 'FROM', line, text, args: rest };
+  if (parts.length !== 3 || parts[1]!.toUpperCase() !== 'AS' || !/^[a-z][a-z0-9_.-]*$/i.test(parts[2]!)) throw new Error(`${at}: FROM takes an image and optionally AS and a stage name (FROM image AS name)`);
+  return { kind: 'FROM', line, text, args: parts[0]!, stage: parts[2]!.toLowerCase() };
+}
+
 function copyInstruction(kind: 'COPY' | 'ADD', line: number, text: string, rest: string): Instruction {
   const at = `Dockerfile line ${line}`;
   let args = rest;
   let chown: Instruction['chown'];
+  let from: string | undefined;
   for (let flag = /^--(\S+)\s+/.exec(args); flag; flag = /^--(\S+)\s+/.exec(args)) {
     const owner = /^chown=(\d+)(?::(\d+))?$/.exec(flag[1]!);
-    if (!owner) throw new Error(`${at}: ${kind} --${flag[1]} is not supported (only --chown=UID[:GID], numeric)`);
-    chown = { uid: Number(owner[1]), gid: Number(owner[2] ?? owner[1]) };
+    const source = kind === 'COPY' ? /^from=(\S+)$/.exec(flag[1]!) : null;
+    if (owner) chown = { uid: Number(owner[1]), gid: Number(owner[2] ?? owner[1]) };
+    else if (source) from = source[1]!;
+    else throw new Error(`${at}: ${kind} --${flag[1]} is not supported (only --chown=UID[:GID], numeric${kind === 'COPY' ? ', and --from=STAGE' : ''})`);
     args = args.slice(flag[0].length);
   }
   const exec = jsonForm(args, at);
   if (exec && exec.length < 2) throw new Error(`${at}: ${kind} needs a source and a destination`);
-  return { kind, line, text, args, ...(exec ? { exec } : {}), ...(chown ? { chown } : {}) };
+  return { kind, line, text, args, ...(exec ? { exec } : {}), ...(chown ? { chown } : {}), ...(from ? { from } : {}) };
 }
 
 /** `["a", "b"]` as a list of strings; undefined for anything else (the shell form). */

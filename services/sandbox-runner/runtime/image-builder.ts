@@ -23,14 +23,14 @@ import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { Readable } from 'node:stream';
-import { contextSources, copyLayer, missingDirs } from './build-context.ts';
+import { contextSources, copyLayer, missingDirs, type ContextSources } from './build-context.ts';
 import { envPairs, type Instruction, parseDockerfile, words } from './dockerfile.ts';
 import { type ImageInfo, ImageStore, type PullSettings } from './images.ts';
 import { LocalRuntime } from './local-runtime.ts';
 import { type LayerEntry, tempName, upperLayer, writeLayerTar } from './layer-tar.ts';
 import { applyLayers } from './oci-layers.ts';
 import { hostPlatform, type ImageRunConfig, MAX_CONFIG_BYTES, parseImageConfig, sha256Digest } from './oci.ts';
-import type { Runtime, SandboxResources } from './runtime.ts';
+import type { BuildNetwork, Runtime, SandboxResources } from './runtime.ts';
 
 export interface BuildImageOptions {
   /** `<dataDir>/images` */
@@ -51,6 +51,8 @@ export interface BuildImageOptions {
   resources?: SandboxResources;
   /** longest a RUN step may take (default 30 min) */
   runTimeoutMs?: number;
+  /** the network of RUN steps (null or absent: loopback only) */
+  network?: BuildNetwork | null;
   /** progress lines, and RUN output as it comes */
   log?: (line: string) => void;
 }
@@ -90,31 +92,63 @@ interface BuildState {
   history: Array<{ created_by: string; empty_layer?: boolean }>;
 }
 
-/** Builds the Dockerfile into the store; throws naming the Dockerfile line of a failed step. */
+/**
+ * Builds the Dockerfile into the store; throws naming the Dockerfile line of a failed step. Each
+ * FROM starts a stage; a stage before the last is stored as `build:<key>` (so a rebuild finds it)
+ * and is what a later `FROM <stage>` or `COPY --from=<stage>` reads; the last stage is the image.
+ */
 export async function buildImage(options: BuildImageOptions): Promise<BuildResult> {
   const store = new ImageStore(options.imagesDir);
   const { instructions, ignored } = parseDockerfile(options.dockerfile);
-  const vars: Record<string, string> = {};
+  const outerArgs: Record<string, string> = {};
   const fromAt = instructions.findIndex((i) => i.kind === 'FROM');
-  for (const arg of instructions.slice(0, fromAt)) Object.assign(vars, argValue(arg, vars, options.buildArgs));
-  const from = instructions[fromAt]!;
-  const reference = words(from.args, vars)[0];
-  if (!reference) throw new Error(`Dockerfile line ${from.line}: FROM names no image`);
-  const base = await store.ensureImage(reference, options.settings).catch((err: Error) => {
-    throw new Error(`Dockerfile line ${from.line}: FROM ${reference}: ${err.message}`);
-  });
+  for (const arg of instructions.slice(0, fromAt)) Object.assign(outerArgs, argValue(arg, outerArgs, options.buildArgs));
+  const stages = splitStages(instructions.slice(fromAt));
+  /** earlier stages' images, by index and by name */
+  const built = new Map<string, ImageInfo>();
+  const steps: BuildStep[] = [];
   const workDir = tempName(store.dir, 'build');
-  const builder = new Builder(store, base, options, workDir);
   try {
     await fs.promises.mkdir(workDir, { recursive: true });
-    const state = builder.initialState(vars);
-    const steps: BuildStep[] = [];
-    for (const instruction of instructions.slice(fromAt + 1)) steps.push(await builder.step(instruction, state));
-    const { image, upToDate } = await builder.finish(state, reference);
-    return { image, steps, ignored, upToDate };
+    for (const [index, { from, body }] of stages.entries()) {
+      const last = index === stages.length - 1;
+      const reference = words(from.args, outerArgs)[0];
+      if (!reference) throw new Error(`Dockerfile line ${from.line}: FROM names no image`);
+      const base =
+        built.get(reference.toLowerCase()) ??
+        (await store.ensureImage(reference, options.settings).catch((err: Error) => {
+          throw new Error(`Dockerfile line ${from.line}: FROM ${reference}: ${err.message}`);
+        }));
+      const stageSource = async (name: string, at: string): Promise<string> => {
+        const image = built.get(name.toLowerCase()) ?? (await store.ensureImage(name, options.settings).catch((err: Error) => {
+          throw new Error(`${at}: COPY --from=${name}: no earlier stage of that name or index, and no such image (${err.message})`);
+        }));
+        return image.rootfs;
+      };
+      const stageDir = path.join(workDir, `stage-${index}`);
+      await fs.promises.mkdir(stageDir);
+      const builder = new Builder(store, base, { ...options, name: last ? options.name : undefined }, stageDir, stageSource);
+      const state = builder.initialState(outerArgs);
+      for (const instruction of body) steps.push(await builder.step(instruction, state));
+      const { image, upToDate } = await builder.finish(state, reference);
+      if (last) return { image, steps, ignored, upToDate: upToDate && steps.every((s) => s.cached !== false) };
+      built.set(String(index), image);
+      if (from.stage) built.set(from.stage, image);
+    }
+    throw new Error('Dockerfile: no stage');
   } finally {
     await fs.promises.rm(workDir, { recursive: true, force: true });
   }
+}
+
+/** The instructions after each FROM, up to the next. */
+function splitStages(instructions: Instruction[]): Array<{ from: Instruction; body: Instruction[] }> {
+  const stages: Array<{ from: Instruction; body: Instruction[] }> = [];
+  for (const instruction of instructions) {
+    if (instruction.kind === 'FROM') stages.push({ from: instruction, body: [] });
+    else stages.at(-1)!.body.push(instruction);
+  }
+  return stages;
 }
 
 /** An ARG's value: the build's, else its default (expanded), else the same ARG's before FROM, else none. */
@@ -140,6 +174,8 @@ class Builder {
     private readonly base: ImageInfo,
     private readonly options: BuildImageOptions,
     private readonly workDir: string,
+    /** the root filesystem a COPY --from names (an earlier stage, else an image) */
+    private readonly stageSource: (name: string, at: string) => Promise<string>,
   ) {}
 
   initialState(vars: Record<string, string>): BuildState {
@@ -154,7 +190,7 @@ class Builder {
   async step(instruction: Instruction, state: BuildState): Promise<BuildStep> {
     const at = `Dockerfile line ${instruction.line}`;
     const argsNow = JSON.stringify([...state.args].sort().map((name) => [name, state.vars[name] ?? null]));
-    const sources = instruction.kind === 'COPY' || instruction.kind === 'ADD' ? await contextSources(this.options.context, instruction, state.vars, at) : null;
+    const sources = instruction.kind === 'COPY' || instruction.kind === 'ADD' ? await this.sources(instruction, state, at) : null;
     state.key = chainKey(state.key, instruction.text, argsNow, sources?.digest ?? '');
     const layerless = !['RUN', 'COPY', 'ADD', 'WORKDIR'].includes(instruction.kind);
     state.history.push({ created_by: instruction.text, ...(layerless ? { empty_layer: true } : {}) });
@@ -177,6 +213,13 @@ class Builder {
     if (layer) state.layers.push(layer);
     await this.remember(state.key, layer);
     return done(false);
+  }
+
+  /** What a COPY or ADD copies: from the build context, or with --from from a stage's or image's files (their links followed as in that image). */
+  private async sources(instruction: Instruction, state: BuildState, at: string): Promise<ContextSources> {
+    if (!instruction.from) return contextSources(this.options.context, instruction, state.vars, at);
+    const root = await this.stageSource(words(instruction.from, state.vars).join(' '), at);
+    return contextSources(root, instruction, state.vars, at, { inImage: true });
   }
 
   /** The layer a cache key names (null: the step made none), or undefined when not cached. */
@@ -240,8 +283,11 @@ class Builder {
       resources: this.options.resources ?? DEFAULT_RESOURCES,
       user: 'root',
       writableRoot: true,
+      ...(this.options.network ? { network: { trust: this.options.network.trust } } : {}),
     });
+    let detach: (() => void) | null = null;
     try {
+      if (this.options.network) detach = await this.options.network.attach(sandbox);
       if (!sandbox.rootChanges) throw new Error(`${at}: the ${this.options.runtime.name} runtime cannot show a sandbox's root changes; RUN needs the local runtime`);
       const onOutput = (_stream: string, chunk: Buffer): void => this.options.log?.(chunk.toString('utf8').replace(/\n$/, ''));
       const result = await sandbox.exec({ command: runCommand(instruction, state.config.workdir ?? '/'), env: argVars, timeoutMs: this.options.runTimeoutMs ?? DEFAULT_RUN_TIMEOUT_MS, onOutput });
@@ -255,6 +301,7 @@ class Builder {
       // Written now: the upper directory goes with the sandbox.
       return await this.layerTar(await upperLayer(changes));
     } finally {
+      detach?.();
       await sandbox.destroy();
       await fs.promises.rm(workspace, { recursive: true, force: true });
     }

@@ -293,7 +293,7 @@ export class LocalRuntime implements Runtime {
     const sandboxDir = path.join(this.stateDir, 'sandboxes', options.id);
     await fs.promises.mkdir(sandboxDir, { recursive: true });
     const hostsFile = path.join(sandboxDir, 'hosts');
-    await fs.promises.writeFile(hostsFile, hostsText(options.id, options.hosts ?? {}));
+    await fs.promises.writeFile(hostsFile, hostsText(options.hostname ?? options.id, options.hosts ?? {}));
     const network = options.network ? await this.networkFiles(options) : null;
     const identity = sandboxIdentity(options, { uid: this.uid, gid: this.gid }, this.rootIds);
 
@@ -420,7 +420,7 @@ export class LocalRuntime implements Runtime {
       // A sandbox with a network starts in the namespace made for it (the supervisor's `launch --netns`), root in its own (`--new-netns`).
       ...(options.network || identity.user === 'root' ? [] : ['--unshare-net']),
       '--die-with-parent', '--new-session',
-      '--hostname', options.id,
+      '--hostname', options.hostname ?? options.id,
       // the supervisor keeps only what it needs to start commands as the sandbox uid and to kill them
       '--cap-drop', 'ALL', '--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID', '--cap-add', 'CAP_SETPCAP', '--cap-add', 'CAP_KILL',
     ];
@@ -463,12 +463,12 @@ interface Pending {
 
 class LocalSandbox implements SandboxHandle {
   readonly runtime = 'local';
-  readonly id: string;
+  id: string;
   readonly exited: Promise<void>;
   private readonly requests: Writable;
   private readonly pending = new Map<number, Pending>();
   private readonly killWaiters = new Map<number, () => void>();
-  private readonly env: Record<string, string>;
+  private env: Record<string, string>;
   private nextId = 1;
   private buffer: Buffer = Buffer.alloc(0);
   private stderrText = '';
@@ -502,7 +502,7 @@ class LocalSandbox implements SandboxHandle {
     private readonly logger: Logger | undefined,
   ) {
     this.id = options.id;
-    this.env = { PATH: DEFAULT_PATH, HOME: '/tmp', LANG: 'C.UTF-8', HOSTNAME: options.id, ...options.env };
+    this.env = this.baseEnv(options.env);
     this.writablePlaces = mounts.scratch.places;
     this.user = { inside: identity.user, uid: identity.uid, gid: identity.gid };
     const stdio = child.stdio as unknown as [null, null, Readable, Writable, Readable, Writable];
@@ -752,6 +752,20 @@ class LocalSandbox implements SandboxHandle {
       }
     })();
     return this.destroying;
+  }
+
+  private baseEnv(env: Record<string, string>): Record<string, string> {
+    return { PATH: DEFAULT_PATH, HOME: '/tmp', LANG: 'C.UTF-8', HOSTNAME: this.options.hostname ?? this.options.id, ...env };
+  }
+
+  /** SandboxHandle.adopt: the environment, and the cgroups renamed after the sandbox. */
+  async adopt(as: { id: string; env: Record<string, string> }): Promise<void> {
+    const problem = envSizeProblem(as.env);
+    if (problem) throw new Error(`env: ${problem}`);
+    if (!/^[A-Za-z0-9_.-]+$/.test(as.id)) throw new Error(`invalid sandbox id: ${as.id}`);
+    this.cgroup.rename(as.id);
+    this.id = as.id;
+    this.env = this.baseEnv(as.env);
   }
 
   /** Starts the bridge to the service in the background; `serviceReachable` says when it listens. */

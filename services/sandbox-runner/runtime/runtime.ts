@@ -20,6 +20,8 @@ export interface CreateSandboxOptions {
   id: string;
   /** host directory bind-mounted read-write at /workspace, the working directory of every command */
   workspace: string;
+  /** the sandbox's hostname (default: its id) */
+  hostname?: string;
   /** e.g. <workspace>/.svc -> /workspace/.svc (audit the agent may read, not change); the agent bundle -> /agent */
   readOnlyMounts?: Array<{ host: string; sandbox: string }>;
   /** root filesystem directory from the image store; null = the host's system directories, read-only */
@@ -47,6 +49,15 @@ export interface CreateSandboxOptions {
 }
 
 export type SandboxUser = 'nobody' | 'root';
+
+/**
+ * The network a Dockerfile's RUN steps get (network/sandbox-network.ts `forBuild`): each step's
+ * sandbox is created with `network: {trust}`, then put under the policy; `attach` returns the undo.
+ */
+export interface BuildNetwork {
+  trust: string;
+  attach(box: SandboxHandle): Promise<() => void>;
+}
 
 /** The name of a sandbox's private network, as the spec's boot pipeline says (a runtime's namespace or network of that name). */
 export function networkName(sandboxId: string): string {
@@ -93,6 +104,7 @@ export interface SandboxUsage {
 }
 
 export interface SandboxHandle {
+  /** the create's id (a warm sandbox's until adopted) */
   readonly id: string;
   readonly runtime: string;
   /** what the runtime could not enforce for this sandbox (e.g. no disk limit on this filesystem) */
@@ -113,6 +125,13 @@ export interface SandboxHandle {
   usage(): Promise<SandboxUsage>;
   /** where the kernel sees the sandbox's processes (for capture from outside), or null when this runtime cannot say */
   processes(): { pidNamespace: number; supervisorPid: number } | null;
+  /**
+   * Makes a warm sandbox (sandbox-pool.ts; it has never run anything) the sandbox of a create:
+   * it takes the create's `id` (what the runtime names after it: its cgroups) and `env` becomes
+   * the base environment of its commands. Its workspace stays where it was made. Absent where
+   * the runtime cannot (no pool then).
+   */
+  adopt?(as: { id: string; env: Record<string, string> }): Promise<void>;
   /** idempotent: kills everything and removes the cgroups; the workspace's contents go with its own filesystem (if it has one), its directory is left to the caller */
   destroy(): Promise<void>;
   /** resolves when the sandbox has ended, on its own or by destroy() */

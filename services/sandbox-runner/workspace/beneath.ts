@@ -22,7 +22,8 @@
  *
  * Linux only (/proc/self/fd); sandboxes only run there.
  */
-import { closeSync, constants, fchmodSync, fchownSync, lstatSync, mkdirSync, openSync, readdirSync, readlinkSync, realpathSync, rmdirSync, unlinkSync, type BigIntStats, type Dirent, type Stats } from 'node:fs';
+import { closeSync, constants, fchmodSync, fchownSync, lchownSync, lstatSync, mkdirSync, openSync, readdirSync, readlinkSync, realpathSync, rmdirSync, symlinkSync, unlinkSync, type BigIntStats, type Dirent, type Stats } from 'node:fs';
+import path from 'node:path';
 import { open, type FileHandle } from 'node:fs/promises';
 import { AppError, badRequest } from '../../kernel/errors.ts';
 import { SANDBOX_WORKSPACE, SERVICE_DIR } from './paths.ts';
@@ -125,12 +126,32 @@ const MAX_REMOVE_DEPTH = 1024;
  * leave (nested deeper than MAX_REMOVE_DEPTH, or changing under it); 0 when `root` is gone.
  */
 export function removeBeneath(root: string): number {
-  let top: number;
+  let parent: number;
   try {
-    top = openRoot(root);
+    parent = openRoot(path.dirname(root));
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return 0;
     throw err;
+  }
+  try {
+    return removeAt(parent, path.basename(root));
+  } finally {
+    closeSync(parent);
+  }
+}
+
+/** `removeBeneath` of the name `name` in the directory held by `dirFd` (a link or file is unlinked itself). */
+export function removeAt(dirFd: number, name: string): number {
+  let top: number;
+  try {
+    top = openDirAt(dirFd, name);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return 0;
+    let left = 0;
+    if (code === 'ENOTDIR' || code === 'ELOOP') removeName(dirFd, name, () => left++);
+    else left++;
+    return left;
   }
   let left = 0;
   // Each level: its directory, the names still to remove, and the child directory being emptied.
@@ -138,36 +159,44 @@ export function removeBeneath(root: string): number {
   try {
     while (stack.length > 0) {
       const dir = stack[stack.length - 1];
-      const name = dir.names.pop();
-      if (name === undefined) {
+      const child = dir.names.pop();
+      if (child === undefined) {
         closeSync(dir.fd);
         stack.pop();
         const parent = stack[stack.length - 1];
         if (parent?.entered !== undefined) removeName(parent.fd, parent.entered, () => left++);
         continue;
       }
-      let child: number | undefined;
+      let childFd: number | undefined;
       try {
-        if (stack.length < MAX_REMOVE_DEPTH) child = openDirAt(dir.fd, name);
+        if (stack.length < MAX_REMOVE_DEPTH) childFd = openDirAt(dir.fd, child);
       } catch {
         // Not a directory (a file, a symlink, gone): unlinked below as it is.
       }
-      if (child === undefined) {
-        removeName(dir.fd, name, () => left++);
+      if (childFd === undefined) {
+        removeName(dir.fd, child, () => left++);
         continue;
       }
-      dir.entered = name;
-      stack.push({ fd: child, names: readdirFd(child).map((e) => e.name) });
+      dir.entered = child;
+      stack.push({ fd: childFd, names: readdirFd(childFd).map((e) => e.name) });
     }
   } finally {
     for (const { fd } of stack) closeSync(fd);
   }
-  try {
-    rmdirSync(root);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') left++;
-  }
+  removeName(dirFd, name, () => left++);
   return left;
+}
+
+/** Makes the symbolic link `name` -> `target` in `dirFd` (replacing a file or link there), owned by `owner`; the link itself, never what it points at. */
+export function symlinkAt(dirFd: number, name: string, target: string, owner: Owner): void {
+  try {
+    symlinkSync(target, at(dirFd, name));
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    unlinkSync(at(dirFd, name));
+    symlinkSync(target, at(dirFd, name));
+  }
+  lchownSync(at(dirFd, name), owner.uid, owner.gid);
 }
 
 /** Unlinks `name` in `dirFd` (rmdir when it is an empty directory); counts it with `onLeft` when it cannot go. */

@@ -19,12 +19,12 @@
  * the caller named. Auditing itself is the caller's (the runner records `file_read`/`file_write`/
  * `file_delete` through AuditLog, and tells the FsWatcher to ignore these paths meanwhile).
  */
-import { constants, createWriteStream, statSync } from 'node:fs';
-import { type FileHandle } from 'node:fs/promises';
+import { constants, createReadStream, createWriteStream, statSync } from 'node:fs';
+import { lstat, readdir, readlink, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { AppError, badRequest } from '../../kernel/errors.ts';
-import { closeFd, lstatAt, makeDirAt, mapErrno, openHandleAt, openRoot, resolveBeneath, unlinkAt, type Owner, type Resolved } from './beneath.ts';
+import { closeFd, lstatAt, makeDirAt, mapErrno, openHandleAt, openRoot, removeAt, resolveBeneath, symlinkAt, unlinkAt, type Owner, type Resolved } from './beneath.ts';
 import { workspaceSegments } from './paths.ts';
 
 /** Mode of files written through the API (the spec: 0644), whatever the umask. */
@@ -119,11 +119,33 @@ export async function writeFile(
   content: unknown,
   options: { field?: string; contentField?: string; mode?: number; owner?: Owner } = {},
 ): Promise<FileWriteResult> {
+  if (typeof content !== 'string' && !Buffer.isBuffer(content)) throw badRequest(options.contentField ?? 'content', 'must be a string');
+  const data = typeof content === 'string' ? Buffer.from(content, 'utf8') : content;
+  return writeWith(workspace, input, options, async (fh) => {
+    await fh.writeFile(data);
+    return data.length;
+  });
+}
+
+/** `writeFile` with the bytes of `hostFile`, a file of the service's own (streamed, never held whole). */
+export function writeFileFrom(workspace: string, input: unknown, hostFile: string, options: { field?: string; mode?: number; owner?: Owner } = {}): Promise<FileWriteResult> {
+  return writeWith(workspace, input, options, async (fh) => {
+    let bytes = 0;
+    for await (const chunk of createReadStream(hostFile) as AsyncIterable<Buffer>) bytes += (await fh.write(chunk)).bytesWritten;
+    return bytes;
+  });
+}
+
+/** Opens `input` for a whole-file write as `writeFile` says (made or truncated), lets `write` fill it, then sets owner and mode. */
+async function writeWith(
+  workspace: string,
+  input: unknown,
+  options: { field?: string; mode?: number; owner?: Owner },
+  write: (fh: FileHandle) => Promise<number>,
+): Promise<FileWriteResult> {
   const field = options.field ?? 'path';
   const mode = (options.mode ?? FILE_MODE) & 0o777;
-  if (typeof content !== 'string' && !Buffer.isBuffer(content)) throw badRequest(options.contentField ?? 'content', 'must be a string');
   const relative = workspaceSegments(input, field).join('/');
-  const data = typeof content === 'string' ? Buffer.from(content, 'utf8') : content;
   const owner = options.owner ?? ownerOf(workspace);
   return withResolved(workspace, input, { field, forWrite: true, createDirs: DIR_MODE, dirOwner: owner }, async (target) => {
     let fh: FileHandle;
@@ -139,14 +161,75 @@ export async function writeFile(
       const st = await fh.stat();
       if (!st.isFile()) throw badRequest(field, 'is not a regular file');
       await fh.truncate(0);
-      await fh.writeFile(data);
+      const bytes = await write(fh);
       // Owner first: a chown may clear mode bits.
       await fh.chown(owner.uid, owner.gid);
       await fh.chmod(mode);
-      return { path: relative, bytes: data.length, created };
+      return { path: relative, bytes, created };
     } finally {
       await fh.close();
     }
+  });
+}
+
+/**
+ * Copies the directory `from` (the service's own, e.g. an extracted bundle) into the workspace
+ * under `to` ('' for the workspace itself), each name resolved beneath the workspace as it is
+ * written (`writeFile`'s rules: never through a link out of it, never into `.svc`). Files and
+ * directories keep their modes, symbolic links are copied as links; everything belongs to the
+ * workspace's owner. Returns the workspace paths of `from`'s top-level names (what to remove later).
+ */
+export async function copyTreeIn(workspace: string, from: string, to: string, options: { field: string }): Promise<string[]> {
+  const owner = ownerOf(workspace);
+  const under = (rel: string) => (to === '' ? rel : `${to.replace(/\/+$/, '')}/${rel}`);
+  const copy = async (rel: string): Promise<void> => {
+    const host = path.join(from, rel);
+    const st = await lstat(host);
+    if (st.isSymbolicLink()) return makeLink(workspace, under(rel), await readlink(host), { field: options.field, owner });
+    if (st.isFile()) {
+      await writeFileFrom(workspace, under(rel), host, { field: options.field, mode: st.mode, owner });
+      return;
+    }
+    if (!st.isDirectory()) return;
+    await makeDirs(workspace, under(rel), { field: options.field, mode: st.mode & 0o777, owner });
+    for (const name of await readdir(host)) await copy(path.join(rel, name));
+  };
+  const top = await readdir(from);
+  if (to !== '') await makeDirs(workspace, to, { field: options.field, mode: DIR_MODE, owner });
+  for (const name of top) await copy(name);
+  return top.map(under);
+}
+
+/** Makes the directory `input` (and its parents) beneath the workspace; one already there is kept as it is. */
+async function makeDirs(workspace: string, input: string, options: { field: string; mode: number; owner: Owner }): Promise<void> {
+  await withResolved(workspace, input, { field: options.field, forWrite: true, createDirs: DIR_MODE, dirOwner: options.owner }, async (target) => {
+    try {
+      if (target.dir < 0) throw Object.assign(new Error('missing parent'), { code: 'ENOENT' });
+      if (!makeDirAt(target.dir, target.name, options.mode, options.owner) && !lstatAt(target.dir, target.name).isDirectory()) {
+        throw badRequest(options.field, `${input} is in the way of a directory`);
+      }
+    } catch (err) {
+      throw mapErrno(err, options.field, input);
+    }
+  });
+}
+
+/** Makes the symbolic link `input` -> `linkTarget` beneath the workspace (a name already there is replaced, never followed). */
+async function makeLink(workspace: string, input: string, linkTarget: string, options: { field: string; owner: Owner }): Promise<void> {
+  await withResolved(workspace, input, { field: options.field, followFinal: false, forWrite: true, createDirs: DIR_MODE, dirOwner: options.owner }, async (target) => {
+    try {
+      if (target.dir < 0) throw Object.assign(new Error('missing parent'), { code: 'ENOENT' });
+      symlinkAt(target.dir, target.name, linkTarget, options.owner);
+    } catch (err) {
+      throw mapErrno(err, options.field, input);
+    }
+  });
+}
+
+/** Removes `input` beneath the workspace, a directory with everything in it (a link is removed itself, never followed); quiet when missing. */
+export async function removeTree(workspace: string, input: string, options: { field: string }): Promise<void> {
+  await withResolved(workspace, input, { field: options.field, followFinal: false, forWrite: true }, async (target) => {
+    if (target.dir >= 0) removeAt(target.dir, target.name);
   });
 }
 

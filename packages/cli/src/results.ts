@@ -1,0 +1,119 @@
+/**
+ * An experiment's RunResults (docs/experiments.md) as the terminal shows them: a table of
+ * scenarios, then each run that did not pass with its failing checks, violations and reproducer;
+ * a comparison as a table of metrics and regressions; and the exit code CI acts on.
+ */
+import { EXIT } from './errors.ts';
+import { ms, paint, params, pct, table, usd, verdict } from './output.ts';
+
+/** The fields of RunResults the CLI reads (the service sends more). */
+export interface RunResults {
+  id: string;
+  name: string;
+  spec_id: string;
+  spec_version?: number;
+  status: string;
+  total_runs: number | null;
+  scored_runs: number;
+  counts: { pass: number; fail: number; flaky: number; error: number };
+  error: string | null;
+  pass_rate?: number | null;
+  metrics?: Record<string, unknown> | null;
+  scenarios?: Scenario[];
+}
+
+export interface Scenario {
+  scenario_id: string;
+  params: Record<string, unknown>;
+  verdict: string | null;
+  passing: boolean;
+  replicas: number;
+  passed: number;
+  failed: number;
+  errored: number;
+  pass_rate: number | null;
+  mean_wall_ms: number | null;
+  cost_usd: number | null;
+  error: string | null;
+  runs: Run[];
+}
+
+export interface Run {
+  run_id: string;
+  replica: number;
+  verdict: string | null;
+  status: string;
+  composite: number | null;
+  invariants?: Array<{ name: string; score: number; passed: boolean; message?: string | null; gate?: boolean }>;
+  violations?: Array<{ rule: string; message: string; audit?: Record<string, unknown> | null }>;
+  error: string | null;
+  reproducer?: string | null;
+  sandbox_id?: string | null;
+}
+
+export interface Comparison {
+  baseline_id: string;
+  candidate_id: string;
+  regressed: boolean;
+  regressions: string[];
+  metrics: Array<{ name: string; baseline: number | null; candidate: number | null; delta: number | null; direction: string; p_value?: number | null; regressed?: boolean }>;
+  scenarios?: Array<{ params: Record<string, unknown>; baseline: { verdict: string | null; passed: number; failed: number }; candidate: { verdict: string | null; passed: number; failed: number }; p_value: number | null; regressed: boolean }>;
+}
+
+export const FINAL_STATES = new Set(['completed', 'failed', 'cancelled']);
+
+export function summaryLine(r: RunResults): string {
+  const c = r.counts;
+  return `${r.id} ${r.name} (spec ${r.spec_id}${r.spec_version ? ` v${r.spec_version}` : ''}): ${r.status}, ${r.scored_runs}/${r.total_runs ?? '?'} runs, pass ${c.pass} fail ${c.fail} flaky ${c.flaky} error ${c.error}, pass rate ${pct(r.pass_rate)}${r.error ? `: ${r.error}` : ''}`;
+}
+
+export function scenarioTable(r: RunResults): string {
+  const rows = (r.scenarios ?? []).map((s) => [params(s.params), verdict(s.verdict), s.passing ? 'yes' : 'no', `${s.passed}/${s.failed}/${s.errored}`, pct(s.pass_rate), ms(s.mean_wall_ms), usd(s.cost_usd)]);
+  return table(['scenario', 'verdict', 'passing', 'pass/fail/error', 'pass rate', 'mean wall', 'cost'], rows);
+}
+
+/** Every run that did not pass (and every run of a flaky scenario that failed): why, and how to reproduce it. */
+export function failureReport(r: RunResults): string {
+  const out: string[] = [];
+  for (const s of r.scenarios ?? []) {
+    for (const run of s.runs ?? []) {
+      if (run.verdict === 'pass' || run.verdict === null) continue;
+      out.push(`${paint('bold', `✗ ${run.run_id}`)} ${params(s.params)} replica ${run.replica}: ${verdict(run.verdict)}${run.composite !== null && run.composite !== undefined ? ` (composite ${run.composite})` : ''}`);
+      if (run.error) out.push(`    error: ${run.error}`);
+      for (const inv of run.invariants ?? []) {
+        if (!inv.passed) out.push(`    invariant ${inv.name}${inv.gate ? ' (gate)' : ''}: score ${inv.score}${inv.message ? ` — ${inv.message}` : ''}`);
+      }
+      for (const v of run.violations ?? []) {
+        const audit = v.audit ? ` [audit ${Object.entries(v.audit).map(([k, val]) => `${k}=${typeof val === 'object' ? JSON.stringify(val) : String(val)}`).join(' ')}]` : '';
+        out.push(`    forbidden ${v.rule}: ${v.message}${audit}`);
+      }
+      if (run.reproducer) out.push(`    reproduce: ${run.reproducer}`);
+    }
+  }
+  return out.join('\n');
+}
+
+export function comparisonTable(c: Comparison): string {
+  const arrow = (d: string) => (d === 'worse' ? paint('red', d) : d === 'better' ? paint('green', d) : d);
+  const num = (x: number | null | undefined) => (x === null || x === undefined ? '—' : Number.isInteger(x) ? String(x) : x.toFixed(4));
+  const metrics = table(
+    ['metric', 'baseline', 'candidate', 'delta', 'direction', 'p', 'regressed'],
+    c.metrics.map((m) => [m.name, num(m.baseline), num(m.candidate), num(m.delta), arrow(m.direction), m.p_value === null || m.p_value === undefined ? '' : m.p_value.toFixed(3), m.regressed ? paint('red', 'yes') : '']),
+  );
+  const scenarios = (c.scenarios ?? []).length
+    ? `\n${table(
+        ['scenario', 'baseline', 'candidate', 'p', 'regressed'],
+        (c.scenarios ?? []).map((s) => [params(s.params), `${verdict(s.baseline.verdict)} ${s.baseline.passed}/${s.baseline.passed + s.baseline.failed}`, `${verdict(s.candidate.verdict)} ${s.candidate.passed}/${s.candidate.passed + s.candidate.failed}`, s.p_value === null ? '' : s.p_value.toFixed(3), s.regressed ? paint('red', 'yes') : '']),
+      )}`
+    : '';
+  const verdictLine = c.regressed ? paint('red', `regressed: ${c.regressions.join(', ')}`) : 'no regression';
+  return `${c.candidate_id} against ${c.baseline_id}: ${verdictLine}\n${metrics}${scenarios}`;
+}
+
+/** 0 when every scenario passes (and nothing regressed), else EXIT.failed or EXIT.regressed. */
+export function exitCodeOf(r: RunResults, comparison?: Comparison | null): number {
+  const allPassing = r.status === 'completed' && (r.scenarios ?? []).every((s) => s.passing);
+  if (!allPassing) return EXIT.failed;
+  if (comparison?.regressed) return EXIT.regressed;
+  return EXIT.ok;
+}

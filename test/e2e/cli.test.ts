@@ -1,0 +1,360 @@
+/**
+ * The `svc` CLI end to end against the running service (docs/cli.md), in a real terminal (tmux)
+ * where a person would see it, and through pipes where a machine reads it: login and its config
+ * file, local spec validation with file:line:column, agent push with .svcignore, `svc eval` with
+ * its live progress bar, results, reproducers and exit codes (pass, fail, regression), the
+ * `--json` shapes, experiments list/show/compare/export, sandboxes with exec and an interactive
+ * shell over the WebSocket, `traces tail --agent`, shell completion, and bad input as one line.
+ */
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import WebSocket from 'ws';
+import { backend } from '../helpers/backend.ts';
+import { createTenantKey, REPO, startServer, type TestServer } from '../helpers/server.ts';
+import { terminal, tmuxAvailable } from '../helpers/terminal.ts';
+
+const SVC = path.join(REPO, 'bin', 'svc.mjs');
+const runtime = backend('SVC_TEST_BWRAP', 'the svc CLI against sandboxes on the local runtime');
+
+interface Ran {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+if (runtime) {
+  describe('svc CLI', { skip: tmuxAvailable() ? false : 'tmux is not installed (apt-get install tmux; npm test installs it)' }, () => {
+    let server: TestServer;
+    let key: string;
+    let home: string;
+    let work: string;
+    let env: Record<string, string>;
+
+    /** `svc ARGS` through pipes, with the test's own config dir and no SVC_API_KEY of the harness. */
+    const svc = (args: string[], extra: { env?: Record<string, string>; input?: string } = {}): Promise<Ran> =>
+      new Promise((resolve) => {
+        const child = execFile(process.execPath, [SVC, ...args], { cwd: work, env: { ...cleanEnv(), ...env, ...extra.env }, maxBuffer: 64 * 1024 * 1024 }, (err, stdout, stderr) => {
+          resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
+        });
+        child.stdin!.end(extra.input ?? '');
+      });
+
+    const cleanEnv = () => Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SVC_'))) as Record<string, string>;
+    const inTerminal = (args: string) => terminal(`node ${SVC} ${args}`, { cwd: work, env: { ...env, PATH: process.env.PATH ?? '', HOME: home } });
+
+    const agentDir = (name: string, script: string, extra: Record<string, string> = {}) => {
+      const dir = path.join(work, name);
+      mkdirSync(dir, { recursive: true });
+      writeFileSync(path.join(dir, 'run.sh'), `#!/bin/sh\n${script}\n`);
+      writeFileSync(path.join(dir, 'svc-agent.json'), JSON.stringify({ entrypoint: ['sh', 'run.sh'] }));
+      for (const [file, text] of Object.entries(extra)) writeFileSync(path.join(dir, file), text);
+      return dir;
+    };
+    const specFile = (id: string, agent: string, body: string) => {
+      const file = path.join(work, `${id}.yaml`);
+      writeFileSync(file, `version: 1\nid: ${id}\nbase: debian:bookworm\ntask: {prompt: write out.txt}\nagent: {type: snapshot, snapshot: ${agent}}\ninvariants:\n  out: {check: {type: file_exists, path: out.txt}}\n${body}`);
+      return file;
+    };
+    const noStack = (r: Ran) => assert.doesNotMatch(r.stdout + r.stderr, /^\s+at .+:\d+:\d+\)?$/m, 'no stack trace');
+
+    before(async () => {
+      server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+      key = (await createTenantKey(server, 'cli')).key;
+      work = mkdtempSync(path.join(os.tmpdir(), 'svc-cli-'));
+      home = path.join(work, 'home');
+      mkdirSync(home);
+      // The CLI's per-user config lives in the test's own directory.
+      env = { XDG_CONFIG_HOME: path.join(home, '.config'), NO_COLOR: '1' };
+      // Every test but the login test's own runs logged in (the key read from a pipe).
+      const login = await svc(['login', '--url', server.url], { input: `${key}\n` });
+      assert.equal(login.code, 0, login.stderr);
+    });
+
+    after(async () => {
+      await server?.cleanup();
+      if (work) rmSync(work, { recursive: true, force: true });
+    });
+
+    test('svc login asks for the key without echoing it, checks it, and keeps it in a 0600 file', async () => {
+      const config = path.join(work, 'login-home', '.config');
+      const t = terminal(`node ${SVC} login --url ${server.url}`, { cwd: work, env: { ...env, XDG_CONFIG_HOME: config, PATH: process.env.PATH ?? '' } });
+      try {
+        await t.waitFor(/API key \(svc_live_…\): ?$/m);
+        t.type(key);
+        const { code, screen } = await t.exit();
+        assert.equal(code, 0, screen);
+        assert.ok(!screen.includes(key), 'the key is not echoed on the screen');
+        assert.match(screen, /logged in to http:\/\/127\.0\.0\.1:\d+; saved to .*config\.json \(mode 0600\)/);
+      } finally {
+        t.close();
+      }
+      const file = path.join(config, 'svc', 'config.json');
+      assert.equal(statSync(file).mode & 0o777, 0o600);
+      assert.equal(statSync(path.dirname(file)).mode & 0o777, 0o700);
+      assert.deepEqual(JSON.parse(readFileSync(file, 'utf8')), { base_url: server.url, api_key: key });
+
+      const shown = await svc(['login', '--show'], { env: { XDG_CONFIG_HOME: config } });
+      assert.match(shown.stdout, new RegExp(`url: ${server.url} \\(from .*config\\.json\\)`));
+      assert.ok(!shown.stdout.includes(key), 'the key is masked');
+      // The environment wins over the file.
+      const overridden = await svc(['login', '--show'], { env: { SVC_BASE_URL: 'http://127.0.0.1:1', SVC_API_KEY: 'svc_live_other' } });
+      assert.match(overridden.stdout, /url: http:\/\/127\.0\.0\.1:1 \(from SVC_BASE_URL\)\nkey: .* \(from SVC_API_KEY\)/);
+      const refused = await svc(['login', '--url', server.url, '--key', 'svc_live_0000'], { env: { XDG_CONFIG_HOME: path.join(work, 'other-config') } });
+      assert.equal(refused.code, 2);
+      assert.match(refused.stderr, /^svc: the service at .* refused the key: /);
+      assert.equal(refused.stderr.trim().split('\n').length, 1);
+    });
+
+    test('specs validate reports every problem at its file:line:column; push stores a valid spec once', async () => {
+      const bad = path.join(work, 'bad.yaml');
+      writeFileSync(bad, 'version: 1\nid: bad\nbase: debian:bookworm\ntask: {prompt: p}\ninvariants:\n  a: {check: {type: nope}}\nbogus: 1\n');
+      const r = await svc(['specs', 'validate', bad]);
+      assert.equal(r.code, 2);
+      assert.match(r.stdout, new RegExp(`^${bad}:6:15: invariants\\.a\\.check\\.type: unknown type "nope"`, 'm'));
+      assert.match(r.stdout, new RegExp(`^${bad}:7:1: bogus: unknown field`, 'm'));
+      assert.equal(r.stderr, 'svc: 1 of 1 spec file invalid\n');
+      const yaml = path.join(work, 'broken.yaml');
+      writeFileSync(yaml, 'version: 1\nid: x\n  base: : debian\n');
+      assert.match((await svc(['specs', 'validate', yaml])).stdout, new RegExp(`^${yaml}:2:\\d+: malformed YAML: `, 'm'));
+      const pushRefused = await svc(['specs', 'push', bad]);
+      assert.equal(pushRefused.code, 2);
+      assert.match(pushRefused.stderr, /nothing was pushed/);
+      assert.equal((await server.request('GET', '/v1/specs/bad', { key })).status, 404);
+
+      const good = specFile('cli-good', 'cli-good', '');
+      assert.equal((await svc(['specs', 'validate', good])).stdout, `${good}: ok (spec cli-good)\n`);
+      const first = await svc(['specs', 'push', good, '--json']);
+      assert.equal(first.code, 0, first.stderr);
+      assert.deepEqual(JSON.parse(first.stdout), [{ file: good, id: 'cli-good', version: 1, changed: true }]);
+      assert.match((await svc(['specs', 'push', good])).stdout, /spec cli-good unchanged \(version 1\)/);
+    });
+
+    test('agents push bundles a directory without what .svcignore names, and prints digest and version', async () => {
+      const dir = agentDir('pushed', 'ls /agent > "$SVC_WORKSPACE/out.txt"', { '.svcignore': 'secret.txt\nbuild/\n', 'secret.txt': 'do not ship' });
+      mkdirSync(path.join(dir, 'build'));
+      writeFileSync(path.join(dir, 'build', 'big.bin'), 'x');
+      const r = await svc(['agents', 'push', dir, '--name', 'cli-pushed', '--tag', 'v1']);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stdout, /^pushed agent cli-pushed version 1 \(tag v1\): snap_[0-9a-f]{32}\ndigest sha256:[0-9a-f]{64}, \d+ bytes, 2 files\n$/);
+      const again = await svc(['agents', 'push', dir, '--name', 'cli-pushed', '--json']);
+      const snapshot = JSON.parse(again.stdout);
+      assert.equal(snapshot.uploaded, false, 'the same files are not uploaded again');
+      assert.equal(snapshot.version, 1);
+      // What the sandbox sees at /agent: the bundle, without the ignored files.
+      writeFileSync(path.join(work, 'pushed.yaml'), 'version: 1\nid: cli-pushed\nbase: debian:bookworm\ntask: {prompt: p}\nagent: {type: snapshot, snapshot: cli-pushed}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n');
+      assert.equal((await svc(['specs', 'push', path.join(work, 'pushed.yaml')])).code, 0);
+      const sb = (await svc(['sandboxes', 'create', 'cli-pushed'])).stdout.trim();
+      assert.match(sb, /^sb-[0-9a-f]+$/);
+      const ls = await svc(['sandboxes', 'exec', sb, '--', 'ls -A /agent']);
+      assert.equal(ls.stdout, 'run.sh\nsvc-agent.json\n');
+      assert.equal((await svc(['sandboxes', 'rm', sb])).code, 0);
+    });
+
+    test('svc eval shows live progress in a terminal, then the results and each failure\'s reproducer; exit 1 on failure', async () => {
+      agentDir('flaky', 'sleep 0.5; case "$SVC_RUN_ID" in *-2) exit 0;; esac; echo ok > "$SVC_WORKSPACE/out.txt"');
+      specFile('cli-flaky', 'cli-flaky', 'parallelism:\n  replicas: 2\n  matrix: [{lang: go}, {lang: py}]\nresources: {concurrency_limit: 1}\n');
+      const t = inTerminal('eval cli-flaky.yaml --agent flaky --interval 100');
+      const screens: string[] = [];
+      try {
+        const poll = setInterval(() => screens.push(t.screen()), 150);
+        const { code, screen } = await t.exit(120_000);
+        clearInterval(poll);
+        assert.equal(code, 1, screen);
+        assert.match(screen, /agent cli-flaky: pushed version 1, sha256:[0-9a-f]{64}/);
+        assert.match(screen, /spec cli-flaky: pushed version 1/);
+        // The bar was drawn while the runs went on, with counts and an ETA, and it ended at 4/4.
+        assert.ok(screens.some((s) => /█*░+ [0-3]\/4 runs \| running \| pass \d+ fail \d+ flaky \d+ error \d+ \| ETA /.test(s)), `no live progress bar seen:\n${screens.join('\n---\n')}`);
+        assert.match(screen, /4\/4 runs \| completed \| pass 0 fail 0 flaky 2 error 0/);
+        assert.match(screen, /exp-[0-9a-f]+ cli-flaky eval .*: completed, 4\/4 runs, pass 0 fail 0 flaky 2 error 0/);
+        assert.match(screen, /│ lang=go +│ flaky +│ no +│ 1\/1\/0 +│ 50\.0%/);
+        assert.match(screen, /✗ run-[0-9a-f]+-1-2 lang=go replica 2: fail \(composite 0\)\n {4}invariant out: score 0 — out\.txt does not exist\n {4}reproduce: curl -sS -X POST '[^']+\/v1\/experiments'/);
+      } finally {
+        t.close();
+      }
+    });
+
+    test('svc eval --json prints {experiment, comparison, exit_code} and exits 0 when every scenario passes', async () => {
+      agentDir('good', 'echo ok > "$SVC_WORKSPACE/out.txt"');
+      specFile('cli-good', 'cli-good', 'parallelism: {replicas: 2}\n');
+      const r = await svc(['eval', 'cli-good.yaml', '--agent', 'good', '--json', '--replicas', '3']);
+      assert.equal(r.code, 0, r.stderr);
+      assert.equal(r.stderr, '', 'off a terminal, --json prints nothing else');
+      const out = JSON.parse(r.stdout);
+      assert.deepEqual(Object.keys(out).sort(), ['comparison', 'exit_code', 'experiment']);
+      assert.equal(out.exit_code, 0);
+      assert.equal(out.comparison, null);
+      assert.equal(out.experiment.status, 'completed');
+      assert.equal(out.experiment.total_runs, 3, '--replicas replaced the spec\'s');
+      assert.equal(out.experiment.scenarios[0].runs.length, 3);
+      assert.equal(out.experiment.scenarios[0].verdict, 'pass');
+      assert.match(out.experiment.agent.snapshot_id, /^snap_/);
+      // The spec did not change since the last push: it was not pushed again.
+      assert.equal(out.experiment.spec_version, 2, 'the edited spec was pushed as version 2');
+      const again = await svc(['eval', 'cli-good.yaml', '--agent', 'good', '--json']);
+      assert.equal(JSON.parse(again.stdout).experiment.spec_version, 2);
+    });
+
+    test('svc eval --baseline exits 3 when the candidate regressed; experiments compare says the same', async () => {
+      const body = 'parallelism: {replicas: 6}\nscoring:\n  replica_aggregation: {strategy: percentage, min_pass_rate: 0.1}\n';
+      agentDir('steady', 'echo ok > "$SVC_WORKSPACE/out.txt"');
+      agentDir('shaky', 'case "$SVC_RUN_ID" in *-1) echo ok > "$SVC_WORKSPACE/out.txt";; esac');
+      specFile('cli-regress', 'cli-regress', body);
+      const base = await svc(['eval', 'cli-regress.yaml', '--agent', 'steady', '--json']);
+      assert.equal(base.code, 0, base.stdout + base.stderr);
+      const baseline = JSON.parse(base.stdout).experiment.id;
+      const cand = await svc(['eval', 'cli-regress.yaml', '--agent', 'shaky', '--baseline', baseline]);
+      assert.equal(cand.code, 3, cand.stdout + cand.stderr);
+      assert.match(cand.stdout, /against exp-[0-9a-f]+: regressed: .*scenario \{\}/);
+      assert.match(cand.stdout, /│ pass_rate +│ 1 +│ 1 +│ 0 +│ same /);
+      const candidate = /^(exp-[0-9a-f]+) /m.exec(cand.stdout)![1];
+      const compared = await svc(['experiments', 'compare', baseline, candidate, '--json']);
+      assert.equal(compared.code, 3);
+      const c = JSON.parse(compared.stdout);
+      assert.equal(c.regressed, true);
+      assert.ok(c.regressions.includes('scenario {}'), JSON.stringify(c.regressions));
+      assert.ok(c.metrics.every((m: any) => typeof m.name === 'string' && 'delta' in m && 'direction' in m));
+      assert.equal((await svc(['experiments', 'compare', baseline, baseline])).code, 0, 'no regression: exit 0');
+    });
+
+    test('experiments list, show and export, as tables and as JSON', async () => {
+      const list = await svc(['experiments', 'list', '--spec', 'cli-good', '--json']);
+      const items = JSON.parse(list.stdout);
+      assert.equal(items.length, 2);
+      assert.ok(items.every((e: any) => e.spec_id === 'cli-good' && e.status === 'completed' && /^exp-/.test(e.id)));
+      const table = await svc(['experiments', 'list']);
+      assert.match(table.stdout, /│ id +│ name +│ spec +│ status +│ runs +│ pass\/fail\/flaky\/error +│ created +│/);
+      const shown = await svc(['experiments', 'show', items[0].id, '--json']);
+      assert.equal(JSON.parse(shown.stdout).id, items[0].id);
+      const exported = await svc(['experiments', 'export', items[0].id, '--format', 'ndjson']);
+      const lines = exported.stdout.trim().split('\n').map((l) => JSON.parse(l));
+      assert.equal(lines[0].type, 'experiment');
+      assert.equal(lines.at(-1).type, 'end');
+      const out = path.join(work, 'export.json');
+      assert.equal((await svc(['experiments', 'export', items[0].id, '-o', out])).code, 0);
+      assert.equal(JSON.parse(readFileSync(out, 'utf8')).experiment.id, items[0].id);
+    });
+
+    test('bad input is one line on stderr with exit 2, never a stack trace', async () => {
+      const cases: Array<[string[], RegExp]> = [
+        [['eval', 'missing.yaml'], /^svc: missing\.yaml: no such file\n$/],
+        [['experiments', 'show', 'exp-0000000000000000'], /^svc: 404 not_found: .+\n$/],
+        [['experiments', 'list', '--limit', 'lots'], /^svc: --limit: lots is not a whole number from 1 to 1000\n$/],
+        [['eval', 'cli-good.yaml', '--replicas', '0'], /^svc: --replicas: 0 is not a whole number from 1 to 100\n$/],
+        [['sandboxes', 'exec'], /^svc: missing required argument 'id'\n$/],
+        [['experiments', 'show', 'x', '--bogus'], /^svc: unknown option '--bogus'\n$/],
+        [['nonsense'], /^svc: unknown command 'nonsense'\n$/],
+        [['specs', 'list', '--url', 'http://127.0.0.1:1'], /^svc: cannot reach the service at http:\/\/127\.0\.0\.1:1: .+\n$/],
+        [['specs', 'list', '--key', 'svc_live_nope'], /^svc: 401 unauthorized: .+ \(run `svc login`, or set SVC_API_KEY\)\n$/],
+      ];
+      for (const [args, pattern] of cases) {
+        const r = await svc(args);
+        assert.equal(r.code, 2, `${args.join(' ')}: ${r.stderr}`);
+        assert.match(r.stderr, pattern, args.join(' '));
+        noStack(r);
+      }
+    });
+
+    test('sandboxes: create, exec with the command\'s exit code, an interactive shell over the WebSocket, rm', async () => {
+      const sb = (await svc(['sandboxes', 'create', 'cli-good', '--meta', 'who=cli', '--json'])).stdout;
+      const id = JSON.parse(sb).id as string;
+      assert.equal(JSON.parse(sb).metadata.who, 'cli');
+      const listed = JSON.parse((await svc(['sandboxes', 'list', '--json'])).stdout);
+      assert.ok(listed.some((s: any) => s.id === id));
+      const exec = await svc(['sandboxes', 'exec', id, '--', 'echo out; echo err >&2; exit 7']);
+      assert.deepEqual(exec, { code: 7, stdout: 'out\n', stderr: 'err\n' });
+
+      const t = inTerminal(`sandboxes shell ${id}`);
+      try {
+        await t.waitFor(new RegExp(`${id}:/workspace\\$ ?$`, 'm'));
+        t.type('mkdir -p a/b && cd a/b');
+        await t.waitFor(new RegExp(`${id}:/workspace/a/b\\$ ?$`, 'm'));
+        t.type('pwd; echo "sum $((2+3))"; ls /nonexistent');
+        await t.waitFor(/sum 5\n.*No such file or directory/);
+        t.keys('C-d');
+        const { code, screen } = await t.exit();
+        assert.equal(code, 2, `the last command's exit code: ${screen}`);
+        assert.match(screen, /\/workspace\/a\/b\nsum 5/);
+      } finally {
+        t.close();
+      }
+      // The shell's commands went through the audited command path.
+      const audit = await server.request('GET', `/v1/sandboxes/${id}/audit?type=process_spawn`, { key });
+      assert.ok(audit.body.items.some((r: any) => r.details.command.includes('mkdir -p a/b')), JSON.stringify(audit.body));
+
+      // The endpoint itself: bad input answers one JSON error before any WebSocket exists.
+      const refused = await new Promise<{ status: number; body: string }>((resolve) => {
+        const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/sandboxes/${id}/shell?timeout=forever`, { headers: { authorization: `Bearer ${key}` } });
+        ws.on('unexpected-response', (_req, res) => {
+          let body = '';
+          res.on('data', (c: Buffer) => (body += c));
+          res.on('end', () => resolve({ status: res.statusCode!, body }));
+        });
+      });
+      assert.equal(refused.status, 400);
+      assert.equal(JSON.parse(refused.body).error, 'bad_request');
+      const other = (await createTenantKey(server, 'cli-other')).key;
+      const forbidden = await svc(['sandboxes', 'shell', id, '--key', other]);
+      assert.equal(forbidden.code, 2);
+      assert.match(forbidden.stderr, /^svc: 403 forbidden: /);
+      const plain = await server.request('GET', `/v1/sandboxes/${id}/shell`, { key });
+      assert.equal(plain.status, 400, 'a GET without the upgrade is told what the endpoint is');
+      // A frame that is not a command gets an error frame; the session goes on.
+      const frames = await new Promise<any[]>((resolve, reject) => {
+        const got: any[] = [];
+        const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/sandboxes/${id}/shell`, { headers: { authorization: `Bearer ${key}` } });
+        ws.on('message', (data) => {
+          got.push(JSON.parse(String(data)));
+          if (got.length === 1) ws.send('not json');
+          if (got.length === 2) ws.send(JSON.stringify({ type: 'run', command: 'echo hi' }));
+          if (got.length === 3) ws.close();
+        });
+        ws.on('close', () => resolve(got));
+        ws.on('error', reject);
+      });
+      assert.deepEqual(frames.map((f) => f.type), ['ready', 'error', 'result']);
+      assert.equal(frames[2].stdout, 'hi\n');
+      assert.equal((await svc(['sandboxes', 'rm', id])).stdout, `destroyed ${id}\n`);
+      assert.match((await svc(['sandboxes', 'shell', id])).stderr, /^svc: 404 not_found: /);
+    });
+
+    test('traces tail --agent follows the events an agent reports, as they arrive', async () => {
+      const events = JSON.stringify([
+        { ts: new Date(Date.now() + 60_000).toISOString(), event_type: 'llm_call', tool: 'chat', phase: 'complete', span_id: 'llm-1', cost: { model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, estimated_usd: 0.25 } },
+        { ts: new Date(Date.now() + 61_000).toISOString(), event_type: 'tool_use', tool: 'bash', phase: 'invoked', span_id: 'tool-1', parent_span_id: 'llm-1' },
+      ]);
+      agentDir('traced', `curl -sf -X POST "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/trace" -H "authorization: Bearer $SVC_API_KEY" -H 'content-type: application/json' --data-binary '${events}' && echo ok > "$SVC_WORKSPACE/out.txt"`);
+      specFile('cli-traced', 'cli-traced', '');
+      const t = inTerminal('traces tail --agent cli-traced --interval 200');
+      try {
+        await new Promise((r) => setTimeout(r, 1500));
+        const r = await svc(['eval', 'cli-traced.yaml', '--agent', 'traced', '--json']);
+        assert.equal(r.code, 0, r.stderr);
+        const screen = await t.waitFor(/tool_use +bash invoked ok .*agent=cli-traced/);
+        assert.match(screen, /llm_call +chat complete ok 0ms gpt-4o 1000\+100 tok \$0\.25 +agent=cli-traced sandbox=sb-[0-9a-f]+ exp=exp-[0-9a-f]+/);
+        t.keys('C-c');
+        assert.equal((await t.exit()).code, 0);
+      } finally {
+        t.close();
+      }
+    });
+
+    test('shell completion for bash completes commands, subcommands and options', async () => {
+      const script = (await svc(['completion', 'bash'])).stdout;
+      const complete = (words: string[]) =>
+        new Promise<string>((resolve, reject) => {
+          const program = `${script}\nCOMP_WORDS=(${words.map((w) => `'${w}'`).join(' ')}); COMP_CWORD=${words.length - 1}; _svc_complete; echo "\${COMPREPLY[*]}"`;
+          execFile('bash', ['-c', program], (err, stdout) => (err ? reject(err) : resolve(stdout.trim())));
+        });
+      assert.equal(await complete(['svc', 'sa']), 'sandboxes');
+      assert.deepEqual((await complete(['svc', 'sandboxes', ''])).split(' ').sort(), ['--help', 'audit', 'create', 'events', 'exec', 'list', 'rm', 'shell']);
+      assert.equal(await complete(['svc', 'eval', 'x.yaml', '--base']), '--baseline');
+      assert.match(await complete(['svc', '']), /\bstart\b.*\brun\b.*\bkeys\b.*\beval\b/, 'the operator commands too');
+      assert.match((await svc(['completion', 'zsh'])).stdout, /^#compdef svc\n/);
+      assert.equal((await svc(['completion', 'fish'])).code, 2);
+    });
+  });
+}
