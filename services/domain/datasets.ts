@@ -37,16 +37,8 @@ export interface Dataset {
 /** One dataset with the history of its versions (GET /v1/datasets/:id). */
 export type DatasetDetail = Dataset & { versions: Array<{ version: number; records: number; added: number; created_at: string }> };
 
-/** The DatasetRecord resource: `expected` and `metadata` are absent when the record has none. */
-export interface DatasetRecord {
-  id: string;
-  version: number;
-  input: unknown;
-  expected?: unknown;
-  metadata?: unknown;
-  tags: string[];
-  created_at: string;
-}
+/** The DatasetRecord resource: a scenario's record (`expected` and `metadata` absent when it has none) and when it was added. */
+export type DatasetRecord = Omit<ScenarioRecord, 'dataset_id'> & { created_at: string };
 
 /** What an add of records is made of, before the store gives it ids and places. */
 export interface NewRecord {

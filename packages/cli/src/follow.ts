@@ -37,7 +37,7 @@ export async function followExperiment(client: SvcClient, id: string, options: F
   process.once('SIGINT', onInterrupt);
   try {
     for (;;) {
-      const r = (await client.experiments.get(id)) as unknown as RunResults;
+      const r = await client.experiments.get(id);
       const total = r.total_runs ?? 0;
       if (bar) {
         if (!started && total > 0) {

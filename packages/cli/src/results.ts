@@ -3,62 +3,11 @@
  * scenarios, then each run that did not pass with its failing checks, violations and reproducer;
  * a comparison as a table of metrics and regressions; and the exit code CI acts on.
  */
+import type { Comparison, RunResult, RunResults, ScenarioResult } from '../../sdk/src/client.ts';
 import { EXIT } from './errors.ts';
 import { ms, paint, params, pct, table, usd, verdict } from './output.ts';
 
-/** The fields of RunResults the CLI reads (the service sends more). */
-export interface RunResults {
-  id: string;
-  name: string;
-  spec_id: string;
-  spec_version?: number;
-  status: string;
-  total_runs: number | null;
-  scored_runs: number;
-  counts: { pass: number; fail: number; flaky: number; error: number };
-  error: string | null;
-  pass_rate?: number | null;
-  metrics?: Record<string, unknown> | null;
-  scenarios?: Scenario[];
-}
-
-export interface Scenario {
-  scenario_id: string;
-  params: Record<string, unknown>;
-  verdict: string | null;
-  passing: boolean;
-  replicas: number;
-  passed: number;
-  failed: number;
-  errored: number;
-  pass_rate: number | null;
-  mean_wall_ms: number | null;
-  cost_usd: number | null;
-  error: string | null;
-  runs: Run[];
-}
-
-export interface Run {
-  run_id: string;
-  replica: number;
-  verdict: string | null;
-  status: string;
-  composite: number | null;
-  invariants?: Array<{ name: string; score: number; passed: boolean; message?: string | null; gate?: boolean }>;
-  violations?: Array<{ rule: string; message: string; audit?: Record<string, unknown> | null }>;
-  error: string | null;
-  reproducer?: string | null;
-  sandbox_id?: string | null;
-}
-
-export interface Comparison {
-  baseline_id: string;
-  candidate_id: string;
-  regressed: boolean;
-  regressions: string[];
-  metrics: Array<{ name: string; baseline: number | null; candidate: number | null; delta: number | null; direction: string; p_value?: number | null; regressed?: boolean }>;
-  scenarios?: Array<{ params: Record<string, unknown>; baseline: { verdict: string | null; passed: number; failed: number }; candidate: { verdict: string | null; passed: number; failed: number }; p_value: number | null; regressed: boolean }>;
-}
+export type { Comparison, RunResult as Run, RunResults, ScenarioResult as Scenario };
 
 export const FINAL_STATES = new Set(['completed', 'failed', 'cancelled']);
 

@@ -103,12 +103,93 @@ export interface CreateExperiment {
   run?: boolean;
 }
 
+/** One invariant's grade of a run. */
+export interface InvariantResult {
+  name: string;
+  type: string;
+  score: number;
+  weight: number;
+  gate: boolean;
+  passed: boolean;
+  message?: string | null;
+}
+
+/** One run of a scenario, as RunResults shows it (docs/experiments.md). */
+export interface RunResult {
+  run_id: string;
+  replica: number;
+  attempt: number;
+  verdict: string | null;
+  status: string;
+  composite: number | null;
+  sandbox_id?: string | null;
+  invariants?: InvariantResult[];
+  violations?: Array<{ rule: string; message: string; audit?: Record<string, unknown> | null }>;
+  error: string | null;
+  wall_ms?: number | null;
+  cost_usd?: number | null;
+  tokens?: { input: number; output: number; cache_read: number; reasoning: number } | null;
+  llm_calls?: number;
+  tool_calls?: number;
+  tool_errors?: number;
+  reproducer?: string | null;
+}
+
+/** One scenario (a matrix entry, a dataset record) and its replicas' runs. */
+export interface ScenarioResult {
+  scenario_id: string;
+  params: Record<string, unknown>;
+  verdict: string | null;
+  passing: boolean;
+  replicas: number;
+  passed: number;
+  failed: number;
+  errored: number;
+  pass_rate: number | null;
+  pass_rate_ci95?: { low: number; high: number } | null;
+  mean_wall_ms: number | null;
+  cost_usd: number | null;
+  error: string | null;
+  runs: RunResult[];
+}
+
+/** GET /v1/experiments/:id: an experiment with its results so far. */
+export interface RunResults extends Experiment {
+  spec_version: number;
+  completed_at: string | null;
+  total_runs: number | null;
+  scored_runs: number;
+  counts: { pass: number; fail: number; flaky: number; error: number };
+  error: string | null;
+  pass_rate: number | null;
+  concurrency?: number;
+  agent?: { snapshot_id: string; name: string; version: number; digest: string } | null;
+  metrics?: Record<string, unknown> | null;
+  scenarios: ScenarioResult[];
+}
+
+/** One side of a paired scenario in a comparison. */
+export interface ComparedSide {
+  scenario_id: string;
+  passed: number;
+  failed: number;
+  errored: number;
+  verdict: string | null;
+}
+
+/** POST /v1/experiments/compare (docs/experiments.md, "Compare"). */
 export interface Comparison {
   baseline_id: string;
   candidate_id: string;
   regressed: boolean;
   regressions: string[];
-  metrics: { name: string; baseline: number; candidate: number; delta: number; direction: string }[];
+  /** those of `regressions` decided on the point estimate alone (underpowered) */
+  untested_regressions?: string[];
+  alpha?: number;
+  metrics: Array<{ name: string; baseline: number | null; candidate: number | null; delta: number | null; direction: string; better?: string; test?: string | null; p_value?: number | null; min_p_value?: number | null; significance?: string; regressed?: boolean }>;
+  not_comparable?: string[];
+  scenarios?: Array<{ params: Record<string, unknown>; baseline: ComparedSide; candidate: ComparedSide; p_value: number | null; significance?: string; regressed: boolean }>;
+  unpaired?: { baseline: Array<{ scenario_id: string; params: Record<string, unknown> }>; candidate: Array<{ scenario_id: string; params: Record<string, unknown> }> };
 }
 
 /** A stored trace event, as GET /v1/traces returns it. */
@@ -285,7 +366,7 @@ export function createClient(options: ClientOptions = {}) {
     experiments: {
       create: (body: CreateExperiment) => json<Experiment>('POST', '/v1/experiments', { json: body }),
       run: (id: string) => json<unknown>('POST', `/v1/experiments/${seg(id)}/run`),
-      get: (id: string) => json<Experiment>('GET', `/v1/experiments/${seg(id)}`),
+      get: (id: string) => json<RunResults>('GET', `/v1/experiments/${seg(id)}`),
       list: (query: PageQuery = {}) => json<Page<Experiment>>('GET', '/v1/experiments', { query }),
       cancel: (id: string) => json<unknown>('POST', `/v1/experiments/${seg(id)}/cancel`),
       compare: (baselineId: string, candidateId: string) => json<Comparison>('POST', '/v1/experiments/compare', { json: { baseline_id: baselineId, candidate_id: candidateId } }),
@@ -336,6 +417,17 @@ export function createClient(options: ClientOptions = {}) {
       list: (filters: TraceFilters = {}) => json<Page<StoredTraceEvent>>('GET', '/v1/traces', { query: filters }),
       /** Every span of one trace, oldest start first (docs/traces.md, "Spans"). */
       get: (traceId: string, query: PageQuery = {}) => json<Page<SpanRecord>>('GET', `/v1/traces/${seg(traceId)}`, { query }),
+      /** Every span of a trace, page after page (at most `max`). */
+      allSpans: async (traceId: string, max = Infinity): Promise<SpanRecord[]> => {
+        const spans: SpanRecord[] = [];
+        let cursor: string | undefined;
+        do {
+          const page = await json<Page<SpanRecord>>('GET', `/v1/traces/${seg(traceId)}`, { query: { limit: 1000, ...(cursor && { cursor }) } });
+          spans.push(...page.items);
+          cursor = page.next_cursor;
+        } while (cursor && spans.length < max);
+        return spans;
+      },
       spans: (filters: PageQuery & { trace_id?: string; span_id?: string; parent_span_id?: string; root_span_id?: string; tool?: string; event_type?: string } = {}) =>
         json<Page<SpanRecord>>('GET', '/v1/spans', { query: filters }),
     },

@@ -26,17 +26,12 @@ import Router from '@koa/router';
 import type Koa from 'koa';
 import { WebSocketServer, type WebSocket } from 'ws';
 import type { Kernel } from '../../kernel/actor.ts';
-import type { Auth, Principal } from '../../kernel/auth.ts';
+import type { Principal } from '../../kernel/auth.ts';
 import { AppError, badRequest } from '../../kernel/errors.ts';
 import { sandboxDuration } from '../../domain/sandbox-lifetime.ts';
 import { commandSizeProblem } from '../../domain/sandbox-limits.ts';
-import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
-import type { RunnerRoster } from '../catalogs/runner-roster.ts';
-import type { SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
-import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 import { checkQueryParams } from '../pagination.ts';
-import { SandboxOperations } from '../sandboxes/sandbox-operations.ts';
-import type { SandboxRequester } from '../sandboxes/sandbox-requester.ts';
+import { SandboxOperations, type SandboxOperationsDeps } from '../sandboxes/sandbox-operations.ts';
 
 /** Where upgradeThroughApp leaves the raw socket for the handler that takes it. */
 const UPGRADE = Symbol('svc.upgrade');
@@ -83,15 +78,7 @@ function wrapped(line: string, cwd: string): string {
   return `cd -- ${shellQuote(cwd)} 2>/dev/null\n${line}\n__svc_status=$?; printf '${CWD_MARKER.replace('\x1e', '\\036')}%s' "$PWD" >&2; exit $__svc_status`;
 }
 
-interface Deps {
-  kernel: Kernel;
-  auth: Auth;
-  specs: SpecCatalog;
-  agents: AgentCatalog;
-  sandboxes: SandboxCatalog;
-  runners: RunnerRoster;
-  requester: SandboxRequester;
-}
+type Deps = Omit<SandboxOperationsDeps, 'config'> & { kernel: Kernel };
 
 export function sandboxShellRouter(deps: Deps): Router {
   const { config } = deps.kernel;

@@ -13,7 +13,7 @@ import { CliError } from '../errors.ts';
 import { followExperiment, intervalOf } from '../follow.ts';
 import type { CliContext } from '../main.ts';
 import { note, printJson } from '../output.ts';
-import { comparisonTable, exitCodeOf, failureReport, scenarioTable, summaryLine, type Comparison } from '../results.ts';
+import { comparisonTable, exitCodeOf, failureReport, scenarioTable, summaryLine } from '../results.ts';
 import { pushAgent, resolveAgent } from './agents.ts';
 import { pushSpec, validFile } from './specs.ts';
 
@@ -122,7 +122,7 @@ export function evalCommand(program: Command, context: CliContext): void {
       const created = await client.experiments.create(body);
       say(`experiment ${created.id} "${created.name}": ${String(created.total_runs ?? '?')} runs`);
       const results = await followExperiment(client, created.id, { intervalMs: interval, quiet: opts.json === true && process.stderr.isTTY !== true });
-      const comparison = opts.baseline && results.status === 'completed' ? ((await client.experiments.compare(opts.baseline, created.id)) as unknown as Comparison) : null;
+      const comparison = opts.baseline && results.status === 'completed' ? (await client.experiments.compare(opts.baseline, created.id)) : null;
       const code = exitCodeOf(results, comparison);
       if (opts.json) {
         printJson({ experiment: results, comparison, exit_code: code });

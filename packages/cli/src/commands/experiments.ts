@@ -11,7 +11,7 @@ import { CliError, EXIT } from '../errors.ts';
 import { followExperiment, intervalOf } from '../follow.ts';
 import type { CliContext } from '../main.ts';
 import { pct, printJson, table } from '../output.ts';
-import { comparisonTable, failureReport, scenarioTable, summaryLine, type Comparison, type RunResults } from '../results.ts';
+import { comparisonTable, failureReport, scenarioTable, summaryLine, type RunResults } from '../results.ts';
 import { datasetOf, secretsOf } from './eval.ts';
 
 const collect = (value: string, previous: string[] = []) => [...previous, value];
@@ -60,7 +60,7 @@ export function experimentsCommands(program: Command, context: CliContext): void
     .option('--json', 'the RunResults as JSON')
     .action(async (id: string, opts: { watch?: boolean; interval: string; json?: boolean }) => {
       const client = context.client();
-      const r = opts.watch ? await followExperiment(client, id, { intervalMs: intervalOf(opts.interval), quiet: opts.json === true && process.stderr.isTTY !== true }) : ((await client.experiments.get(id)) as unknown as RunResults);
+      const r = opts.watch ? await followExperiment(client, id, { intervalMs: intervalOf(opts.interval), quiet: opts.json === true && process.stderr.isTTY !== true }) : (await client.experiments.get(id));
       if (opts.json) return printJson(r);
       printResults(r);
     });
@@ -117,7 +117,7 @@ export function experimentsCommands(program: Command, context: CliContext): void
     .argument('<candidate-id>')
     .option('--json', 'the comparison as JSON')
     .action(async (baseline: string, candidate: string, opts: { json?: boolean }) => {
-      const c = (await context.client().experiments.compare(baseline, candidate)) as unknown as Comparison;
+      const c = await context.client().experiments.compare(baseline, candidate);
       if (opts.json) printJson(c);
       else process.stdout.write(`${comparisonTable(c)}\n`);
       if (c.regressed) process.exitCode = EXIT.regressed;

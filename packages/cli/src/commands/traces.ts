@@ -90,13 +90,7 @@ export function tracesCommands(program: Command, context: CliContext): void {
     .option('--json', 'the spans as JSON')
     .action(async (traceId: string, opts: { json?: boolean }) => {
       const client = context.client();
-      const spans: SpanRecord[] = [];
-      let cursor: string | undefined;
-      do {
-        const page = await client.traces.get(traceId, { limit: 1000, ...(cursor && { cursor }) });
-        spans.push(...page.items);
-        cursor = page.next_cursor;
-      } while (cursor);
+      const spans = await client.traces.allSpans(traceId);
       if (opts.json) return printJson(spans);
       process.stdout.write(`${spanTree(spans).join('\n')}\n`);
     });

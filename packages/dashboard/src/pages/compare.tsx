@@ -1,28 +1,9 @@
 /** Two experiments side by side: paired scenarios, metric deltas and their significance. */
+import type { ComparedSide as Side } from '../../../sdk/src/client.ts';
 import { api } from '../api.ts';
 import { useLoad } from '../hooks.ts';
 import { href } from '../router.ts';
 import { ErrorBox, Loading, num, paramsText, Section, Verdict } from '../ui.tsx';
-
-interface Side {
-  scenario_id: string;
-  passed: number;
-  failed: number;
-  errored: number;
-  verdict: string | null;
-}
-
-interface Comparison {
-  baseline_id: string;
-  candidate_id: string;
-  regressed: boolean;
-  regressions: string[];
-  alpha?: number;
-  metrics: Array<{ name: string; baseline: number | null; candidate: number | null; delta: number | null; direction: string; better?: string; test?: string | null; p_value?: number | null; regressed?: boolean }>;
-  not_comparable?: string[];
-  scenarios?: Array<{ params: Record<string, unknown>; baseline: Side; candidate: Side; p_value: number | null; regressed: boolean }>;
-  unpaired?: { baseline: Array<{ scenario_id: string; params: Record<string, unknown> }>; candidate: Array<{ scenario_id: string; params: Record<string, unknown> }> };
-}
 
 const side = (s: Side) => (
   <>
@@ -32,7 +13,7 @@ const side = (s: Side) => (
 );
 
 export function Compare({ baseline, candidate }: { baseline: string; candidate: string }) {
-  const { data: c, error, loading } = useLoad(async () => (await api().experiments.compare(baseline, candidate)) as unknown as Comparison, [baseline, candidate]);
+  const { data: c, error, loading } = useLoad(async () => await api().experiments.compare(baseline, candidate), [baseline, candidate]);
   if (loading && !c) return <Loading />;
   if (!c) return <ErrorBox error={error} />;
   return (

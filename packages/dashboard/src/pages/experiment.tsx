@@ -5,76 +5,13 @@
  * Runs render only when opened, so an experiment of hundreds of scenarios loads at once.
  */
 import { useState } from 'preact/hooks';
+import type { RunResult as Run, RunResults, ScenarioResult as Scenario } from '../../../sdk/src/client.ts';
 import { api } from '../api.ts';
 import { useLoad } from '../hooks.ts';
 import { href } from '../router.ts';
 import { CopyButton, ErrorBox, Loading, ms, num, paramsText, pct, Progress, Section, Status, usd, Verdict, when } from '../ui.tsx';
 
-interface Invariant {
-  name: string;
-  type: string;
-  score: number;
-  weight: number;
-  gate: boolean;
-  passed: boolean;
-  message?: string | null;
-}
-
-interface Run {
-  run_id: string;
-  replica: number;
-  attempt: number;
-  verdict: string | null;
-  status: string;
-  composite: number | null;
-  sandbox_id: string | null;
-  invariants?: Invariant[];
-  violations?: Array<{ rule: string; message: string; audit?: Record<string, unknown> | null }>;
-  error: string | null;
-  wall_ms: number | null;
-  cost_usd: number | null;
-  tokens?: { input: number; output: number; cache_read: number; reasoning: number } | null;
-  llm_calls?: number;
-  tool_calls?: number;
-  tool_errors?: number;
-  reproducer?: string | null;
-}
-
-interface Scenario {
-  scenario_id: string;
-  params: Record<string, unknown>;
-  verdict: string | null;
-  passing: boolean;
-  replicas: number;
-  passed: number;
-  failed: number;
-  errored: number;
-  pass_rate: number | null;
-  pass_rate_ci95?: { low: number; high: number } | null;
-  mean_wall_ms: number | null;
-  cost_usd: number | null;
-  error: string | null;
-  runs: Run[];
-}
-
-export interface RunResults {
-  id: string;
-  name: string;
-  spec_id: string;
-  spec_version: number;
-  status: string;
-  created_at: string;
-  completed_at: string | null;
-  total_runs: number | null;
-  scored_runs: number;
-  counts: { pass: number; fail: number; flaky: number; error: number };
-  error: string | null;
-  pass_rate: number | null;
-  concurrency?: number;
-  agent?: { snapshot_id: string; name: string; version: number; digest: string } | null;
-  metrics?: Record<string, unknown> | null;
-  scenarios: Scenario[];
-}
+export type { RunResults };
 
 const FINAL = new Set(['completed', 'failed', 'cancelled']);
 
@@ -243,7 +180,7 @@ function CompareWith({ results }: { results: RunResults }) {
 }
 
 export function Experiment({ id }: { id: string }) {
-  const { data: r, error, loading } = useLoad(async () => (await api().experiments.get(id)) as unknown as RunResults, [id], { pollMs: 1000, keepPolling: (d) => !FINAL.has(d.status) });
+  const { data: r, error, loading } = useLoad(async () => await api().experiments.get(id), [id], { pollMs: 1000, keepPolling: (d) => !FINAL.has(d.status) });
   if (loading && !r) return <Loading />;
   if (!r) return <ErrorBox error={error} />;
   const m = (r.metrics ?? {}) as Record<string, unknown>;

@@ -10,16 +10,8 @@ import { useLoad } from '../hooks.ts';
 import { href } from '../router.ts';
 import { ErrorBox, Loading, ms, Section, when } from '../ui.tsx';
 
-async function allSpans(traceId: string): Promise<SpanRecord[]> {
-  const client = api();
-  const spans: SpanRecord[] = [];
-  let cursor: string | undefined;
-  do {
-    const page = await client.traces.get(traceId, { limit: 1000, ...(cursor && { cursor }) });
-    spans.push(...page.items);
-    cursor = page.next_cursor;
-  } while (cursor && spans.length < 10_000);
-  return spans;
+function allSpans(traceId: string): Promise<SpanRecord[]> {
+  return api().traces.allSpans(traceId, 10_000);
 }
 
 interface Row {
