@@ -74,7 +74,8 @@ if (brokers) {
     });
     after(async () => {
       await Promise.all(processes.map((p) => p.kill9()));
-      await Promise.all(dirs.map((d) => rm(d, { recursive: true, force: true })));
+      // A killed runner's launcher unmounts its disks (workspaces, warm sandboxes', the spare) a moment after.
+      await Promise.all(dirs.map((d) => rm(d, { recursive: true, force: true, maxRetries: 20, retryDelay: 300 })));
     });
 
     test('an actor started before the api waits for its registry, then registers its subjects with the service key', async () => {
