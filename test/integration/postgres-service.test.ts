@@ -364,23 +364,28 @@ if (problem) {
       }
     });
 
-    test('even the runner’s superuser is jailed: a program it runs is the postgres user, read-only host, no network', { timeout: 30_000 }, async () => {
+    test('even the runner’s superuser is jailed: a program it runs is the postgres user, sees the host\'s system read-only and none of its data, no network', { timeout: 30_000 }, async () => {
       // The superuser's password is private to the service (it never runs tenant SQL); read here to test the jail.
       const password = (service as unknown as { superuserPassword: string }).superuserPassword;
       const client = new pg.Client({ host: path.dirname(service.socketPath), port: 5432, user: 'svc_superuser', password, database: 'app' });
       await client.connect();
-      const marker = path.join('/var/tmp', `svc-escape-${randomBytes(4).toString('hex')}`);
+      const marker = path.join('/usr', `svc-escape-${randomBytes(4).toString('hex')}`);
+      // Host data any user may read (another sandbox's world-readable file, say): out of the jail's sight.
+      const hostData = path.join('/var/tmp', `svc-host-data-${randomBytes(4).toString('hex')}`);
+      fs.writeFileSync(hostData, 'host data\n', { mode: 0o644 });
       try {
         await client.query(`CREATE TEMP TABLE out (line text)`);
-        await client.query(`COPY out FROM PROGRAM 'id -un; touch ${marker} 2>&1 || true; tail -n +3 /proc/net/dev | cut -d: -f1'`);
+        await client.query(`COPY out FROM PROGRAM 'id -un; touch ${marker} 2>&1 || true; cat ${hostData} 2>&1 || true; tail -n +3 /proc/net/dev | cut -d: -f1'`);
         const lines = (await client.query(`SELECT line FROM out`)).rows.map((r: { line: string }) => r.line);
         assert.equal(lines[0], 'postgres');
         assert.match(lines[1]!, /Read-only file system/);
-        assert.deepEqual(lines.slice(2).map((l) => l.trim()), ['lo'], 'its own network namespace: loopback only');
+        assert.match(lines[2]!, /No such file or directory/, 'the host\'s data is not in the jail');
+        assert.deepEqual(lines.slice(3).map((l) => l.trim()), ['lo'], 'its own network namespace: loopback only');
         assert.equal(fs.existsSync(marker), false);
       } finally {
         await client.end();
         fs.rmSync(marker, { force: true });
+        fs.rmSync(hostData, { force: true });
       }
     });
 

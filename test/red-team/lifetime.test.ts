@@ -135,11 +135,11 @@ print(post({"timeout": "3650d"}), post({"extend": "3650d"}), post({"timeout": "9
         }
       }
       // One loses everything in its workspace, .svc included (the directory stays where it is a mount point).
-      const workspace = (id: string) => path.join(server.dataDir, 'workspaces', id);
-      for (const entry of await readdir(workspace(emptied.id))) await rm(path.join(workspace(emptied.id), entry), { recursive: true, force: true });
+      // Where each workspace is on the host: the sandbox's `path` (a warm one stays where it was made).
+      for (const entry of await readdir(emptied.path)) await rm(path.join(emptied.path, entry), { recursive: true, force: true });
       // One cannot be removed: an immutable file in its workspace (made so from the host, as root), so the teardown's rm fails.
       await req('POST', `/v1/sandboxes/${stuck.id}/files`, { path: 'stuck.txt', content: 'x' }, own);
-      const stuckFile = path.join(workspace(stuck.id), 'stuck.txt');
+      const stuckFile = path.join(stuck.path, 'stuck.txt');
       const immutable = spawnSync('chattr', ['+i', stuckFile]).status === 0;
 
       try {

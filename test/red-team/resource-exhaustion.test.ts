@@ -13,7 +13,7 @@
  * reserved blocks only root may use.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
@@ -58,7 +58,7 @@ if (runtime) {
     const create = async (specId: string, k = key) => {
       const res = await req('POST', '/v1/sandboxes', { spec_id: specId }, k);
       assert.equal(res.status, 201, res.text);
-      return res.body as { id: string };
+      return res.body as { id: string; path: string };
     };
     const run = async (id: string, command: string, k = key) => {
       const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command }, k);
@@ -234,12 +234,15 @@ if (runtime) {
       // The service (root) still writes the audit log there: this command is audited.
       assert.equal((await run(sb.id, 'echo after-the-fill')).stdout, 'after-the-fill\n');
       assert.ok((await auditOf(sb.id)).some((r) => r.type === 'process_spawn' && r.details.command === 'echo after-the-fill'));
-      const image = path.join(server.dataDir, 'runtime', 'disks', `${sb.id}.img`);
+      // The file behind the workspace's loop device (its mount point is the sandbox's `path`).
+      const loop = execFileSync('findmnt', ['-n', '-o', 'SOURCE', '--mountpoint', sb.path], { encoding: 'utf8' }).trim();
+      const image = execFileSync('losetup', ['-n', '-O', 'BACK-FILE', loop], { encoding: 'utf8' }).trim();
+      assert.equal(path.dirname(image), path.join(server.dataDir, 'runtime', 'disks'));
       assert.ok(statSync(image).blocks * 512 <= 64 * MiB, 'the host holds at most the disk');
       assert.equal((await run(sb.id, 'rm big && echo room > room.txt && cat room.txt')).stdout, 'room\n');
 
       assert.equal((await req('DELETE', `/v1/sandboxes/${sb.id}`)).status, 200);
-      assert.ok(!readFileSync('/proc/self/mountinfo', 'utf8').includes(sb.id), 'unmounted');
+      assert.ok(!readFileSync('/proc/self/mountinfo', 'utf8').includes(` ${sb.path} `), 'unmounted');
       assert.throws(() => statSync(image), /ENOENT/);
     });
 
@@ -258,7 +261,8 @@ if (runtime) {
     // Last: it kills the service.
     test('a runner killed with sandboxes up leaves no workspace mounted on the host', async () => {
       const sandboxes = [await create('basic'), await create('small-disk')];
-      const mounted = () => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => sandboxes.some((sb) => l.includes(sb.id)));
+      // Each workspace's mount point is the sandbox's `path` (a warm one stays where it was made).
+      const mounted = () => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => sandboxes.some((sb) => l.includes(` ${sb.path} `)));
       assert.equal(mounted().length, 2);
       await server.kill9();
       await until('the workspaces to be unmounted', async () => mounted().length === 0, 10_000);

@@ -19,8 +19,8 @@
  * roles apart.
  *
  * Jail. The server runs as the host's `postgres` user (no capabilities, no_new_privs) inside
- * bubblewrap: its own mount, pid, ipc, uts and network namespaces, the host root read-only,
- * only its data and socket directories writable, its own /tmp, /run and /dev/shm. Even a
+ * bubblewrap: its own mount, pid, ipc, uts and network namespaces, the host's system directories
+ * read-only (none of the host's data), only its data and socket directories writable, its own /tmp, /run and /dev/shm. Even a
  * superuser statement (COPY ... TO PROGRAM) stays inside. It dies with the runner
  * (--die-with-parent), and stop() kills the namespace's init, which takes every process of the
  * server with it.
@@ -42,6 +42,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
 import { PgWireObserver, type WriteOperation } from './postgres-wire.ts';
+import { hostSystemBinds, inHostSystemDirs } from '../runtime/host-tools.ts';
 
 export interface DbWrite {
   /** schema-qualified unless in `public`, unquoted: "orders", "audit.log", "My Table" */
@@ -389,12 +390,19 @@ function serverSettings(memoryMb: number): string[] {
 // ---------------------------------------------------------------------------------------------
 // The jail.
 
-/** The bubblewrap arguments for a server on `dataDir` with sockets in `socketDir` (host paths). */
-function jailArgs(dataDir: string, socketDir: string): string[] {
+/**
+ * The bubblewrap arguments for a server on `dataDir` with sockets in `socketDir` (host paths),
+ * running `program`: the host's system directories read-only (and the installation `program` is
+ * in, when it is elsewhere), never the host's root, so nothing of the host's data (the runner's,
+ * other sandboxes') is in sight even of the runner's superuser.
+ */
+function jailArgs(dataDir: string, socketDir: string, program: string): string[] {
+  const installation = path.dirname(path.dirname(program));
   return [
     '--unshare-pid', '--unshare-ipc', '--unshare-net', '--unshare-uts', '--unshare-cgroup-try',
     '--die-with-parent', '--new-session',
-    '--ro-bind', '/', '/',
+    ...hostSystemBinds(),
+    ...(inHostSystemDirs(program) ? [] : ['--ro-bind', installation, installation]),
     '--proc', '/proc', '--dev', '/dev',
     '--perms', '1777', '--tmpfs', '/dev/shm',
     '--perms', '1777', '--tmpfs', '/tmp',
@@ -430,7 +438,7 @@ const JAIL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 
 /** A PostgreSQL program in the jail, the cgroups joined first when given. */
 function spawnJailed(dataDir: string, socketDir: string, command: string[], cgroupProcs: string[] = []): ChildProcess {
-  const bwrap = ['bwrap', ...jailArgs(dataDir, socketDir), ...command];
+  const bwrap = ['bwrap', ...jailArgs(dataDir, socketDir, command[0]!), ...command];
   // Joining the cgroups before exec'ing bwrap puts every later process of the server in them.
   const argv = cgroupProcs.length
     ? ['/bin/sh', '-c', 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done; shift; exec "$@"', 'sh', ...cgroupProcs, '--', ...bwrap]

@@ -30,3 +30,27 @@ export function mountInfo(): Array<{ device: string; point: string }> {
 
 /** This process's mount points. */
 export const mountPoints = (): string[] => mountInfo().map((m) => m.point);
+
+/** The host's system directories a sandbox or jail sees read-only: programs, libraries, /etc; nothing of the host's data. */
+const HOST_SYSTEM_DIRS = ['/usr', '/etc', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32'];
+
+/** bubblewrap arguments that show the host's system directories read-only (a merged-/usr link as the same link). */
+export function hostSystemBinds(): string[] {
+  const args: string[] = [];
+  for (const dir of HOST_SYSTEM_DIRS) {
+    let stat: fs.Stats;
+    try {
+      stat = fs.lstatSync(dir);
+    } catch {
+      continue;
+    }
+    if (stat.isSymbolicLink()) args.push('--symlink', fs.readlinkSync(dir), dir);
+    else if (stat.isDirectory()) args.push('--ro-bind', dir, dir);
+  }
+  return args;
+}
+
+/** Whether `file` is in one of the host's system directories (what hostSystemBinds shows). */
+export function inHostSystemDirs(file: string): boolean {
+  return HOST_SYSTEM_DIRS.some((dir) => file === dir || file.startsWith(`${dir}/`));
+}

@@ -38,6 +38,7 @@ import { LocalNetworks, type GatewayPorts, type NetworkSlot, type RefusedUdp } f
 import { Launcher, type LaunchedProcess } from './launcher.ts';
 import { diskTools, WorkspaceDisks, type WorkspaceDisk } from './workspace-disk.ts';
 import { Scratches, type Scratch } from './scratch.ts';
+import { hostSystemBinds } from './host-tools.ts';
 import { detachBootMounts, ROOT_IDS_DEFAULT, rootIdsProblem, rootPlan, sandboxIdentity, type RootPlan, type SandboxIdentity } from './sandbox-root.ts';
 import {
   EXIT_KILLED,
@@ -87,7 +88,6 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 const DEFAULT_SOURCE = path.resolve(HERE, '../../../infra/supervisor/supervisor.c');
 const DEFAULT_CAPTURE = 1024 * 1024;
 const SUPERVISOR_IN_SANDBOX = '/run/svc/supervisor';
-const HOST_SYSTEM_DIRS = ['/usr', '/etc', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32'];
 /** /proc files hidden behind /dev/null and directories behind an empty tmpfs (as Docker and runc do) */
 const PROC_MASKED_FILES = ['kcore', 'keys', 'key-users', 'timer_list', 'sched_debug', 'latency_stats', 'kallsyms', 'kmsg', 'config.gz', 'sysrq-trigger', 'vmallocinfo', 'pagetypeinfo', 'slabinfo'];
 const PROC_MASKED_DIRS = ['acpi', 'scsi', 'asound', 'driver', 'fs', 'tty'];
@@ -156,7 +156,7 @@ export class LocalRuntime implements Runtime {
     if (process.getuid?.() !== 0) return 'the local runtime needs root (cgroups and a dedicated sandbox uid)';
     const version = spawnSync(this.bwrap, ['--version'], { encoding: 'utf8' });
     if (version.error || version.status !== 0) return `bubblewrap is not installed (apt-get install bubblewrap): ${version.error?.message ?? version.stderr.trim()}`;
-    const trial = spawnSync(this.bwrap, ['--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--die-with-parent', ...this.hostSystemArgs(), '--proc', '/proc', '--dev', '/dev', '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+    const trial = spawnSync(this.bwrap, ['--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--die-with-parent', ...hostSystemBinds(), '--proc', '/proc', '--dev', '/dev', '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
     if (trial.error || trial.status !== 0) return `bubblewrap cannot create namespaces here: ${(trial.error?.message ?? trial.stderr).trim()}`;
     if (!cgroupLayout()) return 'no memory and pids cgroup controllers are mounted under /sys/fs/cgroup';
     const swept = sweepStaleCgroups(this.cgroupParent);
@@ -306,7 +306,7 @@ export class LocalRuntime implements Runtime {
       const layer = identity.writableRoot ? await this.rootLayer(mounts.root, mounts.scratch, warnings) : null;
       const systemTrust = network?.systemTrust;
       const seed = systemTrust ? [{ at: SYSTEM_TRUST_BUNDLE, from: systemTrust.bundle }, { at: LOCAL_TRUST_AUTHORITY, from: systemTrust.authority }] : [];
-      plan = await rootPlan(options, identity, { sandboxDir, layer, readOnlyMounts: readOnlyMounts.map((m) => m.sandbox), hostSystem: () => this.hostSystemArgs(), rootIds: this.rootIds, seed });
+      plan = await rootPlan(options, identity, { sandboxDir, layer, readOnlyMounts: readOnlyMounts.map((m) => m.sandbox), hostSystem: () => hostSystemBinds(), rootIds: this.rootIds, seed });
       // The system's bundle with the deployment's CA: in the writable root's layer (seed), else bound over the root's.
       if (systemTrust && !plan.seeded) network.mounts.push({ host: systemTrust.bundle, sandbox: `/${SYSTEM_TRUST_BUNDLE}` });
       cgroup = SandboxCgroup.create(this.cgroupParent, options.id, options.resources);
@@ -354,21 +354,6 @@ export class LocalRuntime implements Runtime {
       network?.networks.refill();
     }
     return sandbox;
-  }
-
-  private hostSystemArgs(): string[] {
-    const args: string[] = [];
-    for (const dir of HOST_SYSTEM_DIRS) {
-      let stat: fs.Stats;
-      try {
-        stat = fs.lstatSync(dir);
-      } catch {
-        continue;
-      }
-      if (stat.isSymbolicLink()) args.push('--symlink', fs.readlinkSync(dir), dir);
-      else if (stat.isDirectory()) args.push('--ro-bind', dir, dir);
-    }
-    return args;
   }
 
   /**
