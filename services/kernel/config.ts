@@ -138,7 +138,7 @@ export const SETTINGS = {
   defaultPageSize: setting('SVC_PAGE_SIZE_DEFAULT', '100', 'Default `limit` of paginated endpoints.', positiveInt),
   maxPageSize: setting('SVC_PAGE_SIZE_MAX', '1000', 'Largest `limit` accepted; more is a 400.', positiveInt),
   traceEventsPerRequest: setting('SVC_TRACE_EVENTS_PER_REQUEST', '1000', 'Most trace events in one ingest request.', positiveInt),
-  ingestMaxLag: setting('SVC_INGEST_MAX_LAG', '1000000', 'Trace records the sink may be behind the log while ingest answers before its events are queryable (`Prefer: respond-async`); past it, such requests get 503 `overloaded` with `Retry-After`.', positiveInt),
+  ingestMaxLag: setting('SVC_INGEST_MAX_LAG', '100', 'Log records of svc.traces (one per ingest request, of at most 900 KB of events) the sink may be behind while ingest answers before its events are queryable (`Prefer: respond-async`); past it, such requests get 503 `overloaded` with `Retry-After`.', positiveInt),
   ingestMaxInFlight: setting('SVC_INGEST_MAX_IN_FLIGHT', '64', 'Ingest requests handled at once, from reading the body until the events are queryable; past it, 503 `overloaded` with `Retry-After` before the body is read.', positiveInt),
   traceRetention: setting('SVC_TRACE_RETENTION', '30d', 'How long trace events are kept: whole days (`30d`, `720h`) or `forever`; applied at start as a TTL on `trace_events`.', (raw) => {
     if (raw === 'forever') return null;
