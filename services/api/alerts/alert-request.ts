@@ -24,16 +24,8 @@ const FIELDS = ['name', 'eval_id', 'condition', 'window', 'notify', 'slack_chann
 const SLACK_CHANNEL = /^#?[A-Za-z0-9][A-Za-z0-9._-]{0,79}$/;
 const EMAIL = /^[^@\s<>,;"]+@[^@\s<>,;"]+\.[^@\s<>,;"]+$/;
 
-export interface AlertRequest {
-  name: string;
-  eval_id: string | null;
-  condition: string;
-  window: string | null;
-  notify: AlertChannel;
-  slack_channel: string | null;
-  webhook_url: string | null;
-  email_to: string[];
-}
+/** A rule as a POST asks for it: the fields of the stored rule that its author gives. */
+export type AlertRequest = Pick<AlertChanged, 'name' | 'eval_id' | 'condition' | 'window' | 'notify' | 'slack_channel' | 'webhook_url' | 'email_to'>;
 
 const given = (v: unknown) => v !== undefined && v !== null;
 
