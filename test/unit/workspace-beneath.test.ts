@@ -14,7 +14,7 @@ import { after, before, test } from 'node:test';
 import { AppError } from '../../services/kernel/errors.ts';
 import { AuditLog } from '../../services/sandbox-runner/workspace/audit-log.ts';
 import { closeFd, removeBeneath, resolveBeneath } from '../../services/sandbox-runner/workspace/beneath.ts';
-import { deleteFile, readFile, writeFile } from '../../services/sandbox-runner/workspace/files.ts';
+import { copyTreeIn, deleteFile, readFile, removeTree, writeFile } from '../../services/sandbox-runner/workspace/files.ts';
 import { FsWatcher } from '../../services/sandbox-runner/workspace/fs-watcher.ts';
 import { captureState } from '../../services/sandbox-runner/workspace/state.ts';
 import { startSwapper } from '../helpers/swapper.ts';
@@ -188,4 +188,38 @@ test('removeBeneath: a workspace removed while its directories are exchanged wit
   assert.equal(removeBeneath(box), 0);
   await assert.rejects(readdir(box), /ENOENT/);
   await hostUnchanged();
+});
+
+// A task-file bundle copied into a workspace the agent has been in (grader bundles come after it):
+// every link it planted where the bundle's names go is a way out that the copy must not take, and
+// the removal after the checks must not follow one either.
+test('copyTreeIn never writes through a planted link out of the workspace; removeTree removes a link, not what it points at', async () => {
+  const root = await mkdtemp(path.join(os.tmpdir(), 'svc-copytree-'));
+  try {
+    const workspace = path.join(root, 'ws');
+    const outside = path.join(root, 'outside');
+    const bundle = path.join(root, 'bundle');
+    await mkdir(path.join(bundle, 'gt'), { recursive: true });
+    await mkdir(workspace);
+    await mkdir(outside);
+    await writeHost(path.join(bundle, 'gt', 'secret.txt'), 'grader\n');
+    await writeHost(path.join(outside, 'keep.txt'), 'host\n');
+    // Planted: the bundle's top directory, and the `to` directory, as links out.
+    await symlink(outside, path.join(workspace, 'gt'));
+    await symlink(outside, path.join(workspace, 'to'));
+    await assert.rejects(copyTreeIn(workspace, bundle, '', { field: 'grader.bundles[0].to' }), (err: unknown) => err instanceof AppError && /grader\.bundles\[0\]\.to/.test(err.message));
+    await assert.rejects(copyTreeIn(workspace, bundle, 'to', { field: 'grader.bundles[0].to' }), (err: unknown) => err instanceof AppError);
+    assert.deepEqual((await readdir(outside)).sort(), ['keep.txt'], 'nothing was written outside');
+    // After the checks: the names are removed as they are, links included; the host directory stays.
+    await removeTree(workspace, 'gt', { field: 'grader.bundles' });
+    await removeTree(workspace, 'to', { field: 'grader.bundles' });
+    assert.deepEqual(await readdir(workspace), []);
+    assert.equal(await readHost(path.join(outside, 'keep.txt'), 'utf8'), 'host\n');
+    // Without planted links the copy lands, modes and all.
+    const written = await copyTreeIn(workspace, bundle, 'task', { field: 'setup.bundles[0].to' });
+    assert.deepEqual(written, ['task/gt']);
+    assert.equal(await readHost(path.join(workspace, 'task', 'gt', 'secret.txt'), 'utf8'), 'grader\n');
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
 });
