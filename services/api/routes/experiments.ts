@@ -58,6 +58,9 @@ function experimentRoutes(router: Router, { kernel, config, store, experiments, 
   router.get('/v1/experiments', async (ctx) => {
     checkQueryParams(ctx, []);
     const limit = parseLimit(ctx.query.limit, config);
+    // The summaries come from tables other actors feed (the aggregator's experiments, the scorer's
+    // run scores): read once they hold what their topics held, so the list agrees with GET /:id.
+    await Promise.all(['experiments', 'run_scores'].map((table) => kernel.visibility.waitForTable(table, null, config.replyTimeout)));
     ctx.body = pageBody(await listExperiments(store, principal(ctx).tenant, createdCursor(ctx.query.cursor), limit));
   });
 
