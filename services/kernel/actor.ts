@@ -88,6 +88,11 @@ export interface SubscribeOptions<T> {
   commit?: boolean;
   /** Advanced past each batch once it is handled. */
   watermark?: Watermark;
+  /**
+   * Hand the values over undecoded, as their wire-format bytes (a handler that passes them on
+   * as they are; it dead-letters nothing at decode time, its failures are handled as usual).
+   */
+  raw?: boolean;
   handle(events: Array<Delivered<T>>): Promise<void>;
 }
 
@@ -175,7 +180,7 @@ export async function subscribe<T>(kernel: Kernel, options: SubscribeOptions<T>)
     maxBatchSize: options.maxBatchSize,
     commit: options.commit,
     handleBatch: async (batch) => {
-      const events = await decode<T>(kernel, group, batch.records);
+      const events = options.raw ? batch.records.map((record) => ({ record, value: record.value as T | null })) : await decode<T>(kernel, group, batch.records);
       if (events.length > 0) await handleOrDeadLetter(kernel, group, (e) => options.handle(e), events);
       const last = batch.records[batch.records.length - 1];
       if (last) options.watermark?.advance(batch.topic, batch.partition, last.offset);

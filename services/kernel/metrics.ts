@@ -50,9 +50,9 @@ export class Metrics {
     labelNames: ['group', 'topic'] as const,
     registers: [this.registry],
   });
-  readonly sinkBatchRows = new Histogram({
-    name: 'svc_sink_batch_rows',
-    help: 'Rows per ClickHouse insert of the sink, by table.',
+  readonly sinkBatchItems = new Histogram({
+    name: 'svc_sink_batch_items',
+    help: 'Items per ClickHouse insert of the sink, by table: rows, or log records where the engine makes the rows from them (trace_events on chDB).',
     labelNames: ['table'] as const,
     buckets: [1, 10, 100, 1000, 5000, 10000, 20000, 50000, 100000],
     registers: [this.registry],

@@ -2,6 +2,10 @@
  * The sink materialises topics into ClickHouse tables. One consumer group ("sink") per topic;
  * each topic's rows go through a TableWriter (batched inserts, replay-safe). Its watermarks are
  * registered with the kernel so a write can await visibility (read-your-writes).
+ *
+ * Trace events, the high-volume topic, skip JS entirely on a store that reads Avro (chDB): the
+ * records' bytes go to the engine in a container and SQL makes the rows (traceEventSelect);
+ * elsewhere (the Debian ClickHouse server) they take the row mapping like every other topic.
  */
 import { subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
 import type { AgentSnapshotChanged } from '../domain/events/agent-events.ts';
@@ -10,10 +14,12 @@ import type { DeadLettered } from '../kernel/dead-letters.ts';
 import type { Consumer, LogRecord } from '../kernel/log/event-log.ts';
 import { sinkGroupId, topicSpec, TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
-import { TableWriter } from './table-writer.ts';
+import { TableWriter, type BatchInsert } from './table-writer.ts';
+import { LogRecordContainers } from './log-records.ts';
+import { readsAvro } from '../kernel/store/store.ts';
 import { alertFiringRow, alertRuleRow } from './alert-rows.ts';
 import type { AlertChanged, AlertFired } from '../domain/events/alert-events.ts';
-import { agentSnapshotRow, auditRow, datasetRecordRow, datasetRow, deadLetterRow, experimentRow, experimentScenarioRow, runScoreRow, sandboxEventRow, sandboxRow, scoreRow, traceEventRows } from './rows.ts';
+import { agentSnapshotRow, auditRow, datasetRecordRow, datasetRow, deadLetterRow, experimentRow, experimentScenarioRow, runScoreRow, sandboxEventRow, sandboxRow, scoreRow, TRACE_EVENT_COLUMNS, traceEventRows, traceEventSelect } from './rows.ts';
 import type { DatasetChanged, DatasetRecordAdded } from '../domain/events/dataset-events.ts';
 import type { ExperimentChanged, ExperimentScenario } from '../domain/events/experiment-events.ts';
 import type { RunScored } from '../domain/events/run-events.ts';
@@ -42,32 +48,64 @@ export const PROJECTIONS: Record<string, ToRows> = {
 export class SinkService implements Service {
   readonly name = 'sink';
   private readonly consumers: Consumer[] = [];
-  private readonly writers: TableWriter[] = [];
+  private readonly writers: Array<TableWriter<unknown>> = [];
 
   async start(kernel: Kernel): Promise<void> {
-    for (const [topic, toRows] of Object.entries(PROJECTIONS)) {
-      const { table, flushIntervalMs } = topicSpec(kernel.catalog, topic);
-      if (!table) throw new Error(`topic ${topic} has no table in the catalog`);
-      const writer = new TableWriter(kernel, table, flushIntervalMs);
-      await writer.start();
+    for (const topic of Object.keys(PROJECTIONS)) {
       const watermark = new Watermark(`the sink of ${topic}`);
       kernel.visibility.register(topic, watermark);
-      this.writers.push(writer);
+      await this.sink(kernel, topic, { groupId: sinkGroupId(topicSpec(kernel.catalog, topic).table ?? topic), watermark });
+    }
+  }
+
+  /** Starts materialising one topic as the consumer group `groupId` (a test replays a topic under another). */
+  async sink(kernel: Kernel, topic: string, consume: { groupId: string; watermark?: Watermark }): Promise<void> {
+    const { table, flushIntervalMs } = topicSpec(kernel.catalog, topic);
+    if (!table) throw new Error(`topic ${topic} has no table in the catalog`);
+    const options = { ...consume, topics: [topic], maxBatchSize: 1000 };
+    const store = kernel.store;
+    if (topic === TOPICS.traces && readsAvro(store)) {
+      const containers = new LogRecordContainers(kernel.serde, topic);
+      const writer = await this.writer<Buffer>(kernel, table, flushIntervalMs, {
+        limit: kernel.config.sinkBatchBytes,
+        size: (row) => row.length,
+        insert: (rows) => store.insertAvro({ table, columns: TRACE_EVENT_COLUMNS, select: traceEventSelect, container: containers.container(rows) }),
+      });
       this.consumers.push(
-        await subscribe(kernel, {
-          groupId: sinkGroupId(table),
-          topics: [topic],
-          maxBatchSize: 1000,
-          watermark,
-          handle: async (events: Array<Delivered<unknown>>) => {
-            const rows = events
-              .filter((e) => e.value !== null && !writer.alreadyStored(e.record.partition, e.record.offset))
-              .flatMap((e) => toRows(e.value, e.record));
-            await writer.write(rows);
+        await subscribe<Buffer>(kernel, {
+          ...options,
+          raw: true,
+          handle: async (events) => {
+            const fresh = events.filter((e) => e.value !== null && !writer.alreadyStored(e.record.partition, e.record.offset));
+            const rows = await Promise.all(fresh.map((e) => containers.row({ ...e.record, value: e.value! })));
+            await writer.write(rows, fresh.map((e) => e.record));
           },
         }),
       );
+      return;
     }
+    const toRows = PROJECTIONS[topic]!;
+    const writer = await this.writer<Record<string, unknown>>(kernel, table, flushIntervalMs, {
+      limit: kernel.config.sinkBatchRows,
+      size: () => 1,
+      insert: (rows) => store.insert(table, rows),
+    });
+    this.consumers.push(
+      await subscribe(kernel, {
+        ...options,
+        handle: async (events: Array<Delivered<unknown>>) => {
+          const fresh = events.filter((e) => e.value !== null && !writer.alreadyStored(e.record.partition, e.record.offset));
+          await writer.write(fresh.flatMap((e) => toRows(e.value, e.record)), fresh.map((e) => e.record));
+        },
+      }),
+    );
+  }
+
+  private async writer<T>(kernel: Kernel, table: string, flushIntervalMs: number | null | undefined, batches: BatchInsert<T>): Promise<TableWriter<T>> {
+    const writer = new TableWriter(kernel, table, batches, flushIntervalMs ?? null);
+    await writer.start();
+    this.writers.push(writer as TableWriter<unknown>);
+    return writer;
   }
 
   async stop(): Promise<void> {

@@ -1,19 +1,36 @@
 /**
- * Batches rows for one ClickHouse table and inserts them by size (SVC_SINK_BATCH_ROWS) or by
- * age (SVC_SINK_FLUSH_INTERVAL). `write` resolves only once its rows are inserted, so the
- * consumer commits (and advances its watermark) after the data is in the store, never before.
+ * Batches what becomes rows of one ClickHouse table and inserts it by size or by age
+ * (SVC_SINK_FLUSH_INTERVAL). The items are the rows themselves (size: SVC_SINK_BATCH_ROWS) or
+ * the log records they are made from (size in bytes: SVC_SINK_BATCH_BYTES), as the table's
+ * BatchInsert says. `write` resolves only once its items are inserted, so the consumer commits
+ * (and advances its watermark) after the data is in the store, never before.
  *
  * Replays never duplicate rows: every row carries the log position it came from
  * (LogPartition, LogOffset), and at start the writer reads the highest offset stored per
  * partition; records at or below it are skipped.
  */
 import type { Kernel } from '../kernel/actor.ts';
+import type { LogRecord } from '../kernel/log/event-log.ts';
 
-type Row = Record<string, unknown>;
+/** How one table's batches are sized and inserted. */
+export interface BatchInsert<T> {
+  /** A batch is sealed once the sizes of its items reach `limit`. */
+  limit: number;
+  size(item: T): number;
+  insert(items: T[]): Promise<void>;
+}
 
-interface Pending {
-  rows: Row[];
-  waiters: Array<{ resolve: () => void; reject: (err: unknown) => void }>;
+/** One `write`: its items, the log records they came from, and its caller. */
+interface Write<T> {
+  items: T[];
+  records: readonly LogRecord[];
+  resolve: () => void;
+  reject: (err: unknown) => void;
+}
+
+interface Pending<T> {
+  writes: Array<Write<T>>;
+  size: number;
   timer: NodeJS.Timeout | null;
   /** The flush interval has passed since its first row. */
   due: boolean;
@@ -25,15 +42,18 @@ interface Pending {
  */
 const MAX_INSERTS_IN_FLIGHT = 2;
 
-export class TableWriter {
+const emptyBatch = <T>(): Pending<T> => ({ writes: [], size: 0, timer: null, due: false });
+
+export class TableWriter<T> {
   private highWater = new Map<number, number>();
-  private pending: Pending = { rows: [], waiters: [], timer: null, due: false };
+  private pending: Pending<T> = emptyBatch();
   private inFlight = 0;
-  private readonly queue: Pending[] = [];
+  private readonly queue: Array<Pending<T>> = [];
 
   constructor(
     private readonly kernel: Kernel,
     readonly table: string,
+    private readonly batches: BatchInsert<T>,
     /** null: SVC_SINK_FLUSH_INTERVAL */
     private readonly flushIntervalMs: number | null = null,
   ) {}
@@ -50,15 +70,15 @@ export class TableWriter {
     return offset <= (this.highWater.get(partition) ?? -1);
   }
 
-  write(rows: Row[]): Promise<void> {
-    if (rows.length === 0) return Promise.resolve();
-    const { sinkBatchRows } = this.kernel.config;
+  /** Queues `items`, made from `records`, for insertion; resolves once they are inserted. */
+  write(items: T[], records: readonly LogRecord[]): Promise<void> {
+    if (items.length === 0) return Promise.resolve();
     const flushInterval = this.flushIntervalMs ?? this.kernel.config.sinkFlushInterval;
     return new Promise((resolve, reject) => {
       const p = this.pending;
-      for (const row of rows) p.rows.push(row);
-      p.waiters.push({ resolve, reject });
-      if (p.rows.length >= sinkBatchRows) this.seal();
+      for (const item of items) p.size += this.batches.size(item);
+      p.writes.push({ items, records, resolve, reject });
+      if (p.size >= this.batches.limit) this.seal();
       else if (p.timer === null && !p.due) p.timer = setTimeout(() => this.onDue(p), flushInterval);
     });
   }
@@ -67,7 +87,7 @@ export class TableWriter {
    * The pending batch is old enough to go. If an insert is running it waits for it instead:
    * under load batches grow by themselves (group commit), which is what keeps ClickHouse fast.
    */
-  private onDue(p: Pending): void {
+  private onDue(p: Pending<T>): void {
     p.timer = null;
     p.due = true;
     if (this.inFlight < MAX_INSERTS_IN_FLIGHT && p === this.pending) this.seal();
@@ -77,8 +97,8 @@ export class TableWriter {
   private seal(): void {
     const p = this.pending;
     if (p.timer) clearTimeout(p.timer);
-    if (p.rows.length === 0) return;
-    this.pending = { rows: [], waiters: [], timer: null, due: false };
+    if (p.writes.length === 0) return;
+    this.pending = emptyBatch();
     this.queue.push(p);
     this.drain();
   }
@@ -95,21 +115,38 @@ export class TableWriter {
     }
   }
 
-  private async insert(batch: Pending): Promise<void> {
-    const { metrics, store } = this.kernel;
-    const started = performance.now();
+  /**
+   * Inserts a batch. When it fails and holds several writes, each is tried on its own, so one
+   * write the store refuses (a record the engine cannot read) fails only its own caller, whose
+   * consumer retries and finally dead-letters it, rather than everything batched with it.
+   */
+  private async insert(batch: Pending<T>): Promise<void> {
+    const { writes } = batch;
     try {
-      await store.insert(this.table, batch.rows);
-      metrics.sinkBatchRows.observe({ table: this.table }, batch.rows.length);
-      metrics.sinkInsertSeconds.observe({ table: this.table }, (performance.now() - started) / 1000);
-      for (const row of batch.rows) {
-        const partition = row.LogPartition as number;
-        const offset = row.LogOffset as number;
-        if (offset > (this.highWater.get(partition) ?? -1)) this.highWater.set(partition, offset);
-      }
-      for (const w of batch.waiters) w.resolve();
+      await this.insertWrites(writes);
     } catch (err) {
-      for (const w of batch.waiters) w.reject(err);
+      if (writes.length === 1) return writes[0]!.reject(err);
+      for (const write of writes) {
+        try {
+          await this.insertWrites([write]);
+        } catch (own) {
+          write.reject(own);
+        }
+      }
+    }
+  }
+
+  /** One insert of these writes' items; on success they are stored and their callers told. */
+  private async insertWrites(writes: Array<Write<T>>): Promise<void> {
+    const { metrics } = this.kernel;
+    const items = writes.length === 1 ? writes[0]!.items : writes.flatMap((w) => w.items);
+    const started = performance.now();
+    await this.batches.insert(items);
+    metrics.sinkBatchItems.observe({ table: this.table }, items.length);
+    metrics.sinkInsertSeconds.observe({ table: this.table }, (performance.now() - started) / 1000);
+    for (const write of writes) {
+      for (const { partition, offset } of write.records) if (offset > (this.highWater.get(partition) ?? -1)) this.highWater.set(partition, offset);
+      write.resolve();
     }
   }
 

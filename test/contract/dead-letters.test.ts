@@ -98,3 +98,15 @@ test('an undecodable record on svc.traces is dead-lettered by the sink, and inge
   const metrics = await (await admin('/metrics')).text();
   assert.match(metrics, /svc_dead_lettered_total\{group="sink\.trace_events",topic="svc\.traces"\} 1/);
 });
+
+test('a record of the schema\'s id whose bytes are cut short is dead-lettered by the sink (the engine refuses it), and ingest goes on', async () => {
+  const { kernel } = running;
+  const whole = kernel.serde.encode(TOPICS.traces, { tenant: 'acme', event_id: 'cut', ts: Date.now(), sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null, events: [{ event_id: 'cut-1', ts_us: Date.now() * 1000, event_type: 'tool_call', tool: 'cut-short', phase: 'complete', trace_id: 't-cut', span_id: 's-cut', parent_span_id: null, duration_ms: 1, status: 'ok', input: null, output: null, cost: null, metadata: {} }] });
+  const before = (await deadLetters()).filter((d) => d.group_id === 'sink.trace_events').length;
+  await kernel.log.append(TOPICS.traces, [{ key: 'cut', value: whole.subarray(0, whole.length - 7), headers: { tenant: 'acme' } }]);
+  await eventually(deadLetters, (l) => l.filter((d) => d.group_id === 'sink.trace_events').length > before);
+  const post = await admin('/v1/traces', { method: 'POST', body: JSON.stringify({ events: [traceEvent({ tool: 'after-cut' })] }) });
+  assert.equal(post.status, 200);
+  assert.equal((await (await admin('/v1/traces?tool=after-cut')).json()).count, 1);
+  assert.equal((await (await admin('/v1/traces?tool=cut-short')).json()).count, 0);
+});

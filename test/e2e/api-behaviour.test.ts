@@ -111,7 +111,7 @@ describe('errors, metrics and durability', () => {
     assert.equal(res.status, 200);
     assert.match(res.text, /svc_ingested_events_total\{endpoint="\/v1\/traces"\} \d+/);
     assert.match(res.text, /svc_consumer_lag_records\{group="sink\.trace_events",topic="svc\.traces"\} \d+/);
-    assert.match(res.text, /svc_sink_batch_rows_count\{table="trace_events"\} [1-9]/);
+    assert.match(res.text, /svc_sink_batch_items_count\{table="trace_events"\} [1-9]/);
     assert.match(res.text, /svc_sink_insert_duration_seconds_bucket/);
     assert.match(res.text, /svc_sandboxes\{state="running"\} 0/);
     assert.match(res.text, /svc_http_requests_total/);

@@ -2,10 +2,12 @@
  * chDB with no service around it, for `npm run bench` (run as a child process: libchdb binds one
  * data directory per process and is large to fork from, so the bench process never loads it).
  *
- *   node --import tsx test/load/chdb-direct.ts ceiling <traces|otlp> <events>
- *     The ingest ceiling: the rows the sink would build for the bench's own request bodies
- *     (services/sink/rows.ts), inserted through ChdbStore.insert into a fresh store on a temp dir
- *     in batches of SVC_SINK_BATCH_ROWS (20,000), two at a time like the sink's two insert lanes.
+ *   node --import tsx test/load/chdb-direct.ts ceiling <traces|otlp> <events> [rows|avro]
+ *     The ingest ceiling: the bench's own request bodies as the sink would store them, into a
+ *     fresh store on a temp dir, in batches of 20,000 events, two at a time like the sink's two
+ *     insert lanes. `rows`: the rows services/sink/rows.ts builds, through ChdbStore.insert
+ *     (JSONCompactEachRow; the sink's path on a ClickHouse server). `avro`: the log records
+ *     encoded once beforehand, through ChdbStore.insertAvro (the sink's path on chDB).
  *     Prints {"rows_per_s": n}.
  *   node --import tsx test/load/chdb-direct.ts fill <data dir> <events>
  *     Fills <data dir>/chdb (the service's store) with <events> realistic trace events (see FILL)
@@ -19,14 +21,19 @@ import path from 'node:path';
 import { ChdbStore } from '../../services/kernel/store/chdb-store.ts';
 import type { LogRecord } from '../../services/kernel/log/event-log.ts';
 import type { TraceEvent, TraceEventsIngested } from '../../services/domain/events/trace-events.ts';
-import { traceEventRows } from '../../services/sink/rows.ts';
+import { TRACE_EVENT_COLUMNS, traceEventRows, traceEventSelect } from '../../services/sink/rows.ts';
+import { LogRecordContainers } from '../../services/sink/log-records.ts';
+import { EmbeddedLog } from '../../services/kernel/log/embedded/embedded-log.ts';
+import { BuiltInRegistry } from '../../services/kernel/schema/registry.ts';
+import { EventSerde } from '../../services/kernel/schema/serde.ts';
+import { loadCatalog, TOPICS } from '../../services/kernel/topics.ts';
 import { validateTraceBatch } from '../../services/api/traces/validate-events.ts';
 import { decodeOtlpProtobuf, otlpToTraceEvents } from '../../services/api/traces/otlp-mapping.ts';
 import { UNTAGGED } from '../../services/api/traces/trace-records.ts';
 import { otlpBodies, traceBodies } from './bodies.ts';
 
 const LIMITS = { maxEvents: 1000, maxFieldBytes: 4096 };
-const BATCH_ROWS = Number(process.env.SVC_SINK_BATCH_ROWS ?? 20_000);
+const BATCH_ROWS = 20_000;
 const LANES = 2;
 
 /**
@@ -72,45 +79,64 @@ FROM (
 
 type Args = string[];
 
-async function ceiling([kind, eventsArg]: Args): Promise<void> {
+async function ceiling([kind, eventsArg, format = 'rows']: Args): Promise<void> {
   const events = Number(eventsArg);
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bench-chdb-'));
+  const log = new EmbeddedLog({ dir: path.join(dir, 'log'), fsync: 'never' });
+  const catalog = loadCatalog().filter((t) => t.name === TOPICS.schemas || t.name === TOPICS.traces);
+  await log.start(catalog);
+  const registry = new BuiltInRegistry(log);
+  await registry.start();
+  const serde = new EventSerde(registry, catalog);
+  await serde.init();
+  const containers = new LogRecordContainers(serde, TOPICS.traces);
   // The events of each distinct body, as ingest would hand them to the log.
   const perBody: TraceEvent[][] =
     kind === 'otlp'
       ? otlpBodies(20).map((b) => otlpToTraceEvents(decodeOtlpProtobuf(b), LIMITS).events)
       : traceBodies(8).map((b) => validateTraceBatch(JSON.parse(b), LIMITS));
   let offset = 0;
-  const batches: Array<Array<Record<string, unknown>>> = [];
+  /** Per batch, its event count and how it is inserted. */
+  const batches: Array<{ rows: number; insert: () => Promise<void> }> = [];
   const total = events + 2 * BATCH_ROWS; // two batches warm up
+  const store = new ChdbStore({ path: path.join(dir, 'chdb') });
   for (let b = 0; b * BATCH_ROWS < total; b++) {
     const rows: Array<Record<string, unknown>> = [];
-    for (let i = 0; rows.length < BATCH_ROWS; i++) {
+    const records: Buffer[] = [];
+    let count = 0;
+    for (let i = 0; count < BATCH_ROWS; i++) {
       const source = perBody[(b * 20 + i) % perBody.length];
       // A fresh event id per copy, as ingest gives every accepted event its own.
       const value: TraceEventsIngested = { tenant: 'bench', event_id: `r${b}-${i}`, ts: Date.now(), ...UNTAGGED, events: source.map((e, k) => ({ ...e, event_id: `${b}-${i}-${k}` })) };
-      const record = { topic: 'svc.traces', partition: offset % 6, offset: offset++, key: null, value: null, headers: {}, timestamp: Date.now() } satisfies LogRecord;
-      rows.push(...traceEventRows(value, record));
+      const record = { topic: TOPICS.traces, partition: offset % 6, offset: offset++, key: null, value: serde.encode(TOPICS.traces, value), headers: {}, timestamp: Date.now() } satisfies LogRecord;
+      if (format === 'avro') records.push(await containers.row(record));
+      else rows.push(...traceEventRows(value, record));
+      count += source.length;
     }
-    batches.push(rows);
+    batches.push({
+      rows: count,
+      insert: format === 'avro'
+        ? () => store.insertAvro({ table: 'trace_events', columns: TRACE_EVENT_COLUMNS, select: traceEventSelect, container: containers.container(records) })
+        : () => store.insert('trace_events', rows),
+    });
   }
-  const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bench-chdb-'));
-  const store = new ChdbStore({ path: dir });
   try {
     await store.migrate();
-    await Promise.all(batches.slice(0, 2).map((rows) => store.insert('trace_events', rows)));
+    await Promise.all(batches.slice(0, 2).map((batch) => batch.insert()));
     const measured = batches.slice(2);
     let next = 0;
     const started = performance.now();
     await Promise.all(
       Array.from({ length: LANES }, async () => {
-        while (next < measured.length) await store.insert('trace_events', measured[next++]);
+        while (next < measured.length) await measured[next++].insert();
       }),
     );
     const seconds = (performance.now() - started) / 1000;
-    const rows = measured.reduce((n, b) => n + b.length, 0);
-    console.log(JSON.stringify({ rows_per_s: rows / seconds, rows, batch_rows: BATCH_ROWS }));
+    const rows = measured.reduce((n, b) => n + b.rows, 0);
+    console.log(JSON.stringify({ rows_per_s: rows / seconds, rows, batch_rows: BATCH_ROWS, format }));
   } finally {
     await store.close();
+    await log.close();
     await rm(dir, { recursive: true, force: true });
   }
 }
@@ -162,5 +188,5 @@ async function optimize([dataDir]: Args): Promise<void> {
 
 const [mode, ...rest] = process.argv.slice(2);
 const modes: Record<string, (args: Args) => Promise<void>> = { ceiling, fill, optimize };
-if (!modes[mode]) throw new Error(`usage: chdb-direct.ts ceiling <traces|otlp> <events> | fill <data dir> <events> | optimize <data dir>`);
+if (!modes[mode]) throw new Error(`usage: chdb-direct.ts ceiling <traces|otlp> <events> [rows|avro] | fill <data dir> <events> | optimize <data dir>`);
 await modes[mode](rest);

@@ -12,7 +12,7 @@ import { badRequest, notFound } from '../../kernel/errors.ts';
 import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { checkQueryParams, decodeCursor, encodeCursor, pageOf, parseLimit } from '../pagination.ts';
 import { answerPages } from '../traces/paged-answer.ts';
-import { agentTrace, resolveTrace, SPAN_FILTERS, spanFilters, spanQuery, spansPage, type SpanQuery } from '../traces/span-reads.ts';
+import { agentTrace, resolveTrace, SPAN_FILTERS, spanFilters, spanQuery, spansPage, traceSpanQuery, type SpanQuery } from '../traces/span-reads.ts';
 
 export function spansRouter(kernel: Kernel, agents: AgentCatalog): Router {
   const router = new Router();
@@ -25,8 +25,8 @@ export function spansRouter(kernel: Kernel, agents: AgentCatalog): Router {
   router.get('/v1/traces/:id', async (ctx) => {
     checkQueryParams(ctx, []);
     const id = ctx.params.id;
-    const traces = await resolveTrace(store, tenant(ctx), id);
-    const query: SpanQuery = { traces: new Map(traces.map((t) => [t, id])), where: ['TraceId IN {traces:Array(String)}'], params: { traces } };
+    const { members, bounds } = await resolveTrace(store, tenant(ctx), id);
+    const query = traceSpanQuery(new Map(members.map((t) => [t, id])), bounds);
     await answerSpans(ctx, query, () => {
       throw notFound('trace', id);
     });

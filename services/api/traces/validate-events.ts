@@ -21,10 +21,20 @@ export function parseTimestampUs(value: unknown): number | null {
   if (typeof value !== 'string') return null;
   const m = ISO_8601.exec(value);
   if (!m) return null;
+  const second = secondMs(m[1]!, m[3]!);
+  if (Number.isNaN(second)) return null;
   const fraction = (m[2] ?? '').padEnd(9, '0');
-  const ms = Date.parse(`${m[1]}.${fraction.slice(0, 3)}${m[3]}`);
-  if (Number.isNaN(ms)) return null;
-  return ms * 1000 + Number(fraction.slice(3, 6));
+  return second * 1000 + Number(fraction.slice(0, 6));
+}
+
+/**
+ * The epoch milliseconds of a whole second with its zone. Date.parse was most of the parse's
+ * time, and the events of a batch mostly share their second: the last answer is kept.
+ */
+let lastSecond = { text: '', zone: '', ms: NaN };
+function secondMs(text: string, zone: string): number {
+  if (text !== lastSecond.text || zone !== lastSecond.zone) lastSecond = { text, zone, ms: Date.parse(`${text}${zone}`) };
+  return lastSecond.ms;
 }
 
 /** Formats microseconds since the epoch as ISO 8601 UTC: milliseconds, or microseconds when present. */

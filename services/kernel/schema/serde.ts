@@ -166,6 +166,19 @@ export class EventSerde {
   }
 
   /**
+   * A value's Avro body (its bytes after the wire header) as this process's schema of the topic
+   * writes it: the bytes themselves when that schema wrote them, else decoded through the
+   * resolver and encoded again (values from an older or newer service during an upgrade).
+   */
+  async currentBody(topic: string, buf: Buffer): Promise<Buffer> {
+    const codec = this.codec(topic);
+    const id = writerId(buf, topic);
+    if (id === codec.id) return buf.subarray(HEADER_SIZE);
+    const value = await this.decode(topic, buf);
+    return codec.type.toBuffer(value);
+  }
+
+  /**
    * Decodes synchronously; throws when the writer id has not been seen by this process yet
    * (use decode / decodeMany, which fetch it).
    */

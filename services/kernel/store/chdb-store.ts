@@ -19,11 +19,14 @@
  * slices with yields between them (encoding.ts) for the same reason.
  */
 
-import { mkdirSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, rmSync } from 'node:fs';
+import { rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { drainPending, Session } from 'chdb';
 import { assertTableName, encodeJsonCompactEachRow, normalizeParams, parseJsonEachRow } from './encoding.ts';
 import { migrate, MIGRATIONS_DIR } from './migrations.ts';
-import { SETTING_NAME, StoreQueryError, type QueryParams, type RawQuery, type RawQueryStore, type RawResult, type Store } from './store.ts';
+import { SETTING_NAME, StoreQueryError, type AvroInsert, type AvroInsertStore, type QueryParams, type RawQuery, type RawQueryStore, type RawResult, type Store } from './store.ts';
 
 export interface ChdbStoreOptions {
   /** Directory of the persistent chDB database (created if missing). */
@@ -48,17 +51,22 @@ const CONNECTION_ARGS = [
 /** Writer sessions; inserts beyond this many at once queue on a lane. */
 const INSERT_LANES = 2;
 
-export class ChdbStore implements Store, RawQueryStore {
+export class ChdbStore implements Store, RawQueryStore, AvroInsertStore {
   readonly kind = 'chdb' as const;
   readonly path: string;
   private lanes: { reader: Session; writers: Session[] } | undefined;
   private readonly busy: number[] = [];
   private readonly migrationsDir: string;
+  /** Where insertAvro puts a container for the engine to read; emptied at open (a crash leaves some). */
+  private readonly avroInbox: string;
 
   constructor(options: ChdbStoreOptions) {
     this.path = options.path;
     this.migrationsDir = options.migrationsDir ?? MIGRATIONS_DIR;
     mkdirSync(options.path, { recursive: true });
+    this.avroInbox = join(options.path, 'svc-avro-inserts');
+    rmSync(this.avroInbox, { recursive: true, force: true });
+    mkdirSync(this.avroInbox);
     const sessions: Session[] = [];
     try {
       for (let i = 0; i <= INSERT_LANES; i++) sessions.push(new Session(options.path, { connectionArgs: CONNECTION_ARGS }));
@@ -103,11 +111,35 @@ export class ChdbStore implements Store, RawQueryStore {
     // Raw passthrough: the payload is handed over as bytes and parsed by the engine's
     // multi-threaded JSONEachRow parser; no SQL text is built from the values.
     const { columns, payload } = await encodeJsonCompactEachRow(rows, await this.nullableColumns(table));
+    await this.onWriter((writer) => writer.insert({ table, values: payload, columns, format: 'JSONCompactEachRow' }));
+  }
+
+  /**
+   * The raw insert takes text formats only, so the container goes through a file the engine's
+   * `file()` reads (the analysts' SQL endpoint refuses that function; only the service calls it).
+   * Records whose union of null and a record is null read as NULL tuples only with
+   * enable_nullable_tuple_type.
+   */
+  async insertAvro({ table, columns, select, container }: AvroInsert): Promise<void> {
+    assertTableName(table);
+    for (const column of columns) assertTableName(column);
+    const file = join(this.avroInbox, `${randomBytes(8).toString('hex')}.avro`);
+    await writeFile(file, container);
+    try {
+      const sql = `INSERT INTO ${table} (${columns.join(', ')}) ${select(`file(${quoteString(file)}, 'Avro')`)} SETTINGS enable_nullable_tuple_type = 1`;
+      await this.onWriter((writer) => writer.queryAsync(sql, { format: 'TabSeparated' }));
+    } finally {
+      await rm(file, { force: true });
+    }
+  }
+
+  /** Runs a write on the least busy writer session. */
+  private async onWriter<T>(write: (writer: Session) => Promise<T>): Promise<T> {
     const { writers } = this.open();
     const lane = this.busy.indexOf(Math.min(...this.busy));
     this.busy[lane]++;
     try {
-      await writers[lane].insert({ table, values: payload, columns, format: 'JSONCompactEachRow' });
+      return await write(writers[lane]);
     } finally {
       this.busy[lane]--;
     }
@@ -169,6 +201,11 @@ export class ChdbStore implements Store, RawQueryStore {
     if (!this.lanes) throw new Error(`chdb store at ${this.path} is closed`);
     return this.lanes;
   }
+}
+
+/** A ClickHouse string literal. */
+function quoteString(text: string): string {
+  return `'${text.replace(/\\/g, '\\\\').replace(/'/g, "\\'")}'`;
 }
 
 /** A ClickHouse identifier in backquotes. */

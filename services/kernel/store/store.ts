@@ -64,6 +64,28 @@ export class StoreQueryError extends Error {
 /** A setting name as it may be passed to an engine (`--name=value`, a URL parameter). */
 export const SETTING_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
+/**
+ * Rows made by ClickHouse itself from an Avro object container (kernel/schema/avro-container.ts):
+ * `INSERT INTO table (columns) <select(input)>`, where `input` is the table expression that reads
+ * the container and `select` maps its records to the table's columns. The sink hands the log's
+ * record bytes over this way, with no JS object per row (docs/operations.md, "Ingest").
+ */
+export interface AvroInsert {
+  table: string;
+  columns: readonly string[];
+  select: (input: string) => string;
+  container: Buffer;
+}
+
+/** A store whose engine reads Avro (chDB; the Debian server's 18.16 does not). */
+export interface AvroInsertStore {
+  insertAvro(insert: AvroInsert): Promise<void>;
+}
+
+export function readsAvro(store: Store): store is Store & AvroInsertStore {
+  return typeof (store as Partial<AvroInsertStore>).insertAvro === 'function';
+}
+
 /** The raw query path both adapters implement (kept apart from Store so tests' fakes need not). */
 export interface RawQueryStore {
   rawQuery(query: RawQuery): Promise<RawResult>;
