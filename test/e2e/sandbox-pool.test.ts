@@ -106,3 +106,38 @@ describe('warm sandboxes', { skip: runtime === null }, () => {
     for (const name of names) assert.deepEqual(sandboxPids(name), [], `${name} has no process left`);
   });
 });
+
+describe('warm sandboxes past the number of classes kept', { skip: runtime === null }, () => {
+  let server: TestServer;
+  let key: string;
+  const pooled = () => fs.readdirSync(path.join(server.dataDir, 'workspaces')).filter((n) => n.startsWith('pool-'));
+  const create = async (spec: string): Promise<string> => {
+    const res = await server.request('POST', '/v1/sandboxes', { key, body: { spec_id: spec } });
+    assert.equal(res.status, 201, res.text);
+    return res.body.id;
+  };
+  const until = async (what: string, ok: () => boolean) => {
+    for (let i = 0; i < 100 && !ok(); i++) await new Promise((r) => setTimeout(r, 100));
+    assert.ok(ok(), what);
+  };
+
+  before(async () => {
+    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_SANDBOX_POOL_SIZE: '1', SVC_SANDBOX_POOL_CLASSES: '1', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    key = (await createTenantKey(server, 'pool-classes')).key;
+    await storeSpec(server, key, SPEC('class-a'));
+    await storeSpec(server, key, SPEC('class-b', 'resources: {memory: 256Mi}\n'));
+  });
+  after(() => server?.cleanup());
+
+  test('a new class evicts the least recently used one: its warm sandboxes are destroyed, nothing of them is left', { timeout: 120_000 }, async () => {
+    await create('class-a');
+    await create('class-a');
+    await until('class a has a warm sandbox waiting', () => pooled().length === 1);
+    const [evicted] = pooled();
+    assert.ok(sandboxPids(evicted!).length > 0);
+    const b = await create('class-b');
+    assert.ok(b);
+    await until('the warm sandbox of class a is gone with its workspace', () => !pooled().includes(evicted!));
+    assert.deepEqual(sandboxPids(evicted!), [], 'no process of it is left');
+  });
+});

@@ -22,7 +22,7 @@
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, rmSync } from 'node:fs';
 import { rm, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { drainPending, Session } from 'chdb';
 import { assertTableName, encodeJsonCompactEachRow, normalizeParams, parseJsonEachRow } from './encoding.ts';
 import { migrate, MIGRATIONS_DIR } from './migrations.ts';
@@ -64,7 +64,8 @@ export class ChdbStore implements Store, RawQueryStore, AvroInsertStore {
     this.path = options.path;
     this.migrationsDir = options.migrationsDir ?? MIGRATIONS_DIR;
     mkdirSync(options.path, { recursive: true });
-    this.avroInbox = join(options.path, 'svc-avro-inserts');
+    // Absolute: the engine resolves a relative file() path against its own directory.
+    this.avroInbox = resolve(options.path, 'svc-avro-inserts');
     rmSync(this.avroInbox, { recursive: true, force: true });
     mkdirSync(this.avroInbox);
     const sessions: Session[] = [];

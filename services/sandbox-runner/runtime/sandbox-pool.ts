@@ -86,7 +86,7 @@ export class SandboxPool {
     if (!cls) {
       cls = { key, template: options, creates: 0, lastUsed: 0, idle: [], filling: null };
       this.classes.set(key, cls);
-      await this.evict();
+      this.evict();
     }
     cls.creates++;
     cls.lastUsed = Date.now();
@@ -159,19 +159,26 @@ export class SandboxPool {
     }
   }
 
-  /** Destroys a warm sandbox that was not handed out, and its workspace. */
+  /** Destroys a warm sandbox that was not handed out, and its workspace; never rejects (callers fire and forget it). */
   private async discard(warm: Warm | undefined): Promise<void> {
     if (!warm) return;
     await warm.box.destroy().catch((err: Error) => this.options.logger?.warn({ err }, 'a warm sandbox could not be destroyed'));
-    removeBeneath(warm.workspace);
+    try {
+      removeBeneath(warm.workspace);
+    } catch (err) {
+      this.options.logger?.warn({ err }, 'the workspace of a warm sandbox could not be removed');
+    }
   }
 
-  /** Keeps at most `classes` classes: the least recently used go, with their warm sandboxes. */
-  private async evict(): Promise<void> {
+  /**
+   * Keeps at most `classes` classes: the least recently used go, their warm sandboxes destroyed
+   * in the background (not on the path of the create that made a new class).
+   */
+  private evict(): void {
     while (this.classes.size > this.options.classes) {
       const [key, oldest] = this.classes.entries().next().value as [string, PoolClass];
       this.classes.delete(key);
-      await Promise.all(oldest.idle.splice(0).map((warm) => this.discard(warm)));
+      for (const warm of oldest.idle.splice(0)) void this.discard(warm);
     }
   }
 
