@@ -46,23 +46,46 @@
  *       that namespace only: the mount, pid, net, ipc and uts namespaces belong to the host's).
  *       The supervisor stays the host's root, so root inside cannot signal or trace it.
  *       --booted: closed at once (see launch).
+ *       A terminal (TERMINAL) is a shell on a pseudo-terminal under a shepherd of its own: the
+ *       shell process drops its privileges exactly as a command does, then opens the pty (so
+ *       the sandbox user owns its slave), makes it its controlling terminal in its new
+ *       session and hands the master to its shepherd (SCM_RIGHTS) before it execs the shell:
+ *       the passwd entry's shell of its uid when that is a usable one, else /bin/bash, else
+ *       /bin/sh, with `-i`. The shepherd relays the pty both ways and hangs the session up
+ *       on request: SIGHUP (and SIGCONT) to every process of its tree and the master closed,
+ *       SIGKILL to what is left after TERMINAL_GRACE_MS. When the shell exits by itself, what
+ *       it left behind is hung up the same way: nothing of a terminal outlives it.
  *
  * Protocol (native byte order; both ends are on one machine). Every frame:
  *   u32 length (of what follows), u8 type, u32 command id, payload.
  * Host -> supervisor:
  *   1 EXEC     payload: COMMAND \0 (KEY=VALUE \0)*
- *   2 KILL     kill the command's whole process tree (SIGKILL), then it reports EXIT
+ *   2 KILL     kill the command's (or terminal's) whole process tree (SIGKILL), then it reports EXIT
  *   3 KILLALL  kill every process of the sandbox except the supervisor (and bwrap's pid 1)
+ *   4 TERMINAL payload: u16 cols, u16 rows, u32 output window, u32 input window, (KEY=VALUE \0)*
+ *   5 INPUT    payload: bytes for the terminal (at most TERMINAL_MESSAGE_MAX)
+ *   6 RESIZE   payload: u16 cols, u16 rows
+ *   7 ACK      payload: u32 bytes of the terminal's output the host has consumed
+ *   8 HANGUP   hang the terminal's session up; it reports EXIT once its processes are gone
  * A request longer than MAX_REQUEST is answered with ERROR and skipped, never fatal.
+ * Flow control of a terminal, both ways bounded: the shepherd stops reading the pty once
+ * `output window` bytes it sent are not acknowledged (ACK), which holds the shell at a full
+ * pty; the host keeps at most `input window` of cost (payload + TERMINAL_COST_OVERHEAD per
+ * INPUT) unaccounted, and the shepherd accounts for it (TAKEN) as it takes each INPUT off its
+ * channel and as it writes the bytes to the pty. The supervisor forwards INPUT, RESIZE and ACK
+ * to the shepherd over a pipe that window cannot fill: a host that overruns it loses the
+ * terminal (killed), never the supervisor.
  * Supervisor -> host (each frame at most PIPE_BUF bytes, so writes from the supervisor and
  * the shepherds never interleave):
  *   10 READY     id 0, payload: supervisor pid (u32)
- *   11 STARTED   payload: pid of the command (u32)
- *   12 STDOUT    payload: bytes
+ *   11 STARTED   payload: pid of the command (u32); of a terminal, followed by its shell's path
+ *   12 STDOUT    payload: bytes (a terminal's pty output)
  *   13 STDERR    payload: bytes
- *   14 EXIT      payload: i32 wait status of `sh` (as waitpid reports it)
- *   15 ERROR     payload: message (the command could not start)
+ *   14 EXIT      payload: i32 wait status of `sh` or the shell (as waitpid reports it); a
+ *                terminal's once nothing of it is left
+ *   15 ERROR     payload: message (the command or terminal could not start)
  *   16 KILLED    reply to KILLALL
+ *   17 TAKEN     payload: u32 input cost of a terminal accounted for since the last TAKEN
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -104,7 +127,23 @@
 #define HEADER 9
 #define MAX_REQUEST (8 * 1024 * 1024)
 
-enum { T_EXEC = 1, T_KILL = 2, T_KILLALL = 3, T_READY = 10, T_STARTED = 11, T_STDOUT = 12, T_STDERR = 13, T_EXIT = 14, T_ERROR = 15, T_KILLED = 16 };
+enum {
+  T_EXEC = 1, T_KILL = 2, T_KILLALL = 3, T_TERMINAL = 4, T_INPUT = 5, T_RESIZE = 6, T_ACK = 7, T_HANGUP = 8,
+  T_READY = 10, T_STARTED = 11, T_STDOUT = 12, T_STDERR = 13, T_EXIT = 14, T_ERROR = 15, T_KILLED = 16, T_TAKEN = 17
+};
+
+/* A terminal's channel from the supervisor to its shepherd: messages of u32 length (of what
+   follows), u8 type, payload, each written whole (at most PIPE_BUF: pipe writes that size are
+   atomic, never torn by a full pipe). */
+#define TERMINAL_MESSAGE_MAX (FRAME_MAX - 5)
+/* Cost of one INPUT besides its bytes, in the host's input window: what its message takes in the pipe and more. */
+#define TERMINAL_COST_OVERHEAD 8
+/* How long a hung-up terminal's processes have to end before they are killed. */
+#define TERMINAL_GRACE_MS 1000
+/* Largest windows a host may ask for. The input window is the shepherd's own buffer, and half a
+   pipe's default capacity (64 KiB): the rest is room for RESIZE and ACK, which it does not count. */
+#define TERMINAL_OUTPUT_WINDOW_MAX (16 * 1024 * 1024)
+#define TERMINAL_INPUT_WINDOW_MAX (32 * 1024)
 
 /* fds `launch` hands to PROGRAM: the user namespace of root inside, the end of its boot */
 #define USERNS_FD 6
@@ -264,23 +303,28 @@ static int install_seccomp(void) {
 /* ------------------------------------------------------------------------------------------ */
 /* the command process                                                                        */
 
+/* Where a terminal's shell process reports why it could not start (its shepherd's end), or -1. */
+static int fail_channel = -1;
+
 static void child_fail(const char *what) {
   char msg[512];
-  int len = snprintf(msg, sizeof msg, "sandbox: %s: %s\n", what, strerror(errno));
-  if (write(2, msg, (size_t)len) < 0) { /* nothing else to do */ }
+  int len = snprintf(msg, sizeof msg, "%ssandbox: %s: %s\n", fail_channel >= 0 ? "E" : "", what, strerror(errno));
+  if (write(fail_channel >= 0 ? fail_channel : 2, msg, (size_t)len) < 0) { /* nothing else to do */ }
   _exit(126);
 }
 
-static void run_command(char *command, char **envp, int out_fd, int err_fd) {
+/* The start of every process of the sandbox's user: default signals, a session of its own. */
+static void new_session(void) {
   sigset_t all;
   sigemptyset(&all);
   sigprocmask(SIG_SETMASK, &all, NULL);
   for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
   setsid();
-  int null = open("/dev/null", O_RDONLY);
-  if (null >= 0) dup2(null, 0);
-  dup2(out_fd, 1);
-  dup2(err_fd, 2);
+}
+
+/* Becomes the sandbox's user in /workspace, every fd above `last_fd` closed; seccomp comes last,
+   just before the exec. */
+static void become_sandbox_user(int last_fd) {
   int oom = open("/proc/self/oom_score_adj", O_WRONLY);
   if (oom >= 0) {
     if (write(oom, "0", 1) < 0) { /* keep the inherited value */ }
@@ -288,7 +332,7 @@ static void run_command(char *command, char **envp, int out_fd, int err_fd) {
   }
   /* Entering it gives every capability in it (and a full bounding set), trimmed below. */
   if (userns_fd >= 0 && setns(userns_fd, CLONE_NEWUSER) < 0) child_fail("setns (user namespace)");
-  syscall(SYS_close_range, 3, ~0U, 0);
+  syscall(SYS_close_range, (unsigned)last_fd + 1, ~0U, 0);
   uint64_t keep = userns_fd >= 0 && sandbox_uid == 0 ? ROOT_CAPS : 0;
   for (int cap = 0; cap <= 63; cap++)
     if (!(keep & CAP_BIT(cap)) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno == EINVAL) break;
@@ -304,6 +348,15 @@ static void run_command(char *command, char **envp, int out_fd, int err_fd) {
   prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail("no_new_privs");
   if (chdir("/workspace") < 0) child_fail("chdir /workspace");
+}
+
+static void run_command(char *command, char **envp, int out_fd, int err_fd) {
+  new_session();
+  int null = open("/dev/null", O_RDONLY);
+  if (null >= 0) dup2(null, 0);
+  dup2(out_fd, 1);
+  dup2(err_fd, 2);
+  become_sandbox_user(2);
   if (install_seccomp() < 0) child_fail("seccomp");
   char *argv[] = {"sh", "-c", command, NULL};
   execve("/bin/sh", argv, envp);
@@ -362,8 +415,8 @@ static int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* SIGKILL every descendant of `root` (not `root` itself); returns how many were signalled. */
-static int kill_descendants(pid_t root) {
+/* Sends `sig` to every descendant of `root` (not `root` itself); returns how many were signalled. */
+static int signal_descendants(pid_t root, int sig) {
   static char mark[MAXP];
   int n = scan_processes(), found = 0, changed = 1;
   memset(mark, 0, (size_t)n);
@@ -379,11 +432,13 @@ static int kill_descendants(pid_t root) {
   }
   for (int i = 0; i < n; i++)
     if (mark[i] && scan_state[i] != 'Z') {
-      kill(scan_pid[i], SIGKILL);
+      kill(scan_pid[i], sig);
       found++;
     }
   return found;
 }
+
+static int kill_descendants(pid_t root) { return signal_descendants(root, SIGKILL); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* the shepherd: one per command                                                              */
@@ -468,18 +523,345 @@ static void shepherd(uint32_t id, char *command, char **envp) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* a terminal: a shell on a pseudo-terminal, under a shepherd of its own                      */
+
+struct terminal_request {
+  struct winsize size;
+  uint32_t output_window, input_window;
+};
+
+/* An absolute path to an executable that is not a refusal to log in (nologin, false). */
+static int usable_shell(const char *path) {
+  if (path[0] != '/' || access(path, X_OK) != 0) return 0;
+  const char *base = strrchr(path, '/') + 1;
+  return strcmp(base, "nologin") != 0 && strcmp(base, "false") != 0;
+}
+
+/* The shell of the current uid's passwd entry when usable, else /bin/bash, else /bin/sh. */
+static void pick_shell(char *out, size_t size) {
+  snprintf(out, size, "%s", access("/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh");
+  FILE *f = fopen("/etc/passwd", "re");
+  if (!f) return;
+  char line[1024];
+  while (fgets(line, sizeof line, f)) {
+    /* name:password:uid:gid:gecos:home:shell */
+    char *rest = line, *field[7];
+    int n = 0;
+    while (n < 7 && rest) field[n++] = strsep(&rest, ":");
+    if (n < 7) continue;
+    field[6][strcspn(field[6], "\n")] = 0;
+    char *end;
+    unsigned long uid = strtoul(field[2], &end, 10);
+    if (*end || field[2] == end || uid != (unsigned long)getuid()) continue;
+    if (usable_shell(field[6]) && strlen(field[6]) < size) snprintf(out, size, "%s", field[6]);
+    break;
+  }
+  fclose(f);
+}
+
+/* envp with SHELL=shell added when it has none (a new array; the strings are envp's). */
+static char **with_shell(char **envp, const char *shell) {
+  size_t n = 0;
+  int has = 0;
+  for (; envp[n]; n++) has |= strncmp(envp[n], "SHELL=", 6) == 0;
+  char **out = calloc(n + 2, sizeof *out);
+  char *entry = malloc(strlen(shell) + 7);
+  if (!out || !entry) return envp;
+  memcpy(out, envp, n * sizeof *out);
+  sprintf(entry, "SHELL=%s", shell);
+  if (!has) out[n] = entry;
+  return out;
+}
+
+/* The shell's process: the sandbox's user first, then its pty (so the user owns the slave) as the
+   controlling terminal of its new session; the master goes to the shepherd over `channel`
+   (with "S" and the shell's path; "E" and why, when it cannot). */
+static void run_terminal_shell(struct terminal_request *r, char **envp, int channel) {
+  new_session();
+  if (dup2(channel, 3) < 0) _exit(126);
+  fail_channel = 3;
+  become_sandbox_user(3);
+  int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0) child_fail("open /dev/ptmx");
+  char name[64];
+  if (grantpt(master) < 0 || unlockpt(master) < 0 || ptsname_r(master, name, sizeof name) != 0) child_fail("pty");
+  int slave = open(name, O_RDWR);
+  if (slave < 0) child_fail(name);
+  if (ioctl(slave, TIOCSCTTY, 0) < 0) child_fail("TIOCSCTTY");
+  ioctl(slave, TIOCSWINSZ, &r->size);
+  char shell[256], msg[260];
+  pick_shell(shell, sizeof shell);
+  int len = snprintf(msg, sizeof msg, "S%s", shell);
+  char control[CMSG_SPACE(sizeof(int))];
+  memset(control, 0, sizeof control);
+  struct iovec iov = {.iov_base = msg, .iov_len = (size_t)len};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+  struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &master, sizeof(int));
+  if (sendmsg(3, &mh, MSG_NOSIGNAL) < 0) child_fail("sendmsg");
+  close(master);
+  close(3);
+  fail_channel = -1; /* from here, what fails is said on the terminal */
+  dup2(slave, 0);
+  dup2(slave, 1);
+  dup2(slave, 2);
+  if (slave > 2) close(slave);
+  if (install_seccomp() < 0) child_fail("seccomp");
+  char *argv[] = {strrchr(shell, '/') + 1, "-i", NULL};
+  execve(shell, argv, with_shell(envp, shell));
+  child_fail(shell);
+}
+
+/* The master the shell's process sent and its shell's path; -1 and why (in `shell`) when it did not. */
+static int receive_master(int channel, char *shell, size_t size) {
+  char msg[512], control[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {.iov_base = msg, .iov_len = sizeof msg - 1};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+  ssize_t n;
+  do n = recvmsg(channel, &mh, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+  if (n <= 0) {
+    snprintf(shell, size, "the shell's process ended before it opened its terminal");
+    return -1;
+  }
+  msg[n] = 0;
+  msg[strcspn(msg, "\n")] = 0;
+  int fd = -1;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  snprintf(shell, size, "%s", msg + 1);
+  if (msg[0] == 'S' && fd >= 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+/* The shepherd's view of its terminal. */
+struct terminal {
+  uint32_t id;
+  pid_t shell;
+  int master; /* -1 once hung up */
+  int pty_done; /* the pty reads EOF: every process let go of its terminal */
+  uint32_t output_window, input_window;
+  uint32_t unacked; /* output bytes sent and not acknowledged */
+  unsigned char *input; /* bytes for the pty, at most input_window */
+  size_t input_len;
+  uint32_t taken; /* input cost accounted for and not yet reported */
+  unsigned char channel[2 * FRAME_MAX];
+  size_t channel_len;
+  int exited, status, killing;
+  int output_over; /* the shell exited and its output ended */
+  int64_t exited_at, hangup_at; /* hangup_at: 0 until hung up */
+  int64_t busy_at; /* output last read, or held at a full window */
+};
+
+/* SIGHUP (and SIGCONT, so a stopped job hears it) to the whole tree, the pty closed: what is left
+   at TERMINAL_GRACE_MS is killed. */
+static void terminal_hangup(struct terminal *t) {
+  if (t->hangup_at) return;
+  t->hangup_at = now_ms() + TERMINAL_GRACE_MS;
+  if (t->master >= 0) close(t->master);
+  t->master = -1;
+  t->taken += (uint32_t)t->input_len; /* nothing will read it */
+  t->input_len = 0;
+  signal_descendants(getpid(), SIGHUP);
+  signal_descendants(getpid(), SIGCONT);
+}
+
+static void terminal_message(struct terminal *t, uint8_t type, const unsigned char *p, size_t len) {
+  if (type == T_INPUT) {
+    t->taken += TERMINAL_COST_OVERHEAD;
+    size_t room = t->master < 0 ? 0 : t->input_window - t->input_len;
+    size_t kept = len < room ? len : room; /* more only from a host past its window: lost */
+    memcpy(t->input + t->input_len, p, kept);
+    t->input_len += kept;
+    t->taken += (uint32_t)(len - kept);
+  } else if (type == T_RESIZE && len == 4 && t->master >= 0) {
+    uint16_t cols, rows;
+    memcpy(&cols, p, 2);
+    memcpy(&rows, p + 2, 2);
+    struct winsize size = {.ws_row = rows, .ws_col = cols};
+    ioctl(t->master, TIOCSWINSZ, &size); /* the kernel tells the foreground job (SIGWINCH) */
+  } else if (type == T_ACK && len == 4) {
+    uint32_t n;
+    memcpy(&n, p, 4);
+    t->unacked = n >= t->unacked ? 0 : t->unacked - n;
+  }
+}
+
+/* Reads what the supervisor forwarded; false at its end (the supervisor gone), which hangs the terminal up. */
+static int terminal_channel(struct terminal *t, int ctl) {
+  ssize_t n = read(ctl, t->channel + t->channel_len, sizeof t->channel - t->channel_len);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return 1;
+  if (n <= 0) {
+    terminal_hangup(t);
+    return 0;
+  }
+  t->channel_len += (size_t)n;
+  size_t off = 0;
+  while (t->channel_len - off >= 5) {
+    uint32_t len;
+    memcpy(&len, t->channel + off, 4);
+    if (len < 1 || len > TERMINAL_MESSAGE_MAX + 1) _exit(1); /* the supervisor writes only whole messages */
+    if (t->channel_len - off < 4 + (size_t)len) break;
+    terminal_message(t, t->channel[off + 4], t->channel + off + 5, len - 1);
+    off += 4 + (size_t)len;
+  }
+  memmove(t->channel, t->channel + off, t->channel_len - off);
+  t->channel_len -= off;
+  return 1;
+}
+
+/* Output while the window has room; input as the pty takes it. */
+static void terminal_pty(struct terminal *t, short revents, int reading) {
+  if (reading && (revents & (POLLIN | POLLHUP | POLLERR))) {
+    unsigned char buf[FRAME_MAX - HEADER];
+    size_t room = t->output_window - t->unacked;
+    ssize_t n = read(t->master, buf, room < sizeof buf ? room : sizeof buf);
+    if (n > 0) {
+      send_frame(T_STDOUT, t->id, buf, (size_t)n);
+      t->unacked += (uint32_t)n;
+      t->busy_at = now_ms();
+    } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+      t->pty_done = 1; /* EIO: no process holds the terminal any more */
+    }
+  }
+  if (t->input_len > 0 && (t->pty_done || (revents & (POLLOUT | POLLHUP | POLLERR)))) {
+    ssize_t n = t->pty_done ? -1 : write(t->master, t->input, t->input_len);
+    if (n > 0) {
+      memmove(t->input, t->input + n, t->input_len - (size_t)n);
+      t->input_len -= (size_t)n;
+      t->taken += (uint32_t)n;
+    } else if (n < 0 && errno != EINTR && (errno != EAGAIN || (revents & POLLHUP))) {
+      t->taken += (uint32_t)t->input_len; /* nobody reads the terminal any more */
+      t->input_len = 0;
+    }
+  }
+}
+
+/* Reaps; true when no child is left. */
+static int terminal_reap(struct terminal *t) {
+  for (;;) {
+    int st;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p < 0 && errno == ECHILD) return 1;
+    if (p <= 0) return 0;
+    if (p == t->shell) t->exited = 1, t->status = st, t->exited_at = now_ms();
+  }
+}
+
+/* long: the shepherd's one loop over its signals, its channel and the pty, read top to bottom. */
+static void terminal_shepherd(uint32_t id, struct terminal_request *r, char **envp, int ctl) {
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  close(REQ_FD);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigaddset(&mask, SIGUSR1);
+  sigaddset(&mask, SIGUSR2);
+  signal(SIGCHLD, SIG_DFL);
+  sigprocmask(SIG_BLOCK, &mask, NULL);
+  int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  int channel[2];
+  struct terminal t = {.id = id, .master = -1, .output_window = r->output_window, .input_window = r->input_window};
+  t.input = malloc(r->input_window);
+  if (sfd < 0 || !t.input || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, channel) < 0) {
+    send_error(id, "terminal");
+    _exit(1);
+  }
+  t.shell = fork();
+  if (t.shell < 0) {
+    send_error(id, "fork (is the sandbox at its pids limit?)");
+    _exit(1);
+  }
+  if (t.shell == 0) run_terminal_shell(r, envp, channel[1]);
+  close(channel[1]);
+  char shell[512];
+  t.master = receive_master(channel[0], shell, sizeof shell);
+  close(channel[0]);
+  if (t.master < 0) {
+    send_frame(T_ERROR, id, shell, strlen(shell));
+    kill(t.shell, SIGKILL);
+    _exit(1);
+  }
+  fcntl(t.master, F_SETFL, O_NONBLOCK);
+  unsigned char started[4 + sizeof shell];
+  uint32_t pid = (uint32_t)t.shell;
+  memcpy(started, &pid, 4);
+  memcpy(started + 4, shell, strlen(shell));
+  send_frame(T_STARTED, id, started, 4 + strlen(shell));
+
+  for (;;) {
+    if (t.killing) kill_descendants(getpid());
+    int no_children = terminal_reap(&t);
+    int64_t now = now_ms();
+    /* the shell's output is over once the pty ends (or is quiet shortly after the shell exits,
+       while another process holds it); then what it left behind is hung up, and EXIT says
+       that nothing of the terminal is left */
+    if (t.unacked >= t.output_window) t.busy_at = now;
+    int64_t quiet = now - (t.busy_at > t.exited_at ? t.busy_at : t.exited_at);
+    if (t.exited && !t.output_over && (t.master < 0 || t.pty_done || t.killing || quiet >= 100)) {
+      t.output_over = 1;
+      terminal_hangup(&t);
+    }
+    if (t.output_over && no_children) {
+      send_frame(T_EXIT, id, &t.status, 4);
+      _exit(0);
+    }
+    if (t.hangup_at && now >= t.hangup_at) t.killing = 1;
+
+    int reading = t.master >= 0 && !t.pty_done && !t.output_over && t.unacked < t.output_window;
+    int writing = t.master >= 0 && t.input_len > 0;
+    short events = (short)((reading ? POLLIN : 0) | (writing ? POLLOUT : 0));
+    struct pollfd p[3] = {{sfd, POLLIN, 0}, {ctl, POLLIN, 0}, {events ? t.master : -1, events, 0}};
+    int timeout = t.killing ? 2 : (t.exited && !t.output_over) ? 10 : t.hangup_at ? (int)(t.hangup_at - now) + 1 : -1;
+    if (poll(p, 3, timeout) < 0 && errno != EINTR) _exit(1);
+    if (p[0].revents & POLLIN) {
+      struct signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) == sizeof si) {
+        if (si.ssi_signo == SIGUSR1 && !t.killing) {
+          t.killing = 1;
+          kill(-t.shell, SIGKILL);
+        } else if (si.ssi_signo == SIGUSR2) {
+          terminal_hangup(&t);
+        }
+      }
+    }
+    if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) && !terminal_channel(&t, ctl)) {
+      close(ctl);
+      ctl = -1;
+    }
+    if (t.master >= 0 && p[2].revents) terminal_pty(&t, p[2].revents, reading);
+    if (t.taken) {
+      send_u32(T_TAKEN, id, t.taken);
+      t.taken = 0;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* the supervisor                                                                             */
 
 #define MAXCMD 4096
-static struct { pid_t pid; uint32_t id; } running[MAXCMD];
+/* ctl: the write end of a terminal's channel to its shepherd, or -1 (a command) */
+static struct { pid_t pid; uint32_t id; int ctl; } running[MAXCMD];
 
-static void track(pid_t pid, uint32_t id) {
+static void track(pid_t pid, uint32_t id, int ctl) {
   for (int i = 0; i < MAXCMD; i++)
     if (!running[i].pid) {
       running[i].pid = pid;
       running[i].id = id;
+      running[i].ctl = ctl;
       return;
     }
+  if (ctl >= 0) close(ctl);
+}
+
+/* In a new shepherd: the other terminals' channels are not its own. */
+static void close_channels(void) {
+  for (int i = 0; i < MAXCMD; i++)
+    if (running[i].pid && running[i].ctl >= 0) close(running[i].ctl);
 }
 
 static void reap_shepherds(void) {
@@ -494,6 +876,7 @@ static void reap_shepherds(void) {
           int status = SIGKILL; /* wait status of a process killed by SIGKILL */
           send_frame(T_EXIT, running[i].id, &status, 4);
         }
+        if (running[i].ctl >= 0) close(running[i].ctl);
         running[i].pid = 0;
       }
   }
@@ -515,11 +898,84 @@ static void exec_request(uint32_t id, char *payload, size_t len) {
   if (pid < 0) {
     send_error(id, "fork (is the sandbox at its pids limit?)");
   } else if (pid == 0) {
+    close_channels();
     shepherd(id, command, envp);
   } else {
-    track(pid, id);
+    track(pid, id, -1);
   }
   free(envp);
+}
+
+/* The NUL-terminated KEY=VALUE strings of payload[from, len) as an environment (payload[len] is 0). */
+static char **env_of(char *payload, size_t from, size_t len) {
+  size_t envc = 0;
+  for (size_t i = from; i < len; i += strlen(payload + i) + 1) envc++;
+  char **envp = calloc(envc + 1, sizeof *envp);
+  if (!envp) return NULL;
+  size_t k = 0;
+  for (size_t i = from; i < len; i += strlen(payload + i) + 1) envp[k++] = payload + i;
+  return envp;
+}
+
+static void terminal_request(uint32_t id, char *payload, size_t len) {
+  struct terminal_request r;
+  memset(&r, 0, sizeof r);
+  uint16_t cols = 0, rows = 0;
+  if (len >= 12) {
+    memcpy(&cols, payload, 2);
+    memcpy(&rows, payload + 2, 2);
+    memcpy(&r.output_window, payload + 4, 4);
+    memcpy(&r.input_window, payload + 8, 4);
+  }
+  if (len < 12 || !cols || !rows || r.output_window < FRAME_MAX || r.output_window > TERMINAL_OUTPUT_WINDOW_MAX || r.input_window < FRAME_MAX ||
+      r.input_window > TERMINAL_INPUT_WINDOW_MAX) {
+    const char *msg = "terminal request: bad size or windows";
+    send_frame(T_ERROR, id, msg, strlen(msg));
+    return;
+  }
+  r.size.ws_col = cols;
+  r.size.ws_row = rows;
+  payload[len] = 0; /* the buffer has room for it */
+  char **envp = env_of(payload, 12, len);
+  int ctl[2];
+  if (!envp || pipe2(ctl, O_CLOEXEC) < 0) {
+    send_error(id, "terminal");
+    free(envp);
+    return;
+  }
+  /* never blocks: a full channel is a host past its window, which loses the terminal */
+  fcntl(ctl[1], F_SETFL, O_NONBLOCK);
+  pid_t pid = fork();
+  if (pid < 0) {
+    send_error(id, "fork (is the sandbox at its pids limit?)");
+    close(ctl[1]);
+  } else if (pid == 0) {
+    close_channels();
+    close(ctl[1]);
+    terminal_shepherd(id, &r, envp, ctl[0]);
+  } else {
+    track(pid, id, ctl[1]);
+  }
+  close(ctl[0]);
+  free(envp);
+}
+
+/* INPUT, RESIZE or ACK, passed whole to the terminal's shepherd. */
+static void terminal_forward(uint32_t id, uint8_t type, const unsigned char *payload, size_t len) {
+  for (int i = 0; i < MAXCMD; i++) {
+    if (!running[i].pid || running[i].id != id || running[i].ctl < 0) continue;
+    unsigned char msg[FRAME_MAX];
+    uint32_t l = (uint32_t)len + 1;
+    ssize_t w = -1;
+    if (len <= TERMINAL_MESSAGE_MAX) {
+      memcpy(msg, &l, 4);
+      msg[4] = type;
+      memcpy(msg + 5, payload, len);
+      w = write(running[i].ctl, msg, len + 5);
+    }
+    if (w != (ssize_t)(len + 5)) kill(running[i].pid, SIGUSR1);
+    return;
+  }
 }
 
 static void kill_all(void) {
@@ -631,9 +1087,20 @@ static int serve(void) {
           exec_request(id, copy, plen);
           free(copy);
         }
-      } else if (type == T_KILL) {
+      } else if (type == T_KILL || type == T_HANGUP) {
         for (int i = 0; i < MAXCMD; i++)
-          if (running[i].pid && running[i].id == id) kill(running[i].pid, SIGUSR1);
+          if (running[i].pid && running[i].id == id) kill(running[i].pid, type == T_KILL ? SIGUSR1 : SIGUSR2);
+      } else if (type == T_TERMINAL) {
+        char *copy = malloc(plen + 1);
+        if (!copy) {
+          send_error(id, "malloc");
+        } else {
+          memcpy(copy, payload, plen);
+          terminal_request(id, copy, plen);
+          free(copy);
+        }
+      } else if (type == T_INPUT || type == T_RESIZE || type == T_ACK) {
+        terminal_forward(id, type, payload, plen);
       } else if (type == T_KILLALL) {
         kill_all();
         send_frame(T_KILLED, id, NULL, 0);

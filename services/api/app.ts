@@ -43,6 +43,7 @@ import type { BundleCatalog } from './catalogs/bundle-catalog.ts';
 import { bundlesRouter } from './routes/bundles.ts';
 import type { SpecCatalog } from './catalogs/spec-catalog.ts';
 import type { SandboxRequester } from './sandboxes/sandbox-requester.ts';
+import type { TerminalRelay } from './sandboxes/terminal-relay.ts';
 import type { TraceIngest } from './traces/ingest.ts';
 import type { TenantSecrets } from '../kernel/tenant-secrets.ts';
 
@@ -63,6 +64,8 @@ export interface AppDeps {
   datasets: DatasetCatalog;
   bundles: BundleCatalog;
   requester: SandboxRequester;
+  /** The sandboxes' terminal sessions (the shell). */
+  terminals: TerminalRelay;
   /** The built-in schema registry, when this process serves it. */
   registry: BuiltInRegistry | null;
 }
@@ -87,7 +90,7 @@ export function createApp(deps: AppDeps): Koa {
 }
 
 /** One router per resource, in the order they are matched. */
-function routers({ kernel, alerts, alertEvaluator, auth, specs, agents, bundles, secrets, sandboxes, runners, experiments, scoreRules, datasets, requester, ingest, registry }: AppDeps): Router[] {
+function routers({ kernel, alerts, alertEvaluator, auth, specs, agents, bundles, secrets, sandboxes, runners, experiments, scoreRules, datasets, requester, terminals, ingest, registry }: AppDeps): Router[] {
   return [
     serviceInfoRouter(kernel),
     tracesRouter(kernel, ingest),
@@ -98,7 +101,7 @@ function routers({ kernel, alerts, alertEvaluator, auth, specs, agents, bundles,
     spansRouter(kernel, agents),
     secretsRouter(secrets),
     sandboxesRouter({ kernel, auth, specs, agents, sandboxes, runners, requester, ingest }),
-    sandboxShellRouter({ kernel, auth, specs, agents, sandboxes, runners, requester }),
+    sandboxShellRouter({ kernel, auth, specs, agents, sandboxes, runners, requester, terminals }),
     experimentsRouter({ kernel, auth, specs, agents, experiments, datasets }),
     datasetsRouter(kernel, datasets),
     scoringRouter({ kernel, specs, experiments, rules: scoreRules }),

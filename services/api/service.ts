@@ -18,6 +18,7 @@ import { AgentCatalog } from './catalogs/agent-catalog.ts';
 import { BundleCatalog } from './catalogs/bundle-catalog.ts';
 import { TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { SandboxRequester } from './sandboxes/sandbox-requester.ts';
+import { TerminalRelay } from './sandboxes/terminal-relay.ts';
 import { TraceIngest } from './traces/ingest.ts';
 
 /** The HTTP API. Holds the auth and idempotency views; everything else it reads from the log or the store. */
@@ -25,6 +26,7 @@ export class ApiService implements Service {
   readonly name = 'api';
   private server: http.Server | null = null;
   private parts: Array<{ start(): Promise<void>; stop(): Promise<void> }> = [];
+  private terminals: TerminalRelay | null = null;
 
   constructor(private readonly options: { registry: BuiltInRegistry | null }) {}
 
@@ -41,17 +43,20 @@ export class ApiService implements Service {
     const scoreRules = new ScoreRuleCatalog(kernel);
     const datasets = new DatasetCatalog(kernel);
     const requester = new SandboxRequester(kernel);
+    const terminals = (this.terminals = new TerminalRelay(kernel, sandboxes));
     const ingest = new TraceIngest(kernel);
     this.parts = [auth, idempotency, agents, bundles, specs, secrets, sandboxes, experiments, scoreRules, datasets, requester, ingest];
     const alerts = new AlertCatalog(kernel);
     const alertEvaluator = new AlertEvaluator(kernel);
     this.parts.push(alerts, alertEvaluator);
     await Promise.all(this.parts.map((p) => p.start()));
+    // After the sandboxes' view, whose ends end its sessions.
+    await terminals.start();
     // After the sandboxes' view: the roster's first sweep ends what dead runners left.
     await runners.start();
     this.parts.push(runners);
     auth.acceptSandboxTokens((hash) => sandboxes.byTokenHash(hash));
-    const app = createApp({ kernel, alerts, alertEvaluator, auth, idempotency, specs, agents, bundles, secrets, sandboxes, runners, experiments, scoreRules, datasets, requester, ingest, registry: this.options.registry });
+    const app = createApp({ kernel, alerts, alertEvaluator, auth, idempotency, specs, agents, bundles, secrets, sandboxes, runners, experiments, scoreRules, datasets, requester, terminals, ingest, registry: this.options.registry });
     this.server = http.createServer(app.callback());
     // WebSocket upgrades (the sandbox shell) run through the same app and middleware.
     this.server.on('upgrade', upgradeThroughApp(app));
@@ -70,6 +75,8 @@ export class ApiService implements Service {
   }
 
   async stop(): Promise<void> {
+    // First: an open shell's socket would keep the server from closing.
+    await this.terminals?.stop();
     if (this.server) {
       const server = this.server;
       this.server = null;

@@ -26,6 +26,8 @@ export const newAlertId = (seed: string | null = null): string => `alert_${seede
 export const newKeyId = (seed: string | null = null): string => `key_${seeded(seed, 'api key') ?? hex(8)}`;
 export const newLiveKey = (): string => `svc_live_${hex(24)}`;
 export const newSandboxToken = (): string => `svc_sb_${hex(24)}`;
+/** A terminal session of a sandbox (its shell): unguessable, as it addresses the session's bytes on the log. */
+export const newTerminalSessionId = (): string => `term-${hex(12)}`;
 
 export function sha256Hex(data: string | Buffer): string {
   return createHash('sha256').update(data).digest('hex');

@@ -44,6 +44,8 @@ export const TOPICS = {
   sandboxReplies: 'svc.sandbox-replies',
   sandboxes: 'svc.sandboxes',
   sandboxEvents: 'svc.sandbox-events',
+  terminalInput: 'svc.terminal-input',
+  terminalOutput: 'svc.terminal-output',
   runners: 'svc.runners',
   audit: 'svc.audit',
   /** The built-in schema registry's own state (raw JSON values, not Avro). */

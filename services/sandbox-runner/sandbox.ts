@@ -13,7 +13,7 @@ import { stringify as stringifyYaml } from 'yaml';
 import { publish, type Kernel } from '../kernel/actor.ts';
 import { renderConfigTemplate, type ResolvedAgent } from '../domain/agent-auth.ts';
 import type { ExtractedBundles } from '../kernel/bundles.ts';
-import { AppError } from '../kernel/errors.ts';
+import { AppError, type ErrorCode } from '../kernel/errors.ts';
 import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../domain/events/sandbox-events.ts';
 import type { CheckOutput } from '../domain/events/run-events.ts';
 import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
@@ -26,7 +26,8 @@ import { refusedInStep, runBoot, StepFailed, type BootStep, type StepDone } from
 import { ensureImage, normalizeReference, type ImageInfo } from './runtime/images.ts';
 import { buildImage } from './runtime/image-builder.ts';
 import { readContextFile } from './runtime/build-context.ts';
-import type { CreateSandboxOptions, ExecResult, Runtime, SandboxHandle } from './runtime/runtime.ts';
+import type { CreateSandboxOptions, ExecResult, Runtime, SandboxHandle, SandboxTerminal, TerminalOptions } from './runtime/runtime.ts';
+import { TERMINAL } from '../domain/terminal-sessions.ts';
 import type { SandboxPool } from './runtime/sandbox-pool.ts';
 import { SERVICE_URL_IN_SANDBOX } from './runtime/service-bridge.ts';
 import { AUDIT_FILE, AuditLog } from './workspace/audit-log.ts';
@@ -106,6 +107,18 @@ export function excerpt(text: string, chars = 200): string {
   return text.length <= chars ? text : `${text.slice(0, chars)}… (${text.length} characters)`;
 }
 
+/** A shell of the sandbox (LiveSandbox.openTerminal). */
+export interface ShellTerminal {
+  readonly terminal: SandboxTerminal;
+  /** Hangs it up; the first reason given is the one its end carries. */
+  close(reason: string, error: ErrorCode): void;
+  /** Nothing of it is left, and its end is recorded: the shell's exit code, and why the service ended it (null: it exited). */
+  readonly ended: Promise<{ exitCode: number; error: ErrorCode | null; reason: string | null }>;
+}
+
+/** How long a destroy waits for its shells to hang up (and their ends to be recorded) before it tears the sandbox down. */
+const TERMINALS_END_MS = 3000;
+
 /** A moment for the exits of a kill to come through the tracer's pipe before the watch ends. */
 const PROCESS_EVENTS_DRAIN_MS = 100;
 /** The largest answer of a real host a mock in record mode keeps. */
@@ -170,6 +183,8 @@ export class LiveSandbox {
   private pidsLimitHits = 0;
   private eventChain: Promise<unknown> = Promise.resolve();
   private queuedEvents: SandboxEvent[] = [];
+  /** open shells by session id */
+  private readonly terminals = new Map<string, ShellTerminal>();
 
   constructor(
     private readonly kernel: Kernel,
@@ -374,6 +389,52 @@ export class LiveSandbox {
   agentCommand(command: string, options: { timeoutMs: number; env: Record<string, string> }): Promise<{ status?: number; body: unknown }> {
     this.assertOperable('command');
     return this.runCommand(command, { timeoutMs: options.timeoutMs, background: false, env: options.env });
+  }
+
+  /**
+   * A shell on a terminal of the sandbox (docs/sandboxes.md "Shell"): its processes are the
+   * sandbox user's, like a command's. Its start and end are `terminal` events of the stream and
+   * the shell a `process_spawn` record of the audit, with its exit code and byte counts; what
+   * went through it is recorded nowhere.
+   */
+  async openTerminal(sessionId: string, options: TerminalOptions): Promise<ShellTerminal> {
+    this.assertOperable('terminal');
+    if (this.terminals.size >= TERMINAL.maxPerSandbox) throw new AppError('conflict', `sandbox ${this.id} has ${TERMINAL.maxPerSandbox} shells open, the most at once; exit one first`);
+    if (this.state === 'ready') await this.setState('running');
+    const started = performance.now();
+    const terminal = await this.box!.openTerminal(options).catch((err: Error) => {
+      throw new AppError('conflict', `the shell did not start in sandbox ${this.id}: ${err.message}`);
+    });
+    let ending: { reason: string; error: ErrorCode } | null = null;
+    const ended = terminal.exited.then(async ({ exitCode }) => {
+      this.terminals.delete(sessionId);
+      const end = { session_id: sessionId, exit_code: exitCode, duration_ms: Math.round(performance.now() - started), input_bytes: terminal.inputBytes, output_bytes: terminal.outputBytes, ...(ending ? { reason: ending.reason } : {}) };
+      await this.audit?.record('process_spawn', { command: `${terminal.shell} -i`, terminal: sessionId, exit_code: exitCode, duration_ms: end.duration_ms, output_bytes: terminal.outputBytes }).catch(() => undefined);
+      await this.event('terminal', { phase: 'closed', ...end });
+      return { exitCode, error: ending?.error ?? null, reason: ending?.reason ?? null };
+    });
+    const shell: ShellTerminal = {
+      terminal,
+      ended,
+      close: (reason, error) => {
+        ending ??= { reason, error };
+        terminal.close();
+      },
+    };
+    this.terminals.set(sessionId, shell);
+    void this.event('terminal', { phase: 'opened', session_id: sessionId, shell: terminal.shell, term: options.term, cols: options.cols, rows: options.rows });
+    return shell;
+  }
+
+  /** Hangs up every shell with why the sandbox ends, and waits (a while) for their ends to be recorded. */
+  private async closeTerminals(reason: string): Promise<void> {
+    if (this.terminals.size === 0) return;
+    const why = reason === 'destroyed' ? `sandbox ${this.id} was destroyed` : reason === 'timeout' ? `sandbox ${this.id} reached its timeout` : `sandbox ${this.id} ended: ${reason}`;
+    const ends = [...this.terminals.values()].map((shell) => {
+      shell.close(why, 'not_found');
+      return shell.ended;
+    });
+    await Promise.race([Promise.allSettled(ends), new Promise((resolve) => setTimeout(resolve, TERMINALS_END_MS).unref())]);
   }
 
   /** The Sandbox object of the spec. */
@@ -961,6 +1022,7 @@ export class LiveSandbox {
   destroy(reason: string, end: 'stopped' | 'error' = 'stopped'): Promise<void> {
     this.destroying ??= (async () => {
       if (this.timer) clearTimeout(this.timer);
+      await this.closeTerminals(reason);
       const failures = await this.teardown(reason);
       const error = [...(reason === 'destroyed' ? [] : [reason]), ...failures].join('; ') || null;
       // A runner that cannot write this retries it on the next DELETE (service.ts).

@@ -1,9 +1,10 @@
 /**
  * The sandbox runner: boots sandboxes on its runtime, owns them until they are destroyed, and
- * answers the requests for them (commands, files, state, diff, timeout, destroy) that arrive on
- * svc.sandbox-requests. Every runner reads every request and acts on those addressed to it (the
- * api addresses a sandbox's requests to its owner, a create to a live runner it picks), so a
- * change of the consumer group's membership never strands a live sandbox.
+ * answers the requests for them (commands, files, state, diff, timeout, destroy, and terminals:
+ * a shell whose bytes then go over svc.terminal-input and -output, terminal-sessions.ts) that
+ * arrive on svc.sandbox-requests. Every runner reads every request and acts on those addressed
+ * to it (the api addresses a sandbox's requests to its owner, a create to a live runner it
+ * picks), so a change of the consumer group's membership never strands a live sandbox.
  *
  * It has a name that survives restarts (runner-identity.ts) and says it is alive on svc.runners
  * every SVC_RUNNER_HEARTBEAT, with how full it is; its last word, when it stops, says so.
@@ -41,6 +42,7 @@ import { backingRoot, BackingServices } from './backing/backing-services.ts';
 import type { RunRequested } from '../domain/events/run-events.ts';
 import type { RunnerHeartbeat } from '../domain/events/runner-events.ts';
 import { runnerIdOf } from './runner-identity.ts';
+import { TerminalSessions } from './terminal-sessions.ts';
 
 export class SandboxRunnerService implements Service {
   readonly name = 'sandbox-runner';
@@ -61,6 +63,8 @@ export class SandboxRunnerService implements Service {
   private consumer: Consumer | null = null;
   private runConsumer: Consumer | null = null;
   private runs!: RunExecutor;
+  /** The shells of this runner's sandboxes (GET /v1/sandboxes/:id/shell). */
+  private terminals: TerminalSessions | null = null;
   private readonly inFlight = new Set<Promise<void>>();
   private stopping = false;
   /** The egress gateway of the sandboxes' networks, or why it did not start. */
@@ -102,7 +106,8 @@ export class SandboxRunnerService implements Service {
     this.bundles = new ExtractedBundles(path.join(kernel.config.dataDir, 'agent-bundles'), new BundleStore(kernel.config.blobDir));
     this.taskFiles = new ExtractedBundles(path.join(kernel.config.dataDir, 'task-file-bundles'), new BundleStore(path.join(kernel.config.blobDir, TASK_FILES_SUBDIR)));
     await this.bundles.prune(new Set());
-    await Promise.all([this.secrets.start(), this.known.start(kernel)]);
+    this.terminals = new TerminalSessions(kernel, this.sealer);
+    await Promise.all([this.secrets.start(), this.known.start(kernel), this.terminals.start()]);
     await this.endOrphans();
     // Every request, from this process's start on (a request older than that was not for it: it
     // was addressed before this runner said it is alive); only its own are acted on.
@@ -166,6 +171,8 @@ export class SandboxRunnerService implements Service {
     await this.consumer?.stop();
     // Sandboxes go first: a run in one ends at once (unreported; it runs again after the restart).
     await Promise.allSettled([...this.sandboxes.values()].map((s) => s.destroy('the runner stopped')));
+    // After the sandboxes: their shells' ends are on the log.
+    await this.terminals?.stop();
     await Promise.allSettled([...this.inFlight]);
     // The last word: the api stops sending it sandboxes and the aggregator dispatches its unfinished runs again.
     if (this.heartbeat) await this.beat(true).catch((err) => this.kernel.logger.warn({ err }, 'the last heartbeat was not written'));
@@ -240,7 +247,7 @@ export class SandboxRunnerService implements Service {
     }
     let result: { status?: number; body: unknown; contentType?: string };
     try {
-      result = await live.handle(request.op, payload);
+      result = request.op === 'terminal' ? await this.terminals!.open(live, payload) : await live.handle(request.op, payload);
     } catch (err) {
       if (request.op !== 'destroy' || !(await this.endUnrecorded(request, `torn down, but its end could not be recorded: ${(err as Error).message}`))) throw err;
       result = stopped;

@@ -3,8 +3,10 @@
  * where a person would see it, and through pipes where a machine reads it: login and its config
  * file, local spec validation with file:line:column, agent push with .svcignore, `svc eval` with
  * its live progress bar, results, reproducers and exit codes (pass, fail, regression), the
- * `--json` shapes, experiments list/show/compare/export, sandboxes with exec and an interactive
- * shell over the WebSocket, `traces tail --agent`, shell completion, and bad input as one line.
+ * `--json` shapes, experiments list/show/compare/export, sandboxes with exec and a shell that is
+ * a real terminal (raw keys, Ctrl-C, a full-screen program, the window's size and its resize, the
+ * shell's exit code; piped without one), `traces tail --agent`, shell completion, and bad input
+ * as one line. The shell's endpoint itself is attacked in sandbox-shell.test.ts.
  */
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -12,7 +14,6 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync }
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import WebSocket from 'ws';
 import { backend } from '../helpers/backend.ts';
 import { createTenantKey, REPO, startServer, type TestServer } from '../helpers/server.ts';
 import { terminal, tmuxAvailable } from '../helpers/terminal.ts';
@@ -258,7 +259,7 @@ if (runtime) {
       }
     });
 
-    test('sandboxes: create, exec with the command\'s exit code, an interactive shell over the WebSocket, rm', async () => {
+    test('sandboxes: create, list, exec with the command\'s exit code, rm', async () => {
       const sb = (await svc(['sandboxes', 'create', 'cli-good', '--meta', 'who=cli', '--json'])).stdout;
       const id = JSON.parse(sb).id as string;
       assert.equal(JSON.parse(sb).metadata.who, 'cli');
@@ -266,59 +267,79 @@ if (runtime) {
       assert.ok(listed.some((s: any) => s.id === id));
       const exec = await svc(['sandboxes', 'exec', id, '--', 'echo out; echo err >&2; exit 7']);
       assert.deepEqual(exec, { code: 7, stdout: 'out\n', stderr: 'err\n' });
+      assert.equal((await svc(['sandboxes', 'rm', id])).stdout, `destroyed ${id}\n`);
+      assert.match((await svc(['sandboxes', 'shell', id])).stderr, /^svc: 404 not_found: /);
+    });
 
+    test('sandboxes shell is a real terminal: prompt, cd, read, completion, top, Ctrl-C, its size and a resize, the shell\'s exit code', async () => {
+      const id = JSON.parse((await svc(['sandboxes', 'create', 'cli-good', '--json'])).stdout).id as string;
       const t = inTerminal(`sandboxes shell ${id}`);
       try {
-        await t.waitFor(new RegExp(`${id}:/workspace\\$ ?$`, 'm'));
-        t.type('mkdir -p a/b && cd a/b');
-        await t.waitFor(new RegExp(`${id}:/workspace/a/b\\$ ?$`, 'm'));
-        t.type('pwd; echo "sum $((2+3))"; ls /nonexistent');
-        await t.waitFor(/sum 5\n.*No such file or directory/);
-        t.keys('C-d');
+        // bash, as the sandbox's user, in /workspace (its HOME: ~)
+        await t.waitFor(/nobody@sandbox:~\$ $/m);
+        t.type('cd /tmp');
+        t.type('pwd');
+        await t.waitFor(/^\/tmp$/m);
+        t.type('read -p "who? " who; echo "hello $who"');
+        await t.waitFor(/who\? $/m);
+        t.type('world');
+        await t.waitFor(/^hello world$/m);
+        // Tab completes in the sandbox's shell.
+        t.type('ech', false);
+        t.keys('Tab');
+        t.type(' completed-$((6*7))');
+        await t.waitFor(/^completed-42$/m);
+        // A full-screen program draws, and takes its keys.
+        t.type('top -d 1');
+        await t.waitFor(/Tasks: .*total/);
+        t.keys('q');
+        t.type('echo after-top');
+        await t.waitFor(/^after-top$/m);
+        // Ctrl-C interrupts the foreground job; the shell stays.
+        t.type('sleep 100');
+        await new Promise((r) => setTimeout(r, 500));
+        t.keys('C-c');
+        t.type('echo "alive $?"');
+        await t.waitFor(/^alive 130$/m);
+        // The pane's size, and a resize of it, as the sandbox's terminal sees them.
+        const size = t.size();
+        t.type('stty size');
+        await t.waitFor(new RegExp(`^${size.rows} ${size.cols}$`, 'm'));
+        t.resize(120, 40);
+        const resized = t.size();
+        assert.notDeepEqual(resized, size);
+        await new Promise((r) => setTimeout(r, 300));
+        t.type('clear; stty size');
+        await t.waitFor(new RegExp(`^${resized.rows} ${resized.cols}$`, 'm'));
+        t.type('exit 3');
         const { code, screen } = await t.exit();
-        assert.equal(code, 2, `the last command's exit code: ${screen}`);
-        assert.match(screen, /\/workspace\/a\/b\nsum 5/);
+        assert.equal(code, 3, `the shell's exit code: ${screen}`);
       } finally {
         t.close();
       }
-      // The shell's commands went through the audited command path.
+      // The session is on the sandbox's record, what went through it is not.
       const audit = await server.request('GET', `/v1/sandboxes/${id}/audit?type=process_spawn`, { key });
-      assert.ok(audit.body.items.some((r: any) => r.details.command.includes('mkdir -p a/b')), JSON.stringify(audit.body));
+      const shell = audit.body.items.find((r: any) => r.details.terminal);
+      assert.ok(shell, JSON.stringify(audit.body));
+      assert.equal(shell.details.exit_code, 3);
+      assert.match(shell.details.command, /^\/bin\/(ba)?sh -i$/);
+      assert.ok(!JSON.stringify(audit.body).includes('completed-'), 'the keystrokes are not in the audit');
 
-      // The endpoint itself: bad input answers one JSON error before any WebSocket exists.
-      const refused = await new Promise<{ status: number; body: string }>((resolve) => {
-        const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/sandboxes/${id}/shell?timeout=forever`, { headers: { authorization: `Bearer ${key}` } });
-        ws.on('unexpected-response', (_req, res) => {
-          let body = '';
-          res.on('data', (c: Buffer) => (body += c));
-          res.on('end', () => resolve({ status: res.statusCode!, body }));
-        });
-      });
-      assert.equal(refused.status, 400);
-      assert.equal(JSON.parse(refused.body).error, 'bad_request');
+      // Without a terminal the bytes are piped; the end of stdin ends the shell.
+      const piped = await svc(['sandboxes', 'shell', id], { input: 'echo "piped $((1+1))"\nexit 4\n' });
+      assert.equal(piped.code, 4, piped.stderr);
+      assert.match(piped.stdout, /^piped 2\r?$/m);
+      const ended = await svc(['sandboxes', 'shell', id], { input: 'false\n' });
+      assert.equal(ended.code, 1, `EOF after the input: the last command's status: ${ended.stderr}`);
+
       const other = (await createTenantKey(server, 'cli-other')).key;
       const forbidden = await svc(['sandboxes', 'shell', id, '--key', other]);
       assert.equal(forbidden.code, 2);
       assert.match(forbidden.stderr, /^svc: 403 forbidden: /);
-      const plain = await server.request('GET', `/v1/sandboxes/${id}/shell`, { key });
-      assert.equal(plain.status, 400, 'a GET without the upgrade is told what the endpoint is');
-      // A frame that is not a command gets an error frame; the session goes on.
-      const frames = await new Promise<any[]>((resolve, reject) => {
-        const got: any[] = [];
-        const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/sandboxes/${id}/shell`, { headers: { authorization: `Bearer ${key}` } });
-        ws.on('message', (data) => {
-          got.push(JSON.parse(String(data)));
-          if (got.length === 1) ws.send('not json');
-          if (got.length === 2) ws.send(JSON.stringify({ type: 'run', command: 'echo hi' }));
-          if (got.length === 3) ws.close();
-        });
-        ws.on('close', () => resolve(got));
-        ws.on('error', reject);
-      });
-      assert.deepEqual(frames.map((f) => f.type), ['ready', 'error', 'result']);
-      assert.equal(frames[2].stdout, 'hi\n');
-      assert.equal((await svc(['sandboxes', 'rm', id])).stdout, `destroyed ${id}\n`);
-      assert.match((await svc(['sandboxes', 'shell', id])).stderr, /^svc: 404 not_found: /);
+      const badTimeout = await svc(['sandboxes', 'shell', id, '--timeout', 'soon']);
+      assert.equal(badTimeout.code, 2);
+      assert.match(badTimeout.stderr, /^svc: 400 bad_request: timeout: /);
+      await svc(['sandboxes', 'rm', id]);
     });
 
     test('traces tail --agent follows the events an agent reports, as they arrive', async () => {

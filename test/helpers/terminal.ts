@@ -1,8 +1,9 @@
 /**
  * A real terminal for the CLI tests: tmux (Debian's, listed in infra/sandbox-packages.txt) runs a
  * command in a pane of its own server (a private socket, so nothing touches the user's tmux), the
- * test types with send-keys and reads the screen with capture-pane, as a person would. The
- * command's exit code is printed behind a marker when it ends, and the pane stays until closed.
+ * test types with send-keys and reads the screen with capture-pane, as a person would, and
+ * resizes the window as a person dragging it would (the command gets SIGWINCH). The command's
+ * exit code is printed behind a marker when it ends, and the pane stays until closed.
  */
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -25,6 +26,10 @@ export interface Terminal {
   type(text: string, enter?: boolean): void;
   /** Presses keys by tmux name: `C-c`, `C-d`, `Enter`. */
   keys(...names: string[]): void;
+  /** The pane's size in characters (the window's, less tmux's status line). */
+  size(): { cols: number; rows: number };
+  /** Resizes the window to `cols` x `rows` characters. */
+  resize(cols: number, rows: number): void;
   /** Waits until the screen matches `pattern`; returns the screen. */
   waitFor(pattern: RegExp, timeoutMs?: number): Promise<string>;
   /** Waits for the command to end; its exit code and the screen. */
@@ -62,6 +67,13 @@ export function terminal(command: string, options: { env?: Record<string, string
     },
     keys: (...names) => {
       tmux('send-keys', '-t', 'main', ...names);
+    },
+    size: () => {
+      const [cols, rows] = tmux('display-message', '-p', '-t', 'main', '#{pane_width} #{pane_height}').trim().split(' ').map(Number);
+      return { cols, rows };
+    },
+    resize: (cols, rows) => {
+      tmux('resize-window', '-t', 'main', '-x', String(cols), '-y', String(rows));
     },
     waitFor,
     exit: async (timeoutMs = 60_000) => {

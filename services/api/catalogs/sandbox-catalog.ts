@@ -27,6 +27,7 @@ export interface SandboxStream {
 
 export class SandboxCatalog extends EntityCatalog<SandboxChanged> {
   private readonly byToken = new Map<string, SandboxChanged>();
+  private readonly endListeners = new Set<(sandbox: SandboxChanged) => void>();
   private readonly streams = new Map<string, SandboxStream>();
   private readonly streamWatermark = new Watermark('the sandbox event streams');
   private consumer: Consumer | null = null;
@@ -63,6 +64,14 @@ export class SandboxCatalog extends EntityCatalog<SandboxChanged> {
   protected override changed(previous: SandboxChanged | undefined, next: SandboxChanged | null): void {
     if (previous) this.byToken.delete(previous.token_hash);
     if (next && next.state !== 'stopped' && next.state !== 'error') this.byToken.set(next.token_hash, next);
+    const ended = (s: SandboxChanged | null | undefined) => s?.state === 'stopped' || s?.state === 'error';
+    if (next && ended(next) && !ended(previous)) for (const listener of this.endListeners) listener(next);
+  }
+
+  /** Calls `listener` with each sandbox that ends (stopped or error: destroyed, timed out, its runner dead) from now on; returns how to stop. */
+  onEnded(listener: (sandbox: SandboxChanged) => void): () => void {
+    this.endListeners.add(listener);
+    return () => this.endListeners.delete(listener);
   }
 
   waitFor(positions: RecordPosition[]): Promise<void> {

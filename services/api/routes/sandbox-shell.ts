@@ -4,34 +4,34 @@
  *
  * The upgrade goes through the whole Koa app like any request (upgradeThroughApp): request id,
  * the key's authentication and the sandbox-token rules, rate limits, and the error catalog, so a
- * bad key, another tenant's sandbox or a bad `timeout` is one ordinary JSON error answer before any
- * WebSocket exists. Only then does the handler take the socket over.
+ * bad key, another tenant's sandbox, a bad `cols`, `rows`, `term` or `timeout`, or a shell that
+ * cannot start is one ordinary JSON error answer before any WebSocket exists. The shell is
+ * started (sandboxes/terminal-relay.ts: a terminal session on the sandbox's runner, over the
+ * log) before the handler takes the socket over.
  *
- * Each line the client sends runs through the runner's existing command path (the same request
- * as `POST /v1/sandboxes/:id/commands`: audited, redacted, within the sandbox's limits), one at a
- * time. The session keeps the working directory between lines: each command starts with a `cd`
- * to where the last one ended and reports `$PWD` after it on stderr behind a marker that is
- * stripped here. Programs that read a terminal (editors, REPLs) are not supported: a command's
- * stdin is empty; this is a line shell, not a PTY (the runner has no PTY operation).
- *
- * Frames are JSON text. Client: `{type: "run", command}`. Server: `{type: "ready", sandbox_id,
- * cwd}` once, then per command `{type: "result", command, stdout, stderr, exit_code, duration_ms,
- * cwd, timed_out?}`, or `{type: "error", error, message}` for a bad frame or a failed command
- * (the session goes on; it closes when the sandbox is gone).
+ * It is a real terminal: a shell on a pseudo-terminal of the sandbox, so editors, REPLs, job
+ * control, Ctrl-C and completion work. Binary frames carry the terminal's bytes both ways; text
+ * frames are JSON control: the client's `{type: "resize", cols, rows}`; the server's
+ * `{type: "ready", sandbox_id, session_id, shell}` first, `{type: "error", error, message}` for
+ * a bad frame (the session goes on) or before the end when the service ended the session, and
+ * `{type: "exit", exit_code}` when the shell's end is known; the socket then closes. Closing the
+ * socket hangs the shell up.
  */
 import http from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import Router from '@koa/router';
 import type Koa from 'koa';
-import { WebSocketServer, type WebSocket } from 'ws';
+import { WebSocketServer, type RawData, type WebSocket } from 'ws';
 import type { Kernel } from '../../kernel/actor.ts';
 import type { Principal } from '../../kernel/auth.ts';
-import { AppError, badRequest } from '../../kernel/errors.ts';
+import { AppError, badRequest, type ErrorCode } from '../../kernel/errors.ts';
+import { isObject } from '../../kernel/is-object.ts';
 import { sandboxDuration } from '../../domain/sandbox-lifetime.ts';
-import { commandSizeProblem } from '../../domain/sandbox-limits.ts';
+import { TERMINAL, termProblem, terminalSizeProblem, type TerminalOpen } from '../../domain/terminal-sessions.ts';
 import { checkQueryParams } from '../pagination.ts';
 import { SandboxOperations, type SandboxOperationsDeps } from '../sandboxes/sandbox-operations.ts';
+import type { RelayedTerminal, TerminalClient, TerminalEnd, TerminalRelay } from '../sandboxes/terminal-relay.ts';
 
 /** Where upgradeThroughApp leaves the raw socket for the handler that takes it. */
 const UPGRADE = Symbol('svc.upgrade');
@@ -66,19 +66,17 @@ export function upgradeThroughApp(app: Koa): (req: http.IncomingMessage, socket:
   };
 }
 
-/** The most a client frame may hold: a command is at most 128 KiB (domain/sandbox-limits.ts). */
-const MAX_FRAME_BYTES = 256 * 1024;
-const CWD_MARKER = '\x1eSVC_CWD=';
-const CWD_AT_END = /\x1eSVC_CWD=([^\n\x1e]*)$/;
+/** Past this a frame closes the socket (1009); a terminal frame past TERMINAL.recordBytes is refused with an error frame. */
+const MAX_FRAME_BYTES = 1024 * 1024;
+/** A control frame is a small JSON object. */
+const MAX_CONTROL_BYTES = 4096;
+/**
+ * A client that has answered no ping for this long is gone. Long: a client may stop reading a
+ * while (its own output held, Ctrl-S), and cannot answer then.
+ */
+const CLIENT_SILENT_MS = 60_000;
 
-const shellQuote = (text: string) => `'${text.replace(/'/g, `'\\''`)}'`;
-
-/** A line wrapped to start in `cwd` and report where it ended, keeping its exit status. */
-function wrapped(line: string, cwd: string): string {
-  return `cd -- ${shellQuote(cwd)} 2>/dev/null\n${line}\n__svc_status=$?; printf '${CWD_MARKER.replace('\x1e', '\\036')}%s' "$PWD" >&2; exit $__svc_status`;
-}
-
-type Deps = Omit<SandboxOperationsDeps, 'config'> & { kernel: Kernel };
+type Deps = Omit<SandboxOperationsDeps, 'config'> & { kernel: Kernel; terminals: TerminalRelay };
 
 export function sandboxShellRouter(deps: Deps): Router {
   const { config } = deps.kernel;
@@ -86,85 +84,144 @@ export function sandboxShellRouter(deps: Deps): Router {
   const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_FRAME_BYTES });
   const router = new Router();
 
-  router.get('/v1/sandboxes/:id/shell', (ctx) => {
-    checkQueryParams(ctx, ['timeout']);
+  router.get('/v1/sandboxes/:id/shell', async (ctx) => {
     const principal = ctx.state.principal as Principal;
     if (principal.kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot open a shell; the owner\'s API key can');
     const sandbox = deps.sandboxes.owned(principal, ctx.params.id);
     if (sandbox.state !== 'ready' && sandbox.state !== 'running') throw new AppError('conflict', `sandbox ${sandbox.sandbox_id} is ${sandbox.state}; a shell needs a ready or running sandbox`);
-    const timeoutMs = ctx.query.timeout === undefined ? null : sandboxDuration(ctx.query.timeout, 'timeout', config.sandboxMaxLifetime);
-    const pending = (ctx.req as UpgradingRequest)[UPGRADE];
-    if (!pending || ctx.get('upgrade').toLowerCase() !== 'websocket') {
-      throw badRequest('upgrade', 'this endpoint is a WebSocket: connect with "Connection: Upgrade" and "Upgrade: websocket" (as `svc sandboxes shell` does)');
-    }
+    const options = terminalOptions(ctx, config.sandboxMaxLifetime);
+    const pending = handshake(ctx);
+    const client = new ShellSocket(sandbox.sandbox_id);
+    const terminal = await deps.terminals.open(operations, principal, sandbox, options, client);
     ctx.respond = false;
+    // A client gone before its socket was taken over (while the shell started, or in the handshake) leaves no shell behind.
+    const leftEarly = () => {
+      if (!client.attached) terminal.close('the client left before the shell started');
+    };
+    if (pending.socket.destroyed) return leftEarly();
+    pending.socket.once('close', leftEarly);
     ctx.status = 101;
     pending.res.detachSocket(pending.socket as Socket);
-    wss.handleUpgrade(ctx.req, pending.socket, pending.head, (ws) => {
-      new ShellSession(ws, operations, principal, sandbox.sandbox_id, timeoutMs).start();
-    });
+    wss.handleUpgrade(ctx.req, pending.socket, pending.head, (ws) => client.attach(ws, terminal));
   });
 
   return router;
 }
 
-/** One client's shell: runs its lines one at a time and keeps the working directory. */
-class ShellSession {
-  private cwd = '/workspace';
-  private busy = false;
+/** The terminal the query asks for: `cols`, `rows`, `term`, `timeout`, each optional. */
+function terminalOptions(ctx: Koa.Context, maxLifetimeMs: number): Omit<TerminalOpen, 'session_id'> {
+  checkQueryParams(ctx, ['cols', 'rows', 'term', 'timeout']);
+  const { cols = TERMINAL.defaultSize.cols, rows = TERMINAL.defaultSize.rows, term = TERMINAL.defaultTerm } = ctx.query as Record<string, string | undefined>;
+  const problem = terminalSizeProblem('cols', cols) ?? terminalSizeProblem('rows', rows) ?? termProblem(term);
+  if (problem) throw new AppError('bad_request', problem);
+  const timeoutMs = ctx.query.timeout === undefined ? null : sandboxDuration(ctx.query.timeout, 'timeout', maxLifetimeMs);
+  return { cols: Number(cols), rows: Number(rows), term, timeout_ms: timeoutMs };
+}
 
-  constructor(
-    private readonly ws: WebSocket,
-    private readonly operations: SandboxOperations,
-    private readonly principal: Principal,
-    private readonly sandboxId: string,
-    private readonly timeoutMs: number | null,
-  ) {}
+/** The upgrade's socket, once the request is a WebSocket handshake (what `ws` checks, checked before a shell starts for it). */
+function handshake(ctx: Koa.Context): PendingUpgrade {
+  const pending = (ctx.req as UpgradingRequest)[UPGRADE];
+  if (!pending || ctx.get('upgrade').toLowerCase() !== 'websocket') {
+    throw badRequest('upgrade', 'this endpoint is a WebSocket: connect with "Connection: Upgrade" and "Upgrade: websocket" (as `svc sandboxes shell` does)');
+  }
+  if (!/^[+/0-9A-Za-z]{22}==$/.test(ctx.get('sec-websocket-key')) || !['8', '13'].includes(ctx.get('sec-websocket-version'))) {
+    throw badRequest('upgrade', 'not a WebSocket handshake: Sec-WebSocket-Key and Sec-WebSocket-Version 13 are required');
+  }
+  return pending;
+}
 
-  start(): void {
-    this.send({ type: 'ready', sandbox_id: this.sandboxId, cwd: this.cwd });
-    this.ws.on('message', (data, isBinary) => void this.onFrame(isBinary ? null : String(data)));
-    this.ws.on('error', () => this.ws.terminate());
+/** One client's socket on its terminal session. */
+class ShellSocket implements TerminalClient {
+  private ws: WebSocket | null = null;
+  private terminal: RelayedTerminal | null = null;
+  /** output, and the end, that came before the socket did (at most the output window) */
+  private early: Buffer[] = [];
+  private earlyEnd: TerminalEnd | null = null;
+
+  constructor(private readonly sandboxId: string) {}
+
+  get attached(): boolean {
+    return this.ws !== null;
   }
 
-  private send(frame: Record<string, unknown>): void {
-    if (this.ws.readyState === this.ws.OPEN) this.ws.send(JSON.stringify(frame));
+  attach(ws: WebSocket, terminal: RelayedTerminal): void {
+    this.ws = ws;
+    this.terminal = terminal;
+    this.control({ type: 'ready', sandbox_id: this.sandboxId, session_id: terminal.id, shell: terminal.shell });
+    for (const data of this.early.splice(0)) this.output(data);
+    if (this.earlyEnd) return this.ended(this.earlyEnd);
+    ws.on('message', (data, isBinary) => this.fromClient(data, isBinary));
+    ws.on('close', () => {
+      clearInterval(heartbeat);
+      terminal.close('the client closed the connection');
+    });
+    ws.on('error', () => ws.terminate());
+    // A client that vanished (no FIN) answers no ping for CLIENT_SILENT_MS; one that closed while
+    // its socket was not read (input held back) fails a ping's write. Either way the socket goes,
+    // and the shell with it. A pong cannot be read while the socket is paused: that time counts not.
+    let heard = Date.now();
+    ws.on('pong', () => (heard = Date.now()));
+    const heartbeat = setInterval(() => {
+      if (ws.readyState !== ws.OPEN) return;
+      if (ws.isPaused) heard = Date.now();
+      if (Date.now() - heard > CLIENT_SILENT_MS) return ws.terminate();
+      ws.ping();
+    }, TERMINAL.heartbeatMs);
+    heartbeat.unref();
   }
 
-  private async onFrame(text: string | null): Promise<void> {
-    let frame: { type?: unknown; command?: unknown } | null = null;
+  output(data: Buffer): void {
+    const { ws } = this;
+    if (!ws) return void this.early.push(data);
+    if (ws.readyState !== ws.OPEN) return;
+    ws.send(data, { binary: true }, (err) => {
+      if (!err) this.terminal!.consumed(data.length);
+    });
+  }
+
+  writable(): void {
+    this.ws?.resume();
+  }
+
+  ended(end: TerminalEnd): void {
+    const { ws } = this;
+    if (!ws) return void (this.earlyEnd = end);
+    if (end.error) this.control({ type: 'error', error: end.error, message: end.reason ?? 'the session ended' });
+    if (end.exitCode !== null) this.control({ type: 'exit', exit_code: end.exitCode });
+    if (ws.readyState === ws.OPEN) ws.close(end.error === 'unavailable' ? 1001 : 1000, end.error ? 'the session ended' : 'the shell exited');
+  }
+
+  private control(frame: Record<string, unknown>): void {
+    if (this.ws?.readyState === this.ws?.OPEN) this.ws!.send(JSON.stringify(frame));
+  }
+
+  private refuse(error: ErrorCode, message: string): void {
+    this.control({ type: 'error', error, message });
+  }
+
+  /** A frame of the client's: bytes for the shell, or a control. Nothing it sends ends the session but its leaving. */
+  private fromClient(data: RawData, isBinary: boolean): void {
+    const bytes = Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data as Buffer);
+    if (isBinary) {
+      if (bytes.length > TERMINAL.recordBytes) return this.refuse('payload_too_large', `a binary frame is terminal input of at most ${TERMINAL.recordBytes} bytes; this one had ${bytes.length} and was dropped`);
+      // The runner is a window behind: read no more of the socket until it catches up.
+      if (!this.terminal!.input(bytes)) this.ws!.pause();
+      return;
+    }
+    if (bytes.length > MAX_CONTROL_BYTES) return this.refuse('payload_too_large', `a text frame is a JSON control of at most ${MAX_CONTROL_BYTES} bytes`);
+    let frame: unknown = null;
     try {
-      frame = text === null ? null : (JSON.parse(text) as { type?: unknown; command?: unknown });
+      frame = JSON.parse(bytes.toString('utf8'));
     } catch {
       // answered below
     }
-    if (frame === null || typeof frame !== 'object' || frame.type !== 'run' || typeof frame.command !== 'string') {
-      return this.send({ type: 'error', error: 'bad_request', message: 'frame: expected JSON text {"type": "run", "command": "<shell line>"}' });
+    if (!isObject(frame) || frame.type !== 'resize') {
+      return this.refuse('bad_request', 'a text frame is JSON control: {"type": "resize", "cols", "rows"}; terminal input goes in binary frames');
     }
-    if (this.busy) return this.send({ type: 'error', error: 'conflict', message: 'a command is still running in this shell; wait for its result' });
-    const tooLong = frame.command.trim() === '' ? 'is empty' : commandSizeProblem(frame.command);
-    if (tooLong) return this.send({ type: 'error', error: 'bad_request', message: `command: ${tooLong}` });
-    this.busy = true;
-    try {
-      await this.run(frame.command);
-    } finally {
-      this.busy = false;
-    }
-  }
-
-  private async run(line: string): Promise<void> {
-    try {
-      const answer = await this.operations.send(this.principal, this.sandboxId, 'command', { command: wrapped(line, this.cwd), timeout_ms: this.timeoutMs, background: false });
-      const result = answer.body as { stdout: string; stderr: string; exit_code: number; duration_ms: number; timed_out?: boolean };
-      const cwd = CWD_AT_END.exec(result.stderr);
-      if (cwd) this.cwd = cwd[1];
-      const stderr = cwd ? result.stderr.slice(0, cwd.index) : result.stderr;
-      this.send({ type: 'result', command: line, stdout: result.stdout, stderr, exit_code: result.exit_code, duration_ms: result.duration_ms, cwd: this.cwd, ...(result.timed_out && { timed_out: true }) });
-    } catch (err) {
-      const error = err instanceof AppError ? err : new AppError('internal', 'the command failed', { cause: err });
-      this.send({ type: 'error', error: error.code, message: error.code === 'internal' ? 'internal error running the command' : error.message });
-      // The sandbox is gone (destroyed, timed out, its runner dead): nothing more can run.
-      if (error.code === 'not_found') this.ws.close(1000, 'the sandbox is gone');
-    }
+    const { cols, rows } = frame;
+    if (typeof cols !== 'number' || typeof rows !== 'number') return this.refuse('bad_request', 'resize: cols and rows are numbers of characters');
+    const problem = terminalSizeProblem('cols', cols) ?? terminalSizeProblem('rows', rows);
+    if (problem) return this.refuse('bad_request', problem);
+    this.terminal!.resize(cols, rows);
   }
 }

@@ -2,7 +2,9 @@
  * The `local` runtime: each sandbox is one long-lived bubblewrap process (new mount, pid,
  * network, uts, ipc and cgroup namespaces) with a small supervisor inside
  * (infra/supervisor/supervisor.c); commands enter it over a framed protocol on two inherited
- * sockets instead of building a new sandbox each time.
+ * sockets instead of building a new sandbox each time. A terminal (openTerminal) is a shell on
+ * a pseudo-terminal started the same way, with everything below that a command gets, and its
+ * pty as its controlling terminal (local-terminal.ts).
  *
  * What a command gets:
  *  - `sh -c COMMAND` in /workspace (the workspace, bind-mounted read-write), as the sandbox uid
@@ -40,6 +42,7 @@ import { diskTools, WorkspaceDisks, type WorkspaceDisk } from './workspace-disk.
 import { Scratches, type Scratch } from './scratch.ts';
 import { hostSystemBinds } from './host-tools.ts';
 import { detachBootMounts, ROOT_IDS_DEFAULT, rootIdsProblem, rootPlan, sandboxIdentity, type RootPlan, type SandboxIdentity } from './sandbox-root.ts';
+import { LocalTerminal, T_TERMINAL } from './local-terminal.ts';
 import {
   EXIT_KILLED,
   EXIT_TIMEOUT,
@@ -50,7 +53,9 @@ import {
   type RootChanges,
   type Runtime,
   type SandboxHandle,
+  type SandboxTerminal,
   type SandboxUsage,
+  type TerminalOptions,
 } from './runtime.ts';
 
 export interface LocalRuntimeOptions {
@@ -452,6 +457,7 @@ class LocalSandbox implements SandboxHandle {
   readonly exited: Promise<void>;
   private readonly requests: Writable;
   private readonly pending = new Map<number, Pending>();
+  private readonly terminals = new Map<number, LocalTerminal>();
   private readonly killWaiters = new Map<number, () => void>();
   private env: Record<string, string>;
   private nextId = 1;
@@ -537,6 +543,8 @@ class LocalSandbox implements SandboxHandle {
       p.reject(error);
     }
     this.pending.clear();
+    for (const terminal of this.terminals.values()) terminal.gone(error);
+    this.terminals.clear();
     for (const done of this.killWaiters.values()) done();
     this.killWaiters.clear();
   }
@@ -574,6 +582,8 @@ class LocalSandbox implements SandboxHandle {
       this.killWaiters.delete(id);
       return;
     }
+    const terminal = this.terminals.get(id);
+    if (terminal) return terminal.onFrame(type, payload);
     const p = this.pending.get(id);
     if (!p) return;
     if (type === T_STARTED) p.onStarted(null);
@@ -689,6 +699,19 @@ class LocalSandbox implements SandboxHandle {
     done.catch(() => {});
     await started;
     return { done };
+  }
+
+  openTerminal(options: TerminalOptions): Promise<SandboxTerminal> {
+    if (this.gone || this.destroying) return Promise.reject(this.gone ?? new Error('sandbox destroyed'));
+    const env = { ...this.env, ...options.env };
+    const problem = envSizeProblem(env);
+    if (problem) return Promise.reject(new Error(`env: ${problem}`));
+    const id = this.nextId++;
+    const terminal = new LocalTerminal((type, payload) => this.send(type, id, payload), options);
+    this.terminals.set(id, terminal);
+    void terminal.exited.then(() => this.terminals.delete(id));
+    this.send(T_TERMINAL, id, LocalTerminal.request(options, env));
+    return terminal.started;
   }
 
   killAll(): Promise<void> {

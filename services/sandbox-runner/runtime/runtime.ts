@@ -94,6 +94,43 @@ export interface ExecResult {
   truncated: { stdout: boolean; stderr: boolean };
 }
 
+export interface TerminalOptions {
+  /** the window's size in characters */
+  cols: number;
+  rows: number;
+  /** TERM of the shell, e.g. xterm-256color */
+  term: string;
+  /** merged over the sandbox's base env */
+  env?: Record<string, string>;
+  /**
+   * The terminal's output, as it comes. At most `outputWindow` bytes come that `ack` has not
+   * acknowledged: a consumer that stops acknowledging holds the shell at a full terminal.
+   */
+  onData(chunk: Buffer): void;
+  /** bytes of output the consumer may hold unacknowledged */
+  outputWindow: number;
+  /** the input queued by `write` is below its high-water mark again (after `write` said false) */
+  onDrain?(): void;
+}
+
+/** A shell on a pseudo-terminal of the sandbox (SandboxHandle.openTerminal). */
+export interface SandboxTerminal {
+  /** the shell's program, e.g. /bin/bash */
+  readonly shell: string;
+  /** Queues input for the shell; false once more waits than it should (go on at onDrain). Past a hard bound it is dropped. */
+  write(data: Buffer): boolean;
+  resize(cols: number, rows: number): void;
+  /** The consumer has taken `bytes` more of the output: that much more may come. */
+  ack(bytes: number): void;
+  /** Hangs the shell up: SIGHUP to everything of its session, SIGKILL to what is left a moment later. Idempotent. */
+  close(): void;
+  /** bytes written to it and given by it so far */
+  readonly inputBytes: number;
+  readonly outputBytes: number;
+  /** the shell and everything it started are gone: its exit code (128 + the signal that ended it; 137 when the sandbox went first) */
+  readonly exited: Promise<{ exitCode: number }>;
+}
+
 export interface SandboxUsage {
   memoryBytes: number;
   pids: number;
@@ -120,6 +157,12 @@ export interface SandboxHandle {
   exec(options: ExecOptions): Promise<ExecResult>;
   /** resolves once the command has started; `done` carries its result */
   spawnBackground(options: ExecOptions): Promise<{ done: Promise<ExecResult> }>;
+  /**
+   * A shell on a pseudo-terminal, as the sandbox user in /workspace with the base env (and
+   * `term` as TERM), in a session of its own under the sandbox's limits like a command;
+   * resolves once it runs, rejects when it could not start or the sandbox is gone.
+   */
+  openTerminal(options: TerminalOptions): Promise<SandboxTerminal>;
   /** kills every process of the sandbox except the supervisor */
   killAll(): Promise<void>;
   usage(): Promise<SandboxUsage>;

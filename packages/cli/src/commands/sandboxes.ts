@@ -86,9 +86,9 @@ export function sandboxesCommands(program: Command, context: CliContext): void {
 
   sandboxes
     .command('shell')
-    .description('an interactive shell in the sandbox, over a WebSocket (each line runs in /workspace, the directory is kept)')
+    .description('an interactive shell in the sandbox: a real terminal over a WebSocket (`exit` or Ctrl-D leaves)')
     .argument('<id>')
-    .option('--timeout <duration>', 'kill each command after, e.g. 5m')
+    .option('--timeout <duration>', 'hang the shell up after, e.g. 30m (default: when the sandbox ends)')
     .action(async (id: string, opts: { timeout?: string }) => {
       const c = context.connection();
       if (!c.apiKey) throw new CliError('no API key: run `svc login` (or set SVC_API_KEY, or pass --key)');
