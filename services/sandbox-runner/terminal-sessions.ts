@@ -46,7 +46,7 @@ export class TerminalSessions {
       })),
     );
     this.consumer = await subscribe<TerminalInput>(this.kernel, {
-      groupId: `sandbox-runner-terminals.${this.kernel.instanceId}`,
+      groupId: `sandbox-runner.terminals.${this.kernel.instanceId}`,
       topics: [TOPICS.terminalInput],
       fromBeginning: false,
       commit: false,

@@ -11,7 +11,10 @@ export interface Loaded<T> {
 
 /** Calls `load` when `deps` change, and every `pollMs` while `keepPolling(data)` is true. */
 export function useLoad<T>(load: () => Promise<T>, deps: unknown[], options: { pollMs?: number; keepPolling?: (data: T) => boolean } = {}): Loaded<T> {
-  const [state, setState] = useState<{ data: T | null; error: unknown; loading: boolean }>({ data: null, error: null, loading: true });
+  // What was loaded is kept with the deps it was loaded for: a page that moves to another id
+  // (another experiment) shows nothing of the previous one while the new one loads.
+  const key = JSON.stringify(deps);
+  const [state, setState] = useState<{ key: string; data: T | null; error: unknown; loading: boolean }>({ key, data: null, error: null, loading: true });
   const [tick, setTick] = useState(0);
   const alive = useRef(true);
   const reload = useCallback(() => setTick((t) => t + 1), []);
@@ -22,12 +25,12 @@ export function useLoad<T>(load: () => Promise<T>, deps: unknown[], options: { p
       try {
         const data = await load();
         if (!alive.current) return;
-        setState({ data, error: null, loading: false });
+        setState({ key, data, error: null, loading: false });
         if (options.pollMs && options.keepPolling?.(data)) timer = setTimeout(run, options.pollMs);
       } catch (error) {
         if (!alive.current) return;
         if (isUnauthorized(error)) reportUnauthorized();
-        setState((s) => ({ data: s.data, error, loading: false }));
+        setState((s) => ({ key, data: s.key === key ? s.data : null, error, loading: false }));
       }
     };
     void run();
@@ -36,6 +39,7 @@ export function useLoad<T>(load: () => Promise<T>, deps: unknown[], options: { p
       if (timer) clearTimeout(timer);
     };
     // eslint-disable-next-line react-hooks/exhaustive-deps
-  }, [...deps, tick]);
-  return { ...state, reload };
+  }, [key, tick]);
+  const { key: loadedFor, ...loaded } = state;
+  return { ...(loadedFor === key ? loaded : { data: null, error: null, loading: true }), reload };
 }

@@ -70,7 +70,7 @@ export class TerminalRelay {
       })),
     );
     this.consumer = await subscribe<TerminalOutput>(this.kernel, {
-      groupId: `terminal-output.${this.kernel.instanceId}`,
+      groupId: `streams.terminal-output.${this.kernel.instanceId}`,
       topics: [TOPICS.terminalOutput],
       fromBeginning: false,
       commit: false,
