@@ -136,10 +136,12 @@ fi
 packages=$(sed 's/#.*//' "$repo/infra/sandbox-packages.txt" | xargs)
 node_bin=$(readlink -f "$(command -v node)")
 [ -f "$repo/node_modules/.package-lock.json" ] || { echo "build-images.sh: $repo/node_modules is missing or incomplete (npm ci)" >&2; exit 1; }
+# The dashboard's static files, built here: the image has no Vite (production dependencies only).
+(cd "$repo" && node packages/dashboard/build.mjs)
 # What the image holds of the checkout: everything git knows (tracked, or new and not ignored)
-# but the tests, docs and CI scripts.
+# but the tests, docs and CI scripts, and the dashboard's build.
 sources() {
-  (cd "$repo" && git ls-files -co --exclude-standard -z) | tr '\0' '\n' |
+  (cd "$repo" && git ls-files -co --exclude-standard -z && find packages/dashboard/dist -type f -print0) | tr '\0' '\n' |
     grep -Ev '^(test|docs|\.ci|infra/compose)/|^node_modules/|^docker-compose\.yml$|^README\.md$' |
     while read -r f; do [ -f "$repo/$f" ] && echo "$f"; done
 }

@@ -1077,28 +1077,20 @@ static int serve(void) {
       memcpy(&id, buf + off + 5, 4);
       unsigned char *payload = buf + off + HEADER;
       size_t plen = len - 5;
-      if (type == T_EXEC) {
+      if (type == T_EXEC || type == T_TERMINAL) {
         /* NUL-terminate in a copy: the byte after the payload may be the next frame */
         char *copy = malloc(plen + 1);
         if (!copy) {
           send_error(id, "malloc");
         } else {
           memcpy(copy, payload, plen);
-          exec_request(id, copy, plen);
+          if (type == T_EXEC) exec_request(id, copy, plen);
+          else terminal_request(id, copy, plen);
           free(copy);
         }
       } else if (type == T_KILL || type == T_HANGUP) {
         for (int i = 0; i < MAXCMD; i++)
           if (running[i].pid && running[i].id == id) kill(running[i].pid, type == T_KILL ? SIGUSR1 : SIGUSR2);
-      } else if (type == T_TERMINAL) {
-        char *copy = malloc(plen + 1);
-        if (!copy) {
-          send_error(id, "malloc");
-        } else {
-          memcpy(copy, payload, plen);
-          terminal_request(id, copy, plen);
-          free(copy);
-        }
       } else if (type == T_INPUT || type == T_RESIZE || type == T_ACK) {
         terminal_forward(id, type, payload, plen);
       } else if (type == T_KILLALL) {

@@ -72,6 +72,19 @@ type State = SandboxChanged['state'];
 /** libfaketime, preloaded for a frozen clock (Debian's path; bound into the sandbox read-only). */
 const LIBFAKETIME = '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1';
 
+/**
+ * The sandbox's one frozen clock: libfaketime shares a start time between processes through a
+ * semaphore and a shared memory object in /dev/shm (FAKETIME_SHARED names them). Without them
+ * every command's first process made a pair named after its pid, left behind when it exec'd or
+ * was killed: files in the agent's /dev/shm the audit counted as the agent's writes. One process
+ * makes the pair at boot and renames it to these names (mv without the preload), then dies by
+ * SIGKILL so its library does not remove it: every later process only attaches, writes nothing,
+ * and its clock runs on from the same start.
+ */
+const CLOCK_NAMES = { sem: 'svc-clock-sem', shm: 'svc-clock-shm' } as const;
+const CLOCK_SHARED = `/${CLOCK_NAMES.sem} /${CLOCK_NAMES.shm}`;
+const CLOCK_COMMAND = `LD_PRELOAD= mv -f "/dev/shm/sem.faketime_sem_$$" /dev/shm/sem.${CLOCK_NAMES.sem} && LD_PRELOAD= mv -f "/dev/shm/faketime_shm_$$" /dev/shm/${CLOCK_NAMES.shm} && kill -KILL $$; exit 3`;
+
 /** The read-only image's command directories: nothing the agent can write is on a PATH of ours. */
 const IMAGE_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
@@ -541,10 +554,18 @@ export class LiveSandbox {
       recordsPerSecond: config.auditRecordsPerSecond,
       maxRecords: config.auditMaxRecords,
     });
+    await this.startClock();
     done({ runtime: this.runtime.name, warm: Boolean(warm) });
     if (rootfs === null) {
       await this.warnAudited(`image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`);
     }
+  }
+
+  /** Makes the sandbox's frozen clock (CLOCK_NAMES) before anything runs; without it each process keeps a clock of its own. */
+  private async startClock(): Promise<void> {
+    if (!this.spec.determinism.frozenTime) return;
+    const r = await this.box!.exec({ command: CLOCK_COMMAND, timeoutMs: 30_000 });
+    if (r.exitCode !== 128 + 9) await this.warnAudited(`the frozen clock is one per command, not one per sandbox: its files could not be made (${this.output(r, 'stderr').trim() || `exit code ${r.exitCode}`}); each command's processes leave two in /dev/shm`);
   }
 
   /** The spec's image: built from its Dockerfile (every unchanged step cached), else from the store, pulled when missing. */
@@ -810,6 +831,7 @@ export class LiveSandbox {
       env.LD_PRELOAD = LIBFAKETIME;
       env.FAKETIME = `@${determinism.frozenTime.replace('T', ' ').replace(/\.\d+Z$|Z$/, '')}`;
       env.FAKETIME_DONT_RESET = '1';
+      env.FAKETIME_SHARED = CLOCK_SHARED;
       env.TZ = 'UTC';
     }
     if (determinism.seed !== null) {

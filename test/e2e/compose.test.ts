@@ -257,6 +257,10 @@ if ('skip' in ready) {
       assert.equal(health.body.store.backend, 'chdb');
       const ps = await composeRun(['ps', '--services', '--filter', 'status=running'], 60_000);
       assert.deepEqual(ps.out.trim().split('\n').sort(), ['aggregator', 'alerter', 'app', 'kafka', 'sandbox-runner'], ps.out);
+      // The image holds production dependencies only (no Vite): the dashboard was built into it.
+      const ui = await req('GET', '/ui/');
+      assert.equal(ui.status, 200, ui.text.slice(0, 300));
+      assert.match(ui.text, /<script type="module"[^>]* src="\/ui\/assets\//);
     });
 
     let key: string;

@@ -96,6 +96,31 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
     assert.deepEqual(records, [['file_write', '/tmp/made-at-setup', 'reconciliation']]);
   });
 
+  test('a frozen clock makes no file of its own: one clock for the whole sandbox, nothing in /dev/shm recorded as the agent\'s', async () => {
+    await putSpec(SPEC('frozen-clock', 'audit:\n  file_system: {watch: ["/"], track: [writes, reads, deletes]}\ndeterminism:\n  frozen_time: "2030-06-15T12:00:00Z"\n'));
+    const created = await req('POST', '/v1/sandboxes', { spec_id: 'frozen-clock' });
+    assert.equal(created.status, 201, created.text);
+    const id = created.body.id as string;
+    const run = async (command: string) => {
+      const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command });
+      assert.equal(res.body.exit_code, 0, res.text);
+      return res.body.stdout as string;
+    };
+    const frozen = Date.parse('2030-06-15T12:00:00Z') / 1000;
+    // Commands whose first process execs (the pair it made was left behind), a killed one, Python.
+    const first = Number(await run('exec date -u +%s'));
+    await run('sh -c \'exec date\' > /dev/null; sh -c \'kill -KILL $$\'; python3 -c "import time; time.time()"; echo w > work.txt');
+    await new Promise((r) => setTimeout(r, 1_100));
+    const later = Number(await run('date -u +%s'));
+    assert.ok(first >= frozen && first < frozen + 60, `the clock starts at frozen_time: ${first}`);
+    assert.ok(later - first >= 1, `one clock runs on across commands (was ${first}, then ${later})`);
+    assert.equal((await req('DELETE', `/v1/sandboxes/${id}`)).status, 200);
+    const audit = await req('GET', `/v1/sandboxes/${id}/audit?type=file_write,file_read,file_delete,warning&limit=1000`);
+    assert.equal(audit.status, 200, audit.text);
+    const records = audit.body.items.filter((i: any) => !/image store/.test(i.details.message ?? '')).map((i: any) => [i.type, i.details.path ?? i.details.message]);
+    assert.deepEqual(records, [['file_write', 'work.txt']]);
+  });
+
   const OUTSIDE = (allowed: string) => `audit:
   file_system: {watch: ["/"], track: [writes]}
 forbidden:
@@ -124,5 +149,10 @@ invariants:
     const honest = await runOnce(server, key, 'writes-workspace', 'echo in > "$SVC_WORKSPACE/inside.txt"', OUTSIDE('[/workspace]'));
     assert.equal(honest.verdict, 'pass', `the checks write /tmp after the agent: ${JSON.stringify(honest).slice(0, 1000)}`);
     assert.deepEqual(honest.violations, []);
+
+    // The frozen clock's preload is the service's: its files are not the agent's writes.
+    const clocked = await runOnce(server, key, 'writes-workspace-frozen', 'date > /dev/null; sh -c "exec date" > "$SVC_WORKSPACE/inside.txt"', `${OUTSIDE('[/workspace]')}determinism:\n  frozen_time: "2030-06-15T12:00:00Z"\n`);
+    assert.equal(clocked.verdict, 'pass', JSON.stringify(clocked).slice(0, 1000));
+    assert.deepEqual(clocked.violations, []);
   });
 });

@@ -265,7 +265,9 @@ if (runtime) {
       const mounted = () => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => sandboxes.some((sb) => l.includes(` ${sb.path} `)));
       assert.equal(mounted().length, 2);
       await server.kill9();
-      await until('the workspaces to be unmounted', async () => mounted().length === 0, 10_000);
+      await until('the workspaces to be unmounted', async () => mounted().length === 0, 10_000).catch((err: Error) => {
+        throw new Error(`${err.message}: ${mounted().join('; ')}\nthe service said:\n${server.output().slice(-3000)}`);
+      });
     });
   });
 }

@@ -12,24 +12,36 @@ const undo = new Map();
 /** The `run` commands still running. */
 const running = new Set();
 
+/** A message to the runner; a channel already closed (the runner gone) is not an error here. */
+function tell(message, handle) {
+  if (!process.connected) return;
+  process.send(message, handle, (err) => {
+    if (err && process.connected) process.stderr.write(`launcher: could not tell the runner (${err.message})\n`);
+  });
+}
+
+// The launcher holds what undoes the runner's mounts should the runner die: one failed message
+// must not take that with it (a new launcher would not know them). Said, then carried on.
+process.on('uncaughtException', (err) => process.stderr.write(`launcher: ${err.stack || err}\n`));
+
 process.on('message', (m) => {
   if (m.op === 'spawn') {
     let child;
     try {
       child = spawn(m.command, m.args, { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', 'pipe'] });
     } catch (err) {
-      process.send({ id: m.id, error: err.message });
+      tell({ id: m.id, error: err.message });
       return;
     }
     children.set(m.id, child);
-    child.on('error', (err) => process.send({ id: m.id, error: err.message }));
+    child.on('error', (err) => tell({ id: m.id, error: err.message }));
     child.on('exit', (code, signal) => {
       children.delete(m.id);
-      process.send({ id: m.id, exit: { code, signal } });
+      tell({ id: m.id, exit: { code, signal } });
     });
     if (child.pid === undefined) return;
-    process.send({ id: m.id, pid: child.pid });
-    for (const fd of [2, 3, 4, 5]) process.send({ id: m.id, fd }, child.stdio[fd]);
+    tell({ id: m.id, pid: child.pid });
+    for (const fd of [2, 3, 4, 5]) tell({ id: m.id, fd }, child.stdio[fd]);
   } else if (m.op === 'kill') {
     children.get(m.id)?.kill(m.signal);
   } else if (m.op === 'run') {
@@ -42,7 +54,7 @@ process.on('message', (m) => {
       const code = err ? (typeof err.code === 'number' ? err.code : null) : 0;
       if (code !== 0 && m.undo) undo.delete(m.undo.key);
       const text = String(stderr || (err && code === null && !err.signal ? err.message : ''));
-      process.send({ id: m.id, ran: { code, signal: err?.signal ?? null, stderr: text.slice(-4096), stdout: m.stdout ? String(stdout) : '' } });
+      tell({ id: m.id, ran: { code, signal: err?.signal ?? null, stderr: text.slice(-4096), stdout: m.stdout ? String(stdout) : '' } });
     });
     running.add(child);
   } else if (m.op === 'forget') {

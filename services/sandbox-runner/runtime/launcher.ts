@@ -52,7 +52,9 @@ export class Launcher {
     if (this.child && this.child.connected) return this.child;
     const child = fork(SCRIPT, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'], execArgv: [] });
     child.on('message', (m: Message, handle: unknown) => this.onMessage(m, handle as Readable & Writable));
-    child.on('exit', () => {
+    child.on('exit', (code, signal) => {
+      // Unasked, it took with it the undos of the mounts it made (a runner killed later leaves them).
+      if (this.child === child) process.stderr.write(`sandbox launcher ${child.pid} exited unexpectedly (${signal ?? `exit code ${code}`}); a new one starts with the next sandbox\n`);
       // Every process it launched is gone with it (parent-death signal).
       for (const [id, entry] of this.launched) {
         entry.ready(new Error('the launcher exited'));
@@ -131,8 +133,9 @@ export class Launcher {
   }
 
   close(): void {
-    this.child?.kill();
+    const child = this.child;
     this.child = null;
+    child?.kill();
   }
 
   private onMessage(m: Message, handle: (Readable & Writable) | undefined): void {
