@@ -232,6 +232,8 @@ export class LiveSandbox {
         if (address === null || typeof this.gateway === 'string') return Promise.reject(new Error('the sandbox has no way out'));
         return this.gateway.fetchOutside(address, service, request, MOCK_RECORD_MAX_BYTES);
       },
+      // As large as the workspace's (resources.disk, else SVC_SANDBOX_DISK_DEFAULT).
+      disk: async (service) => (await this.runtime.disk?.(`${id}-${service}`, this.spec.resources.diskBytes)) ?? `the ${this.runtime.name} runtime makes no disks`,
     });
     this.workspace = path.join(kernel.config.dataDir, 'workspaces', id);
     this.token = newSandboxToken();
@@ -604,6 +606,7 @@ export class LiveSandbox {
     await this.backing.waitReady().catch((err: Error) => {
       throw new StepFailed(err.message);
     });
+    for (const warning of this.backing.warnings) await this.warnAudited(warning);
     if (this.network.wanted) {
       await this.network.attach(this.box!, this.gateway as EgressGateway, this.secretValues, await this.backing.endpoints(), (type, details) => void this.audit!.record(type, details).catch(() => undefined));
     }

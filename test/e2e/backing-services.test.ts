@@ -8,7 +8,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -241,6 +241,26 @@ teardown:
     } finally {
       await req('DELETE', `/v1/sandboxes/${other.id}`);
     }
+  });
+
+  test('a database\'s data is on a disk of its own, as large as the workspace: filling it fails inside, the host holds at most the disk, and it goes at teardown', async () => {
+    await storeSpec(server, key, SPEC('small-db', 'services:\n  - {name: db, type: postgres}\nresources: {disk: 96Mi}\n'));
+    const small = await create('small-db');
+    const image = path.join(server.dataDir, 'runtime', 'root-disks', `${small.id}-db.img`);
+    const mountpoint = path.join(server.dataDir, 'runtime', 'root-disks', `${small.id}-db.mnt`);
+    try {
+      assert.ok(readFileSync('/proc/self/mountinfo', 'utf8').includes(` ${mountpoint} `), 'the data disk is mounted');
+      // About 250 MB of rows into 96 MiB.
+      const fill = await sh(small.id, `psql -v ON_ERROR_STOP=1 -c "create table big as select repeat(md5(i::text), 32) as v from generate_series(1, 250000) i"`);
+      assert.notEqual(fill.exit_code, 0, fill.stdout);
+      // A table that cannot grow is an ERROR; a write-ahead log that cannot is PostgreSQL's PANIC (the server restarts).
+      assert.match(fill.stderr, /No space left on device/);
+      assert.ok(statSync(image).blocks * 512 <= 96 * 1024 * 1024, `the host holds at most the disk (${statSync(image).blocks * 512} bytes)`);
+    } finally {
+      assert.equal((await req('DELETE', `/v1/sandboxes/${small.id}`)).status, 200);
+    }
+    assert.ok(!readFileSync('/proc/self/mountinfo', 'utf8').includes(` ${mountpoint} `), 'unmounted at teardown');
+    assert.equal(existsSync(image), false, 'its file is gone');
   });
 
   test('teardown dumps the database to the artifact store and leaves no process, directory or cgroup behind', async () => {

@@ -19,6 +19,7 @@ import path from 'node:path';
 import type { SpecService } from '../../domain/spec.ts';
 import { serviceAddress, type ServiceEndpoint } from '../network/gateway.ts';
 import { SandboxCgroup } from '../runtime/cgroups.ts';
+import type { RuntimeDisk } from '../runtime/runtime.ts';
 import { HttpMock, type Forward } from './http-mock.ts';
 import { PostgresService, type DbWrite } from './postgres.ts';
 
@@ -42,11 +43,13 @@ export interface BackingOptions {
   onWrite(service: string, write: DbWrite): void;
   /** Record mode of a mock: the real host's answer, through the sandbox's egress policy. */
   forward(service: string): Forward;
+  /** A database's disk (Runtime.disk), or why there is none. */
+  disk(service: string): Promise<RuntimeDisk | string>;
 }
 
 type Running =
   | { type: 'http_mock'; spec: Extract<SpecService, { type: 'http_mock' }>; address: string; mock: HttpMock; ready: boolean }
-  | { type: 'postgres'; spec: Extract<SpecService, { type: 'postgres' }>; address: string; password: string; server: Promise<PostgresService>; cgroup: SandboxCgroup | null; ready: boolean };
+  | { type: 'postgres'; spec: Extract<SpecService, { type: 'postgres' }>; address: string; password: string; server: Promise<PostgresService>; cgroup: SandboxCgroup | null; disk: RuntimeDisk | null; ready: boolean };
 
 /** A database's limits: its own cgroup, apart from the agent's (so the agent cannot starve it, nor it the agent). */
 const DATABASE_RESOURCES = { memoryBytes: 512 * 1024 * 1024, cpus: 1, pids: 128, diskBytes: 0 };
@@ -61,6 +64,8 @@ export const backingRoot = (dataDir: string, sandboxId: string): string => path.
 export class BackingServices {
   private readonly services = new Map<string, Running>();
   private stopped = false;
+  /** What the services could not have as they should (for the sandbox's warnings). */
+  readonly warnings: string[] = [];
 
   constructor(
     private readonly specs: SpecService[],
@@ -85,7 +90,7 @@ export class BackingServices {
         this.services.set(spec.name, { type: 'http_mock', spec, address, mock, ready: false });
       } else {
         const password = randomBytes(18).toString('base64url');
-        const running: Extract<Running, { type: 'postgres' }> = { type: 'postgres', spec, address, password, server: Promise.resolve(null as never), cgroup: null, ready: false };
+        const running: Extract<Running, { type: 'postgres' }> = { type: 'postgres', spec, address, password, server: Promise.resolve(null as never), cgroup: null, disk: null, ready: false };
         running.server = this.startPostgres(running);
         running.server.catch(() => undefined); // waitReady reports it
         this.services.set(spec.name, running);
@@ -96,7 +101,12 @@ export class BackingServices {
   private async startPostgres(running: Extract<Running, { type: 'postgres' }>): Promise<PostgresService> {
     const { spec } = running;
     running.cgroup = SandboxCgroup.create('svc', `${this.options.sandboxId}-${spec.name}`, DATABASE_RESOURCES);
+    // Its data on a disk of its own: the agent's rows cannot fill the host's disk.
+    const disk = await this.options.disk(spec.name);
+    if (typeof disk === 'string') this.warnings.push(`service ${spec.name}: its data is not bounded by a disk of its own (${disk})`);
+    else running.disk = disk;
     const server = await PostgresService.start({
+      dataDir: running.disk ? path.join(running.disk.at, 'data') : undefined,
       name: spec.name,
       database: spec.database,
       user: spec.user,
@@ -218,6 +228,7 @@ export class BackingServices {
       try {
         const server = await r.server.catch(() => null);
         await server?.stop();
+        await r.disk?.release();
         if (r.cgroup && !(await r.cgroup.remove())) failures.push(`${r.spec.name}: its cgroup could not be removed`);
       } catch (err) {
         failures.push(`${r.spec.name}: ${(err as Error).message}`);

@@ -70,6 +70,11 @@ export interface PostgresOptions {
   root: string;
   /** where initialised templates are cached (shared by the runner's sandboxes, kept across restarts) */
   cacheDir: string;
+  /**
+   * where the data directory is made, not existing yet (default: `data` in `root`): on a disk of
+   * the sandbox's own, what the agent stores cannot fill the host's. Left for its owner to remove.
+   */
+  dataDir?: string;
   /** PostgreSQL's bin directory (default: from `version`); when `version` is given too, they must agree */
   binDir?: string;
   /** audit.db_writes */
@@ -156,7 +161,7 @@ export class PostgresService {
 
   private async boot(template: Template): Promise<void> {
     const { user, database } = this.options;
-    const dataDir = path.join(this.root, 'data');
+    const dataDir = this.options.dataDir ?? path.join(this.root, 'data');
     if (!(await takeSpareCopy(template, dataDir))) {
       // cp -a keeps the postgres user's ownership and modes, which the server insists on.
       const copy = spawn('cp', ['-a', template.dataDir, dataDir], { stdio: ['ignore', 'ignore', 'pipe'] });

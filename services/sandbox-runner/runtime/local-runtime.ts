@@ -258,6 +258,17 @@ export class LocalRuntime implements Runtime {
     return this.rootDisks;
   }
 
+  /** Runtime.disk: one of the root-owned disks (the writable roots' kind), its spare made again after. */
+  async disk(name: string, bytes: number | null): Promise<WorkspaceDisk | string> {
+    const disks = this.layerDisks();
+    if (typeof disks === 'string') return disks;
+    try {
+      return await disks.take(name.replace(/[^A-Za-z0-9_.-]/g, '_'), bytes ?? this.diskDefaultBytes);
+    } finally {
+      disks.refill();
+    }
+  }
+
   /** The workspace's disk, the sandbox's /tmp and a writable root's disk, side by side (each is usually a spare made ahead). */
   private async takeMounts(options: CreateSandboxOptions, workspace: string, diskBytes: number, identity: SandboxIdentity, warnings: string[]): Promise<SandboxMounts> {
     const disks = this.workspaceDisks();

@@ -215,6 +215,21 @@ export interface Runtime {
   create(options: CreateSandboxOptions): Promise<SandboxHandle>;
   /** releases what the runtime holds ahead of sandboxes (after its sandboxes are destroyed) */
   close(): Promise<void>;
+  /**
+   * A filesystem of `bytes` (null: the runtime's default disk) for what the runner keeps for a
+   * sandbox outside it (a backing service's data), bounded like a workspace: a write past it fails
+   * with ENOSPC and the host's own disk is out of reach. Its root belongs to root. A string says
+   * why there is none (the caller says so and goes on without the bound); absent: never.
+   */
+  disk?(name: string, bytes: number | null): Promise<RuntimeDisk | string>;
+}
+
+/** A filesystem the runtime made for the runner (Runtime.disk). */
+export interface RuntimeDisk {
+  /** the host directory it is mounted at */
+  readonly at: string;
+  /** unmounts it and deletes what held it; idempotent */
+  release(): Promise<void>;
 }
 
 /** exit code of a command killed by its timeout (as coreutils `timeout`) */
