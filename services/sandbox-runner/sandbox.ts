@@ -7,7 +7,6 @@
  */
 import { shellQuote } from '../kernel/shell.ts';
 import { randomBytes } from 'node:crypto';
-import { rmSync } from 'node:fs';
 import { mkdir, writeFile as writeHostFile } from 'node:fs/promises';
 import path from 'node:path';
 import { stringify as stringifyYaml } from 'yaml';
@@ -29,6 +28,7 @@ import { buildImage } from './runtime/image-builder.ts';
 import { readContextFile } from './runtime/build-context.ts';
 import type { CreateSandboxOptions, ExecResult, Runtime, SandboxHandle, SandboxTerminal, TerminalOptions } from './runtime/runtime.ts';
 import { TERMINAL } from '../domain/terminal-sessions.ts';
+import { frozenClockEnv, LIBFAKETIME, makeCheckClock, makeSandboxClock } from './frozen-clock.ts';
 import type { SandboxPool } from './runtime/sandbox-pool.ts';
 import { SERVICE_URL_IN_SANDBOX } from './runtime/service-bridge.ts';
 import { AUDIT_FILE, AuditLog } from './workspace/audit-log.ts';
@@ -69,30 +69,6 @@ const AGENT_DIR = '/agent';
 const AGENT_HOME = '/tmp/home';
 
 type State = SandboxChanged['state'];
-
-/** libfaketime, preloaded for a frozen clock (Debian's path; bound into the sandbox read-only). */
-const LIBFAKETIME = '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1';
-
-/**
- * The sandbox's one frozen clock: libfaketime shares a start time between processes through a
- * semaphore and a shared memory object in /dev/shm (FAKETIME_SHARED names them). Without them
- * every command's first process made a pair named after its pid, left behind when it exec'd or
- * was killed: files in the agent's /dev/shm the audit counted as the agent's writes. One process
- * makes the pair at boot and renames it to these names (mv without the preload), then dies by
- * SIGKILL so its library does not remove it: every later process only attaches, writes nothing,
- * and its clock runs on from the same start.
- */
-interface ClockNames {
-  sem: string;
-  shm: string;
-}
-const SANDBOX_CLOCK: ClockNames = { sem: 'svc-clock-sem', shm: 'svc-clock-shm' };
-/** FAKETIME_SHARED: the names of a clock's semaphore and shared memory. */
-const clockShared = (names: ClockNames) => `/${names.sem} /${names.shm}`;
-/** The files of a clock in /dev/shm (glibc names a semaphore's `sem.<name>`). */
-const clockFiles = (names: ClockNames) => [`sem.${names.sem}`, names.shm];
-/** Run with FAKETIME_SHARED naming a clock not made yet: its shell makes the pair, they are renamed to the names, and it dies keeping them. */
-const CLOCK_COMMAND = (names: ClockNames) => `LD_PRELOAD= mv -f "/dev/shm/sem.faketime_sem_$$" /dev/shm/${clockFiles(names)[0]} && LD_PRELOAD= mv -f "/dev/shm/faketime_shm_$$" /dev/shm/${clockFiles(names)[1]} && kill -KILL $$; exit 3`;
 
 /** The read-only image's command directories: nothing the agent can write is on a PATH of ours. */
 const IMAGE_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
@@ -375,7 +351,7 @@ export class LiveSandbox {
     const runner = 'shell' in source ? CHECK_RUNNERS.shell : CHECK_RUNNERS.python;
     const name = `.svc-check-${randomBytes(8).toString('hex')}`;
     const dir = makeDirectory(this.tmpOnHost(), name, { mode: 0o755 });
-    const clock = await this.checkClock();
+    const clock = this.spec.determinism.frozenTime ? await makeCheckClock(this.box!) : null;
     try {
       makeDirectory(dir, 'home', { mode: 0o700, owner: this.box!.user });
       await writeFile(dir, runner.file, 'shell' in source ? source.shell : source.python);
@@ -574,33 +550,11 @@ export class LiveSandbox {
     }
   }
 
-  /** Makes the sandbox's frozen clock (SANDBOX_CLOCK) before anything runs; without it each process keeps a clock of its own. */
+  /** Makes the sandbox's frozen clock (frozen-clock.ts) before anything runs; without it each command's processes keep one of their own. */
   private async startClock(): Promise<void> {
     if (!this.spec.determinism.frozenTime) return;
-    const r = await this.makeClock(SANDBOX_CLOCK);
-    if (r.exitCode !== 128 + 9) await this.warnAudited(`the frozen clock is one per command, not one per sandbox: its files could not be made (${this.output(r, 'stderr').trim() || `exit code ${r.exitCode}`}); each command's processes leave two in /dev/shm`);
-  }
-
-  /** A frozen clock starting now under `names` (CLOCK_COMMAND); exit code 137 when it was made. */
-  private makeClock(names: ClockNames): Promise<ExecResult> {
-    return this.box!.exec({ command: CLOCK_COMMAND(names), env: { FAKETIME_SHARED: clockShared(names) }, timeoutMs: 30_000 });
-  }
-
-  /**
-   * A check's own frozen clock, under names no one knew before: the sandbox's is the agent's to
-   * rewrite (its files are in the agent's /dev/shm), and what a check reads of the time must not
-   * be. Null without a frozen clock (or when it could not be made: the check then makes its own).
-   */
-  private async checkClock(): Promise<{ env: Record<string, string>; remove(): void } | null> {
-    if (!this.spec.determinism.frozenTime) return null;
-    const hex = randomBytes(8).toString('hex');
-    const names = { sem: `svc-check-clock-${hex}-sem`, shm: `svc-check-clock-${hex}-shm` };
-    const shm = this.box!.writablePlaces.find((place) => place.at === '/dev/shm')?.host;
-    const remove = () => {
-      if (shm) for (const file of clockFiles(names)) rmSync(path.join(shm, file), { force: true });
-    };
-    if ((await this.makeClock(names)).exitCode !== 128 + 9) remove();
-    return { env: { FAKETIME_SHARED: clockShared(names) }, remove };
+    const { made, result } = await makeSandboxClock(this.box!);
+    if (!made) await this.warnAudited(`the frozen clock is one per command, not one per sandbox: its files could not be made (${this.output(result, 'stderr').trim() || `exit code ${result.exitCode}`}); each command's processes leave two in /dev/shm`);
   }
 
   /** The spec's image: built from its Dockerfile (every unchanged step cached), else from the store, pulled when missing. */
@@ -864,11 +818,7 @@ export class LiveSandbox {
       ...this.request.extra_env,
     };
     if (determinism.frozenTime) {
-      env.LD_PRELOAD = LIBFAKETIME;
-      env.FAKETIME = `@${determinism.frozenTime.replace('T', ' ').replace(/\.\d+Z$|Z$/, '')}`;
-      env.FAKETIME_DONT_RESET = '1';
-      env.FAKETIME_SHARED = clockShared(SANDBOX_CLOCK);
-      env.TZ = 'UTC';
+      Object.assign(env, frozenClockEnv(determinism.frozenTime));
     }
     if (determinism.seed !== null) {
       env.SVC_RANDOM_SEED = String(determinism.seed);

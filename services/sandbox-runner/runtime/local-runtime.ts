@@ -258,12 +258,19 @@ export class LocalRuntime implements Runtime {
     return this.rootDisks;
   }
 
+  /** The size of a disk asked for (null: the default), refused past SVC_SANDBOX_DISK_MAX. */
+  private diskBytes(asked: number | null | undefined): number {
+    const bytes = asked ?? this.diskDefaultBytes;
+    if (bytes > this.diskMaxBytes) throw new Error(`resources.disk: ${bytes} bytes is more than this server allows a sandbox (${this.diskMaxBytes} bytes, SVC_SANDBOX_DISK_MAX)`);
+    return bytes;
+  }
+
   /** Runtime.disk: one of the root-owned disks (the writable roots' kind), its spare made again after. */
   async disk(name: string, bytes: number | null): Promise<WorkspaceDisk | string> {
     const disks = this.layerDisks();
     if (typeof disks === 'string') return disks;
     try {
-      return await disks.take(name.replace(/[^A-Za-z0-9_.-]/g, '_'), bytes ?? this.diskDefaultBytes);
+      return await disks.take(name.replace(/[^A-Za-z0-9_.-]/g, '_'), this.diskBytes(bytes));
     } finally {
       disks.refill();
     }
@@ -299,8 +306,7 @@ export class LocalRuntime implements Runtime {
     if (!/^[A-Za-z0-9_.-]+$/.test(options.id)) throw new Error(`invalid sandbox id: ${options.id}`);
     const envProblem = envSizeProblem(options.env);
     if (envProblem) throw new Error(`env: ${envProblem}`);
-    const diskBytes = options.resources.diskBytes ?? this.diskDefaultBytes;
-    if (diskBytes > this.diskMaxBytes) throw new Error(`resources.disk: ${diskBytes} bytes is more than this server allows a sandbox (${this.diskMaxBytes} bytes, SVC_SANDBOX_DISK_MAX)`);
+    const diskBytes = this.diskBytes(options.resources.diskBytes);
     const supervisor = await this.supervisorBinary();
     const workspace = path.resolve(options.workspace);
     const readOnlyMounts = (options.readOnlyMounts ?? []).map((m) => ({ host: path.resolve(m.host), sandbox: m.sandbox }));
