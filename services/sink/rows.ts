@@ -25,6 +25,10 @@ export function clickhouseTimeMs(ms: number): string {
   return `${iso.slice(0, 10)} ${iso.slice(11, 23)}`;
 }
 
+/**
+ * The rows of one svc.traces record, on a store that takes no Native block (the ClickHouse
+ * server). On chDB trace-event-block.ts makes the same rows from the record's bytes.
+ */
 export function traceEventRows(batch: TraceEventsIngested, record: LogRecord): Array<Record<string, unknown>> {
   const ingestedAt = clickhouseTimeMs(batch.ts);
   const resource: Record<string, string> = {};
@@ -66,34 +70,6 @@ export function traceEventRows(batch: TraceEventsIngested, record: LogRecord): A
     LogOffset: record.offset,
   }));
 }
-
-/**
- * traceEventRows in SQL, for a store whose engine reads Avro (chDB): the same rows, made by
- * ClickHouse from the log's records as they are (sink/log-records.ts lays each out as
- * `log_partition, log_offset, value`), with no JS object per event. Keep the two in step:
- * test/integration/sink-avro.test.ts stores one batch both ways and compares every column.
- */
-export const TRACE_EVENT_COLUMNS = [
-  'Timestamp', 'TraceId', 'SpanId', 'ParentSpanId', 'SpanName', 'SpanKind', 'ServiceName', 'ResourceAttributes', 'SpanAttributes',
-  'Duration', 'StatusCode', 'StatusMessage', 'TenantId', 'EventId', 'SandboxId', 'ExperimentId', 'AgentSnapshotId', 'EventType', 'Phase',
-  'Input', 'Output', 'CostModel', 'InputTokens', 'OutputTokens', 'CacheReadTokens', 'ReasoningTokens', 'EstimatedUsd', 'HasCost',
-  'IngestedAt', 'LogPartition', 'LogOffset',
-] as const;
-
-export const traceEventSelect = (input: string): string => `
-SELECT
-  fromUnixTimestamp64Micro(e.ts_us, 'UTC'), e.trace_id, e.span_id, ifNull(e.parent_span_id, ''), e.tool,
-  if(e.event_type = 'llm_call', 'Client', 'Internal'), ifNull(value.agent, ''),
-  mapFilter((k, v) -> v != '', map(
-    'svc.agent_snapshot_id', ifNull(value.agent_snapshot_id, ''), 'svc.agent_version', ifNull(toString(value.agent_version), ''),
-    'svc.scenario_id', ifNull(value.scenario_id, ''), 'svc.run_id', ifNull(value.run_id, ''))),
-  e.metadata, e.duration_ms * 1000000, if(e.status = 'error', 'Error', 'Ok'), '',
-  value.tenant, e.event_id, value.sandbox_id, ifNull(value.experiment_id, ''), ifNull(value.agent_snapshot_id, ''), e.event_type, e.phase,
-  ifNull(e.input, ''), ifNull(e.output, ''), ifNull(e.cost.model, ''), ifNull(e.cost.input_tokens, 0), ifNull(e.cost.output_tokens, 0),
-  ifNull(e.cost.cache_read_tokens, 0), ifNull(e.cost.reasoning_tokens, 0), ifNull(e.cost.estimated_usd, 0), e.cost IS NOT NULL,
-  fromUnixTimestamp64Milli(value.ts, 'UTC'), log_partition, log_offset
-FROM ${input}
-ARRAY JOIN value.events AS e`;
 
 export function deadLetterRow(d: DeadLettered, record: LogRecord): Record<string, unknown> {
   return {

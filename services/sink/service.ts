@@ -3,8 +3,8 @@
  * each topic's rows go through a TableWriter (batched inserts, replay-safe). Its watermarks are
  * registered with the kernel so a write can await visibility (read-your-writes).
  *
- * Trace events, the high-volume topic, skip JS entirely on a store that reads Avro (chDB): the
- * records' bytes go to the engine in a container and SQL makes the rows (traceEventSelect);
+ * Trace events, the high-volume topic, make no JS object per event on a store that takes Native
+ * blocks (chDB): the records' Avro bytes are laid out as the table's columns (trace-event-block.ts);
  * elsewhere (the Debian ClickHouse server) they take the row mapping like every other topic.
  */
 import { subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
@@ -15,11 +15,11 @@ import type { Consumer, LogRecord } from '../kernel/log/event-log.ts';
 import { sinkGroupId, topicSpec, TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
 import { TableWriter, type BatchInsert } from './table-writer.ts';
-import { LogRecordContainers } from './log-records.ts';
-import { readsAvro } from '../kernel/store/store.ts';
+import { TRACE_EVENT_BLOCK_COLUMNS, traceEventBlock, type TraceRecordBody } from './trace-event-block.ts';
+import { readsNative } from '../kernel/store/store.ts';
 import { alertFiringRow, alertRuleRow } from './alert-rows.ts';
 import type { AlertChanged, AlertFired } from '../domain/events/alert-events.ts';
-import { agentSnapshotRow, auditRow, datasetRecordRow, datasetRow, deadLetterRow, experimentRow, experimentScenarioRow, runScoreRow, sandboxEventRow, sandboxRow, scoreRow, TRACE_EVENT_COLUMNS, traceEventRows, traceEventSelect } from './rows.ts';
+import { agentSnapshotRow, auditRow, datasetRecordRow, datasetRow, deadLetterRow, experimentRow, experimentScenarioRow, runScoreRow, sandboxEventRow, sandboxRow, scoreRow, traceEventRows } from './rows.ts';
 import type { DatasetChanged, DatasetRecordAdded } from '../domain/events/dataset-events.ts';
 import type { ExperimentChanged, ExperimentScenario } from '../domain/events/experiment-events.ts';
 import type { RunScored } from '../domain/events/run-events.ts';
@@ -64,12 +64,20 @@ export class SinkService implements Service {
     if (!table) throw new Error(`topic ${topic} has no table in the catalog`);
     const options = { ...consume, topics: [topic], maxBatchSize: 1000 };
     const store = kernel.store;
-    if (topic === TOPICS.traces && readsAvro(store)) {
-      const containers = new LogRecordContainers(kernel.serde, topic);
-      const writer = await this.writer<Buffer>(kernel, table, flushIntervalMs, {
+    if (topic === TOPICS.traces && readsNative(store)) {
+      const columns = TRACE_EVENT_BLOCK_COLUMNS.map(([name]) => name);
+      const writer = await this.writer<TraceRecordBody>(kernel, table, flushIntervalMs, {
         limit: kernel.config.sinkBatchBytes,
-        size: (row) => row.length,
-        insert: (rows) => store.insertAvro({ table, columns: TRACE_EVENT_COLUMNS, select: traceEventSelect, container: containers.container(rows) }),
+        size: (record) => record.body.length,
+        insert: async (records) => {
+          const block = traceEventBlock(records);
+          if (!block) return;
+          try {
+            await store.insertNative({ table, columns, block: block.parts });
+          } finally {
+            block.release();
+          }
+        },
       });
       this.consumers.push(
         await subscribe<Buffer>(kernel, {
@@ -77,8 +85,9 @@ export class SinkService implements Service {
           raw: true,
           handle: async (events) => {
             const fresh = events.filter((e) => e.value !== null && !writer.alreadyStored(e.record.partition, e.record.offset));
-            const rows = await Promise.all(fresh.map((e) => containers.row({ ...e.record, value: e.value! })));
-            await writer.write(rows, fresh.map((e) => e.record));
+            // Each value in this process's schema of the topic (a record of an older writer is re-encoded).
+            const records = await Promise.all(fresh.map(async (e) => ({ partition: e.record.partition, offset: e.record.offset, body: await kernel.serde.currentBody(topic, e.value!) })));
+            await writer.write(records, fresh.map((e) => e.record));
           },
         }),
       );

@@ -2,13 +2,14 @@
  * chDB with no service around it, for `npm run bench` (run as a child process: libchdb binds one
  * data directory per process and is large to fork from, so the bench process never loads it).
  *
- *   node --import tsx test/load/chdb-direct.ts ceiling <traces|otlp> <events> [rows|avro]
+ *   node --import tsx test/load/chdb-direct.ts ceiling <traces|otlp> <events> [rows|native]
  *     The ingest ceiling: the bench's own request bodies as the sink would store them, into a
- *     fresh store on a temp dir, in batches of 20,000 events, two at a time like the sink's two
- *     insert lanes. `rows`: the rows services/sink/rows.ts builds, through ChdbStore.insert
- *     (JSONCompactEachRow; the sink's path on a ClickHouse server). `avro`: the log records
- *     encoded once beforehand, through ChdbStore.insertAvro (the sink's path on chDB).
- *     Prints {"rows_per_s": n}.
+ *     fresh store on a temp dir, in batches of 20,000 events (SVC_BENCH_CEILING_BATCH), two at
+ *     a time like the sink's two insert lanes. `rows`: the rows services/sink/rows.ts builds,
+ *     through ChdbStore.insert (JSONCompactEachRow; the sink's path on a ClickHouse server).
+ *     `native`: the log records' Native blocks (sink/trace-event-block.ts), made beforehand,
+ *     through ChdbStore.insertNative (the sink's path on chDB). Prints {"rows_per_s": n} and the
+ *     process's CPU per row while inserting (chDB's threads, merges included).
  *   node --import tsx test/load/chdb-direct.ts fill <data dir> <events>
  *     Fills <data dir>/chdb (the service's store) with <events> realistic trace events (see FILL)
  *     and prints the trace ids, experiments, sandboxes and agents to query.
@@ -21,8 +22,8 @@ import path from 'node:path';
 import { ChdbStore } from '../../services/kernel/store/chdb-store.ts';
 import type { LogRecord } from '../../services/kernel/log/event-log.ts';
 import type { TraceEvent, TraceEventsIngested } from '../../services/domain/events/trace-events.ts';
-import { TRACE_EVENT_COLUMNS, traceEventRows, traceEventSelect } from '../../services/sink/rows.ts';
-import { LogRecordContainers } from '../../services/sink/log-records.ts';
+import { traceEventRows } from '../../services/sink/rows.ts';
+import { TRACE_EVENT_BLOCK_COLUMNS, traceEventBlock, type TraceRecordBody } from '../../services/sink/trace-event-block.ts';
 import { EmbeddedLog } from '../../services/kernel/log/embedded/embedded-log.ts';
 import { BuiltInRegistry } from '../../services/kernel/schema/registry.ts';
 import { EventSerde } from '../../services/kernel/schema/serde.ts';
@@ -33,7 +34,7 @@ import { UNTAGGED } from '../../services/api/traces/trace-records.ts';
 import { otlpBodies, traceBodies } from './bodies.ts';
 
 const LIMITS = { maxEvents: 1000, maxFieldBytes: 4096 };
-const BATCH_ROWS = 20_000;
+const BATCH_ROWS = Number(process.env.SVC_BENCH_CEILING_BATCH ?? 20_000);
 const LANES = 2;
 
 /**
@@ -89,7 +90,6 @@ async function ceiling([kind, eventsArg, format = 'rows']: Args): Promise<void> 
   await registry.start();
   const serde = new EventSerde(registry, catalog);
   await serde.init();
-  const containers = new LogRecordContainers(serde, TOPICS.traces);
   // The events of each distinct body, as ingest would hand them to the log.
   const perBody: TraceEvent[][] =
     kind === 'otlp'
@@ -102,21 +102,22 @@ async function ceiling([kind, eventsArg, format = 'rows']: Args): Promise<void> 
   const store = new ChdbStore({ path: path.join(dir, 'chdb') });
   for (let b = 0; b * BATCH_ROWS < total; b++) {
     const rows: Array<Record<string, unknown>> = [];
-    const records: Buffer[] = [];
+    const records: TraceRecordBody[] = [];
     let count = 0;
     for (let i = 0; count < BATCH_ROWS; i++) {
       const source = perBody[(b * 20 + i) % perBody.length];
       // A fresh event id per copy, as ingest gives every accepted event its own.
       const value: TraceEventsIngested = { tenant: 'bench', event_id: `r${b}-${i}`, ts: Date.now(), ...UNTAGGED, events: source.map((e, k) => ({ ...e, event_id: `${b}-${i}-${k}` })) };
       const record = { topic: TOPICS.traces, partition: offset % 6, offset: offset++, key: null, value: serde.encode(TOPICS.traces, value), headers: {}, timestamp: Date.now() } satisfies LogRecord;
-      if (format === 'avro') records.push(await containers.row(record));
+      if (format === 'native') records.push({ partition: record.partition, offset: record.offset, body: await serde.currentBody(TOPICS.traces, record.value) });
       else rows.push(...traceEventRows(value, record));
       count += source.length;
     }
+    const block = format === 'native' ? traceEventBlock(records)! : null;
     batches.push({
       rows: count,
-      insert: format === 'avro'
-        ? () => store.insertAvro({ table: 'trace_events', columns: TRACE_EVENT_COLUMNS, select: traceEventSelect, container: containers.container(records) })
+      insert: block
+        ? () => store.insertNative({ table: 'trace_events', columns: TRACE_EVENT_BLOCK_COLUMNS.map(([name]) => name), block: block.parts })
         : () => store.insert('trace_events', rows),
     });
   }
@@ -125,6 +126,7 @@ async function ceiling([kind, eventsArg, format = 'rows']: Args): Promise<void> 
     await Promise.all(batches.slice(0, 2).map((batch) => batch.insert()));
     const measured = batches.slice(2);
     let next = 0;
+    const cpu = process.cpuUsage();
     const started = performance.now();
     await Promise.all(
       Array.from({ length: LANES }, async () => {
@@ -132,8 +134,9 @@ async function ceiling([kind, eventsArg, format = 'rows']: Args): Promise<void> 
       }),
     );
     const seconds = (performance.now() - started) / 1000;
+    const used = process.cpuUsage(cpu);
     const rows = measured.reduce((n, b) => n + b.rows, 0);
-    console.log(JSON.stringify({ rows_per_s: rows / seconds, rows, batch_rows: BATCH_ROWS, format }));
+    console.log(JSON.stringify({ rows_per_s: rows / seconds, cpu_us_per_row: (used.user + used.system) / rows, rows, batch_rows: BATCH_ROWS, format }));
   } finally {
     await store.close();
     await log.close();
@@ -188,5 +191,5 @@ async function optimize([dataDir]: Args): Promise<void> {
 
 const [mode, ...rest] = process.argv.slice(2);
 const modes: Record<string, (args: Args) => Promise<void>> = { ceiling, fill, optimize };
-if (!modes[mode]) throw new Error(`usage: chdb-direct.ts ceiling <traces|otlp> <events> [rows|avro] | fill <data dir> <events> | optimize <data dir>`);
+if (!modes[mode]) throw new Error(`usage: chdb-direct.ts ceiling <traces|otlp> <events> [rows|native] | fill <data dir> <events> | optimize <data dir>`);
 await modes[mode](rest);

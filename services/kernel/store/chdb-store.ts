@@ -26,7 +26,7 @@ import { join, resolve } from 'node:path';
 import { drainPending, Session } from 'chdb';
 import { assertTableName, encodeJsonCompactEachRow, normalizeParams, parseJsonEachRow } from './encoding.ts';
 import { migrate, MIGRATIONS_DIR } from './migrations.ts';
-import { SETTING_NAME, StoreQueryError, type AvroInsert, type AvroInsertStore, type QueryParams, type RawQuery, type RawQueryStore, type RawResult, type Store } from './store.ts';
+import { SETTING_NAME, StoreQueryError, type NativeInsert, type NativeInsertStore, type QueryParams, type RawQuery, type RawQueryStore, type RawResult, type Store } from './store.ts';
 
 export interface ChdbStoreOptions {
   /** Directory of the persistent chDB database (created if missing). */
@@ -51,23 +51,24 @@ const CONNECTION_ARGS = [
 /** Writer sessions; inserts beyond this many at once queue on a lane. */
 const INSERT_LANES = 2;
 
-export class ChdbStore implements Store, RawQueryStore, AvroInsertStore {
+export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
   readonly kind = 'chdb' as const;
   readonly path: string;
   private lanes: { reader: Session; writers: Session[] } | undefined;
   private readonly busy: number[] = [];
   private readonly migrationsDir: string;
-  /** Where insertAvro puts a container for the engine to read; emptied at open (a crash leaves some). */
-  private readonly avroInbox: string;
+  /** Where insertNative puts a block for the engine to read; emptied at open (a crash leaves some). */
+  private readonly inbox: string;
 
   constructor(options: ChdbStoreOptions) {
     this.path = options.path;
     this.migrationsDir = options.migrationsDir ?? MIGRATIONS_DIR;
     mkdirSync(options.path, { recursive: true });
     // Absolute: the engine resolves a relative file() path against its own directory.
-    this.avroInbox = resolve(options.path, 'svc-avro-inserts');
-    rmSync(this.avroInbox, { recursive: true, force: true });
-    mkdirSync(this.avroInbox);
+    this.inbox = resolve(options.path, 'svc-native-inserts');
+    rmSync(resolve(options.path, 'svc-avro-inserts'), { recursive: true, force: true }); // the inbox's name before 2026-12-01
+    rmSync(this.inbox, { recursive: true, force: true });
+    mkdirSync(this.inbox);
     const sessions: Session[] = [];
     try {
       for (let i = 0; i <= INSERT_LANES; i++) sessions.push(new Session(options.path, { connectionArgs: CONNECTION_ARGS }));
@@ -116,19 +117,17 @@ export class ChdbStore implements Store, RawQueryStore, AvroInsertStore {
   }
 
   /**
-   * The raw insert takes text formats only, so the container goes through a file the engine's
+   * The raw insert takes text formats only, so the block goes through a file the engine's
    * `file()` reads (the analysts' SQL endpoint refuses that function; only the service calls it).
-   * Records whose union of null and a record is null read as NULL tuples only with
-   * enable_nullable_tuple_type.
+   * The SELECT has no expressions: planning it costs ~2 ms, not the ~20 ms of a mapping in SQL.
    */
-  async insertAvro({ table, columns, select, container }: AvroInsert): Promise<void> {
+  async insertNative({ table, columns, block }: NativeInsert): Promise<void> {
     assertTableName(table);
     for (const column of columns) assertTableName(column);
-    const file = join(this.avroInbox, `${randomBytes(8).toString('hex')}.avro`);
-    await writeFile(file, container);
+    const file = join(this.inbox, `${randomBytes(8).toString('hex')}.native`);
+    await writeFile(file, block); // part after part, never joined in memory
     try {
-      const sql = `INSERT INTO ${table} (${columns.join(', ')}) ${select(`file(${quoteString(file)}, 'Avro')`)} SETTINGS enable_nullable_tuple_type = 1`;
-      await this.onWriter((writer) => writer.queryAsync(sql, { format: 'TabSeparated' }));
+      await this.onWriter((writer) => writer.queryAsync(`INSERT INTO ${table} (${columns.join(', ')}) SELECT * FROM file(${quoteString(file)}, 'Native')`, { format: 'TabSeparated' }));
     } finally {
       await rm(file, { force: true });
     }

@@ -65,25 +65,23 @@ export class StoreQueryError extends Error {
 export const SETTING_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /**
- * Rows made by ClickHouse itself from an Avro object container (kernel/schema/avro-container.ts):
- * `INSERT INTO table (columns) <select(input)>`, where `input` is the table expression that reads
- * the container and `select` maps its records to the table's columns. The sink hands the log's
- * record bytes over this way, with no JS object per row (docs/operations.md, "Ingest").
+ * Rows handed to the engine as one block in ClickHouse's Native format (sink/trace-event-block.ts),
+ * as its parts in order: `columns` name the block's columns. The sink stores trace events this way on chDB,
+ * with no JS object per row and no expression for the engine to plan (docs/operations.md, "Ingest").
  */
-export interface AvroInsert {
+export interface NativeInsert {
   table: string;
   columns: readonly string[];
-  select: (input: string) => string;
-  container: Buffer;
+  block: readonly Buffer[];
 }
 
-/** A store whose engine reads Avro (chDB; the Debian server's 18.16 does not). */
-export interface AvroInsertStore {
-  insertAvro(insert: AvroInsert): Promise<void>;
+/** A store that takes Native blocks (chDB; the Debian server's 18.16 has no Map type for them). */
+export interface NativeInsertStore {
+  insertNative(insert: NativeInsert): Promise<void>;
 }
 
-export function readsAvro(store: Store): store is Store & AvroInsertStore {
-  return typeof (store as Partial<AvroInsertStore>).insertAvro === 'function';
+export function readsNative(store: Store): store is Store & NativeInsertStore {
+  return typeof (store as Partial<NativeInsertStore>).insertNative === 'function';
 }
 
 /** The raw query path both adapters implement (kept apart from Store so tests' fakes need not). */

@@ -375,8 +375,11 @@ export class Partition {
     for (let si = this.findSegment(from); si < this.segments.length && out.length < max; si++) {
       const seg = this.segments[si];
       if (seg.next <= from || seg.size === 0) continue;
-      const chunk = Math.min(MAX_READ_CHUNK, Math.max(64 * 1024, (max - out.length) * 512));
-      this.scanFrames(seg, Partition.positionFor(seg, from), chunk, (buf, p, _size, offset) => {
+      // Enough for the records wanted at the segment's mean record size, never more than is there:
+      // a chunk smaller than the next record is read again at its size (a second, larger allocation).
+      const start = Partition.positionFor(seg, from);
+      const chunk = Math.min(MAX_READ_CHUNK, seg.size - start, Math.max(64 * 1024, (max - out.length) * Math.ceil(seg.size / seg.records)));
+      this.scanFrames(seg, start, chunk, (buf, p, _size, offset) => {
         if (offset >= from) out.push(decodeAt(buf, p, this.topic, this.partition));
         return out.length < max;
       });
