@@ -224,7 +224,7 @@ export const SETTINGS = {
   sqlMaxMemory: setting('SVC_SQL_MAX_MEMORY', '2147483648', 'Most memory in bytes one query on the SQL endpoint may use (`max_memory_usage`); past it the query fails with MEMORY_LIMIT_EXCEEDED. A query may ask for less, never more.', positiveInt),
   sqlMaxResultBytes: setting('SVC_SQL_MAX_RESULT_BYTES', '268435456', 'Largest result in bytes of one query on the SQL endpoint (`max_result_bytes`: the result is held in memory before it is sent).', positiveInt),
   sinkBatchRows: setting('SVC_SINK_BATCH_ROWS', '20000', 'The sink inserts into ClickHouse once this many rows wait...', positiveInt),
-  sinkBatchBytes: setting('SVC_SINK_BATCH_BYTES', '8Mi', '...or, for trace events on the embedded store (inserted as the log\'s Avro records), this many bytes...', size),
+  sinkBatchBytes: setting('SVC_SINK_BATCH_BYTES', '8Mi', '...or, for trace events on the embedded store (inserted as Native blocks made from the log\'s records), this many bytes of records...', size),
   sinkFlushInterval: setting('SVC_SINK_FLUSH_INTERVAL', '10ms', '...or once the oldest waiting row is this old.', durationMs),
   handlerMaxAttempts: setting('SVC_HANDLER_MAX_ATTEMPTS', '5', 'Tries of an event handler before the event goes to the dead-letter topic.', positiveInt),
   replyTimeout: setting('SVC_REPLY_TIMEOUT', '30s', 'How long an API call waits for the event it depends on to be applied before answering 504.', durationMs),

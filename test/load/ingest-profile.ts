@@ -8,8 +8,15 @@
  * queryable, and reads every thread's user + system time from /proc/<pid>/task/<tid>/stat before
  * and after. Threads are grouped by name (the event loop is the one whose tid is the pid). The
  * bench's own clients (this process) are reported too: on a 2-core machine they share the cores.
+ * SVC_PROFILE_THREADS=1 lists threads one by one instead of by name.
  */
+import { execFileSync, spawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
+import { mkdtemp } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+// @ts-expect-error plain JS module without types
+import { startKafka } from '../../infra/kafka/kafka.mjs';
 import { createTenantKey, startServer } from '../helpers/server.ts';
 import { otlpBodies, traceBodies } from './bodies.ts';
 
@@ -37,14 +44,27 @@ function threadTimes(pid: number): Map<string, number> {
   return out;
 }
 
+/** A whole process's user + system time, µs. */
+function processTime(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return (Number(fields[11]) + Number(fields[12])) * TICK_US;
+}
+
 const paths = { traces: ['/v1/traces', 'application/json'], otlp: ['/otel/v1/traces', 'application/x-protobuf'] } as const;
 const [endpoint, contentType] = paths[kind];
-const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always' });
+// SVC_PROFILE_NODE_OPTIONS: node options of the service alone (e.g. `--perf-basic-prof` for perf's JS frames).
+const nodeOptions: Record<string, string> = process.env.SVC_PROFILE_NODE_OPTIONS ? { NODE_OPTIONS: process.env.SVC_PROFILE_NODE_OPTIONS } : {};
+// SVC_PROFILE_KAFKA=1: the service on a Kafka broker (infra/kafka) instead of the embedded log; the broker's CPU is reported too.
+const kafka = process.env.SVC_PROFILE_KAFKA ? await startKafka({ workDir: await mkdtemp(path.join(os.tmpdir(), 'svc-profile-kafka-')) }) : null;
+const backend: Record<string, string> = kafka ? { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers } : {};
+const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', ...backend, ...nodeOptions });
+const brokerPid = kafka ? Number(execFileSync('pgrep', ['-f', `kafka.Kafka.*${path.basename(kafka.workDir)}`]).toString().trim().split('\n')[0]) : null;
 try {
   const { key } = await createTenantKey(server, 'bench');
   const requests = Math.ceil(events / 1000);
-  const warmup = 40;
-  const bodies: Array<string | Uint8Array> = kind === 'traces' ? traceBodies(8) : otlpBodies(warmup + requests);
+  const warmup = 208; // as the bench: the JITs warm, the first inserts and merges done
+  const bodies: Uint8Array[] = kind === 'traces' ? traceBodies(8).map((b) => new TextEncoder().encode(b)) : otlpBodies(warmup + requests);
   const post = async (i: number) => {
     const res = await fetch(`${server.url}${endpoint}`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': contentType }, body: bodies[i % bodies.length] as BodyInit });
     if (res.status !== 200) throw new Error(`POST ${endpoint}: ${res.status} ${await res.text()}`);
@@ -52,7 +72,10 @@ try {
   };
   for (let i = 0; i < warmup; i += CLIENTS) await Promise.all(Array.from({ length: CLIENTS }, (_, j) => post(i + j)));
   const pid = server.pid();
+  // SVC_PROFILE_PERF=FILE: `perf record` of the service during the measured run, into FILE.
+  const perf = process.env.SVC_PROFILE_PERF ? spawn('perf', ['record', '-F', '999', '-g', '-o', process.env.SVC_PROFILE_PERF, '-p', String(pid)], { stdio: 'ignore' }) : null;
   const before = threadTimes(pid);
+  const brokerBefore = brokerPid ? processTime(brokerPid) : 0;
   const clientBefore = process.cpuUsage();
   const started = performance.now();
   let next = warmup;
@@ -60,6 +83,10 @@ try {
     while (next < warmup + requests) await post(next++);
   }));
   const seconds = (performance.now() - started) / 1000;
+  if (perf) {
+    perf.kill('SIGINT');
+    await new Promise((resolve) => perf.on('exit', resolve));
+  }
   const after = threadTimes(pid);
   const client = process.cpuUsage(clientBefore);
   const n = requests * 1000;
@@ -70,6 +97,13 @@ try {
   for (const [name, v] of rows) console.log(`| ${name} | ${v.toFixed(2)} |`);
   console.log(`| the service, in all | ${total.toFixed(2)} |`);
   console.log(`| the bench's clients (this process) | ${((client.user + client.system) / n).toFixed(2)} |`);
+  if (brokerPid) console.log(`| the Kafka broker | ${((processTime(brokerPid) - brokerBefore) / n).toFixed(2)} |`);
+  // The sink's inserts over the whole run (warm-up included): how large, how long.
+  const metrics = (await server.request('GET', '/metrics')).text;
+  const read = (name: string) => Number(new RegExp(`^${name}\\{table="trace_events"\\} (\\S+)`, 'm').exec(metrics)?.[1] ?? NaN);
+  const inserts = read('svc_sink_batch_items_count');
+  console.log(`sink: ${inserts} inserts of trace_events, ${(read('svc_sink_batch_items_sum') / inserts).toFixed(1)} log records (1,000 events each) and ${((read('svc_sink_insert_duration_seconds_sum') / inserts) * 1000).toFixed(1)} ms each on average`);
 } finally {
   await server.cleanup();
+  await kafka?.stop();
 }

@@ -209,6 +209,61 @@ describe('EmbeddedLog topics and maintenance', () => {
     await log.close();
   }));
 
+  test('the newest records are read from memory, and equal what the disk holds', () => withDir(async (dir) => {
+    let log = open(dir);
+    await log.start([spec('t', 2)]);
+    const appended = new Map<string, Buffer | null>();
+    for (let batch = 0; batch < 30; batch++) {
+      const records = Array.from({ length: 10 }, (_, i) => {
+        const n = batch * 10 + i;
+        const value = n % 17 === 0 ? null : Buffer.from(`value ${n} ${'x'.repeat(n % 50)}`);
+        return { key: n % 3 === 0 ? null : `key-${n % 7}`, value, headers: n % 2 ? { tenant: `t${n}` } : undefined };
+      });
+      const positions = await log.append('t', records);
+      positions.forEach((p, i) => appended.set(`${p.partition}:${p.offset}`, records[i]!.value));
+    }
+    const readAll = async (l: EmbeddedLog) => {
+      const out = [];
+      for (const partition of [0, 1]) for (const [from, max] of [[0, 1000], [5, 3], [40, 1000], [149, 10]]) out.push(await l.read('t', partition, from!, max!));
+      return out;
+    };
+    const fromMemory = await readAll(log);
+    // Served from what was appended: the very value buffers, not copies read back.
+    const last = fromMemory[2]!.at(-1)!;
+    assert.equal(last.value === null || last.value === appended.get(`${last.partition}:${last.offset}`), true);
+    assert.equal(fromMemory[0]!.filter((r) => r.value !== null).every((r) => r.value === appended.get(`${r.partition}:${r.offset}`)), true);
+    // A reader changing a record's headers changes nobody else's.
+    const mine = await log.read('t', 0, 1, 1);
+    mine[0]!.headers.tenant = 'changed';
+    assert.notEqual((await log.read('t', 0, 1, 1))[0]!.headers.tenant, 'changed');
+    await log.close();
+    log = open(dir);
+    await log.start([spec('t', 2)]);
+    const fromDisk = await readAll(log);
+    assert.deepEqual(fromMemory, fromDisk);
+    assert.equal(fromDisk.flat().length > 300, true);
+    await log.close();
+  }));
+
+  test('records past the memory budget or before a roll are read from disk', () => withDir(async (dir) => {
+    const log = open(dir);
+    await log.start([spec('big', 1)]);
+    const values = Array.from({ length: 80 }, (_, i) => Buffer.alloc(1024 * 1024, i));
+    for (const value of values) await log.append('big', [{ key: null, value }]);
+    const first = await log.read('big', 0, 0, 2);
+    assert.equal(first[0]!.value!.equals(values[0]!), true);
+    assert.notEqual(first[0]!.value, values[0], 'the oldest went past the budget: read back from disk');
+    const newest = await log.read('big', 0, 79, 1);
+    assert.equal(newest[0]!.value, values[79], 'the newest is still in memory');
+    await log.roll('big');
+    const afterRoll = await log.read('big', 0, 79, 1);
+    assert.notEqual(afterRoll[0]!.value, values[79], 'a roll empties the memory');
+    assert.equal(afterRoll[0]!.value!.equals(values[79]!), true);
+    await log.append('big', [{ key: 'k', value: Buffer.from('next') }]);
+    assert.deepEqual((await log.read('big', 0, 79, 10)).map((r) => [r.offset, r.value!.length]), [[79, 1024 * 1024], [80, 4]]);
+    await log.close();
+  }));
+
   test('null keys are spread round robin over the partitions', () => withDir(async (dir) => {
     const log = open(dir);
     await log.start([spec('t', 4)]);

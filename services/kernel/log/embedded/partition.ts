@@ -14,6 +14,16 @@ import type { SyncScheduler } from './sync.ts';
 const INDEX_INTERVAL = 16 * 1024;
 const SCAN_CHUNK = 4 * 1024 * 1024;
 const MAX_READ_CHUNK = 4 * 1024 * 1024;
+/** Bytes of the newest records that the partitions of this process keep in memory for their readers (see `tail`), in all. */
+const TAIL_BYTES = 64 * 1024 * 1024;
+let tailBytesInAll = 0;
+
+/**
+ * Where appends are encoded before their write(2): one buffer, grown as needed and reused, as the
+ * write is synchronous. (A fresh buffer per append was V8 external memory, whose churn starts
+ * full garbage collections of the whole heap; docs/operations.md, "Ingest".)
+ */
+let appendScratch = Buffer.allocUnsafe(1024 * 1024);
 
 
 export interface Segment {
@@ -147,6 +157,16 @@ export class Partition {
   readonly dir: string;
   segments: Segment[] = [];
   private waiters = new Set<() => void>();
+  /**
+   * The newest records of the active segment as they were appended, in offset order (a partition
+   * that appends drops its oldest while the process's partitions hold more than TAIL_BYTES of
+   * values): a reader that keeps up (the sink, the actors) is served from here, with no read, copy
+   * or decode. Emptied when the segment rolls, so compaction and retention (which work on closed
+   * segments only) never disagree with it. Values are shared, never to be changed.
+   */
+  private tail: LogRecord[] = [];
+  private tailStart = 0;
+  private tailBytes = 0;
   private compacting: Promise<void> | null = null;
   private compactQueued: Promise<void> | null = null;
 
@@ -263,6 +283,7 @@ export class Partition {
     fs.fsyncSync(old.fd);
     this.sync.forget(old);
     this.writeIndex(old);
+    this.dropTail();
     this.segments.push(this.createSegment(old.next));
     return true;
   }
@@ -282,7 +303,8 @@ export class Partition {
     if (this.active.size > 0 && this.active.size + total > segmentBytes) rolled = this.roll();
     const seg = this.active;
     const firstOffset = seg.next;
-    const buf = Buffer.allocUnsafe(total);
+    if (appendScratch.length < total) appendScratch = Buffer.allocUnsafe(Math.max(total, appendScratch.length * 2));
+    const buf = appendScratch;
     let p = 0;
     let offset = firstOffset;
     let maxTs = seg.maxTimestamp;
@@ -321,9 +343,39 @@ export class Partition {
       seg.idxPositions.push(newIdxPositions[i]);
     }
     seg.lastIndexedPos = lastIndexed;
+    this.keepInTail(records as EncodableRecord[]);
     this.sync.markDirty(seg);
     this.notify();
     return { firstOffset, rolled };
+  }
+
+  private keepInTail(records: EncodableRecord[]): void {
+    let bytes = 0;
+    for (const r of records) {
+      this.tail.push({ topic: this.topic, partition: this.partition, offset: r.offset, key: r.key, value: r.value, headers: { ...r.headers }, timestamp: r.timestamp });
+      bytes += r.value?.length ?? 0;
+    }
+    this.tailBytes += bytes;
+    tailBytesInAll += bytes;
+    // Drop the oldest past the budget (a run of them at once: shifting one by one is quadratic).
+    let drop = this.tailStart;
+    while (tailBytesInAll > TAIL_BYTES && drop < this.tail.length) {
+      const size = this.tail[drop++]!.value?.length ?? 0;
+      this.tailBytes -= size;
+      tailBytesInAll -= size;
+    }
+    this.tailStart = drop;
+    if (drop === this.tail.length || drop > 1024 || drop > this.tail.length / 2) {
+      this.tail = this.tail.slice(drop);
+      this.tailStart = 0;
+    }
+  }
+
+  private dropTail(): void {
+    tailBytesInAll -= this.tailBytes;
+    this.tail = [];
+    this.tailStart = 0;
+    this.tailBytes = 0;
   }
 
   /** Registers a one-shot callback for the next append. */
@@ -372,6 +424,12 @@ export class Partition {
     const out: LogRecord[] = [];
     if (max <= 0 || fromOffset >= this.nextOffset) return out;
     const from = Math.max(0, fromOffset);
+    const tailFirst = this.tail[this.tailStart]?.offset;
+    if (tailFirst !== undefined && from >= tailFirst) {
+      // Offsets in the tail are consecutive: the records of one segment, appended in order.
+      const at = this.tailStart + (from - tailFirst);
+      return this.tail.slice(at, at + max).map((r) => ({ ...r, headers: { ...r.headers } }));
+    }
     for (let si = this.findSegment(from); si < this.segments.length && out.length < max; si++) {
       const seg = this.segments[si];
       if (seg.next <= from || seg.size === 0) continue;
@@ -596,6 +654,7 @@ export class Partition {
       }
     }
     this.segments = [];
+    this.dropTail();
     this.notify();
   }
 }
