@@ -44,15 +44,6 @@ const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 /** Most bytes of records in one merged produce request (an append larger than this goes alone). */
 const MERGED_REQUEST_BYTES = 8 * 1024 * 1024;
 
-/** Errors of the broker about the records of a request themselves, not about the broker or the connection. */
-const RECORD_ERRORS = new Set(['MESSAGE_TOO_LARGE', 'RECORD_LIST_TOO_LARGE', 'INVALID_RECORD', 'CORRUPT_MESSAGE', 'INVALID_TIMESTAMP']);
-const refusesRecords = (err: unknown): boolean => {
-  for (let e = err as { type?: string; cause?: unknown; originalError?: unknown } | undefined, depth = 0; e && depth < 5; e = (e.originalError ?? e.cause) as typeof e, depth++) {
-    if (typeof e.type === 'string' && RECORD_ERRORS.has(e.type)) return true;
-  }
-  return false;
-};
-
 /** An append waiting for its produce request: its records, with their partitions, and its caller. */
 interface PendingAppend {
   topic: string;
@@ -231,9 +222,11 @@ export class KafkaLog implements EventLog {
 
   /**
    * Sends what is waiting, a request at a time, each holding the appends that came while the
-   * previous one was in flight (up to MERGED_REQUEST_BYTES). A merged request the broker refuses
-   * for its records (one too large, say) is sent again append by append, so only the append at
-   * fault fails; any other failure (the broker gone, retries spent) fails them all at once.
+   * previous one was in flight. A failed request fails each of its appends (as a failed append
+   * did before they were merged); none is sent again here, as the request may have been stored
+   * on some partitions: the callers retry, and the log's consumers are replay-safe. The merge
+   * stays under MERGED_REQUEST_BYTES, half a topic's max.message.bytes, so merging never makes
+   * a partition's records too large where each append alone fits.
    */
   private async produce(producer: Producer): Promise<void> {
     this.producing = true;
@@ -246,8 +239,7 @@ export class KafkaLog implements EventLog {
         try {
           await this.send(producer, appends);
         } catch (err) {
-          if (appends.length > 1 && refusesRecords(err)) for (const append of appends) await this.send(producer, [append]).catch((own: unknown) => append.reject(own));
-          else for (const append of appends) append.reject(err);
+          for (const append of appends) append.reject(err);
         }
       }
     } finally {
