@@ -7,7 +7,7 @@
  * re-encoded), and bytes that are not a value of the schema fail the block rather than store garbage.
  */
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -195,6 +195,21 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
     assert.equal(third.parts.at(-1)!.buffer, first.parts.at(-1)!.buffer, 'the released buffers are the next block\'s');
     third.release();
     second.release();
+  });
+
+  it('writes blocks over a few inbox files instead of a file per insert', async () => {
+    const columns = TRACE_EVENT_BLOCK_COLUMNS.map(([name]) => name);
+    const insert = async (i: number) => {
+      const block = traceEventBlock([{ partition: 2, offset: 300 + i, body: serde.encode(TOPICS.traces, { ...BATCHES[1]!, events: [event({ event_id: `inbox-${i}` })] }).subarray(5) }])!;
+      await store.insertNative({ table: 'trace_events', columns, block: block.parts });
+      block.release();
+    };
+    for (let i = 0; i < 10; i++) await insert(i);
+    await Promise.all([10, 11, 12].map(insert));
+    const inbox = await readdir(join(root, 'chdb', 'svc-native-inserts'));
+    assert.ok(inbox.length <= 3, `inbox files: ${inbox.join(', ')}`);
+    const [{ n }] = await store.query<{ n: string }>("SELECT count() AS n FROM trace_events WHERE EventId LIKE 'inbox-%'");
+    assert.equal(n, '13');
   });
 
   it('makes no block of records without events', () => {
