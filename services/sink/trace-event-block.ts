@@ -115,16 +115,24 @@ class Bytes {
 
 /** A Map(String, String) column: cumulative entry counts per row, then the keys and the values. */
 class MapColumn {
+  readonly offsets = new Bytes(64 * 1024);
+  readonly keys = new Bytes(64 * 1024);
+  readonly values = new Bytes(64 * 1024);
   entries = 0;
 
-  constructor(
-    readonly offsets: Bytes,
-    readonly keys: Bytes,
-    readonly values: Bytes,
-  ) {}
+  entry(keySrc: Buffer, keyStart: number, keyEnd: number, valueSrc: Buffer, valueStart: number, valueEnd: number): void {
+    this.keys.string(keySrc, keyStart, keyEnd);
+    this.values.string(valueSrc, valueStart, valueEnd);
+    this.entries++;
+  }
 
   endRow(): void {
     this.offsets.int64(this.entries);
+  }
+
+  reset(): void {
+    this.offsets.pos = this.keys.pos = this.values.pos = 0;
+    this.entries = 0;
   }
 
   parts(): Bytes[] {
@@ -195,13 +203,6 @@ class AvroReader {
   }
 }
 
-/** A ["null", string] value: [start, end] of its bytes, or null. */
-function optionalString(r: AvroReader): [number, number] | null {
-  if (!r.present()) return null;
-  const start = r.string();
-  return [start, r.end];
-}
-
 const EMPTY = Buffer.alloc(0);
 const ZERO_DOUBLE = Buffer.alloc(8);
 const text = (value: string): Buffer => Buffer.from(value, 'latin1');
@@ -220,9 +221,77 @@ export interface NativeBlock {
   release(): void;
 }
 
-const COLUMN_BUFFERS = 36;
+/** The column buffers of one block being made, by column. */
+class Columns {
+  readonly timestamp = new Bytes(64 * 1024);
+  readonly traceId = new Bytes(64 * 1024);
+  readonly spanId = new Bytes(64 * 1024);
+  readonly parentSpanId = new Bytes(64 * 1024);
+  readonly spanName = new Bytes(64 * 1024);
+  readonly spanKind = new Bytes(64 * 1024);
+  readonly serviceName = new Bytes(64 * 1024);
+  readonly resource = new MapColumn();
+  readonly attributes = new MapColumn();
+  readonly duration = new Bytes(64 * 1024);
+  readonly statusCode = new Bytes(64 * 1024);
+  readonly statusMessage = new Bytes(64 * 1024);
+  readonly tenantId = new Bytes(64 * 1024);
+  readonly eventId = new Bytes(64 * 1024);
+  readonly sandboxNulls = new Bytes(64 * 1024);
+  readonly sandboxIds = new Bytes(64 * 1024);
+  readonly experimentId = new Bytes(64 * 1024);
+  readonly agentSnapshotId = new Bytes(64 * 1024);
+  readonly eventType = new Bytes(64 * 1024);
+  readonly phase = new Bytes(64 * 1024);
+  readonly input = new Bytes(64 * 1024);
+  readonly output = new Bytes(64 * 1024);
+  readonly costModel = new Bytes(64 * 1024);
+  readonly inputTokens = new Bytes(64 * 1024);
+  readonly outputTokens = new Bytes(64 * 1024);
+  readonly cacheReadTokens = new Bytes(64 * 1024);
+  readonly reasoningTokens = new Bytes(64 * 1024);
+  readonly estimatedUsd = new Bytes(64 * 1024);
+  readonly hasCost = new Bytes(64 * 1024);
+  readonly ingestedAt = new Bytes(64 * 1024);
+  readonly logPartition = new Bytes(64 * 1024);
+  readonly logOffset = new Bytes(64 * 1024);
+  rows = 0;
+
+  /** Each column's data in the block's order (a map is its offsets, keys and values; a Nullable its null map and values). */
+  private byName(): Record<(typeof TRACE_EVENT_BLOCK_COLUMNS)[number][0], Bytes[]> {
+    return {
+      Timestamp: [this.timestamp], TraceId: [this.traceId], SpanId: [this.spanId], ParentSpanId: [this.parentSpanId], SpanName: [this.spanName],
+      SpanKind: [this.spanKind], ServiceName: [this.serviceName], ResourceAttributes: this.resource.parts(), SpanAttributes: this.attributes.parts(),
+      Duration: [this.duration], StatusCode: [this.statusCode], StatusMessage: [this.statusMessage], TenantId: [this.tenantId], EventId: [this.eventId],
+      SandboxId: [this.sandboxNulls, this.sandboxIds], ExperimentId: [this.experimentId], AgentSnapshotId: [this.agentSnapshotId],
+      EventType: [this.eventType], Phase: [this.phase], Input: [this.input], Output: [this.output], CostModel: [this.costModel],
+      InputTokens: [this.inputTokens], OutputTokens: [this.outputTokens], CacheReadTokens: [this.cacheReadTokens],
+      ReasoningTokens: [this.reasoningTokens], EstimatedUsd: [this.estimatedUsd], HasCost: [this.hasCost], IngestedAt: [this.ingestedAt],
+      LogPartition: [this.logPartition], LogOffset: [this.logOffset],
+    };
+  }
+
+  reset(): void {
+    for (const data of Object.values(this.byName())) for (const bytes of data) bytes.pos = 0;
+    this.resource.reset();
+    this.attributes.reset();
+    this.rows = 0;
+  }
+
+  /** The block: its row and column counts, then each column's name, type and data. */
+  parts(): Buffer[] {
+    const head = new Bytes(20);
+    head.uvarint(TRACE_EVENT_BLOCK_COLUMNS.length);
+    head.uvarint(this.rows);
+    const data = this.byName();
+    const parts = [head.view()];
+    for (const [name] of TRACE_EVENT_BLOCK_COLUMNS) parts.push(COLUMN_HEADERS[name], ...data[name].map((b) => b.view()));
+    return parts;
+  }
+}
+
 /** Column buffer sets not in use: one per block being made or written, at most the sink's inserts in flight plus one. */
-const free: Bytes[][] = [];
+const free: Columns[] = [];
 
 /** Whether src[start, end) holds exactly the bytes of `word`. */
 function is(src: Buffer, start: number, end: number, word: Buffer): boolean {
@@ -231,150 +300,156 @@ function is(src: Buffer, start: number, end: number, word: Buffer): boolean {
   return true;
 }
 
-/** The trace_events rows of `records` as one Native block (null when they hold no event). */
-export function traceEventBlock(records: readonly TraceRecordBody[]): NativeBlock | null {
-  const buffers = free.pop() ?? Array.from({ length: COLUMN_BUFFERS }, () => new Bytes(64 * 1024));
-  for (const column of buffers) column.pos = 0;
-  try {
-    const parts = writeBlock(records, buffers);
-    if (parts === null) {
-      free.push(buffers);
-      return null;
-    }
-    let released = false;
-    return {
-      parts,
-      release: () => {
-        if (!released) free.push(buffers);
-        released = true;
-      },
-    };
-  } catch (err) {
-    free.push(buffers);
-    throw err;
-  }
+/** A byte range of a source buffer. */
+type Range = readonly [src: Buffer, start: number, end: number];
+const NONE: Range = [EMPTY, 0, 0];
+
+/** What a record's events share: the batch's own fields, as ranges of the record. */
+interface Batch {
+  tenant: Range;
+  ts: number;
+  sandbox: Range | null;
+  experiment: Range;
+  agent: Range;
+  snapshot: Range;
+  /** ResourceAttributes: the tags that are set, empty values left out (as traceEventRows does). */
+  tags: Array<readonly [key: Buffer, value: Range]>;
+  partition: number;
+  offset: number;
 }
 
-function writeBlock(records: readonly TraceRecordBody[], buffers: Bytes[]): Buffer[] | null {
-  const [timestamp, traceId, spanId, parentSpanId, spanName, spanKind, serviceName, duration, statusCode, statusMessage, tenantId, eventId,
-    sandboxNulls, sandboxIds, experimentId, agentSnapshotId, eventType, phase, input, output, costModel, inputTokens, outputTokens,
-    cacheReadTokens, reasoningTokens, estimatedUsd, hasCost, ingestedAt, logPartition, logOffset,
-    resourceOffsets, resourceKeys, resourceValues, attributeOffsets, attributeKeys, attributeValues] = buffers;
-  const resource = new MapColumn(resourceOffsets!, resourceKeys!, resourceValues!);
-  const attributes = new MapColumn(attributeOffsets!, attributeKeys!, attributeValues!);
-  let count = 0;
-
-  for (const record of records) {
-    const r = new AvroReader(record.body);
-    const src = record.body;
-    const tenant = r.string();
-    const tenantEnd = r.end;
-    r.string(); // the batch's own event_id
-    const ts = r.long();
-    const sandbox = optionalString(r);
-    const experiment = optionalString(r);
-    const agent = optionalString(r);
-    const snapshot = optionalString(r);
-    const version = r.present() ? text(String(r.long())) : null;
-    const scenario = optionalString(r);
-    const run = optionalString(r);
-    // ResourceAttributes: the tags that are set, empty values left out (as traceEventRows does).
-    const tags: Array<[Buffer, Buffer, number, number]> = [];
-    if (snapshot && snapshot[1] > snapshot[0]) tags.push([TAG_KEYS[0]!, src, snapshot[0], snapshot[1]]);
-    if (version) tags.push([TAG_KEYS[1]!, version, 0, version.length]);
-    if (scenario && scenario[1] > scenario[0]) tags.push([TAG_KEYS[2]!, src, scenario[0], scenario[1]]);
-    if (run && run[1] > run[0]) tags.push([TAG_KEYS[3]!, src, run[0], run[1]]);
-    const [agentSrc, agentStart, agentEnd] = agent ? [src, ...agent] : [EMPTY, 0, 0];
-    const [sandboxSrc, sandboxStart, sandboxEnd] = sandbox ? [src, ...sandbox] : [EMPTY, 0, 0];
-    const [experimentSrc, experimentStart, experimentEnd] = experiment ? [src, ...experiment] : [EMPTY, 0, 0];
-    const [snapshotSrc, snapshotStart, snapshotEnd] = snapshot ? [src, ...snapshot] : [EMPTY, 0, 0];
-
-    for (let block = r.blockCount(); block > 0; block = r.blockCount()) {
-      for (let k = 0; k < block; k++) {
-        count++;
-        eventId.string(src, r.string(), r.end);
-        timestamp.int64(r.long(), 1000);
-        const typeStart = r.string();
-        eventType.string(src, typeStart, r.end);
-        const kind = is(src, typeStart, r.end, LLM_CALL) ? CLIENT : INTERNAL;
-        spanKind.string(kind, 0, kind.length);
-        spanName.string(src, r.string(), r.end);
-        phase.string(src, r.string(), r.end);
-        traceId.string(src, r.string(), r.end);
-        spanId.string(src, r.string(), r.end);
-        if (r.present()) parentSpanId.string(src, r.string(), r.end);
-        else parentSpanId.u8(0);
-        duration.int64(r.long(), 1_000_000);
-        const statusStart = r.string();
-        const status = is(src, statusStart, r.end, ERROR) ? ERROR_CODE : OK;
-        statusCode.string(status, 0, status.length);
-        if (r.present()) input.string(src, r.string(), r.end);
-        else input.u8(0);
-        if (r.present()) output.string(src, r.string(), r.end);
-        else output.u8(0);
-        if (r.present()) {
-          inputTokens.int64(r.long());
-          outputTokens.int64(r.long());
-          cacheReadTokens.int64(r.long());
-          reasoningTokens.int64(r.long());
-          costModel.string(src, r.string(), r.end);
-          estimatedUsd.raw8(src, r.double());
-          hasCost.u8(1);
-        } else {
-          inputTokens.int64(0);
-          outputTokens.int64(0);
-          cacheReadTokens.int64(0);
-          reasoningTokens.int64(0);
-          costModel.u8(0);
-          estimatedUsd.raw8(ZERO_DOUBLE, 0);
-          hasCost.u8(0);
-        }
-        for (let entries = r.blockCount(); entries > 0; entries = r.blockCount()) {
-          for (let e = 0; e < entries; e++) {
-            attributes.keys.string(src, r.string(), r.end);
-            attributes.values.string(src, r.string(), r.end);
-          }
-          attributes.entries += entries;
-        }
-        attributes.endRow();
-        // The batch's own columns, the same on each of its events.
-        serviceName.string(agentSrc, agentStart, agentEnd);
-        for (const [key, value, start, end] of tags) {
-          resource.keys.string(key, 0, key.length);
-          resource.values.string(value, start, end);
-        }
-        resource.entries += tags.length;
-        resource.endRow();
-        statusMessage.u8(0);
-        tenantId.string(src, tenant, tenantEnd);
-        sandboxNulls.u8(sandbox ? 0 : 1);
-        sandboxIds.string(sandboxSrc, sandboxStart, sandboxEnd);
-        experimentId.string(experimentSrc, experimentStart, experimentEnd);
-        agentSnapshotId.string(snapshotSrc, snapshotStart, snapshotEnd);
-        ingestedAt.int64(ts);
-        logPartition.u32(record.partition);
-        logOffset.int64(record.offset);
-      }
-    }
-    r.done();
+/** The trace_events rows of `records` as one Native block (null when they hold no event). */
+export function traceEventBlock(records: readonly TraceRecordBody[]): NativeBlock | null {
+  const columns = free.pop() ?? new Columns();
+  columns.reset();
+  try {
+    for (const record of records) writeRecord(columns, record);
+  } catch (err) {
+    free.push(columns);
+    throw err;
   }
-  if (count === 0) return null;
-
-  const data: Record<(typeof TRACE_EVENT_BLOCK_COLUMNS)[number][0], Bytes[]> = {
-    Timestamp: [timestamp], TraceId: [traceId], SpanId: [spanId], ParentSpanId: [parentSpanId], SpanName: [spanName], SpanKind: [spanKind],
-    ServiceName: [serviceName], ResourceAttributes: resource.parts(), SpanAttributes: attributes.parts(), Duration: [duration],
-    StatusCode: [statusCode], StatusMessage: [statusMessage], TenantId: [tenantId], EventId: [eventId], SandboxId: [sandboxNulls, sandboxIds],
-    ExperimentId: [experimentId], AgentSnapshotId: [agentSnapshotId], EventType: [eventType], Phase: [phase], Input: [input], Output: [output],
-    CostModel: [costModel], InputTokens: [inputTokens], OutputTokens: [outputTokens], CacheReadTokens: [cacheReadTokens],
-    ReasoningTokens: [reasoningTokens], EstimatedUsd: [estimatedUsd], HasCost: [hasCost], IngestedAt: [ingestedAt],
-    LogPartition: [logPartition], LogOffset: [logOffset],
+  if (columns.rows === 0) {
+    free.push(columns);
+    return null;
+  }
+  let released = false;
+  return {
+    parts: columns.parts(),
+    release: () => {
+      if (!released) free.push(columns);
+      released = true;
+    },
   };
-  const head = new Bytes(20);
-  head.uvarint(TRACE_EVENT_BLOCK_COLUMNS.length);
-  head.uvarint(count);
-  const parts = [head.view()];
-  for (const [name] of TRACE_EVENT_BLOCK_COLUMNS) parts.push(COLUMN_HEADERS[name], ...data[name].map((b) => b.view()));
-  return parts;
+}
+
+/** One record's events as rows. */
+function writeRecord(columns: Columns, record: TraceRecordBody): void {
+  const r = new AvroReader(record.body);
+  const src = record.body;
+  const range = (): Range => {
+    const start = r.string();
+    return [src, start, r.end];
+  };
+  const optional = (): Range | null => (r.present() ? range() : null);
+  const tenant = range();
+  r.string(); // the batch's own event_id
+  const ts = r.long();
+  const sandbox = optional();
+  const experiment = optional();
+  const agent = optional();
+  const snapshot = optional();
+  const version = r.present() ? text(String(r.long())) : null;
+  const scenario = optional();
+  const run = optional();
+  const set = (value: Range | null): value is Range => value !== null && value[2] > value[1];
+  const tags: Batch['tags'] = [];
+  if (set(snapshot)) tags.push([TAG_KEYS[0]!, snapshot]);
+  if (version) tags.push([TAG_KEYS[1]!, [version, 0, version.length]]);
+  if (set(scenario)) tags.push([TAG_KEYS[2]!, scenario]);
+  if (set(run)) tags.push([TAG_KEYS[3]!, run]);
+  const batch: Batch = { tenant, ts, sandbox, experiment: experiment ?? NONE, agent: agent ?? NONE, snapshot: snapshot ?? NONE, tags, partition: record.partition, offset: record.offset };
+  for (let block = r.blockCount(); block > 0; block = r.blockCount()) {
+    for (let k = 0; k < block; k++) writeEvent(columns, r, batch);
+  }
+  r.done();
+}
+
+/** The string `r` reads next, copied to `column`. */
+function copyString(column: Bytes, r: AvroReader): void {
+  const start = r.string();
+  column.string(r.buf, start, r.end);
+}
+
+/** The ["null", string] `r` reads next, copied to `column` ('' for null, as the row mapping's `?? ''`). */
+function copyOptional(column: Bytes, r: AvroReader): void {
+  if (r.present()) copyString(column, r);
+  else column.u8(0);
+}
+
+function copyRange(column: Bytes, [src, start, end]: Range): void {
+  column.string(src, start, end);
+}
+
+/** One event (read from `r`) as a row, with its batch's columns. (Plain calls, no closures: this runs per event.) */
+function writeEvent(c: Columns, r: AvroReader, batch: Batch): void {
+  const src = r.buf;
+  c.rows++;
+  copyString(c.eventId, r);
+  c.timestamp.int64(r.long(), 1000);
+  const typeStart = r.string();
+  c.eventType.string(src, typeStart, r.end);
+  const kind = is(src, typeStart, r.end, LLM_CALL) ? CLIENT : INTERNAL;
+  c.spanKind.string(kind, 0, kind.length);
+  copyString(c.spanName, r);
+  copyString(c.phase, r);
+  copyString(c.traceId, r);
+  copyString(c.spanId, r);
+  copyOptional(c.parentSpanId, r);
+  c.duration.int64(r.long(), 1_000_000);
+  const statusStart = r.string();
+  const status = is(src, statusStart, r.end, ERROR) ? ERROR_CODE : OK;
+  c.statusCode.string(status, 0, status.length);
+  copyOptional(c.input, r);
+  copyOptional(c.output, r);
+  if (r.present()) {
+    c.inputTokens.int64(r.long());
+    c.outputTokens.int64(r.long());
+    c.cacheReadTokens.int64(r.long());
+    c.reasoningTokens.int64(r.long());
+    copyString(c.costModel, r);
+    c.estimatedUsd.raw8(src, r.double());
+    c.hasCost.u8(1);
+  } else {
+    c.inputTokens.int64(0);
+    c.outputTokens.int64(0);
+    c.cacheReadTokens.int64(0);
+    c.reasoningTokens.int64(0);
+    c.costModel.u8(0);
+    c.estimatedUsd.raw8(ZERO_DOUBLE, 0);
+    c.hasCost.u8(0);
+  }
+  for (let entries = r.blockCount(); entries > 0; entries = r.blockCount()) {
+    for (let e = 0; e < entries; e++) {
+      const keyStart = r.string();
+      const keyEnd = r.end;
+      const valueStart = r.string();
+      c.attributes.entry(src, keyStart, keyEnd, src, valueStart, r.end);
+    }
+  }
+  c.attributes.endRow();
+  // The batch's own columns, the same on each of its events.
+  copyRange(c.serviceName, batch.agent);
+  for (const [key, [value, start, end]] of batch.tags) c.resource.entry(key, 0, key.length, value, start, end);
+  c.resource.endRow();
+  c.statusMessage.u8(0);
+  copyRange(c.tenantId, batch.tenant);
+  c.sandboxNulls.u8(batch.sandbox ? 0 : 1);
+  copyRange(c.sandboxIds, batch.sandbox ?? NONE);
+  copyRange(c.experimentId, batch.experiment);
+  copyRange(c.agentSnapshotId, batch.snapshot);
+  c.ingestedAt.int64(batch.ts);
+  c.logPartition.u32(batch.partition);
+  c.logOffset.int64(batch.offset);
 }
 
 /** Each column's name and type as the block writes them before its data. */
