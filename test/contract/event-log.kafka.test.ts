@@ -94,11 +94,11 @@ if (brokers) {
       assert.deepEqual(first?.headers, { i: '0' });
     });
 
-    test('appends made at once share produce requests, and each learns its own positions', async () => {
+    test('appends made at once each learn their own positions', async () => {
       const topic = unique('merged');
       const other = unique('merged-other');
       await log.start([spec(topic), spec(other, 2)]);
-      // 40 appends at once to two topics: all but the first wait for a request in flight and go out merged.
+      // 40 appends at once to two topics, queued behind each other in the producer.
       const appends = Array.from({ length: 40 }, (_, a) => {
         const records = Array.from({ length: 1 + (a % 4) }, (_, i) => ({ key: a % 3 === 0 ? null : `k${(a + i) % 5}`, value: Buffer.from(`a${a}-r${i}`) }));
         return { topic: a % 2 ? other : topic, records };
@@ -116,24 +116,6 @@ if (brokers) {
       }
       const ends = [...(await log.endOffsets(topic)), ...(await log.endOffsets(other))];
       assert.equal(ends.reduce((x, y) => x + y, 0), seen.size, 'nothing stored but the appended records');
-    });
-
-    test('a refused request fails the appends it holds, and the appends after it go on', async () => {
-      const topic = unique('refused');
-      // A topic made elsewhere with a small record limit: the broker refuses a 4 KB record batch.
-      const admin = new Kafka({ clientId: 'contract-test-admin', brokers: brokerList, logLevel: logLevel.NOTHING }).admin();
-      await admin.connect();
-      await admin.createTopics({ waitForLeaders: true, topics: [{ topic, numPartitions: 1, replicationFactor: 1, configEntries: [{ name: 'max.message.bytes', value: '2048' }] }] });
-      await admin.disconnect();
-      await log.start([spec(topic, 1)]);
-      const first = log.append(topic, [{ key: 'k', value: Buffer.from('first') }]); // in flight while the next three wait
-      const merged = [Buffer.from('small'), Buffer.alloc(4096, 1), Buffer.from('small too')].map((value) => log.append(topic, [{ key: 'k', value }]));
-      await first;
-      const outcomes = await Promise.allSettled(merged);
-      assert.deepEqual(outcomes.map((o) => o.status), ['rejected', 'rejected', 'rejected'], 'one request: all of it refused');
-      const [after] = await log.append(topic, [{ key: 'k', value: Buffer.from('after') }]);
-      assert.deepEqual((await log.read(topic, 0, 0, 10)).map((r) => r.value?.toString()), ['first', 'after']);
-      assert.equal(after!.offset, 1);
     });
 
     test('read replays a range, stops at max and at the end', async () => {

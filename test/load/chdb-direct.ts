@@ -2,14 +2,16 @@
  * chDB with no service around it, for `npm run bench` (run as a child process: libchdb binds one
  * data directory per process and is large to fork from, so the bench process never loads it).
  *
- *   node --import tsx test/load/chdb-direct.ts ceiling <traces|otlp> <events> [rows|native]
+ *   node --import tsx test/load/chdb-direct.ts ceiling <traces|otlp> <events> [rows|native] [dir]
  *     The ingest ceiling: the bench's own request bodies as the sink would store them, into a
  *     fresh store on a temp dir, in batches of 20,000 events (SVC_BENCH_CEILING_BATCH), two at
  *     a time like the sink's two insert lanes. `rows`: the rows services/sink/rows.ts builds,
  *     through ChdbStore.insert (JSONCompactEachRow; the sink's path on a ClickHouse server).
  *     `native`: the log records' Native blocks (sink/trace-event-block.ts), made beforehand,
  *     through ChdbStore.insertNative (the sink's path on chDB). Prints {"rows_per_s": n} and the
- *     process's CPU per row while inserting (chDB's threads, merges included).
+ *     process's CPU per row while inserting (chDB's threads, merges included). With a `dir`, the
+ *     store is made there and left for the caller to remove (the bench removes its stores at the
+ *     end: on a journal-less ext4, thousands of inodes just removed slow the next run's inserts).
  *   node --import tsx test/load/chdb-direct.ts fill <data dir> <events>
  *     Fills <data dir>/chdb (the service's store) with <events> realistic trace events (see FILL)
  *     and prints the trace ids, experiments, sandboxes and agents to query.
@@ -80,9 +82,9 @@ FROM (
 
 type Args = string[];
 
-async function ceiling([kind, eventsArg, format = 'rows']: Args): Promise<void> {
+async function ceiling([kind, eventsArg, format = 'rows', keepIn]: Args): Promise<void> {
   const events = Number(eventsArg);
-  const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bench-chdb-'));
+  const dir = await mkdtemp(path.join(keepIn ?? os.tmpdir(), 'svc-bench-chdb-'));
   const log = new EmbeddedLog({ dir: path.join(dir, 'log'), fsync: 'never' });
   const catalog = loadCatalog().filter((t) => t.name === TOPICS.schemas || t.name === TOPICS.traces);
   await log.start(catalog);
@@ -140,7 +142,7 @@ async function ceiling([kind, eventsArg, format = 'rows']: Args): Promise<void> 
   } finally {
     await store.close();
     await log.close();
-    await rm(dir, { recursive: true, force: true });
+    if (!keepIn) await rm(dir, { recursive: true, force: true });
   }
 }
 
@@ -191,5 +193,5 @@ async function optimize([dataDir]: Args): Promise<void> {
 
 const [mode, ...rest] = process.argv.slice(2);
 const modes: Record<string, (args: Args) => Promise<void>> = { ceiling, fill, optimize };
-if (!modes[mode]) throw new Error(`usage: chdb-direct.ts ceiling <traces|otlp> <events> [rows|native] | fill <data dir> <events> | optimize <data dir>`);
+if (!modes[mode]) throw new Error(`usage: chdb-direct.ts ceiling <traces|otlp> <events> [rows|native] [dir] | fill <data dir> <events> | optimize <data dir>`);
 await modes[mode](rest);

@@ -5,9 +5,6 @@
  *   record is chosen here with kafkajs' DefaultPartitioner (Java-compatible murmur2 of the
  *   key, round robin for null keys), the same function the embedded backend uses, so that
  *   each record's offset is known: kafkajs answers with one base offset per partition.
- *   Appends made while a produce request is in flight go out together in the next one (group
- *   commit, as the embedded log's fsync): the idempotent producer has one request in flight,
- *   and one request per append made the broker's and kafkajs' per-request work the limit.
  * - consume: a consumer group with manual commits. Each kafkajs batch is cut into chunks of
  *   at most `maxBatchSize`; a chunk is committed (offset after its last record) only once
  *   `handleBatch` resolves. A rejection seeks the partition back to the chunk's first record
@@ -41,17 +38,6 @@ export interface ConsumerTuning {
 
 /** Largest record a topic accepts (topic config `max.message.bytes`). */
 const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
-/** Most bytes of records in one merged produce request (an append larger than this goes alone). */
-const MERGED_REQUEST_BYTES = 8 * 1024 * 1024;
-
-/** An append waiting for its produce request: its records, with their partitions, and its caller. */
-interface PendingAppend {
-  topic: string;
-  messages: Message[];
-  bytes: number;
-  resolve(baseOffsets: Map<number, number>): void;
-  reject(err: unknown): void;
-}
 
 /**
  * Consumer tuning: low latency and quick group joins. kafkajs heartbeats between batches (not
@@ -99,9 +85,6 @@ export class KafkaLog implements EventLog {
   private reader: PartitionReader | null = null;
   private readonly partitionCounts = new Map<string, number>();
   private readonly consumers = new Set<KafkaLogConsumer>();
-  /** Appends waiting for the produce request in flight to end (see `produce`). */
-  private waiting: PendingAppend[] = [];
-  private producing = false;
   /** kafkajs' own partitioner: the same murmur2 as the Java client and the embedded log. */
   private readonly partitioner = Partitioners.DefaultPartitioner();
   private closed = false;
@@ -208,69 +191,16 @@ export class KafkaLog implements EventLog {
       messages.push(message);
     }
 
-    const baseOffsets = await new Promise<Map<number, number>>((resolve, reject) => {
-      const bytes = messages.reduce((n, m) => n + ((m.value as Buffer | null)?.length ?? 0) + (m.key?.length ?? 0), 0);
-      this.waiting.push({ topic, messages, bytes, resolve, reject });
-      if (!this.producing) void this.produce(producer);
-    });
+    const result = await producer.send({ topic, acks: -1, messages });
+    const baseOffsets = new Map<number, number>();
+    for (const meta of result) {
+      if (meta.topicName === topic && meta.baseOffset !== undefined) baseOffsets.set(meta.partition, Number(meta.baseOffset));
+    }
     return messages.map((m, i) => {
       const base = baseOffsets.get(m.partition!);
       if (base === undefined) throw new Error(`Kafka did not report an offset for ${topic}/${m.partition}`);
       return { topic, partition: m.partition!, offset: base + indexInPartition[i]! };
     });
-  }
-
-  /**
-   * Sends what is waiting, a request at a time, each holding the appends that came while the
-   * previous one was in flight. A failed request fails each of its appends (as a failed append
-   * did before they were merged); none is sent again here, as the request may have been stored
-   * on some partitions: the callers retry, and the log's consumers are replay-safe. The merge
-   * stays under MERGED_REQUEST_BYTES, half a topic's max.message.bytes, so merging never makes
-   * a partition's records too large where each append alone fits.
-   */
-  private async produce(producer: Producer): Promise<void> {
-    this.producing = true;
-    try {
-      while (this.waiting.length > 0) {
-        let bytes = 0;
-        let n = 0;
-        while (n < this.waiting.length && (n === 0 || bytes + this.waiting[n]!.bytes <= MERGED_REQUEST_BYTES)) bytes += this.waiting[n++]!.bytes;
-        const appends = this.waiting.splice(0, n);
-        try {
-          await this.send(producer, appends);
-        } catch (err) {
-          for (const append of appends) append.reject(err);
-        }
-      }
-    } finally {
-      this.producing = false;
-    }
-  }
-
-  /** One produce request of these appends; each is told the base offset of its own records per partition. */
-  private async send(producer: Producer, appends: PendingAppend[]): Promise<void> {
-    const byTopic = new Map<string, Message[]>();
-    for (const a of appends) {
-      const list = byTopic.get(a.topic);
-      if (list) list.push(...a.messages);
-      else byTopic.set(a.topic, [...a.messages]);
-    }
-    const result = await producer.sendBatch({ acks: -1, topicMessages: [...byTopic].map(([topic, messages]) => ({ topic, messages })) });
-    // Each partition's records are in the order of the appends: an append's base is the
-    // request's base for that partition plus the records of the appends before it.
-    const next = new Map<string, number>();
-    for (const meta of result) if (meta.baseOffset !== undefined) next.set(`${meta.topicName}\0${meta.partition}`, Number(meta.baseOffset));
-    for (const a of appends) {
-      const bases = new Map<number, number>();
-      for (const m of a.messages) {
-        const at = `${a.topic}\0${m.partition}`;
-        const offset = next.get(at);
-        if (offset === undefined) continue;
-        if (!bases.has(m.partition!)) bases.set(m.partition!, offset);
-        next.set(at, offset + 1);
-      }
-      a.resolve(bases);
-    }
   }
 
   async consume(options: ConsumeOptions): Promise<Consumer> {
