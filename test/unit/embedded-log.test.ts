@@ -264,6 +264,7 @@ describe('EmbeddedLog topics and maintenance', () => {
     await log.close();
   }));
 
+
   test('null keys are spread round robin over the partitions', () => withDir(async (dir) => {
     const log = open(dir);
     await log.start([spec('t', 4)]);

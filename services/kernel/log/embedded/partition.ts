@@ -17,6 +17,8 @@ const MAX_READ_CHUNK = 4 * 1024 * 1024;
 /** Bytes of the newest records that the partitions of this process keep in memory for their readers (see `tail`), in all. */
 const TAIL_BYTES = 64 * 1024 * 1024;
 let tailBytesInAll = 0;
+/** What a kept record counts for: its value and key, and its object (so tombstones count too). */
+const tailSize = (r: LogRecord): number => (r.value?.length ?? 0) + (r.key?.length ?? 0) + 128;
 
 /**
  * Where appends are encoded before their write(2): one buffer, grown as needed and reused, as the
@@ -160,7 +162,7 @@ export class Partition {
   /**
    * The newest records of the active segment as they were appended, in offset order (a partition
    * that appends drops its oldest while the process's partitions hold more than TAIL_BYTES of
-   * values): a reader that keeps up (the sink, the actors) is served from here, with no read, copy
+   * them, by tailSize): a reader that keeps up (the sink, the actors) is served from here, with no read, copy
    * or decode. Emptied when the segment rolls, so compaction and retention (which work on closed
    * segments only) never disagree with it. Values are shared, never to be changed.
    */
@@ -352,15 +354,16 @@ export class Partition {
   private keepInTail(records: EncodableRecord[]): void {
     let bytes = 0;
     for (const r of records) {
-      this.tail.push({ topic: this.topic, partition: this.partition, offset: r.offset, key: r.key, value: r.value, headers: { ...r.headers }, timestamp: r.timestamp });
-      bytes += r.value?.length ?? 0;
+      const kept: LogRecord = { topic: this.topic, partition: this.partition, offset: r.offset, key: r.key, value: r.value, headers: { ...r.headers }, timestamp: r.timestamp };
+      this.tail.push(kept);
+      bytes += tailSize(kept);
     }
     this.tailBytes += bytes;
     tailBytesInAll += bytes;
     // Drop the oldest past the budget (a run of them at once: shifting one by one is quadratic).
     let drop = this.tailStart;
     while (tailBytesInAll > TAIL_BYTES && drop < this.tail.length) {
-      const size = this.tail[drop++]!.value?.length ?? 0;
+      const size = tailSize(this.tail[drop++]!);
       this.tailBytes -= size;
       tailBytesInAll -= size;
     }
