@@ -15,7 +15,7 @@ import type { Consumer, LogRecord } from '../kernel/log/event-log.ts';
 import { sinkGroupId, topicSpec, TOPICS } from '../kernel/topics.ts';
 import { Watermark } from '../kernel/watermark.ts';
 import { TableWriter, type BatchInsert } from './table-writer.ts';
-import { TRACE_EVENT_BLOCK_COLUMNS, traceEventBlock, type TraceRecordBody } from './trace-event-block.ts';
+import { TRACE_EVENT_BLOCK_COLUMN_NAMES, traceEventBlock, type TraceRecordBody } from './trace-event-block.ts';
 import { readsNative } from '../kernel/store/store.ts';
 import { alertFiringRow, alertRuleRow } from './alert-rows.ts';
 import type { AlertChanged, AlertFired } from '../domain/events/alert-events.ts';
@@ -65,7 +65,6 @@ export class SinkService implements Service {
     const options = { ...consume, topics: [topic], maxBatchSize: 1000 };
     const store = kernel.store;
     if (topic === TOPICS.traces && readsNative(store)) {
-      const columns = TRACE_EVENT_BLOCK_COLUMNS.map(([name]) => name);
       const writer = await this.writer<TraceRecordBody>(kernel, table, flushIntervalMs, {
         limit: kernel.config.sinkBatchBytes,
         size: (record) => record.body.length,
@@ -73,7 +72,7 @@ export class SinkService implements Service {
           const block = traceEventBlock(records);
           if (!block) return;
           try {
-            await store.insertNative({ table, columns, block: block.parts });
+            await store.insertNative({ table, columns: TRACE_EVENT_BLOCK_COLUMN_NAMES, block: block.parts });
           } finally {
             block.release();
           }

@@ -33,6 +33,9 @@ export const TRACE_EVENT_BLOCK_COLUMNS = [
   ['IngestedAt', "DateTime64(3, 'UTC')"], ['LogPartition', 'UInt32'], ['LogOffset', 'UInt64'],
 ] as const;
 
+/** The block's column names, in order (the INSERT's column list). */
+export const TRACE_EVENT_BLOCK_COLUMN_NAMES: readonly string[] = TRACE_EVENT_BLOCK_COLUMNS.map(([name]) => name);
+
 const TWO_32 = 4_294_967_296;
 
 /** A growable byte buffer a column is written to. */

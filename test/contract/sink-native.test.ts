@@ -19,7 +19,7 @@ import { EventSerde } from '../../services/kernel/schema/serde.ts';
 import { ChdbStore } from '../../services/kernel/store/chdb-store.ts';
 import { loadCatalog, REPO_ROOT, TOPICS } from '../../services/kernel/topics.ts';
 import { traceEventRows } from '../../services/sink/rows.ts';
-import { TRACE_EVENT_BLOCK_COLUMNS, traceEventBlock, type TraceRecordBody } from '../../services/sink/trace-event-block.ts';
+import { TRACE_EVENT_BLOCK_COLUMN_NAMES, traceEventBlock, type TraceRecordBody } from '../../services/sink/trace-event-block.ts';
 
 const catalog: TopicSpec[] = loadCatalog().filter((t) => t.name === TOPICS.schemas || t.name === TOPICS.traces);
 
@@ -115,7 +115,7 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
     const bodies: TraceRecordBody[] = await Promise.all(records.map(async (r) => ({ partition: r.partition, offset: r.offset, body: await serde.currentBody(TOPICS.traces, r.value) })));
     const block = traceEventBlock(bodies);
     assert.ok(block, 'the records hold events');
-    await store.insertNative({ table: into, columns: TRACE_EVENT_BLOCK_COLUMNS.map(([name]) => name), block: block.parts });
+    await store.insertNative({ table: into, columns: TRACE_EVENT_BLOCK_COLUMN_NAMES, block: block.parts });
     block.release();
   }
 
@@ -182,7 +182,7 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
   });
 
   it('keeps a block intact while later blocks are made, and reuses its buffers once released', async () => {
-    const columns = TRACE_EVENT_BLOCK_COLUMNS.map(([name]) => name);
+    const columns = TRACE_EVENT_BLOCK_COLUMN_NAMES;
     const body = (batch: TraceEventsIngested) => serde.encode(TOPICS.traces, batch).subarray(5);
     const first = traceEventBlock([{ partition: 1, offset: 200, body: body({ ...BATCHES[1]!, events: [event({ event_id: 'held-1', tool: 'first' })] }) }])!;
     const second = traceEventBlock([{ partition: 1, offset: 201, body: body({ ...BATCHES[1]!, events: [event({ event_id: 'held-2', tool: 'second' })] }) }])!;
@@ -198,7 +198,7 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
   });
 
   it('writes blocks over a few inbox files instead of a file per insert', async () => {
-    const columns = TRACE_EVENT_BLOCK_COLUMNS.map(([name]) => name);
+    const columns = TRACE_EVENT_BLOCK_COLUMN_NAMES;
     const insert = async (i: number) => {
       const block = traceEventBlock([{ partition: 2, offset: 300 + i, body: serde.encode(TOPICS.traces, { ...BATCHES[1]!, events: [event({ event_id: `inbox-${i}` })] }).subarray(5) }])!;
       await store.insertNative({ table: 'trace_events', columns, block: block.parts });

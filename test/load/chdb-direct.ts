@@ -25,7 +25,7 @@ import { ChdbStore } from '../../services/kernel/store/chdb-store.ts';
 import type { LogRecord } from '../../services/kernel/log/event-log.ts';
 import type { TraceEvent, TraceEventsIngested } from '../../services/domain/events/trace-events.ts';
 import { traceEventRows } from '../../services/sink/rows.ts';
-import { TRACE_EVENT_BLOCK_COLUMNS, traceEventBlock, type TraceRecordBody } from '../../services/sink/trace-event-block.ts';
+import { TRACE_EVENT_BLOCK_COLUMN_NAMES, traceEventBlock, type TraceRecordBody } from '../../services/sink/trace-event-block.ts';
 import { EmbeddedLog } from '../../services/kernel/log/embedded/embedded-log.ts';
 import { BuiltInRegistry } from '../../services/kernel/schema/registry.ts';
 import { EventSerde } from '../../services/kernel/schema/serde.ts';
@@ -119,7 +119,7 @@ async function ceiling([kind, eventsArg, format = 'rows', keepIn]: Args): Promis
     batches.push({
       rows: count,
       insert: block
-        ? () => store.insertNative({ table: 'trace_events', columns: TRACE_EVENT_BLOCK_COLUMNS.map(([name]) => name), block: block.parts })
+        ? () => store.insertNative({ table: 'trace_events', columns: TRACE_EVENT_BLOCK_COLUMN_NAMES, block: block.parts })
         : () => store.insert('trace_events', rows),
     });
   }

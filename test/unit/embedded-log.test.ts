@@ -265,6 +265,19 @@ describe('EmbeddedLog topics and maintenance', () => {
   }));
 
 
+  test('small values cut from large buffers count as the buffers they keep alive', () => withDir(async (dir) => {
+    const log = open(dir);
+    await log.start([spec('views', 1)]);
+    // 200 one-byte values, each a view of its own 1 MiB buffer: 200 MiB held if all were kept.
+    const values = Array.from({ length: 200 }, (_, i) => Buffer.alloc(1024 * 1024, i).subarray(0, 1));
+    for (const value of values) await log.append('views', [{ key: null, value }]);
+    const [first] = await log.read('views', 0, 0, 1);
+    assert.equal(first!.value![0], 0);
+    assert.notEqual(first!.value, values[0], 'the oldest are past the budget: read back from disk, their buffers let go');
+    assert.equal((await log.read('views', 0, 199, 1))[0]!.value, values[199], 'the newest is still in memory');
+    await log.close();
+  }));
+
   test('null keys are spread round robin over the partitions', () => withDir(async (dir) => {
     const log = open(dir);
     await log.start([spec('t', 4)]);

@@ -17,8 +17,12 @@ const MAX_READ_CHUNK = 4 * 1024 * 1024;
 /** Bytes of the newest records that the partitions of this process keep in memory for their readers (see `tail`), in all. */
 const TAIL_BYTES = 64 * 1024 * 1024;
 let tailBytesInAll = 0;
-/** What a kept record counts for: its value and key, and its object (so tombstones count too). */
-const tailSize = (r: LogRecord): number => (r.value?.length ?? 0) + (r.key?.length ?? 0) + 128;
+/**
+ * What a kept record counts for: the memory its value holds on to (the whole buffer a view is of:
+ * a small value cut from a large buffer keeps all of it alive), its key and its object (so
+ * tombstones count too).
+ */
+const tailSize = (r: LogRecord): number => (r.value?.buffer.byteLength ?? 0) + (r.key?.length ?? 0) + 128;
 
 /**
  * Where appends are encoded before their write(2): one buffer, grown as needed and reused, as the
