@@ -145,7 +145,7 @@ const INGEST_PATHS = {
  * inserts and merges). OTLP bodies are all distinct (their event ids derive from the span ids,
  * so a repeated body would be stored once).
  */
-async function benchIngest(kind: keyof typeof INGEST_PATHS, env: Record<string, string>): Promise<IngestRun> {
+async function benchIngest(kind: keyof typeof INGEST_PATHS, env: Record<string, string>, stores: string): Promise<IngestRun> {
   const { path: endpoint, contentType, check } = INGEST_PATHS[kind];
   const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', ...env }, { dataDir: await mkdtemp(path.join(stores, 'svc-ingest-')) });
   const memory = sampleMemory(server);
@@ -621,14 +621,12 @@ const SECTIONS = ['log', 'ingest-async', 'sandboxes', 'images', 'network', 'serv
 const only = process.env.SVC_BENCH_ONLY?.split(',') ?? [...SECTIONS];
 
 /**
- * Where the log section's stores and data dirs go, removed only at its end: on a journal-less
- * ext4 (these machines) every new inode scans past those removed in the last minutes, so a store
- * removed right before a run slows that run's inserts.
+ * chDB alone inserting the events of one endpoint's bodies in one of the sink's formats: rows/s.
+ * Its store is made in `stores`, which the log section removes only at its end (as it does the
+ * services' data dirs): on a journal-less ext4 (these machines) every new inode scans past those
+ * removed in the last minutes, so a store removed right before a run slows that run's inserts.
  */
-let stores = os.tmpdir();
-
-/** chDB alone inserting the events of one endpoint's bodies in one of the sink's formats: rows/s. */
-const ceiling = async (kind: 'traces' | 'otlp', format: 'native' | 'rows'): Promise<number> =>
+const ceiling = async (kind: 'traces' | 'otlp', format: 'native' | 'rows', stores: string): Promise<number> =>
   (await chdbDirect<{ rows_per_s: number }>('ceiling', kind, String(INGEST_EVENTS), format, stores)).rows_per_s;
 
 /**
@@ -636,10 +634,10 @@ const ceiling = async (kind: 'traces' | 'otlp', format: 'native' | 'rows'): Prom
  * after it (their mean): this VM's speed drifts by up to 2x over minutes, and the ratio is only
  * fair when both sides ran in the same minutes.
  */
-async function ingestAgainstCeiling(kind: 'traces' | 'otlp'): Promise<IngestRun & { ceiling: number }> {
-  const before = await ceiling(kind, 'native');
-  const run = await benchIngest(kind, {});
-  const after = await ceiling(kind, 'native');
+async function ingestAgainstCeiling(kind: 'traces' | 'otlp', stores: string): Promise<IngestRun & { ceiling: number }> {
+  const before = await ceiling(kind, 'native', stores);
+  const run = await benchIngest(kind, {}, stores);
+  const after = await ceiling(kind, 'native', stores);
   return { ...run, ceiling: (before + after) / 2 };
 }
 
@@ -658,17 +656,16 @@ async function benchLogAndIngest(): Promise<void> {
   const notes: string[] = [];
 
   const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bench-'));
-  stores = dir;
   const embedded = new EmbeddedLog({ dir: path.join(dir, 'log'), fsync: 'always' });
   rows[0].embedded = await benchLog(embedded);
   await embedded.close();
   // The ceilings run with no server running: chDB in a child process on its own temp dir.
-  const post = await ingestAgainstCeiling('traces');
+  const post = await ingestAgainstCeiling('traces', dir);
   [rows[1].embedded, rows[2].embedded, rows[5].embedded] = [post.rate, post.peakMiB, post.ceiling];
-  const otlp = await ingestAgainstCeiling('otlp');
+  const otlp = await ingestAgainstCeiling('otlp', dir);
   [rows[3].embedded, rows[4].embedded, rows[6].embedded] = [otlp.rate, otlp.peakMiB, otlp.ceiling];
-  rows[7].embedded = await ceiling('traces', 'rows');
-  rows[8].embedded = await ceiling('otlp', 'rows');
+  rows[7].embedded = await ceiling('traces', 'rows', dir);
+  rows[8].embedded = await ceiling('otlp', 'rows', dir);
 
   const missing: string[] = missingTools();
   if (missing.length > 0) {
@@ -679,16 +676,15 @@ async function benchLogAndIngest(): Promise<void> {
       const log = new KafkaLog({ brokers: [kafka.brokers] });
       rows[0].kafka = await benchLog(log);
       await log.close();
-      const kPost = await benchIngest('traces', { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
+      const kPost = await benchIngest('traces', { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers }, dir);
       [rows[1].kafka, rows[2].kafka] = [kPost.rate, kPost.peakMiB];
-      const kOtlp = await benchIngest('otlp', { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers });
+      const kOtlp = await benchIngest('otlp', { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers }, dir);
       [rows[3].kafka, rows[4].kafka] = [kOtlp.rate, kOtlp.peakMiB];
     } finally {
       await kafka.stop();
     }
   }
   await rm(dir, { recursive: true, force: true });
-  stores = os.tmpdir();
 
   const fmt = (n: number | null) => (n === null ? '—' : Math.round(n).toLocaleString('en-US'));
   const x = (n: number | null, d: number | null) => (n && d ? `${(n / d).toFixed(2)}x` : '—');
