@@ -3,12 +3,13 @@
  *
  * Built statically on first use (gcc -O2 -static) and cached by source hash. Two modes:
  *
- *   supervisor launch CGPROCS[,CGPROCS...] [--netns PATH | --new-netns] [--userns FIRST:COUNT]
+ *   supervisor launch CGJOIN[,CGJOIN...] [--netns PATH | --new-netns] [--userns FIRST:COUNT]
  *                     [--image SOURCE TARGET]... [--overlay LOWER UPPER WORK TARGET]... -- PROGRAM ARGS...
  *       Forks PROGRAM (bwrap) and stays outside the sandbox as the subreaper of all of it,
  *       dying with the service (PDEATHSIG); exits with PROGRAM's status once every process
  *       of the sandbox is gone. The child moves into the given cgroups (writes 0 to each
- *       cgroup.procs file) and makes itself unattractive to the OOM killer (oom_score_adj
+ *       file: `tasks` on cgroup v1, whose self-move of its one thread skips the kernel's
+ *       global threadgroup lock, else cgroup.procs) and makes itself unattractive to the OOM killer (oom_score_adj
  *       -1000, inherited by bwrap and the supervisor but reset to 0 for every command) before
  *       it execs, so everything bwrap creates is inside the sandbox's cgroups from the start.
  *       With --netns, the child first enters the network namespace at PATH (a sandbox network

@@ -258,6 +258,43 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       assert.equal(r.outputBytes, 100000);
     });
 
+    test('every thread of every sandbox process is in each of its groups; the reaper outside is in none', async () => {
+      const sb = await sandbox();
+      // A multi-threaded process too: python's threads start inside, after the join.
+      await sb.spawnBackground({ command: 'sleep 1002' });
+      await sb.exec({ command: 'python3 -c "import threading,time; [threading.Thread(target=time.sleep, args=(1003,), daemon=True).start() for _ in range(3)]; time.sleep(1003)" > /dev/null 2>&1 &' });
+      // Per task: the group of each v1 controller the runtime limits, else (v2 only) its one group.
+      const groupsOf = (pid: string, tid: string): Map<string, string> => {
+        const lines = fs.readFileSync(`/proc/${pid}/task/${tid}/cgroup`, 'utf8').trim().split('\n').map((line) => line.split(':'));
+        const v1 = lines.flatMap(([, controllers, group]) => controllers!.split(',').filter((c) => ['memory', 'pids', 'cpu'].includes(c)).map((c) => [c, group!] as const));
+        return new Map(v1.length > 0 ? v1 : lines.filter(([, controllers]) => controllers === '').map(([, , group]) => ['v2', group!] as const));
+      };
+      const mine = `/svc/${sb.id}`;
+      const tasks: Array<{ pid: string; tid: string; cmd: string; groups: Map<string, string> }> = [];
+      let python = false;
+      for (let i = 0; i < 100 && !python; i++) {
+        tasks.length = 0;
+        for (const pid of fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+          try {
+            const cmd = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ').trim();
+            for (const tid of fs.readdirSync(`/proc/${pid}/task`)) tasks.push({ pid, tid, cmd, groups: groupsOf(pid, tid) });
+          } catch {
+            // gone meanwhile
+          }
+        }
+        python = tasks.filter((t) => t.cmd.startsWith('python3') && [...t.groups.values()].includes(mine)).length >= 4;
+        if (!python) await new Promise((r) => setTimeout(r, 50));
+      }
+      const inside = tasks.filter((t) => [...t.groups.values()].includes(mine));
+      for (const t of inside) assert.ok([...t.groups.values()].every((g) => g === mine), `${t.cmd} (task ${t.tid}) is only partly in the sandbox's groups: ${[...t.groups]}`);
+      const commands = inside.map((t) => t.cmd);
+      for (const expected of ['bwrap', '/run/svc/supervisor serve', 'sleep 1002']) assert.ok(commands.some((c) => c.startsWith(expected)), `${expected} is in the groups: ${commands}`);
+      assert.ok(python, `the python process's 4 threads are in the groups: ${commands}`);
+      const reaper = tasks.filter((t) => t.cmd.includes(' launch ') && t.cmd.includes(sb.id));
+      assert.ok(reaper.length > 0, 'the launch process is there');
+      for (const t of reaper) assert.ok(![...t.groups.values()].includes(mine), 'the reaper stays outside the sandbox’s groups');
+    });
+
     test('destroy kills everything, removes the cgroups and is idempotent', async () => {
       const sb = await sandbox();
       const bg = await sb.spawnBackground({ command: 'sleep 1000' });

@@ -117,7 +117,7 @@ export class BackingServices {
       binDir: this.options.binDir ?? undefined,
       auditWrites: this.options.auditWrites,
       onWrite: (write) => this.options.onWrite(spec.name, write),
-      cgroupProcs: running.cgroup.procsFiles(),
+      cgroupJoin: running.cgroup.joinFiles(),
     });
     if (this.stopped) {
       await server.stop();

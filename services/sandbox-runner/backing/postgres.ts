@@ -80,8 +80,8 @@ export interface PostgresOptions {
   /** audit.db_writes */
   auditWrites: boolean;
   onWrite?: (write: DbWrite) => void;
-  /** cgroup.procs files the server joins before it starts (its every process is in them) */
-  cgroupProcs?: string[];
+  /** the files of its cgroups the server joins by before it starts (its every process is in them; SandboxCgroup.joinFiles) */
+  cgroupJoin?: string[];
   /** sizes the server's memory (shared buffers, decoding memory); default 128 */
   memoryMb?: number;
   /** aborting stops a start under way (the start rejects, nothing is left behind) */
@@ -171,7 +171,7 @@ export class PostgresService {
     refillSpareCopies(template, path.resolve(this.options.cacheDir));
     await makeOwnedDir(this.socketDir);
     this.stillStarting();
-    this.server = new JailedServer(this.binDir, dataDir, this.socketDir, serverSettings(this.options.memoryMb ?? 128), this.options.cgroupProcs ?? []);
+    this.server = new JailedServer(this.binDir, dataDir, this.socketDir, serverSettings(this.options.memoryMb ?? 128), this.options.cgroupJoin ?? []);
     await this.server.ready;
     this.stillStarting();
     // The template's superuser password is the same for every copy: replaced before anyone else connects.
@@ -442,11 +442,12 @@ function postgresUser(): { uid: number; gid: number } {
 const JAIL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
 /** A PostgreSQL program in the jail, the cgroups joined first when given. */
-function spawnJailed(dataDir: string, socketDir: string, command: string[], cgroupProcs: string[] = []): ChildProcess {
+function spawnJailed(dataDir: string, socketDir: string, command: string[], cgroupJoin: string[] = []): ChildProcess {
   const bwrap = ['bwrap', ...jailArgs(dataDir, socketDir, command[0]!), ...command];
   // Joining the cgroups before exec'ing bwrap puts every later process of the server in them.
-  const argv = cgroupProcs.length
-    ? ['/bin/sh', '-c', 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done; shift; exec "$@"', 'sh', ...cgroupProcs, '--', ...bwrap]
+  // The shell writes 0 (itself, one thread) to each: see SandboxCgroup.joinFiles.
+  const argv = cgroupJoin.length
+    ? ['/bin/sh', '-c', 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 97; shift; done; shift; exec "$@"', 'sh', ...cgroupJoin, '--', ...bwrap]
     : bwrap;
   // Nothing of the runner's environment (its secrets) goes in.
   return spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'ignore', 'pipe'], env: { PATH: JAIL_PATH, LANG: 'C.UTF-8' } });
@@ -459,9 +460,9 @@ class JailedServer {
   private readonly exit: Promise<void>;
   private stderrTail = '';
 
-  constructor(binDir: string, dataDir: string, socketDir: string, settings: string[], cgroupProcs: string[]) {
+  constructor(binDir: string, dataDir: string, socketDir: string, settings: string[], cgroupJoin: string[]) {
     const command = [path.join(binDir, 'postgres'), '-D', JAIL_DATA, ...settings.flatMap((s) => ['-c', s])];
-    this.child = spawnJailed(dataDir, socketDir, command, cgroupProcs);
+    this.child = spawnJailed(dataDir, socketDir, command, cgroupJoin);
     this.exit = new Promise((resolve) => this.child.once('close', () => resolve()));
     this.ready = new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`not ready after ${READY_TIMEOUT_MS / 1000} s: ${this.stderrTail.trim()}`)), READY_TIMEOUT_MS);

@@ -346,7 +346,7 @@ export class LocalRuntime implements Runtime {
       // The arguments go over fd 5 (`--args`), so the sandbox's pid 1 does not show host paths.
       // Root's network namespace is made by the launch, which lets it bind low ports there.
       const netns = network ? ['--netns', network.slot.namespace] : identity.user === 'root' ? ['--new-netns'] : [];
-      child = await this.launcher.spawn(supervisor, ['launch', cgroup.procsFiles().join(','), ...netns, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve]);
+      child = await this.launcher.spawn(supervisor, ['launch', cgroup.joinFiles().join(','), ...netns, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve]);
       const argsStream = child.stdio[5] as Writable;
       argsStream.on('error', () => {});
       argsStream.end(Buffer.from(args.map((a) => `${a}\0`).join(''), 'utf8'));
