@@ -30,7 +30,7 @@
  *       The bridge from a sandbox to the service (runtime/service-bridge.ts): waits for a
  *       descendant of ROOT_PID (the sandbox's `launch`) in another network namespace than its
  *       own (the sandbox's, as bwrap creates it), enters that namespace, listens on
- *       127.0.0.1:PORT there, and relays every accepted connection, in a child of its own, to
+ *       127.0.0.1:PORT there (and writes a byte to fd 4 once it does), and relays every accepted connection, in a child of its own, to
  *       UNIX_SOCKET on the host (a unix socket is a file, not bound to a network namespace).
  *       At most 64 relays at once (more connections wait in the backlog). Started alongside
  *       the sandbox, outside its cgroups; it and its relays die with their parents.
@@ -1488,6 +1488,9 @@ static int forward(const char *root, const char *port, const char *path) {
     fprintf(stderr, "supervisor: cannot listen on 127.0.0.1:%s: %s\n", port, strerror(errno));
     return 125;
   }
+  /* listening: said on fd 4 (the runner waits for it); the relays hold none of the launcher's pipes */
+  if (write(4, "l", 1) < 0) { /* the runner is gone: PDEATHSIG follows */ }
+  for (int fd = 3; fd <= 5; fd++) close(fd);
   pid_t self = getpid();
   int live = 0;
   for (;;) {

@@ -26,13 +26,22 @@ process.on('uncaughtException', (err) => process.stderr.write(`launcher: ${err.s
 
 process.on('message', (m) => {
   if (m.op === 'spawn') {
+    // {pidOf: id}: the pid of a process spawned before this one (still running).
+    const args = m.args.map((a) => (typeof a === 'string' ? a : children.get(a.pidOf)?.pid));
+    if (args.includes(undefined)) {
+      tell({ id: m.id, error: 'a process its arguments name is not running' });
+      return;
+    }
     let child;
     try {
-      child = spawn(m.command, m.args, { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', 'pipe'] });
+      child = spawn(m.command, args.map(String), { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe', 'pipe'] });
     } catch (err) {
       tell({ id: m.id, error: err.message });
       return;
     }
+    // Nothing is read here: what the process writes before its pipes reach the runner must stay
+    // in them (a read would keep it in this process's buffers, lost when the pipe is handed on).
+    for (const fd of [2, 3, 4, 5]) child.stdio[fd]._handle?.readStop();
     children.set(m.id, child);
     child.on('error', (err) => tell({ id: m.id, error: err.message }));
     child.on('exit', (code, signal) => {

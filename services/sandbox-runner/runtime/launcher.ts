@@ -16,12 +16,24 @@ export class LaunchedProcess extends EventEmitter {
   exitCode: number | null = null;
   signalCode: NodeJS.Signals | null = null;
   readonly stdio: Array<Readable | Writable | null> = [null, null, null, null, null, null];
+  /** Resolves once the process runs and its pipes (fds 2-5) are here; rejects when it could not start. */
+  readonly started: Promise<void>;
+  /** Settles `started` (the first call counts). */
+  settle: (err?: Error) => void = () => {};
 
   constructor(
     private readonly launcher: Launcher,
     readonly id: number,
   ) {
     super();
+    this.started = new Promise((resolve, reject) => {
+      this.settle = (err) => {
+        this.settle = () => {};
+        if (err) reject(err);
+        else resolve();
+      };
+    });
+    this.started.catch(() => {});
   }
 
   kill(signal: NodeJS.Signals = 'SIGTERM'): boolean {
@@ -44,7 +56,7 @@ export interface RunResult {
 
 export class Launcher {
   private child: ChildProcess | null = null;
-  private readonly launched = new Map<number, { process: LaunchedProcess; fds: number; ready: (err?: Error) => void }>();
+  private readonly launched = new Map<number, { process: LaunchedProcess; fds: number }>();
   private readonly runs = new Map<number, (result: RunResult) => void>();
   private next = 0;
 
@@ -57,7 +69,7 @@ export class Launcher {
       if (this.child === child) process.stderr.write(`sandbox launcher ${child.pid} exited unexpectedly (${signal ?? `exit code ${code}`}); a new one starts with the next sandbox\n`);
       // Every process it launched is gone with it (parent-death signal).
       for (const [id, entry] of this.launched) {
-        entry.ready(new Error('the launcher exited'));
+        entry.process.settle(new Error('the launcher exited'));
         this.finish(id, { code: null, signal: 'SIGKILL' });
       }
       for (const [id, done] of this.runs) {
@@ -89,23 +101,27 @@ export class Launcher {
   }
 
   /** Resolves once the process runs and its pipes (fds 2-5) are here. */
-  spawn(command: string, args: string[]): Promise<LaunchedProcess> {
+  async spawn(command: string, args: Array<string | LaunchedProcess>): Promise<LaunchedProcess> {
+    const launched = this.launch(command, args);
+    await launched.started;
+    return launched;
+  }
+
+  /**
+   * Starts a process and returns it at once (`started` says when it runs). An argument that is
+   * a process launched before it stands for that one's pid, filled in by the launcher: the two
+   * start without waiting for each other's round trip.
+   */
+  launch(command: string, args: Array<string | LaunchedProcess>): LaunchedProcess {
     const child = this.start();
-    const id = ++this.next;
-    const launched = new LaunchedProcess(this, id);
+    const launched = new LaunchedProcess(this, ++this.next);
     if (this.pending++ === 0) this.channel(child)?.ref();
-    return new Promise((resolve, reject) => {
-      let settled = false;
-      const ready = (err?: Error) => {
-        if (settled) return;
-        settled = true;
-        if (--this.pending === 0) this.channel(this.child)?.unref();
-        if (err) reject(err);
-        else resolve(launched);
-      };
-      this.launched.set(id, { process: launched, fds: 0, ready });
-      child.send({ op: 'spawn', id, command, args });
-    });
+    launched.started.finally(() => {
+      if (--this.pending === 0) this.channel(this.child)?.unref();
+    }).catch(() => {});
+    this.launched.set(launched.id, { process: launched, fds: 0 });
+    child.send({ op: 'spawn', id: launched.id, command, args: args.map((a) => (typeof a === 'string' ? a : { pidOf: a.id })) });
+    return launched;
   }
 
   /**
@@ -149,10 +165,10 @@ export class Launcher {
     if (m.pid !== undefined) entry.process.pid = m.pid;
     if (m.fd !== undefined && handle) {
       entry.process.stdio[m.fd] = handle;
-      if (++entry.fds === 4) entry.ready();
+      if (++entry.fds === 4) entry.process.settle();
     }
     if (m.error !== undefined) {
-      entry.ready(new Error(m.error));
+      entry.process.settle(new Error(m.error));
       entry.process.emit('error', new Error(m.error));
     }
     if (m.exit) this.finish(m.id, m.exit);

@@ -341,16 +341,26 @@ export class LocalRuntime implements Runtime {
 
     const args = this.bwrapArgs(options, identity, plan, workspace, readOnlyMounts, supervisor, hostsFile, mounts.scratch, network?.mounts ?? []);
     let child: LaunchedProcess;
+    // The bridge's forwarder stays out of the sandbox's cgroups: it is not the agent's, and a
+    // fork bomb must not take its pids. Asked of the launcher right after the sandbox, it comes
+    // up while the supervisor boots.
+    const bridging = new AbortController();
+    let bridge: Promise<ServiceBridge> | null = null;
     try {
       // Through the launcher: a fork of this (large) process would cost tens of milliseconds.
       // The arguments go over fd 5 (`--args`), so the sandbox's pid 1 does not show host paths.
       // Root's network namespace is made by the launch, which lets it bind low ports there.
       const netns = network ? ['--netns', network.slot.namespace] : identity.user === 'root' ? ['--new-netns'] : [];
-      child = await this.launcher.spawn(supervisor, ['launch', cgroup.joinFiles().join(','), ...netns, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve]);
+      child = this.launcher.launch(supervisor, ['launch', cgroup.joinFiles().join(','), ...netns, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve]);
+      if (options.service) bridge = ServiceBridge.open(child, path.join(sandboxDir, 'service.sock'), options.service, this.launcher, supervisor, bridging.signal);
+      bridge?.catch(() => {});
+      await child.started;
       const argsStream = child.stdio[5] as Writable;
       argsStream.on('error', () => {});
       argsStream.end(Buffer.from(args.map((a) => `${a}\0`).join(''), 'utf8'));
     } catch (err) {
+      bridging.abort();
+      await bridge?.then((b) => b.close(), () => undefined);
       await cgroup.remove();
       await releaseMounts(mounts);
       if (network) await network.networks.release(network.slot);
@@ -358,11 +368,9 @@ export class LocalRuntime implements Runtime {
     }
     const sandbox = new LocalSandbox(options, identity, child, cgroup, sandboxDir, mounts, warnings, this.logger);
     if (plan.upper) sandbox.upper = plan.upper;
+    if (bridge) sandbox.adoptBridge(bridge, bridging);
     try {
       if (network) sandbox.attachNetwork(network.networks, network.slot, this.bootTimeoutMs);
-      // The bridge's forwarder stays out of the sandbox's cgroups: it is not the agent's, and a
-      // fork bomb must not take its pids. It comes up while the supervisor boots.
-      if (options.service) sandbox.openBridge(path.join(sandboxDir, 'service.sock'), options.service, this.launcher, supervisor);
       await sandbox.ready(this.bootTimeoutMs);
     } catch (err) {
       await sandbox.destroy();
@@ -793,9 +801,11 @@ class LocalSandbox implements SandboxHandle {
     this.env = this.baseEnv(as.env);
   }
 
-  /** Starts the bridge to the service in the background; `serviceReachable` says when it listens. */
-  openBridge(socketPath: string, service: { host: string; port: number }, launcher: Launcher, supervisor: string): void {
-    this.bridge = ServiceBridge.open(this.child.pid!, socketPath, service, launcher, supervisor, this.ended.signal);
+  /** Takes the bridge to the service opening beside it (`serviceReachable` says when it listens); `opening` is aborted when this sandbox ends. */
+  adoptBridge(bridge: Promise<ServiceBridge>, opening: AbortController): void {
+    if (this.ended.signal.aborted) opening.abort();
+    else this.ended.signal.addEventListener('abort', () => opening.abort(), { once: true });
+    this.bridge = bridge;
     this.serviceReachable = this.bridge.then(() => undefined);
     this.serviceReachable.catch(() => {});
   }

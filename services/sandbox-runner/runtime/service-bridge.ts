@@ -11,6 +11,7 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
+import type { Readable } from 'node:stream';
 import type { Launcher, LaunchedProcess } from './launcher.ts';
 
 const SERVICE_PORT_IN_SANDBOX = 17080;
@@ -27,12 +28,12 @@ export class ServiceBridge {
   ) {}
 
   /**
-   * Opens the bridge into the network namespace of the sandbox started as `sandboxRoot` (its
-   * `launch` process), forwarding to `service`: `supervisor forward`, started by the launcher
-   * (a direct child of it, so it dies with the service) as the sandbox starts, comes up while
-   * the sandbox boots.
+   * Opens the bridge into the network namespace of the sandbox being started as `sandboxRoot`
+   * (its `launch` process, just asked of the launcher), forwarding to `service`: `supervisor
+   * forward`, started by the launcher right after it (a direct child of it, so it dies with the
+   * service), comes up while the sandbox boots and says so on its fd 4.
    */
-  static async open(sandboxRoot: number, socketPath: string, service: { host: string; port: number }, launcher: Launcher, supervisor: string, ended: AbortSignal): Promise<ServiceBridge> {
+  static async open(sandboxRoot: LaunchedProcess, socketPath: string, service: { host: string; port: number }, launcher: Launcher, supervisor: string, ended: AbortSignal): Promise<ServiceBridge> {
     const sockets = new Set<net.Socket>();
     // Half-open both ways: a client that ends its request still gets the whole response, and a
     // response the service ends is flushed before the sandbox's side closes.
@@ -53,14 +54,14 @@ export class ServiceBridge {
     await fs.promises.chmod(socketPath, 0o600);
     let forwarder: LaunchedProcess;
     try {
-      forwarder = await launcher.spawn(supervisor, ['forward', String(sandboxRoot), String(SERVICE_PORT_IN_SANDBOX), socketPath]);
+      forwarder = await launcher.spawn(supervisor, ['forward', sandboxRoot, String(SERVICE_PORT_IN_SANDBOX), socketPath]);
     } catch (err) {
       await new Promise<void>((resolve) => server.close(() => resolve()));
       throw err;
     }
     const bridge = new ServiceBridge(server, forwarder, sockets);
     try {
-      await listening(sandboxRoot, forwarder, ended);
+      await listening(forwarder, ended);
     } catch (err) {
       await bridge.close();
       throw err;
@@ -107,26 +108,43 @@ export async function pidInSandboxNetns(root: number, timeoutMs: number, ended: 
 }
 
 /**
- * Resolves once a socket listens on the bridge's port in the sandbox's network namespace (the
- * /proc/<pid>/net/tcp of a sandbox process); rejects with what the forwarder said when it exits
- * first, or as soon as the sandbox has ended.
+ * Resolves once the forwarder says it listens (a byte on its fd 4); rejects with what it said
+ * when it exits first, or as soon as the sandbox has ended.
  */
-async function listening(sandboxRoot: number, forwarder: LaunchedProcess, ended: AbortSignal): Promise<void> {
-  const local = `0100007F:${SERVICE_PORT_IN_SANDBOX.toString(16).toUpperCase().padStart(4, '0')}`;
+function listening(forwarder: LaunchedProcess, ended: AbortSignal): Promise<void> {
+  const stderr = forwarder.stdio[2] as Readable | null;
   let said = '';
-  forwarder.stdio[2]?.on('data', (chunk: Buffer) => {
+  stderr?.on('data', (chunk: Buffer) => {
     if (said.length < 4096) said += chunk.toString('utf8');
   });
-  const deadline = Date.now() + LISTEN_TIMEOUT_MS;
-  let inside: number | null = null;
-  for (;;) {
-    inside ??= pidInOtherNetns(sandboxRoot);
-    const table = inside === null ? '' : await fs.promises.readFile(`/proc/${inside}/net/tcp`, 'utf8').catch(() => '');
-    if (table.split('\n').some((line) => line.includes(` ${local} `) && line.trim().split(/\s+/)[3] === '0A')) return;
-    if (forwarder.exitCode !== null || forwarder.signalCode !== null) throw new Error(`the service bridge exited: ${said.trim() || `status ${forwarder.exitCode ?? forwarder.signalCode}`}`);
-    if (Date.now() > deadline) throw new Error(`the service bridge did not listen within ${LISTEN_TIMEOUT_MS} ms`);
+  return new Promise<void>((resolve, reject) => {
+    const signal = forwarder.stdio[4];
+    const finish = (err?: Error) => {
+      clearTimeout(timer);
+      ended.removeEventListener('abort', onEnded);
+      forwarder.off('exit', onExit);
+      signal?.off('data', onListening);
+      if (err) reject(err);
+      else resolve();
+    };
+    const onListening = () => finish();
     // A sandbox that ended before its bridge listened (a boot that failed early) is not waited for.
-    if (ended.aborted) throw new Error('the sandbox ended before its service bridge listened');
-    await new Promise((resolve) => setTimeout(resolve, 2));
-  }
+    const onEnded = () => finish(new Error('the sandbox ended before its service bridge listened'));
+    // What it said on its way out may still be in the pipe: read to its end (briefly) first.
+    const onExit = () => {
+      const exited = () => finish(new Error(`the service bridge exited: ${said.trim() || `status ${forwarder.exitCode ?? forwarder.signalCode}`}`));
+      if (!stderr || stderr.readableEnded || stderr.destroyed) return exited();
+      const wait = setTimeout(exited, 100);
+      stderr.once('close', () => {
+        clearTimeout(wait);
+        exited();
+      });
+    };
+    const timer = setTimeout(() => finish(new Error(`the service bridge did not listen within ${LISTEN_TIMEOUT_MS} ms`)), LISTEN_TIMEOUT_MS);
+    signal?.once('data', onListening);
+    forwarder.once('exit', onExit);
+    ended.addEventListener('abort', onEnded, { once: true });
+    if (ended.aborted) onEnded();
+    else if (forwarder.exitCode !== null || forwarder.signalCode !== null) onExit();
+  });
 }
