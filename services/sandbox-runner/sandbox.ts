@@ -141,6 +141,8 @@ export class LiveSandbox {
   /** on the host: `workspaces/<id>`, or where a warm sandbox taken from the pool was made */
   private workspace: string;
   private box: SandboxHandle | null = null;
+  /** Boot warnings on their way to the audit log: `ready` waits for them (a failed write fails the boot there). */
+  private readonly bootWarnings: Array<Promise<void>> = [];
   private readonly network: SandboxNetwork;
   private readonly backing: BackingServices;
   /** The image the sandbox runs: its reference, digest, and what replaced it when it could not be had. */
@@ -545,9 +547,7 @@ export class LiveSandbox {
     });
     await this.startClock();
     done({ runtime: this.runtime.name, warm: Boolean(warm) });
-    if (rootfs === null) {
-      await this.warnAudited(`image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`);
-    }
+    if (rootfs === null) this.warnWhileBooting(`image "${this.spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`);
   }
 
   /** Makes the sandbox's frozen clock (frozen-clock.ts) before anything runs; without it each command's processes keep one of their own. */
@@ -593,7 +593,7 @@ export class LiveSandbox {
     await this.backing.waitReady().catch((err: Error) => {
       throw new StepFailed(err.message);
     });
-    for (const warning of this.backing.warnings) await this.warnAudited(warning);
+    for (const warning of this.backing.warnings) this.warnWhileBooting(warning);
     if (this.network.wanted) {
       await this.network.attach(this.box!, this.gateway as EgressGateway, this.secretValues, await this.backing.endpoints(), (type, details) => void this.audit!.record(type, details).catch(() => undefined));
     }
@@ -740,6 +740,7 @@ export class LiveSandbox {
   }
 
   private async markReady(done: StepDone): Promise<void> {
+    await Promise.all(this.bootWarnings.splice(0));
     await this.setState('ready');
     done();
     await this.event('status', { state: 'ready' });
@@ -751,6 +752,13 @@ export class LiveSandbox {
   private async warnAudited(message: string): Promise<void> {
     void this.event('warning', { message });
     await this.audit!.record('warning', { message });
+  }
+
+  /** warnAudited, written while the boot goes on (the write is a file's open and append in the workspace, milliseconds on a busy disk). */
+  private warnWhileBooting(message: string): void {
+    const written = this.warnAudited(message);
+    written.catch(() => {});
+    this.bootWarnings.push(written);
   }
 
   /** Dashboard-stored plus spec-declared secrets (the spec's win on collision), and the request's over both. */
