@@ -48,6 +48,15 @@ describe('launcher', () => {
     first.kill('SIGKILL');
   });
 
+  test('fd5 is written by the launcher as the process starts, and closed; the other pipes come as always', async () => {
+    const big = 'x'.repeat(200_000);
+    const p = launcher.launch('/bin/sh', ['-c', 'cat <&5 | wc -c >&4; echo done >&2'], { fd5: big });
+    hold(50);
+    await p.started;
+    assert.equal(p.stdio[5], null);
+    assert.deepEqual(await Promise.all([readAll(p, 4), readAll(p, 2)]), [`${big.length}\n`, 'done\n']);
+  });
+
   test('naming a process that is not running fails the launch', async () => {
     const gone = launcher.launch('/bin/true', []);
     await new Promise((resolve) => gone.once('exit', resolve));

@@ -49,8 +49,11 @@ process.on('message', (m) => {
       tell({ id: m.id, exit: { code, signal } });
     });
     if (child.pid === undefined) return;
-    tell({ id: m.id, pid: child.pid });
-    for (const fd of [2, 3, 4, 5]) tell({ id: m.id, fd }, child.stdio[fd]);
+    // `fd5`: written here at once (and fd 5 closed), so the process need not wait for its pipes to reach the runner.
+    const handed = m.fd5 === undefined ? [2, 3, 4, 5] : [2, 3, 4];
+    if (m.fd5 !== undefined) child.stdio[5].on('error', () => {}).end(m.fd5);
+    tell({ id: m.id, pid: child.pid, pipes: handed.length });
+    for (const fd of handed) tell({ id: m.id, fd }, child.stdio[fd]);
   } else if (m.op === 'kill') {
     children.get(m.id)?.kill(m.signal);
   } else if (m.op === 'run') {

@@ -42,7 +42,7 @@ export class LaunchedProcess extends EventEmitter {
   }
 }
 
-type Message = { id: number; pid?: number; fd?: number; exit?: { code: number | null; signal: NodeJS.Signals | null }; error?: string; ran?: RunResult };
+type Message = { id: number; pid?: number; pipes?: number; fd?: number; exit?: { code: number | null; signal: NodeJS.Signals | null }; error?: string; ran?: RunResult };
 
 /** How a command started with `run` ended. */
 export interface RunResult {
@@ -54,9 +54,14 @@ export interface RunResult {
   stdout: string;
 }
 
+export interface LaunchOptions {
+  /** Written to the process's fd 5 by the launcher as it starts (then closed; fd 5 is not handed over): it need not wait for the round trip of its pipes. */
+  fd5?: string;
+}
+
 export class Launcher {
   private child: ChildProcess | null = null;
-  private readonly launched = new Map<number, { process: LaunchedProcess; fds: number }>();
+  private readonly launched = new Map<number, { process: LaunchedProcess; fds: number; pipes: number }>();
   private readonly runs = new Map<number, (result: RunResult) => void>();
   private next = 0;
 
@@ -101,8 +106,8 @@ export class Launcher {
   }
 
   /** Resolves once the process runs and its pipes (fds 2-5) are here. */
-  async spawn(command: string, args: Array<string | LaunchedProcess>): Promise<LaunchedProcess> {
-    const launched = this.launch(command, args);
+  async spawn(command: string, args: Array<string | LaunchedProcess>, options: LaunchOptions = {}): Promise<LaunchedProcess> {
+    const launched = this.launch(command, args, options);
     await launched.started;
     return launched;
   }
@@ -112,15 +117,15 @@ export class Launcher {
    * a process launched before it stands for that one's pid, filled in by the launcher: the two
    * start without waiting for each other's round trip.
    */
-  launch(command: string, args: Array<string | LaunchedProcess>): LaunchedProcess {
+  launch(command: string, args: Array<string | LaunchedProcess>, options: LaunchOptions = {}): LaunchedProcess {
     const child = this.start();
     const launched = new LaunchedProcess(this, ++this.next);
     if (this.pending++ === 0) this.channel(child)?.ref();
     launched.started.finally(() => {
       if (--this.pending === 0) this.channel(this.child)?.unref();
     }).catch(() => {});
-    this.launched.set(launched.id, { process: launched, fds: 0 });
-    child.send({ op: 'spawn', id: launched.id, command, args: args.map((a) => (typeof a === 'string' ? a : { pidOf: a.id })) });
+    this.launched.set(launched.id, { process: launched, fds: 0, pipes: 4 });
+    child.send({ op: 'spawn', id: launched.id, command, args: args.map((a) => (typeof a === 'string' ? a : { pidOf: a.id })), fd5: options.fd5 });
     return launched;
   }
 
@@ -163,9 +168,10 @@ export class Launcher {
     const entry = this.launched.get(m.id);
     if (!entry) return;
     if (m.pid !== undefined) entry.process.pid = m.pid;
+    if (m.pipes !== undefined) entry.pipes = m.pipes;
     if (m.fd !== undefined && handle) {
       entry.process.stdio[m.fd] = handle;
-      if (++entry.fds === 4) entry.process.settle();
+      if (++entry.fds === entry.pipes) entry.process.settle();
     }
     if (m.error !== undefined) {
       entry.process.settle(new Error(m.error));

@@ -348,16 +348,13 @@ export class LocalRuntime implements Runtime {
     let bridge: Promise<ServiceBridge> | null = null;
     try {
       // Through the launcher: a fork of this (large) process would cost tens of milliseconds.
-      // The arguments go over fd 5 (`--args`), so the sandbox's pid 1 does not show host paths.
+      // The arguments go over fd 5 (`--args`, written by the launcher as it starts it), so the sandbox's pid 1 does not show host paths.
       // Root's network namespace is made by the launch, which lets it bind low ports there.
       const netns = network ? ['--netns', network.slot.namespace] : identity.user === 'root' ? ['--new-netns'] : [];
-      child = this.launcher.launch(supervisor, ['launch', cgroup.joinFiles().join(','), ...netns, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve]);
+      child = this.launcher.launch(supervisor, ['launch', cgroup.joinFiles().join(','), ...netns, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve], { fd5: args.map((a) => `${a}\0`).join('') });
       if (options.service) bridge = ServiceBridge.open(child, path.join(sandboxDir, 'service.sock'), options.service, this.launcher, supervisor, bridging.signal);
       bridge?.catch(() => {});
       await child.started;
-      const argsStream = child.stdio[5] as Writable;
-      argsStream.on('error', () => {});
-      argsStream.end(Buffer.from(args.map((a) => `${a}\0`).join(''), 'utf8'));
     } catch (err) {
       bridging.abort();
       await bridge?.then((b) => b.close(), () => undefined);
@@ -521,7 +518,7 @@ class LocalSandbox implements SandboxHandle {
     this.env = this.baseEnv(options.env);
     this.writablePlaces = mounts.scratch.places;
     this.user = { inside: identity.user, uid: identity.uid, gid: identity.gid };
-    const stdio = child.stdio as unknown as [null, null, Readable, Writable, Readable, Writable];
+    const stdio = child.stdio as unknown as [null, null, Readable, Writable, Readable];
     this.requests = stdio[3];
     this.requests.on('error', () => {});
     stdio[4].on('data', (chunk: Buffer) => this.onData(chunk));
