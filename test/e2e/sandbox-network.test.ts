@@ -627,6 +627,33 @@ except OSError as e:
       assert.equal((await worldSince(mark)).tcp, 1);
     });
 
+    test('a connection from the source port an allowed one just used is judged by its own destination: denied and recorded, never piped to the allowed one', async () => {
+      // The allowed connection's tracking entry lingers (TIME_WAIT) under the same source address
+      // and port: a gateway that looked the destination up by source alone could take it for the
+      // new connection, and carry a forbidden attempt unrecorded to the allowed host.
+      const mark = await worldMark();
+      const since = now();
+      const ports = Array.from({ length: 12 }, (_, i) => 41000 + i);
+      const res = await py(plain, String.raw`
+import socket
+def bound(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('', port)); s.settimeout(5); return s
+for port in ${JSON.stringify(ports)}:
+    a = bound(port); a.connect(('${world.ip('echo.allowed.test')}', 7000)); a.sendall(b'allowed\n'); a.recv(100); a.close()
+    b = bound(port)
+    try:
+        b.connect(('${world.ip('denied.test')}', 7000)); b.sendall(b'forbidden\n'); print('answered', b.recv(100) or b'')
+    except OSError:
+        print('refused')
+    b.close()
+`);
+      assert.equal(res.exit_code, 0, res.stderr);
+      assert.deepEqual(res.stdout.trim().split('\n'), ports.map(() => 'refused'));
+      const refusals = (await settled(plain, 'network_denied', since)).filter((d) => d.ip === world.ip('denied.test') && d.port === 7000 && d.protocol === 'tcp');
+      assert.equal(refusals.length, ports.length, JSON.stringify(refusals));
+      assert.equal((await worldSince(mark)).tcp, ports.length, 'only the allowed connections reached the world');
+    });
+
     test('every network_denied record has the documented fields {protocol, host, ip, port, reason}', async () => {
       const records = (await audit(plain.id, '&type=network_denied')).map((i) => i.details);
       assert.ok(records.length > 10, `${records.length} records`);

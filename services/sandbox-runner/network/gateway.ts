@@ -524,7 +524,7 @@ export class EgressGateway {
       const hello = readClientHello(first);
       if (hello.state !== 'tls' || !hello.serverName) {
         // No name to check: only where it was sent counts, as for any other TCP.
-        const destination = await originalDestination({ address: socket.remoteAddress ?? '', port: socket.remotePort ?? 0 }, 'tcp');
+        const destination = await originalDestination(peerOf(socket), localOf(socket), 'tcp');
         if (!destination) return void socket.destroy();
         return this.byDestination(sandbox, socket, first, destination, hello.state === 'tls' ? 'tls' : 'tcp');
       }
@@ -567,7 +567,7 @@ export class EgressGateway {
   private async acceptTcp(socket: net.Socket): Promise<void> {
     const sandbox = this.sandboxOf(socket);
     if (!sandbox) return;
-    const destination = await originalDestination({ address: socket.remoteAddress ?? '', port: socket.remotePort ?? 0 }, 'tcp');
+    const destination = await originalDestination(peerOf(socket), localOf(socket), 'tcp');
     if (!destination) return void reset(socket);
     await this.byDestination(sandbox, socket, Buffer.alloc(0), destination, 'tcp');
   }
@@ -744,6 +744,10 @@ function splitHostPort(value: string, defaultPort: number): { host: string; port
   if (port < 1 || port > 65535) return null;
   return { host: normaliseHost(match[1] ?? match[2]!), port };
 }
+
+/** The two ends of an accepted connection, as connection tracking names them. */
+const peerOf = (socket: net.Socket) => ({ address: socket.remoteAddress ?? '', port: socket.remotePort ?? 0 });
+const localOf = (socket: net.Socket) => ({ address: socket.localAddress ?? '', port: socket.localPort ?? 0 });
 
 function looksLikeHttp(first: Buffer): boolean {
   return /^[A-Z]{3,10} \S+ HTTP\/1\.[01]\r?\n/.test(first.subarray(0, 2048).toString('latin1').split('\n')[0] + '\n');

@@ -317,16 +317,22 @@ function ipv4(n: number): string {
   return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.');
 }
 
-/** The original destination of a connection the table redirected to the gateway, from the kernel's connection tracking. */
-export async function originalDestination(source: { address: string; port: number }, protocol: 'tcp' | 'udp'): Promise<{ address: string; port: number } | null> {
+/**
+ * The original destination of a connection the table redirected to the gateway, from the kernel's
+ * connection tracking: the entry whose reply tuple is this very socket (`peer` to `local`, as the
+ * gateway accepted it). Not by the sandbox's source address and port alone: an earlier
+ * connection's entry lingers (TIME_WAIT) under them, and when a new one would clash with it the
+ * kernel gives the new one another source port, so only the reply tuple names it.
+ */
+export async function originalDestination(peer: { address: string; port: number }, local: { address: string; port: number }, protocol: 'tcp' | 'udp'): Promise<{ address: string; port: number } | null> {
   const table = await fs.promises.readFile('/proc/net/nf_conntrack', 'utf8').catch(() => '');
-  const address = source.address.replace(/^::ffff:/, '');
-  const needle = `src=${address} `;
-  const sport = `sport=${source.port} `;
+  const [from, to] = [peer.address, local.address].map((a) => a.replace(/^::ffff:/, ''));
+  const reply = ` src=${to} dst=${from} sport=${local.port} dport=${peer.port} `;
   for (const line of table.split('\n')) {
-    if (!line.includes(` ${protocol} `) || !line.includes(needle) || !line.includes(sport)) continue;
-    const match = /src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+)/.exec(line);
-    if (match && match[1] === address && Number(match[3]) === source.port) return { address: match[2]!, port: Number(match[4]) };
+    if (!line.includes(` ${protocol} `) || !line.includes(reply)) continue;
+    const tuples = [...line.matchAll(/src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+)/g)];
+    // The original tuple first, the reply tuple second.
+    if (tuples.length >= 2 && ` ${tuples[1]![0]} ` === reply) return { address: tuples[0]![2]!, port: Number(tuples[0]![4]) };
   }
   return null;
 }
