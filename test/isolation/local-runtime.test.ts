@@ -346,6 +346,36 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       await next.close();
     });
 
+    test('the spare disk the launch moves into place keeps what the workspace held; a create that fails after the move leaves nothing mounted', async () => {
+      const mountedAt = () => fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]);
+      const staging = () => fs.readdirSync(path.join(root, 'state', 'disks')).filter((n) => n.endsWith('.mnt')).map((n) => path.join(root, 'state', 'disks', n));
+      const prepared = () => {
+        const id = `sb-${randomBytes(6).toString('hex')}`;
+        const workspace = path.join(root, 'workspaces', id);
+        fs.mkdirSync(path.join(workspace, 'kept'), { recursive: true });
+        fs.writeFileSync(path.join(workspace, 'kept', 'f.txt'), 'before');
+        return { id, workspace };
+      };
+      // The default size: the spare's, made and mounted aside ahead.
+      const { id, workspace } = prepared();
+      const sb = await runtime.create({ id, workspace, rootfs: null, env: {}, resources: RESOURCES });
+      live.push(sb);
+      assert.ok(mountedAt().includes(workspace));
+      const r = await sb.exec({ command: 'cat kept/f.txt; echo; ls -A; stat -c %U kept/f.txt' });
+      assert.equal(r.stdout, 'before\nkept\nnobody\n');
+      // Its staging place went with the move; what is left aside is the next spare, mounted.
+      for (const dir of staging()) assert.ok(mountedAt().includes(dir), `${dir} is left behind empty`);
+      await sb.destroy();
+      assert.equal(mountedAt().includes(workspace), false, 'unmounted at destroy');
+
+      // bwrap fails (a bind of a missing host path) after the launch moved the disk.
+      const failing = prepared();
+      await assert.rejects(runtime.create({ id: failing.id, workspace: failing.workspace, rootfs: null, env: {}, resources: RESOURCES, readOnlyMounts: [{ host: path.join(root, 'missing'), sandbox: '/opt/missing' }] }));
+      assert.equal(mountedAt().includes(failing.workspace), false, 'the failed sandbox\'s workspace is not left mounted');
+      assert.equal(fs.readFileSync(path.join(failing.workspace, 'kept', 'f.txt'), 'utf8'), 'before', 'the directory below is as it was');
+      for (const dir of staging()) assert.ok(mountedAt().includes(dir), `${dir} is left behind`);
+    });
+
     test('20 sandboxes created concurrently all come up', async () => {
       const all = await Promise.all(Array.from({ length: 20 }, () => sandbox()));
       const names = await Promise.all(all.map(async (sb) => (await sb.exec({ command: 'hostname' })).stdout.trim()));

@@ -69,6 +69,8 @@ process.on('message', (m) => {
       tell({ id: m.id, ran: { code, signal: err?.signal ?? null, stderr: text.slice(-4096), stdout: m.stdout ? String(stdout) : '' } });
     });
     running.add(child);
+  } else if (m.op === 'remember') {
+    undo.set(m.undo.key, m.undo);
   } else if (m.op === 'forget') {
     undo.delete(m.key);
   }

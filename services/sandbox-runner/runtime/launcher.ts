@@ -153,6 +153,11 @@ export class Launcher {
     this.child?.send({ op: 'forget', key });
   }
 
+  /** What to undo should this process die, for what another process does (as `run`'s `undo`, without a command run for it). */
+  remember(undo: { key: string; command: string; args: string[] }): void {
+    this.start().send({ op: 'remember', undo });
+  }
+
   close(): void {
     const child = this.child;
     this.child = null;

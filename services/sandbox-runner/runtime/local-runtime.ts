@@ -282,7 +282,7 @@ export class LocalRuntime implements Runtime {
     if (typeof disks === 'string') warnings.push(`disk limit not enforced on the workspace (${disks}); /tmp is a tmpfs bounded by the memory limit`);
     const rootDisks = identity.writableRoot ? this.layerDisks() : null;
     const taken = await Promise.allSettled([
-      typeof disks === 'string' ? null : disks.mount(options.id, workspace, diskBytes),
+      typeof disks === 'string' ? null : disks.mountAtLaunch(options.id, workspace, diskBytes),
       this.scratches().take(options.resources.memoryBytes),
       rootDisks === null || typeof rootDisks === 'string' ? null : rootDisks.take(options.id, diskBytes),
     ] as const);
@@ -324,7 +324,8 @@ export class LocalRuntime implements Runtime {
     let cgroup: SandboxCgroup;
     let plan: RootPlan;
     try {
-      await chownTree(workspace, identity.uid, identity.gid, new Set(readOnlyMounts.map((m) => m.host)));
+      // The workspace's tree is on its disk, which may still be aside for the launch to move.
+      await chownTree(mounts.disk?.moving?.from ?? workspace, identity.uid, identity.gid, new Set(readOnlyMounts.map((m) => m.host)));
       const layer = identity.writableRoot ? await this.rootLayer(mounts.root, mounts.scratch, warnings) : null;
       const systemTrust = network?.systemTrust;
       const seed = systemTrust ? [{ at: SYSTEM_TRUST_BUNDLE, from: systemTrust.bundle }, { at: LOCAL_TRUST_AUTHORITY, from: systemTrust.authority }] : [];
@@ -351,7 +352,8 @@ export class LocalRuntime implements Runtime {
       // The arguments go over fd 5 (`--args`, written by the launcher as it starts it), so the sandbox's pid 1 does not show host paths.
       // Root's network namespace is made by the launch, which lets it bind low ports there.
       const netns = network ? ['--netns', network.slot.namespace] : identity.user === 'root' ? ['--new-netns'] : [];
-      child = this.launcher.launch(supervisor, ['launch', cgroup.joinFiles().join(','), ...netns, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve], { fd5: args.map((a) => `${a}\0`).join('') });
+      const move = mounts.disk?.moving ? ['--move', mounts.disk.moving.from, mounts.disk.moving.to] : [];
+      child = this.launcher.launch(supervisor, ['launch', cgroup.joinFiles().join(','), ...netns, ...move, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve], { fd5: args.map((a) => `${a}\0`).join('') });
       if (options.service) bridge = ServiceBridge.open(child, path.join(sandboxDir, 'service.sock'), options.service, this.launcher, supervisor, bridging.signal);
       bridge?.catch(() => {});
       await child.started;
@@ -369,6 +371,7 @@ export class LocalRuntime implements Runtime {
     try {
       if (network) sandbox.attachNetwork(network.networks, network.slot, this.bootTimeoutMs);
       await sandbox.ready(this.bootTimeoutMs);
+      await mounts.disk?.moved();
     } catch (err) {
       await sandbox.destroy();
       throw err;
