@@ -282,7 +282,7 @@ export class LocalRuntime implements Runtime {
     if (typeof disks === 'string') warnings.push(`disk limit not enforced on the workspace (${disks}); /tmp is a tmpfs bounded by the memory limit`);
     const rootDisks = identity.writableRoot ? this.layerDisks() : null;
     const taken = await Promise.allSettled([
-      typeof disks === 'string' ? null : disks.mountAtLaunch(options.id, workspace, diskBytes),
+      typeof disks === 'string' ? null : disks.mount(options.id, workspace, diskBytes),
       this.scratches().take(options.resources.memoryBytes),
       rootDisks === null || typeof rootDisks === 'string' ? null : rootDisks.take(options.id, diskBytes),
     ] as const);

@@ -13,7 +13,7 @@
  *    agent (the sandbox uid) has filled the disk, and the agent never gets those blocks.
  *  - No `lost+found` (removed after the mount: the workspace starts empty).
  *  - A spare of the default size is made and mounted aside ahead; the sandbox's launch moves it
- *    into place (one MS_MOVE, mountAtLaunch) instead of a loop mount (mkfs 5 ms, then 8-15 ms).
+ *    into place (one MS_MOVE) instead of a loop mount (mkfs 5 ms, then 8-15 ms).
  */
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -55,29 +55,17 @@ export class WorkspaceDisks {
   }
 
   /**
-   * As `mount`, but the spare (when it fits) stays aside, its `moving` saying from where to where,
-   * for the sandbox's launch to move into place (`supervisor launch --move`: one system call, where
-   * a `mount --move` of its own is a round trip through the launcher before the launch). The
-   * directory's entries are copied onto it now; `moved()` once the sandbox runs.
-   */
-  async mountAtLaunch(id: string, mountpoint: string, bytes: number): Promise<WorkspaceDisk> {
-    const spare = await this.takeSpare(diskSize(bytes));
-    if (spare && (await spare.readyToMove(mountpoint).then(() => true, () => false))) return spare;
-    return this.mount(id, mountpoint, bytes);
-  }
-
-  /**
-   * A filesystem of `bytes` (at least MIN_DISK_BYTES), its root owned by the sandbox uid, mounted
-   * at `mountpoint`: an existing directory whose entries are copied onto it (the mount hides them).
-   * A disk of the default size is the spare, already mounted aside: it is only moved into place.
+   * A filesystem of `bytes` (at least MIN_DISK_BYTES), its root owned by the sandbox uid, for
+   * `mountpoint`: an existing directory whose entries are copied onto it (the mount hides them).
+   * A disk of the default size is the spare, already mounted aside: it stays there, `moving`
+   * saying from where to where, for the sandbox's launch to move into place (`supervisor launch
+   * --move`: one system call, where a `mount --move` of its own is a round trip through the
+   * launcher before the launch); `moved()` once the sandbox runs. Any other is mounted there now.
    */
   async mount(id: string, mountpoint: string, bytes: number): Promise<WorkspaceDisk> {
     const size = diskSize(bytes);
     const spare = await this.takeSpare(size);
-    if (spare) {
-      const moved = await WorkspaceDisk.move(spare, mountpoint, this.options.tools, this.options.launcher).catch(() => null);
-      if (moved) return moved;
-    }
+    if (spare && (await spare.readyToMove(mountpoint).then(() => true, () => false))) return spare;
     const image = path.join(this.options.dir, `${id}.img`);
     try {
       await this.make(image, size);
@@ -188,29 +176,6 @@ export class WorkspaceDisk {
   }
 
   /**
-   * Moves this mounted disk to `mountpoint` (mount --move: no new loop device, no new mount), with
-   * the directory's entries copied onto it. Null, and the disk released, when it cannot be moved.
-   */
-  static async move(disk: WorkspaceDisk, mountpoint: string, tools: DiskTools, launcher: Launcher): Promise<WorkspaceDisk | null> {
-    const staging = disk.mountpoint;
-    let moved = false;
-    try {
-      await disk.attach(mountpoint, async () => {
-        await run(launcher, tools.mount, ['--move', staging, mountpoint], undoAt(tools, mountpoint));
-        moved = true;
-        disk.mountpoint = mountpoint;
-        disk.madeMountpoint = false;
-        launcher.forget(staging);
-        await fs.promises.rmdir(staging);
-      });
-    } catch (err) {
-      if (!moved) return null;
-      throw err;
-    }
-    return disk;
-  }
-
-  /**
    * Runs `mountHere` (which puts this disk at `mountpoint`), then recreates on the disk what the
    * directory held before (the mount hides it); released when any of it fails.
    */
@@ -233,7 +198,7 @@ export class WorkspaceDisk {
     return this.mountpoint;
   }
 
-  /** Where it is to be moved from and to by the sandbox's launch (mountAtLaunch), until `moved()`. */
+  /** Where it is to be moved from and to by the sandbox's launch (a spare: WorkspaceDisks.mount), until `moved()`. */
   moving: { from: string; to: string } | null = null;
 
   /** Copies the entries of `mountpoint` onto this disk (still aside) for the launch to move it there; released when that fails. */
