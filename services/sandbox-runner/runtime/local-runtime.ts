@@ -377,13 +377,18 @@ export class LocalRuntime implements Runtime {
       throw err;
     } finally {
       // The next spares only now: their mkfs and mounts would hold up this create's own tools.
-      const [disks, rootDisks] = [this.workspaceDisks(), this.layerDisks()];
-      if (typeof disks !== 'string') disks.refill();
-      if (mounts.root && typeof rootDisks !== 'string') rootDisks.refill();
-      this.scratches().refill(options.resources.memoryBytes);
-      network?.networks.refill();
+      this.refillSpares(mounts, options.resources.memoryBytes, network?.networks ?? null);
     }
     return sandbox;
+  }
+
+  /** Starts making the spares a create took (the workspace's disk, the root's, the scratch, the network). */
+  private refillSpares(taken: SandboxMounts, memoryBytes: number, networks: LocalNetworks | null): void {
+    const [disks, rootDisks] = [this.workspaceDisks(), this.layerDisks()];
+    if (typeof disks !== 'string') disks.refill();
+    if (taken.root && typeof rootDisks !== 'string') rootDisks.refill();
+    this.scratches().refill(memoryBytes);
+    networks?.refill();
   }
 
   /**
