@@ -325,7 +325,7 @@ export class LocalRuntime implements Runtime {
     let plan: RootPlan;
     try {
       // The workspace's tree is on its disk, which may still be aside for the launch to move.
-      await chownTree(mounts.disk?.moving?.from ?? workspace, identity.uid, identity.gid, new Set(readOnlyMounts.map((m) => m.host)));
+      await chownTree(mounts.disk?.movingTo ? mounts.disk.at : workspace, identity.uid, identity.gid, new Set(readOnlyMounts.map((m) => m.host)));
       const layer = identity.writableRoot ? await this.rootLayer(mounts.root, mounts.scratch, warnings) : null;
       const systemTrust = network?.systemTrust;
       const seed = systemTrust ? [{ at: SYSTEM_TRUST_BUNDLE, from: systemTrust.bundle }, { at: LOCAL_TRUST_AUTHORITY, from: systemTrust.authority }] : [];
@@ -352,7 +352,7 @@ export class LocalRuntime implements Runtime {
       // The arguments go over fd 5 (`--args`, written by the launcher as it starts it), so the sandbox's pid 1 does not show host paths.
       // Root's network namespace is made by the launch, which lets it bind low ports there.
       const netns = network ? ['--netns', network.slot.namespace] : identity.user === 'root' ? ['--new-netns'] : [];
-      const move = mounts.disk?.moving ? ['--move', mounts.disk.moving.from, mounts.disk.moving.to] : [];
+      const move = mounts.disk?.movingTo ? ['--move', mounts.disk.at, mounts.disk.movingTo] : [];
       child = this.launcher.launch(supervisor, ['launch', cgroup.joinFiles().join(','), ...netns, ...move, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve], { fd5: args.map((a) => `${a}\0`).join('') });
       if (options.service) bridge = ServiceBridge.open(child, path.join(sandboxDir, 'service.sock'), options.service, this.launcher, supervisor, bridging.signal);
       bridge?.catch(() => {});

@@ -57,8 +57,8 @@ export class WorkspaceDisks {
   /**
    * A filesystem of `bytes` (at least MIN_DISK_BYTES), its root owned by the sandbox uid, for
    * `mountpoint`: an existing directory whose entries are copied onto it (the mount hides them).
-   * A disk of the default size is the spare, already mounted aside: it stays there, `moving`
-   * saying from where to where, for the sandbox's launch to move into place (`supervisor launch
+   * A disk of the default size is the spare, already mounted aside: it stays there, `movingTo`
+   * saying where, for the sandbox's launch to move into place (`supervisor launch
    * --move`: one system call, where a `mount --move` of its own is a round trip through the
    * launcher before the launch); `moved()` once the sandbox runs. Any other is mounted there now.
    */
@@ -198,8 +198,8 @@ export class WorkspaceDisk {
     return this.mountpoint;
   }
 
-  /** Where it is to be moved from and to by the sandbox's launch (a spare: WorkspaceDisks.mount), until `moved()`. */
-  moving: { from: string; to: string } | null = null;
+  /** Where the sandbox's launch is to move it from `at` (a spare: WorkspaceDisks.mount), until `moved()`. */
+  movingTo: string | null = null;
 
   /** Copies the entries of `mountpoint` onto this disk (still aside) for the launch to move it there; released when that fails. */
   async readyToMove(mountpoint: string): Promise<void> {
@@ -214,19 +214,19 @@ export class WorkspaceDisk {
       }
       // Should the runner die once the launch has moved it, the launcher unmounts it there.
       this.launcher.remember(undoAt(this.tools, mountpoint));
-      this.moving = { from: this.mountpoint, to: mountpoint };
+      this.movingTo = mountpoint;
     } catch (err) {
       await this.release().catch(() => undefined);
       throw err;
     }
   }
 
-  /** The sandbox's launch moved it (the sandbox runs): it is at `moving.to` now. */
+  /** The sandbox's launch moved it (the sandbox runs): it is at `movingTo` now. */
   async moved(): Promise<void> {
-    if (!this.moving) return;
-    const { from, to } = this.moving;
-    this.moving = null;
-    this.mountpoint = to;
+    if (!this.movingTo) return;
+    const from = this.mountpoint;
+    this.mountpoint = this.movingTo;
+    this.movingTo = null;
     this.launcher.forget(from);
     if (this.madeMountpoint) await fs.promises.rmdir(from).catch(() => undefined);
     this.madeMountpoint = false;
@@ -236,8 +236,8 @@ export class WorkspaceDisk {
   release(): Promise<void> {
     this.released ??= (async () => {
       // A move the launch was to make: the disk is wherever it got to.
-      if (this.moving && mountPoints().includes(this.moving.to)) await this.moved();
-      else if (this.moving) this.launcher.forget(this.moving.to);
+      if (this.movingTo && mountPoints().includes(this.movingTo)) await this.moved();
+      else if (this.movingTo) this.launcher.forget(this.movingTo);
       // Not mounted any more (swept) is as good as unmounted.
       if (this.mounted) await run(this.launcher, this.tools.umount, ['-l', this.mountpoint]).catch((err: Error) => {
         if (mountPoints().includes(this.mountpoint)) throw err;
