@@ -70,9 +70,22 @@ export class Metrics {
     labelNames: ['state'] as const,
     registers: [this.registry],
   });
+  /** Counts of warm sandboxes waiting (a runner's pool each), read at each scrape. */
+  private readonly warmSources = new Set<() => number>();
+  readonly warmSandboxes: Gauge = new Gauge({
+    name: 'svc_sandbox_pool_warm',
+    help: 'Warm sandboxes waiting to be handed out (made ahead, never run) in this process.',
+    registers: [this.registry],
+    collect: (): void => this.warmSandboxes.set([...this.warmSources].reduce((n, count) => n + count(), 0)),
+  });
 
   /** Committing consumer groups of this process, whose lag is measured at each scrape. */
   private readonly lagSources = new Set<string>();
+
+  /** Adds a pool's count of waiting warm sandboxes to svc_sandbox_pool_warm. */
+  countWarm(count: () => number): void {
+    this.warmSources.add(count);
+  }
 
   trackLag(group: string, topics: string[]): void {
     for (const topic of topics) this.lagSources.add(`${group}\u0000${topic}`);

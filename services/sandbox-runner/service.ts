@@ -96,6 +96,8 @@ export class SandboxRunnerService implements Service {
       owner: createHash('sha256').update(this.runnerId).digest('hex').slice(0, 8),
       logger: kernel.logger.child({ component: 'pool' }),
     });
+    const pool = this.pool;
+    kernel.metrics.countWarm(() => pool.idleCount);
     // Runtime selection: `auto` takes the first that works here (only `local` exists so far);
     // a pinned runtime that does not work stops the start instead of failing every sandbox.
     const unavailable = (this.unavailable = await this.runtime.available());

@@ -97,10 +97,14 @@ describe('warm sandboxes', { skip: runtime === null }, () => {
 
   test('a stopped runner leaves no warm sandbox: no pool workspace, no process', { timeout: 60_000 }, async () => {
     const pooled = () => fs.readdirSync(path.join(server.dataDir, 'workspaces')).filter((n) => n.startsWith('pool-'));
-    for (let i = 0; i < 50 && pooled().length === 0; i++) await new Promise((r) => setTimeout(r, 100));
+    // GET /metrics counts the warm sandboxes waiting (not one still being made): the pool's size, 2.
+    const warm = async () => Number(/^svc_sandbox_pool_warm (\d+)$/m.exec((await server.request('GET', '/metrics')).text)?.[1]);
+    for (let i = 0; i < 50 && (await warm()) !== 2; i++) await new Promise((r) => setTimeout(r, 100));
+    assert.equal(await warm(), 2, 'svc_sandbox_pool_warm counts the warm sandboxes waiting');
+    // Counted once made: both have their processes (a workspace alone may be one still being made).
     const names = pooled();
-    assert.ok(names.length > 0, 'the class has warm sandboxes waiting');
-    assert.ok(sandboxPids(names[0]!).length > 0, 'a warm sandbox is a live sandbox');
+    assert.equal(names.length, 2, 'the class has its warm sandboxes waiting');
+    for (const name of names) assert.ok(sandboxPids(name).length > 0, 'a warm sandbox is a live sandbox');
     assert.equal(await server.stop(), 0);
     assert.deepEqual(pooled(), []);
     for (const name of names) assert.deepEqual(sandboxPids(name), [], `${name} has no process left`);

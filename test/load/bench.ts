@@ -227,8 +227,25 @@ async function benchSandboxes(): Promise<string[]> {
     };
     const destroy = (id: string) => server.request('DELETE', `/v1/sandboxes/${id}`);
     for (let i = 0; i < 10; i++) await destroy((await create()).id); // warm up
+    // Back to back, as a client in a loop does: the pool refills beside the creates, and a create that finds it empty is a cold one.
+    const backToBack: number[] = [];
+    for (let i = 0; i < 30; i++) {
+      const { id, ms } = await create();
+      backToBack.push(ms);
+      await destroy(id);
+    }
+    // The target's case: a warm sandbox is waiting (svc_sandbox_pool_warm) when the create comes.
+    const warmWaiting = async () => {
+      for (let i = 0; i < 100; i++) {
+        const metrics = await server.request('GET', '/metrics');
+        if (Number(/^svc_sandbox_pool_warm (\d+)$/m.exec(metrics.text)?.[1]) > 0) return;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      throw new Error('no warm sandbox waiting after 2 s');
+    };
     const creates: number[] = [];
     for (let i = 0; i < 30; i++) {
+      await warmWaiting();
       const { id, ms } = await create();
       creates.push(ms);
       await destroy(id);
@@ -266,7 +283,8 @@ async function benchSandboxes(): Promise<string[]> {
     const build = await buildLikeCommand(server);
     const roots = await createByRootMode();
     const f = (n: number) => n.toFixed(1);
-    lines.push(`| sandbox create to ready (POST /v1/sandboxes), warm pool (SVC_SANDBOX_POOL_SIZE=2) | p50 ${f(pct(creates, 0.5))} ms | p95 ${f(pct(creates, 0.95))} ms | target p50 < 20 ms |`);
+    lines.push(`| sandbox create to ready (POST /v1/sandboxes), warm pool (SVC_SANDBOX_POOL_SIZE=2), a warm sandbox waiting | p50 ${f(pct(creates, 0.5))} ms | p95 ${f(pct(creates, 0.95))} ms | target p50 < 20 ms |`);
+    lines.push(`|   the same back to back (the pool refilling beside the creates; one that finds it empty is cold) | p50 ${f(pct(backToBack, 0.5))} ms | p95 ${f(pct(backToBack, 0.95))} ms | |`);
     lines.push(`| sandbox create to ready, cold (SVC_SANDBOX_POOL_SIZE=0) | p50 ${f(pct(cold, 0.5))} ms | p95 ${f(pct(cold, 0.95))} ms | target p50 < 50 ms |`);
     lines.push(`| memory of one idle warm sandbox (its cgroups' memory, ${idle.count} measured) | ${f(idle.bytes / 1024 / 1024)} MiB | | |`);
     lines.push(`| command round trip \`true\` via the API vs \`sh -c true\` spawned directly | p50 ${f(pct(viaApi, 0.5))} ms | p50 ${f(pct(direct, 0.5))} ms | overhead ${f(pct(viaApi, 0.5) - pct(direct, 0.5))} ms (target < 5 ms) |`);
