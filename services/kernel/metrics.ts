@@ -26,6 +26,13 @@ export class Metrics {
     labelNames: ['endpoint'] as const,
     registers: [this.registry],
   });
+  readonly ingestStageSeconds = new Histogram({
+    name: 'svc_ingest_stage_duration_seconds',
+    help: 'Time of one accepted ingest request in each stage: decode (waiting for an ingest worker, then its parse, validation and encoding), append (until the log holds it durably), visible (until the sink made it queryable; not with respond-async).',
+    labelNames: ['stage'] as const,
+    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10],
+    registers: [this.registry],
+  });
   readonly appendedRecords = new Counter({
     name: 'svc_log_appended_records_total',
     help: 'Records appended to the event log, by topic.',

@@ -100,9 +100,12 @@ try {
   if (brokerPid) console.log(`| the Kafka broker | ${((processTime(brokerPid) - brokerBefore) / n).toFixed(2)} |`);
   // The sink's inserts over the whole run (warm-up included): how large, how long.
   const metrics = (await server.request('GET', '/metrics')).text;
-  const read = (name: string) => Number(new RegExp(`^${name}\\{table="trace_events"\\} (\\S+)`, 'm').exec(metrics)?.[1] ?? NaN);
+  const read = (name: string, label = 'table="trace_events"') => Number(new RegExp(`^${name}\\{${label}\\} (\\S+)`, 'm').exec(metrics)?.[1] ?? NaN);
   const inserts = read('svc_sink_batch_items_count');
   console.log(`sink: ${inserts} inserts of trace_events, ${(read('svc_sink_batch_items_sum') / inserts).toFixed(1)} log records (1,000 events each) and ${((read('svc_sink_insert_duration_seconds_sum') / inserts) * 1000).toFixed(1)} ms each on average`);
+  // Where a request's time went (svc_ingest_stage_duration_seconds, warm-up included).
+  const stages = ['decode', 'append', 'visible'].map((stage) => `${stage} ${((read('svc_ingest_stage_duration_seconds_sum', `stage="${stage}"`) / read('svc_ingest_stage_duration_seconds_count', `stage="${stage}"`)) * 1000).toFixed(1)} ms`);
+  console.log(`a request's stages, mean: ${stages.join(', ')}`);
 } finally {
   await server.cleanup();
   await kafka?.stop();

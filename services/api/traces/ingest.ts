@@ -89,11 +89,20 @@ export class TraceIngest {
    */
   async ingest(body: IngestBody, request: IngestRequest): Promise<IngestResult> {
     if (request.respondAsync) await this.checkLag();
+    const { metrics } = this.kernel;
+    let stage = metrics.ingestStageSeconds.startTimer({ stage: 'decode' });
     const decoded = await this.decode(body, request.format, request.maxBodyBytes, request.source);
+    stage();
     this.limiter.take(request.keyId, decoded.count);
+    stage = metrics.ingestStageSeconds.startTimer({ stage: 'append' });
     const positions = await this.append(request.source.tenant, decoded);
-    if (!request.respondAsync) await this.kernel.visibility.waitFor(positions, this.kernel.config.replyTimeout);
-    this.kernel.metrics.ingestedEvents.inc({ endpoint: request.endpoint }, decoded.count);
+    stage();
+    if (!request.respondAsync) {
+      stage = metrics.ingestStageSeconds.startTimer({ stage: 'visible' });
+      await this.kernel.visibility.waitFor(positions, this.kernel.config.replyTimeout);
+      stage();
+    }
+    metrics.ingestedEvents.inc({ endpoint: request.endpoint }, decoded.count);
     return { ...decoded, visibilityToken: request.respondAsync && positions.length > 0 ? encodeVisibilityToken(positions) : null };
   }
 
