@@ -23,7 +23,8 @@
  *       --new-netns.
  *       --move: first of all, the mount at FROM (the workspace's disk, made ahead aside) is moved
  *       to TO (the workspace) on the host: one system call, where a `mount --move` of its own
- *       would cost the runner a round trip through the launcher before the launch.
+ *       would cost the runner a round trip through the launcher before the launch. TO must be a
+ *       directory, not a symlink (it is opened O_NOFOLLOW and the move goes onto that descriptor).
  *       Boot mounts, made on the host before the fork, for bwrap to take in as the root:
  *       --image clones SOURCE read-only at TARGET (idmapped into the --userns namespace, so
  *       the image's root is root inside); --overlay mounts an overlayfs (volatile) at TARGET.
@@ -1295,6 +1296,23 @@ static void launch_child(struct launch_options *o, int userns, int booted) {
   launch_fail("exec ", o->argv[0]);
 }
 
+/*
+ * --move: the mount at FROM onto the directory TO, never through a symlink at TO (a workspace
+ * swapped for one after the runner checked it would have the disk mounted wherever it points):
+ * TO is opened O_NOFOLLOW and the move goes onto that descriptor.
+ */
+static int move_disk(const char *from, const char *to) {
+  int dir = open(to, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dir < 0) return -1;
+  char target[64];
+  snprintf(target, sizeof target, "/proc/self/fd/%d", dir);
+  int r = mount(from, target, NULL, MS_MOVE, NULL);
+  int saved = errno;
+  close(dir);
+  errno = saved;
+  return r;
+}
+
 static int launch(struct launch_options *o) {
   /* This process stays outside the sandbox as the reaper of everything in it: whatever is
      killed in whichever order (destroy kills the whole cgroup at once), the processes end up
@@ -1302,7 +1320,7 @@ static int launch(struct launch_options *o) {
   prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   if (getppid() == 1) return 125; /* the service is already gone */
-  if (o->move_from && mount(o->move_from, o->move_to, NULL, MS_MOVE, NULL) < 0) {
+  if (o->move_from && move_disk(o->move_from, o->move_to) < 0) {
     fprintf(stderr, "supervisor: cannot move the workspace's disk from %s to %s: %s\n", o->move_from, o->move_to, strerror(errno));
     return 125;
   }

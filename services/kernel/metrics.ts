@@ -89,9 +89,10 @@ export class Metrics {
   /** Committing consumer groups of this process, whose lag is measured at each scrape. */
   private readonly lagSources = new Set<string>();
 
-  /** Adds a pool's count of waiting warm sandboxes to svc_sandbox_pool_warm. */
-  countWarm(count: () => number): void {
+  /** Adds a pool's count of waiting warm sandboxes to svc_sandbox_pool_warm; returns what takes it away again. */
+  countWarm(count: () => number): () => void {
     this.warmSources.add(count);
+    return () => this.warmSources.delete(count);
   }
 
   trackLag(group: string, topics: string[]): void {

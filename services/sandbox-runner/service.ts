@@ -58,6 +58,8 @@ export class SandboxRunnerService implements Service {
   private bundles!: ExtractedBundles;
   private taskFiles!: ExtractedBundles;
   private pool: SandboxPool | null = null;
+  /** Takes this runner's pool out of svc_sandbox_pool_warm (a stopped runner's pool is not counted, nor kept alive by it). */
+  private uncountWarm: () => void = () => {};
   private readonly sandboxes = new Map<string, LiveSandbox>();
   private readonly known = new EntityView<SandboxChanged>(TOPICS.sandboxes);
   private consumer: Consumer | null = null;
@@ -97,7 +99,7 @@ export class SandboxRunnerService implements Service {
       logger: kernel.logger.child({ component: 'pool' }),
     });
     const pool = this.pool;
-    kernel.metrics.countWarm(() => pool.idleCount);
+    this.uncountWarm = kernel.metrics.countWarm(() => pool.idleCount);
     // Runtime selection: `auto` takes the first that works here (only `local` exists so far);
     // a pinned runtime that does not work stops the start instead of failing every sandbox.
     const unavailable = (this.unavailable = await this.runtime.available());
@@ -180,6 +182,7 @@ export class SandboxRunnerService implements Service {
     if (this.heartbeat) await this.beat(true).catch((err) => this.kernel.logger.warn({ err }, 'the last heartbeat was not written'));
     stopProcessTracer();
     await this.pool?.close();
+    this.uncountWarm();
     await Promise.all([BackingServices.settle(), this.secrets?.stop(), this.known.stop(), this.runtime?.close(), typeof this.gateway === 'object' ? this.gateway.close() : undefined]);
   }
 

@@ -2,7 +2,7 @@
 // seccomp, cgroups. No mocks. Skipped with a reason where bubblewrap/root/cgroups are missing;
 // under CI=true that is a failure instead.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -380,6 +380,36 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       await assert.rejects(runtime.create({ id: failing.id, workspace: failing.workspace, rootfs: null, env: {}, resources: RESOURCES, readOnlyMounts: [{ host: path.join(root, 'missing'), sandbox: '/opt/missing' }] }));
       assert.equal(mountedAt().includes(failing.workspace), false, 'the failed sandbox\'s workspace is not left mounted');
       assert.equal(fs.readFileSync(path.join(failing.workspace, 'kept', 'f.txt'), 'utf8'), 'before', 'the directory below is as it was');
+    });
+
+    test('the launch moves the disk onto the workspace directory, never through a symlink swapped in for it', async () => {
+      const supervisor = await runtime.supervisorBinary();
+      const mountedAt = () => fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]);
+      const dir = fs.mkdtempSync(path.join(root, 'move-'));
+      const [from, workspace, elsewhere] = ['from', 'workspace', 'elsewhere'].map((n) => path.join(dir, n));
+      for (const d of [from, workspace, elsewhere]) fs.mkdirSync(d);
+      // No cgroup to join: the launch fails after the move, which is all this looks at.
+      const launch = (to: string) => spawnSync(supervisor, ['launch', path.join(dir, 'no-such-group', 'tasks'), '--move', from, to, '--', '/bin/true'], { encoding: 'utf8' });
+      execFileSync('mount', ['-t', 'tmpfs', 'tmpfs', from]);
+      try {
+        // The workspace replaced by a symlink to a host directory after the runner looked at it.
+        fs.rmdirSync(workspace);
+        fs.symlinkSync(elsewhere, workspace);
+        const attacked = launch(workspace);
+        assert.equal(attacked.status, 125, attacked.stderr);
+        assert.match(attacked.stderr, /cannot move the workspace's disk/);
+        assert.equal(mountedAt().includes(elsewhere), false, 'nothing is mounted where the symlink points');
+        assert.ok(mountedAt().includes(from), 'the disk stays aside');
+        // A directory there, as the runner leaves it: the disk is moved onto it.
+        fs.unlinkSync(workspace);
+        fs.mkdirSync(workspace);
+        launch(workspace);
+        assert.ok(mountedAt().includes(workspace), 'moved onto the workspace');
+        assert.equal(mountedAt().includes(from), false);
+      } finally {
+        for (const at of [workspace, from, elsewhere]) if (mountedAt().includes(at)) execFileSync('umount', ['-l', at]);
+        fs.rmSync(dir, { recursive: true, force: true });
+      }
     });
 
     test('20 sandboxes created concurrently all come up', async () => {
