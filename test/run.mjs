@@ -311,6 +311,10 @@ if (interrupted) {
 
 const hasFlag = (name) => flags.some((f) => f === name || f.startsWith(`${name}=`));
 const nodeArgs = [
+  // libuv's pool sized as the service's entry points size it (bin/threadpool.cjs); the test
+  // files' own children (services, the CLI) inherit it.
+  '--require',
+  path.join(root, 'bin', 'threadpool.cjs'),
   '--import',
   'tsx',
   '--test',

@@ -22,6 +22,6 @@ RUN node --import tsx --input-type=module -e "await import('/app/services/main.t
 ENV SVC_DATA_DIR=/data
 EXPOSE 8080
 # tini reaps what the sandboxes leave behind and forwards SIGTERM for the graceful stop.
-ENTRYPOINT ["/usr/bin/tini", "--", "node", "/app/bin/svc.mjs"]
+ENTRYPOINT ["/usr/bin/tini", "--", "node", "/app/bin/svc.cjs"]
 # The embedded default (every service in one process); docker-compose.yml runs them apart.
 CMD ["start"]

@@ -17,6 +17,7 @@
  * unknown experiment is logged and skipped, an outcome or spec that cannot be read is scored
  * `error` saying why (so its experiment still completes).
  */
+import pLimit from 'p-limit';
 import { publish, subscribe, type Delivered, type Kernel, type OutgoingEvent, type Service } from '../kernel/actor.ts';
 import { EntityView } from '../kernel/entity-view.ts';
 import { newEventId } from '../kernel/ids.ts';
@@ -43,20 +44,6 @@ const SPEC_CACHE_SIZE = 512;
 interface PinnedExperiment {
   tenant: string;
   yaml: string | null;
-}
-
-/** `fn` over `items`, at most `limit` at a time, results in order. */
-async function mapLimit<T, R>(items: T[], limit: number, fn: (item: T) => Promise<R>): Promise<R[]> {
-  const results: R[] = new Array(items.length);
-  let next = 0;
-  const worker = async () => {
-    while (next < items.length) {
-      const i = next++;
-      results[i] = await fn(items[i]!);
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
-  return results;
 }
 
 export class ScorerService implements Service {
@@ -96,7 +83,7 @@ export class ScorerService implements Service {
     const finished = events.flatMap(({ value }) => (value?.kind === 'finished' ? [value] : []));
     if (finished.length === 0) return;
     const traces = await this.traceTotals(finished);
-    const scores = (await mapLimit(finished, CONCURRENCY, (e) => this.scoreFinished(e, traces))).filter((s): s is RunScored => s !== null);
+    const scores = (await pLimit(CONCURRENCY).map(finished, (e) => this.scoreFinished(e, traces))).filter((s): s is RunScored => s !== null);
     if (scores.length > 0) await publish(this.kernel, TOPICS.runScores, scores.map((s) => ({ key: s.experiment_id, tenant: s.tenant, value: s })));
   }
 
@@ -198,9 +185,8 @@ export class ScorerService implements Service {
     const requests = events.flatMap(({ value }) => (value ? [value] : []));
     const expansions = requests.filter((r) => r.run === null);
     for (const request of expansions) await this.expand(request);
-    const graded = await mapLimit(
+    const graded = await pLimit(CONCURRENCY).map(
       requests.filter((r) => r.run !== null),
-      CONCURRENCY,
       (r) => this.grade(r),
     );
     const scores = graded.flatMap((g) => g.scores);

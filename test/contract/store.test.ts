@@ -8,6 +8,7 @@
  */
 import assert from 'node:assert/strict';
 import { readdirSync, cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -345,6 +346,27 @@ describe('ChdbStore specifics', () => {
     } finally {
       rmSync(a, { recursive: true, force: true });
       rmSync(b, { recursive: true, force: true });
+    }
+  });
+
+  test("engine calls never hold all of libuv's threads: the file system goes on while as many queries as the pool has threads sleep", async () => {
+    // Each chDB call holds a thread of libuv's pool until its query ends; the same pool runs
+    // every file system call of the process (the log's appends and fsync).
+    const poolThreads = Number(process.env.UV_THREADPOOL_SIZE) || 4;
+    const dir = mkdtempSync(join(tmpdir(), 'svc-chdb-pool-'));
+    const store = new ChdbStore({ path: dir });
+    try {
+      const settled: string[] = [];
+      const sleeping = Array.from({ length: poolThreads }, (_, i) =>
+        store.rawQuery({ sql: 'SELECT sleep(1.5)', format: 'TabSeparated', settings: [], params: {}, queryId: 'pool-test' }).then(() => settled.push(`query ${i}`)),
+      );
+      await new Promise((resolve) => setTimeout(resolve, 300)); // every query has reached the engine or its queue
+      await stat(dir).then(() => settled.push('stat'));
+      await Promise.all(sleeping);
+      assert.equal(settled[0], 'stat', `a stat waited behind ${poolThreads} sleeping queries: ${settled.join(', ')}`);
+    } finally {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });

@@ -18,7 +18,7 @@ import { backend } from '../helpers/backend.ts';
 import { createTenantKey, REPO, startServer, type TestServer } from '../helpers/server.ts';
 import { terminal, tmuxAvailable } from '../helpers/terminal.ts';
 
-const SVC = path.join(REPO, 'bin', 'svc.mjs');
+const SVC = path.join(REPO, 'bin', 'svc.cjs');
 const runtime = backend('SVC_TEST_BWRAP', 'the svc CLI against sandboxes on the local runtime');
 
 interface Ran {

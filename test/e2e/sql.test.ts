@@ -579,6 +579,32 @@ describe('the SQL endpoint, end to end', () => {
   });
 });
 
+describe("analyst queries on libuv's default pool (a process started without bin/threadpool.cjs)", () => {
+  let server: TestServer;
+  before(async () => {
+    server = await startServer({ UV_THREADPOOL_SIZE: '4', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
+  });
+  after(async () => server?.cleanup());
+
+  test('as many analyst queries as may run at once (4, the pool\'s threads) do not hold up the log: a durable ingest is answered while they sleep', async () => {
+    const key = (await createTenantKey(server, 'acme')).key;
+    const settled: string[] = [];
+    const sleeping = Array.from({ length: 4 }, (_, i) =>
+      fetch(`${server.url}/v1/admin/sql/`, { method: 'POST', headers: { authorization: basic('default', ADMIN_KEY) }, body: 'SELECT sleep(3)' }).then(async (res) => {
+        settled.push(`query ${i}: ${res.status}`);
+        return res.text();
+      }),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 500)); // the four are in the engine or queued for it
+    // Answered once the log holds the events: needs the file system (append, fsync), not the engine.
+    const ingest = await server.request('POST', '/v1/traces', { key, headers: { prefer: 'respond-async' }, body: { events: [traceEvent()] } });
+    settled.push(`ingest: ${ingest.status}`);
+    await Promise.all(sleeping);
+    assert.equal(settled[0], 'ingest: 202', `the durable ingest waited behind the analysts' queries: ${settled.join(', ')}`);
+    assert.deepEqual(settled.slice(1).map((s) => s.replace(/^query \d/, 'query')), ['query: 200', 'query: 200', 'query: 200', 'query: 200']);
+  });
+});
+
 describe('the SQL path proxied to a ClickHouse server (SVC_STORE=clickhouse)', () => {
   const url = process.env.SVC_TEST_CLICKHOUSE_URL;
   test('the engine bytes in the asked format, readonly and the limits enforced by the server', { skip: url ? false : 'SVC_TEST_CLICKHOUSE_URL is unset (npm test starts a ClickHouse server)' }, async () => {

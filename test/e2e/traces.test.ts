@@ -264,7 +264,7 @@ describe('`svc start` (tsx registered in-process, not by --import)', () => {
   test('ingests through its worker threads like npm start', async () => {
     const port = await freePort();
     const dataDir = await mkdtemp(path.join(os.tmpdir(), 'svc-start-'));
-    const child = spawn(process.execPath, [path.join(REPO, 'bin', 'svc.mjs'), 'start'], {
+    const child = spawn(process.execPath, [path.join(REPO, 'bin', 'svc.cjs'), 'start'], {
       env: { ...process.env, SVC_PORT: String(port), SVC_HOST: '127.0.0.1', SVC_DATA_DIR: dataDir, SVC_API_KEY: ADMIN_KEY, SVC_LOG_LEVEL: 'warn', SVC_TRACE_RETENTION: 'forever' },
       stdio: 'ignore',
     });

@@ -23,6 +23,7 @@ import { mkdirSync, rmSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { drainPending, Session } from 'chdb';
+import pLimit from 'p-limit';
 import { assertTableName, encodeJsonCompactEachRow, normalizeParams, parseJsonEachRow } from './encoding.ts';
 import { migrate, MIGRATIONS_DIR } from './migrations.ts';
 import { SETTING_NAME, StoreQueryError, type NativeInsert, type NativeInsertStore, type QueryParams, type RawQuery, type RawQueryStore, type RawResult, type Store } from './store.ts';
@@ -49,6 +50,20 @@ const CONNECTION_ARGS = [
 
 /** Writer sessions; inserts beyond this many at once queue on a lane. */
 const INSERT_LANES = 2;
+
+/** libuv's thread pool as this process was started with it (bin/threadpool.cjs; libuv's default is 4, its maximum 1024). */
+function threadPoolSize(): number {
+  const size = Number(process.env.UV_THREADPOOL_SIZE);
+  return Number.isInteger(size) && size >= 1 ? Math.min(size, 1024) : 4;
+}
+
+/**
+ * Engine calls running at once, process-wide. Each holds one of libuv's threads until its query
+ * ends (chDB's async API), and the same pool runs the file system: four long analyst queries on
+ * the default pool of 4 held every thread, and the log's appends waited 27 s behind them. Two
+ * threads always stay for the file system, DNS and zlib.
+ */
+const engineCall = pLimit(Math.max(2, threadPoolSize() - 2));
 
 export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
   readonly kind = 'chdb' as const;
@@ -120,7 +135,7 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     // Raw passthrough: the payload is handed over as bytes and parsed by the engine's
     // multi-threaded JSONEachRow parser; no SQL text is built from the values.
     const { columns, payload } = await encodeJsonCompactEachRow(rows, await this.nullableColumns(table));
-    await this.onWriter((writer) => writer.insert({ table, values: payload, columns, format: 'JSONCompactEachRow' }));
+    await this.onWriter((writer) => engineCall(() => writer.insert({ table, values: payload, columns, format: 'JSONCompactEachRow' })));
   }
 
   /**
@@ -134,7 +149,8 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     const file = this.idleInboxFiles.pop() ?? join(this.inbox, `${this.inboxFiles++}.native`);
     try {
       await writeFile(file, block); // part after part, never joined in memory; truncating an idle file keeps its inode
-      await this.onWriter((writer) => writer.queryAsync(`INSERT INTO ${table} (${columns.join(', ')}) SELECT * FROM file(${quoteString(file)}, 'Native')`, { format: 'TabSeparated' }));
+      const sql = `INSERT INTO ${table} (${columns.join(', ')}) SELECT * FROM file(${quoteString(file)}, 'Native')`;
+      await this.onWriter((writer) => engineCall(() => writer.queryAsync(sql, { format: 'TabSeparated' })));
     } finally {
       this.idleInboxFiles.push(file);
     }
@@ -179,11 +195,9 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     const session = new Session(this.path, { connectionArgs: args });
     const started = performance.now();
     try {
-      if (query.database !== undefined) await session.queryAsync(`USE ${quoteIdentifier(query.database)}`, { format: 'TabSeparated' });
+      if (query.database !== undefined) await engineCall(() => session.queryAsync(`USE ${quoteIdentifier(query.database!)}`, { format: 'TabSeparated' }));
       const params = Object.keys(query.params).length > 0 ? query.params : undefined;
-      const result = params
-        ? await session.queryBindAsync(query.sql, params, { format: query.format })
-        : await session.queryAsync(query.sql, { format: query.format });
+      const result = await engineCall(() => (params ? session.queryBindAsync(query.sql, params, { format: query.format }) : session.queryAsync(query.sql, { format: query.format })));
       return { bytes: result.bytes(), rowsRead: result.rowsRead, bytesRead: result.bytesRead, elapsedMs: performance.now() - started };
     } catch (err) {
       const code = (err as { clickhouseCode?: unknown }).clickhouseCode;
@@ -222,8 +236,6 @@ function quoteIdentifier(name: string): string {
 
 async function run(session: Session, sql: string, params: QueryParams | undefined): Promise<string> {
   const bound = normalizeParams(params);
-  const result = bound
-    ? await session.queryBindAsync(sql, bound, { format: 'JSONEachRow' })
-    : await session.queryAsync(sql, { format: 'JSONEachRow' });
+  const result = await engineCall(() => (bound ? session.queryBindAsync(sql, bound, { format: 'JSONEachRow' }) : session.queryAsync(sql, { format: 'JSONEachRow' })));
   return result.text();
 }

@@ -34,6 +34,7 @@
  */
 import { createHash } from 'node:crypto';
 import { closeSync, constants, fstatSync, readSync, type BigIntStats, type Dirent } from 'node:fs';
+import pLimit, { type LimitFunction } from 'p-limit';
 import { closeFd, lstatAt, openAt, openDirAt, openHandleAt, openRoot, readdirFd, readlinkAt } from './beneath.ts';
 
 const SKIPPED_DIRS: ReadonlySet<string> = new Set(['node_modules', '.git', '__pycache__', '.svc']);
@@ -146,7 +147,7 @@ class Capture {
   private readonly asyncWork: Promise<void>[] = [];
   private readonly maxBytes: number;
   private readonly syncMax: number;
-  private readonly limit: <T>(fn: () => Promise<T>) => Promise<T>;
+  private readonly limit: LimitFunction;
   private readonly sliceMs: number;
   private readonly racyNs: bigint;
   private readonly cache: ChecksumCache | undefined;
@@ -418,24 +419,4 @@ function gone(err: unknown): boolean {
 
 function compare(a: string, b: string): number {
   return a < b ? -1 : a > b ? 1 : 0;
-}
-
-/** Minimal concurrency limiter: at most `n` of the wrapped operations run at once. */
-function pLimit(n: number): <T>(fn: () => Promise<T>) => Promise<T> {
-  let active = 0;
-  const waiting: (() => void)[] = [];
-  const next = () => {
-    const wake = waiting.shift();
-    if (wake) wake(); // the slot passes to the waiter as is
-    else active--;
-  };
-  return async <T>(fn: () => Promise<T>): Promise<T> => {
-    if (active >= n) await new Promise<void>((resolve) => waiting.push(resolve));
-    else active++;
-    try {
-      return await fn();
-    } finally {
-      next();
-    }
-  };
 }
