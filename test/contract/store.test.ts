@@ -168,6 +168,22 @@ function storeContract(name: string, harness: Harness | string): void {
       assert.equal(count?.c, '2');
     });
 
+    test("placeholders in the SQL's literals, quoted names and comments stay text; a missing parameter or a value not of its type is the engine's error", async () => {
+      const value = "nul\0 tab\t cr\r bs\\ quote' dq\" bq` {x:String} */ --";
+      const [row] = await store.query<Record<string, string>>(
+        `SELECT '{v:String}' AS "{v:String}", {v:String} AS v, toString(1) AS \`b{v:String}\`, 'it''s {v:String}' AS doubled -- {absent:String}
+         /* {absent:String} */`,
+        { v: value },
+      );
+      assert.deepEqual(row, { '{v:String}': '{v:String}', v: value, 'b{v:String}': '1', doubled: "it's {v:String}" });
+      await assert.rejects(store.query('SELECT {absent:String} AS a', { v: 'x' }), /absent/);
+      await assert.rejects(store.query('SELECT {u:UInt32} AS u', { u: -1 }));
+      await assert.rejects(store.query('SELECT {u:UInt32} AS u', { u: 'twelve' }));
+      const many = Array.from({ length: 10_000 }, (_, i) => `trace-${i}'`);
+      const [found] = await store.query<{ n: string; last: string }>('SELECT length({a:Array(String)}) AS n, {a:Array(String)}[-1] AS last', { a: many });
+      assert.deepEqual(found, { n: '10000', last: "trace-9999'" });
+    });
+
     test('trace_events round trip: Map, Nullable, DateTime64 and 64-bit columns keep their values', async () => {
       const full = traceRow({ TenantId: 'tenant-rt', EventId: 'evt_full' });
       const sparse = traceRow({
@@ -309,6 +325,15 @@ function storeContract(name: string, harness: Harness | string): void {
       await store.query('SELECT 1 AS one').then(() => order.push('read'));
       await heavy;
       assert.deepEqual(order, ['read', 'write']);
+    });
+
+    test('a read does not wait for a running read, parameters and all', async () => {
+      const order: string[] = [];
+      const slow = store.query('SELECT sleep(1.5) AS s, {tag:String} AS tag', { tag: 'slow' }).then(() => order.push('slow'));
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      await store.query('SELECT {tag:String} AS tag', { tag: 'quick' }).then(() => order.push('quick'));
+      await slow;
+      assert.deepEqual(order, ['quick', 'slow']);
     });
 
     test('data survives close and reopen; migrate then has nothing to do', async () => {

@@ -8,11 +8,13 @@
  *
  * Lanes. Calls on one `Session` run one at a time (measured: a `SELECT 1` waited 650 ms
  * behind a heavy query on the same session, 3 ms on a second one). Sessions on the *same* path
- * share the engine and may coexist, so this store opens a `reader` for queries, so API reads
- * never queue behind a batch insert, and INSERT_LANES writers: DDL runs on the first, inserts go
- * to the least busy one, so two inserts really overlap (one insert lane tops out near 50k trace
- * rows/s here; two reach 90-120k). A write is visible to the reader as soon as its promise resolves (same
- * engine, same tables; the contract tests read right after writing).
+ * share the engine and may coexist, so this store opens READ_LANES readers for queries, so API
+ * reads never queue behind a batch insert and two reads overlap, and INSERT_LANES writers: DDL
+ * runs on the first, inserts go to the least busy one, so two inserts really overlap (one insert
+ * lane tops out near 50k trace rows/s here; two reach 90-120k). A write is visible to every
+ * reader as soon as its promise resolves (same engine, same tables; the contract tests read
+ * right after writing). Query parameters are put into the SQL text (inline-params.ts): the
+ * library runs bound queries one at a time in the whole process.
  *
  * Only the async API is used (queryAsync / queryBindAsync / raw insert), which runs off the event
  * loop: timers and HTTP keep being served during a big insert or query. Rows are serialised in
@@ -24,7 +26,8 @@ import { writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { drainPending, Session } from 'chdb';
 import pLimit from 'p-limit';
-import { assertTableName, encodeJsonCompactEachRow, normalizeParams, parseJsonEachRow } from './encoding.ts';
+import { assertTableName, encodeJsonCompactEachRow, parseJsonEachRow } from './encoding.ts';
+import { inlineParams, quoteString } from './inline-params.ts';
 import { migrate, MIGRATIONS_DIR } from './migrations.ts';
 import { SETTING_NAME, StoreQueryError, type NativeInsert, type NativeInsertStore, type QueryParams, type RawQuery, type RawQueryStore, type RawResult, type Store } from './store.ts';
 
@@ -48,6 +51,14 @@ const CONNECTION_ARGS = [
   '--async_load_databases=0',
 ];
 
+/**
+ * The service's own sessions: their parameters are in the SQL text (inline-params.ts), and a
+ * trace's resolution names up to 10,000 span ids (about 400 KB), past the parser's 256 KiB default.
+ */
+const SERVICE_ARGS = [...CONNECTION_ARGS, '--max_query_size=67108864'];
+
+/** Reader sessions; reads beyond this many at once queue on a lane. */
+const READ_LANES = 2;
 /** Writer sessions; inserts beyond this many at once queue on a lane. */
 const INSERT_LANES = 2;
 
@@ -68,8 +79,7 @@ const engineCall = pLimit(Math.max(2, threadPoolSize() - 2));
 export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
   readonly kind = 'chdb' as const;
   readonly path: string;
-  private lanes: { reader: Session; writers: Session[] } | undefined;
-  private readonly busy: number[] = [];
+  private lanes: { readers: Lanes; writers: Lanes } | undefined;
   private readonly migrationsDir: string;
   /** Where insertNative puts a block for the engine to read; emptied at open (a crash leaves some). */
   private readonly inbox: string;
@@ -93,14 +103,12 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     mkdirSync(this.inbox);
     const sessions: Session[] = [];
     try {
-      for (let i = 0; i <= INSERT_LANES; i++) sessions.push(new Session(options.path, { connectionArgs: CONNECTION_ARGS }));
+      for (let i = 0; i < READ_LANES + INSERT_LANES; i++) sessions.push(new Session(options.path, { connectionArgs: SERVICE_ARGS }));
     } catch (err) {
       for (const session of sessions) session.close();
       throw err;
     }
-    const [reader, ...writers] = sessions;
-    this.lanes = { reader, writers };
-    this.busy = writers.map(() => 0);
+    this.lanes = { readers: new Lanes(sessions.slice(0, READ_LANES)), writers: new Lanes(sessions.slice(READ_LANES)) };
   }
 
   migrate(): Promise<string[]> {
@@ -108,12 +116,12 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
   }
 
   async query<T = Record<string, unknown>>(sql: string, params?: QueryParams): Promise<T[]> {
-    const result = await run(this.open().reader, sql, params);
+    const result = await this.open().readers.run((reader) => run(reader, sql, params));
     return parseJsonEachRow<T>(result);
   }
 
   async command(sql: string, params?: QueryParams): Promise<void> {
-    await run(this.open().writers[0], sql, params);
+    await run(this.open().writers.sessions[0], sql, params);
   }
 
   /** Per table, its Nullable columns: an empty value there is not the column's default. */
@@ -135,7 +143,7 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     // Raw passthrough: the payload is handed over as bytes and parsed by the engine's
     // multi-threaded JSONEachRow parser; no SQL text is built from the values.
     const { columns, payload } = await encodeJsonCompactEachRow(rows, await this.nullableColumns(table));
-    await this.onWriter((writer) => engineCall(() => writer.insert({ table, values: payload, columns, format: 'JSONCompactEachRow' })));
+    await this.open().writers.run((writer) => engineCall(() => writer.insert({ table, values: payload, columns, format: 'JSONCompactEachRow' })));
   }
 
   /**
@@ -150,21 +158,9 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     try {
       await writeFile(file, block); // part after part, never joined in memory; truncating an idle file keeps its inode
       const sql = `INSERT INTO ${table} (${columns.join(', ')}) SELECT * FROM file(${quoteString(file)}, 'Native')`;
-      await this.onWriter((writer) => engineCall(() => writer.queryAsync(sql, { format: 'TabSeparated' })));
+      await this.open().writers.run((writer) => engineCall(() => writer.queryAsync(sql, { format: 'TabSeparated' })));
     } finally {
       this.idleInboxFiles.push(file);
-    }
-  }
-
-  /** Runs a write on the least busy writer session. */
-  private async onWriter<T>(write: (writer: Session) => Promise<T>): Promise<T> {
-    const { writers } = this.open();
-    const lane = this.busy.indexOf(Math.min(...this.busy));
-    this.busy[lane]++;
-    try {
-      return await write(writers[lane]);
-    } finally {
-      this.busy[lane]--;
     }
   }
 
@@ -208,25 +204,38 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     }
   }
 
-  /** Closes both sessions and waits until the engine has really let go of the directory. Idempotent. */
+  /** Closes every session and waits until the engine has really let go of the directory. Idempotent. */
   async close(): Promise<void> {
     const lanes = this.lanes;
     if (!lanes) return;
     this.lanes = undefined;
-    lanes.reader.close();
-    for (const writer of lanes.writers) writer.close();
+    for (const session of [...lanes.readers.sessions, ...lanes.writers.sessions]) session.close();
     await drainPending();
   }
 
-  private open(): { reader: Session; writers: Session[] } {
+  private open(): { readers: Lanes; writers: Lanes } {
     if (!this.lanes) throw new Error(`chdb store at ${this.path} is closed`);
     return this.lanes;
   }
 }
 
-/** A ClickHouse string literal. */
-function quoteString(text: string): string {
-  return `'${text.replace(/\\/g, '\\\\').replace(/'/g, "\\'")}'`;
+/** Sessions taking calls, each call on the least busy one. */
+class Lanes {
+  private readonly busy: number[];
+
+  constructor(readonly sessions: Session[]) {
+    this.busy = sessions.map(() => 0);
+  }
+
+  async run<T>(call: (session: Session) => Promise<T>): Promise<T> {
+    const lane = this.busy.indexOf(Math.min(...this.busy));
+    this.busy[lane]++;
+    try {
+      return await call(this.sessions[lane]);
+    } finally {
+      this.busy[lane]--;
+    }
+  }
 }
 
 /** A ClickHouse identifier in backquotes. */
@@ -235,7 +244,7 @@ function quoteIdentifier(name: string): string {
 }
 
 async function run(session: Session, sql: string, params: QueryParams | undefined): Promise<string> {
-  const bound = normalizeParams(params);
-  const result = await engineCall(() => (bound ? session.queryBindAsync(sql, bound, { format: 'JSONEachRow' }) : session.queryAsync(sql, { format: 'JSONEachRow' })));
+  const text = inlineParams(sql, params);
+  const result = await engineCall(() => session.queryAsync(text, { format: 'JSONEachRow' }));
   return result.text();
 }
