@@ -166,6 +166,14 @@ function storeContract(name: string, harness: Harness | string): void {
       assert.deepEqual(rows, [{ EventId: attacks[1] }]);
       const [count] = await store.query<{ c: string }>("SELECT count() AS c FROM trace_events WHERE TenantId = 'tenant-inj'");
       assert.equal(count?.c, '2');
+      // Through the other kinds of placeholder: an array's elements and a number's text.
+      const inArray = await store.query<{ EventId: string }>('SELECT EventId FROM trace_events WHERE TenantId = {t:String} AND EventId IN {ids:Array(String)}', {
+        t: 'tenant-inj',
+        ids: ["x'] OR 1=1 --", "x\\'], ['", attacks[1]],
+      });
+      assert.deepEqual(inArray, [{ EventId: attacks[1] }]);
+      await assert.rejects(store.query('SELECT count() AS c FROM trace_events WHERE LogPartition = {n:UInt32}', { n: '1 OR 1=1' }));
+      await assert.rejects(store.query('SELECT count() AS c FROM trace_events WHERE LogPartition = {n:UInt32}', { n: "1') OR ('1'='1" }));
     });
 
     test("placeholders in the SQL's literals, quoted names and comments stay text; a missing parameter or a value not of its type is the engine's error", async () => {

@@ -11,7 +11,7 @@
  * binding); placeholders are looked for outside string literals, quoted identifiers and comments.
  */
 import { AppError } from '../errors.ts';
-import { formatDateTime } from './encoding.ts';
+import { normalizeParams } from './encoding.ts';
 import { StoreQueryError, type QueryParams } from './store.ts';
 
 /** A placeholder at a `{`: its name and its type (which may hold quoted text: `DateTime64(9, 'UTC')`). */
@@ -25,15 +25,13 @@ export function quoteString(text: string): string {
   return `'${text.replace(/[\\'\0\b\f\n\r\t]/g, (c) => ESCAPES[c]!)}'`;
 }
 
-/** A parameter's value as the SQL the cast reads: quoted text, arrays of it, or NULL. */
+/** A normalized parameter's value (encoding.ts: Dates and bigints already text) as the SQL the cast reads: quoted text, arrays of it, or NULL. */
 function valueSql(value: unknown, name: string): string {
   if (value === null || value === undefined) return 'NULL';
   if (Array.isArray(value)) return `[${value.map((v) => valueSql(v, name)).join(',')}]`;
-  if (value instanceof Date) return quoteString(formatDateTime(value));
   switch (typeof value) {
     case 'string':
       return quoteString(value);
-    case 'bigint':
     case 'boolean':
       return quoteString(String(value));
     case 'number':
@@ -45,7 +43,9 @@ function valueSql(value: unknown, name: string): string {
 }
 
 /** `sql` with every `{name:Type}` outside literals, quoted names and comments replaced by its value. */
-export function inlineParams(sql: string, params: QueryParams | undefined): string {
+export function inlineParams(sql: string, raw: QueryParams | undefined): string {
+  if (!sql.includes('{')) return sql;
+  const params = normalizeParams(raw);
   let out = '';
   let copied = 0;
   for (let i = 0; i < sql.length; i++) {
