@@ -118,6 +118,24 @@ test('the service\'s own operations can be suppressed', { skip }, async () => {
   ]);
 });
 
+test('an agent\'s read right after a suppression is recorded, even within the millisecond it ended', { skip }, async () => {
+  // The clock stands still, so the barrier's CREATE and the agent's read that follows it arrive at the same Date.now().
+  await writeFile(path.join(ws, 'seen.txt'), 'x');
+  const w = new FsWatcher({ workspace: ws, watch: ['/'], track: ['reads'], audit: log });
+  await w.start();
+  const realNow = Date.now;
+  const frozen = realNow();
+  Date.now = () => frozen;
+  try {
+    await w.suppressDuring({ kinds: ['read'] }, () => captureState(ws));
+    sh('cat seen.txt > /dev/null');
+    await w.stop();
+  } finally {
+    Date.now = realNow;
+  }
+  assert.deepEqual(fileEvents(await AuditLog.read(ws)), [['file_read', 'seen.txt']]);
+});
+
 test('a file still open for writing is recorded at stop', { skip }, async () => {
   const w = new FsWatcher({ workspace: ws, watch: ['/'], track: ['writes'], audit: log });
   await w.start();

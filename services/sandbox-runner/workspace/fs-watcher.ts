@@ -308,8 +308,9 @@ export class FsWatcher {
     } finally {
       // Ends when the events `fn` caused have all arrived: a barrier file created now comes after them.
       // Awaiting its creation means whatever the agent does after this returns is not suppressed.
+      // Ended outright, not at a time: events after the barrier's may arrive in the same millisecond.
       await this.barrier(() => {
-        s.until = Date.now();
+        s.until = -Infinity;
       });
     }
   }
