@@ -42,6 +42,7 @@ import { interleavedCreates, timedSandboxes } from './sandbox-timing.ts';
 import { benchDatasets } from './datasets.ts';
 import { benchAlerts } from './alerts.ts';
 import { benchDashboard } from './dashboard.ts';
+import { httpClient } from './http-client.ts';
 import { makeBundle } from '../helpers/bundles.ts';
 // @ts-expect-error plain JS module without types
 import { missingTools, startKafka } from '../../infra/kafka/kafka.mjs';
@@ -155,9 +156,10 @@ async function benchIngest(kind: keyof typeof INGEST_PATHS, env: Record<string, 
     const requests = Math.ceil(INGEST_EVENTS / 1000);
     // Bytes, not strings: the clients share the service's two cores, and encoding 650 KB per POST is theirs, not the service's.
     const bodies: Array<Uint8Array<ArrayBuffer>> = kind === 'traces' ? traceBodies(8).map((b) => new Uint8Array(Buffer.from(b))) : otlpBodies(warmup + requests).map((b) => new Uint8Array(b));
+    const client = httpClient(server.url, INGEST_CONCURRENCY);
     const post = (i: number) =>
-      fetch(`${server.url}${endpoint}`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': contentType }, body: bodies[i % bodies.length] }).then(async (res) => {
-        if (res.status !== 200) throw new Error(`POST ${endpoint}: ${res.status} ${await res.text()}`);
+      client.post(endpoint, { authorization: `Bearer ${key}`, 'content-type': contentType }, bodies[i % bodies.length]!).then((res) => {
+        if (res.status !== 200) throw new Error(`POST ${endpoint}: ${res.status} ${res.text}`);
       });
     for (let i = 0; i < warmup; i += INGEST_CONCURRENCY) await Promise.all(Array.from({ length: INGEST_CONCURRENCY }, (_, j) => post(i + j)));
     let next = warmup;
@@ -168,6 +170,7 @@ async function benchIngest(kind: keyof typeof INGEST_PATHS, env: Record<string, 
       }),
     );
     // Every POST returned after its events were queryable; check with a GET that they are.
+    client.close();
     const seen = await server.request('GET', check, { key });
     if (seen.status !== 200 || seen.body.count !== 1) throw new Error(`events not visible: ${seen.text}`);
     const seconds = (performance.now() - started) / 1000;
@@ -573,21 +576,21 @@ async function benchAsyncIngest(clients: number): Promise<{ acked: number; p50: 
     const { key } = await createTenantKey(server, 'bench');
     const bodies = traceBodies(8).map((b) => new Uint8Array(Buffer.from(b)));
     const headers = { authorization: `Bearer ${key}`, 'content-type': 'application/json', prefer: 'respond-async' };
+    const client = httpClient(server.url, clients);
     const latencies: number[] = [];
     const lags: Array<Promise<number>> = [];
     const tokens: string[] = [];
     const post = async (i: number, measured: boolean) => {
       for (;;) {
         const started = performance.now();
-        const res = await fetch(`${server.url}/v1/traces`, { method: 'POST', headers, body: bodies[i % bodies.length] });
-        const text = await res.text();
+        const res = await client.post('/v1/traces', headers, bodies[i % bodies.length]!);
         if (res.status === 503) {
           await new Promise((r) => setTimeout(r, 100));
           continue;
         }
-        if (res.status !== 202) throw new Error(`POST /v1/traces: ${res.status} ${text}`);
+        if (res.status !== 202) throw new Error(`POST /v1/traces: ${res.status} ${res.text}`);
         const acked = performance.now();
-        const token = res.headers.get('svc-visibility-token')!;
+        const token = String(res.headers['svc-visibility-token']);
         if (!measured) return;
         latencies.push(acked - started);
         tokens.push(token);
@@ -612,6 +615,7 @@ async function benchAsyncIngest(clients: number): Promise<{ acked: number; p50: 
       }),
     );
     const ackSeconds = (performance.now() - started) / 1000;
+    client.close();
     const lagMs = await Promise.all(lags);
     // Every token merged into one: the sink's progress on every partition they name.
     const all = tokens.reduce<string | null>((merged, token) => mergeVisibilityTokens(merged, token), null)!;

@@ -19,6 +19,7 @@ import path from 'node:path';
 import { startKafka } from '../../infra/kafka/kafka.mjs';
 import { createTenantKey, startServer } from '../helpers/server.ts';
 import { otlpBodies, traceBodies } from './bodies.ts';
+import { httpClient } from './http-client.ts';
 
 const kind = (process.argv[2] ?? 'traces') as 'traces' | 'otlp';
 const events = Number(process.argv[3] ?? 300_000);
@@ -65,10 +66,10 @@ try {
   const requests = Math.ceil(events / 1000);
   const warmup = 208; // as the bench: the JITs warm, the first inserts and merges done
   const bodies: Uint8Array[] = kind === 'traces' ? traceBodies(8).map((b) => new TextEncoder().encode(b)) : otlpBodies(warmup + requests);
+  const client = httpClient(server.url, CLIENTS);
   const post = async (i: number) => {
-    const res = await fetch(`${server.url}${endpoint}`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': contentType }, body: bodies[i % bodies.length] as BodyInit });
-    if (res.status !== 200) throw new Error(`POST ${endpoint}: ${res.status} ${await res.text()}`);
-    await res.arrayBuffer();
+    const res = await client.post(endpoint, { authorization: `Bearer ${key}`, 'content-type': contentType }, bodies[i % bodies.length]!);
+    if (res.status !== 200) throw new Error(`POST ${endpoint}: ${res.status} ${res.text}`);
   };
   for (let i = 0; i < warmup; i += CLIENTS) await Promise.all(Array.from({ length: CLIENTS }, (_, j) => post(i + j)));
   const pid = server.pid();
@@ -83,12 +84,13 @@ try {
     while (next < warmup + requests) await post(next++);
   }));
   const seconds = (performance.now() - started) / 1000;
+  client.close();
   if (perf) {
     perf.kill('SIGINT');
     await new Promise((resolve) => perf.on('exit', resolve));
   }
   const after = threadTimes(pid);
-  const client = process.cpuUsage(clientBefore);
+  const clientCpu = process.cpuUsage(clientBefore);
   const n = requests * 1000;
   const rows = [...after].map(([name, us]) => [name, (us - (before.get(name) ?? 0)) / n] as const).filter(([, v]) => v > 0.05).sort((a, b) => b[1] - a[1]);
   const total = rows.reduce((s, [, v]) => s + v, 0);
@@ -96,7 +98,7 @@ try {
   console.log('| thread | µs per event |\n|---|---:|');
   for (const [name, v] of rows) console.log(`| ${name} | ${v.toFixed(2)} |`);
   console.log(`| the service, in all | ${total.toFixed(2)} |`);
-  console.log(`| the bench's clients (this process) | ${((client.user + client.system) / n).toFixed(2)} |`);
+  console.log(`| the bench's clients (this process) | ${((clientCpu.user + clientCpu.system) / n).toFixed(2)} |`);
   if (brokerPid) console.log(`| the Kafka broker | ${((processTime(brokerPid) - brokerBefore) / n).toFixed(2)} |`);
   // The sink's inserts over the whole run (warm-up included): how large, how long.
   const metrics = (await server.request('GET', '/metrics')).text;
