@@ -2,9 +2,9 @@
  * chDB with no service around it, for `npm run bench` (run as a child process: libchdb binds one
  * data directory per process and is large to fork from, so the bench process never loads it).
  *
- *   node --import tsx test/load/chdb-direct.ts ceiling <traces|otlp> <events> [rows|native] [dir]
+ *   node --import tsx test/load/chdb-direct.ts ceiling <traces|otlp> <events> [rows|native] [dir] [batch rows]
  *     The ingest ceiling: the bench's own request bodies as the sink would store them, into a
- *     fresh store on a temp dir, in batches of 20,000 events (SVC_BENCH_CEILING_BATCH), two at
+ *     fresh store on a temp dir, in batches of 20,000 events (or `batch rows`), two at
  *     a time like the sink's two insert lanes. `rows`: the rows services/sink/rows.ts builds,
  *     through ChdbStore.insert (JSONCompactEachRow; the sink's path on a ClickHouse server).
  *     `native`: the log records' Native blocks (sink/trace-event-block.ts), made beforehand,
@@ -36,7 +36,6 @@ import { UNTAGGED } from '../../services/api/traces/trace-records.ts';
 import { otlpBodies, traceBodies } from './bodies.ts';
 
 const LIMITS = { maxEvents: 1000, maxFieldBytes: 4096 };
-const BATCH_ROWS = Number(process.env.SVC_BENCH_CEILING_BATCH ?? 20_000);
 const LANES = 2;
 
 /**
@@ -82,8 +81,10 @@ FROM (
 
 type Args = string[];
 
-async function ceiling([kind, eventsArg, format = 'rows', keepIn]: Args): Promise<void> {
+async function ceiling([kind, eventsArg, format = 'rows', keepIn, batchArg = '20000']: Args): Promise<void> {
   const events = Number(eventsArg);
+  const batchRows = Number(batchArg);
+  if (!(batchRows >= 1)) throw new Error(`batch rows: ${batchArg} is not a positive number`);
   const dir = await mkdtemp(path.join(keepIn ?? os.tmpdir(), 'svc-bench-chdb-'));
   const log = new EmbeddedLog({ dir: path.join(dir, 'log'), fsync: 'never' });
   const catalog = loadCatalog().filter((t) => t.name === TOPICS.schemas || t.name === TOPICS.traces);
@@ -100,13 +101,13 @@ async function ceiling([kind, eventsArg, format = 'rows', keepIn]: Args): Promis
   let offset = 0;
   /** Per batch, its event count and how it is inserted. */
   const batches: Array<{ rows: number; insert: () => Promise<void> }> = [];
-  const total = events + 2 * BATCH_ROWS; // two batches warm up
+  const total = events + 2 * batchRows; // two batches warm up
   const store = new ChdbStore({ path: path.join(dir, 'chdb') });
-  for (let b = 0; b * BATCH_ROWS < total; b++) {
+  for (let b = 0; b * batchRows < total; b++) {
     const rows: Array<Record<string, unknown>> = [];
     const records: TraceRecordBody[] = [];
     let count = 0;
-    for (let i = 0; count < BATCH_ROWS; i++) {
+    for (let i = 0; count < batchRows; i++) {
       const source = perBody[(b * 20 + i) % perBody.length];
       // A fresh event id per copy, as ingest gives every accepted event its own.
       const value: TraceEventsIngested = { tenant: 'bench', event_id: `r${b}-${i}`, ts: Date.now(), ...UNTAGGED, events: source.map((e, k) => ({ ...e, event_id: `${b}-${i}-${k}` })) };
@@ -138,7 +139,7 @@ async function ceiling([kind, eventsArg, format = 'rows', keepIn]: Args): Promis
     const seconds = (performance.now() - started) / 1000;
     const used = process.cpuUsage(cpu);
     const rows = measured.reduce((n, b) => n + b.rows, 0);
-    console.log(JSON.stringify({ rows_per_s: rows / seconds, cpu_us_per_row: (used.user + used.system) / rows, rows, batch_rows: BATCH_ROWS, format }));
+    console.log(JSON.stringify({ rows_per_s: rows / seconds, cpu_us_per_row: (used.user + used.system) / rows, rows, batch_rows: batchRows, format }));
   } finally {
     await store.close();
     await log.close();
