@@ -54,6 +54,15 @@ const CONSUMER_TUNING: ConsumerTuning = {
   maxWaitTimeInMs: 100,
 };
 
+/**
+ * Batches of different partitions handled at once, as the embedded log's one worker per
+ * partition does (kafkajs keeps a partition's batches in order either way). kafkajs's default, 1,
+ * made a member handle one partition at a time: the sink's writer then held one partition's
+ * records per insert and used one of its two insert lanes (2.5 records per insert, 27k events/s
+ * under the bench's POST load; docs/operations.md). Above the partitions a member has, the extra
+ * workers wait idle.
+ */
+const PARTITIONS_CONSUMED_CONCURRENTLY = 16;
 const DEFAULT_MAX_BATCH = 1000;
 const RETRY_BACKOFF_MIN_MS = 200;
 const RETRY_BACKOFF_MAX_MS = 5_000;
@@ -392,6 +401,7 @@ class KafkaLogConsumer implements Consumer {
     await consumer.subscribe({ topics: options.topics, fromBeginning: options.fromBeginning ?? true });
     await consumer.run({
       autoCommit: false,
+      partitionsConsumedConcurrently: PARTITIONS_CONSUMED_CONCURRENTLY,
       eachBatchAutoResolve: false,
       eachBatch: (payload) => this.eachBatch(payload),
     });
