@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
+import path from 'node:path';
 import { test } from 'node:test';
+import protobuf from 'protobufjs';
 import { decodeOtlpProtobuf, encodeOtlpResponse, otlpJsonResponse, otlpToTraceEvents } from '../../services/api/traces/otlp-mapping.ts';
 
 const LIMITS = { maxEvents: 1000, maxFieldBytes: 64 };
@@ -91,6 +93,36 @@ test('more spans than the limit is a 400 naming the count; a wrong shape is a 40
   assert.throws(() => otlpToTraceEvents(request(spans), { ...LIMITS, maxEvents: 2 }), (e: any) => e.status === 400 && /at most 2 spans per request, got 3/.test(e.message));
   assert.throws(() => otlpToTraceEvents({ resourceSpans: {} }, LIMITS), (e: any) => e.status === 400 && /^resourceSpans: must be an array/.test(e.message));
   assert.deepEqual(otlpToTraceEvents({}, LIMITS), { events: [], rejected: 0, errors: [] });
+});
+
+test('protobuf 64-bit integers are exact: nanoseconds past 2^53, int64 attributes at both ends; a JSON object for a time is rejected', () => {
+  const root = new protobuf.Root();
+  const dir = path.join(import.meta.dirname, '../../services/api/traces/otlp-proto');
+  root.resolvePath = (_origin, target) => (path.isAbsolute(target) ? target : path.join(dir, target));
+  root.loadSync('opentelemetry/proto/collector/trace/v1/trace_service.proto');
+  const Request = root.lookupType('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
+  const ids = { traceId: Buffer.from(TRACE, 'hex'), spanId: Buffer.from('eee19b7ec3c1b174', 'hex') };
+  const body = Request.encode(
+    Request.fromObject(
+      request([
+        { ...ids, name: 'a', startTimeUnixNano: '1700000000123456789', endTimeUnixNano: '1700000000373456789', attributes: [int('min', '-9223372036854775808'), int('max', '9223372036854775807'), int('n', 900)] },
+        { ...ids, name: 'b', startTimeUnixNano: '18446744073709551615' },
+        { ...ids, name: 'c', startTimeUnixNano: '0' },
+      ]),
+    ),
+  ).finish();
+  const { events, rejected, errors } = otlpToTraceEvents(decodeOtlpProtobuf(body), LIMITS);
+  assert.equal(events[0].ts_us, 1700000000123456);
+  assert.equal(events[0].duration_ms, 250);
+  assert.deepEqual(events[0].metadata, { min: '-9223372036854775808', max: '9223372036854775807', n: '900' });
+  assert.equal(events[1].ts_us, Number(18446744073709551615n / 1000n));
+  assert.equal(events[1].duration_ms, 0);
+  assert.equal(rejected, 1);
+  assert.match(errors[0], /spans\[2\]\.startTimeUnixNano is missing/);
+
+  const json = otlpToTraceEvents(request([span({ startTimeUnixNano: { low: 1, high: 1, unsigned: true } })]), LIMITS);
+  assert.equal(json.rejected, 1);
+  assert.match(json.errors[0], /startTimeUnixNano must be an unsigned integer of nanoseconds/);
 });
 
 test('garbage protobuf is a 400; responses encode partial success', () => {
