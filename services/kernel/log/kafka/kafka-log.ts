@@ -126,7 +126,10 @@ export class KafkaLog implements EventLog {
     const existing = new Set(await admin.listTopics());
     const missing = catalog.filter((t) => !existing.has(t.name));
     if (missing.length) {
-      await admin.createTopics({
+      // Retried: a broker under load may not know a topic its controller just made, and kafkajs
+      // waits out only LEADER_NOT_AVAILABLE (UNKNOWN_TOPIC_OR_PARTITION failed a start in a test
+      // run); a second try finds the topics made and returns.
+      await retryRetriable(() => admin.createTopics({
         waitForLeaders: true,
         topics: missing.map((t) => ({
           topic: t.name,
@@ -137,7 +140,7 @@ export class KafkaLog implements EventLog {
             { name: 'max.message.bytes', value: String(MAX_MESSAGE_BYTES) },
           ],
         })),
-      });
+      }));
       this.logger.info({ topics: missing.map((t) => t.name) }, 'created Kafka topics');
       // Leaders exist in the metadata a moment before they serve requests: wait until each new
       // topic answers ListOffsets, so the first reads after start() do not fail NOT_LEADER.
