@@ -161,7 +161,11 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     const file = this.idleInboxFiles.pop() ?? join(this.inbox, `${this.inboxFiles++}.native`);
     try {
       await writeFile(file, block); // part after part, never joined in memory; truncating an idle file keeps its inode
-      const sql = `INSERT INTO ${table} (${columns.join(', ')}) SELECT * FROM file(${quoteString(file)}, 'Native')`;
+      // optimize_on_insert = 0: the engine does not collapse a block's own duplicate keys on
+      // insert (ReplacingMergeTree), which cost 8-21% of its CPU per row at the sink's block sizes
+      // (chdb-direct.ts ceiling, 3,400-row blocks, five pairs); replays never reach an insert (the
+      // sink skips them) and readers that must not see a duplicate dedupe across parts anyway.
+      const sql = `INSERT INTO ${table} (${columns.join(', ')}) SELECT * FROM file(${quoteString(file)}, 'Native') SETTINGS optimize_on_insert = 0`;
       await this.open().writers.run((writer) => engineCall(() => writer.queryAsync(sql, { format: 'TabSeparated' })));
     } finally {
       this.idleInboxFiles.push(file);
