@@ -71,18 +71,21 @@ export class SandboxOperations {
     if (sandboxes.live(p.tenant).length >= quota) {
       throw new AppError('rate_limited', `concurrent sandbox quota reached: ${quota} for the ${plan} plan`, { retryAfter: 5 });
     }
-    const answer = answerOf(
-      await requester.request(p.tenant, id, runners.pick(), 'create', {
-        spec_id: spec.stored.spec_id,
-        spec_version: spec.stored.version,
-        yaml: spec.stored.yaml,
-        timeout_ms: input.timeoutMs,
-        metadata: input.metadata,
-        // Sealed on the log with the rest of the request (domain/sandbox-requests.ts).
-        secrets: input.secrets,
-        agent,
-      }),
-    );
+    const reply = await requester.request(p.tenant, id, runners.pick(), 'create', {
+      spec_id: spec.stored.spec_id,
+      spec_version: spec.stored.version,
+      yaml: spec.stored.yaml,
+      timeout_ms: input.timeoutMs,
+      metadata: input.metadata,
+      // Sealed on the log with the rest of the request (domain/sandbox-requests.ts).
+      secrets: input.secrets,
+      agent,
+    });
+    // A failed boot ends its sandbox (state error) before the runner replies, but this api's view
+    // of svc.sandboxes may not have seen that yet: once it knows the sandbox, the answer waits for
+    // its end, so a list right after the 400 does not show it live. (A conflict is another's sandbox.)
+    if (reply.status >= 400 && reply.error !== 'conflict' && sandboxes.has(id)) await sandboxes.waitForState(id, ['stopped', 'error']);
+    const answer = answerOf(reply);
     await sandboxes.waitForState(id, ['ready', 'running', 'stopped']);
     // As this api names it (its SVC_BASE_URL), not as the runner does (the address it reaches the api at).
     return sandboxes.has(id) ? { ...answer, body: sandboxView(sandboxes.owned(p, id, { allowGone: true }), config.baseUrl) } : answer;
