@@ -173,12 +173,14 @@ function spanToEvent(span: unknown, resource: Record<string, string>, at: string
   const end = nanos(span.endTimeUnixNano, `${at}.endTimeUnixNano`) ?? start;
   if (end < start) throw new SpanRejected(`${at}.endTimeUnixNano is before startTimeUnixNano`);
 
-  const attrs: Record<string, string> = {};
+  // The span's attributes over its resource's, built in place: a spread of the two maps took half
+  // the mapping's time and made the records' encoding slower. The resource's keys all begin
+  // `resource.`, so the span's own attributes are looked up in the same map.
+  const attrs: Record<string, string> = Object.assign({}, resource);
   flattenAttributes(span.attributes, '', attrs, limits);
-  const metadata = { ...resource, ...attrs };
   const status = isObject(span.status) ? span.status : {};
   const error = status.code === 2 || status.code === 'STATUS_CODE_ERROR';
-  if (error && typeof status.message === 'string' && status.message !== '') metadata['otel.status_message'] = fieldText(status.message, limits);
+  if (error && typeof status.message === 'string' && status.message !== '') attrs['otel.status_message'] = fieldText(status.message, limits);
 
   const operation = attrs['gen_ai.operation.name'];
   const toolUse = operation === 'execute_tool';
@@ -201,7 +203,7 @@ function spanToEvent(span: unknown, resource: Record<string, string>, at: string
     input: input ?? null,
     output: output ?? null,
     cost: costOf(attrs),
-    metadata,
+    metadata: attrs,
   };
 }
 
