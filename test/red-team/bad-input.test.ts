@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { gzipSync } from 'node:zlib';
 import { createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
+import { lengthField } from '../helpers/protobuf-wire.ts';
 
 const DEPTH = 50_000;
 const TOO_DEEP = /deeper than 100 levels/;
@@ -27,25 +28,13 @@ function deepOtlpJson(levels: number): string {
   return JSON.stringify({ resourceSpans: [{ scopeSpans: [{ spans: [span] }] }] }).replace('"__ATTR__"', `{"key":"deep","value":${value}}`);
 }
 
-/** Protobuf bytes: a length-delimited field. */
-const field = (tag: number, bytes: Buffer) => Buffer.concat([varint((tag << 3) | 2), varint(bytes.length), bytes]);
-function varint(n: number): Buffer {
-  const out: number[] = [];
-  while (n > 0x7f) {
-    out.push((n & 0x7f) | 0x80);
-    n >>>= 7;
-  }
-  out.push(n);
-  return Buffer.from(out);
-}
-
 /** An OTLP protobuf request: a resource attribute whose AnyValue nests kvlists `levels` deep. */
 function deepOtlpProtobuf(levels: number): Buffer {
   // AnyValue{kvlist_value(6): KeyValueList{values(1): KeyValue{key(1): "a", value(2): AnyValue}}}, from the inside out.
-  let any = field(1, Buffer.from('x')); // AnyValue{string_value}
-  for (let i = 0; i < levels; i++) any = field(6, field(1, Buffer.concat([field(1, Buffer.from('a')), field(2, any)])));
-  const keyValue = Buffer.concat([field(1, Buffer.from('deep')), field(2, any)]);
-  return field(1, field(1, field(1, keyValue))); // Request{resource_spans: ResourceSpans{resource: Resource{attributes}}}
+  let any = lengthField(1, Buffer.from('x')); // AnyValue{string_value}
+  for (let i = 0; i < levels; i++) any = lengthField(6, lengthField(1, Buffer.concat([lengthField(1, Buffer.from('a')), lengthField(2, any)])));
+  const keyValue = Buffer.concat([lengthField(1, Buffer.from('deep')), lengthField(2, any)]);
+  return lengthField(1, lengthField(1, lengthField(1, keyValue))); // Request{resource_spans: ResourceSpans{resource: Resource{attributes}}}
 }
 
 describe('red team: deep JSON bodies are a 400 naming where, never a crash', () => {

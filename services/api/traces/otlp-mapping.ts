@@ -11,13 +11,13 @@ import type { TraceEvent } from '../../domain/events/trace-events.ts';
 import type { TraceLimits } from './validate-events.ts';
 import { isObject } from '../../kernel/is-object.ts';
 import { redactSecrets } from '../../kernel/tenant-secrets.ts';
+import { readTraceRequest } from './otlp-wire.ts';
 
 const PROTO_DIR = fileURLToPath(new URL('./otlp-proto/', import.meta.url));
 const root = new protobuf.Root();
 // Imports in the .proto files are relative to the opentelemetry-proto repository root.
 root.resolvePath = (_origin, target) => (path.isAbsolute(target) ? target : path.join(PROTO_DIR, target));
 root.loadSync('opentelemetry/proto/collector/trace/v1/trace_service.proto');
-const RequestType = root.lookupType('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
 const ResponseType = root.lookupType('opentelemetry.proto.collector.trace.v1.ExportTraceServiceResponse');
 
 /**
@@ -27,7 +27,7 @@ const ResponseType = root.lookupType('opentelemetry.proto.collector.trace.v1.Exp
  */
 export function decodeOtlpProtobuf(body: Uint8Array): unknown {
   try {
-    return RequestType.toObject(RequestType.decode(body), { enums: Number, arrays: true });
+    return readTraceRequest(body);
   } catch (err) {
     throw badRequest('body', `not an OTLP ExportTraceServiceRequest protobuf (${(err as Error).message})`);
   }
