@@ -667,15 +667,15 @@ const ceiling = async (kind: 'traces' | 'otlp', format: 'native' | 'rows', store
   (await chdbDirect<{ rows_per_s: number }>('ceiling', kind, String(INGEST_EVENTS), format, stores, String(batchRows))).rows_per_s;
 
 /**
- * An embedded ingest run with the ceiling it is compared with measured right before and right
- * after it (their mean): this VM's speed drifts by up to 2x over minutes, and the ratio is only
- * fair when both sides ran in the same minutes.
+ * An embedded ingest run with the ceilings it is compared with measured right before and right
+ * after it (the mean of each): this VM's speed drifts by up to 2x over minutes, and a ratio is
+ * only fair when both sides ran in the same minutes.
  */
-async function ingestAgainstCeiling(kind: 'traces' | 'otlp', stores: string): Promise<IngestRun & { ceiling: number }> {
-  const before = await ceiling(kind, 'native', stores);
+async function ingestAgainstCeilings(kind: 'traces' | 'otlp', stores: string): Promise<IngestRun & { native: number; rows: number }> {
+  const before = { native: await ceiling(kind, 'native', stores), rows: await ceiling(kind, 'rows', stores) };
   const run = await benchIngest(kind, {}, stores);
-  const after = await ceiling(kind, 'native', stores);
-  return { ...run, ceiling: (before + after) / 2 };
+  const after = { native: await ceiling(kind, 'native', stores), rows: await ceiling(kind, 'rows', stores) };
+  return { ...run, native: (before.native + after.native) / 2, rows: (before.rows + after.rows) / 2 };
 }
 
 async function benchLogAndIngest(): Promise<void> {
@@ -685,10 +685,10 @@ async function benchLogAndIngest(): Promise<void> {
     { what: '  server peak RSS during that run', embedded: null, kafka: null, unit: 'MiB', target: '' },
     { what: 'OTLP protobuf ingest end to end (1,000 spans → visible)', embedded: null, kafka: null, unit: 'spans/s', target: '>= 40,000 embedded; kafka >= 0.50x' },
     { what: '  server peak RSS during that run', embedded: null, kafka: null, unit: 'MiB', target: '' },
-    { what: 'chDB alone: those POST events as the sink\'s Native blocks (its format on chDB), 2 insert lanes, before and after the run', embedded: null, kafka: null, unit: 'rows/s', target: 'the ceiling' },
-    { what: 'chDB alone: those OTLP spans as the sink\'s Native blocks, 2 insert lanes, before and after the run', embedded: null, kafka: null, unit: 'rows/s', target: 'the ceiling' },
-    { what: 'chDB alone: those POST events as JSON rows (the sink\'s format on a ClickHouse server, and the ceiling of the issue\'s first figures), 2 insert lanes', embedded: null, kafka: null, unit: 'rows/s', target: '' },
-    { what: 'chDB alone: those OTLP spans as JSON rows, 2 insert lanes', embedded: null, kafka: null, unit: 'rows/s', target: '' },
+    { what: 'chDB alone: those POST events as the sink\'s Native blocks (its format on chDB, made beforehand), 2 insert lanes, before and after the run', embedded: null, kafka: null, unit: 'rows/s', target: 'the engine\'s own ceiling' },
+    { what: 'chDB alone: those OTLP spans as the sink\'s Native blocks, 2 insert lanes, before and after the run', embedded: null, kafka: null, unit: 'rows/s', target: 'the engine\'s own ceiling' },
+    { what: 'chDB alone: those POST events as JSON rows (the sink\'s format on a ClickHouse server, and the ceiling of the performance issue\'s figures), 2 insert lanes, before and after the run', embedded: null, kafka: null, unit: 'rows/s', target: 'the ceiling' },
+    { what: 'chDB alone: those OTLP spans as JSON rows, 2 insert lanes, before and after the run', embedded: null, kafka: null, unit: 'rows/s', target: 'the ceiling' },
     { what: 'chDB alone: those POST events as Native blocks of the size of the sink\'s inserts in the POST run (below), 2 insert lanes', embedded: null, kafka: null, unit: 'rows/s', target: '' },
   ];
   const notes: string[] = [];
@@ -698,12 +698,10 @@ async function benchLogAndIngest(): Promise<void> {
   rows[0].embedded = await benchLog(embedded);
   await embedded.close();
   // The ceilings run with no server running: chDB in a child process on its own temp dir.
-  const post = await ingestAgainstCeiling('traces', dir);
-  [rows[1].embedded, rows[2].embedded, rows[5].embedded] = [post.rate, post.peakMiB, post.ceiling];
-  const otlp = await ingestAgainstCeiling('otlp', dir);
-  [rows[3].embedded, rows[4].embedded, rows[6].embedded] = [otlp.rate, otlp.peakMiB, otlp.ceiling];
-  rows[7].embedded = await ceiling('traces', 'rows', dir);
-  rows[8].embedded = await ceiling('otlp', 'rows', dir);
+  const post = await ingestAgainstCeilings('traces', dir);
+  [rows[1].embedded, rows[2].embedded, rows[5].embedded, rows[7].embedded] = [post.rate, post.peakMiB, post.native, post.rows];
+  const otlp = await ingestAgainstCeilings('otlp', dir);
+  [rows[3].embedded, rows[4].embedded, rows[6].embedded, rows[8].embedded] = [otlp.rate, otlp.peakMiB, otlp.native, otlp.rows];
   // The closed loop of 16 clients keeps the sink's inserts far smaller than 20,000 rows, and an insert's cost is much per insert.
   rows[9].embedded = await ceiling('traces', 'native', dir, post.insertRows);
   notes.push(`the sink's inserts of trace_events in the POST run held ${post.insertRows.toLocaleString('en-US')} rows on average, in the OTLP run ${otlp.insertRows.toLocaleString('en-US')}`);
@@ -735,10 +733,10 @@ async function benchLogAndIngest(): Promise<void> {
     const ratio = r.unit === 'MiB' ? '' : x(r.kafka, r.embedded);
     console.log(`| ${r.what} | ${fmt(r.embedded)} | ${fmt(r.kafka)} | ${ratio} | ${r.unit} | ${r.target} |`);
   }
-  console.log(`| POST /v1/traces ingest / chDB alone (Native blocks) | ${x(rows[1].embedded, rows[5].embedded)} | ${x(rows[1].kafka, rows[5].embedded)} | | | embedded >= 0.65x |`);
-  console.log(`| OTLP ingest / chDB alone (Native blocks) | ${x(rows[3].embedded, rows[6].embedded)} | ${x(rows[3].kafka, rows[6].embedded)} | | | embedded >= 0.65x |`);
-  console.log(`| POST /v1/traces ingest / chDB alone (JSON rows) | ${x(rows[1].embedded, rows[7].embedded)} | ${x(rows[1].kafka, rows[7].embedded)} | | | |`);
-  console.log(`| OTLP ingest / chDB alone (JSON rows) | ${x(rows[3].embedded, rows[8].embedded)} | ${x(rows[3].kafka, rows[8].embedded)} | | | |`);
+  console.log(`| POST /v1/traces ingest / chDB alone (JSON rows) | ${x(rows[1].embedded, rows[7].embedded)} | ${x(rows[1].kafka, rows[7].embedded)} | | | embedded >= 0.65x (goal 0.8x) |`);
+  console.log(`| OTLP ingest / chDB alone (JSON rows) | ${x(rows[3].embedded, rows[8].embedded)} | ${x(rows[3].kafka, rows[8].embedded)} | | | embedded >= 0.65x (goal 0.8x) |`);
+  console.log(`| POST /v1/traces ingest / chDB alone (Native blocks) | ${x(rows[1].embedded, rows[5].embedded)} | ${x(rows[1].kafka, rows[5].embedded)} | | | |`);
+  console.log(`| OTLP ingest / chDB alone (Native blocks) | ${x(rows[3].embedded, rows[6].embedded)} | ${x(rows[3].kafka, rows[6].embedded)} | | | |`);
   console.log(`| POST /v1/traces ingest / chDB alone (Native blocks of the sink's insert size) | ${x(rows[1].embedded, rows[9].embedded)} | ${x(rows[1].kafka, rows[9].embedded)} | | | |`);
   for (const n of notes) console.log(`note: ${n}`);
 }
