@@ -96,7 +96,7 @@ async function ceiling([kind, eventsArg, format = 'rows', keepIn, batchArg = '20
   // The events of each distinct body, as ingest would hand them to the log.
   const perBody: TraceEvent[][] =
     kind === 'otlp'
-      ? otlpBodies(20).map((b) => otlpToTraceEvents(decodeOtlpProtobuf(b), LIMITS).events)
+      ? otlpBodies(20).map((b) => otlpToTraceEvents(decodeOtlpProtobuf(b, LIMITS.maxEvents), LIMITS).events)
       : traceBodies(8).map((b) => validateTraceBatch(JSON.parse(b), LIMITS));
   let offset = 0;
   /** Per batch, its event count and how it is inserted. */

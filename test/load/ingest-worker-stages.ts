@@ -36,7 +36,7 @@ let events = 0;
 /** The body's events, timing each stage with `lap`. */
 function parse(body: Uint8Array, lap: (stage: string) => void, idOf: (part: string) => string): TraceEvent[] {
   if (kind === 'otlp') {
-    const request = decodeOtlpProtobuf(body);
+    const request = decodeOtlpProtobuf(body, limits.maxEvents);
     lap('protobuf decode');
     const { events } = otlpToTraceEvents(request, limits);
     lap('OTLP mapping');

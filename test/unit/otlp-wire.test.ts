@@ -93,10 +93,10 @@ test('the wire decoder gives what the reflection decode and toObject give, unkno
       ],
     }),
   ).finish();
-  const ours = readTraceRequest(body);
+  const ours = readTraceRequest(body, 1000).request;
   assert.deepEqual(ours, reference(body));
   assert.equal((ours as any).resourceSpans[0].scopeSpans[0].spans[0].attributes.length, attrs.length);
-  assert.deepEqual(readTraceRequest(new Uint8Array(0)), reference(new Uint8Array(0)));
+  assert.deepEqual(readTraceRequest(new Uint8Array(0), 1000).request, reference(new Uint8Array(0)));
 });
 
 test("an AnyValue's oneof keeps the last member read, as protobuf says", () => {
@@ -106,7 +106,7 @@ test("an AnyValue's oneof keeps the last member read, as protobuf says", () => {
   const request = (kv: Buffer) => lengthField(1, lengthField(2, lengthField(2, lengthField(9, kv))));
   for (const members of [[0x0a, 0x01, 0x61, 0x18, 0x05], [0x18, 0x05, 0x0a, 0x01, 0x61]]) {
     const body = request(value(members));
-    const ours = readTraceRequest(body) as any;
+    const ours = readTraceRequest(body, 1000).request as any;
     assert.deepEqual(ours, reference(body));
     assert.equal(Object.keys(ours.resourceSpans[0].scopeSpans[0].spans[0].attributes[0].value).length, 1);
   }
@@ -117,7 +117,7 @@ test('bytes that are not a request are a 400, whatever they hold: cut, mangled, 
   const isBadRequest = (e: any) => e.status === 400 && /^body: not an OTLP ExportTraceServiceRequest protobuf/.test(e.message);
   for (let cut = 1; cut < good.length; cut += 7) {
     try {
-      decodeOtlpProtobuf(good.subarray(0, cut));
+      decodeOtlpProtobuf(good.subarray(0, cut), 1000);
     } catch (e) {
       assert.ok(isBadRequest(e), String(e));
     }
@@ -126,17 +126,30 @@ test('bytes that are not a request are a 400, whatever they hold: cut, mangled, 
     const mangled = Buffer.from(good);
     for (let k = 0; k < 3; k++) mangled[(i * 7919 + k * 104729) % mangled.length] = (i * 31 + k * 17) & 0xff;
     try {
-      decodeOtlpProtobuf(mangled);
+      decodeOtlpProtobuf(mangled, 1000);
     } catch (e) {
       assert.ok(isBadRequest(e), String(e));
     }
   }
   // A length past the end, field number 0, and an end-group tag with no group.
-  for (const bytes of [[0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01], [0x02, 0x00], [0x0c]]) assert.throws(() => decodeOtlpProtobuf(Buffer.from(bytes)), isBadRequest);
+  for (const bytes of [[0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01], [0x02, 0x00], [0x0c]]) assert.throws(() => decodeOtlpProtobuf(Buffer.from(bytes), 1000), isBadRequest);
   // 10,000 arrays in arrays: refused at protoc's depth, not a stack overflow.
   let inner = Buffer.alloc(0);
   for (let d = 0; d < 10_000; d++) inner = lengthField(5, lengthField(1, inner)); // AnyValue{array_value: ArrayValue{values}}
   // Request{resource_spans: ResourceSpans{scope_spans: ScopeSpans{spans: Span{attributes: KeyValue{value}}}}}
   const deep = lengthField(1, lengthField(2, lengthField(2, lengthField(9, lengthField(2, inner)))));
-  assert.throws(() => decodeOtlpProtobuf(deep), (e: any) => isBadRequest(e) && /max depth exceeded/.test(e.message));
+  assert.throws(() => decodeOtlpProtobuf(deep, 1000), (e: any) => isBadRequest(e) && /max depth exceeded/.test(e.message));
+});
+
+test('spans past the request limit are counted, not built: a 15 MiB body of empty spans is a 400 naming the count', () => {
+  const empty = Buffer.alloc(15 * 1024 * 1024);
+  for (let i = 0; i < empty.length; i += 2) empty[i] = 0x12; // ScopeSpans.spans, length 0
+  // Request{resource_spans: ResourceSpans{scope_spans: ScopeSpans{spans...}}}, twice over: the count runs across both.
+  const body = Buffer.concat([lengthField(1, lengthField(2, empty)), lengthField(1, lengthField(2, lengthField(2, [])))]);
+  const total = empty.length / 2 + 1;
+  const read = readTraceRequest(body, 5);
+  assert.equal(read.spans, total);
+  assert.deepEqual((read.request as any).resourceSpans.map((rs: any) => rs.scopeSpans[0].spans.length), [5, 0]);
+  assert.throws(() => decodeOtlpProtobuf(body, 1000), (e: any) => e.status === 400 && e.message === `resourceSpans: at most 1000 spans per request, got ${total}`);
+  assert.equal(readTraceRequest(body.subarray(0, 0), 5).spans, 0);
 });

@@ -111,7 +111,7 @@ test('protobuf 64-bit integers are exact: nanoseconds past 2^53, int64 attribute
       ]),
     ),
   ).finish();
-  const { events, rejected, errors } = otlpToTraceEvents(decodeOtlpProtobuf(body), LIMITS);
+  const { events, rejected, errors } = otlpToTraceEvents(decodeOtlpProtobuf(body, LIMITS.maxEvents), LIMITS);
   assert.equal(events[0].ts_us, 1700000000123456);
   assert.equal(events[0].duration_ms, 250);
   assert.deepEqual(events[0].metadata, { min: '-9223372036854775808', max: '9223372036854775807', n: '900' });
@@ -126,7 +126,7 @@ test('protobuf 64-bit integers are exact: nanoseconds past 2^53, int64 attribute
 });
 
 test('garbage protobuf is a 400; responses encode partial success', () => {
-  assert.throws(() => decodeOtlpProtobuf(Buffer.from([0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01])), (e: any) => e.status === 400 && /^body: not an OTLP/.test(e.message));
+  assert.throws(() => decodeOtlpProtobuf(Buffer.from([0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01]), 1000), (e: any) => e.status === 400 && /^body: not an OTLP/.test(e.message));
   assert.equal(encodeOtlpResponse(null).length, 0);
   assert.ok(encodeOtlpResponse({ rejectedSpans: 1, errorMessage: 'x' }).length > 0);
   assert.deepEqual(otlpJsonResponse({ rejectedSpans: 2, errorMessage: 'bad' }), { partialSuccess: { rejectedSpans: '2', errorMessage: 'bad' } });

@@ -82,7 +82,7 @@ function events(task: IngestTask, body: Buffer, idOf: (part: string) => string):
     case 'otlp-json':
       return otlpToTraceEvents(parseJson(body), limits);
     case 'otlp-protobuf':
-      return otlpToTraceEvents(decodeOtlpProtobuf(body), limits);
+      return otlpToTraceEvents(decodeOtlpProtobuf(body, limits.maxEvents), limits);
   }
 }
 
