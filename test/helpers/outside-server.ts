@@ -15,7 +15,7 @@ import { Readable } from 'node:stream';
 import tls from 'node:tls';
 import dnsPacket from 'dns-packet';
 import { GatewayDnsServer } from '../../services/sandbox-runner/network/dns-server.ts';
-import { DNS_OCTET, DOT_PORT, TCP_ECHO_PORT, UDP_ECHO_PORT, WEB_HOSTS, WORLD_HOSTS, worldOctet, type WorldRequest } from './outside-world.ts';
+import { DNS_OCTET, DOT_PORT, TCP_ECHO_PORT, UDP_ECHO_PORT, WEB_HOSTS, WORLD_HOSTS, madeUpName, worldOctet, type WorldRequest } from './outside-world.ts';
 
 const config = JSON.parse(process.env.SVCO_CONFIG ?? '{}') as { prefix: string; certFile: string; keyFile: string; filesDir?: string };
 const { prefix } = config;
@@ -213,6 +213,14 @@ async function main(): Promise<void> {
       port: 53,
       answer: async (source, name, type) => {
         dnsQueries.push({ source, name, type });
+        const madeUp = madeUpName(name);
+        if (madeUp) {
+          if (type !== 'A') return { kind: 'empty' };
+          // A rebinding name answers the allowed host first, and its own address ever after.
+          const asked = dnsQueries.filter((q) => q.name === name && q.type === 'A').length;
+          const address = madeUp.kind === 'rebind' && asked === 1 ? addr('other.allowed.test') : madeUp.address;
+          return { kind: 'addresses', addresses: [address], ttl: 0 };
+        }
         const octet = worldOctet(name);
         if (octet === null) return { kind: 'nxdomain', reason: 'not in the outside world' };
         if (type !== 'A') return { kind: 'empty' };

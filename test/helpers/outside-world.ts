@@ -13,6 +13,17 @@
  *   (DNS)               10.98.k.10  :53 UDP and TCP, authoritative for the names above,
  *                                   NXDOMAIN for everything else
  *
+ * The DNS also answers two kinds of made-up names under the allowed glob, as an attacker's own
+ * authoritative server would (TTL 0): `<a-b-c-d>.ip.wild.allowed.test` is a.b.c.d (any address,
+ * 169.254.169.254 or 127.0.0.1 say), and `<a-b-c-d>.rebind.wild.allowed.test` is
+ * other.allowed.test's address the first time it is asked, a.b.c.d every time after (DNS
+ * rebinding).
+ *
+ * `arrivals(name)` counts what reached a host's address at all, whatever the port and whether
+ * a server listens there: TCP connection attempts (SYNs) and UDP datagrams, counted by an
+ * nftables table inside the world's namespace (so a test can show that nothing arrived even
+ * where no server would have recorded it).
+ *
  * With `files`, every web server also serves that directory's files at `/files/<path>` (a
  * package mirror, say).
  *
@@ -58,6 +69,13 @@ export const TCP_ECHO_PORT = 7000;
 export const UDP_ECHO_PORT = 7001;
 export const DOT_PORT = 853;
 
+/** `<a-b-c-d>.ip.wild.allowed.test` and `<a-b-c-d>.rebind.wild.allowed.test`: the address they name, and how they answer. */
+export function madeUpName(name: string): { kind: 'ip' | 'rebind'; address: string } | null {
+  const m = /^(\d{1,3})-(\d{1,3})-(\d{1,3})-(\d{1,3})\.(ip|rebind)\.wild\.allowed\.test\.?$/i.exec(name);
+  if (!m || m.slice(1, 5).some((o) => Number(o) > 255)) return null;
+  return { kind: m[5]!.toLowerCase() as 'ip' | 'rebind', address: m.slice(1, 5).map(Number).join('.') };
+}
+
 /** The last octet of `name`'s address, or null when the world's DNS says NXDOMAIN. */
 export function worldOctet(name: string): number | null {
   const n = name.toLowerCase().replace(/\.$/, '');
@@ -95,11 +113,13 @@ export interface OutsideWorld {
   tcpConnections(): Promise<number>;
   /** UDP echo packets received so far */
   udpPackets(): Promise<number>;
+  /** what reached `name`'s address so far, any port: TCP connection attempts and UDP datagrams */
+  arrivals(name: string): Promise<{ tcp: number; udp: number }>;
   /** questions the world's DNS server received so far, with the asking address */
   dnsQueries(): Promise<Array<{ source: string; name: string; type: string }>>;
   /** DNS-over-TLS queries received so far (DoH ones are in requests()) */
   dotQueries(): Promise<number>;
-  /** forgets what was recorded so far (requests, counters, queries) */
+  /** forgets what was recorded so far (requests, counters, queries, arrivals) */
   reset(): Promise<void>;
   /** kills the servers, deletes the namespace, the veth and the temp dir; idempotent */
   close(): Promise<void>;
@@ -306,6 +326,23 @@ export async function startOutsideWorld(options: { files?: string } = {}): Promi
       '',
     ].join('\n'));
 
+    // Counters of what reaches each address, any port (arrivals()).
+    const counted = octets.map((o) => ({ o, address: `${prefix}.${o}` }));
+    await run('ip', ['netns', 'exec', namespace, 'nft', '-f', '-'], [
+      'table inet world {',
+      ...counted.flatMap(({ o }) => [`  counter tcp_${o} {}`, `  counter udp_${o} {}`]),
+      '  chain input {',
+      '    type filter hook input priority filter; policy accept;',
+      ...counted.flatMap(({ o, address }) => [
+        `    ip daddr ${address} tcp flags & (syn | ack) == syn counter name tcp_${o}`,
+        `    ip daddr ${address} meta l4proto udp counter name udp_${o}`,
+      ]),
+      '  }',
+      '}',
+      '',
+    ].join('\n'));
+    const nft = (...args: string[]) => run('ip', ['netns', 'exec', namespace, 'nft', ...args]);
+
     const certs = await certsPromise;
     const env: NodeJS.ProcessEnv = { ...process.env, SVCO_CONFIG: JSON.stringify({ prefix, certFile: certs.certFile, keyFile: certs.keyFile, filesDir: options.files }) };
     delete env.NODE_TEST_CONTEXT;
@@ -389,9 +426,19 @@ export async function startOutsideWorld(options: { files?: string } = {}): Promi
       requests: () => ask<WorldRequest[]>('requests'),
       tcpConnections: () => ask<number>('tcpConnections'),
       udpPackets: () => ask<number>('udpPackets'),
+      async arrivals(name: string) {
+        const octet = worldOctet(name);
+        if (octet === null) throw new Error(`the outside world has no host named ${name}`);
+        const listed = JSON.parse(await nft('-j', 'list', 'counters', 'table', 'inet', 'world')) as { nftables: Array<{ counter?: { name: string; packets: number } }> };
+        const packets = (counter: string) => listed.nftables.find((e) => e.counter?.name === counter)?.counter?.packets ?? 0;
+        return { tcp: packets(`tcp_${octet}`), udp: packets(`udp_${octet}`) };
+      },
       dnsQueries: () => ask<Array<{ source: string; name: string; type: string }>>('dnsQueries'),
       dotQueries: () => ask<number>('dotQueries'),
-      reset: () => ask<void>('reset'),
+      reset: async () => {
+        await nft('reset', 'counters', 'table', 'inet', 'world');
+        await ask<void>('reset');
+      },
       close,
     };
   } catch (err) {

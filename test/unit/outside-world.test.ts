@@ -1,7 +1,8 @@
 /**
  * The outside world of the network tests (test/helpers/outside-world.ts): every server answers
  * from the host (HTTP, HTTPS with the test CA, CONNECT relay, DoH, DoT, TCP and UDP echo, the
- * authoritative DNS), what they received is reported, and close() leaves no namespace or link
+ * authoritative DNS, made-up and rebinding names), what they received is reported (arrivals at an
+ * address too, where no server listens), and close() leaves no namespace or link
  * behind; a world whose test process was killed is swept by the next one. Needs root.
  */
 import assert from 'node:assert/strict';
@@ -203,12 +204,43 @@ test('the DNS server is authoritative for the world and NXDOMAIN otherwise, over
   assert.throws(() => world.ip('example.com'));
 });
 
+test('made-up names answer the address they name; a rebinding one the allowed host first, then its own', { skip }, async () => {
+  const r = new Resolver({ timeout: 1000, tries: 2 });
+  r.setServers([world.dns]);
+  assert.deepEqual(await r.resolve4('169-254-169-254.ip.wild.allowed.test'), ['169.254.169.254']);
+  assert.deepEqual(await r.resolve4('127-0-0-1.rebind.wild.allowed.test'), [world.ip('other.allowed.test')]);
+  assert.deepEqual(await r.resolve4('127-0-0-1.rebind.wild.allowed.test'), ['127.0.0.1']);
+  assert.deepEqual(await r.resolve4('127-0-0-1.rebind.wild.allowed.test'), ['127.0.0.1']);
+  assert.deepEqual(await r.resolve4('1-2-3-999.ip.wild.allowed.test'), [world.ip('other.allowed.test')], 'not an address: an ordinary glob name');
+});
+
+test('arrivals() counts TCP connection attempts and UDP datagrams at an address, on ports where nothing listens too', { skip }, async () => {
+  const before = await world.arrivals('denied.test');
+  const elsewhere = await world.arrivals('doh.test');
+  const refused = await new Promise<string>((resolve) => net.connect(7654, world.ip('denied.test')).once('error', (e: NodeJS.ErrnoException) => resolve(e.code ?? '')));
+  assert.equal(refused, 'ECONNREFUSED');
+  await get('http', 'denied.test', '/counted');
+  const udp = dgram.createSocket('udp4');
+  await new Promise<void>((resolve) => udp.send('quic?', 443, world.ip('denied.test'), () => resolve()));
+  udp.close();
+  const after = await eventually(() => world.arrivals('denied.test'), (a) => a.udp > before.udp);
+  assert.deepEqual(after, { tcp: before.tcp + 2, udp: before.udp + 1 });
+  assert.deepEqual(await world.arrivals('doh.test'), elsewhere, 'counted per address');
+});
+
 test('reset() forgets what was recorded', { skip }, async () => {
   await get('http', 'api.allowed.test', '/before-reset');
   await world.reset();
   assert.deepEqual(await world.requests(), []);
   assert.equal(await world.tcpConnections(), 0);
+  assert.deepEqual(await world.arrivals('api.allowed.test'), { tcp: 0, udp: 0 });
 });
+
+async function eventually<T>(read: () => Promise<T>, done: (value: T) => boolean): Promise<T> {
+  let value = await read();
+  for (const deadline = Date.now() + 2000; !done(value) && Date.now() < deadline; value = await read()) await new Promise((r) => setTimeout(r, 50));
+  return value;
+}
 
 test('close() removes the namespace and the link; a world whose test process was killed is swept by the next one', { skip }, async () => {
   const ours = [`link ${world.hostLink}`, `netns ${world.namespace}`];
