@@ -9,6 +9,7 @@
 import { SingleBar } from 'cli-progress';
 import type { SvcClient } from '../../sdk/src/client.ts';
 import { CliError, EXIT } from './errors.ts';
+import { drawingStream } from './output.ts';
 import { FINAL_STATES, type RunResults } from './results.ts';
 
 export interface FollowOptions {
@@ -26,7 +27,7 @@ function payload(r: RunResults) {
 /** Polls until the experiment is completed, failed or cancelled; resolves with its RunResults. */
 export async function followExperiment(client: SvcClient, id: string, options: FollowOptions): Promise<RunResults> {
   const tty = process.stderr.isTTY === true && !options.quiet;
-  const bar = tty ? new SingleBar({ format: FORMAT, stream: process.stderr, hideCursor: true, etaBuffer: 20, fps: 10, barsize: 30, clearOnComplete: false, barCompleteChar: '█', barIncompleteChar: '░' }) : null;
+  const bar = tty ? new SingleBar({ format: FORMAT, stream: drawingStream(process.stderr) as NodeJS.WriteStream, hideCursor: true, etaBuffer: 20, fps: 10, barsize: 30, clearOnComplete: false, barCompleteChar: '█', barIncompleteChar: '░' }) : null;
   let started = false;
   let lastLine = '';
   const onInterrupt = () => {

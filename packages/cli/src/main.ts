@@ -15,6 +15,7 @@ import { Command, CommanderError } from 'commander';
 import { createClient, type SvcClient } from '../../sdk/src/client.ts';
 import { connection, type Connection } from './config.ts';
 import { CliError, describeError, EXIT } from './errors.ts';
+import { keepOutputInert } from './output.ts';
 import { agentsCommands } from './commands/agents.ts';
 import { completionCommand } from './commands/completion.ts';
 import { evalCommand } from './commands/eval.ts';
@@ -98,6 +99,7 @@ export async function runCli(argv: string[], operator: Record<string, OperatorCo
       return 1;
     }
   }
+  keepOutputInert();
   const { program, context } = buildProgram(operator);
   try {
     if (argv.length === 0) {

@@ -27,6 +27,37 @@ export function table(head: string[], rows: Array<Array<string | number | null |
   return t.toString();
 }
 
+/**
+ * What reaches the terminal from the service is shown, never obeyed: names, messages, trace
+ * content and command output are the tenant's agents' words (or a hostile server's). Every string
+ * the CLI writes keeps its text, tabs, newlines (CRLF too) and colour (SGR); any other control
+ * character (ESC of a cursor move, a screen clear, OSC 52's clipboard write or OSC 8's link, BEL,
+ * C1's CSI \x9b, DEL) is written as its JSON escape, `\u001b`, which inside a JSON string is the
+ * same value. Buffers are the shell's raw terminal (`sandboxes shell`) and pass as they are.
+ */
+const CONTROL = /\x1b\[[0-9;]*m|\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
+
+export const inert = (text: string): string =>
+  text.replace(CONTROL, (c) => (c.length > 1 ? c : `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`));
+
+const rawWrites = new Map<NodeJS.WriteStream, NodeJS.WriteStream['write']>();
+
+/** Makes every string written to stdout and stderr inert (once per process). */
+export function keepOutputInert(): void {
+  for (const stream of [process.stdout, process.stderr]) {
+    if (rawWrites.has(stream)) continue;
+    const write = stream.write.bind(stream) as NodeJS.WriteStream['write'];
+    rawWrites.set(stream, write);
+    stream.write = ((chunk: unknown, ...rest: never[]) => write(typeof chunk === 'string' ? inert(chunk) : (chunk as Uint8Array), ...rest)) as NodeJS.WriteStream['write'];
+  }
+}
+
+/** `stream` for what the CLI draws itself (the progress bar's cursor moves): writes not made inert. */
+export function drawingStream(stream: NodeJS.WriteStream): Pick<NodeJS.WriteStream, 'write' | 'isTTY' | 'columns'> {
+  const write = rawWrites.get(stream) ?? stream.write.bind(stream);
+  return { write, isTTY: stream.isTTY, get columns() { return stream.columns; } };
+}
+
 export function printJson(value: unknown): void {
   process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
 }

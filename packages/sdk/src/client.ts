@@ -26,6 +26,38 @@ export class SvcError extends Error {
   }
 }
 
+/**
+ * The most of one answer the client reads: a server that streams without end (a hostile one, or
+ * a proxy gone wrong) fails the call here instead of filling memory. An error answer's message
+ * needs far less.
+ */
+export const MAX_ANSWER_BYTES = 256 * 1024 * 1024;
+const MAX_ERROR_BYTES = 64 * 1024;
+
+/** The body as text, refused as soon as it passes `limit` bytes (declared or read). */
+async function boundedText(res: Response, limit: number, what: string): Promise<string> {
+  const tooLarge = () => new SvcError(res.status, 'answer_too_large', `the answer to ${what} is over ${limit} bytes; the client stopped reading it`);
+  if (Number(res.headers.get('content-length')) > limit) {
+    await res.body?.cancel().catch(() => {});
+    throw tooLarge();
+  }
+  if (!res.body) return '';
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let size = 0;
+  let text = '';
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return text + decoder.decode();
+    size += value.byteLength;
+    if (size > limit) {
+      await reader.cancel().catch(() => {});
+      throw tooLarge();
+    }
+    text += decoder.decode(value, { stream: true });
+  }
+}
+
 export interface Page<T> {
   items: T[];
   next_cursor?: string;
@@ -284,9 +316,11 @@ export function createClient(options: ClientOptions = {}) {
     const params = new URLSearchParams();
     for (const [k, v] of Object.entries(opts.query ?? {})) if (v !== undefined && v !== null) params.set(k, String(v));
     const qs = params.size > 0 ? `?${params}` : '';
-    const res = await fetch(`${baseUrl}${path}${qs}`, { method, headers, body, signal: opts.signal });
+    // The API never redirects: following one would send the request's body (a secret's value)
+    // wherever the answer points, over plain HTTP too.
+    const res = await fetch(`${baseUrl}${path}${qs}`, { method, headers, body, signal: opts.signal, redirect: 'error' });
     if (!res.ok) {
-      const text = await res.text();
+      const text = await boundedText(res, MAX_ERROR_BYTES, `${method} ${path}`);
       let parsed: { error?: unknown; message?: unknown } = {};
       try {
         parsed = JSON.parse(text);
@@ -298,8 +332,8 @@ export function createClient(options: ClientOptions = {}) {
     return res;
   }
 
-  const json = async <T>(method: string, path: string, opts?: RequestOptions): Promise<T> => (await send(method, path, opts)).json() as Promise<T>;
-  const text = async (method: string, path: string, opts?: RequestOptions): Promise<string> => (await send(method, path, opts)).text();
+  const text = async (method: string, path: string, opts?: RequestOptions): Promise<string> => boundedText(await send(method, path, opts), MAX_ANSWER_BYTES, `${method} ${path}`);
+  const json = async <T>(method: string, path: string, opts?: RequestOptions): Promise<T> => JSON.parse(await text(method, path, opts)) as T;
 
   const sandboxPath = (id: string) => `/v1/sandboxes/${seg(id)}`;
   const filePath = (id: string, file: string) => `${sandboxPath(id)}/files/${file.replace(/^\/+/, '').split('/').map(seg).join('/')}`;
