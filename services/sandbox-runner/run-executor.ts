@@ -355,7 +355,7 @@ async function auditFacts(workspace: string): Promise<RunOutcome['audit']> {
     if (record.type === 'secret_finding') facts.secret_findings.push({ name: String(record.details.name), seq: i + 1, ts: record.ts });
     if (record.type === 'db_write') {
       const d = record.details;
-      facts.db_writes.push({ service: String(d.service), table: String(d.table), operation: String(d.operation), row_count: Number(d.row_count) || 0, rolled_back: d.rolled_back === true, seq: i + 1, ts: record.ts });
+      facts.db_writes.push({ service: String(d.service), table: String(d.table), operation: String(d.operation), ...(typeof d.command === 'string' ? { command: d.command } : {}), row_count: Number(d.row_count) || 0, rolled_back: d.rolled_back === true, seq: i + 1, ts: record.ts });
     }
     if (record.type === 'http_call') {
       const d = record.details;

@@ -695,7 +695,8 @@ export class LiveSandbox {
       await this.watcher.start();
     }
     if (this.spec.audit.process_spawns) await this.watchProcesses();
-    if (this.spec.audit.db_writes) await this.backing.startAudit();
+    // always: the databases also note what their names resolve to, which the `sql` invariant holds its query to
+    await this.backing.startAudit();
     done({ file_system: watch.length > 0, process_spawns: this.endProcessWatch !== null, db_writes: this.spec.audit.db_writes });
   }
 

@@ -67,7 +67,7 @@ async function scoreInvariant(name: string, invariant: SpecDocument['invariants'
  * hostname, or a `*.example.com` glob matched as the egress policy matches it; an empty list
  * forbids every call). `db_writes_outside` reads the `db_write` records: a committed write to a
  * table no entry names is a violation (`orders` names `public.orders` too; rolled-back writes
- * count for nothing).
+ * count for nothing); so is a schema change (`ddl`) of an object no entry names.
  */
 export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit: RunOutcome['audit']): Violation[] {
   const found: Violation[] = [];
@@ -114,7 +114,7 @@ function dbWritesOutside(allowed: string[], writes: RunOutcome['audit']['db_writ
     .filter((w) => !w.rolled_back && !names.has(qualified(w.table)))
     .map((w) => ({
       rule: 'db_writes_outside' as const,
-      message: `${w.operation} of ${w.row_count} row${w.row_count === 1 ? '' : 's'} in ${w.table} (${w.service}), not in db_writes_outside (${list})`,
+      message: `${w.operation === 'ddl' ? `${w.command ?? 'ddl'} of ${w.table || 'an object PostgreSQL does not name'}` : `${w.operation} of ${w.row_count} row${w.row_count === 1 ? '' : 's'} in ${w.table}`} (${w.service}), not in db_writes_outside (${list})`,
       audit: { seq: w.seq, ts: w.ts, service: w.service, table: w.table },
     }));
 }

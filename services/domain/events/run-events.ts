@@ -113,10 +113,10 @@ export interface RunOutcome {
     http_calls?: Array<{ method: string; host: string; port?: number; path: string; status: number | null; seq: number; ts: string }>;
     /**
      * The `db_write` records (audit.db_writes): what each database committed, per table and
-     * operation; `rolled_back` writes were undone and count for no rule. Absent in outcomes of
-     * runners older than backing services.
+     * operation (`ddl`: a schema change, `command` its tag); `rolled_back` writes were undone and
+     * count for no rule. Absent in outcomes of runners older than backing services.
      */
-    db_writes?: Array<{ service: string; table: string; operation: string; row_count: number; rolled_back: boolean; seq: number; ts: string }>;
+    db_writes?: Array<{ service: string; table: string; operation: string; command?: string; row_count: number; rolled_back: boolean; seq: number; ts: string }>;
     /** Records of these types the audit's limits dropped (absent in older outcomes): no rule reading them can hold. */
     dropped?: Record<string, number>;
   };

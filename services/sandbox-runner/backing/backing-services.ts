@@ -209,7 +209,7 @@ export class BackingServices {
     return running?.type === 'http_mock' ? running.mock : null;
   }
 
-  /** From now on the databases' writes are recorded (the boot's own, fixtures and setup, are not the agent's). */
+  /** From now on the databases' writes are recorded, when audited (the boot's own, fixtures and setup, are not the agent's); their relations are noted for the `sql` invariant. */
   async startAudit(): Promise<void> {
     await Promise.all([...this.services.values()].map(async (r) => (r.type === 'postgres' ? (await r.server).startAudit() : undefined)));
   }
