@@ -369,9 +369,10 @@ ${extra}`;
       assert.match(checks.charged_once.message, /request_count is 2, not == 1/);
     });
 
-    test('an agent cannot fake the sql invariant with a planted schema first on the database\'s search_path', async () => {
+    test('an agent cannot fake the sql invariant with a planted schema first on the search_path (the database\'s is not its to set, its role\'s is its own)', async () => {
       const cheat = [
-        `psql -c "create schema evil; create table evil.orders (id int); insert into evil.orders values (1); alter database app set search_path = evil, public"`,
+        `psql -c "create schema evil; create table evil.orders (id int); insert into evil.orders values (1); alter role current_user set search_path = evil, public"`,
+        `psql -c "alter database app set search_path = evil, public" 2>&1 | grep -q "must be owner of database app"`,
         `curl -sS -o /dev/null -X POST http://payments/v1/charges`,
       ].join(' && ');
       const run = await runOnce(server, key, 'shop-cheat', cheat, BODY(AGENT, 'parallelism: {replicas: 1}\n').replace('db_writes_outside: [orders, order_log]', 'db_writes_outside: [orders, order_log, evil.orders]'));
