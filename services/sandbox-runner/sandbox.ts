@@ -40,7 +40,9 @@ import { backingRoot, BackingServices } from './backing/backing-services.ts';
 import { applyDrift, cloneGit, type FixtureContext } from './boot/fixtures.ts';
 import { SandboxNetwork } from './network/sandbox-network.ts';
 import { processTracer, type ProcessRun } from './runtime/process-tracer.ts';
+import { captureLayer } from './workspace/layer-state.ts';
 import { resolveRealPath, resolveWorkspacePath, SERVICE_DIR } from './workspace/paths.ts';
+import { childName } from './workspace/places.ts';
 import { captureState, ChecksumCache, diffStates, type Diff, type FilesystemState } from './workspace/state.ts';
 
 /** What the api sends to create a sandbox (the spec travels with it, already stored and valid). */
@@ -841,12 +843,16 @@ export class LiveSandbox {
     return this.unwatched({ kinds: ['read'] }, () => captureState(this.workspace, { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes, cache: this.checksums }));
   }
 
-  /** The files of the sandbox's other writable places (/tmp, /dev/shm), named as the audit names them (`/tmp/x`). */
+  /** The files of the sandbox's other writable places (/tmp, /dev/shm, a writable root's layer), named as the audit names them (`/tmp/x`, `/etc/x`). */
   private async captureElsewhere(): Promise<FilesystemState> {
     const files: FilesystemState['files'] = {};
+    const merged = this.box!.processes();
     for (const place of this.box!.writablePlaces) {
-      const state = await this.unwatched({ kinds: ['read'] }, () => captureState(place.host, { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes }));
-      for (const [rel, entry] of Object.entries(state.files)) files[`${place.at}/${rel}`] = entry;
+      const options = { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes };
+      // A writable root over an image: its overlay's upper directory, read with the image below it.
+      const layer = place.lower ? { upper: place.host, lower: place.lower, merged: merged && `/proc/${merged.supervisorPid}/root` } : null;
+      const state = await this.unwatched({ kinds: ['read'] }, () => (layer ? captureLayer(layer, options) : captureState(place.host, options)));
+      for (const [rel, entry] of Object.entries(state.files)) files[childName(place.at, rel)] = entry;
     }
     return { captured_at: new Date().toISOString(), files };
   }

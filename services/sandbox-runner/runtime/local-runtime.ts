@@ -367,6 +367,8 @@ export class LocalRuntime implements Runtime {
     }
     const sandbox = new LocalSandbox(options, identity, child, cgroup, sandboxDir, mounts, warnings, this.logger);
     if (plan.upper) sandbox.upper = plan.upper;
+    // What the agent writes to / is audited like /tmp (the file watch, the reconciliation).
+    if (plan.layer) sandbox.writablePlaces = [...sandbox.writablePlaces, { at: '/', ...plan.layer }];
     if (bridge) sandbox.adoptBridge(bridge, bridging);
     try {
       if (network) sandbox.attachNetwork(network.networks, network.slot, this.bootTimeoutMs);
@@ -507,7 +509,7 @@ class LocalSandbox implements SandboxHandle {
   private readonly ended = new AbortController();
   private named: Promise<void> = Promise.resolve();
   private network: { networks: LocalNetworks; slot: NetworkSlot } | null = null;
-  readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
+  writablePlaces: SandboxHandle['writablePlaces'];
   readonly user: SandboxHandle['user'];
   /** the overlay's upper layer of a writable image root (rootChanges) */
   upper: string | null = null;

@@ -147,10 +147,12 @@ export interface SandboxHandle {
   /** what the runtime could not enforce for this sandbox (e.g. no disk limit on this filesystem) */
   readonly warnings: readonly string[];
   /**
-   * The places besides the workspace where the agent can write (/tmp, /dev/shm), as host
-   * directories the service can watch and diff; what the runtime cannot show is not listed.
+   * The places besides the workspace where the agent can write (/tmp, /dev/shm, and `/` for a
+   * writable root: the directory that takes its writes, with `lower`, the image, when that is an
+   * overlay's upper directory, whose whiteouts are deletions), as host directories the service
+   * can watch and diff; what the runtime cannot show is not listed.
    */
-  readonly writablePlaces: ReadonlyArray<{ at: string; host: string }>;
+  readonly writablePlaces: ReadonlyArray<{ at: string; host: string; lower?: string }>;
   /** who the agent is inside, and the host uid and gid its files get (what the service writes for it should be theirs) */
   readonly user: { readonly inside: SandboxUser; readonly uid: number; readonly gid: number };
   /** `sh -c <command>` in /workspace as the sandbox user; rejects only when the sandbox is gone */

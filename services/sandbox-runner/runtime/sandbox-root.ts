@@ -78,6 +78,8 @@ export interface RootPlan {
   seeded: boolean;
   /** the overlay's upper directory of a writable image root, else null */
   upper: string | null;
+  /** the host directory that takes the agent's writes to / (the overlay's upper over the image `lower`, or the root's own), else null */
+  layer: { host: string; lower?: string } | null;
 }
 
 export interface RootPlaces {
@@ -106,6 +108,7 @@ export async function rootPlan(options: CreateSandboxOptions, identity: SandboxI
   let bwrap: string[];
   let seeded = false;
   let upper: string | null = null;
+  let layer: RootPlan['layer'] = null;
   if (identity.writableRoot) {
     if (!at.layer) throw new Error('a writable root needs a layer');
     if (options.rootfs) {
@@ -113,10 +116,12 @@ export async function rootPlan(options: CreateSandboxOptions, identity: SandboxI
       await Promise.all([fs.promises.mkdir(lower), fs.promises.mkdir(merged), makeLayer(at.layer, 'upper', owner)]);
       seeded = await seedLayer(path.join(at.layer, 'upper'), options.rootfs, at.seed ?? [], root ? identity.uid : 0);
       upper = path.join(at.layer, 'upper');
+      layer = { host: upper, lower: options.rootfs };
       launch.push('--image', options.rootfs, lower, '--overlay', lower, upper, path.join(at.layer, 'work'), merged);
       bwrap = ['--bind', merged, '/'];
     } else {
       await makeLayer(at.layer, 'root', owner);
+      layer = { host: path.join(at.layer, 'root') };
       bwrap = ['--bind', path.join(at.layer, 'root'), '/', ...at.hostSystem()];
     }
   } else if (options.rootfs) {
@@ -131,7 +136,7 @@ export async function rootPlan(options: CreateSandboxOptions, identity: SandboxI
     bwrap = at.hostSystem();
   }
   if (launch.includes('--image')) serve.push('--booted', String(BOOTED_FD));
-  return { launch, bwrap, serve, writable: identity.writableRoot, seeded, upper };
+  return { launch, bwrap, serve, writable: identity.writableRoot, seeded, upper, layer };
 }
 
 /**

@@ -66,6 +66,12 @@ import { childName, underPrefix, WritablePlaces, type Place } from './places.ts'
 
 /** Under `.svc/`: where the watcher creates its barrier files (the agent cannot write there). */
 const BARRIER_DIR = 'watch';
+/**
+ * inotifywait's complaints about a directory the agent (or overlayfs, moving directories through
+ * its work directory) removed or swapped as it watched: gone before its watch was added (its scan
+ * covers it), or moved out before its watch was removed. Not lost events, and they name host paths.
+ */
+const GONE_BEFORE_WATCHED = /^((Stat failed on|Couldn't watch new directory) .*: (No such file or directory|Not a directory)|(Failed to remove|Error removing) watch on .*)$/;
 /** Records waiting to be coalesced, at most. */
 const MAX_PENDING = 1000;
 
@@ -244,7 +250,8 @@ export class FsWatcher {
             this.started = true;
             resolve();
           } else if (this.started) {
-            if (!line.startsWith('Beware')) this.warn(`file watcher: ${line}`);
+            // A new directory gone or swapped for a file before its watch was added is the agent's race, not a lost watch (its scan covers it).
+            if (!line.startsWith('Beware') && !GONE_BEFORE_WATCHED.test(line)) this.warn(`file watcher: ${line}`);
           } else {
             errors.push(line);
           }
@@ -375,6 +382,13 @@ export class FsWatcher {
     const isDir = flags.includes('ISDIR');
     const writes = this.track.has('writes');
     const deletes = this.track.has('deletes');
+    if (!isDir && (flags.includes('CREATE') || flags.includes('MOVED_TO')) && this.whiteout(rel)) {
+      // overlayfs deleting a name of the image: a whiteout made (or moved) in its place.
+      this.dirty.delete(rel);
+      this.created.delete(rel);
+      if (deletes && !this.suppressed(rel, 'delete')) this.enqueue('file_delete', rel, { path: rel });
+      return;
+    }
     for (const flag of flags) {
       switch (flag) {
         case 'CREATE':
@@ -396,7 +410,10 @@ export class FsWatcher {
           if (writes && !isDir && this.dirty.delete(rel) && !this.suppressed(rel, 'write')) this.enqueue('file_write', rel, { path: rel });
           break;
         case 'MOVED_TO':
-          if (writes && !this.suppressed(rel, 'write')) this.enqueue('file_write', rel, isDir ? { path: rel, directory: true } : { path: rel });
+          if (!writes || this.suppressed(rel, 'write')) break;
+          // In an overlay a directory comes in through its work directory (copied up, made opaque): its files are what was written.
+          if (isDir && this.view.placeOf(rel)?.lower) this.scanNewDir(rel);
+          else this.enqueue('file_write', rel, isDir ? { path: rel, directory: true } : { path: rel });
           break;
         case 'MOVED_FROM':
           this.dirty.delete(rel);
@@ -416,6 +433,14 @@ export class FsWatcher {
           break;
       }
     }
+  }
+
+  /** Whether `rel` is now a whiteout (a character device 0/0) in an overlay's upper directory. */
+  private whiteout(rel: string): boolean {
+    if (!this.view.placeOf(rel)?.lower) return false;
+    const { root, rel: inside } = this.view.locate(rel);
+    const st = lstatBeneath(root, inside);
+    return st !== undefined && st.isCharacterDevice() && st.rdev === 0;
   }
 
   /** Whether the watch reports `kind` for the file named `rel` (places.ts). */

@@ -1,6 +1,7 @@
 /**
  * Where the agent can write, as the service reaches it from the host: the workspace, and the
- * runtime's other writable places (/tmp and /dev/shm, SandboxHandle.writablePlaces). A file is
+ * runtime's other writable places (/tmp and /dev/shm, and `/` itself for a writable root: the
+ * directory that takes its writes, SandboxHandle.writablePlaces). A file is
  * named the way the audit records name it: workspace-relative in the workspace (`src/a.py`, as the
  * files API names it), by its absolute path in the sandbox elsewhere (`/tmp/a`). The file watch,
  * the reconciliation and `file_writes_outside` all speak these names.
@@ -10,10 +11,15 @@ import path from 'node:path';
 import { badRequest } from '../../kernel/errors.ts';
 import { SANDBOX_WORKSPACE } from './paths.ts';
 
-/** A writable place other than the workspace: where the sandbox sees it, and its host directory. */
+/**
+ * A writable place other than the workspace: where the sandbox sees it, and its host directory.
+ * `/` is a writable root's layer, under every other place: a name goes to the deepest place holding it.
+ */
 export interface Place {
   at: string;
   host: string;
+  /** The image below, when `host` is an overlay's upper directory (a character device 0/0 in it is a whiteout: a name deleted). */
+  lower?: string;
 }
 
 export class WritablePlaces {
@@ -25,7 +31,9 @@ export class WritablePlaces {
 
   /** With every host directory's symlinks resolved (inotify reports real paths). */
   static async of(workspace: string, others: readonly Place[] = []): Promise<WritablePlaces> {
-    return new WritablePlaces(await realpath(workspace), await Promise.all(others.map(async (p) => ({ at: p.at, host: await realpath(p.host) }))));
+    const resolved = await Promise.all(others.map(async (p) => ({ ...p, host: await realpath(p.host) })));
+    // Deepest first: /tmp's files are /tmp's, not the root layer's.
+    return new WritablePlaces(await realpath(workspace), resolved.sort((a, b) => b.at.length - a.at.length));
   }
 
   /** Every host directory: the workspace first. */
@@ -41,7 +49,7 @@ export class WritablePlaces {
   /** The name of a host path; null outside every place and for a place's root itself. */
   nameOf(hostPath: string): string | null {
     if (hostPath.startsWith(`${this.workspace}/`)) return hostPath.slice(this.workspace.length + 1);
-    for (const p of this.others) if (hostPath.startsWith(`${p.host}/`)) return `${p.at}/${hostPath.slice(p.host.length + 1)}`;
+    for (const p of this.others) if (hostPath.startsWith(`${p.host}/`)) return childName(p.at, hostPath.slice(p.host.length + 1));
     return null;
   }
 
@@ -50,7 +58,12 @@ export class WritablePlaces {
     if (!name.startsWith('/')) return { root: this.workspace, rel: name };
     const p = this.placeOf(name);
     if (!p) throw new Error(`${name} is in no writable place`);
-    return { root: p.host, rel: name.slice(p.at.length + 1) };
+    return { root: p.host, rel: name === p.at ? '' : name.slice(p.at === '/' ? 1 : p.at.length + 1) };
+  }
+
+  /** The place a name is in, or undefined for the workspace's names. */
+  placeOf(name: string): Place | undefined {
+    return this.others.find((p) => underPrefix(name, p.at));
   }
 
   /**
@@ -69,19 +82,16 @@ export class WritablePlaces {
     if (!p) throw badRequest(field, `is not a place the agent can write (${[SANDBOX_WORKSPACE, ...this.others.map((o) => o.at)].join(', ')}, or / for all of them)`);
     return [name];
   }
-
-  private placeOf(name: string): Place | undefined {
-    return this.others.find((p) => name === p.at || name.startsWith(`${p.at}/`));
-  }
 }
 
-/** `name` is `prefix` or under it (`''` is the whole workspace, whose names are relative). */
+/** `name` is `prefix` or under it (`''` is the whole workspace, whose names are relative; `/` every absolute name). */
 export function underPrefix(name: string, prefix: string): boolean {
   if (prefix === '') return !name.startsWith('/');
+  if (prefix === '/') return name.startsWith('/');
   return name === prefix || name.startsWith(`${prefix}/`);
 }
 
-/** `path.join` for names: `/tmp` + `a` is `/tmp/a`, `''` + `a` is `a`. */
+/** `path.join` for names: `/tmp` + `a` is `/tmp/a`, `/` + `a` is `/a`, `''` + `a` is `a`. */
 export function childName(parent: string, child: string): string {
   return parent === '' ? child : path.posix.join(parent, child);
 }

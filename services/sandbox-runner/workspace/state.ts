@@ -50,6 +50,8 @@ export interface FileEntry {
   checksum?: string;
   /** Present for symlinks: the link text (never followed). */
   symlink?: string;
+  /** An overlay's whiteout (CaptureOptions.whiteouts): the name is gone from the merged view. */
+  whiteout?: true;
 }
 
 export interface FilesystemState {
@@ -113,6 +115,11 @@ export interface CaptureOptions {
   cache?: ChecksumCache;
   /** Do not trust cached checksums of files changed this close to hashing time (default 1000 ms). */
   racyMs?: number;
+  /**
+   * An overlay's upper directory: its whiteouts (character devices 0/0) are listed as
+   * `{whiteout: true}` entries, and a name it does not list is the image's, unchanged.
+   */
+  whiteouts?: boolean;
 }
 
 /*
@@ -151,6 +158,7 @@ class Capture {
   private readonly sliceMs: number;
   private readonly racyNs: bigint;
   private readonly cache: ChecksumCache | undefined;
+  private readonly whiteouts: boolean;
   private sliceStart = performance.now();
 
   constructor(options: CaptureOptions) {
@@ -160,6 +168,7 @@ class Capture {
     this.sliceMs = options.sliceMs ?? 10;
     this.racyNs = BigInt(Math.round((options.racyMs ?? DEFAULT_RACY_MS) * 1e6));
     this.cache = options.cache;
+    this.whiteouts = options.whiteouts ?? false;
   }
 
   /** Lists every directory under `workspace`, each through its own descriptor, then waits for the hashing. */
@@ -212,7 +221,7 @@ class Capture {
         const childRel = rel === '' ? d.name : `${rel}/${d.name}`;
         if (d.isDirectory()) {
           this.queueDir(dir, d.name, childRel);
-        } else if (!(d.isFIFO() || d.isSocket() || d.isCharacterDevice() || d.isBlockDevice())) {
+        } else if (!(d.isFIFO() || d.isSocket() || (d.isCharacterDevice() && !this.whiteouts) || d.isBlockDevice())) {
           // Files, symlinks, and DT_UNKNOWN entries (some filesystems): lstat decides.
           this.visit(dir, d.name, childRel);
           await this.maybeYield();
@@ -253,6 +262,10 @@ class Capture {
       }
       entry.checksum = sha256(Buffer.from(entry.symlink));
       this.found.set(rel, entry);
+      return;
+    }
+    if (this.whiteouts && st.isCharacterDevice() && st.rdev === 0n) {
+      this.found.set(rel, { size: 0, mode: '0000', whiteout: true });
       return;
     }
     if (!st.isFile()) return;
@@ -323,17 +336,23 @@ interface PendingDir {
   rel: string;
 }
 
-/** Paths added, modified and removed between two states, each list sorted. */
+/**
+ * Paths added, modified and removed between two states, each list sorted. With whiteouts (an
+ * overlay's upper directory), a whiteout is a name gone and a name not listed the image's: a
+ * whiteout where there was none is a removal, a file in the layer where there was none a write.
+ */
 export function diffStates(before: FilesystemState, after: FilesystemState): Diff {
   const added: string[] = [];
   const modified: string[] = [];
   const removed: string[] = [];
   for (const [rel, b] of Object.entries(before.files)) {
     const a = after.files[rel];
-    if (!a) removed.push(rel);
+    if (b.whiteout) {
+      if (a && !a.whiteout) added.push(rel);
+    } else if (!a || a.whiteout) removed.push(rel);
     else if (!sameFile(b, a)) modified.push(rel);
   }
-  for (const rel of Object.keys(after.files)) if (!(rel in before.files)) added.push(rel);
+  for (const [rel, a] of Object.entries(after.files)) if (!(rel in before.files)) (a.whiteout ? removed : added).push(rel);
   return { added: added.sort(compare), modified: modified.sort(compare), removed: removed.sort(compare) };
 }
 

@@ -1,0 +1,168 @@
+/**
+ * Red team: root inside with a writable root (`sandbox: {user: root}`) writes where neither the
+ * workspace nor /tmp is: to `/` itself, and over an image to /etc and /usr. Pins that the file audit
+ * (`watch: ["/"]`) sees every such write as it sees /tmp's, through the directory that takes them
+ * (the root's own directory over the host's system directories, the overlay's upper directory over
+ * an image): creates, appends, renames, chmod, symlinks, files in directories made after the watch
+ * started, deletions of the image's files (overlayfs whiteouts, never recorded as writes), a write
+ * the watch cannot see (mmap) found by the reconciliation, and `forbidden.file_writes_outside`
+ * failing a write to /. The layer is hostile: a fifo, a sparse 8 GiB file, links to the host's
+ * files and to `/`, a deep tree; the audit names none of the host's files and does not hang.
+ * On the local runtime, over HTTP against the real service.
+ */
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { ImageStore } from '../../services/sandbox-runner/runtime/images.ts';
+import { backend } from '../helpers/backend.ts';
+import { dpkgImage } from '../helpers/debian-image.ts';
+import { runOnce } from '../helpers/experiments.ts';
+import { SPEC, storeSpec } from '../helpers/sandboxes.ts';
+import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+
+const runtime = backend('SVC_TEST_BWRAP', 'the file audit of a writable root on the local runtime');
+
+type FileRecord = [type: string, path: string, foundBy?: string];
+
+/** Runs `commands` as root in a new sandbox of a spec watching `/` (after `setup`), destroys it, returns its file records. */
+async function rootRecords(server: TestServer, key: string, name: string, commands: string[], setup: string[] = []): Promise<FileRecord[]> {
+  const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
+  await storeSpec(server, key, SPEC(name, `sandbox: {user: root}\nsetup: {commands: ${JSON.stringify(setup)}}\naudit:\n  file_system: {watch: ["/"], track: [writes, deletes]}\n`));
+  const created = await req('POST', '/v1/sandboxes', { spec_id: name });
+  assert.equal(created.status, 201, created.text);
+  const id = created.body.id as string;
+  for (const command of commands) {
+    const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command });
+    assert.equal(res.status, 200, res.text);
+    assert.equal(res.body.exit_code, 0, res.text);
+  }
+  assert.equal((await req('DELETE', `/v1/sandboxes/${id}`)).status, 200);
+  const audit = await req('GET', `/v1/sandboxes/${id}/audit?type=file_write,file_delete,warning&limit=1000`);
+  assert.equal(audit.status, 200, audit.text);
+  const warnings = audit.body.items.filter((i: any) => i.type === 'warning' && !/image store|kept in memory/.test(i.details.message));
+  assert.deepEqual(warnings, [], `no capture was degraded: ${JSON.stringify(warnings)}`);
+  return audit.body.items.filter((i: any) => i.type !== 'warning').map((i: any) => [i.type, i.details.path, ...(i.details.found_by ? [i.details.found_by] : [])]);
+}
+
+function assertHas(records: FileRecord[], expected: Array<[string, string]>): void {
+  for (const [type, p] of expected) assert.ok(records.some((r) => r[0] === type && r[1] === p), `${type} ${p} in ${JSON.stringify(records)}`);
+}
+
+describe('red team: root writes to a writable root over the host\'s system directories', { skip: runtime === null }, () => {
+  let server: TestServer;
+  let key: string;
+
+  before(async () => {
+    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    key = (await createTenantKey(server, 'root-audit')).key;
+  });
+  after(() => server.cleanup());
+
+  test('writes to / are records: a file, a new deep tree, a rename, a chmod, a link; the last write of a command is not lost', async () => {
+    const records = await rootRecords(server, key, 'root-writes', [
+      'echo x > /rt-x',
+      'mkdir -p /var/lib/made/after/watch && echo d > /var/lib/made/after/watch/f',
+      'echo m > /moved && mv /moved /moved-to',
+      'echo c > /chm && chmod 600 /chm',
+      'ln -s /etc/shadow /lnk',
+      'echo last > /opt-last',
+    ]);
+    assertHas(records, [
+      ['file_write', '/rt-x'],
+      ['file_write', '/var/lib/made/after/watch/f'],
+      ['file_delete', '/moved'],
+      ['file_write', '/moved-to'],
+      ['file_write', '/chm'],
+      ['file_write', '/lnk'],
+      ['file_write', '/opt-last'],
+    ]);
+    assert.ok(!records.some((r) => r[1].startsWith('//')), `names are absolute paths of the sandbox: ${JSON.stringify(records)}`);
+  });
+
+  test('a write the watch cannot see (mmap of a file made at setup) is found by the reconciliation', async () => {
+    const mmap = `python3 -c "import mmap; f = open('/made-at-setup', 'r+b'); m = mmap.mmap(f.fileno(), 0); m[0:1] = b'X'; m.flush()"`;
+    const records = await rootRecords(server, key, 'root-mmap', [mmap], ['echo original > /made-at-setup']);
+    assert.deepEqual(records, [['file_write', '/made-at-setup', 'reconciliation']]);
+  });
+
+  test('a hostile layer (fifo, sparse 8 GiB file, links to the host and to /, a deep tree) is audited without following or hanging', { timeout: 60_000 }, async () => {
+    const records = await rootRecords(server, key, 'root-hostile', [
+      'mkfifo /fifo && truncate -s 8G /huge && ln -s / /loop && ln -s /etc /etc-link && mkdir /d && ln -s /etc/shadow /d/shadow',
+      'p=/deep; for i in $(seq 1 300); do p=$p/d; done; mkdir -p $p && echo deep > $p/f',
+      'rm /d/shadow && ln -s /root /d/shadow',
+    ]);
+    assertHas(records, [
+      ['file_write', '/huge'],
+      ['file_write', '/loop'],
+      ['file_write', '/etc-link'],
+      ['file_write', '/d/shadow'],
+    ]);
+    const behind = records.filter((r) => /^\/(loop|etc-link|d\/shadow)\//.test(r[1]));
+    assert.deepEqual(behind, [], `no record names a file behind a link: ${JSON.stringify(records)}`);
+  });
+
+  test('file_writes_outside [/workspace] fails an agent that writes /; allowing / passes it', async () => {
+    const body = (allowed: string) => `sandbox: {user: root}\naudit:\n  file_system: {watch: ["/"], track: [writes]}\nforbidden:\n  file_writes_outside: ${allowed}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n`;
+    const agent = 'echo pwned > /rt-x; echo in > "$SVC_WORKSPACE/inside.txt"';
+    const failed = await runOnce(server, key, 'root-writes-outside', agent, body('[/workspace]'));
+    assert.equal(failed.verdict, 'fail', JSON.stringify(failed).slice(0, 1000));
+    assert.deepEqual(failed.violations.map((v: any) => [v.rule, v.audit.path]), [['file_writes_outside', '/rt-x']]);
+    const allowed = await runOnce(server, key, 'root-writes-allowed', agent, body('[/workspace, /rt-x]'));
+    assert.equal(allowed.verdict, 'pass', JSON.stringify(allowed).slice(0, 1000));
+  });
+});
+
+describe('red team: root writes over an image (an overlay)', { skip: runtime === null }, () => {
+  let server: TestServer;
+  let key: string;
+  let scratch: string;
+
+  before(async () => {
+    scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-root-audit-'));
+    const rootfs = dpkgImage(path.join(scratch, 'rootfs'));
+    fs.mkdirSync(path.join(rootfs, 'etc/tree/sub'), { recursive: true });
+    fs.writeFileSync(path.join(rootfs, 'etc/tree/sub/leaf'), 'leaf\n');
+    fs.writeFileSync(path.join(rootfs, 'etc/untouched'), 'same\n');
+    server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    key = (await createTenantKey(server, 'root-audit-image')).key;
+    await new ImageStore(path.join(server.dataDir, 'images')).importImage('debian:bookworm', rootfs);
+  });
+  after(async () => {
+    await server?.cleanup();
+    fs.rmSync(scratch, { recursive: true, force: true });
+  });
+
+  test('writes to the image\'s /etc and /usr are records; deleting the image\'s files is a delete, never a write', async () => {
+    const records = await rootRecords(server, key, 'image-writes', [
+      'echo agent > /etc/agent-was-here && echo more >> /etc/nsswitch.conf',
+      'mkdir -p /usr/local/new/dir && echo n > /usr/local/new/dir/f',
+      'rm /etc/passwd',
+      'mv /etc/group /etc/group-moved',
+      'chmod 600 /etc/untouched',
+      'rm -r /etc/tree',
+    ]);
+    assertHas(records, [
+      ['file_write', '/etc/agent-was-here'],
+      ['file_write', '/etc/nsswitch.conf'],
+      ['file_write', '/usr/local/new/dir/f'],
+      ['file_delete', '/etc/passwd'],
+      ['file_delete', '/etc/group'],
+      ['file_write', '/etc/group-moved'],
+      ['file_write', '/etc/untouched'],
+      ['file_delete', '/etc/tree/sub/leaf'],
+    ]);
+    for (const gone of ['/etc/passwd', '/etc/group', '/etc/tree/sub/leaf']) {
+      assert.ok(!records.some((r) => r[0] === 'file_write' && r[1] === gone), `deleting ${gone} is no write: ${JSON.stringify(records)}`);
+    }
+  });
+
+  test('a directory of the image removed and made again (an opaque directory) is the deletion of what it held', async () => {
+    const records = await rootRecords(server, key, 'image-opaque', ['rm -r /etc/tree && mkdir /etc/tree && echo new > /etc/tree/new']);
+    assertHas(records, [
+      ['file_delete', '/etc/tree/sub/leaf'],
+      ['file_write', '/etc/tree/new'],
+    ]);
+  });
+});
