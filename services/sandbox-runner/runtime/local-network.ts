@@ -16,8 +16,9 @@
  *   TLS port, any other TCP to its TCP port, DNS (UDP and TCP 53) to its resolver; the gateway
  *   decides and records. Any other UDP is refused by the kernel (ICMP port unreachable, so a
  *   client learns it at once) and noted in a set that is read every second and reported
- *   (`onRefused`), to be recorded. Nothing is forwarded: every connection
- *   that leaves is the gateway's own. Input from a sandbox reaches only those ports; a source
+ *   (`onRefused`), to be recorded: before routing, so also on a host that does not forward (there
+ *   the routing would drop it unseen by the input and forward chains, and unrecorded). Nothing
+ *   is forwarded: every connection that leaves is the gateway's own. Input from a sandbox reaches only those ports; a source
  *   address that does not route back through its link (spoofed) is dropped. Only answers on
  *   connections the host opened (a published ingress port) come back in otherwise.
  * - The sandbox end has no IPv6 address (addrgenmode none): IPv6 fails at once inside.
@@ -103,6 +104,12 @@ export class LocalNetworks {
       `    iifname ${ifaces} tcp dport 80 redirect to :${ports.http}`,
       `    iifname ${ifaces} tcp dport 443 redirect to :${ports.tls}`,
       `    iifname ${ifaces} meta l4proto tcp redirect to :${ports.tcp}`,
+      `  }`,
+      // UDP other than DNS, refused before routing (answers on connections the host opened pass).
+      `  chain prerouting_udp {`,
+      `    type filter hook prerouting priority mangle; policy accept;`,
+      `    iifname ${ifaces} ct state established,related accept`,
+      `    iifname ${ifaces} udp dport != 53 add @udp_refused { ip saddr . ip daddr . udp dport } reject with icmpx port-unreachable`,
       `  }`,
       `  chain input {`,
       `    type filter hook input priority filter - 5; policy accept;`,
