@@ -11,8 +11,10 @@
  * ephemeral database (no fsync, small buffers, unix socket only) and gives the three roles
  * fresh random passwords:
  *   - `svc_superuser`, used by the runner alone (setup, the slot, pg_dump), never for tenant SQL;
- *   - the spec's user, the agent's role: owner of the database, not a superuser, cannot create
- *     roles or databases, no replication, no BYPASSRLS; fixtures run as this role;
+ *   - the spec's user, the agent's role: owner of the public schema, with CREATE and TEMP on the
+ *     database (which the superuser owns: an owner's ALTER DATABASE SET would reach the grader's
+ *     sessions), not a superuser, cannot create roles or databases, no replication, no
+ *     BYPASSRLS; fixtures run as this role;
  *   - `svc_grader`, the `sql` invariant's role: read-only (pg_read_all_data, BYPASSRLS, reads in a
  *     READ ONLY transaction).
  * Every connection arrives over the unix socket, so scram-sha-256 passwords are what tell the
@@ -31,7 +33,9 @@
  * DbWrite per transaction, table and operation (consecutive single-table transactions of the
  * same kind are merged, with `transactions` counting them). Not recorded: temporary tables
  * (not in the write-ahead log the slot reads) and large objects. Unlogged tables are not in it
- * either, so creating one (or ALTER TABLE ... SET UNLOGGED) is refused. Rolled-back writes are
+ * either, so creating one (or ALTER TABLE ... SET UNLOGGED) is refused. DDL changes no row the
+ * slot shows (a table rewrite, a view where a table was): event triggers put each command in the
+ * slot as a message, a DbWrite with operation 'ddl'. Rolled-back writes are
  * never in the slot: observeConnection() watches the gateway's connections for them
  * (postgres-wire.ts) and reports them with `rolled_back: true`. Nothing is reported before
  * startAudit(), and the writes committed before it (fixtures, setup) never are.
@@ -359,7 +363,7 @@ interface Resolvable {
 
 interface Relation {
   name: string;
-  /** oid, kind and (for a view) its definition: the same name with another identity is another object */
+  /** oid, kind and (for a view) its query tree, which names relations by oid (a rename leaves it): the same name with another identity is another object */
   identity: string;
   kind: string;
 }
@@ -370,7 +374,7 @@ const OWN_SCHEMA = `n.nspname NOT IN ('pg_catalog', 'information_schema', 'svc_i
 async function readResolvable(client: pg.Client): Promise<Resolvable> {
   const relations = await client.query<{ schema: string; name: string; oid: string; relkind: string; definition: string | null }>(`
     SELECT n.nspname AS schema, c.relname AS name, c.oid::text AS oid, c.relkind::text AS relkind,
-      CASE WHEN c.relkind IN ('v', 'm') THEN md5(pg_catalog.pg_get_viewdef(c.oid)) END AS definition
+      (SELECT md5(r.ev_action::text) FROM pg_catalog.pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename = '_RETURN') AS definition
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND ${OWN_SCHEMA}`);
   // a row's whole text is its definition: body, argument types, strictness, the function behind an operator
