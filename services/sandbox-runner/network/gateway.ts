@@ -111,6 +111,8 @@ const HELLO_TIMEOUT_MS = 10_000;
 /** How long a sandbox's connection on another port may stay silent before it is taken for a protocol whose server speaks first. */
 const SERVER_FIRST_MS = 50;
 const UPSTREAM_TIMEOUT_MS = 30_000;
+/** How long a connection the gateway ended after an answer may stay half-open (the sandbox reading the answer) before it is closed. */
+const ANSWERED_LINGER_MS = 2_000;
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
 
 export class EgressGateway {
@@ -135,7 +137,7 @@ export class EgressGateway {
     this.parser.on('request', (req, res) => void this.forward(req, res).catch((err) => this.fail(res, err)));
     this.parser.on('connect', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.tunnel(req, socket, head).catch(() => socket.destroy()));
     this.parser.on('upgrade', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.upgrade(req, socket, head).catch(() => socket.destroy()));
-    this.parser.on('clientError', (_err, socket: net.Socket) => socket.destroy());
+    this.parser.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => this.unparsable(err, socket));
   }
 
   /** The runner's gateway as the settings say: the deployment's CA, the upstream resolver, the extra trust for upstreams. */
@@ -215,11 +217,22 @@ export class EgressGateway {
 
   // --- names ------------------------------------------------------------------------------
 
-  /** The decision for a name: allowed by an override or the policy, with the reason. */
+  /**
+   * The decision for a name: allowed by an override or the policy, with the reason. A
+   * `dns_overrides` name reaches a backing service on every port (it is the sandbox's own), an
+   * outside replacement on 80 and 443 (what an override is for: a web API sent elsewhere) and on
+   * the other ports `network.egress` allows for the replacement.
+   */
   private decide(sandbox: Registered, host: string, port: number | null): { allowed: boolean; reason: string } {
     const name = normaliseHost(host);
     if (serviceNamed(sandbox, name)) return { allowed: true, reason: `${name} is a backing service of the sandbox` };
-    if (name in sandbox.dnsOverrides) return { allowed: true, reason: `network.dns_overrides sends ${name} to ${sandbox.dnsOverrides[name]}` };
+    const to = overrideOf(sandbox, name);
+    if (to !== undefined) {
+      const sends = `network.dns_overrides sends ${name} to ${to}`;
+      if (port === null || port === 80 || port === 443 || serviceNamed(sandbox, to)) return { allowed: true, reason: sends };
+      const byReplacement = sandbox.policy.decide(to, port);
+      return { allowed: byReplacement.allowed, reason: `${sends}, reached on ports 80 and 443 and otherwise as network.egress allows ${to}: ${byReplacement.reason}` };
+    }
     if (port !== null) return sandbox.policy.decide(name, port);
     return sandbox.policy.allowsHost(name)
       ? { allowed: true, reason: `${name} is allowed by network.egress` }
@@ -230,7 +243,7 @@ export class EgressGateway {
   private async resolve(sandbox: Registered, host: string): Promise<string[]> {
     const name = normaliseHost(host);
     if (net.isIP(name)) return [name];
-    const target = sandbox.dnsOverrides[name] ?? name;
+    const target = overrideOf(sandbox, name) ?? name;
     const service = serviceNamed(sandbox, name) ?? serviceNamed(sandbox, target);
     if (service) return [service.address];
     const fixed = sandbox.hosts[target];
@@ -303,6 +316,8 @@ export class EgressGateway {
         return { problem: `the request's URL ${JSON.stringify(req.url)} is not valid` };
       }
     }
+    // Two Host headers may be read two ways (RFC 9112 §3.2: a 400); the parser would keep the first.
+    if (req.rawHeaders.filter((_v, i) => i % 2 === 0 && /^host$/i.test(req.rawHeaders[i]!)).length > 1) return { problem: 'the request has more than one Host header' };
     const fromUrl = url ? { host: normaliseHost(url.hostname.replace(/^\[|\]$/g, '')), port: Number(url.port) || (url.protocol === 'https:' ? 443 : 80) } : null;
     const where = fromUrl ?? hostHeader;
     if (!where) return { problem: 'the request names no host (no Host header)' };
@@ -336,9 +351,7 @@ export class EgressGateway {
       return refuse(res, reached.problem);
     }
     const { address } = reached;
-    const headers: http.OutgoingHttpHeaders = {};
-    for (const [name, value] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(name)) headers[name] = value;
-    for (const broker of sandbox.brokered) if (broker.hosts.decide(target.host, target.port).allowed) headers[broker.header.toLowerCase()] = broker.value;
+    const headers = upstreamHeaders(sandbox, req, target);
     const call = new HttpCall(sandbox, req, protocol, target, started);
     req.on('data', (chunk: Buffer) => (call.requestBytes += chunk.length));
     const upstream = (protocol === 'https' ? https : http).request({
@@ -445,6 +458,20 @@ export class EgressGateway {
     else res.destroy();
   }
 
+  /**
+   * A request the parser refused: malformed, or framed two ways (Content-Length with
+   * Transfer-Encoding, two Content-Lengths, a folded header: the stuff of request smuggling).
+   * Answered 400 (431 for headers too large), recorded, and the connection ends: nothing after it
+   * is read. A request cut short by the sandbox is no refusal (its call is recorded as cut).
+   */
+  private unparsable(err: NodeJS.ErrnoException & { reason?: string }, socket: Duplex): void {
+    const via = this.via.get(socket);
+    if (!via || !err.code?.startsWith('HPE_') || err.code === 'HPE_INVALID_EOF_STATE') return void socket.destroy();
+    const reason = `the request is not well-formed HTTP/1.1 (${err.reason ?? err.message}); nothing was sent on`;
+    this.deny(via.sandbox, { protocol: via.scheme, host: via.serverName, port: via.port, reason });
+    rawAnswer(socket, err.code === 'HPE_HEADER_OVERFLOW' ? 431 : 400, reason);
+  }
+
   /** CONNECT host:port (a proxy request, or one relayed through an allowed host): checked like a connection to it. */
   private async tunnel(req: http.IncomingMessage, socket: net.Socket, head: Buffer): Promise<void> {
     const via = this.via.get(req.socket) ?? this.via.get(socket)!;
@@ -477,40 +504,97 @@ export class EgressGateway {
     await this.pipeTo(sandbox, socket, first, where.host, where.port);
   }
 
-  private async upgrade(req: http.IncomingMessage, socket: net.Socket, head: Buffer): Promise<void> {
+  /**
+   * A request to switch protocols. Only to a WebSocket (GET, `Upgrade: websocket`, no body);
+   * checked like any request, it goes upstream as a fresh one (upgradeUpstream), and the two
+   * connections are joined only once the upstream answers 101. Any other upgrade is refused.
+   */
+  private async upgrade(req: http.IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
     const via = this.via.get(req.socket) ?? this.via.get(socket)!;
+    const { sandbox } = via;
     const target = this.target(req, via);
-    if ('problem' in target) {
-      this.deny(via.sandbox, { protocol: via.scheme, method: req.method, host: req.headers.host ?? null, port: via.port, reason: target.problem });
-      return void socket.end(`HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n${target.problem}\n`);
-    }
-    if (serviceFor(via.sandbox, target.host)) return void socket.end('HTTP/1.1 501 Not Implemented\r\nConnection: close\r\n\r\nbacking services do not upgrade connections\n');
-    const decision = this.decide(via.sandbox, target.host, target.port);
-    if (!decision.allowed) {
-      this.deny(via.sandbox, { protocol: via.scheme, method: req.method, host: target.host, port: target.port, path: target.path, reason: decision.reason });
-      return void socket.end(`HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n${decision.reason}\n`);
-    }
-    const reached = await this.addressFor(via.sandbox, target.host);
-    if ('problem' in reached) {
-      this.deny(via.sandbox, { protocol: via.scheme, method: req.method, host: target.host, port: target.port, path: target.path, reason: reached.problem });
-      return void socket.end(`HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n${reached.problem}\n`);
-    }
-    const { address } = reached;
-    // Recorded as the connection ends: its status from the upstream's first line, its bytes both ways.
-    const call = new HttpCall(via.sandbox, req, via.scheme, target, Date.now());
-    const lines = [`${req.method} ${target.path} HTTP/1.1`];
-    for (let i = 0; i < req.rawHeaders.length; i += 2) lines.push(`${req.rawHeaders[i]}: ${req.rawHeaders[i + 1]}`);
-    const upstream = via.scheme === 'https'
-      ? tls.connect({ host: address, port: target.port, servername: target.host, ca: this.httpsAgent.options.ca })
-      : net.connect({ host: address, port: target.port });
-    upstream.write(`${lines.join('\r\n')}\r\n\r\n`);
-    if (head.length > 0) upstream.write(head);
-    upstream.once('data', (chunk: Buffer) => (call.status = Number(/^HTTP\/1\.[01] (\d{3})/.exec(chunk.subarray(0, 32).toString('latin1'))?.[1]) || null));
-    upstream.on('data', (chunk: Buffer) => (call.responseBytes += chunk.length));
-    socket.on('data', (chunk: Buffer) => (call.requestBytes += chunk.length));
-    upstream.on('error', (err) => call.done(err.message));
-    socket.once('close', () => call.done());
-    join(socket, upstream, via.sandbox);
+    const where = 'problem' in target ? { host: req.headers.host ?? null, port: via.port, path: req.url } : target;
+    const refuseWith = (reason: string, status = 403) => {
+      this.deny(sandbox, { protocol: via.scheme, method: req.method, ...where, upgrade: req.headers.upgrade, reason });
+      rawAnswer(socket, status, reason);
+    };
+    if ('problem' in target) return refuseWith(target.problem);
+    const protocol = String(req.headers.upgrade).trim().toLowerCase();
+    if (protocol !== 'websocket') return refuseWith(`the egress gateway upgrades a connection only to a WebSocket, not to ${JSON.stringify(req.headers.upgrade)}`);
+    if (req.method !== 'GET') return refuseWith(`a WebSocket opens with a GET, not a ${req.method}`, 400);
+    if (req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) !== 0) return refuseWith('a WebSocket handshake has no body', 400);
+    if (serviceFor(sandbox, target.host)) return rawAnswer(socket, 501, 'backing services do not upgrade connections');
+    const decision = this.decide(sandbox, target.host, target.port);
+    if (!decision.allowed) return refuseWith(decision.reason);
+    const reached = await this.addressFor(sandbox, target.host);
+    if ('problem' in reached) return refuseWith(reached.problem);
+    this.upgradeUpstream(via, req, socket, head, target, reached.address);
+  }
+
+  /**
+   * The WebSocket handshake upstream, as a request of its own. On its 101 the two connections
+   * are joined (the WebSocket's frames are not read; the http_call, status 101, is recorded with
+   * its bytes both ways when it closes). Any other answer is relayed and ends the connection:
+   * nothing the sandbox sent after the handshake leaves without being parsed.
+   */
+  private upgradeUpstream(via: Via, req: http.IncomingMessage, socket: Duplex, head: Buffer, target: { host: string; port: number; path: string }, address: string): void {
+    const { sandbox } = via;
+    const call = new HttpCall(sandbox, req, via.scheme, target, Date.now(), { upgrade: 'websocket' });
+    const headers = { ...upstreamHeaders(sandbox, req, target), connection: 'Upgrade', upgrade: 'websocket' };
+    const upstream = (via.scheme === 'https' ? https : http).request({
+      host: address,
+      port: target.port,
+      method: 'GET',
+      path: target.path,
+      headers,
+      servername: net.isIP(target.host) ? undefined : target.host,
+      ca: this.httpsAgent.options.ca,
+      agent: false,
+      timeout: UPSTREAM_TIMEOUT_MS,
+    });
+    upstream.on('timeout', () => upstream.destroy(new Error(`no answer from ${target.host} within ${UPSTREAM_TIMEOUT_MS} ms`)));
+    let answered = false;
+    upstream.on('error', (err) => {
+      call.done(err.message);
+      if (answered) socket.destroy();
+      else rawAnswer(socket, 502, `${target.host}:${target.port} could not be reached: ${err.message}`);
+    });
+    upstream.on('upgrade', (answer: http.IncomingMessage, tunnel: net.Socket, upstreamHead: Buffer) => {
+      answered = true;
+      call.status = 101;
+      socket.write(`HTTP/1.1 101 ${answer.statusMessage || 'Switching Protocols'}\r\n${rawHeaderLines(answer.rawHeaders)}\r\n`);
+      if (upstreamHead.length > 0) socket.write(upstreamHead);
+      if (head.length > 0) tunnel.write(head);
+      call.requestBytes = head.length;
+      call.responseBytes = upstreamHead.length;
+      tunnel.on('data', (chunk: Buffer) => (call.responseBytes += chunk.length));
+      socket.on('data', (chunk: Buffer) => (call.requestBytes += chunk.length));
+      tunnel.on('error', (err) => call.done(err.message));
+      socket.once('close', () => call.done());
+      join(socket, tunnel, sandbox);
+    });
+    upstream.on('response', (answer: http.IncomingMessage) => {
+      // Not upgraded: the answer goes back as it came, and the connection ends with it.
+      answered = true;
+      call.status = answer.statusCode ?? null;
+      const kept: string[] = [];
+      for (let i = 0; i < answer.rawHeaders.length; i += 2) if (!HOP_BY_HOP.has(answer.rawHeaders[i]!.toLowerCase())) kept.push(answer.rawHeaders[i]!, answer.rawHeaders[i + 1]!);
+      socket.write(`HTTP/1.1 ${answer.statusCode} ${answer.statusMessage ?? ''}\r\n${rawHeaderLines([...kept, 'Connection', 'close'])}\r\n`);
+      answer.on('data', (chunk: Buffer) => (call.responseBytes += chunk.length));
+      answer.on('error', () => socket.destroy());
+      socket.once('close', () => call.done(answer.complete ? undefined : 'the sandbox closed the connection before the answer was complete'));
+      answer.on('end', () => {
+        call.done();
+        endAnswered(socket);
+      });
+      answer.pipe(socket, { end: false });
+    });
+    socket.once('close', () => {
+      if (answered) return;
+      upstream.destroy();
+      call.done('the sandbox closed the connection before the answer was complete');
+    });
+    upstream.end();
   }
 
   // --- TLS --------------------------------------------------------------------------------
@@ -523,10 +607,10 @@ export class EgressGateway {
       if (first === null) return void socket.destroy();
       const hello = readClientHello(first);
       if (hello.state !== 'tls' || !hello.serverName) {
-        // No name to check: only where it was sent counts, as for any other TCP.
         const destination = await originalDestination(peerOf(socket), localOf(socket), 'tcp');
         if (!destination) return void socket.destroy();
-        return this.byDestination(sandbox, socket, first, destination, hello.state === 'tls' ? 'tls' : 'tcp');
+        if (hello.state === 'tls') return this.namelessHello(sandbox, socket, first, destination);
+        return this.byDestination(sandbox, socket, first, destination, 'tcp');
       }
       await this.onHello(sandbox, socket, first, hello.serverName, 443, null);
     })().catch(() => socket.destroy());
@@ -560,6 +644,20 @@ export class EgressGateway {
     }
     this.via.set(terminated, { sandbox, scheme: 'https', port, serverName: name });
     this.parser.emit('connection', terminated);
+  }
+
+  /**
+   * A ClientHello without a server name: known by where it was sent. The name the sandbox resolved
+   * to that address (or the service there) stands for the server name, so the connection is
+   * checked, inspected and recorded as a named one would be; with inspection, one to a literal
+   * address is inspected under that address. Otherwise it goes the way of any TCP.
+   */
+  private namelessHello(sandbox: Registered, socket: Duplex, first: Buffer, destination: { address: string; port: number }): Promise<void> {
+    const service = sandbox.services.find((s) => s.address === destination.address);
+    if (service?.connect) return Promise.resolve(this.connectService(sandbox, service, socket, first, destination));
+    const name = service?.name ?? sandbox.resolved.get(destination.address) ?? (sandbox.inspect ? destination.address : null);
+    if (name === null) return this.byDestination(sandbox, socket, first, destination, 'tls');
+    return this.onHello(sandbox, socket, first, name, destination.port, null);
   }
 
   // --- other TCP and UDP ------------------------------------------------------------------
@@ -642,7 +740,7 @@ export class EgressGateway {
       if (chunk[0] !== 0x16) return pipe(chunk);
       void firstBytes(socket, chunk).then((hello) => {
         const read = hello ? readClientHello(hello) : null;
-        if (hello && read?.state === 'tls' && read.serverName) return this.onHello(sandbox, socket, hello, read.serverName, destination.port, null);
+        if (hello && read?.state === 'tls') return read.serverName ? this.onHello(sandbox, socket, hello, read.serverName, destination.port, null) : this.namelessHello(sandbox, socket, hello, destination);
         pipe(hello ?? chunk);
       }).catch(() => socket.destroy());
     };
@@ -650,8 +748,14 @@ export class EgressGateway {
     socket.once('close', () => clearTimeout(timer));
   }
 
-  /** Pipes to `host`:`port` as this sandbox resolves it, `first` ahead of the rest. */
+  /**
+   * Pipes to `host`:`port` as this sandbox resolves it, `first` ahead of the rest. A backing
+   * service's name (a CONNECT to `db:5432`) goes to the service, never to its address outside.
+   */
   private async pipeTo(sandbox: Registered, socket: Duplex, first: Buffer, host: string, port: number): Promise<void> {
+    const service = serviceFor(sandbox, host);
+    if (service?.connect) return this.connectService(sandbox, service, socket, first, { address: service.address, port });
+    if (service) return void reset(socket);
     const reached = await this.addressFor(sandbox, host);
     if ('problem' in reached) {
       this.deny(sandbox, { protocol: 'tls', host, port, reason: reached.problem });
@@ -684,6 +788,7 @@ class HttpCall {
     private readonly scheme: 'http' | 'https',
     private readonly target: { host: string; port: number; path: string },
     private readonly started: number,
+    private readonly extra: Record<string, unknown> = {},
   ) {}
 
   done(error?: string): void {
@@ -700,9 +805,32 @@ class HttpCall {
       request_bytes: this.requestBytes,
       response_bytes: this.responseBytes,
       headers: redactHeaders(this.req.headers),
+      ...this.extra,
       ...(error ? { error } : {}),
     });
   }
+}
+
+/**
+ * A request's headers as they go upstream, in a fresh request of their own: without hop-by-hop
+ * ones (nor those its Connection header names), with the brokered credentials for its host, and
+ * the body framed again as the parser read it (its Content-Length, or chunked when it came
+ * chunked), so that the upstream reads one request where the sandbox sent one, whatever the
+ * method (node frames no body of a GET it was not told the length of: it would read as a second
+ * request).
+ */
+function upstreamHeaders(sandbox: Registered, req: http.IncomingMessage, target: { host: string; port: number }): http.OutgoingHttpHeaders {
+  const named = new Set(String(req.headers.connection ?? '').toLowerCase().split(',').map((name) => name.trim()));
+  const headers: http.OutgoingHttpHeaders = {};
+  for (const [name, value] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(name) && !named.has(name)) headers[name] = value;
+  for (const broker of sandbox.brokered) if (broker.hosts.decide(target.host, target.port).allowed) headers[broker.header.toLowerCase()] = broker.value;
+  delete headers['content-length'];
+  // The parser refused both at once, and a request's Transfer-Encoding that does not end in chunked.
+  if (req.headers['transfer-encoding'] !== undefined) headers['transfer-encoding'] = 'chunked';
+  else if (req.headers['content-length'] !== undefined) headers['content-length'] = req.headers['content-length'];
+  const authority = net.isIPv6(target.host) ? `[${target.host}]` : target.host;
+  headers.host = req.headers.host ?? (target.port === 80 || target.port === 443 ? authority : `${authority}:${target.port}`);
+  return headers;
 }
 
 /** The backing service of this name, if any. */
@@ -713,7 +841,12 @@ function serviceNamed(sandbox: Registered, name: string): ServiceEndpoint | unde
 /** The backing service a request's host reaches: by its name, a dns override sending a name to it, or its address. */
 function serviceFor(sandbox: Registered, host: string): ServiceEndpoint | undefined {
   const name = normaliseHost(host);
-  return serviceNamed(sandbox, name) ?? serviceNamed(sandbox, sandbox.dnsOverrides[name] ?? name) ?? sandbox.services.find((s) => s.address === name);
+  return serviceNamed(sandbox, name) ?? serviceNamed(sandbox, overrideOf(sandbox, name) ?? name) ?? sandbox.services.find((s) => s.address === name);
+}
+
+/** Where `dns_overrides` sends `name`, if anywhere (its own entries only: `constructor` is no override). */
+function overrideOf(sandbox: Registered, name: string): string | undefined {
+  return Object.hasOwn(sandbox.dnsOverrides, name) ? sandbox.dnsOverrides[name] : undefined;
 }
 
 /** Whether `what` was not yet refused this second: a flood of datagrams or lookups is not a flood of records. */
@@ -729,6 +862,29 @@ function firstThisSecond(sandbox: Registered, what: string): boolean {
 function reset(socket: Duplex): void {
   if (socket instanceof net.Socket && !socket.destroyed) socket.resetAndDestroy();
   else socket.destroy();
+}
+
+/** An answer written on a connection the parser let go of (an upgrade's, or one it could not parse); the connection ends with it. */
+function rawAnswer(socket: Duplex, status: number, reason: string): void {
+  const body = `${reason}\n`;
+  const lines = rawHeaderLines(['Content-Type', 'text/plain; charset=utf-8', 'Content-Length', String(Buffer.byteLength(body)), 'X-Svc-Egress', status < 500 ? 'denied' : 'failed', 'Connection', 'close']);
+  if (!socket.writable) return void socket.destroy();
+  socket.write(`HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? ''}\r\n${lines}\r\n${body}`);
+  endAnswered(socket);
+}
+
+/** Ends a connection after its last answer: what the sandbox still sends is read and dropped (never sent on), and it is closed soon whatever the sandbox does. */
+function endAnswered(socket: Duplex): void {
+  socket.end();
+  socket.resume();
+  setTimeout(() => socket.destroy(), ANSWERED_LINGER_MS).unref();
+}
+
+/** `[name, value, name, value...]` as header lines, each ending in CRLF (node's parser let no CR or LF into them). */
+function rawHeaderLines(raw: string[]): string {
+  let lines = '';
+  for (let i = 0; i + 1 < raw.length; i += 2) lines += `${raw[i]}: ${raw[i + 1]}\r\n`;
+  return lines;
 }
 
 function refuse(res: http.ServerResponse, reason: string, status = 403): void {

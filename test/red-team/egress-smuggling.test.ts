@@ -1,0 +1,273 @@
+/**
+ * Red team: requests past the egress gateway's policy and audit. An agent smuggled requests to a
+ * denied host through an allowed one: after an `Upgrade:` request the gateway joined the two
+ * connections raw whatever the upstream answered (the next bytes went out unparsed: a CONNECT
+ * through an allowed host that proxies), and the body of a chunked GET went upstream unframed (the
+ * upstream read it as a second request), in plain HTTP and inside inspected HTTPS alike, with no
+ * record of either. TLS without a server name was passed through unseen under
+ * `audit.http_calls`; `CONNECT db:5432` dialled the service's made-up address from the host;
+ * `dns_overrides` names were reachable on every port.
+ *
+ * Pinned here, against the real service, a real sandbox and the outside world's servers (which
+ * record every request they get, with the server that got it): each request that leaves is one
+ * the gateway parsed, checked and recorded (re-framed: one request out per request in); an
+ * upgrade is joined only to a WebSocket the upstream accepted with 101, any other upgrade is a 403;
+ * what the parser refuses (Content-Length with Transfer-Encoding, two lengths, folded headers) is
+ * a 400, recorded; a nameless ClientHello is inspected as the name resolved to its address;
+ * `CONNECT db:5432` reaches the database; an override name is reached on 80 and 443 only (here).
+ * Nothing reached denied.test, and the audit says what was tried.
+ */
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { after, before, describe, test } from 'node:test';
+import { backend } from '../helpers/backend.ts';
+import { startOutsideWorld, type OutsideWorld, type WorldRequest } from '../helpers/outside-world.ts';
+import { SPEC, storeSpec } from '../helpers/sandboxes.ts';
+import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+
+const runtime = backend('SVC_TEST_BWRAP', 'red team: request smuggling through the egress gateway');
+
+/** Sends its payload (base64) on one connection, plain or TLS (no certificate check; no SNI when the name is empty), and prints all it gets back until the connection ends or stays silent 3 s. */
+const RAW = `import base64, socket, ssl, sys
+host, port, mode, sni, payload = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], base64.b64decode(sys.argv[5])
+s = socket.create_connection((host, port), timeout=3)
+if mode == 'tls':
+    ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+    s = ctx.wrap_socket(s, server_hostname=sni or None)
+s.sendall(payload)
+out = b''
+try:
+    while True:
+        d = s.recv(65536)
+        if not d: break
+        out += d
+except Exception as e:
+    out += ('[' + type(e).__name__ + ']').encode()
+sys.stdout.write(out.decode('latin1'))
+`;
+
+/** A WebSocket server that accepts every handshake with 101 and then echoes bytes (run in the world's namespace). */
+const WS_SERVER = `import base64, hashlib, socket, sys, threading
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); srv.bind((sys.argv[1], int(sys.argv[2]))); srv.listen()
+def serve(c):
+    data = b''
+    while b'\\r\\n\\r\\n' not in data: data += c.recv(4096)
+    head, rest = data.split(b'\\r\\n\\r\\n', 1)
+    key = [l.split(b':', 1)[1].strip() for l in head.split(b'\\r\\n') if l.lower().startswith(b'sec-websocket-key:')][0]
+    accept = base64.b64encode(hashlib.sha1(key + b'258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest())
+    c.sendall(b'HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Accept: ' + accept + b'\\r\\n\\r\\n' + rest)
+    while True:
+        d = c.recv(4096)
+        if not d: break
+        c.sendall(d)
+    c.close()
+print('listening', flush=True)
+while True:
+    c, _ = srv.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+`;
+
+const WS_PORT = 9000;
+const WS_HANDSHAKE = (host: string, path: string, upgrade = 'websocket') =>
+  `GET ${path} HTTP/1.1\r\nHost: ${host}\r\nConnection: Upgrade\r\nUpgrade: ${upgrade}\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`;
+/** What an agent hides behind an allowed request: a CONNECT through the allowed host (the world's servers relay CONNECT), and a request inside it for denied.test. */
+const SMUGGLED = 'CONNECT denied.test:80 HTTP/1.1\r\nHost: denied.test:80\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n';
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+if (runtime) {
+  describe('red team: every request through the egress gateway is parsed, checked and recorded on its own', () => {
+    let world: OutsideWorld;
+    let server: TestServer;
+    let key: string;
+    let id: string;
+    let wsServer: ChildProcess | null = null;
+    const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
+
+    const sh = async (command: string): Promise<{ stdout: string; stderr: string; exit_code: number }> => {
+      const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command, timeout: '60s' });
+      assert.equal(res.status, 200, res.text);
+      return res.body;
+    };
+    /** What came back on one raw connection from the sandbox. */
+    const raw = async (host: string, port: number, mode: 'plain' | 'tls', sni: string, payload: string | Buffer): Promise<string> => {
+      const b64 = Buffer.from(payload).toString('base64');
+      return (await sh(`python3 - ${host} ${port} ${mode} '${sni}' ${b64} <<'PY'\n${RAW}\nPY`)).stdout;
+    };
+    const now = () => new Date().toISOString();
+    /** The details of the records of `type` since `since`, once `done` holds for them (up to 10 s). */
+    const records = async (type: string, since: string, done: (items: any[]) => boolean): Promise<any[]> => {
+      let items: any[] = [];
+      for (const deadline = Date.now() + 10_000; Date.now() < deadline; await sleep(150)) {
+        const res = await req('GET', `/v1/sandboxes/${id}/audit?limit=1000&type=${type}&since=${encodeURIComponent(since)}`);
+        assert.equal(res.status, 200, res.text);
+        items = res.body.items.map((i: any) => i.details);
+        if (done(items)) return items;
+      }
+      assert.fail(`the ${type} records since ${since} are not what was expected: ${JSON.stringify(items)}`);
+    };
+    const arrivedSince = async (count: number): Promise<WorldRequest[]> => (await world.requests()).slice(count);
+    const show = (requests: WorldRequest[]) => requests.map((r) => `${r.server} ${r.method} ${r.host} ${r.path}`);
+    const noneAtDenied = (requests: WorldRequest[]) =>
+      assert.deepEqual(requests.filter((r) => r.server === 'denied.test' || /denied\.test/.test(r.host)), [], `nothing reached denied.test: ${JSON.stringify(show(requests))}`);
+
+    before(async () => {
+      world = await startOutsideWorld();
+      server = await startServer({
+        SVC_SANDBOX_HOST_ROOTFS: 'true',
+        SVC_DNS_UPSTREAM: world.dns,
+        SVC_EGRESS_TRUST: world.caFile,
+        SVC_RATE_LIMIT_WRITES: '0',
+        SVC_RATE_LIMIT_READS: '0',
+      });
+      key = (await createTenantKey(server, 'smuggler')).key;
+      await storeSpec(server, key, SPEC('smuggler', `services:
+  - {name: db, type: postgres}
+network:
+  egress:
+    default: deny
+    allow: [api.allowed.test]
+  dns_overrides: {api.stripe.test: other.allowed.test}
+audit:
+  http_calls: true
+`));
+      const res = await req('POST', '/v1/sandboxes', { spec_id: 'smuggler' });
+      assert.equal(res.status, 201, res.text);
+      id = res.body.id;
+      wsServer = spawn('ip', ['netns', 'exec', world.namespace, 'python3', '-c', WS_SERVER, world.ip('api.allowed.test'), String(WS_PORT)], { stdio: ['ignore', 'pipe', 'inherit'] });
+      await new Promise<void>((resolve, reject) => {
+        wsServer!.stdout!.once('data', () => resolve());
+        wsServer!.once('exit', (code) => reject(new Error(`the WebSocket server exited (${code})`)));
+      });
+    });
+
+    after(async () => {
+      if (wsServer?.pid) wsServer.kill('SIGKILL');
+      await server?.cleanup();
+      await world?.close();
+    });
+
+    for (const scheme of ['http', 'https'] as const) {
+      const [port, mode] = scheme === 'http' ? [80, 'plain' as const] : [443, 'tls' as const];
+
+      test(`${scheme}: a chunked GET's body goes upstream as that GET's body, not as a second request`, async () => {
+        const mark = (await world.requests()).length;
+        const since = now();
+        const body = 'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\n\r\n';
+        const out = await raw('api.allowed.test', port, mode, 'api.allowed.test', `GET /carrier HTTP/1.1\r\nHost: api.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
+        assert.match(out, /^HTTP\/1\.1 200 /, out);
+        const arrived = await arrivedSince(mark);
+        noneAtDenied(arrived);
+        assert.deepEqual(arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]), [['api.allowed.test', 'GET', 'api.allowed.test', '/carrier', body.length]]);
+        const calls = await records('http_call', since, (items) => items.length >= 1);
+        assert.deepEqual(calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.request_bytes]), [['GET', scheme, 'api.allowed.test', '/carrier', 200, body.length]]);
+      });
+
+      test(`${scheme}: a WebSocket handshake the upstream does not accept is answered and ends the connection; what followed it never leaves`, async () => {
+        const mark = (await world.requests()).length;
+        const since = now();
+        const out = await raw('api.allowed.test', port, mode, 'api.allowed.test', WS_HANDSHAKE('api.allowed.test', '/ws') + SMUGGLED);
+        assert.match(out, /^HTTP\/1\.1 200 /, out);
+        assert.doesNotMatch(out, /Connection Established/i, out);
+        const arrived = await arrivedSince(mark);
+        noneAtDenied(arrived);
+        assert.deepEqual(show(arrived), ['api.allowed.test GET api.allowed.test /ws']);
+        const calls = await records('http_call', since, (items) => items.length >= 1);
+        assert.deepEqual(calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.upgrade]), [['GET', scheme, 'api.allowed.test', '/ws', 200, 'websocket']]);
+      });
+
+      test(`${scheme}: an upgrade to anything but a WebSocket is a 403, recorded; nothing leaves`, async () => {
+        const mark = (await world.requests()).length;
+        const since = now();
+        const out = await raw('api.allowed.test', port, mode, 'api.allowed.test', WS_HANDSHAKE('api.allowed.test', '/h2c', 'h2c') + SMUGGLED);
+        assert.match(out, /^HTTP\/1\.1 403 [^]*only to a WebSocket/, out);
+        noneAtDenied(await arrivedSince(mark));
+        assert.deepEqual(show(await arrivedSince(mark)), []);
+        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port, d.path, d.upgrade]), [[scheme, 'api.allowed.test', port, '/h2c', 'h2c']]);
+        assert.match(denials[0].reason, /only to a WebSocket/);
+      });
+    }
+
+    test('a WebSocket the upstream accepts (101) is joined: frames both ways, one http_call with status 101', async () => {
+      const since = now();
+      const out = await raw('api.allowed.test', WS_PORT, 'plain', '', `${WS_HANDSHAKE(`api.allowed.test:${WS_PORT}`, '/chat')}frame-bytes`);
+      assert.match(out, /^HTTP\/1\.1 101 [^]*Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK\+xOo=\r\n\r\nframe-bytes/i, out);
+      const calls = await records('http_call', since, (items) => items.length >= 1);
+      assert.deepEqual(calls.map((c) => [c.method, c.host, c.port, c.path, c.status, c.upgrade, c.request_bytes, c.response_bytes]), [['GET', 'api.allowed.test', WS_PORT, '/chat', 101, 'websocket', 11, 11]]);
+    });
+
+    test('requests framed two ways (Content-Length and Transfer-Encoding, two lengths, a folded header) are a 400, recorded; two Host headers a 403; nothing leaves', async () => {
+      const attacks: Record<string, string> = {
+        'cl-te': `POST /x HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n${SMUGGLED}`,
+        'two-lengths': `POST /x HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: 0\r\nContent-Length: ${SMUGGLED.length}\r\n\r\n${SMUGGLED}`,
+        'te-not-ending-chunked': `POST /x HTTP/1.1\r\nHost: api.allowed.test\r\nTransfer-Encoding: chunked, identity\r\n\r\n${SMUGGLED}`,
+        'obs-fold': `GET /x HTTP/1.1\r\nHost: api.allowed.test\r\nX-Folded: a\r\n Host: denied.test\r\n\r\n`,
+      };
+      for (const [name, payload] of Object.entries(attacks)) {
+        const mark = (await world.requests()).length;
+        const since = now();
+        const out = await raw('api.allowed.test', 80, 'plain', '', payload);
+        assert.match(out, /^HTTP\/1\.1 400 [^]*not well-formed HTTP\/1\.1/, `${name}: ${out}`);
+        assert.deepEqual(show(await arrivedSince(mark)), [], name);
+        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        assert.deepEqual(denials.map((d) => [d.protocol, d.port]), [['http', 80]], name);
+      }
+      const mark = (await world.requests()).length;
+      const since = now();
+      const out = await raw('api.allowed.test', 80, 'plain', '', 'GET /two HTTP/1.1\r\nHost: api.allowed.test\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
+      assert.match(out, /^HTTP\/1\.1 403 [^]*more than one Host header/, out);
+      assert.deepEqual(show(await arrivedSince(mark)), []);
+      await records('network_denied', since, (items) => items.some((d) => /more than one Host/.test(d.reason)));
+    });
+
+    test('pipelined requests on one connection are each checked and recorded', async () => {
+      const mark = (await world.requests()).length;
+      const since = now();
+      const host = (h: string, p: string, close = '') => `GET ${p} HTTP/1.1\r\nHost: ${h}\r\n${close}\r\n`;
+      const out = await raw('api.allowed.test', 80, 'plain', '', host('api.allowed.test', '/p1') + host('denied.test', '/p2') + host('api.allowed.test', '/p3', 'Connection: close\r\n'));
+      assert.deepEqual([...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]), ['200', '403', '200'], out);
+      const arrived = await arrivedSince(mark);
+      noneAtDenied(arrived);
+      assert.deepEqual(show(arrived).sort(), ['api.allowed.test GET api.allowed.test /p1', 'api.allowed.test GET api.allowed.test /p3']);
+      const calls = await records('http_call', since, (items) => items.length >= 2);
+      assert.deepEqual(calls.map((c) => c.path).sort(), ['/p1', '/p3']);
+      const denials = await records('network_denied', since, (items) => items.length >= 1);
+      assert.deepEqual(denials.map((d) => [d.host, d.path]), [['denied.test', '/p2']]);
+    });
+
+    test('TLS without a server name is inspected as the name resolved to its address: its Host is checked, its requests recorded', async () => {
+      const mark = (await world.requests()).length;
+      const since = now();
+      const fronted = await raw('api.allowed.test', 443, 'tls', '', 'GET /fronted HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
+      assert.match(fronted, /^HTTP\/1\.1 403 [^]*the Host denied\.test is not the TLS server name api\.allowed\.test/, fronted);
+      const named = await raw('api.allowed.test', 443, 'tls', '', 'GET /nameless HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: close\r\n\r\n');
+      assert.match(named, /^HTTP\/1\.1 200 /, named);
+      const arrived = await arrivedSince(mark);
+      noneAtDenied(arrived);
+      assert.deepEqual(show(arrived), ['api.allowed.test GET api.allowed.test /nameless']);
+      const denials = await records('network_denied', since, (items) => items.length >= 1);
+      assert.deepEqual(denials.map((d) => [d.protocol, d.host]), [['https', 'denied.test']]);
+      const calls = await records('http_call', since, (items) => items.length >= 1);
+      assert.deepEqual(calls.map((c) => [c.scheme, c.host, c.path, c.status]), [['https', 'api.allowed.test', '/nameless', 200]]);
+    });
+
+    test("CONNECT db:5432 reaches the sandbox's database, not its address outside", async () => {
+      // PostgreSQL's SSLRequest: the server answers one byte, S or N.
+      const sslRequest = Buffer.from([0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]);
+      const out = await raw('api.allowed.test', 80, 'plain', '', Buffer.concat([Buffer.from('CONNECT db:5432 HTTP/1.1\r\nHost: db:5432\r\n\r\n'), sslRequest]));
+      assert.match(out, /^HTTP\/1\.1 200 Connection Established\r\n\r\n[SN]/, JSON.stringify(out));
+    });
+
+    test('a dns_overrides name is reached on 80 and 443, not on ports its replacement is not allowed on', async () => {
+      const mark = (await world.requests()).length;
+      const since = now();
+      const web = await sh('curl -sS -m 10 http://api.stripe.test/charge');
+      assert.equal(JSON.parse(web.stdout).server, 'other.allowed.test', web.stderr);
+      const other = await raw('api.stripe.test', 8080, 'plain', '', 'GET /other-port HTTP/1.1\r\nHost: api.stripe.test:8080\r\nConnection: close\r\n\r\n');
+      assert.doesNotMatch(other, /^HTTP/, other);
+      assert.deepEqual(show(await arrivedSince(mark)), ['other.allowed.test GET api.stripe.test /charge']);
+      const denials = await records('network_denied', since, (items) => items.length >= 1);
+      assert.deepEqual(denials.map((d) => [d.host, d.port]), [['api.stripe.test', 8080]]);
+      assert.match(denials[0].reason, /network\.dns_overrides sends api\.stripe\.test to other\.allowed\.test, reached on ports 80 and 443/);
+    });
+  });
+}
