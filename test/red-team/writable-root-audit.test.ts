@@ -4,7 +4,8 @@
  * (`watch: ["/"]`) sees every such write as it sees /tmp's, through the directory that takes them
  * (the root's own directory over the host's system directories, the overlay's upper directory over
  * an image): creates, appends, renames, chmod, symlinks, files in directories made after the watch
- * started, deletions of the image's files (overlayfs whiteouts, never recorded as writes), a write
+ * started, chmod and chown of a file made before, deletions of the image's files (overlayfs
+ * whiteouts, never recorded as writes), a write
  * the watch cannot see (mmap) found by the reconciliation, and `forbidden.file_writes_outside`
  * failing a write to /. The layer is hostile: a fifo, a sparse 8 GiB file, links to the host's
  * files and to `/`, a deep tree; the audit names none of the host's files and does not hang.
@@ -79,6 +80,14 @@ describe('red team: root writes to a writable root over the host\'s system direc
       ['file_write', '/opt-last'],
     ]);
     assert.ok(!records.some((r) => r[1].startsWith('//')), `names are absolute paths of the sandbox: ${JSON.stringify(records)}`);
+  });
+
+  test('a chmod (setuid) or chown of a file made at setup is a write', async () => {
+    const records = await rootRecords(server, key, 'root-chmod', ['chmod 4755 /setup-tool', 'chown 1000 /setup-conf'], ['echo tool > /setup-tool && echo conf > /setup-conf']);
+    assertHas(records, [
+      ['file_write', '/setup-tool'],
+      ['file_write', '/setup-conf'],
+    ]);
   });
 
   test('a write the watch cannot see (mmap of a file made at setup) is found by the reconciliation', async () => {

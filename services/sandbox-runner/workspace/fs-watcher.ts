@@ -2,11 +2,15 @@
  * The agent's own file activity (`audit.file_system`): `watch` paths and `track: [writes, reads,
  * deletes]`, turned into audit records `file_write {path, bytes?}`, `file_read {path}` and
  * `file_delete {path}`, wherever the agent can write: the workspace (paths workspace-relative) and
- * the runtime's other writable places, /tmp and /dev/shm (paths absolute: `/tmp/x`; places.ts).
+ * the runtime's other writable places, /tmp, /dev/shm and a writable root's `/` (paths absolute:
+ * `/tmp/x`, `/etc/x`; places.ts).
  *
  * How: one `inotifywait -m -r` child per sandbox, watching the host directories that are bound into
- * the sandbox (the workspace, the tmpfs of /tmp and /dev/shm). Node's fs.watch is not used: it
- * reports neither reads nor which operation happened.
+ * the sandbox (the workspace, the tmpfs of /tmp and /dev/shm) or take its writes to / (the
+ * directory of a writable root, or its overlay's upper directory over an image). Node's fs.watch
+ * is not used: it reports neither reads nor which operation happened. In an overlay's upper
+ * directory a whiteout made or moved in is a delete, and a directory moved in (copied up, or made
+ * opaque, through overlayfs' work directory) is scanned like a new one, not a write of its own.
  * The agent may swap a directory for a symlink to anywhere on the host at any moment, so nothing
  * here follows one: inotifywait (which does, when it adds the watch of a new directory) runs under
  * bubblewrap in a mount namespace holding only those directories (see `confined`), and the watcher's
@@ -37,7 +41,8 @@
  *    (CLOSE_WRITE) — an open for writing that changes nothing is not a write; a file renamed into
  *    place (MOVED_TO; `{directory: true}` for a directory); a symlink or hard link created (no close
  *    follows those: the next flush, within `coalesceMs`, looks at the files created and not yet
- *    closed, one directory walk per directory). A file still open for writing when the watcher stops is recorded at `stop()`.
+ *    closed, one directory walk per directory); a file's attributes changed (ATTRIB: chmod, chown,
+ *    its times). A file still open for writing when the watcher stops is recorded at `stop()`.
  *  - deletes: DELETE of a file, MOVED_FROM (a rename is a delete of the old name plus a write of the
  *    new one). Removing a directory records its files, not the directory.
  *  - reads: CLOSE_NOWRITE of a file, i.e. one read per open-for-reading (IN_ACCESS would fire per
@@ -207,7 +212,7 @@ export class FsWatcher {
     const roots = await watchRoots(this.view, this.prefixes);
     this.barrierDir = await makeBarrierDir(root);
     const events = ['create', 'moved_to', 'moved_from'];
-    if (this.track.has('writes')) events.push('modify', 'close_write');
+    if (this.track.has('writes')) events.push('modify', 'close_write', 'attrib');
     if (this.track.has('deletes')) events.push('delete');
     if (this.track.has('reads')) events.push('close_nowrite');
     const args = ['-m', '-r', '--format', '%e%0%w%f%0', '--no-newline'];
@@ -404,6 +409,10 @@ export class FsWatcher {
           break;
         case 'MODIFY':
           if (writes && !isDir && !this.suppressed(rel, 'write')) this.dirty.add(rel);
+          break;
+        case 'ATTRIB':
+          // chmod, chown, times: the file's metadata written (no close follows them).
+          if (writes && !isDir && !this.suppressed(rel, 'write')) this.enqueue('file_write', rel, { path: rel });
           break;
         case 'CLOSE_WRITE':
           this.created.delete(rel);
