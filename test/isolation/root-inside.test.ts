@@ -1,7 +1,9 @@
 // The `local` runtime with the agent as root inside (CreateSandboxOptions.user 'root', a writable
 // root by default) against the real kernel: the isolation of local-runtime.test.ts holds for root
-// too, and a writable root takes an install and is gone at destroy. No mocks. Skipped with a reason
-// where bubblewrap/root/cgroups are missing; under CI=true that is a failure instead.
+// too, a writable root takes an install and is gone at destroy, and every directory the agent can
+// write (root or nobody, either root) is on a place the file audit watches (writablePlaces). No
+// mocks. Skipped with a reason where bubblewrap/root/cgroups are missing; under CI=true that is a
+// failure instead.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -14,7 +16,7 @@ import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtim
 import { ROOT_IDS_DEFAULT } from '../../services/sandbox-runner/runtime/sandbox-root.ts';
 import type { CreateSandboxOptions, SandboxHandle, SandboxResources } from '../../services/sandbox-runner/runtime/runtime.ts';
 import { countingListener } from '../helpers/ports.ts';
-import { dpkgImage, helloPackage } from '../helpers/debian-image.ts';
+import { copyWithLibraries, dpkgImage, helloPackage } from '../helpers/debian-image.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-root-inside-'));
 const stateDir = path.join(root, 'state');
@@ -244,6 +246,35 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
       const r = await sb.exec({ command: 'for d in / /tmp /workspace /run; do cp /usr/bin/id $d/suid-id && chmod 4755 $d/suid-id && setpriv --reuid=1000 --regid=1000 --clear-groups $d/suid-id -u; done; setpriv --reuid=1000 --regid=1000 --clear-groups su -c "id -u" root </dev/null' });
       assert.equal(r.stdout, '1000\n1000\n1000\n1000\n', r.stderr);
     });
+  });
+
+  describe('every directory the agent can write is in a place the file audit watches', () => {
+    // An image with find, and a world-writable /var/tmp as a real image has.
+    const auditImage = dpkgImage(path.join(root, 'images', 'audit', 'rootfs'));
+    copyWithLibraries(auditImage, ['/usr/bin/find']);
+    fs.mkdirSync(path.join(auditImage, 'var/tmp'), { recursive: true, mode: 0o1777 });
+    fs.chmodSync(path.join(auditImage, 'var/tmp'), 0o1777);
+    const cases: Record<string, Partial<CreateSandboxOptions>> = {
+      'root over the host\'s system directories': {},
+      'root over an image': { rootfs: auditImage },
+      'root on a read-only root': { writableRoot: false },
+      nobody: { user: 'nobody' },
+      'nobody on a writable image root': { user: 'nobody', rootfs: auditImage, writableRoot: true },
+    };
+    for (const [name, options] of Object.entries(cases)) {
+      test(name, async () => {
+        const sb = await sandbox(options);
+        const watched = ['/workspace', ...sb.writablePlaces.map((p) => p.at)];
+        // The filesystems of the watched places, then every directory `find -writable` (access(2): mounts, modes, capabilities) finds.
+        const r = await sb.exec({ command: `stat -c '%d' ${watched.join(' ')}; echo --; find / \\( -path /proc -o -path /sys \\) -prune -o -type d -writable -printf '%D %p\\n' 2>/dev/null; true` });
+        const [places, found] = r.stdout.split('--\n');
+        const devices = new Set(places!.trim().split('\n'));
+        const writable = found!.trim().split('\n').filter(Boolean);
+        assert.ok(writable.some((line) => line.endsWith(' /tmp')), r.stdout);
+        assert.deepEqual(writable.filter((line) => !devices.has(line.split(' ')[0]!)), [], `watched: ${watched.join(', ')}`);
+        if (sb.user.inside === 'root' && options.writableRoot !== false) assert.ok(writable.some((line) => line.endsWith(' /')), 'root writes /');
+      });
+    }
   });
 
   describe('root inside: the writable root', () => {
