@@ -8,13 +8,20 @@
  * (only its links: at the end each one is resolved against the others, as the kernel would in an
  * extracted copy, and a link that climbs out of the bundle through another link is refused; the
  * workspace's own path-safe layer never follows one anyway, but a bundle that needs it is refused).
+ *
+ * A gzip bomb must cost the event loop nothing: the bytes are inflated by node's zlib on libuv's
+ * pool (node-tar would inflate them synchronously, megabytes per chunk), the inflated bytes are
+ * bounded (MAX_EXPANSION times the size limit), and the tar parser gets one inflated chunk (16 KiB)
+ * per turn of the loop and nothing past the archive's end (node-tar copies all it holds on every
+ * chunk after it: quadratic). Entries are bounded too (MAX_ENTRIES).
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { createWriteStream } from 'node:fs';
+import { createReadStream, createWriteStream } from 'node:fs';
 import { chmod, lstat, mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
+import { createGunzip } from 'node:zlib';
 import { extract, Parser, type ReadEntry } from 'tar';
 import { AppError, badRequest } from './errors.ts';
 
@@ -22,7 +29,11 @@ import { AppError, badRequest } from './errors.ts';
 export const TASK_FILES_SUBDIR = 'task-files';
 
 /** A decompressed bundle may be at most this many times its compressed size limit (gzip bombs). */
-const MAX_EXPANSION = 10;
+export const MAX_EXPANSION = 10;
+/** Most entries a bundle may hold: each is a file on the host once extracted. */
+export const MAX_ENTRIES = 200_000;
+/** Most bytes after the tar's end-of-archive blocks (tar pads its last record with zeros: 10 KiB, 1 MiB at `-b 2048`). */
+export const MAX_TRAILING_BYTES = 1024 * 1024;
 const GZIP_MAGIC = [0x1f, 0x8b];
 /** Entry types a bundle may hold; devices and FIFOs have no place in agent code. */
 const ALLOWED_TYPES = new Set(['File', 'OldFile', 'ContiguousFile', 'Directory', 'SymbolicLink', 'Link']);
@@ -135,15 +146,23 @@ function checkEntry(entry: ReadEntry): string | null {
 
 /**
  * Checks a stream as a gzip'd tar while passing it through: fails with a 400 naming `bundle` on
- * the first bad entry or a corrupt archive, and with a 413 past `maxBytes`.
+ * the first bad entry or a corrupt archive, and with a 413 past `maxBytes` (or past its bounds
+ * once inflated).
  */
 class BundleCheck extends Transform {
   readonly hash = createHash('sha256');
   sizeBytes = 0;
   entries = 0;
-  private expandedBytes = 0;
+  /** Bytes the entry headers declare, checked before their bodies are inflated. */
+  private declaredBytes = 0;
+  private inflatedBytes = 0;
+  /** Inflated bytes after the end-of-archive blocks, which the parser is not given. */
+  private trailingBytes = 0;
+  private tarEnded = false;
   private problem: AppError | null = null;
-  private readonly parser = new Parser({ strict: true });
+  /** Inflates on libuv's pool, one output chunk per turn of the event loop. */
+  private readonly gunzip = createGunzip();
+  private readonly parser = new Parser({ strict: true, brotli: false, zstd: false });
   /** Symbolic and hard links by entry path, checked against each other once all are in. */
   private readonly links = new Map<string, string>();
   private readonly hardLinks = new Map<string, string>();
@@ -152,23 +171,48 @@ class BundleCheck extends Transform {
 
   constructor(private readonly limit: SizeLimit) {
     super();
-    const maxBytes = (this.maxBytes = limit.bytes);
-    this.parser.on('entry', (entry: ReadEntry) => {
-      this.entries++;
-      // Headers count too: they bound the links kept in memory.
-      this.expandedBytes += 512 + (entry.size ?? 0) + Buffer.byteLength(entry.path) + Buffer.byteLength(entry.linkpath ?? '');
-      const problem = checkEntry(entry);
-      if (problem) this.fail(badRequest('bundle', problem));
-      else if (this.expandedBytes > maxBytes * MAX_EXPANSION) this.fail(badRequest('bundle', `expands to more than ${MAX_EXPANSION} times the size limit`));
-      else if (entry.type === 'SymbolicLink' && entry.linkpath !== undefined) this.links.set(entryKey(entry.path), entry.linkpath);
-      else if (entry.type === 'Link' && entry.linkpath !== undefined) this.hardLinks.set(entryKey(entry.path), entryKey(entry.linkpath));
-      entry.resume();
-    });
+    this.maxBytes = limit.bytes;
+    this.parser.on('entry', (entry: ReadEntry) => this.onEntry(entry));
+    this.parser.on('eof', () => (this.tarEnded = true));
     this.parser.on('error', (err: Error) => this.fail(badRequest('bundle', `is not a valid .tar.gz archive (${err.message.replace(/^TAR_BAD_ARCHIVE: /, '')})`)));
+    this.gunzip.on('data', (chunk: Buffer) => this.onInflated(chunk));
+    this.gunzip.on('error', (err: Error) => this.fail(badRequest('bundle', `is not a valid .tar.gz archive (gzip: ${err.message})`)));
+  }
+
+  private tooLarge(): AppError {
+    return new AppError('payload_too_large', `bundle: expands to more than ${this.maxBytes * MAX_EXPANSION} bytes unpacked (${MAX_EXPANSION} times ${this.limit.name})`);
+  }
+
+  private onEntry(entry: ReadEntry): void {
+    this.entries++;
+    // Headers count too: they bound the links kept in memory.
+    this.declaredBytes += 512 + (entry.size ?? 0) + Buffer.byteLength(entry.path) + Buffer.byteLength(entry.linkpath ?? '');
+    const problem = checkEntry(entry);
+    if (problem) this.fail(badRequest('bundle', problem));
+    else if (this.entries > MAX_ENTRIES) this.fail(new AppError('payload_too_large', `bundle: holds more than ${MAX_ENTRIES} entries`));
+    else if (this.declaredBytes > this.maxBytes * MAX_EXPANSION) this.fail(this.tooLarge());
+    else if (entry.type === 'SymbolicLink' && entry.linkpath !== undefined) this.links.set(entryKey(entry.path), entry.linkpath);
+    else if (entry.type === 'Link' && entry.linkpath !== undefined) this.hardLinks.set(entryKey(entry.path), entryKey(entry.linkpath));
+    entry.resume();
+  }
+
+  /** An inflated chunk: counted, then parsed while the archive lasts. */
+  private onInflated(chunk: Buffer): void {
+    if (this.problem) return;
+    const first = this.inflatedBytes === 0;
+    this.inflatedBytes += chunk.length;
+    if (this.inflatedBytes > this.maxBytes * MAX_EXPANSION) return this.fail(this.tooLarge());
+    // The parser would inflate a second gzip layer itself, synchronously and unbounded.
+    if (first && chunk[0] === GZIP_MAGIC[0] && chunk[1] === GZIP_MAGIC[1]) return this.fail(badRequest('bundle', 'is compressed twice: upload a .tar.gz archive'));
+    if (!this.tarEnded) return void this.parser.write(chunk);
+    this.trailingBytes += chunk.length;
+    if (this.trailingBytes > MAX_TRAILING_BYTES) this.fail(badRequest('bundle', `has more than ${MAX_TRAILING_BYTES} bytes after the end of its tar archive`));
   }
 
   private fail(err: AppError): void {
     this.problem ??= err;
+    // Nothing more is inflated: the rest of the upload is only read and dropped.
+    this.gunzip.destroy();
   }
 
   /**
@@ -185,26 +229,48 @@ class BundleCheck extends Transform {
     }
     if (this.problem) return done();
     this.hash.update(chunk);
-    this.parser.write(chunk);
-    done(null, chunk);
+    this.push(chunk);
+    // The next chunk waits until this one is inflated (or inflating stopped): memory stays bounded.
+    if (this.gunzip.write(chunk)) return done();
+    settled(this.gunzip, 'drain', () => done());
   }
 
   override _flush(done: (err?: Error | null) => void): void {
     if (this.problem) return done(this.problem);
     if (this.sizeBytes === 0) return done(badRequest('bundle', 'is empty'));
-    // A truncated archive ends in an 'error' and never in 'end': either settles the check.
-    let settled = false;
-    const settle = () => {
-      if (settled) return;
-      settled = true;
-      if (!this.problem && this.entries === 0) this.problem = badRequest('bundle', 'holds no files');
-      const escape = this.problem ? null : physicalEscape(this.links, this.hardLinks);
-      if (escape) this.problem = badRequest('bundle', escape);
-      done(this.problem);
-    };
-    this.parser.on('error', settle);
-    this.parser.end(settle);
+    settled(this.gunzip, 'end', () => {
+      if (this.problem) return done(this.problem);
+      // A truncated archive ends in an 'error' and never in 'end': either settles the check.
+      let ended = false;
+      const settle = () => {
+        if (ended) return;
+        ended = true;
+        if (!this.problem && this.entries === 0) this.problem = badRequest('bundle', 'holds no files');
+        const escape = this.problem ? null : physicalEscape(this.links, this.hardLinks);
+        if (escape) this.problem = badRequest('bundle', escape);
+        done(this.problem);
+      };
+      this.parser.on('error', settle);
+      this.parser.end(settle);
+    });
+    this.gunzip.end();
   }
+
+  override _destroy(err: Error | null, done: (err?: Error | null) => void): void {
+    this.gunzip.destroy();
+    done(err);
+  }
+}
+
+/** Calls `then` once, on `event` or when `stream` closes (destroyed or failed) first. */
+function settled(stream: NodeJS.EventEmitter, event: string, then: () => void): void {
+  const once = () => {
+    stream.off(event, once);
+    stream.off('close', once);
+    then();
+  };
+  stream.on(event, once);
+  stream.on('close', once);
 }
 
 export class BundleStore {
@@ -298,8 +364,9 @@ export class ExtractedBundles {
     const temp = `${target}.${randomBytes(4).toString('hex')}.tmp`;
     await mkdir(temp, { recursive: true });
     try {
-      // The checks ran at upload; these options refuse the same things again, defensively.
-      await extract({ file: blob, cwd: temp, strict: true, preservePaths: false, preserveOwner: false, noMtime: true });
+      // The checks ran at upload; these options refuse the same things again, defensively. Inflated
+      // by node's zlib on libuv's pool: node-tar's own gunzip would run on this event loop.
+      await pipeline(createReadStream(blob), createGunzip(), extract({ cwd: temp, strict: true, preservePaths: false, preserveOwner: false, noMtime: true }) as unknown as NodeJS.WritableStream);
       await makeReadable(temp);
       await rename(temp, target).catch(async (err: NodeJS.ErrnoException) => {
         // Another boot extracted the same bundle first: keep that one.
