@@ -221,6 +221,7 @@ export class LiveSandbox {
         if (address === null || typeof this.gateway === 'string') return Promise.reject(new Error('the sandbox has no way out'));
         return this.gateway.fetchOutside(address, service, request, MOCK_RECORD_MAX_BYTES);
       },
+      redact: (text) => this.redact(text),
       // As large as the workspace's (resources.disk, else SVC_SANDBOX_DISK_DEFAULT).
       disk: async (service) => (await this.runtime.disk?.(`${id}-${service}`, this.spec.resources.diskBytes)) ?? `the ${this.runtime.name} runtime makes no disks`,
     });

@@ -43,6 +43,8 @@ export interface BackingOptions {
   onWrite(service: string, write: DbWrite): void;
   /** Record mode of a mock: the real host's answer, through the sandbox's egress policy. */
   forward(service: string): Forward;
+  /** The sandbox's secret values replaced in text (what a mock keeps: its journal, its recording). */
+  redact(text: string): string;
   /** A database's disk (Runtime.disk), or why there is none. */
   disk(service: string): Promise<RuntimeDisk | string>;
 }
@@ -86,7 +88,7 @@ export class BackingServices {
     for (const [index, spec] of this.specs.entries()) {
       const address = serviceAddress(index);
       if (spec.type === 'http_mock') {
-        const mock = new HttpMock({ name: spec.name, routes: spec.routes, record: spec.record, forward: this.options.forward(spec.name) });
+        const mock = new HttpMock({ name: spec.name, routes: spec.routes, record: spec.record, forward: this.options.forward(spec.name), redact: (text) => this.options.redact(text) });
         this.services.set(spec.name, { type: 'http_mock', spec, address, mock, ready: false });
       } else {
         const password = randomBytes(18).toString('base64url');

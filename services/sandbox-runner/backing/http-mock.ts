@@ -31,7 +31,8 @@
  *   not recorded; a thrown error is a 502 JSON naming the mock, the host and the reason.
  * - A request body over `maxRequestBytes` (default 10 MiB) gets 413 and the connection closes.
  *
- * Journal: every request, answered or not, with its headers redacted (network/headers.ts) and
+ * Journal: every request, answered or not, with its headers redacted (network/headers.ts; and
+ * the sandbox's secret values in its path, query and headers: `redact`) and
  * its body size, never its body; the newest `maxJournal` (default 10,000) are kept and `dropped`
  * counts the rest. `requestCount` counts every request since the start, dropped ones included,
  * per method and path; past 100,000 distinct method+path pairs new pairs are not counted and
@@ -42,7 +43,8 @@
  * Recording (`recording()`): one route per method + path (trailing slash and query string
  * ignored, so different queries share one route), the latest answer winning. Headers lose
  * hop-by-hop and framing ones and every credential-carrying one (a real session cookie must not
- * end up in a spec). A gzip/deflate/br body is decoded (content-encoding dropped) when it can be
+ * end up in a spec); the sandbox's secret values are replaced in paths, header values and text
+ * bodies (`redact`). A gzip/deflate/br body is decoded (content-encoding dropped) when it can be
  * within `maxBodyBytes`. The body becomes JSON when content-type says JSON and it parses to an
  * object, array, number, boolean or null; else text when it is UTF-8 without control
  * characters; else base64 with `x-mock-body-encoding: base64`. A body over `maxBodyBytes`
@@ -98,6 +100,13 @@ export interface HttpMockOptions {
   maxBodyBytes?: number;
   /** largest request body accepted (default 10 MiB); a bigger one gets 413 */
   maxRequestBytes?: number;
+  /**
+   * The sandbox's secret values replaced in `text` (default: none): applied to what the mock
+   * keeps, the journal's path, query and headers and the recording's paths, headers and text
+   * bodies. An agent's secret sent in a query string, or echoed back by the real host, is no
+   * secret of the journal's readers nor of a spec made from the recording.
+   */
+  redact?: (text: string) => string;
 }
 
 export const DEFAULT_MAX_JOURNAL = 10_000;
@@ -312,15 +321,17 @@ class Recorder {
   private readonly routes = new Map<string, Recorded>();
   private bytes = 0;
 
-  constructor(private readonly maxRoutes: number, private readonly maxBodyBytes: number) {}
+  constructor(private readonly maxRoutes: number, private readonly maxBodyBytes: number, private readonly redact: (text: string) => string) {}
 
   save(method: string, path: string, answer: Answer): void {
     if (!HTTP_METHODS.has(method)) return;
-    const normalised = `/${segmentsOf(path).join('/')}`;
+    const normalised = this.redact(`/${segmentsOf(path).join('/')}`);
     const key = `${method} ${normalised}`;
     const previous = this.routes.get(key);
     if (!previous && this.routes.size >= this.maxRoutes) return;
-    const { headers, body } = decodeContent(answer.headers, answer.body, this.maxBodyBytes);
+    const decoded = decodeContent(answer.headers, answer.body, this.maxBodyBytes);
+    const headers = mapValues(decoded.headers, this.redact);
+    const body = redactBody(decoded.body, this.redact);
     const before = this.bytes - (previous?.body?.length ?? 0);
     const fits = body.length <= this.maxBodyBytes && before + body.length <= RECORDING_BUDGET_BYTES;
     this.bytes = before + (fits ? body.length : 0);
@@ -358,6 +369,22 @@ function recordableHeaders(headers: Record<string, string>): Record<string, stri
 }
 
 const STRICT_UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+function mapValues(record: Record<string, string>, map: (value: string) => string): Record<string, string> {
+  return Object.fromEntries(Object.entries(record).map(([name, value]) => [name, map(value)]));
+}
+
+/** A UTF-8 body with the secrets replaced; a binary one as it is. */
+function redactBody(body: Buffer, redact: (text: string) => string): Buffer {
+  let text: string;
+  try {
+    text = STRICT_UTF8.decode(body);
+  } catch {
+    return body;
+  }
+  const redacted = redact(text);
+  return redacted === text ? body : Buffer.from(redacted);
+}
 
 function replayableBody(recorded: Recorded): { headers: Record<string, string>; body: unknown } {
   const headers = { ...recorded.headers };
@@ -456,6 +483,7 @@ export class HttpMock {
   private readonly maxRequestBytes: number;
   private readonly log: RequestJournal;
   private readonly recorder: Recorder;
+  private readonly redact: (text: string) => string;
 
   constructor(options: HttpMockOptions) {
     const maxJournal = positive(options.maxJournal, DEFAULT_MAX_JOURNAL, 'maxJournal');
@@ -465,7 +493,8 @@ export class HttpMock {
     this.forward = options.forward;
     this.maxRequestBytes = positive(options.maxRequestBytes, DEFAULT_MAX_REQUEST_BYTES, 'maxRequestBytes');
     this.log = new RequestJournal(maxJournal);
-    this.recorder = new Recorder(maxJournal, positive(options.maxBodyBytes, DEFAULT_MAX_BODY_BYTES, 'maxBodyBytes'));
+    this.redact = options.redact ?? ((text) => text);
+    this.recorder = new Recorder(maxJournal, positive(options.maxBodyBytes, DEFAULT_MAX_BODY_BYTES, 'maxBodyBytes'), this.redact);
     for (const route of options.routes) this.routes.push(this.compile(route));
   }
 
@@ -484,7 +513,7 @@ export class HttpMock {
       if (!res.headersSent) send(res, method, jsonAnswer(500, { error: 'mock_failed', message: `mock ${this.name} failed to answer ${method} ${path}: ${reason(error)}` }));
       else res.destroy();
     }
-    this.log.add({ ts, method, path, query, headers: redactHeaders(req.headers), body_bytes: read.bytes, status: res.statusCode, ...outcome });
+    this.log.add({ ts, method, path: this.redact(path), query: this.redact(query), headers: mapValues(redactHeaders(req.headers), this.redact), body_bytes: read.bytes, status: res.statusCode, ...outcome });
   }
 
   /**
