@@ -124,7 +124,8 @@ def attempt(f):
 
 /** A request smuggled past the gateway, would it let it through: a CONNECT the world's web servers relay, carrying a request to denied.test marked `marker`. */
 const SMUGGLED = (marker: string) => `CONNECT denied.test:80 HTTP/1.1\r\nHost: denied.test:80\r\n\r\nGET /${marker} HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n`;
-const py = (s: string) => JSON.stringify(s);
+/** `s` as a Python string literal. */
+const pyString = (s: string) => JSON.stringify(s);
 
 export function egressConformance(runtime: EgressRuntime): void {
   describe(`egress conformance: the ${runtime.name} runtime`, { skip: runtime.unavailable ?? false }, () => {
@@ -252,14 +253,14 @@ export function egressConformance(runtime: EgressRuntime): void {
       const nested = await python(deny, `
 s = socket.create_connection(('api.allowed.test', 80), timeout=10)
 first = exchange(s, b'CONNECT api.allowed.test:80 HTTP/1.1\\r\\nHost: api.allowed.test:80\\r\\n\\r\\n', 1.0)
-print(json.dumps({'first': first, 'inner': exchange(s, ${py(SMUGGLED('nested-connect'))}.encode())}))`);
+print(json.dumps({'first': first, 'inner': exchange(s, ${pyString(SMUGGLED('nested-connect'))}.encode())}))`);
       assert.match(nested.first, /^HTTP\/1\.1 200/, 'the allowed tunnel opens');
       assert.doesNotMatch(nested.inner, FROM_DENIED);
       await recorded(deny, since, 'the nested CONNECT denied.test:80', (d) => d.protocol === 'connect' && d.host === 'denied.test' && d.port === 80);
 
       const inTls = await python(inspected, `
 s = tls(socket.create_connection(('api.allowed.test', 443), timeout=10), 'api.allowed.test')
-print(json.dumps({'answer': exchange(s, ${py(SMUGGLED('connect-in-tls'))}.encode())}))`);
+print(json.dumps({'answer': exchange(s, ${pyString(SMUGGLED('connect-in-tls'))}.encode())}))`);
       assert.doesNotMatch(inTls.answer, FROM_DENIED);
       await recorded(inspected, since, 'CONNECT denied.test:80 inside HTTPS', (d) => d.host === 'denied.test');
       await nothingReached(m, ['nested-connect', 'connect-in-tls']);
@@ -285,7 +286,7 @@ print(json.dumps({'answer': exchange(s, ${py(SMUGGLED('connect-in-tls'))}.encode
 
     // --- addresses ----------------------------------------------------------------------------
 
-    test('raw IP literals: HTTP and other TCP to denied.test\'s address, as IPv4 and as an IPv4-mapped IPv6 address, and in a Host header', async () => {
+    test('raw IP literals: HTTP, TLS without SNI and other TCP to denied.test\'s address, as IPv4 and as an IPv4-mapped IPv6 address, and in a Host header', async () => {
       const m = await mark();
       const since = now();
       const res = await sh(deny, [
@@ -296,9 +297,15 @@ print(json.dumps({'answer': exchange(s, ${py(SMUGGLED('connect-in-tls'))}.encode
       ].join('; '));
       assert.doesNotMatch(res.stdout, FROM_DENIED);
       for (const p of ['/raw-ip', '/mapped-url', '/mapped-host', '/ip-host']) await recorded(deny, since, `GET ${p}`, (d) => d.path === p);
-      const tcp = await python(deny, `print(json.dumps({'tcp': attempt(lambda: exchange(socket.create_connection(('${denied}', 7000), timeout=5), b'hello\\n'))}))`);
-      assert.ok(!/hello/.test(tcp.tcp), JSON.stringify(tcp));
+      const raw = await python(deny, `
+print(json.dumps({
+  'tcp': attempt(lambda: exchange(socket.create_connection(('${denied}', 7000), timeout=5), b'hello\\n')),
+  'tls_no_sni': attempt(lambda: exchange(tls(socket.create_connection(('${denied}', 443), timeout=5), None), b'GET /no-sni HTTP/1.0\\r\\n\\r\\n')),
+}))`);
+      assert.ok(!/hello/.test(raw.tcp), JSON.stringify(raw));
+      assert.doesNotMatch(raw.tls_no_sni, FROM_DENIED);
       await recorded(deny, since, `TCP to ${denied}:7000`, (d) => d.protocol === 'tcp' && d.ip === denied && d.port === 7000);
+      await recorded(deny, since, `TLS without SNI to ${denied}:443`, (d) => d.ip === denied && d.port === 443);
       await nothingReached(m);
     });
 
@@ -410,7 +417,6 @@ print(json.dumps({'rcodes': rcodes, 'allowed_txt_answers': answers, 'tcp_rcode':
         for (const path of [p, `${p}-80`]) await recorded(deny, since, `the rebound ${path} (${ip})`, (d) => d.path === path && d.host === `${ip}.rebind.wild.allowed.test`);
       }
       await nothingReached(m);
-      await nothingReached({ ...m, dials: hostDials('127.0.0.1') }, [], '127.0.0.1');
     });
 
     // --- proxy variables ----------------------------------------------------------------------
@@ -539,7 +545,7 @@ print(json.dumps({
         const out = await python(box, `
 s = ${connect}
 first = exchange(s, b'GET /upgrade-first HTTP/1.1\\r\\nHost: smuggle.wild.allowed.test\\r\\nConnection: Upgrade\\r\\nUpgrade: websocket\\r\\n\\r\\n', 1.0)
-print(json.dumps({'first': first, 'rest': exchange(s, ${py(SMUGGLED(marker))}.encode())}))`);
+print(json.dumps({'first': first, 'rest': exchange(s, ${pyString(SMUGGLED(marker))}.encode())}))`);
         assert.doesNotMatch(out.rest, FROM_DENIED, 'the agent got an answer from denied.test');
         await nothingReached(m, [marker]);
         // What the agent sent after the upgrade was refused, not sent on, or sent on as a request:
@@ -557,7 +563,7 @@ print(json.dumps({'first': first, 'rest': exchange(s, ${py(SMUGGLED(marker))}.en
           const request = `${method} /chunked-first HTTP/1.1\r\nHost: smuggle.wild.allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n${Buffer.byteLength(body).toString(16)}\r\n${body}\r\n0\r\n\r\n`;
           const out = await python(box, `
 s = ${connect}
-print(json.dumps({'answer': exchange(s, ${py(request)}.encode())}))`);
+print(json.dumps({'answer': exchange(s, ${pyString(request)}.encode())}))`);
           assert.doesNotMatch(out.answer, FROM_DENIED, 'the agent got an answer from denied.test');
           await nothingReached(m, [marker]);
           // Sent on as the body it is, nothing was refused: then only a sandbox that records its
@@ -577,7 +583,7 @@ print(json.dumps({'answer': exchange(s, ${py(request)}.encode())}))`);
       const out = await python(inspected, `
 addr = socket.gethostbyname('api.allowed.test')
 s = tls(socket.create_connection((addr, 443), timeout=10), None)
-print(json.dumps({'answer': exchange(s, ${py(SMUGGLED('no-sni-tls'))}.encode())}))`);
+print(json.dumps({'answer': exchange(s, ${pyString(SMUGGLED('no-sni-tls'))}.encode())}))`);
       assert.doesNotMatch(out.answer, FROM_DENIED, 'the agent got an answer from denied.test');
       await nothingReached(m, ['no-sni-tls']);
       await recorded(inspected, since, 'the request inside TLS without SNI', (d) => d.host === 'denied.test' || naming('no-sni-tls')(d) || (d.protocol === 'tls' && d.host === null));
