@@ -133,6 +133,7 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
     const rootfs = dpkgImage(path.join(scratch, 'rootfs'));
     fs.mkdirSync(path.join(rootfs, 'etc/tree/sub'), { recursive: true });
     fs.writeFileSync(path.join(rootfs, 'etc/tree/sub/leaf'), 'leaf\n');
+    fs.writeFileSync(path.join(rootfs, 'etc/tree/top'), 'top\n');
     fs.writeFileSync(path.join(rootfs, 'etc/untouched'), 'same\n');
     server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
     key = (await createTenantKey(server, 'root-audit-image')).key;
@@ -171,6 +172,7 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
     const records = await rootRecords(server, key, 'image-opaque', ['rm -r /etc/tree && mkdir /etc/tree && echo new > /etc/tree/new']);
     assertHas(records, [
       ['file_delete', '/etc/tree/sub/leaf'],
+      ['file_delete', '/etc/tree/top'],
       ['file_write', '/etc/tree/new'],
     ]);
   });

@@ -7,7 +7,7 @@
  * is the agent's and the image's links lead anywhere, so every walk here goes by descriptor
  * (beneath.ts), never through a link.
  */
-import { statSync } from 'node:fs';
+import { fstatSync } from 'node:fs';
 import { closeFd, lstatBeneath, openDirAt, openDirBeneath, openRoot, readdirFd } from './beneath.ts';
 import { captureState, type CaptureOptions, type FilesystemState } from './state.ts';
 
@@ -24,11 +24,23 @@ const GONE = { size: 0, mode: '0000', whiteout: true } as const;
 /** The longest path walked (as captureState: it bounds the held descriptors). */
 const MAX_REL_BYTES = 4096;
 
+/** The layer's state (see above): its files, and as whiteouts every name of the image it hides. */
 export async function captureLayer(layer: Layer, options: CaptureOptions = {}): Promise<FilesystemState> {
   const state = await captureState(layer.upper, { ...options, whiteouts: true });
   // A name of the layer over a directory of the image (a whiteout, a file, a link) hides all of it.
   const hiding = Object.keys(state.files);
-  if (layer.merged) hiding.push(...opaqueHidden(layer));
+  const merged = layer.merged ? openMerged(layer.merged) : null;
+  if (merged !== null) {
+    try {
+      // Named gone as a whiteout would name them (a directory too), then what they held.
+      for (const rel of opaqueHidden(layer, merged)) {
+        state.files[rel] ??= { ...GONE };
+        hiding.push(rel);
+      }
+    } finally {
+      closeFd(merged);
+    }
+  }
   for (const rel of hiding) {
     for (const name of await imageFiles(layer.lower, rel)) state.files[`${rel}/${name}`] ??= { ...GONE };
   }
@@ -50,14 +62,24 @@ async function imageFiles(lower: string, rel: string): Promise<string[]> {
   }
 }
 
+/** The merged view's root, held open (the sandbox may end meanwhile); null when it is gone already: no directory is then taken for opaque. */
+function openMerged(merged: string): number | null {
+  try {
+    return openRoot(merged);
+  } catch {
+    return null;
+  }
+}
+
 /**
- * The image's names in the upper directory's directories that the merged view no longer shows:
- * those of an opaque directory. A directory of the merged view on another filesystem (a mount
- * point: /tmp, /workspace) is not looked into.
+ * The image's names in the upper directory's directories that the merged view (held by
+ * `mergedFd`) no longer shows: those of an opaque directory. A directory of the merged view on
+ * another filesystem (a mount point: /tmp, /workspace) is not looked into.
  */
-function opaqueHidden(layer: Layer): string[] {
+function opaqueHidden(layer: Layer, mergedFd: number): string[] {
   const hidden: string[] = [];
-  const rootDev = statSync(layer.merged!).dev;
+  const merged = `/proc/self/fd/${mergedFd}`;
+  const rootDev = fstatSync(mergedFd).dev;
   const stack: Array<{ fd: number; rel: string }> = [{ fd: openRoot(layer.upper), rel: '' }];
   while (stack.length > 0) {
     const { fd, rel } = stack.pop()!;
@@ -66,10 +88,10 @@ function opaqueHidden(layer: Layer): string[] {
       const inUpper = new Set(entries.map((d) => d.name));
       const absent = imageNames(layer.lower, rel).filter((name) => !inUpper.has(name));
       const join = (name: string) => (rel === '' ? name : `${rel}/${name}`);
-      if (absent.length > 0 && lstatBeneath(layer.merged!, join(absent[0]!)) === undefined) hidden.push(...absent.map(join));
+      if (absent.length > 0 && lstatBeneath(merged, join(absent[0]!)) === undefined) hidden.push(...absent.map(join));
       for (const d of entries) {
         const child = join(d.name);
-        if (!d.isDirectory() || Buffer.byteLength(child) >= MAX_REL_BYTES || lstatBeneath(layer.merged!, child)?.dev !== rootDev) continue;
+        if (!d.isDirectory() || Buffer.byteLength(child) >= MAX_REL_BYTES || lstatBeneath(merged, child)?.dev !== rootDev) continue;
         try {
           stack.push({ fd: openDirAt(fd, d.name), rel: child });
         } catch {

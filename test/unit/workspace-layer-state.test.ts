@@ -1,0 +1,91 @@
+/**
+ * A writable root as the file audit sees it (workspace/places.ts, workspace/layer-state.ts): `/`
+ * is a place under the others, named by absolute paths; over an image, the state of a real
+ * overlayfs (mounted here, as root) is its upper directory with its whiteouts plus the image's
+ * files a whiteout, a file or an opaque directory hides, so its diff against an earlier state has
+ * every deletion of the image's files, file by file, and never follows the image's links.
+ */
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { test } from 'node:test';
+import { captureLayer } from '../../services/sandbox-runner/workspace/layer-state.ts';
+import { underPrefix, WritablePlaces } from '../../services/sandbox-runner/workspace/places.ts';
+import { diffStates } from '../../services/sandbox-runner/workspace/state.ts';
+
+test('a root place: names are absolute paths, the deepest place wins, / watches every place', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'places-'));
+  try {
+    for (const d of ['ws', 'tmp', 'layer']) fs.mkdirSync(path.join(dir, d));
+    const view = await WritablePlaces.of(path.join(dir, 'ws'), [
+      { at: '/', host: path.join(dir, 'layer') },
+      { at: '/tmp', host: path.join(dir, 'tmp') },
+    ]);
+    assert.equal(view.nameOf(path.join(dir, 'layer', 'etc/x')), '/etc/x');
+    assert.equal(view.nameOf(path.join(dir, 'tmp', 'a')), '/tmp/a');
+    assert.equal(view.nameOf(path.join(dir, 'layer')), null);
+    assert.deepEqual(view.locate('/etc/x'), { root: path.join(dir, 'layer'), rel: 'etc/x' });
+    assert.deepEqual(view.locate('/tmp/a'), { root: path.join(dir, 'tmp'), rel: 'a' });
+    assert.deepEqual(view.locate('/'), { root: path.join(dir, 'layer'), rel: '' });
+    assert.deepEqual(view.watchPrefixes('/etc', 'w'), ['/etc']);
+    const all = view.watchPrefixes('/', 'w')!;
+    for (const name of ['/etc/x', '/tmp/a', 'src/a.py']) assert.ok(all.some((p) => underPrefix(name, p)), name);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+const asRoot = process.getuid?.() === 0 ? false : 'mounting an overlay needs root';
+
+test('an overlay\'s state: writes, whiteouts, removed and remade directories of the image, links never followed', { skip: asRoot }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'layer-'));
+  const [lower, upper, work, merged] = ['lower', 'upper', 'work', 'merged'].map((d) => path.join(dir, d)) as [string, string, string, string];
+  for (const d of [lower, upper, work, merged]) fs.mkdirSync(d);
+  const put = (rel: string, text: string) => {
+    fs.mkdirSync(path.dirname(path.join(lower, rel)), { recursive: true });
+    fs.writeFileSync(path.join(lower, rel), text);
+  };
+  put('etc/passwd', 'root\n');
+  put('etc/kept', 'kept\n');
+  put('etc/tree/sub/leaf', 'leaf\n');
+  put('etc/remade/old', 'old\n');
+  put('usr/lib/a.so', 'a\n');
+  // The image's links lead to the host: never followed.
+  fs.symlinkSync('/', path.join(lower, 'etc/host-root'));
+  fs.symlinkSync('/etc', path.join(lower, 'usr/etc-link'));
+  execFileSync('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lower},upperdir=${upper},workdir=${work}`, merged]);
+  try {
+    const layer = { upper, lower, merged };
+    const before = await captureLayer(layer);
+    assert.deepEqual(before.files, {}, 'nothing written yet');
+    const m = (rel: string) => path.join(merged, rel);
+    fs.appendFileSync(m('etc/kept'), 'more\n');
+    fs.writeFileSync(m('etc/new'), 'new\n');
+    fs.rmSync(m('etc/passwd'));
+    fs.rmSync(m('etc/tree'), { recursive: true });
+    fs.rmSync(m('etc/remade'), { recursive: true });
+    fs.mkdirSync(m('etc/remade'));
+    fs.writeFileSync(m('etc/remade/fresh'), 'fresh\n');
+    fs.rmSync(m('etc/host-root'));
+    fs.rmSync(m('usr/etc-link'));
+    fs.writeFileSync(m('usr/etc-link'), 'a file now\n');
+    const after = await captureLayer(layer);
+    assert.deepEqual(diffStates(before, after), {
+      added: ['etc/kept', 'etc/new', 'etc/remade/fresh', 'usr/etc-link'],
+      modified: [],
+      // the image's files changed or made are in the layer, `added`; a whiteout is a removal, of the directory too
+      removed: ['etc/host-root', 'etc/passwd', 'etc/remade/old', 'etc/tree', 'etc/tree/sub/leaf'],
+    });
+    assert.ok(!Object.keys(after.files).some((p) => p.startsWith('etc/host-root/') || p.startsWith('usr/etc-link/')), 'no name behind a link');
+    // Nothing changed since: an empty diff (what was hidden before stays hidden).
+    assert.deepEqual(diffStates(after, await captureLayer(layer)), { added: [], modified: [], removed: [] });
+    // Without the merged view (a sandbox already gone) a remade directory is not taken for opaque, and nothing else is lost.
+    const blind = await captureLayer({ upper, lower, merged: path.join(dir, 'gone') });
+    assert.ok(!('etc/remade/old' in blind.files) && 'etc/tree/sub/leaf' in blind.files, JSON.stringify(blind.files));
+  } finally {
+    execFileSync('umount', [merged]);
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
