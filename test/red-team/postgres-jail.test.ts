@@ -8,8 +8,8 @@
  *   table) is a record with operation `ddl`, its command tag and table; none can be forged;
  * - the `sql` invariant reads what was there at ready, not what the agent put in its place: a
  *   view where the fixture's table was (by CREATE VIEW after a rename, or by a _RETURN rule that
- *   keeps the table's oid), a redefined view, a function beside a built-in that a call would
- *   pick (public.count(integer) beats count("any")); database-wide settings that change how a
+ *   keeps the table's oid), another table of that name, a function beside a built-in that a call
+ *   would pick (public.count(integer) beats count("any")); database-wide settings that change how a
  *   query reads (transform_null_equals) cannot be made, the database is not the agent's;
  * - the jail: no superuser, no program, no host file, no untrusted extension (dblink, file_fdw,
  *   adminpack, plpython3u), no ALTER SYSTEM, nothing of the runner's machinery to switch off;
@@ -50,7 +50,8 @@ const FIXTURE = `CREATE TABLE orders (id int PRIMARY KEY, total numeric NOT NULL
 INSERT INTO orders VALUES (1, 5, 'first'), (2, 7, NULL);
 CREATE VIEW noted AS SELECT id, note FROM orders WHERE note IS NOT NULL;
 CREATE MATERIALIZED VIEW counted AS SELECT count(*) AS n FROM orders;
-CREATE TABLE scratch (a int);`;
+CREATE TABLE scratch (a int);
+CREATE FUNCTION doubled(numeric) RETURNS numeric LANGUAGE sql AS 'SELECT $1 * 2';`;
 
 /** A fresh server with the fixture applied and the audit started, its records, and the agent's connection. */
 async function attacked(): Promise<{ service: PostgresService; writes: DbWrite[]; agent: (sql: string) => Promise<unknown> }> {
@@ -136,10 +137,13 @@ if (problem) {
       await assert.rejects(service.queryFirst(`SELECT a FROM scratch`), /reads public\.scratch, a view, no longer the table it was/);
     });
 
-    test('a redefined view, another table of the same name: refused', { timeout: 60_000 }, async () => {
-      const { service, agent } = await attacked();
+    test('another table of the same name: refused; a view redefined reads as redefined, and is a ddl record', { timeout: 60_000 }, async () => {
+      const { service, writes, agent } = await attacked();
+      // Redefining a view may be the task itself: it is the audit's to say it happened.
       await agent(`CREATE OR REPLACE VIEW noted AS SELECT id, 'twelve'::text AS note FROM orders`);
-      await assert.rejects(service.queryFirst(`SELECT note FROM noted LIMIT 1`), /reads public\.noted, a view redefined since/);
+      assert.equal(await service.queryFirst(`SELECT note FROM noted LIMIT 1`), 'twelve');
+      await service.flushWrites();
+      assert.deepEqual(ddl(writes), ['CREATE VIEW noted']);
       await agent(`DROP TABLE scratch; CREATE TABLE scratch (a int); INSERT INTO scratch VALUES (12)`);
       await assert.rejects(service.queryFirst(`SELECT a FROM scratch`), /reads public\.scratch, another table since/);
     });
@@ -148,7 +152,7 @@ if (problem) {
       const { service, agent } = await attacked();
       assert.equal(await service.queryFirst(`SELECT count(id) FROM orders`), '2');
       await agent(`CREATE FUNCTION public.count(integer) RETURNS bigint LANGUAGE sql AS 'SELECT 12::bigint'`);
-      await assert.rejects(service.queryFirst(`SELECT count(id) FROM orders`), /the query calls count, a function made or changed since the sandbox became ready/);
+      await assert.rejects(service.queryFirst(`SELECT count(id) FROM orders`), /the query calls count, a function named like a built-in made or changed since the sandbox became ready/);
     });
 
     test('database-wide settings for every session (transform_null_equals) cannot be made: the database is not the agent\'s', { timeout: 60_000 }, async () => {
@@ -159,11 +163,14 @@ if (problem) {
       assert.equal(await service.queryFirst(`SELECT count(*) FROM orders WHERE note = NULL`), '0');
     });
 
-    test('what the agent may do leaves the check reading: rows, a column, an index, a table, a schema, a function of its own', { timeout: 60_000 }, async () => {
+    test('what the agent may do leaves the check reading: rows, a column, an index, a table, a schema, functions of its own', { timeout: 60_000 }, async () => {
       const { service, agent } = await attacked();
       await agent(`UPDATE orders SET total = 12 WHERE id = 1; ALTER TABLE orders ADD COLUMN paid boolean; CREATE INDEX ON orders (total);
-        CREATE TABLE extra (a int); CREATE SCHEMA app; CREATE TABLE app.orders (total int); CREATE FUNCTION app.helper() RETURNS int LANGUAGE sql AS 'SELECT 1'`);
+        CREATE TABLE extra (a int); CREATE SCHEMA app; CREATE TABLE app.orders (total int); CREATE FUNCTION app.helper() RETURNS int LANGUAGE sql AS 'SELECT 1';
+        CREATE OR REPLACE FUNCTION doubled(numeric) RETURNS numeric LANGUAGE sql AS 'SELECT $1 * 3'`);
       assert.equal(await service.queryFirst(`SELECT total FROM orders WHERE id = 1`), '12');
+      // fixing the fixture's function may be the task: the check reads the function as it is now
+      assert.equal(await service.queryFirst(`SELECT doubled(total) FROM orders WHERE id = 2`), '21');
       assert.equal(await service.queryFirst(`SELECT count(*) FROM noted`), '1');
     });
   });

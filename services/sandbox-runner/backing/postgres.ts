@@ -241,7 +241,7 @@ export class PostgresService {
    * The `sql` invariant: the first column of the first row as text (null: no row, or NULL),
    * read-only as the grader role. A query whose names resolve otherwise than at ready is refused
    * (refuseReplaced): a view, or another table, where the fixture's table was; a function or
-   * operator the agent made that a call would pick.
+   * operator the agent made that a call would pick over a built-in.
    */
   async queryFirst(sql: string): Promise<string | null> {
     let client: pg.Client | null = null;
@@ -363,7 +363,7 @@ interface Resolvable {
 
 interface Relation {
   name: string;
-  /** oid, kind and (for a view) its query tree, which names relations by oid (a rename leaves it): the same name with another identity is another object */
+  /** oid and kind: the same name with another identity is another object (what a redefined view, or an altered table, reads is a ddl record's business) */
   identity: string;
   kind: string;
 }
@@ -372,23 +372,24 @@ const RELATION_KINDS: Record<string, string> = { r: 'table', p: 'table', v: 'vie
 const OWN_SCHEMA = `n.nspname NOT IN ('pg_catalog', 'information_schema', 'svc_internal') AND n.nspname !~ '^pg_(toast|temp)'`;
 
 async function readResolvable(client: pg.Client): Promise<Resolvable> {
-  const relations = await client.query<{ schema: string; name: string; oid: string; relkind: string; definition: string | null }>(`
-    SELECT n.nspname AS schema, c.relname AS name, c.oid::text AS oid, c.relkind::text AS relkind,
-      (SELECT md5(r.ev_action::text) FROM pg_catalog.pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename = '_RETURN') AS definition
+  const relations = await client.query<{ schema: string; name: string; oid: string; relkind: string }>(`
+    SELECT n.nspname AS schema, c.relname AS name, c.oid::text AS oid, c.relkind::text AS relkind
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND ${OWN_SCHEMA}`);
-  // a row's whole text is its definition: body, argument types, strictness, the function behind an operator
-  const overloads = async (catalog: string, name: string): Promise<Map<string, string>> => {
+  // A row's whole text is its definition: body, argument types, strictness, the function behind
+  // an operator. Functions only when named like a built-in: changing its own functions may be the
+  // agent's task (a ddl record says it did), shadowing count() is not.
+  const overloads = async (catalog: string, name: string, only = ''): Promise<Map<string, string>> => {
     const { rows } = await client.query<{ name: string; versions: string }>(`
       SELECT o.${name}::text AS name, string_agg(md5(o.*::text), ',' ORDER BY o.oid) AS versions
       FROM pg_catalog.${catalog} o JOIN pg_catalog.pg_namespace n ON n.oid = o.${name === 'proname' ? 'pronamespace' : 'oprnamespace'}
-      WHERE ${OWN_SCHEMA} GROUP BY 1`);
+      WHERE ${OWN_SCHEMA} ${only} GROUP BY 1`);
     return new Map(rows.map((r) => [r.name, r.versions]));
   };
   const casts = await client.query<{ casts: string | null }>(`SELECT string_agg(md5(c.*::text), ',' ORDER BY c.oid) AS casts FROM pg_catalog.pg_cast c WHERE c.oid >= 16384`);
   return {
-    relations: new Map(relations.rows.map((r) => [`${r.schema}.${r.name}`, { name: r.name, identity: `${r.oid} ${r.relkind} ${r.definition ?? ''}`, kind: RELATION_KINDS[r.relkind] ?? 'relation' }])),
-    functions: await overloads('pg_proc', 'proname'),
+    relations: new Map(relations.rows.map((r) => [`${r.schema}.${r.name}`, { name: r.name, identity: `${r.oid} ${r.relkind}`, kind: RELATION_KINDS[r.relkind] ?? 'relation' }])),
+    functions: await overloads('pg_proc', 'proname', `AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc b WHERE b.proname = o.proname AND b.pronamespace = 'pg_catalog'::regnamespace)`),
     operators: await overloads('pg_operator', 'oprname'),
     casts: casts.rows[0]?.casts ?? '',
   };
@@ -396,8 +397,9 @@ async function readResolvable(client: pg.Client): Promise<Resolvable> {
 
 /**
  * Throws when `sql` names something that resolves otherwise than at ready: a relation that is now
- * another object of that name, a function or operator of the database's schemas made or changed
- * since (a count(integer) beside the built-in count("any") wins for an integer column), or a cast.
+ * another object of that name, a function named like a built-in in the database's schemas made
+ * or changed since (a count(integer) beside the built-in count("any") wins for an integer
+ * column), an operator of the database's schemas made or changed since, or a cast.
  */
 function refuseReplaced(sql: string, ready: Resolvable, now: Resolvable): void {
   const words = identifiers(sql);
@@ -407,10 +409,10 @@ function refuseReplaced(sql: string, ready: Resolvable, now: Resolvable): void {
   for (const [key, before] of ready.relations) {
     const after = now.relations.get(key);
     if (!after || after.identity === before.identity || !words.has(before.name)) continue;
-    refuse(`reads ${key}, ${after.kind !== before.kind ? `a ${after.kind}, no longer the ${before.kind} it was,` : before.kind === 'view' ? 'a view redefined' : `another ${after.kind}`}`);
+    refuse(`reads ${key}, ${after.kind !== before.kind ? `a ${after.kind}, no longer the ${before.kind} it was,` : `another ${after.kind}`}`);
   }
   for (const [name, versions] of now.functions) {
-    if (words.has(name) && ready.functions.get(name) !== versions) refuse(`calls ${name}, a function made or changed`);
+    if (words.has(name) && ready.functions.get(name) !== versions) refuse(`calls ${name}, a function named like a built-in made or changed`);
   }
   for (const [symbol, versions] of now.operators) {
     if (sql.includes(symbol) && ready.operators.get(symbol) !== versions) refuse(`may use the operator ${symbol}, made or changed`);
