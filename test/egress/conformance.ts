@@ -324,13 +324,15 @@ print(json.dumps({'results': [str(x) for x in r], 'ms': round((time.time() - t) 
 
     // --- the link-local metadata address --------------------------------------------------------
 
-    test(`the metadata address ${METADATA}, under default allow: by address, in other notations, by Host, by CONNECT, by a name resolving to it, raw TCP and TLS`, async () => {
+    test(`the metadata address ${METADATA}, under default allow: by address, in other notations (decimal, hex, octal, IPv4-mapped), by Host, by CONNECT, by a name resolving to it, raw TCP and TLS`, async () => {
       const m = await mark();
       const since = now();
       const res = await sh(open, [
         `curl -sS -m 10 http://${METADATA}/latest/meta-data/`,
         'curl -sS -m 10 http://2852039166/decimal',
         'curl -sS -m 10 http://0xa9fea9fe/hex',
+        'curl -sS -m 10 http://0251.0376.0251.0376/octal',
+        `curl -sS -m 10 -g 'http://[::ffff:${METADATA}]/by-mapped-url'`,
         `curl -sS -m 10 -H 'Host: ${METADATA}' http://api.allowed.test/by-host`,
         `curl -sS -m 10 -H 'Host: [::ffff:${METADATA}]' http://api.allowed.test/by-mapped-host`,
         `curl -sS -m 10 -p -x http://api.allowed.test:80 http://${METADATA}/by-connect`,
@@ -341,6 +343,8 @@ print(json.dumps({'results': [str(x) for x in r], 'ms': round((time.time() - t) 
         ['the address', (d: any) => d.path === '/latest/meta-data/'],
         ['the decimal notation', (d: any) => d.path === '/decimal'],
         ['the hex notation', (d: any) => d.path === '/hex'],
+        ['the octal notation', (d: any) => d.path === '/octal'],
+        ['an IPv4-mapped IPv6 URL', (d: any) => d.path === '/by-mapped-url'],
         ['Host', (d: any) => d.path === '/by-host'],
         ['Host as an IPv4-mapped IPv6 address', (d: any) => d.path === '/by-mapped-host'],
         ['CONNECT', (d: any) => (d.protocol === 'connect' && d.host === METADATA) || d.path === '/by-connect'],
@@ -421,7 +425,7 @@ print(json.dumps({'rcodes': rcodes, 'allowed_txt_answers': answers, 'tcp_rcode':
 
     // --- proxy variables ----------------------------------------------------------------------
 
-    test('proxy variables unset or pointed elsewhere: at denied.test\'s address on a proxy port, on port 80, SOCKS, and none at all', async () => {
+    test('proxy variables unset or pointed elsewhere: at denied.test\'s address on a proxy port, on port 80, SOCKS, at the bridge to the service, and none at all', async () => {
       const m = await mark();
       const since = now();
       const res = await sh(deny, [
@@ -430,6 +434,9 @@ print(json.dumps({'rcodes': rcodes, 'allowed_txt_answers': answers, 'tcp_rcode':
         `ALL_PROXY=socks5h://${denied}:1080 curl -sS -m 10 http://denied.test/socks`,
         `env -u http_proxy -u https_proxy -u HTTP_PROXY -u HTTPS_PROXY -u ALL_PROXY curl -sS -m 10 --noproxy '*' http://denied.test/no-proxy`,
         `curl -sS -m 10 --noproxy '*' --resolve denied.test:80:${denied} http://denied.test/no-proxy-resolved`,
+        // The way out to the service (SVC_BASE_URL's bridge) as a proxy: it is no proxy.
+        'http_proxy=$SVC_BASE_URL curl -sS -m 10 http://denied.test/via-bridge',
+        'https_proxy=$SVC_BASE_URL curl -sS -m 10 https://denied.test/via-bridge-connect',
       ].map((c) => `${c}; echo " rc=$?"`).join('; '));
       assert.doesNotMatch(res.stdout, FROM_DENIED);
       await recorded(deny, since, `the proxy at ${denied}:3128`, (d) => d.ip === denied && d.port === 3128);
@@ -437,6 +444,8 @@ print(json.dumps({'rcodes': rcodes, 'allowed_txt_answers': answers, 'tcp_rcode':
       await recorded(deny, since, `the SOCKS proxy at ${denied}:1080`, (d) => d.ip === denied && d.port === 1080);
       await recorded(deny, since, 'denied.test looked up', (d) => d.protocol === 'dns' && d.host === 'denied.test');
       await recorded(deny, since, 'denied.test by its address', (d) => d.path === '/no-proxy-resolved');
+      // The bridge is the service's, not the gateway's: what was tried through it is the command's record.
+      await recorded(deny, since, 'the command', (d) => String(d.command).includes('via-bridge-connect'), 'process_spawn');
 
       // A proxy at denied.test's address for an allowed URL: the request goes where its URL says, never to that proxy.
       const via = await sh(inspected, `http_proxy=http://${denied}:80 curl -sS -m 10 http://api.allowed.test/via-denied-proxy`);
