@@ -273,6 +273,8 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
         assert.ok(writable.some((line) => line.endsWith(' /tmp')), r.stdout);
         assert.deepEqual(writable.filter((line) => !devices.has(line.split(' ')[0]!)), [], `watched: ${watched.join(', ')}`);
         if (sb.user.inside === 'root' && options.writableRoot !== false) assert.ok(writable.some((line) => line.endsWith(' /')), 'root writes /');
+        // Gone before the next tests, which count the overlays left on the host.
+        await sb.destroy();
       });
     }
   });
