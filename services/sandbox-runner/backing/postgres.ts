@@ -754,7 +754,12 @@ END $$`,
 SET search_path = pg_catalog, pg_temp AS $$
 SELECT pg_logical_emit_message(true, '${DDL_PREFIX}', json_build_object('command', command, 'object_type', object_type, 'table', left(object, 1024))::text) $$`,
   // only the runner's machinery writes into the slot: the agent cannot forge (or flood) records
-  'REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text), pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC',
+  // (every overload: 17 adds one with a `flush` argument)
+  `DO $$ DECLARE overload regprocedure; BEGIN
+  FOR overload IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' AND pronamespace = 'pg_catalog'::regnamespace LOOP
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', overload);
+  END LOOP;
+END $$`,
   'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA svc_internal FROM PUBLIC',
   `CREATE EVENT TRIGGER svc_record_ddl ON ddl_command_end EXECUTE FUNCTION svc_internal.record_ddl()`,
   `CREATE EVENT TRIGGER svc_record_drops ON sql_drop EXECUTE FUNCTION svc_internal.record_ddl()`,
