@@ -5,7 +5,8 @@
  * What it pins:
  * - a write the replication slot does not show is still a `db_write`: DDL (a table rewrite by
  *   ALTER TABLE ... TYPE ... USING, a rename, a view, REFRESH MATERIALIZED VIEW, a dropped
- *   table) is a record with operation `ddl`, its command tag and table; none can be forged;
+ *   table) is a record with operation `ddl`, its command tag and table; none can be forged; no
+ *   large object (bytes the slot does not decode) can be made;
  * - the `sql` invariant reads what was there at ready, not what the agent put in its place: a
  *   view where the fixture's table was (by CREATE VIEW after a rename, or by a _RETURN rule that
  *   keeps the table's oid), another table of that name, a function beside a built-in that a call
@@ -112,6 +113,10 @@ if (problem) {
         [`CREATE EVENT TRIGGER mine ON ddl_command_start EXECUTE FUNCTION pg_catalog.pg_event_trigger_ddl_commands()`, /permission denied to create event trigger/],
         [`CREATE OR REPLACE FUNCTION svc_internal.emit_ddl(text, text, text) RETURNS void LANGUAGE sql AS ''`, /permission denied for schema svc_internal/],
         [`SET session_replication_role = replica`, /permission denied to set parameter/],
+        // a large object's bytes are in a catalog the slot does not decode: none can be made
+        [`SELECT lo_from_bytea(0, 'hidden rows')`, /permission denied for function lo_from_bytea/],
+        [`SELECT lo_create(0)`, /permission denied for function lo_create/],
+        [`SELECT lo_creat(-1)`, /permission denied for function lo_creat/],
         [`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'svc_superuser'`, /must be a superuser to terminate superuser process/],
       ] as const) {
         await assert.rejects(agent(sql), refused, sql);
@@ -190,7 +195,7 @@ if (problem) {
         [`SELECT pg_read_file('/etc/passwd')`, /permission denied for function pg_read_file/],
         [`SELECT pg_read_binary_file('postgresql.conf')`, /permission denied for function pg_read_binary_file/],
         [`SELECT lo_import('/etc/passwd')`, /permission denied for function lo_import/],
-        [`SELECT lo_export(lo_create(0), '/tmp/x')`, /permission denied for function lo_export/],
+        [`SELECT lo_export(lo_create(0), '/tmp/x')`, /permission denied for function lo_(export|create)/],
         [`CREATE EXTENSION adminpack`, /permission denied to create extension "adminpack"/],
         [`CREATE EXTENSION file_fdw`, /permission denied to create extension "file_fdw"/],
         [`CREATE EXTENSION dblink`, /permission denied to create extension "dblink"/],

@@ -32,7 +32,8 @@
  * come (every second when idle) and on flushWrites(), each read bounded, and turned into one
  * DbWrite per transaction, table and operation (consecutive single-table transactions of the
  * same kind are merged, with `transactions` counting them). Not recorded: temporary tables
- * (not in the write-ahead log the slot reads) and large objects. Unlogged tables are not in it
+ * (not in the write-ahead log the slot reads) and sequence values. Large objects (a catalog the
+ * slot does not decode) cannot be made. Unlogged tables are not in it
  * either, so creating one (or ALTER TABLE ... SET UNLOGGED) is refused. DDL changes no row the
  * slot shows (a table rewrite, a view where a table was): event triggers put each command in the
  * slot as a message, a DbWrite with operation 'ddl'. Rolled-back writes are
@@ -761,6 +762,12 @@ SELECT pg_logical_emit_message(true, '${DDL_PREFIX}', json_build_object('command
   END LOOP;
 END $$`,
   'REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA svc_internal FROM PUBLIC',
+  // Large objects live in a catalog the slot does not decode: like unlogged tables, none can be made.
+  `DO $$ DECLARE overload regprocedure; BEGIN
+  FOR overload IN SELECT oid::regprocedure FROM pg_proc WHERE proname IN ('lo_creat', 'lo_create', 'lo_from_bytea', 'lo_import') AND pronamespace = 'pg_catalog'::regnamespace LOOP
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', overload);
+  END LOOP;
+END $$`,
   `CREATE EVENT TRIGGER svc_record_ddl ON ddl_command_end EXECUTE FUNCTION svc_internal.record_ddl()`,
   `CREATE EVENT TRIGGER svc_record_drops ON sql_drop EXECUTE FUNCTION svc_internal.record_ddl()`,
   'ALTER EVENT TRIGGER svc_record_ddl ENABLE ALWAYS',
