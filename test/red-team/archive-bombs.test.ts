@@ -11,14 +11,26 @@
  * size limit (a 413 naming `bundle`); entries at MAX_ENTRIES (a 413); after the end-of-archive
  * blocks at most MAX_TRAILING_BYTES; truncated, twice-compressed, huge-header and deep archives are
  * a 400 naming `bundle`, never a 500 or a hang; concatenated gzip members are legal gzip.
+ *
+ * Image layers pulled from a registry (the runner may share the api's event loop): a layer of a
+ * small tar and 200 MB of zeros after it re-copied node-tar's growing buffer on every chunk (many
+ * minutes), and a gzip'd .tar.gz layer was inflated again by node-tar on the event loop. Pinned:
+ * both are refused within seconds, the event loop never stalls 1 s, inflated layers are bounded at
+ * twice SVC_IMAGE_MAX_BYTES.
  */
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import { once } from 'node:events';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { createGzip, gzipSync } from 'node:zlib';
 import { Header, Pax } from 'tar';
 import type { EntryTypeName } from 'tar/types';
+import { ImageStore, type PullSettings } from '../../services/sandbox-runner/runtime/images.ts';
 import { makeBundle, uploadAgent, uploadTaskFiles } from '../helpers/bundles.ts';
+import { push, REGISTRY_BINARY, sha256, startRegistry, tarOf, type TestRegistry } from '../helpers/oci-registry.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
 const MiB = 1024 * 1024;
@@ -155,5 +167,86 @@ describe('red team: archive bombs cannot freeze the api or grow without bound', 
     const res = await uploadTaskFiles(server, key, members);
     assert.equal(res.status, 201, res.text);
     assert.equal(res.body.entries, 1);
+  });
+});
+
+/** The sha256 of `head` + `zeros` zero bytes + `tail` (a layer's diff id). */
+function diffIdOf(head: Buffer, zeros: number, tail = Buffer.alloc(0)): string {
+  const hash = createHash('sha256').update(head);
+  const block = Buffer.alloc(MiB);
+  for (let n = 0; n < zeros; n += MiB) hash.update(block.subarray(0, Math.min(MiB, zeros - n)));
+  return `sha256:${hash.update(tail).digest('hex')}`;
+}
+
+/** An OCI image of one gzip layer blob, whose inflated bytes hash to `diffId`. */
+function imageOf(layer: Buffer, diffId: string): { blobs: Map<string, Buffer>; manifest: Buffer } {
+  const config = Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', config: {}, rootfs: { type: 'layers', diff_ids: [diffId] } }));
+  const manifest = Buffer.from(
+    JSON.stringify({
+      schemaVersion: 2,
+      mediaType: 'application/vnd.oci.image.manifest.v1+json',
+      config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: sha256(config), size: config.length },
+      layers: [{ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', digest: sha256(layer), size: layer.length }],
+    }),
+  );
+  return { blobs: new Map([[sha256(config), config], [sha256(layer), layer]]), manifest };
+}
+
+const noRegistry = fs.existsSync(REGISTRY_BINARY) ? null : `${REGISTRY_BINARY} is not installed (npm test installs it as root)`;
+
+describe('red team: image layer bombs from a registry', { skip: noRegistry ?? false }, () => {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-layer-bombs-'));
+  const MAX_BYTES = 32 * MiB;
+  let registry: TestRegistry;
+  let settings: PullSettings;
+
+  before(async () => {
+    registry = await startRegistry();
+    settings = { registryAuth: null, registryInsecure: [registry.host], registryMirror: null, imageMaxBytes: MAX_BYTES };
+  });
+  after(async () => {
+    await registry?.stop();
+    fs.rmSync(root, { recursive: true, force: true });
+  });
+
+  /** Pulls `reference` into a fresh store, measuring the event loop's largest stall meanwhile (this process is the runner). */
+  async function pullTimed(reference: string): Promise<{ error: Error | null; stallMs: number; tookMs: number }> {
+    const store = new ImageStore(path.join(fs.mkdtempSync(path.join(root, 'store-')), 'images'));
+    let last = performance.now();
+    let stallMs = 0;
+    const ticker = setInterval(() => {
+      stallMs = Math.max(stallMs, performance.now() - last);
+      last = performance.now();
+    }, 20);
+    const started = performance.now();
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error('the pull did not end within 60 s')), 60_000)));
+    try {
+      const error = await Promise.race([store.pullImage(reference, settings).then(() => null, (err: Error) => err), deadline]);
+      return { error, stallMs, tookMs: performance.now() - started };
+    } finally {
+      clearTimeout(timer);
+      clearInterval(ticker);
+    }
+  }
+
+  test('a layer of a small tar and 200 MB of zeros after its end is refused at twice SVC_IMAGE_MAX_BYTES, the event loop never stalled', async () => {
+    const tar = tarOf([{ path: 'bin/', type: 'dir' }, { path: 'bin/sh', body: '#!fake\n', mode: 0o755 }]);
+    const layer = await gzipWithZeros(tar, 200e6);
+    await push(registry, 'bomb', 'trailing', imageOf(layer, diffIdOf(tar, 200e6)));
+    const { error, stallMs, tookMs } = await pullTimed(`${registry.host}/bomb:trailing`);
+    assert.match(String(error?.message), new RegExp(`inflate to more than ${2 * MAX_BYTES} bytes \\(2 times SVC_IMAGE_MAX_BYTES\\)`));
+    assert.ok(stallMs < RESPONSIVE_MS, `the event loop stalled ${Math.round(stallMs)} ms`);
+    assert.ok(tookMs < 20_000, `refused in ${Math.round(tookMs)} ms`);
+  });
+
+  test('a layer whose tar is itself gzip (a bomb inside) is refused, not inflated on the event loop', async () => {
+    const inner = await gzipWithZeros(Buffer.alloc(0), 200e6);
+    const layer = gzipSync(inner);
+    await push(registry, 'bomb', 'twice', imageOf(layer, sha256(inner)));
+    const { error, stallMs, tookMs } = await pullTimed(`${registry.host}/bomb:twice`);
+    assert.match(String(error?.message), /the layer is compressed twice/);
+    assert.ok(stallMs < RESPONSIVE_MS, `the event loop stalled ${Math.round(stallMs)} ms`);
+    assert.ok(tookMs < 20_000, `refused in ${Math.round(tookMs)} ms`);
   });
 });

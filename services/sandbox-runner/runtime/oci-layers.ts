@@ -13,7 +13,14 @@
  *   - a hard link's target is resolved the same way and must already be inside;
  *   - device nodes and FIFOs are skipped: the sandbox's /dev is the runtime's own, and a device
  *     node in an image would hand its processes a device of the host;
- *   - the bytes of all files together are bounded (`maxBytes`, SVC_IMAGE_MAX_BYTES).
+ *   - the bytes of all files together are bounded (`maxBytes`, SVC_IMAGE_MAX_BYTES), and the
+ *     layers' tars, inflated, at twice that (headers, padding and what follows a tar's end count
+ *     there): a gzip or zstd bomb is refused once it has inflated that far.
+ * A bomb must not stall the event loop (the api may share it): gzip is inflated on libuv's pool,
+ * zstd by the `zstd` command; the tar parser gets one chunk per turn and nothing after the tar's
+ * end-of-archive blocks (node-tar re-copies all it holds on every chunk after it: quadratic; those
+ * bytes are only hashed for the diff id), and a tar that is itself gzip is refused (node-tar would
+ * inflate it on the event loop).
  * Only this process writes into the staging root while it is built, so what lstat saw holds
  * until the write that follows it.
  *
@@ -24,7 +31,7 @@ import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { PassThrough, type Readable } from 'node:stream';
+import { PassThrough, type Readable, Transform } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import { Parser, type ReadEntry } from 'tar';
 
@@ -41,6 +48,8 @@ interface ApplyState {
   rootfs: string;
   maxBytes: number;
   written: number;
+  /** Bytes of the layers' tars, inflated (at most INFLATED_FACTOR times maxBytes). */
+  inflated: number;
   asRoot: boolean;
   /** Directory times are set last: adding entries to a directory changes its mtime. */
   dirTimes: Map<string, { atime: Date; mtime: Date }>;
@@ -48,9 +57,12 @@ interface ApplyState {
   layerPaths: Set<string>;
 }
 
+/** The layers' tars, inflated, may be this many times the bound on the image's files. */
+const INFLATED_FACTOR = 2;
+
 /** Applies `layers` in order into `rootfs` (an empty directory). Throws naming the layer at fault. */
 export async function applyLayers(rootfs: string, layers: LayerSource[], maxBytes: number): Promise<void> {
-  const state: ApplyState = { rootfs, maxBytes, written: 0, asRoot: process.getuid?.() === 0, dirTimes: new Map(), layerPaths: new Set() };
+  const state: ApplyState = { rootfs, maxBytes, written: 0, inflated: 0, asRoot: process.getuid?.() === 0, dirTimes: new Map(), layerPaths: new Set() };
   for (const layer of layers) {
     state.layerPaths = new Set();
     try {
@@ -74,6 +86,9 @@ async function applyLayer(layer: LayerSource, state: ApplyState): Promise<void> 
   tap.on('data', (chunk: Buffer) => {
     hash.update(chunk);
     if (onlyZeros && chunk.some((b) => b !== 0)) onlyZeros = false;
+    state.inflated += chunk.length;
+    const bound = state.maxBytes * INFLATED_FACTOR;
+    if (state.inflated > bound) tap.destroy(new Error(`the image's layers inflate to more than ${bound} bytes (${INFLATED_FACTOR} times SVC_IMAGE_MAX_BYTES)`));
   });
   const input = decompressed(layer.file);
   input.on('error', (err) => tap.destroy(err));
@@ -145,7 +160,21 @@ function tarEntries(input: Readable, onlyZeros: () => boolean): AsyncGenerator<R
     failure ??= err;
     notify();
   });
-  input.pipe(parser as unknown as NodeJS.WritableStream);
+  let tarEnded = false;
+  parser.on('eof', () => (tarEnded = true));
+  let first = true;
+  const gate = new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      if (first && chunk[0] === 0x1f && chunk[1] === 0x8b) return done(new Error('the layer is compressed twice (its tar is gzip)'));
+      first = false;
+      done(null, tarEnded ? undefined : chunk);
+    },
+  });
+  gate.on('error', (err) => {
+    failure ??= err;
+    notify();
+  });
+  input.pipe(gate).pipe(parser as unknown as NodeJS.WritableStream);
   return (async function* () {
     try {
       for (;;) {
