@@ -19,6 +19,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
 import { startOutsideWorld, type OutsideWorld, type WorldRequest } from '../helpers/outside-world.ts';
@@ -27,14 +28,20 @@ import { createTenantKey, startServer, type TestServer } from '../helpers/server
 
 const runtime = backend('SVC_TEST_BWRAP', 'red team: request smuggling through the egress gateway');
 
-/** Sends its payload (base64) on one connection, plain or TLS (no certificate check; no SNI when the name is empty), and prints all it gets back until the connection ends or stays silent 3 s. */
-const RAW = `import base64, socket, ssl, sys
-host, port, mode, sni, payload = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], base64.b64decode(sys.argv[5])
+/**
+ * Sends its payload (base64 parts, 0.3 s apart; an empty part is a pause) on one connection, plain
+ * or TLS (no certificate check; no SNI when the name is empty), and prints all it gets back until
+ * the connection ends or stays silent 3 s.
+ */
+const RAW = `import base64, socket, ssl, sys, time
+host, port, mode, sni, parts = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], [base64.b64decode(p) for p in sys.argv[5:]]
 s = socket.create_connection((host, port), timeout=3)
 if mode == 'tls':
     ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
     s = ctx.wrap_socket(s, server_hostname=sni or None)
-s.sendall(payload)
+for i, part in enumerate(parts):
+    if i > 0: time.sleep(0.3)
+    if part: s.sendall(part)
 out = b''
 try:
     while True:
@@ -46,27 +53,59 @@ except Exception as e:
 sys.stdout.write(out.decode('latin1'))
 `;
 
-/** A WebSocket server that accepts every handshake with 101 and then echoes bytes (run in the world's namespace). */
-const WS_SERVER = `import base64, hashlib, socket, sys, threading
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); srv.bind((sys.argv[1], int(sys.argv[2]))); srv.listen()
-def serve(c):
+/**
+ * Servers of the outside world's allowed host beside its own (run in its namespace): on WS_PORT
+ * a WebSocket server that accepts every handshake with 101 and then echoes; on HTTP_PORT an HTTP
+ * server that prints each request's first line and Host (the test reads what arrived) and
+ * answers 200; on GREETER_PORT a server that speaks first (as SMTP does), then echoes.
+ */
+const WORLD_SERVERS = `import base64, hashlib, socket, sys, threading
+addr, ws_port, http_port, greeter_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def head_of(c):
     data = b''
-    while b'\\r\\n\\r\\n' not in data: data += c.recv(4096)
-    head, rest = data.split(b'\\r\\n\\r\\n', 1)
-    key = [l.split(b':', 1)[1].strip() for l in head.split(b'\\r\\n') if l.lower().startswith(b'sec-websocket-key:')][0]
-    accept = base64.b64encode(hashlib.sha1(key + b'258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest())
-    c.sendall(b'HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Accept: ' + accept + b'\\r\\n\\r\\n' + rest)
+    while b'\\r\\n\\r\\n' not in data.lstrip(b'\\r\\n'):
+        d = c.recv(4096)
+        if not d: return None, b''
+        data += d
+    return data.lstrip(b'\\r\\n').split(b'\\r\\n\\r\\n', 1)
+def echo(c, rest=b''):
+    if rest: c.sendall(rest)
     while True:
         d = c.recv(4096)
         if not d: break
         c.sendall(d)
     c.close()
+def ws(c):
+    head, rest = head_of(c)
+    key = [l.split(b':', 1)[1].strip() for l in head.split(b'\\r\\n') if l.lower().startswith(b'sec-websocket-key:')][0]
+    accept = base64.b64encode(hashlib.sha1(key + b'258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest())
+    c.sendall(b'HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Accept: ' + accept + b'\\r\\n\\r\\n')
+    echo(c, rest)
+def web(c):
+    while True:
+        head, rest = head_of(c)
+        if head is None: break
+        lines = head.decode('latin1').split('\\r\\n')
+        host = [l.split(':', 1)[1].strip() for l in lines if l.lower().startswith('host:')]
+        print('REQUEST', lines[0], '|', host[0] if host else '', flush=True)
+        c.sendall(b'HTTP/1.1 200 OK\\r\\nContent-Length: 3\\r\\n\\r\\nok\\n')
+    c.close()
+def greeter(c):
+    c.sendall(b'220 greetings\\r\\n')
+    echo(c)
+def serve(port, handler):
+    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); srv.bind((addr, port)); srv.listen()
+    while True:
+        c, _ = srv.accept(); threading.Thread(target=handler, args=(c,), daemon=True).start()
+for port, handler in ((ws_port, ws), (http_port, web), (greeter_port, greeter)):
+    threading.Thread(target=serve, args=(port, handler), daemon=True).start()
 print('listening', flush=True)
-while True:
-    c, _ = srv.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+threading.Event().wait()
 `;
 
 const WS_PORT = 9000;
+const HTTP_PORT = 9001;
+const GREETER_PORT = 9002;
 const WS_HANDSHAKE = (host: string, path: string, upgrade = 'websocket') =>
   `GET ${path} HTTP/1.1\r\nHost: ${host}\r\nConnection: Upgrade\r\nUpgrade: ${upgrade}\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`;
 /** What an agent hides behind an allowed request: a CONNECT through the allowed host (the world's servers relay CONNECT), and a request inside it for denied.test. */
@@ -79,7 +118,9 @@ if (runtime) {
     let server: TestServer;
     let key: string;
     let id: string;
-    let wsServer: ChildProcess | null = null;
+    let worldServers: ChildProcess | null = null;
+    /** What the HTTP server on HTTP_PORT printed: `REQUEST <first line> | <host>` per request. */
+    const printed: string[] = [];
     const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
 
     const sh = async (command: string): Promise<{ stdout: string; stderr: string; exit_code: number }> => {
@@ -88,8 +129,8 @@ if (runtime) {
       return res.body;
     };
     /** What came back on one raw connection from the sandbox. */
-    const raw = async (host: string, port: number, mode: 'plain' | 'tls', sni: string, payload: string | Buffer): Promise<string> => {
-      const b64 = Buffer.from(payload).toString('base64');
+    const raw = async (host: string, port: number, mode: 'plain' | 'tls', sni: string, ...parts: Array<string | Buffer>): Promise<string> => {
+      const b64 = parts.map((part) => `'${Buffer.from(part).toString('base64')}'`).join(' ');
       return (await sh(`python3 - ${host} ${port} ${mode} '${sni}' ${b64} <<'PY'\n${RAW}\nPY`)).stdout;
     };
     const now = () => new Date().toISOString();
@@ -132,15 +173,18 @@ audit:
       const res = await req('POST', '/v1/sandboxes', { spec_id: 'smuggler' });
       assert.equal(res.status, 201, res.text);
       id = res.body.id;
-      wsServer = spawn('ip', ['netns', 'exec', world.namespace, 'python3', '-c', WS_SERVER, world.ip('api.allowed.test'), String(WS_PORT)], { stdio: ['ignore', 'pipe', 'inherit'] });
+      worldServers = spawn('ip', ['netns', 'exec', world.namespace, 'python3', '-c', WORLD_SERVERS, world.ip('api.allowed.test'), String(WS_PORT), String(HTTP_PORT), String(GREETER_PORT)], { stdio: ['ignore', 'pipe', 'inherit'] });
       await new Promise<void>((resolve, reject) => {
-        wsServer!.stdout!.once('data', () => resolve());
-        wsServer!.once('exit', (code) => reject(new Error(`the WebSocket server exited (${code})`)));
+        createInterface({ input: worldServers!.stdout! }).on('line', (line) => {
+          if (line.startsWith('REQUEST')) printed.push(line);
+          if (line === 'listening') resolve();
+        });
+        worldServers!.once('exit', (code) => reject(new Error(`the world's extra servers exited (${code})`)));
       });
     });
 
     after(async () => {
-      if (wsServer?.pid) wsServer.kill('SIGKILL');
+      if (worldServers?.pid) worldServers.kill('SIGKILL');
       await server?.cleanup();
       await world?.close();
     });
@@ -232,6 +276,37 @@ audit:
       assert.deepEqual(calls.map((c) => c.path).sort(), ['/p1', '/p3']);
       const denials = await records('network_denied', since, (items) => items.length >= 1);
       assert.deepEqual(denials.map((d) => [d.host, d.path]), [['denied.test', '/p2']]);
+    });
+
+    test('HTTP on another port is read as HTTP however it is sent: a request line split over packets, after a silence, after empty lines; on the TLS port', async () => {
+      const request = (path: string) => `GET ${path} HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n`;
+      const attempts: Array<[string, number, Array<string | Buffer>]> = [
+        ['split', HTTP_PORT, ['GE', request('/split').slice(2)]],
+        ['silence', HTTP_PORT, ['', request('/silence')]],
+        ['empty-lines', HTTP_PORT, [`\r\n\r\n${request('/empty-lines')}`]],
+        ['tls-port', 443, [request('/plain-on-443')]],
+      ];
+      for (const [name, port, parts] of attempts) {
+        const before = printed.length;
+        const since = now();
+        const out = await raw('api.allowed.test', port, 'plain', '', ...parts);
+        assert.match(out, /^HTTP\/1\.1 403 [^]*denied\.test:\d+ is denied/, `${name}: ${out}`);
+        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port]), [['http', 'denied.test', port]], name);
+        assert.deepEqual(printed.slice(before), [], `${name}: nothing arrived`);
+      }
+      // An allowed request on that port still arrives, and is recorded.
+      const since = now();
+      const out = await raw('api.allowed.test', HTTP_PORT, 'plain', '', 'GE', `T /fine HTTP/1.1\r\nHost: api.allowed.test:${HTTP_PORT}\r\nConnection: close\r\n\r\n`);
+      assert.match(out, /^HTTP\/1\.1 200 /, out);
+      assert.equal(printed.at(-1), `REQUEST GET /fine HTTP/1.1 | api.allowed.test:${HTTP_PORT}`);
+      const calls = await records('http_call', since, (items) => items.length >= 1);
+      assert.deepEqual(calls.map((c) => [c.host, c.port, c.path, c.status]), [['api.allowed.test', HTTP_PORT, '/fine', 200]]);
+    });
+
+    test('a server that speaks first is still piped: its greeting reaches a silent sandbox, then bytes both ways', async () => {
+      const out = await raw('api.allowed.test', GREETER_PORT, 'plain', '', '', 'ping\n');
+      assert.equal(out, '220 greetings\r\nping\n[TimeoutError]');
     });
 
     test('TLS without a server name is inspected as the name resolved to its address: its Host is checked, its requests recorded', async () => {

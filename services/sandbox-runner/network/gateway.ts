@@ -496,11 +496,7 @@ export class EgressGateway {
     if (first === null) return void socket.destroy();
     const hello = readClientHello(first);
     if (hello.state === 'tls') return this.onHello(sandbox, socket, first, hello.serverName ?? where.host, where.port, where.host);
-    if (looksLikeHttp(first)) {
-      const plain = wrap(socket, first);
-      this.via.set(plain, { sandbox, scheme: 'http', port: where.port, serverName: null });
-      return void this.parser.emit('connection', plain);
-    }
+    if (firstKind(first) !== 'other') return this.toParser(sandbox, socket, first, where.port);
     await this.pipeTo(sandbox, socket, first, where.host, where.port);
   }
 
@@ -687,16 +683,24 @@ export class EgressGateway {
       this.deny(sandbox, { protocol, host: name, ip: destination.address, port: destination.port, reason: name === null ? `${destination.address} was not resolved for an allowed name, and ${decision.reason}` : decision.reason });
       return void reset(socket);
     }
-    if (first.length > 0) {
-      const upstream = net.connect({ host: destination.address, port: destination.port });
-      upstream.write(first);
-      return join(socket, upstream, sandbox);
-    }
-    this.sniff(sandbox, socket, destination);
+    if (first.length === 0) return this.sniff(sandbox, socket, destination);
+    // HTTP sent to the TLS port is read as HTTP too (and what never told): checked and recorded, never piped unseen.
+    if (['http', 'incomplete'].includes(firstKind(first))) return this.toParser(sandbox, socket, first, destination.port);
+    const upstream = net.connect({ host: destination.address, port: destination.port });
+    upstream.write(first);
+    join(socket, upstream, sandbox);
+  }
+
+  /** Hands a connection (its `first` bytes ahead) to the HTTP parser: each request is checked and recorded. */
+  private toParser(sandbox: Registered, socket: Duplex, first: Buffer, port: number): void {
+    const plain = wrap(socket, first);
+    this.via.set(plain, { sandbox, scheme: 'http', port, serverName: null });
+    this.parser.emit('connection', plain);
   }
 
   /** A connection to a backing service's address: a database gets its bytes (observed), an http_mock its requests. */
   private connectService(sandbox: Registered, service: ServiceEndpoint, socket: Duplex, first: Buffer, destination: { address: string; port: number }): void {
+    if (!service.connect && first.length > 0) return firstKind(first) === 'other' ? reset(socket) : this.toParser(sandbox, socket, first, destination.port);
     if (!service.connect) return this.sniff(sandbox, socket, destination, service);
     const upstream = service.connect();
     const observer = service.observe?.() ?? null;
@@ -711,41 +715,42 @@ export class EgressGateway {
   }
 
   /**
-   * Whoever speaks first on an allowed connection says what it is: an HTTP request or a
-   * ClientHello from the sandbox goes the way of ports 80 and 443 (checked by its host, and
-   * recorded), whatever the port. A sandbox silent for SERVER_FIRST_MS is waiting for a server
-   * that greets first (SMTP, MySQL): then the connection is made and piped.
+   * Whoever speaks first on an allowed connection says what it is. The sandbox's first bytes, read
+   * until they tell (firstKind): an HTTP request or a ClientHello goes the way of ports 80 and 443
+   * (checked by its host, and recorded), whatever the port; anything else is piped. A sandbox
+   * silent for SERVER_FIRST_MS may be waiting for a server that greets first (SMTP, MySQL): the
+   * connection is made then, and piped if the server speaks before the sandbox. An HTTP server
+   * never does, so neither silence nor a request line split over packets gets HTTP past the parser.
    */
   private sniff(sandbox: Registered, socket: Duplex, destination: { address: string; port: number }, service?: ServiceEndpoint): void {
-    const pipe = (first: Buffer) => {
-      // An http_mock's address is not a place outside: what is not HTTP there goes nowhere.
-      if (service) return reset(socket);
-      const upstream = net.connect({ host: destination.address, port: destination.port });
-      if (first.length > 0) upstream.write(first);
-      join(socket, upstream, sandbox);
+    const greeted = new AbortController();
+    let upstream: net.Socket | null = null;
+    const onGreeting = (greeting: Buffer) => {
+      upstream!.pause();
+      upstream!.unshift(greeting);
+      greeted.abort();
     };
-    const timer = setTimeout(() => {
-      socket.off('data', fromSandbox);
-      socket.pause();
-      pipe(Buffer.alloc(0));
+    // An http_mock's address is not a place outside: nothing there greets, and what is not HTTP goes nowhere.
+    const greet = service ? undefined : setTimeout(() => {
+      upstream = net.connect({ host: destination.address, port: destination.port });
+      upstream.on('error', () => socket.destroy()).once('data', onGreeting);
     }, SERVER_FIRST_MS);
-    const fromSandbox = (chunk: Buffer) => {
-      clearTimeout(timer);
-      socket.pause();
-      if (looksLikeHttp(chunk)) {
-        const plain = wrap(socket, chunk);
-        this.via.set(plain, { sandbox, scheme: 'http', port: destination.port, serverName: null });
-        return void this.parser.emit('connection', plain);
+    void firstBytes(socket, Buffer.alloc(0), { patient: true, stop: greeted.signal }).then((first) => {
+      clearTimeout(greet);
+      upstream?.off('data', onGreeting);
+      const kind = first === null ? null : greeted.signal.aborted ? 'other' : firstKind(first);
+      if (kind !== 'other') upstream?.destroy();
+      if (first === null) return void socket.destroy();
+      if (kind === 'tls') {
+        const { serverName } = readClientHello(first) as { serverName: string | null };
+        return serverName ? this.onHello(sandbox, socket, first, serverName, destination.port, null) : this.namelessHello(sandbox, socket, first, destination);
       }
-      if (chunk[0] !== 0x16) return pipe(chunk);
-      void firstBytes(socket, chunk).then((hello) => {
-        const read = hello ? readClientHello(hello) : null;
-        if (hello && read?.state === 'tls') return read.serverName ? this.onHello(sandbox, socket, hello, read.serverName, destination.port, null) : this.namelessHello(sandbox, socket, hello, destination);
-        pipe(hello ?? chunk);
-      }).catch(() => socket.destroy());
-    };
-    socket.once('data', fromSandbox);
-    socket.once('close', () => clearTimeout(timer));
+      if (kind !== 'other') return this.toParser(sandbox, socket, first, destination.port);
+      if (service) return reset(socket);
+      const to = upstream ?? net.connect({ host: destination.address, port: destination.port });
+      if (first.length > 0) to.write(first);
+      join(socket, to, sandbox);
+    }).catch(() => socket.destroy());
   }
 
   /**
@@ -905,29 +910,59 @@ function splitHostPort(value: string, defaultPort: number): { host: string; port
 const peerOf = (socket: net.Socket) => ({ address: socket.remoteAddress ?? '', port: socket.remotePort ?? 0 });
 const localOf = (socket: net.Socket) => ({ address: socket.localAddress ?? '', port: socket.localPort ?? 0 });
 
-function looksLikeHttp(first: Buffer): boolean {
-  return /^[A-Z]{3,10} \S+ HTTP\/1\.[01]\r?\n/.test(first.subarray(0, 2048).toString('latin1').split('\n')[0] + '\n');
+/** The longest request line read before a connection is taken for HTTP unseen to its end. */
+const MAX_REQUEST_LINE = 2048;
+
+/**
+ * What a connection's first bytes are, as far as they tell: 'tls' (a whole ClientHello), 'http'
+ * (a request line: METHOD target HTTP/x, or HTTP/0.9's METHOD /path), 'other' once they can be
+ * neither, 'incomplete' while they still may be. Taken for HTTP too: empty lines first (servers
+ * skip them), and a printable line past MAX_REQUEST_LINE; the parser refuses what is not HTTP.
+ */
+function firstKind(buf: Buffer): 'tls' | 'http' | 'other' | 'incomplete' {
+  if (buf.length === 0) return 'incomplete';
+  const hello = readClientHello(buf);
+  if (hello.state !== 'not-tls') return hello.state === 'tls' ? 'tls' : 'incomplete';
+  if (buf[0] === 0x0d || buf[0] === 0x0a) return 'http';
+  const head = buf.subarray(0, MAX_REQUEST_LINE).toString('latin1');
+  const end = head.search(/[\r\n]/);
+  const line = end === -1 ? head : head.slice(0, end);
+  if (!/^[\x20-\x7e\t]*$/.test(line)) return 'other';
+  if (end === -1) return head.length < MAX_REQUEST_LINE ? 'incomplete' : 'http';
+  // Loosely, as the most lenient server would take it (a space in the target, tabs, runs of blanks).
+  return /^\S+[ \t]+(?:.*[ \t]HTTP\/\S*|\/\S*)[ \t]*$/i.test(line) ? 'http' : 'other';
 }
 
-/** Reads until the first bytes say what they are (a whole ClientHello, or enough to tell it is not one). */
-function firstBytes(socket: Duplex, head: Buffer): Promise<Buffer | null> {
+/**
+ * Reads until the first bytes say what they are (firstKind), the sandbox ends, `stop` aborts, or
+ * HELLO_TIMEOUT_MS passes: from the start, or (`patient`) from the first byte. Null when nothing came.
+ */
+function firstBytes(socket: Duplex, head: Buffer, options: { patient?: boolean; stop?: AbortSignal } = {}): Promise<Buffer | null> {
   return new Promise((resolve) => {
     let buffer = head;
+    let timer: NodeJS.Timeout | undefined;
     const done = (value: Buffer | null) => {
       clearTimeout(timer);
       socket.off('data', onData).off('end', onEnd).off('close', onEnd);
+      options.stop?.removeEventListener('abort', onStop);
       socket.pause();
       resolve(value);
     };
-    const decided = () => buffer.length > 0 && readClientHello(buffer).state !== 'incomplete';
+    const decided = () => firstKind(buffer) !== 'incomplete';
+    const arm = () => {
+      if (timer === undefined && (!options.patient || buffer.length > 0)) timer = setTimeout(() => done(buffer.length > 0 ? buffer : null), HELLO_TIMEOUT_MS);
+    };
     const onData = (chunk: Buffer) => {
       buffer = Buffer.concat([buffer, chunk]);
       if (decided()) done(buffer);
+      else arm();
     };
     const onEnd = () => done(buffer.length > 0 ? buffer : null);
-    const timer = setTimeout(() => done(buffer.length > 0 ? buffer : null), HELLO_TIMEOUT_MS);
+    const onStop = () => done(buffer);
     if (decided()) return done(buffer);
+    arm();
     socket.on('data', onData).on('end', onEnd).on('close', onEnd);
+    options.stop?.addEventListener('abort', onStop);
     socket.resume();
   });
 }
