@@ -158,6 +158,9 @@ if (problem) {
       assert.equal(await service.queryFirst(`SELECT count(id) FROM orders`), '2');
       await agent(`CREATE FUNCTION public.count(integer) RETURNS bigint LANGUAGE sql AS 'SELECT 12::bigint'`);
       await assert.rejects(service.queryFirst(`SELECT count(id) FROM orders`), /the query calls count, a function named like a built-in made or changed since the sandbox became ready/);
+      await agent(`DROP FUNCTION public.count(integer); CREATE DOMAIN cents AS integer; CREATE FUNCTION public.eq(cents, integer) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+        CREATE OPERATOR public.= (LEFTARG = cents, RIGHTARG = integer, FUNCTION = public.eq)`);
+      await assert.rejects(service.queryFirst(`SELECT count(*) FROM orders WHERE id = 1`), /the query may use the operator =, made or changed since/);
     });
 
     test('database-wide settings for every session (transform_null_equals) cannot be made: the database is not the agent\'s', { timeout: 60_000 }, async () => {
@@ -172,10 +175,12 @@ if (problem) {
       const { service, agent } = await attacked();
       await agent(`UPDATE orders SET total = 12 WHERE id = 1; ALTER TABLE orders ADD COLUMN paid boolean; CREATE INDEX ON orders (total);
         CREATE TABLE extra (a int); CREATE SCHEMA app; CREATE TABLE app.orders (total int); CREATE FUNCTION app.helper() RETURNS int LANGUAGE sql AS 'SELECT 1';
-        CREATE OR REPLACE FUNCTION doubled(numeric) RETURNS numeric LANGUAGE sql AS 'SELECT $1 * 3'`);
+        CREATE OR REPLACE FUNCTION doubled(numeric) RETURNS numeric LANGUAGE sql AS 'SELECT $1 * 3'; CREATE EXTENSION citext`);
       assert.equal(await service.queryFirst(`SELECT total FROM orders WHERE id = 1`), '12');
       // fixing the fixture's function may be the task: the check reads the function as it is now
       assert.equal(await service.queryFirst(`SELECT doubled(total) FROM orders WHERE id = 2`), '21');
+      // a trusted extension's functions, operators and casts (citext's lower(citext), =, ::citext) are not the agent's code
+      assert.equal(await service.queryFirst(`SELECT count(*) FROM orders WHERE note::citext = 'FIRST' AND lower(note) = 'first'`), '1');
       assert.equal(await service.queryFirst(`SELECT count(*) FROM noted`), '1');
     });
   });

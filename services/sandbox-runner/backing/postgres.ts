@@ -379,19 +379,25 @@ async function readResolvable(client: pg.Client): Promise<Resolvable> {
     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND ${OWN_SCHEMA}`);
   // A row's whole text is its definition: body, argument types, strictness, the function behind
   // an operator. Functions only when named like a built-in: changing its own functions may be the
-  // agent's task (a ddl record says it did), shadowing count() is not.
-  const overloads = async (catalog: string, name: string, only = ''): Promise<Map<string, string>> => {
+  // agent's task (a ddl record says it did), shadowing count() is not. Not those of the bootstrap
+  // superuser (oid 10): a trusted extension's (citext's lower(citext)), which the agent can
+  // install but not write.
+  const overloads = async (catalog: 'pg_proc' | 'pg_operator', only = ''): Promise<Map<string, string>> => {
+    const column = catalog === 'pg_proc' ? 'pro' : 'opr';
     const { rows } = await client.query<{ name: string; versions: string }>(`
-      SELECT o.${name}::text AS name, string_agg(md5(o.*::text), ',' ORDER BY o.oid) AS versions
-      FROM pg_catalog.${catalog} o JOIN pg_catalog.pg_namespace n ON n.oid = o.${name === 'proname' ? 'pronamespace' : 'oprnamespace'}
-      WHERE ${OWN_SCHEMA} ${only} GROUP BY 1`);
+      SELECT o.${column}name::text AS name, string_agg(md5(o.*::text), ',' ORDER BY o.oid) AS versions
+      FROM pg_catalog.${catalog} o JOIN pg_catalog.pg_namespace n ON n.oid = o.${column}namespace
+      WHERE ${OWN_SCHEMA} AND o.${column}owner <> 10 ${only} GROUP BY 1`);
     return new Map(rows.map((r) => [r.name, r.versions]));
   };
-  const casts = await client.query<{ casts: string | null }>(`SELECT string_agg(md5(c.*::text), ',' ORDER BY c.oid) AS casts FROM pg_catalog.pg_cast c WHERE c.oid >= 16384`);
+  // a cast needs its type's owner (or a superuser): those of the agent's types
+  const casts = await client.query<{ casts: string | null }>(`
+    SELECT string_agg(md5(c.*::text), ',' ORDER BY c.oid) AS casts FROM pg_catalog.pg_cast c
+    WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_type t WHERE t.oid IN (c.castsource, c.casttarget) AND t.typowner <> 10)`);
   return {
     relations: new Map(relations.rows.map((r) => [`${r.schema}.${r.name}`, { name: r.name, identity: `${r.oid} ${r.relkind}`, kind: RELATION_KINDS[r.relkind] ?? 'relation' }])),
-    functions: await overloads('pg_proc', 'proname', `AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc b WHERE b.proname = o.proname AND b.pronamespace = 'pg_catalog'::regnamespace)`),
-    operators: await overloads('pg_operator', 'oprname'),
+    functions: await overloads('pg_proc', `AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc b WHERE b.proname = o.proname AND b.pronamespace = 'pg_catalog'::regnamespace)`),
+    operators: await overloads('pg_operator'),
     casts: casts.rows[0]?.casts ?? '',
   };
 }
