@@ -135,6 +135,7 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
     fs.writeFileSync(path.join(rootfs, 'etc/tree/sub/leaf'), 'leaf\n');
     fs.writeFileSync(path.join(rootfs, 'etc/tree/top'), 'top\n');
     fs.writeFileSync(path.join(rootfs, 'etc/untouched'), 'same\n');
+    fs.writeFileSync(path.join(rootfs, 'etc/transient'), 'of the image\n');
     server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
     key = (await createTenantKey(server, 'root-audit-image')).key;
     await new ImageStore(path.join(server.dataDir, 'images')).importImage('debian:bookworm', rootfs);
@@ -166,6 +167,14 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
     for (const gone of ['/etc/passwd', '/etc/group', '/etc/tree/sub/leaf']) {
       assert.ok(!records.some((r) => r[0] === 'file_write' && r[1] === gone), `deleting ${gone} is no write: ${JSON.stringify(records)}`);
     }
+  });
+
+  test('a file renamed over the image\'s and deleted at once is still a write there (its whiteout comes before the watch looks)', async () => {
+    const records = await rootRecords(server, key, 'image-transient', ['echo evil > /opt/a && mv /opt/a /etc/transient && rm /etc/transient']);
+    assertHas(records, [
+      ['file_write', '/etc/transient'],
+      ['file_delete', '/etc/transient'],
+    ]);
   });
 
   test('a directory of the image removed and made again (an opaque directory) is the deletion of what it held', async () => {

@@ -186,6 +186,8 @@ export class FsWatcher {
   private readonly barriers = new Map<string, () => void>();
   private barrierSeq = 0;
   private barrierDir: string | undefined;
+  /** The last event was a file's MOVED_FROM: a MOVED_TO now is the other half of a rename (inotify queues the two together). */
+  private afterFileMovedFrom = false;
   /** Records handed to the audit sink. */
   recorded = 0;
 
@@ -369,6 +371,8 @@ export class FsWatcher {
   }
 
   private onEvent(flags: string[], abs: string): void {
+    const renamed = this.afterFileMovedFrom && flags.includes('MOVED_TO');
+    this.afterFileMovedFrom = flags.includes('MOVED_FROM') && !flags.includes('ISDIR');
     if (flags.includes('Q_OVERFLOW')) {
       this.warn('file events were lost: the inotify queue overflowed');
       return;
@@ -387,8 +391,9 @@ export class FsWatcher {
     const isDir = flags.includes('ISDIR');
     const writes = this.track.has('writes');
     const deletes = this.track.has('deletes');
-    if (!isDir && (flags.includes('CREATE') || flags.includes('MOVED_TO')) && this.whiteout(rel)) {
-      // overlayfs deleting a name of the image: a whiteout made (or moved) in its place.
+    if (!isDir && !renamed && (flags.includes('CREATE') || flags.includes('MOVED_TO')) && this.whiteout(rel)) {
+      // overlayfs deleting a name of the image: a whiteout made (or moved in from its work directory, no
+      // MOVED_FROM here) in its place. A rename's MOVED_TO is a write even when a whiteout is there by now.
       this.dirty.delete(rel);
       this.created.delete(rel);
       if (deletes && !this.suppressed(rel, 'delete')) this.enqueue('file_delete', rel, { path: rel });
