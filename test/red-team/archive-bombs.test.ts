@@ -16,7 +16,8 @@
  * small tar and 200 MB of zeros after it re-copied node-tar's growing buffer on every chunk (many
  * minutes), and a gzip'd .tar.gz layer was inflated again by node-tar on the event loop. Pinned:
  * both are refused within seconds, the event loop never stalls 1 s, inflated layers are bounded at
- * twice SVC_IMAGE_MAX_BYTES.
+ * twice SVC_IMAGE_MAX_BYTES. The same for `svc images import` of a gzip'd OCI layout tarball
+ * followed by 200 MB of zeros (node-tar inflated it synchronously, then went quadratic).
  */
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
@@ -209,8 +210,8 @@ describe('red team: image layer bombs from a registry', { skip: noRegistry ?? fa
     fs.rmSync(root, { recursive: true, force: true });
   });
 
-  /** Pulls `reference` into a fresh store, measuring the event loop's largest stall meanwhile (this process is the runner). */
-  async function pullTimed(reference: string): Promise<{ error: Error | null; stallMs: number; tookMs: number }> {
+  /** Pulls `reference` into a fresh store (or runs `work` on it), measuring the event loop's largest stall meanwhile (this process is the runner). */
+  async function pullTimed(reference: string, work: (store: ImageStore) => Promise<unknown> = (store) => store.pullImage(reference, settings)): Promise<{ error: Error | null; stallMs: number; tookMs: number }> {
     const store = new ImageStore(path.join(fs.mkdtempSync(path.join(root, 'store-')), 'images'));
     let last = performance.now();
     let stallMs = 0;
@@ -222,7 +223,7 @@ describe('red team: image layer bombs from a registry', { skip: noRegistry ?? fa
     let timer: NodeJS.Timeout | undefined;
     const deadline = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error('the pull did not end within 60 s')), 60_000)));
     try {
-      const error = await Promise.race([store.pullImage(reference, settings).then(() => null, (err: Error) => err), deadline]);
+      const error = await Promise.race([work(store).then(() => null, (err: Error) => err), deadline]);
       return { error, stallMs, tookMs: performance.now() - started };
     } finally {
       clearTimeout(timer);
@@ -245,7 +246,17 @@ describe('red team: image layer bombs from a registry', { skip: noRegistry ?? fa
     const layer = gzipSync(inner);
     await push(registry, 'bomb', 'twice', imageOf(layer, sha256(inner)));
     const { error, stallMs, tookMs } = await pullTimed(`${registry.host}/bomb:twice`);
-    assert.match(String(error?.message), /the layer is compressed twice/);
+    assert.match(String(error?.message), /layer sha256:[0-9a-f]{64}: compressed twice/);
+    assert.ok(stallMs < RESPONSIVE_MS, `the event loop stalled ${Math.round(stallMs)} ms`);
+    assert.ok(tookMs < 20_000, `refused in ${Math.round(tookMs)} ms`);
+  });
+
+  test('svc images import of a gzip tarball that starts as an OCI layout and goes on with 200 MB of zeros: refused in seconds, the event loop never stalled', async () => {
+    const head = tarOf([{ path: 'oci-layout', body: '{"imageLayoutVersion":"1.0.0"}' }, { path: 'index.json', body: '{"schemaVersion":2,"manifests":[]}' }, { path: 'blobs/', type: 'dir' }]);
+    const archive = path.join(root, 'bomb.tar.gz');
+    fs.writeFileSync(archive, await gzipWithZeros(head, 200e6));
+    const { error, stallMs, tookMs } = await pullTimed('', (store) => store.importImage('bomb:import', archive, { maxBytes: MAX_BYTES }));
+    assert.match(String(error?.message), new RegExp(`inflates to more than ${2 * MAX_BYTES} bytes \\(2 times SVC_IMAGE_MAX_BYTES\\)`));
     assert.ok(stallMs < RESPONSIVE_MS, `the event loop stalled ${Math.round(stallMs)} ms`);
     assert.ok(tookMs < 20_000, `refused in ${Math.round(tookMs)} ms`);
   });

@@ -173,9 +173,10 @@ export class ImageStore {
     const entrypoint = options.entrypoint ? { entrypoint: options.entrypoint } : {};
     if (await isImageArchive(src)) {
       await fs.promises.mkdir(this.dir, { recursive: true });
-      const archive = await readImageArchive(src, namesImage(normalized), this.blobs, this.dir);
+      const maxBytes = options.maxBytes ?? DEFAULT_MAX_BYTES;
+      const archive = await readImageArchive(src, namesImage(normalized), this.blobs, this.dir, maxBytes);
       const meta = { source: src, ...entrypoint, ...(archive.digest ? { digest: archive.digest } : {}) };
-      return this.fromLayers(normalized, archive.config, archive.layers, meta, options.maxBytes ?? DEFAULT_MAX_BYTES);
+      return this.fromLayers(normalized, archive.config, archive.layers, meta, maxBytes);
     }
     return this.stage(normalized, source, async (rootfs) => {
       if (stat.isDirectory()) await run('cp', ['-a', '--', `${src}/.`, `${rootfs}/`]);

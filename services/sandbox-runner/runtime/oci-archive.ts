@@ -7,12 +7,18 @@
  *
  * A tarball is unpacked into a scratch directory with node-tar (which keeps every entry inside
  * it), keeping only files, directories and links; a file of the layout is read only when its
- * real path, links resolved, is inside the layout.
+ * real path, links resolved, is inside the layout. Like a layer, it is inflated by node's zlib
+ * (not node-tar's, on the event loop), parsed only up to its end-of-archive blocks and bounded
+ * inflated at twice SVC_IMAGE_MAX_BYTES (oci-layers.ts).
  */
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
+import { Transform, type Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { createGunzip } from 'node:zlib';
 import { Parser, type ReadEntry, x as extractTar } from 'tar';
+import { INFLATED_FACTOR, tarGate } from './oci-layers.ts';
 import { type BlobCache, choosePlatform, type Descriptor, DIGEST, MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES, parseImageDocument, sha256Digest } from './oci.ts';
 
 export interface ArchiveImage {
@@ -38,8 +44,8 @@ export async function isImageArchive(source: string): Promise<boolean> {
 function firstEntryNames(file: string, count: number): Promise<string[]> {
   return new Promise((resolve) => {
     const names: string[] = [];
-    const input = fs.createReadStream(file);
-    const parser = new Parser({ strict: false });
+    const input = inflated(file);
+    const parser = new Parser({ strict: false, brotli: false, zstd: false });
     const finish = (): void => {
       input.destroy();
       resolve(names);
@@ -50,24 +56,56 @@ function firstEntryNames(file: string, count: number): Promise<string[]> {
       if (names.length >= count) finish();
     });
     parser.on('end', finish);
+    parser.on('eof', finish);
     parser.on('warn', finish);
     input.on('error', finish);
-    input.pipe(parser as unknown as NodeJS.WritableStream);
+    const gate = tarGate(parser);
+    gate.on('error', finish);
+    input.pipe(gate).pipe(parser as unknown as NodeJS.WritableStream);
   });
+}
+
+/** A tarball's bytes, inflated by node's zlib when they are gzip (node-tar would inflate them on the event loop). */
+function inflated(file: string): Readable {
+  const magic = Buffer.alloc(2);
+  const fd = fs.openSync(file, 'r');
+  try {
+    fs.readSync(fd, magic, 0, 2, 0);
+  } finally {
+    fs.closeSync(fd);
+  }
+  const input = fs.createReadStream(file);
+  if (magic[0] !== 0x1f || magic[1] !== 0x8b) return input;
+  const gunzip = createGunzip();
+  input.on('error', (err) => gunzip.destroy(err));
+  return input.pipe(gunzip);
+}
+
+/** Unpacks the tarball `source` into `into`: files, directories and links only, at most `bound` bytes inflated. */
+async function unpackTarball(source: string, into: string, bound: number): Promise<void> {
+  const kept = new Set(['File', 'OldFile', 'Directory', 'SymbolicLink', 'Link']);
+  const unpack = extractTar({ cwd: into, strict: true, preserveOwner: false, filter: (_p, entry) => kept.has((entry as ReadEntry).type) });
+  let bytes = 0;
+  const counted = new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      bytes += chunk.length;
+      done(bytes > bound ? new Error(`${source} inflates to more than ${bound} bytes (${INFLATED_FACTOR} times SVC_IMAGE_MAX_BYTES)`) : null, chunk);
+    },
+  });
+  await pipeline(inflated(source), counted, tarGate(unpack), unpack as unknown as NodeJS.WritableStream);
 }
 
 /**
  * The image of the archive at `source` whose name `matches` (or its only image), with its
  * config and layers put into `cache`. `scratch` is a directory where a tarball may be unpacked.
  */
-export async function readImageArchive(source: string, matches: (name: string) => boolean, cache: BlobCache, scratch: string): Promise<ArchiveImage> {
+export async function readImageArchive(source: string, matches: (name: string) => boolean, cache: BlobCache, scratch: string, maxBytes: number): Promise<ArchiveImage> {
   const stat = await fs.promises.stat(source);
   const unpacked = stat.isDirectory() ? null : path.join(scratch, `.archive-${randomBytes(6).toString('hex')}`);
   try {
     if (unpacked) {
       await fs.promises.mkdir(unpacked, { recursive: true });
-      const kept = new Set(['File', 'OldFile', 'Directory', 'SymbolicLink', 'Link']);
-      await extractTar({ file: source, cwd: unpacked, strict: true, preserveOwner: false, filter: (_p, entry) => kept.has((entry as ReadEntry).type) });
+      await unpackTarball(source, unpacked, maxBytes * INFLATED_FACTOR);
     }
     const layout = await fs.promises.realpath(unpacked ?? source);
     if (fs.existsSync(path.join(layout, 'index.json'))) return await readOciLayout(layout, source, matches, cache);

@@ -58,7 +58,7 @@ interface ApplyState {
 }
 
 /** The layers' tars, inflated, may be this many times the bound on the image's files. */
-const INFLATED_FACTOR = 2;
+export const INFLATED_FACTOR = 2;
 
 /** Applies `layers` in order into `rootfs` (an empty directory). Throws naming the layer at fault. */
 export async function applyLayers(rootfs: string, layers: LayerSource[], maxBytes: number): Promise<void> {
@@ -160,16 +160,7 @@ function tarEntries(input: Readable, onlyZeros: () => boolean): AsyncGenerator<R
     failure ??= err;
     notify();
   });
-  let tarEnded = false;
-  parser.on('eof', () => (tarEnded = true));
-  let first = true;
-  const gate = new Transform({
-    transform(chunk: Buffer, _encoding, done) {
-      if (first && chunk[0] === 0x1f && chunk[1] === 0x8b) return done(new Error('the layer is compressed twice (its tar is gzip)'));
-      first = false;
-      done(null, tarEnded ? undefined : chunk);
-    },
-  });
+  const gate = tarGate(parser);
   gate.on('error', (err) => {
     failure ??= err;
     notify();
@@ -188,6 +179,24 @@ function tarEntries(input: Readable, onlyZeros: () => boolean): AsyncGenerator<R
       input.destroy();
     }
   })();
+}
+
+/**
+ * What passes an inflated tar to `parser`: nothing after its end-of-archive blocks (node-tar
+ * re-copies all it holds on every chunk after them: quadratic), and an error for a tar that is
+ * itself gzip (node-tar would inflate it again, synchronously, on the event loop).
+ */
+export function tarGate(parser: Parser): Transform {
+  let tarEnded = false;
+  parser.on('eof', () => (tarEnded = true));
+  let first = true;
+  return new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      if (first && chunk[0] === 0x1f && chunk[1] === 0x8b) return done(new Error('compressed twice: the tar inside is gzip again'));
+      first = false;
+      done(null, tarEnded ? undefined : chunk);
+    },
+  });
 }
 
 /** The components of an entry's path inside the root (`[]` for the root itself). */
