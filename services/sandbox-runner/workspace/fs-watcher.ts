@@ -391,9 +391,10 @@ export class FsWatcher {
     const isDir = flags.includes('ISDIR');
     const writes = this.track.has('writes');
     const deletes = this.track.has('deletes');
-    if (!isDir && !renamed && (flags.includes('CREATE') || flags.includes('MOVED_TO')) && this.whiteout(rel)) {
-      // overlayfs deleting a name of the image: a whiteout made (or moved in from its work directory, no
-      // MOVED_FROM here) in its place. A rename's MOVED_TO is a write even when a whiteout is there by now.
+    if (!isDir && !renamed && flags.includes('MOVED_TO') && this.whiteout(rel)) {
+      // overlayfs deleting a name of the image: a whiteout moved in from its work directory (no MOVED_FROM
+      // here; it never makes one in place, so a CREATE is the agent's). A rename's MOVED_TO is a write even
+      // when a whiteout is there by now.
       this.dirty.delete(rel);
       this.created.delete(rel);
       if (deletes && !this.suppressed(rel, 'delete')) this.enqueue('file_delete', rel, { path: rel });
