@@ -162,11 +162,12 @@ if (runtime) {
       key = (await createTenantKey(server, 'smuggler')).key;
       await storeSpec(server, key, SPEC('smuggler', `services:
   - {name: db, type: postgres}
+  - {name: recorder, type: http_mock, record: true, routes: []}
 network:
   egress:
     default: deny
-    allow: [api.allowed.test]
-  dns_overrides: {api.stripe.test: other.allowed.test}
+    allow: [api.allowed.test, rec.wild.allowed.test]
+  dns_overrides: {api.stripe.test: other.allowed.test, rec.wild.allowed.test: recorder}
 audit:
   http_calls: true
 `));
@@ -203,6 +204,16 @@ audit:
         assert.deepEqual(arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]), [['api.allowed.test', 'GET', 'api.allowed.test', '/carrier', body.length]]);
         const calls = await records('http_call', since, (items) => items.length >= 1);
         assert.deepEqual(calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.request_bytes]), [['GET', scheme, 'api.allowed.test', '/carrier', 200, body.length]]);
+      });
+
+      test(`${scheme}: a chunked GET a recording mock sends on to the real host goes as one request too`, async () => {
+        const mark = (await world.requests()).length;
+        const body = 'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\n\r\n';
+        const out = await raw('rec.wild.allowed.test', port, mode, 'rec.wild.allowed.test', `GET /recorded-${scheme} HTTP/1.1\r\nHost: rec.wild.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
+        assert.match(out, /^HTTP\/1\.1 200 /, out);
+        const arrived = await arrivedSince(mark);
+        noneAtDenied(arrived);
+        assert.deepEqual(arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]), [['other.allowed.test', 'GET', 'rec.wild.allowed.test', `/recorded-${scheme}`, body.length]]);
       });
 
       test(`${scheme}: a WebSocket handshake the upstream does not accept is answered and ends the connection; what followed it never leaves`, async () => {

@@ -428,7 +428,9 @@ export class EgressGateway {
     if (!target) throw new Error(`${where.host} does not resolve to a reachable address`);
     const started = Date.now();
     const headers: Record<string, string> = {};
-    for (const [name, value] of Object.entries(request.headers)) if (!HOP_BY_HOP.has(name.toLowerCase())) headers[name] = value;
+    for (const [name, value] of Object.entries(request.headers)) if (!HOP_BY_HOP.has(name.toLowerCase()) && name.toLowerCase() !== 'content-length') headers[name] = value;
+    // Framed by its length whatever the method: node frames no GET body by itself (it would read as a second request).
+    if (request.body.length > 0) headers['content-length'] = String(request.body.length);
     return new Promise((resolve, reject) => {
       const upstream = https.request({ host: target, port: where.port, method: request.method, path: request.path, headers, servername: net.isIP(where.host) ? undefined : where.host, agent: this.httpsAgent, timeout: UPSTREAM_TIMEOUT_MS }, (answer) => {
         const chunks: Buffer[] = [];
