@@ -6,16 +6,20 @@
  * - DNS (UDP and TCP 53): a name the policy allows resolves through the upstream resolver; a
  *   `dns_overrides` name resolves to its replacement; anything else is NXDOMAIN. What resolved is
  *   remembered per sandbox, so a later connection to that address is known by its name.
- * - HTTP (TCP 80): parsed; the host comes from the request (Host, or the absolute URL of a proxy
- *   request) and is checked; CONNECT and Upgrade are checked by their target. A refusal is an
- *   HTTP 403 naming the policy.
- * - TLS (TCP 443): the host is the ClientHello's server name. Passed through untouched, unless the
- *   sandbox audits HTTP calls or a brokered credential is for that host: then it is terminated
- *   with a certificate of the deployment's authority (network/certificate-authority.ts) and goes
- *   on as HTTP, where the Host header must name the same host (no domain fronting).
+ * - HTTP (TCP 80): parsed by node's parser, request by request; the host comes from the request
+ *   (Host, or the absolute URL of a proxy request) and is checked; each request that leaves is a
+ *   fresh one, its body framed again (one request out per request in). CONNECT is checked by its
+ *   target; an Upgrade only to a WebSocket, joined after the upstream's 101. A refusal is an HTTP
+ *   403 naming the policy; what the parser refuses, a 400.
+ * - TLS (TCP 443): the host is the ClientHello's server name (without one: the name resolved to
+ *   the address it was sent to). Passed through untouched, unless the sandbox audits HTTP calls
+ *   or a brokered credential is for that host: then it is terminated with a certificate of the
+ *   deployment's authority (network/certificate-authority.ts) and goes on as HTTP, where the Host
+ *   header must name the same host (no domain fronting).
  * - Any other TCP: by its original destination (connection tracking), allowed only to an
  *   address the sandbox resolved for an allowed name (or an allowed literal address); then its
- *   first bytes say what it is, and HTTP or TLS on any port goes the ways above.
+ *   first bytes, read until they tell, say what it is, and HTTP or TLS on any port goes the ways
+ *   above (piped as it is only when the server speaks first).
  * - Never, whatever the policy: the service host itself, loopback, link-local, multicast, or a
  *   sandbox network.
  * - Any other UDP: never leaves (the runtime refuses it and reports it here: `refusedUdp`).
@@ -133,7 +137,8 @@ export class EgressGateway {
     const [network, prefix] = options.sandboxNetwork.split('/');
     this.sandboxRanges.addSubnet(network!, Number(prefix), 'ipv4');
     this.httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets: 64, ca: options.trust ? [...tls.rootCertificates, ...options.trust] : undefined });
-    this.parser = http.createServer({ requireHostHeader: false });
+    // Strict whatever NODE_OPTIONS say (--insecure-http-parser would take folded headers and CL with TE).
+    this.parser = http.createServer({ requireHostHeader: false, insecureHTTPParser: false });
     this.parser.on('request', (req, res) => void this.forward(req, res).catch((err) => this.fail(res, err)));
     this.parser.on('connect', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.tunnel(req, socket, head).catch(() => socket.destroy()));
     this.parser.on('upgrade', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.upgrade(req, socket, head).catch(() => socket.destroy()));
