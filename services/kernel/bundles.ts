@@ -24,6 +24,7 @@ import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
 import { extract, Parser, type ReadEntry } from 'tar';
 import { AppError, badRequest } from './errors.ts';
+import { tarGate } from './tar-gate.ts';
 
 /** The subdirectory of the blob store that holds task-file bundles (agent bundles are at its top). */
 export const TASK_FILES_SUBDIR = 'task-files';
@@ -365,8 +366,10 @@ export class ExtractedBundles {
     await mkdir(temp, { recursive: true });
     try {
       // The checks ran at upload; these options refuse the same things again, defensively. Inflated
-      // by node's zlib on libuv's pool: node-tar's own gunzip would run on this event loop.
-      await pipeline(createReadStream(blob), createGunzip(), extract({ cwd: temp, strict: true, preservePaths: false, preserveOwner: false, noMtime: true }) as unknown as NodeJS.WritableStream);
+      // by node's zlib on libuv's pool (node-tar's own gunzip would run on this event loop), and
+      // parsed only up to the tar's end (a blob stored before those bounds may go on).
+      const unpack = extract({ cwd: temp, strict: true, preservePaths: false, preserveOwner: false, noMtime: true });
+      await pipeline(createReadStream(blob), createGunzip(), tarGate(unpack), unpack as unknown as NodeJS.WritableStream);
       await makeReadable(temp);
       await rename(temp, target).catch(async (err: NodeJS.ErrnoException) => {
         // Another boot extracted the same bundle first: keep that one.

@@ -18,7 +18,8 @@ import { Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
 import { Parser, type ReadEntry, x as extractTar } from 'tar';
-import { INFLATED_FACTOR, tarGate } from './oci-layers.ts';
+import { tarGate } from '../../kernel/tar-gate.ts';
+import { INFLATED_FACTOR } from './oci-layers.ts';
 import { type BlobCache, choosePlatform, type Descriptor, DIGEST, MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES, parseImageDocument, sha256Digest } from './oci.ts';
 
 export interface ArchiveImage {

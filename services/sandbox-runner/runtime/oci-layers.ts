@@ -31,9 +31,10 @@ import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { PassThrough, type Readable, Transform } from 'node:stream';
+import { PassThrough, type Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import { Parser, type ReadEntry } from 'tar';
+import { tarGate } from '../../kernel/tar-gate.ts';
 
 export interface LayerSource {
   /** The blob's file (compressed or not). */
@@ -179,24 +180,6 @@ function tarEntries(input: Readable, onlyZeros: () => boolean): AsyncGenerator<R
       input.destroy();
     }
   })();
-}
-
-/**
- * What passes an inflated tar to `parser`: nothing after its end-of-archive blocks (node-tar
- * re-copies all it holds on every chunk after them: quadratic), and an error for a tar that is
- * itself gzip (node-tar would inflate it again, synchronously, on the event loop).
- */
-export function tarGate(parser: Parser): Transform {
-  let tarEnded = false;
-  parser.on('eof', () => (tarEnded = true));
-  let first = true;
-  return new Transform({
-    transform(chunk: Buffer, _encoding, done) {
-      if (first && chunk[0] === 0x1f && chunk[1] === 0x8b) return done(new Error('compressed twice: the tar inside is gzip again'));
-      first = false;
-      done(null, tarEnded ? undefined : chunk);
-    },
-  });
 }
 
 /** The components of an entry's path inside the root (`[]` for the root itself). */
