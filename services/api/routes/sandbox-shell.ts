@@ -70,6 +70,8 @@ export function upgradeThroughApp(app: Koa): (req: http.IncomingMessage, socket:
 const MAX_FRAME_BYTES = 1024 * 1024;
 /** A control frame is a small JSON object. */
 const MAX_CONTROL_BYTES = 4096;
+/** Answers to bad frames the client may leave unread, on top of the output in flight. */
+const UNREAD_ANSWERS_BYTES = 64 * 1024;
 /**
  * A client that has answered no ping for this long is gone. Long: a client may stop reading a
  * while (its own output held, Ctrl-S), and cannot answer then.
@@ -195,7 +197,14 @@ class ShellSocket implements TerminalClient {
     if (this.ws?.readyState === this.ws?.OPEN) this.ws!.send(JSON.stringify(frame));
   }
 
+  /**
+   * Answers a bad frame. A client that sends them and reads none of the answers (each a hundred
+   * bytes or more for a frame of a few) would have the api hold every one: past the output window
+   * and UNREAD_ANSWERS_BYTES unread, it is cut off at once (a close frame would wait behind what it
+   * does not read, and its frames would still be read meanwhile), and the shell with it.
+   */
   private refuse(error: ErrorCode, message: string): void {
+    if (this.ws!.bufferedAmount > TERMINAL.outputWindow + UNREAD_ANSWERS_BYTES) return this.ws!.terminate();
     this.control({ type: 'error', error, message });
   }
 
