@@ -20,6 +20,7 @@
  * followed by 200 MB of zeros (node-tar inflated it synchronously, then went quadratic).
  */
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import fs from 'node:fs';
@@ -179,15 +180,15 @@ function diffIdOf(head: Buffer, zeros: number, tail = Buffer.alloc(0)): string {
   return `sha256:${hash.update(tail).digest('hex')}`;
 }
 
-/** An OCI image of one gzip layer blob, whose inflated bytes hash to `diffId`. */
-function imageOf(layer: Buffer, diffId: string): { blobs: Map<string, Buffer>; manifest: Buffer } {
+/** An OCI image of one layer blob (gzip or zstd), whose inflated bytes hash to `diffId`. */
+function imageOf(layer: Buffer, diffId: string, compression: 'gzip' | 'zstd' = 'gzip'): { blobs: Map<string, Buffer>; manifest: Buffer } {
   const config = Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', config: {}, rootfs: { type: 'layers', diff_ids: [diffId] } }));
   const manifest = Buffer.from(
     JSON.stringify({
       schemaVersion: 2,
       mediaType: 'application/vnd.oci.image.manifest.v1+json',
       config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: sha256(config), size: config.length },
-      layers: [{ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', digest: sha256(layer), size: layer.length }],
+      layers: [{ mediaType: `application/vnd.oci.image.layer.v1.tar+${compression}`, digest: sha256(layer), size: layer.length }],
     }),
   );
   return { blobs: new Map([[sha256(config), config], [sha256(layer), layer]]), manifest };
@@ -237,6 +238,18 @@ describe('red team: image layer bombs from a registry', { skip: noRegistry ?? fa
     await push(registry, 'bomb', 'trailing', imageOf(layer, diffIdOf(tar, 200e6)));
     const { error, stallMs, tookMs } = await pullTimed(`${registry.host}/bomb:trailing`);
     assert.match(String(error?.message), new RegExp(`inflate to more than ${2 * MAX_BYTES} bytes \\(2 times SVC_IMAGE_MAX_BYTES\\)`));
+    assert.ok(stallMs < RESPONSIVE_MS, `the event loop stalled ${Math.round(stallMs)} ms`);
+    assert.ok(tookMs < 20_000, `refused in ${Math.round(tookMs)} ms`);
+  });
+
+  test('the same as zstd (the `zstd` command inflates it): refused at the same bound, the event loop never stalled', async () => {
+    const tar = tarOf([{ path: 'bin/', type: 'dir' }, { path: 'bin/sh', body: '#!fake\n', mode: 0o755 }]);
+    const head = path.join(root, 'head.tar');
+    fs.writeFileSync(head, tar);
+    const layer = execFileSync('sh', ['-c', `{ cat "$0"; head -c 200000000 /dev/zero; } | zstd -q -c`, head], { maxBuffer: 64 * MiB });
+    await push(registry, 'bomb', 'zstd', imageOf(layer, diffIdOf(tar, 200e6), 'zstd'));
+    const { error, stallMs, tookMs } = await pullTimed(`${registry.host}/bomb:zstd`);
+    assert.match(String(error?.message), new RegExp(`inflate to more than ${2 * MAX_BYTES} bytes`));
     assert.ok(stallMs < RESPONSIVE_MS, `the event loop stalled ${Math.round(stallMs)} ms`);
     assert.ok(tookMs < 20_000, `refused in ${Math.round(tookMs)} ms`);
   });
