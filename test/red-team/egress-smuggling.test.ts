@@ -11,7 +11,8 @@
  * Pinned here, against the real service, a real sandbox and the outside world's servers (which
  * record every request they get, with the server that got it): each request that leaves is one
  * the gateway parsed, checked and recorded (re-framed: one request out per request in); an
- * upgrade is joined only to a WebSocket the upstream accepted with 101, any other upgrade is a 403;
+ * upgrade is joined only to a WebSocket the upstream accepted with 101 (declined, the connection
+ * goes on as HTTP, parsed), any other upgrade is a 403;
  * what the parser refuses (Content-Length with Transfer-Encoding, two lengths, folded headers) is
  * a 400, recorded; a nameless ClientHello is inspected as the name resolved to its address;
  * `CONNECT db:5432` reaches the database; an override name is reached on 80 and 443 only (here).
@@ -216,17 +217,19 @@ audit:
         assert.deepEqual(arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]), [['other.allowed.test', 'GET', 'rec.wild.allowed.test', `/recorded-${scheme}`, body.length]]);
       });
 
-      test(`${scheme}: a WebSocket handshake the upstream does not accept is answered and ends the connection; what followed it never leaves`, async () => {
+      test(`${scheme}: a WebSocket handshake the upstream does not accept is answered, and what follows it is parsed and checked, not piped`, async () => {
         const mark = (await world.requests()).length;
         const since = now();
         const out = await raw('api.allowed.test', port, mode, 'api.allowed.test', WS_HANDSHAKE('api.allowed.test', '/ws') + SMUGGLED);
-        assert.match(out, /^HTTP\/1\.1 200 /, out);
-        assert.doesNotMatch(out, /Connection Established/i, out);
+        assert.deepEqual([...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]), ['200', '403'], out);
+        assert.match(out, /egress to denied\.test:80 is denied/, out);
         const arrived = await arrivedSince(mark);
         noneAtDenied(arrived);
         assert.deepEqual(show(arrived), ['api.allowed.test GET api.allowed.test /ws']);
         const calls = await records('http_call', since, (items) => items.length >= 1);
         assert.deepEqual(calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.upgrade]), [['GET', scheme, 'api.allowed.test', '/ws', 200, 'websocket']]);
+        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port]), [['connect', 'denied.test', 80]]);
       });
 
       test(`${scheme}: an upgrade to anything but a WebSocket is a 403, recorded; nothing leaves`, async () => {

@@ -115,6 +115,8 @@ const HELLO_TIMEOUT_MS = 10_000;
 /** How long a sandbox's connection on another port may stay silent before it is taken for a protocol whose server speaks first. */
 const SERVER_FIRST_MS = 50;
 const UPSTREAM_TIMEOUT_MS = 30_000;
+/** The most of an answer to a declined WebSocket handshake relayed (it is read whole to be sent with its length); past it, a 502. */
+const MAX_DECLINED_ANSWER = 1024 * 1024;
 /** How long a connection the gateway ended after an answer may stay half-open (the sandbox reading the answer) before it is closed. */
 const ANSWERED_LINGER_MS = 2_000;
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
@@ -503,7 +505,7 @@ export class EgressGateway {
     if (first === null) return void socket.destroy();
     const hello = readClientHello(first);
     if (hello.state === 'tls') return this.onHello(sandbox, socket, first, hello.serverName ?? where.host, where.port, where.host);
-    if (firstKind(first) !== 'other') return this.toParser(sandbox, socket, first, where.port);
+    if (firstKind(first) !== 'other') return this.toParser(socket, first, { sandbox, scheme: 'http', port: where.port, serverName: null });
     await this.pipeTo(sandbox, socket, first, where.host, where.port);
   }
 
@@ -537,8 +539,8 @@ export class EgressGateway {
   /**
    * The WebSocket handshake upstream, as a request of its own. On its 101 the two connections
    * are joined (the WebSocket's frames are not read; the http_call, status 101, is recorded with
-   * its bytes both ways when it closes). Any other answer is relayed and ends the connection:
-   * nothing the sandbox sent after the handshake leaves without being parsed.
+   * its bytes both ways when it closes). Any other answer is relayed, and the connection goes
+   * back to the parser: nothing the sandbox sent after the handshake leaves without being parsed.
    */
   private upgradeUpstream(via: Via, req: http.IncomingMessage, socket: Duplex, head: Buffer, target: { host: string; port: number; path: string }, address: string): void {
     const { sandbox } = via;
@@ -577,20 +579,33 @@ export class EgressGateway {
       join(socket, tunnel, sandbox);
     });
     upstream.on('response', (answer: http.IncomingMessage) => {
-      // Not upgraded: the answer goes back as it came, and the connection ends with it.
+      // Declined: the answer goes back whole, with its length, and the connection goes on as
+      // HTTP/1.1 (as with a server that declines an upgrade): what the sandbox sends next is
+      // parsed and checked like any request, never piped.
       answered = true;
       call.status = answer.statusCode ?? null;
-      const kept: string[] = [];
-      for (let i = 0; i < answer.rawHeaders.length; i += 2) if (!HOP_BY_HOP.has(answer.rawHeaders[i]!.toLowerCase())) kept.push(answer.rawHeaders[i]!, answer.rawHeaders[i + 1]!);
-      socket.write(`HTTP/1.1 ${answer.statusCode} ${answer.statusMessage ?? ''}\r\n${rawHeaderLines([...kept, 'Connection', 'close'])}\r\n`);
-      answer.on('data', (chunk: Buffer) => (call.responseBytes += chunk.length));
-      answer.on('error', () => socket.destroy());
-      socket.once('close', () => call.done(answer.complete ? undefined : 'the sandbox closed the connection before the answer was complete'));
+      const chunks: Buffer[] = [];
+      answer.on('data', (chunk: Buffer) => {
+        call.responseBytes += chunk.length;
+        if (call.responseBytes <= MAX_DECLINED_ANSWER) return void chunks.push(chunk);
+        answer.destroy(new Error(`the answer to a WebSocket handshake ${target.host} declined is over ${MAX_DECLINED_ANSWER} bytes`));
+      });
+      answer.on('error', (err) => {
+        call.done(err.message);
+        rawAnswer(socket, 502, err.message);
+      });
+      answer.once('close', () => call.done(answer.complete ? undefined : 'the sandbox closed the connection before the answer was complete'));
+      socket.once('close', () => answer.destroy());
       answer.on('end', () => {
         call.done();
-        endAnswered(socket);
+        if (socket.destroyed) return;
+        const kept: string[] = [];
+        for (let i = 0; i < answer.rawHeaders.length; i += 2) if (!HOP_BY_HOP.has(answer.rawHeaders[i]!.toLowerCase()) && answer.rawHeaders[i]!.toLowerCase() !== 'content-length') kept.push(answer.rawHeaders[i]!, answer.rawHeaders[i + 1]!);
+        const body = Buffer.concat(chunks);
+        socket.write(`HTTP/1.1 ${answer.statusCode} ${answer.statusMessage ?? ''}\r\n${rawHeaderLines([...kept, 'Content-Length', String(body.length)])}\r\n`);
+        socket.write(body);
+        this.toParser(socket, head, via);
       });
-      answer.pipe(socket, { end: false });
     });
     socket.once('close', () => {
       if (answered) return;
@@ -692,22 +707,22 @@ export class EgressGateway {
     }
     if (first.length === 0) return this.sniff(sandbox, socket, destination);
     // HTTP sent to the TLS port is read as HTTP too (and what never told): checked and recorded, never piped unseen.
-    if (['http', 'incomplete'].includes(firstKind(first))) return this.toParser(sandbox, socket, first, destination.port);
+    if (['http', 'incomplete'].includes(firstKind(first))) return this.toParser(socket, first, { sandbox, scheme: 'http', port: destination.port, serverName: null });
     const upstream = net.connect({ host: destination.address, port: destination.port });
     upstream.write(first);
     join(socket, upstream, sandbox);
   }
 
   /** Hands a connection (its `first` bytes ahead) to the HTTP parser: each request is checked and recorded. */
-  private toParser(sandbox: Registered, socket: Duplex, first: Buffer, port: number): void {
+  private toParser(socket: Duplex, first: Buffer, via: Via): void {
     const plain = wrap(socket, first);
-    this.via.set(plain, { sandbox, scheme: 'http', port, serverName: null });
+    this.via.set(plain, via);
     this.parser.emit('connection', plain);
   }
 
   /** A connection to a backing service's address: a database gets its bytes (observed), an http_mock its requests. */
   private connectService(sandbox: Registered, service: ServiceEndpoint, socket: Duplex, first: Buffer, destination: { address: string; port: number }): void {
-    if (!service.connect && first.length > 0) return firstKind(first) === 'other' ? reset(socket) : this.toParser(sandbox, socket, first, destination.port);
+    if (!service.connect && first.length > 0) return firstKind(first) === 'other' ? reset(socket) : this.toParser(socket, first, { sandbox, scheme: 'http', port: destination.port, serverName: null });
     if (!service.connect) return this.sniff(sandbox, socket, destination, service);
     const upstream = service.connect();
     const observer = service.observe?.() ?? null;
@@ -752,7 +767,7 @@ export class EgressGateway {
         const { serverName } = readClientHello(first) as { serverName: string | null };
         return serverName ? this.onHello(sandbox, socket, first, serverName, destination.port, null) : this.namelessHello(sandbox, socket, first, destination);
       }
-      if (kind !== 'other') return this.toParser(sandbox, socket, first, destination.port);
+      if (kind !== 'other') return this.toParser(socket, first, { sandbox, scheme: 'http', port: destination.port, serverName: null });
       if (service) return reset(socket);
       const to = upstream ?? net.connect({ host: destination.address, port: destination.port });
       if (first.length > 0) to.write(first);
