@@ -3,10 +3,12 @@
  * service would). Pins: (1) what the server sends (names, ids, error messages, trace content,
  * command output) reaches the terminal inert: no cursor move, screen clear, OSC 52 clipboard
  * write, OSC 8 link, title, BEL or C1 CSI survives, each is shown as its `\u001b` escape, on a
- * real terminal (a pty from script(1)) and through pipes; (2) an answer that never ends, or
- * declares gigabytes, fails the command with a clear line after at most the client's bound
- * (packages/sdk's MAX_ANSWER_BYTES) instead of filling memory; (3) a redirect is not followed,
- * so neither the key nor a request's body (a secret's value) goes to another host.
+ * real terminal (a pty from script(1)) and through pipes; (2) an answer that never ends (fast,
+ * or a byte at a time), an event line that never ends, or an answer that declares gigabytes fails
+ * the command with a clear line at the client's bounds (packages/sdk: MAX_ANSWER_BYTES, a
+ * minimum rate after 10 s, MAX_MESSAGE_CHARS) instead of filling memory or hanging; (3) a
+ * redirect is not followed, so neither the key nor a request's body (a secret's value) goes to
+ * another host.
  */
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -96,6 +98,28 @@ describe('red team: the CLI against a hostile server', () => {
         };
         return pump();
       }
+      if (url.pathname === '/v1/experiments/trickle') {
+        // An answer that never ends, slowly: a byte every 50 ms, so no pause is ever long.
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.write('{"id":"');
+        const timer = setInterval(() => res.write('a'), 50);
+        return res.on('close', () => clearInterval(timer));
+      }
+      if (url.pathname === '/v1/sandboxes/sb-endless/events') {
+        // An event stream whose one line never ends.
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write('data: ');
+        const chunk = Buffer.alloc(1024 * 1024, 'a');
+        let sent = 0;
+        const pump = () => {
+          while (sent < 64 && !res.destroyed) {
+            sent++;
+            if (!res.write(chunk)) return void res.once('drain', pump);
+          }
+          res.end();
+        };
+        return pump();
+      }
       if (url.pathname === '/v1/experiments/declared') {
         res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(10 * 1024 ** 3) });
         return res.write('{"id":"');
@@ -143,6 +167,16 @@ describe('red team: the CLI against a hostile server', () => {
     assert.match(ran.out, new RegExp(`^svc: 200 answer_too_large: the answer to GET /v1/experiments/endless is over ${MAX_ANSWER_BYTES} bytes`, 'm'));
     assert.ok(streamed < MAX_ANSWER_BYTES + 64 * 1024 * 1024, `the client stopped reading soon after the bound (${streamed} bytes sent)`);
     assert.ok(ran.ms < 30_000, `it took ${ran.ms} ms`);
+  });
+
+  test('an answer that trickles without end fails the command once it is plainly too slow; so does an endless event', async () => {
+    const trickle = await svc(hostile.url, ['experiments', 'show', 'trickle']);
+    assert.equal(trickle.code, 2, trickle.out);
+    assert.match(trickle.out, /^svc: 200 answer_too_slow: the answer to GET \/v1\/experiments\/trickle came at \d+ bytes a second after 1\d s/m);
+    assert.ok(trickle.ms < 20_000, `it took ${trickle.ms} ms`);
+    const events = await svc(hostile.url, ['sandboxes', 'events', 'sb-endless']);
+    assert.equal(events.code, 2, events.out);
+    assert.match(events.out, /^svc: 200 answer_too_large: a message of the event stream is over 16777216 characters/m);
   });
 
   test('an answer that declares 10 GiB is refused before it is read; an error answer of 32 MiB is not printed', async () => {

@@ -33,27 +33,36 @@ export class SvcError extends Error {
  */
 export const MAX_ANSWER_BYTES = 256 * 1024 * 1024;
 const MAX_ERROR_BYTES = 64 * 1024;
+/**
+ * An answer's body that has taken longer than this comes at least ANSWER_MIN_RATE bytes a second
+ * on average, or the call fails: a server trickling a byte now and then never ends otherwise
+ * (fetch's own timeouts are between bytes).
+ */
+const ANSWER_GRACE_MS = 10_000;
+const ANSWER_MIN_RATE = 16 * 1024;
 
-/** The body as text, refused as soon as it passes `limit` bytes (declared or read). */
+/** The body as text, refused as soon as it passes `limit` bytes (declared or read), or trickles. */
 async function boundedText(res: Response, limit: number, what: string): Promise<string> {
-  const tooLarge = () => new SvcError(res.status, 'answer_too_large', `the answer to ${what} is over ${limit} bytes; the client stopped reading it`);
-  if (Number(res.headers.get('content-length')) > limit) {
-    await res.body?.cancel().catch(() => {});
-    throw tooLarge();
-  }
+  let cancel = () => res.body?.cancel();
+  const refuse = async (error: string, message: string) => {
+    await cancel()?.catch(() => {});
+    return new SvcError(res.status, error, `the answer to ${what} ${message}; the client stopped reading it`);
+  };
+  if (Number(res.headers.get('content-length')) > limit) throw await refuse('answer_too_large', `is over ${limit} bytes`);
   if (!res.body) return '';
   const reader = res.body.getReader();
+  cancel = () => reader.cancel();
   const decoder = new TextDecoder();
+  const started = Date.now();
   let size = 0;
   let text = '';
   for (;;) {
     const { done, value } = await reader.read();
     if (done) return text + decoder.decode();
     size += value.byteLength;
-    if (size > limit) {
-      await reader.cancel().catch(() => {});
-      throw tooLarge();
-    }
+    const ms = Date.now() - started;
+    if (size > limit) throw await refuse('answer_too_large', `is over ${limit} bytes`);
+    if (ms > ANSWER_GRACE_MS && size < (ms / 1000) * ANSWER_MIN_RATE) throw await refuse('answer_too_slow', `came at ${Math.round(size / (ms / 1000))} bytes a second after ${Math.round(ms / 1000)} s`);
     text += decoder.decode(value, { stream: true });
   }
 }

@@ -5,6 +5,7 @@
  * comments, retry fields).
  */
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
+import { SvcError } from './client.ts';
 
 /** One message of a sandbox's stream: `{event_type, data}` plus the message's `id:`. */
 export interface SandboxEvent {
@@ -13,10 +14,19 @@ export interface SandboxEvent {
   data: Record<string, unknown>;
 }
 
+/** The most of one message held while it arrives: a line that never ends must not fill memory. */
+export const MAX_MESSAGE_CHARS = 16 * 1024 * 1024;
+
 /** Yields the messages of an SSE response body as they arrive, until the stream ends. */
 export async function* sseMessages(body: ReadableStream<Uint8Array>): AsyncGenerator<EventSourceMessage> {
   const queue: EventSourceMessage[] = [];
-  const parser = createParser({ onEvent: (message) => queue.push(message) });
+  const parser = createParser({
+    onEvent: (message) => queue.push(message),
+    maxBufferSize: MAX_MESSAGE_CHARS,
+    onError: (err) => {
+      if (err.type === 'max-buffer-size-exceeded') throw new SvcError(200, 'answer_too_large', `a message of the event stream is over ${MAX_MESSAGE_CHARS} characters; the client stopped reading it`);
+    },
+  });
   const decoder = new TextDecoder();
   const reader = body.getReader();
   try {
