@@ -366,9 +366,7 @@ export class LocalRuntime implements Runtime {
       throw err;
     }
     const sandbox = new LocalSandbox(options, identity, child, cgroup, sandboxDir, mounts, warnings, this.logger);
-    if (plan.upper) sandbox.upper = plan.upper;
-    // What the agent writes to / is audited like /tmp (the file watch, the reconciliation).
-    if (plan.layer) sandbox.writablePlaces = [...sandbox.writablePlaces, { at: '/', ...plan.layer }];
+    sandbox.adoptRoot(plan);
     if (bridge) sandbox.adoptBridge(bridge, bridging);
     try {
       if (network) sandbox.attachNetwork(network.networks, network.slot, this.bootTimeoutMs);
@@ -806,6 +804,12 @@ class LocalSandbox implements SandboxHandle {
     this.cgroup.rename(as.id);
     this.id = as.id;
     this.env = this.baseEnv(as.env);
+  }
+
+  /** Takes what the root plan made writable: what the agent writes to / is audited like /tmp (the file watch, the reconciliation). */
+  adoptRoot(plan: RootPlan): void {
+    this.upper = plan.upper;
+    if (plan.layer) this.writablePlaces = [...this.writablePlaces, { at: '/', ...plan.layer }];
   }
 
   /** Takes the bridge to the service opening beside it (`serviceReachable` says when it listens); `opening` is aborted when this sandbox ends. */
