@@ -6,7 +6,7 @@
  * sandbox's audit stream, and a route in the URL's hash. Pins: each page shows the markup as text
  * and no script of it runs; and the second wall: /ui's Content-Security-Policy allows no inline
  * script, so markup that did reach the DOM (a rendering bug) still runs nothing, and the key in
- * sessionStorage stays out of its reach.
+ * sessionStorage stays out of its reach. And no path under /ui serves a file outside the build.
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -126,6 +126,16 @@ describe('red team: stored XSS in the dashboard', { skip: !runtime ? 'no runtime
 
   test('markup in the route itself', async () => {
     await shownNotRun(`traces/${encodeURIComponent(PAYLOAD)}`, PAYLOADS[0]!);
+  });
+
+  test('no path under /ui leaves the built files: traversal, encoded, doubled, in assets/', async () => {
+    const paths = ['/ui/../package.json', '/ui/%2e%2e/%2e%2e/%2e%2e/package.json', '/ui/..%2f..%2f..%2fpackage.json', '/ui/assets/..%2f..%2f..%2f..%2fpackage.json', '/ui/assets/%2e%2e/%2e%2e/%2e%2e/%2e%2e/package.json', '/ui/assets/..%252f..%252fpackage.json', '/ui/assets/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2fetc%2fpasswd', '/ui//etc/passwd', '/ui/assets//etc/passwd', '/ui/%00../package.json'];
+    for (const p of paths) {
+      const res = await fetch(`${server.url}${p}`);
+      const text = await res.text();
+      assert.ok(!text.includes('"svc-agent-eval"') && !/^root:/m.test(text), `${p} answered a file outside the build: ${res.status} ${text.slice(0, 200)}`);
+      assert.ok(res.status < 500, `${p}: ${res.status} ${text.slice(0, 200)}`);
+    }
   });
 
   test('the second wall: no inline script runs on /ui even once markup is in the DOM, so the key stays out of reach', async () => {
