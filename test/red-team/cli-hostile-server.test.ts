@@ -8,7 +8,9 @@
  * the command with a clear line at the client's bounds (packages/sdk: MAX_ANSWER_BYTES, a
  * minimum rate after 10 s, MAX_MESSAGE_CHARS) instead of filling memory or hanging; (3) a
  * redirect is not followed, so neither the key nor a request's body (a secret's value) goes to
- * another host.
+ * another host; (4) the shell's socket (`sandboxes shell`): a control frame that is not JSON, a
+ * refusal whose body never ends and a frame past 1 MiB each end the command with one line, never
+ * a crash, a stack trace or memory without bound; the terminal's own bytes still pass raw.
  */
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -16,6 +18,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { WebSocketServer } from 'ws';
 import { REPO } from '../helpers/server.ts';
 
 const SVC = path.join(REPO, 'bin', 'svc.cjs');
@@ -133,7 +136,39 @@ describe('red team: the CLI against a hostile server', () => {
       res.end();
     });
   });
+  /** The shell's WebSocket, as a hostile service speaks it: `/v1/sandboxes/<what>/shell`. */
+  const shells = new WebSocketServer({ noServer: true });
+  before(() => {
+    hostile.server.on('upgrade', (req, socket, head) => {
+      const what = /^\/v1\/sandboxes\/([^/]+)\/shell/.exec(req.url ?? '')?.[1];
+      if (what === 'sb-refused') {
+        // A refusal whose body never ends.
+        socket.write('HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n\r\n{"error":"forbidden","message":"');
+        const chunk = Buffer.alloc(1024 * 1024, 'r');
+        let sent = 0;
+        const pump = () => {
+          while (sent++ < 300 && !socket.destroyed) if (!socket.write(chunk)) return void socket.once('drain', pump);
+          socket.end();
+        };
+        socket.on('error', () => {});
+        return pump();
+      }
+      shells.handleUpgrade(req, socket, head, (ws) => {
+        if (what === 'sb-garbage') return ws.send('not json');
+        ws.send(JSON.stringify({ type: 'ready', sandbox_id: what, session_id: 'term-1', shell: '/bin/sh' }));
+        if (what === 'sb-bigframe') return ws.send(Buffer.alloc(5 * 1024 * 1024, 'b'));
+        ws.send('garbage{');
+        ws.send('null');
+        ws.send(Buffer.from('hello from the shell\r\n'));
+        ws.send(JSON.stringify({ type: 'error', error: `forbidden${PAYLOAD}`, message: PAYLOAD }));
+        ws.send(JSON.stringify({ type: 'exit', exit_code: 3 }));
+        ws.close(1000);
+      });
+    });
+  });
+
   after(() => {
+    for (const ws of shells.clients) ws.terminate();
     hostile?.server.closeAllConnections();
     hostile?.server.close();
     elsewhere?.server.close();
@@ -187,6 +222,25 @@ describe('red team: the CLI against a hostile server', () => {
     assert.equal(huge.code, 2);
     assert.match(huge.out, /^svc: 500 answer_too_large: /m);
     assert.ok(huge.out.length < 4096, `the error line is short (${huge.out.length} characters)`);
+  });
+
+  test("the shell's socket: bad control frames, a refusal without end, a frame too large: one line each, no crash", async () => {
+    const garbage = await svc(hostile.url, ['sandboxes', 'shell', 'sb-garbage']);
+    assert.equal(garbage.code, 2, garbage.out);
+    assert.equal(garbage.out, 'svc: the shell did not start: not json\n');
+    const after = await svc(hostile.url, ['sandboxes', 'shell', 'sb-after']);
+    assert.equal(after.code, 3, after.out);
+    assert.match(after.out, /hello from the shell/);
+    assert.match(after.out, /^svc: forbiddenevil\\u001b\]52;c;/m);
+    assert.doesNotMatch(withoutAllowed(after.out), OBEYED, JSON.stringify(after.out));
+    const refused = await svc(hostile.url, ['sandboxes', 'shell', 'sb-refused']);
+    assert.equal(refused.code, 2, refused.out.slice(0, 300));
+    assert.match(refused.out, /^svc: 403 http_error: \{"error":"forbidden","message":"r+\n$/);
+    assert.ok(refused.out.length < 70 * 1024, `the refusal read is bounded (${refused.out.length} characters)`);
+    const big = await svc(hostile.url, ['sandboxes', 'shell', 'sb-bigframe']);
+    assert.equal(big.code, 1, big.out.slice(0, 300));
+    assert.equal(big.out, "svc: the shell's connection closed (1006)\n", 'the frame was refused unread, and the socket cut');
+    for (const ran of [garbage, after, refused, big]) assert.doesNotMatch(ran.out, /^\s+at .+:\d+:\d+\)?$/m, 'no stack trace');
   });
 
   test('a redirect to another host is not followed: neither the key nor a secret\'s value goes there', async () => {

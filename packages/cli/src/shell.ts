@@ -32,6 +32,20 @@ const SEND_HIGH_WATER = 256 * 1024;
 /** The end of file of a terminal (what Ctrl-D types), and the same after a Ctrl-U, which empties a line first. */
 const EOF = Buffer.from([4]);
 const EOF_AGAIN = Buffer.from([0x15, 4]);
+/** The largest frame taken from the service (its output frames are at most 64 KiB), and the most of a refusal's body read. */
+const MAX_FRAME_BYTES = 1024 * 1024;
+const MAX_REFUSAL_BYTES = 64 * 1024;
+
+/** A text frame's JSON control, or null for one that is not (a service in error, or a hostile one). */
+function controlOf(data: WebSocket.RawData): Partial<Control> | null {
+  try {
+    const frame: unknown = JSON.parse(String(data));
+    return frame !== null && typeof frame === 'object' ? (frame as Partial<Control>) : null;
+  } catch {
+    return null;
+  }
+}
+
 /** How long the terminal is quiet before a piped session's end of file is sent again. */
 const QUIET_MS = 300;
 
@@ -65,21 +79,25 @@ type Message = { data: WebSocket.RawData; isBinary: boolean };
  */
 function connect(options: ShellOptions): Promise<{ ws: WebSocket; early: Message[]; detach: () => void }> {
   return new Promise((resolve, reject) => {
-    const ws = new WebSocket(shellUrl(options), { headers: { authorization: `Bearer ${options.apiKey}` } });
+    const ws = new WebSocket(shellUrl(options), { headers: { authorization: `Bearer ${options.apiKey}` }, maxPayload: MAX_FRAME_BYTES });
     const early: Message[] = [];
     let ready = false;
     const onMessage = (data: WebSocket.RawData, isBinary: boolean) => {
       if (ready) return void early.push({ data, isBinary });
-      const frame = isBinary ? null : (JSON.parse(String(data)) as Control);
-      if (frame?.type !== 'ready') return reject(new CliError(`the shell did not start: ${isBinary ? 'output before ready' : String(data)}`));
+      const frame = isBinary ? null : controlOf(data);
+      if (frame?.type !== 'ready') return reject(new CliError(`the shell did not start: ${isBinary ? 'output before ready' : String(data).slice(0, 1000)}`));
       ready = true;
       resolve({ ws, early, detach: () => ws.off('message', onMessage) });
     };
     ws.on('message', onMessage);
     ws.once('unexpected-response', (_req, res) => {
       let text = '';
-      res.on('data', (chunk: Buffer) => (text += chunk));
-      res.on('end', () => {
+      res.on('data', (chunk: Buffer) => {
+        text += chunk;
+        if (text.length > MAX_REFUSAL_BYTES) res.destroy();
+      });
+      res.on('close', () => {
+        text = text.slice(0, MAX_REFUSAL_BYTES);
         let body: { error?: string; message?: string } = {};
         try {
           body = JSON.parse(text) as typeof body;
@@ -139,10 +157,10 @@ export async function openShell(options: ShellOptions): Promise<number> {
         }
         return;
       }
-      const frame = JSON.parse(String(data)) as Control;
-      if (frame.type === 'exit') exitCode = frame.exit_code;
+      const frame = controlOf(data);
+      if (frame?.type === 'exit' && Number.isInteger(frame.exit_code)) exitCode = frame.exit_code!;
       // In raw mode a line needs its carriage return.
-      else if (frame.type === 'error') process.stderr.write(`${raw ? '\r\n' : ''}svc: ${frame.error}: ${frame.message}${raw ? '\r' : ''}\n`);
+      else if (frame?.type === 'error') process.stderr.write(`${raw ? '\r\n' : ''}svc: ${String(frame.error)}: ${String(frame.message)}${raw ? '\r' : ''}\n`);
     };
     detach();
     ws.on('message', onMessage);
