@@ -17,7 +17,9 @@ const stampFile = path.join(dist, '.source-hash');
 
 function sourceHash() {
   const hash = createHash('sha256');
-  const files = ['index.html', 'vite.config.ts', ...readdirSync(path.join(here, 'src'), { recursive: true }).map((f) => path.join('src', String(f)))].sort();
+  // The page bundles the SDK's client too (src/api.ts): a change there is a change of the page.
+  const under = (dir) => readdirSync(path.join(here, dir), { recursive: true }).map((f) => path.join(dir, String(f)));
+  const files = ['index.html', 'vite.config.ts', ...under('src'), ...under('../sdk/src')].sort();
   for (const file of files) {
     const full = path.join(here, file);
     if (!existsSync(full) || !/\.(html|ts|tsx|css|svg)$/.test(file)) continue;
