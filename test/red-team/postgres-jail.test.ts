@@ -10,7 +10,9 @@
  * - the `sql` invariant reads what was there at ready, not what the agent put in its place: a
  *   view where the fixture's table was (by CREATE VIEW after a rename, or by a _RETURN rule that
  *   keeps the table's oid), another table of that name, a function beside a built-in that a call
- *   would pick (public.count(integer) beats count("any")); database-wide settings that change how a
+ *   would pick (public.count(integer) beats count("any")), an operator the syntax uses unspelt (IN
+ *   and CASE use =, LIKE ~~), a child table read through its parent, a name not folded (Äpfel);
+ *   database-wide settings that change how a
  *   query reads (transform_null_equals) cannot be made, the database is not the agent's;
  * - the jail: no superuser, no program, no host file, no untrusted extension (dblink, file_fdw,
  *   adminpack, plpython3u), no ALTER SYSTEM, nothing of the runner's machinery to switch off;
@@ -52,7 +54,9 @@ INSERT INTO orders VALUES (1, 5, 'first'), (2, 7, NULL);
 CREATE VIEW noted AS SELECT id, note FROM orders WHERE note IS NOT NULL;
 CREATE MATERIALIZED VIEW counted AS SELECT count(*) AS n FROM orders;
 CREATE TABLE scratch (a int);
-CREATE FUNCTION doubled(numeric) RETURNS numeric LANGUAGE sql AS 'SELECT $1 * 2';`;
+CREATE FUNCTION doubled(numeric) RETURNS numeric LANGUAGE sql AS 'SELECT $1 * 2';
+CREATE TABLE customers (code varchar(10) PRIMARY KEY); INSERT INTO customers VALUES ('a'), ('b');
+CREATE TABLE Äpfel (n int); INSERT INTO Äpfel VALUES (1);`;
 
 /** A fresh server with the fixture applied and the audit started, its records, and the agent's connection. */
 async function attacked(): Promise<{ service: PostgresService; writes: DbWrite[]; agent: (sql: string) => Promise<unknown> }> {
@@ -161,6 +165,38 @@ if (problem) {
       await agent(`DROP FUNCTION public.count(integer); CREATE DOMAIN cents AS integer; CREATE FUNCTION public.eq(cents, integer) RETURNS boolean LANGUAGE sql AS 'SELECT true';
         CREATE OPERATOR public.= (LEFTARG = cents, RIGHTARG = integer, FUNCTION = public.eq)`);
       await assert.rejects(service.queryFirst(`SELECT count(*) FROM orders WHERE id = 1`), /the query may use the operator =, made or changed since/);
+    });
+
+    test('an operator SQL syntax uses without spelling it (IN, CASE, NULLIF, LIKE): refused', { timeout: 60_000 }, async () => {
+      const { service, agent } = await attacked();
+      // pg_catalog has no varchar = varchar (varchar borrows text's): the agent's is an exact match and wins
+      await agent(`CREATE FUNCTION public.yes(varchar, varchar) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+        CREATE OPERATOR public.= (LEFTARG = varchar, RIGHTARG = varchar, FUNCTION = public.yes);
+        CREATE OPERATOR public.~~ (LEFTARG = varchar, RIGHTARG = varchar, FUNCTION = public.yes)`);
+      for (const [query, symbol] of [
+        [`SELECT count(*) FROM customers WHERE code IN ('zzz')`, '='],
+        [`SELECT count(*) FROM customers WHERE CASE code WHEN 'zzz' THEN true END`, '='],
+        [`SELECT count(*) FROM customers WHERE nullif(code, 'zzz') IS NULL`, '='],
+        [`SELECT count(*) FROM customers WHERE code LIKE 'zzz'`, '~~'],
+      ]) {
+        await assert.rejects(service.queryFirst(query!), (err: Error) => err.message.includes(`the query may use the operator ${symbol}, made or changed since`), query);
+      }
+    });
+
+    test('a child table whose rows a read of the fixture\'s table (or a view over it) takes in: refused', { timeout: 60_000 }, async () => {
+      const { service, writes, agent } = await attacked();
+      await agent(`CREATE TABLE more_orders () INHERITS (orders); INSERT INTO more_orders VALUES (3, 12, 'third')`);
+      await assert.rejects(service.queryFirst(`SELECT sum(total) FROM orders`), /the query may read public\.orders, a table with inheritance children \(rows read through it\) made or changed since/);
+      await assert.rejects(service.queryFirst(`SELECT count(*) FROM noted`), /may read public\.orders, a table with inheritance children/);
+      await service.flushWrites();
+      // the audit names the child alone: nothing says orders reads otherwise
+      assert.deepEqual(writes.map((w) => `${w.operation} ${w.table}`), ['ddl more_orders', 'insert more_orders']);
+    });
+
+    test('a name PostgreSQL does not fold (Äpfel): its view in the table\'s place is refused', { timeout: 60_000 }, async () => {
+      const { service, agent } = await attacked();
+      await agent(`ALTER TABLE Äpfel RENAME TO apfel_old; CREATE VIEW Äpfel AS SELECT 12 AS n`);
+      await assert.rejects(service.queryFirst(`SELECT n FROM Äpfel`), /reads public\.Äpfel, a view, no longer the table it was/);
     });
 
     test('database-wide settings for every session (transform_null_equals) cannot be made: the database is not the agent\'s', { timeout: 60_000 }, async () => {

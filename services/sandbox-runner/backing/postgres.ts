@@ -360,6 +360,8 @@ interface Resolvable {
   functions: Map<string, string>;
   operators: Map<string, string>;
   casts: string;
+  /** the tables that have inheritance children, with them: a child's rows are read through its parent */
+  inherited: Map<string, string>;
 }
 
 interface Relation {
@@ -394,8 +396,14 @@ async function readResolvable(client: pg.Client): Promise<Resolvable> {
   const casts = await client.query<{ casts: string | null }>(`
     SELECT string_agg(md5(c.*::text), ',' ORDER BY c.oid) AS casts FROM pg_catalog.pg_cast c
     WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_type t WHERE t.oid IN (c.castsource, c.casttarget) AND t.typowner <> 10)`);
+  // a child table's rows are in every read of its parent (and of the views over it), written under the child's name
+  const inherited = await client.query<{ parent: string; children: string }>(`
+    SELECT n.nspname || '.' || p.relname AS parent, string_agg(i.inhrelid::text, ',' ORDER BY i.inhrelid) AS children
+    FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class p ON p.oid = i.inhparent JOIN pg_catalog.pg_namespace n ON n.oid = p.relnamespace
+    WHERE p.relkind = 'r' GROUP BY 1`);
   return {
     relations: new Map(relations.rows.map((r) => [`${r.schema}.${r.name}`, { name: r.name, identity: `${r.oid} ${r.relkind}`, kind: RELATION_KINDS[r.relkind] ?? 'relation' }])),
+    inherited: new Map(inherited.rows.map((r) => [r.parent, r.children])),
     functions: await overloads('pg_proc', `AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc b WHERE b.proname = o.proname AND b.pronamespace = 'pg_catalog'::regnamespace)`),
     operators: await overloads('pg_operator'),
     casts: casts.rows[0]?.casts ?? '',
@@ -406,7 +414,9 @@ async function readResolvable(client: pg.Client): Promise<Resolvable> {
  * Throws when `sql` names something that resolves otherwise than at ready: a relation that is now
  * another object of that name, a function named like a built-in in the database's schemas made
  * or changed since (a count(integer) beside the built-in count("any") wins for an integer
- * column), an operator of the database's schemas made or changed since, or a cast.
+ * column), an operator of the database's schemas made or changed since (spelt, or used by the
+ * syntax: SYNTAX_OPERATORS), a cast, or a table whose inheritance children changed (a child's rows
+ * are in every read of its parent, the audit naming the child alone).
  */
 function refuseReplaced(sql: string, ready: Resolvable, now: Resolvable): void {
   const words = identifiers(sql);
@@ -418,20 +428,37 @@ function refuseReplaced(sql: string, ready: Resolvable, now: Resolvable): void {
     if (!after || after.identity === before.identity || !words.has(before.name)) continue;
     refuse(`reads ${key}, ${after.kind !== before.kind ? `a ${after.kind}, no longer the ${before.kind} it was,` : `another ${after.kind}`}`);
   }
+  for (const [parent, children] of now.inherited) {
+    if (ready.inherited.get(parent) !== children) refuse(`may read ${parent}, a table with inheritance children (rows read through it) made or changed`);
+  }
   for (const [name, versions] of now.functions) {
     if (words.has(name) && ready.functions.get(name) !== versions) refuse(`calls ${name}, a function named like a built-in made or changed`);
   }
+  const implied = new Set([...words].flatMap((word) => SYNTAX_OPERATORS[word] ?? []));
   for (const [symbol, versions] of now.operators) {
-    if (sql.includes(symbol) && ready.operators.get(symbol) !== versions) refuse(`may use the operator ${symbol}, made or changed`);
+    if ((sql.includes(symbol) || implied.has(symbol)) && ready.operators.get(symbol) !== versions) refuse(`may use the operator ${symbol}, made or changed`);
   }
   if (now.casts !== ready.casts) refuse('may use a cast made or changed');
 }
 
-/** The identifiers `sql` may name (unquoted ones folded to lower case), string literals left out. */
+/**
+ * The operators SQL's own syntax looks up on the search_path without spelling them: `x IN (...)`,
+ * `CASE x WHEN`, NULLIF, IS DISTINCT FROM, JOIN ... USING use `=` (NOT IN `<>`), BETWEEN `>=` and
+ * `<=`, LIKE `~~` (an agent's `=` on varchar beats the built-in's for `code IN ('a')`, there being
+ * no varchar = varchar in pg_catalog). The functions of the syntax (TRIM, AT TIME ZONE) are
+ * pg_catalog's by the grammar.
+ */
+const SYNTAX_OPERATORS: Record<string, string[]> = {
+  in: ['=', '<>'], any: ['=', '<>'], some: ['=', '<>'], all: ['=', '<>'], case: ['='], nullif: ['='], distinct: ['='], using: ['='], natural: ['='],
+  between: ['>=', '<=', '<', '>'], like: ['~~', '!~~'], ilike: ['~~*', '!~~*'], similar: ['~', '!~'],
+};
+
+/** The identifiers `sql` may name (unquoted ones folded to lower case as PostgreSQL does), string literals left out. */
 function identifiers(sql: string): Set<string> {
   const words = new Set<string>();
   for (const match of sql.replace(/'(?:[^']|'')*'/g, ' ').matchAll(/"((?:[^"]|"")*)"|([\p{L}_][\p{L}\p{N}_$]*)/gu)) {
-    words.add(match[1] !== undefined ? match[1].replace(/""/g, '"') : match[2]!.toLowerCase());
+    // PostgreSQL folds only A-Z of an unquoted name (Äpfel stays Äpfel in UTF-8)
+    words.add(match[1] !== undefined ? match[1].replace(/""/g, '"') : match[2]!.replace(/[A-Z]+/g, (upper) => upper.toLowerCase()));
   }
   return words;
 }
