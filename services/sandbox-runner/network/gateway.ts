@@ -315,6 +315,8 @@ export class EgressGateway {
     // A Host without a port names the port the connection came to.
     const defaultPort = via.port;
     const hostHeader = req.headers.host ? splitHostPort(req.headers.host, defaultPort) : null;
+    // Never sent on unread: a Host that is not host[:port] (`denied.test:`) may name another host to the upstream.
+    if (req.headers.host !== undefined && !hostHeader) return { problem: `the request's Host header ${JSON.stringify(req.headers.host)} is not host[:port]` };
     let url: URL | null = null;
     if (/^[a-z][a-z0-9+.-]*:\/\//i.test(req.url ?? '')) {
       try {
@@ -385,6 +387,12 @@ export class EgressGateway {
       call.done(err.message);
       if (!res.headersSent) refuse(res, `${target.host}:${target.port} could not be reached: ${err.message}`, 502);
       else res.destroy();
+    });
+    // Node drops, without an error, an upstream that answers 101 to a request that asked no upgrade: a 502, not a hang.
+    upstream.on('close', () => {
+      if (res.headersSent || !res.socket || res.socket.destroyed) return;
+      call.done('the upstream switched protocols unasked');
+      refuse(res, `${target.host}:${target.port} answered 101 to a request that asked no upgrade`, 502);
     });
     // Recorded once the answer reached the sandbox, or when the sandbox went away first (then the
     // upstream goes too: a client that leaves does not keep the runner downloading).
@@ -935,11 +943,19 @@ const localOf = (socket: net.Socket) => ({ address: socket.localAddress ?? '', p
 /** The longest request line read before a connection is taken for HTTP unseen to its end. */
 const MAX_REQUEST_LINE = 2048;
 
+/** A method: an HTTP token. */
+const METHOD = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+/;
+/** What a lenient server may split a request line on (Python's str.split does on all of them). */
+const BLANK = /^[ \t\v\f\x1c-\x1f\x85\xa0]/;
+
 /**
  * What a connection's first bytes are, as far as they tell: 'tls' (a whole ClientHello), 'http'
- * (a request line: METHOD target HTTP/x, or HTTP/0.9's METHOD /path), 'other' once they can be
- * neither, 'incomplete' while they still may be. Taken for HTTP too: empty lines first (servers
- * skip them), and a printable line past MAX_REQUEST_LINE; the parser refuses what is not HTTP.
+ * (a request line: a method, a blank, then any bytes but CR and LF with an `HTTP/` in them, or
+ * HTTP/0.9's `/path`), 'other' once they can be neither, 'incomplete' while they still may be.
+ * Taken for HTTP too: empty lines first (servers skip them), and a line past MAX_REQUEST_LINE;
+ * the parser refuses what is not HTTP. Loosely, as the most lenient server would take it (a byte
+ * past ASCII in the target, a vertical tab after the method): what such a server might read as a
+ * request is never piped unseen.
  */
 function firstKind(buf: Buffer): 'tls' | 'http' | 'other' | 'incomplete' {
   if (buf.length === 0) return 'incomplete';
@@ -949,10 +965,10 @@ function firstKind(buf: Buffer): 'tls' | 'http' | 'other' | 'incomplete' {
   const head = buf.subarray(0, MAX_REQUEST_LINE).toString('latin1');
   const end = head.search(/[\r\n]/);
   const line = end === -1 ? head : head.slice(0, end);
-  if (!/^[\x20-\x7e\t]*$/.test(line)) return 'other';
+  const method = METHOD.exec(line)?.[0] ?? '';
+  if (method === '' || (method.length < line.length && !BLANK.test(line.slice(method.length)))) return 'other';
   if (end === -1) return head.length < MAX_REQUEST_LINE ? 'incomplete' : 'http';
-  // Loosely, as the most lenient server would take it (a space in the target, tabs, runs of blanks).
-  return /^\S+[ \t]+(?:.*[ \t]HTTP\/\S*|\/\S*)[ \t]*$/i.test(line) ? 'http' : 'other';
+  return /HTTP\/|^[^\w]*\//i.test(line.slice(method.length)) ? 'http' : 'other';
 }
 
 /**
