@@ -6,12 +6,14 @@
  * an image): creates, appends, renames, chmod, symlinks, files in directories made after the watch
  * started, chmod and chown of a file made before, deletions of the image's files (overlayfs
  * whiteouts, never recorded as writes), a write
- * the watch cannot see (mmap) found by the reconciliation, and `forbidden.file_writes_outside`
+ * the watch cannot see (mmap) found by the reconciliation (in a layer's node_modules, .git or
+ * __pycache__ too, which only the workspace's diff skips), and `forbidden.file_writes_outside`
  * failing a write to /. The layer is hostile: a fifo, a sparse 8 GiB file, links to the host's
  * files and to `/`, a deep tree; the audit names none of the host's files and does not hang.
  * On the local runtime, over HTTP against the real service.
  */
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -136,6 +138,9 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
     fs.writeFileSync(path.join(rootfs, 'etc/tree/top'), 'top\n');
     fs.writeFileSync(path.join(rootfs, 'etc/untouched'), 'same\n');
     fs.writeFileSync(path.join(rootfs, 'etc/transient'), 'of the image\n');
+    // a write no inotify event shows (mmap): only the reconciliation finds it
+    fs.writeFileSync(path.join(scratch, 'mmapw.c'), '#include <fcntl.h>\n#include <sys/mman.h>\nint main(int c, char **v) { int f = open(v[1], O_RDWR); char *m = f < 0 ? MAP_FAILED : mmap(0, 1, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0); if (m == MAP_FAILED) return 1; m[0] = 88; return msync(m, 1, MS_SYNC) ? 2 : 0; }\n');
+    execFileSync('cc', ['-static', '-O', '-o', path.join(rootfs, 'usr/bin/mmapw'), path.join(scratch, 'mmapw.c')]);
     server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
     key = (await createTenantKey(server, 'root-audit-image')).key;
     await new ImageStore(path.join(server.dataDir, 'images')).importImage('debian:bookworm', rootfs);
@@ -175,6 +180,13 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
       ['file_write', '/etc/transient'],
       ['file_delete', '/etc/transient'],
     ]);
+  });
+
+  test('a write no event shows, in a directory named like one the workspace\'s diff skips (node_modules, .git, __pycache__): found', async () => {
+    const made = ['/usr/lib/node_modules/tool/index.js', '/etc/.git/config', '/usr/lib/python3/__pycache__/m.pyc', '/etc/plain'];
+    const setup = made.map((f) => `mkdir -p ${path.dirname(f)} && echo original > ${f}`);
+    const records = await rootRecords(server, key, 'image-mmap-skipped', made.map((f) => `mmapw ${f}`), setup);
+    assert.deepEqual(records.sort(), made.map((f) => ['file_write', f, 'reconciliation']).sort());
   });
 
   test('a directory of the image removed and made again (an opaque directory) is the deletion of what it held', async () => {

@@ -26,7 +26,8 @@ const MAX_REL_BYTES = 4096;
 
 /** The layer's state (see above): its files, and as whiteouts every name of the image it hides. */
 export async function captureLayer(layer: Layer, options: CaptureOptions = {}): Promise<FilesystemState> {
-  const state = await captureState(layer.upper, { ...options, whiteouts: true });
+  // every directory: a layer's node_modules or .git is the system's, not a workspace's to skip
+  const state = await captureState(layer.upper, { ...options, whiteouts: true, everyDirectory: true });
   // A name of the layer over a directory of the image (a whiteout, a file, a link) hides all of it.
   const hiding = Object.keys(state.files);
   const merged = layer.merged ? openMerged(layer.merged) : null;
@@ -56,7 +57,7 @@ async function imageFiles(lower: string, rel: string): Promise<string[]> {
     return [];
   }
   try {
-    return Object.keys((await captureState(`/proc/self/fd/${fd}`, { checksumMaxBytes: 0 })).files);
+    return Object.keys((await captureState(`/proc/self/fd/${fd}`, { checksumMaxBytes: 0, everyDirectory: true })).files);
   } finally {
     closeFd(fd);
   }

@@ -120,6 +120,12 @@ export interface CaptureOptions {
    * `{whiteout: true}` entries, and a name it does not list is the image's, unchanged.
    */
   whiteouts?: boolean;
+  /**
+   * Walk the workspace's skipped directories too (node_modules, .git, __pycache__, .svc): a place
+   * other than the workspace (a writable root's layer), where they would hide the agent's writes
+   * from the reconciliation (an mmap'd write to /usr/lib/node_modules/x makes no inotify event).
+   */
+  everyDirectory?: boolean;
 }
 
 /*
@@ -159,6 +165,7 @@ class Capture {
   private readonly racyNs: bigint;
   private readonly cache: ChecksumCache | undefined;
   private readonly whiteouts: boolean;
+  private readonly skipped: ReadonlySet<string>;
   private sliceStart = performance.now();
 
   constructor(options: CaptureOptions) {
@@ -169,6 +176,7 @@ class Capture {
     this.racyNs = BigInt(Math.round((options.racyMs ?? DEFAULT_RACY_MS) * 1e6));
     this.cache = options.cache;
     this.whiteouts = options.whiteouts ?? false;
+    this.skipped = options.everyDirectory ? new Set() : SKIPPED_DIRS;
   }
 
   /** Lists every directory under `workspace`, each through its own descriptor, then waits for the hashing. */
@@ -236,7 +244,7 @@ class Capture {
   /** Queues the subdirectory `name` of `dir` to list, unless it is a skipped one or too deep. */
   private queueDir(dir: DirRef, name: string, rel: string): void {
     // Deeper than a path the API can name (4096 bytes) is not listed: it bounds the held descriptors too.
-    if (!SKIPPED_DIRS.has(name) && Buffer.byteLength(rel) < MAX_REL_BYTES) this.dirs.push(dir.child(name, rel));
+    if (!this.skipped.has(name) && Buffer.byteLength(rel) < MAX_REL_BYTES) this.dirs.push(dir.child(name, rel));
   }
 
   /** Looks at `name` in the held directory `dir`; a directory found there is queued when `descend`. */
