@@ -8,7 +8,7 @@
  * whiteouts, never recorded as writes), a write
  * the watch cannot see (mmap) found by the reconciliation (in a layer's node_modules, .git or
  * __pycache__ too, which only the workspace's diff skips), and `forbidden.file_writes_outside`
- * failing a write to /. The layer is hostile: a fifo, a sparse 8 GiB file, links to the host's
+ * failing a write to /, a tree too deep to watch a write of its directory. The layer is hostile: a fifo, a sparse 8 GiB file, links to the host's
  * files and to `/`, a deep tree; the audit names none of the host's files and does not hang.
  * On the local runtime, over HTTP against the real service.
  */
@@ -112,6 +112,11 @@ describe('red team: root writes to a writable root over the host\'s system direc
     ]);
     const behind = records.filter((r) => /^\/(loop|etc-link|d\/shadow)\//.test(r[1]));
     assert.deepEqual(behind, [], `no record names a file behind a link: ${JSON.stringify(records)}`);
+  });
+
+  test('a tree deeper than a path can name (nothing in it watched nor reconciled) is a write of its directory', async () => {
+    const records = await rootRecords(server, key, 'root-too-deep', [`python3 -c "import os; os.chdir('/'); [(os.mkdir(d), os.chdir(d)) for d in ['deep'] + ['dddd'] * 1100]; open('evil', 'w').write('hidden')"`]);
+    assert.ok(records.some((r) => r[0] === 'file_write' && /^\/deep(\/dddd)*$/.test(r[1])), `the deep tree is a write: ${JSON.stringify(records).slice(0, 2000)}`);
   });
 
   test('file_writes_outside [/workspace] fails an agent that writes /; allowing / passes it', async () => {

@@ -42,7 +42,8 @@
  *    place (MOVED_TO; `{directory: true}` for a directory); a symlink or hard link created (no close
  *    follows those: the next flush, within `coalesceMs`, looks at the files created and not yet
  *    closed, one directory walk per directory); a file's attributes changed (ATTRIB: chmod, chown,
- *    its times). A file still open for writing when the watcher stops is recorded at `stop()`.
+ *    its times). A file still open for writing when the watcher stops is recorded at `stop()`. A
+ *    new directory too deep to watch (its path over PATH_MAX) is a write of it (`{directory: true}`).
  *  - deletes: DELETE of a file, MOVED_FROM (a rename is a delete of the old name plus a write of the
  *    new one). Removing a directory records its files, not the directory.
  *  - reads: CLOSE_NOWRITE of a file, i.e. one read per open-for-reading (IN_ACCESS would fire per
@@ -258,7 +259,7 @@ export class FsWatcher {
             resolve();
           } else if (this.started) {
             // A new directory gone or swapped for a file before its watch was added is the agent's race, not a lost watch (its scan covers it).
-            if (!line.startsWith('Beware') && !GONE_BEFORE_WATCHED.test(line)) this.warn(`file watcher: ${line}`);
+            if (!line.startsWith('Beware') && !GONE_BEFORE_WATCHED.test(line) && !this.tooDeep(line)) this.warn(`file watcher: ${line}`);
           } else {
             errors.push(line);
           }
@@ -448,6 +449,19 @@ export class FsWatcher {
           break;
       }
     }
+  }
+
+  /**
+   * Whether `line` says a new directory could not be watched, its tree being deeper than a path
+   * can name (PATH_MAX): then nothing written in it is seen, nor reconciled (state.ts lists paths
+   * up to 4096 bytes), so the directory itself is recorded as written, not a warning naming a host path.
+   */
+  private tooDeep(line: string): boolean {
+    const hostPath = /^Couldn't watch new directory (.+): File name too long$/.exec(line)?.[1];
+    const rel = hostPath === undefined ? null : this.view.nameOf(hostPath.replace(/\/+$/, ''));
+    if (rel === null) return false;
+    if (this.track.has('writes') && !isServicePath(rel) && this.inScope(rel) && !this.suppressed(rel, 'write')) this.enqueue('file_write', rel, { path: rel, directory: true });
+    return true;
   }
 
   /** Whether `rel` is now a whiteout (a character device 0/0) in an overlay's upper directory. */
