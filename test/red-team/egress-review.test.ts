@@ -8,7 +8,11 @@
  * compared with its URL, and went upstream with that Host (fronting past the URL's allowed host,
  * in plain HTTP and inside inspected TLS); and on other ports a request line with a byte past
  * ASCII (`GET /\x80 HTTP/1.1`) or a blank other than a space after its method (`GET\v/`, which
- * Python splits on) was taken for "not HTTP" and piped to the server unparsed and unrecorded.
+ * Python splits on) was taken for "not HTTP" and piped to the server unparsed and unrecorded; a
+ * ClientHello over 16 KiB (which the gateway does not read, and OpenSSL servers take) was piped
+ * too, so HTTPS under `audit.http_calls` went uninspected (with any Host); an upstream's 101 to
+ * a request that asked no upgrade left the request hanging; and a connection that never finished
+ * its headers (silent, or a byte every 9 s) held its slot for ever.
  *
  * Held, and pinned: HTTP/2 (prior knowledge on port 80; inside inspected TLS the gateway offers
  * only http/1.1); a URL with userinfo (`http://api.allowed.test@denied.test/`) is checked by its
@@ -108,8 +112,8 @@ if (runtime) {
     /** What the allowed host's extra servers printed, a line per request (and raw bytes after a 101). */
     const printed: string[] = [];
     const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
-    const sh = async (command: string): Promise<{ stdout: string; stderr: string; exit_code: number }> => {
-      const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command, timeout: '60s' });
+    const sh = async (command: string, seconds = 60): Promise<{ stdout: string; stderr: string; exit_code: number }> => {
+      const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command, timeout: `${seconds}s` });
       assert.equal(res.status, 200, res.text);
       return res.body;
     };
@@ -200,6 +204,55 @@ audit:
         const denials = await records('network_denied', since, (items) => items.length >= 1);
         assert.deepEqual(denials.map((d) => [d.protocol, d.port]), [['http', HTTP_PORT]], name);
       }
+    });
+
+    test('a ClientHello too big for the gateway to read (over 16 KiB) is refused under inspection, not piped to the server unseen', async () => {
+      const mark = (await world.requests()).length;
+      const since = now();
+      // 70 ALPN names of 250 bytes: a 17.6 KB hello, spread over two records; OpenSSL servers take hellos up to 128 KiB.
+      const out = (await sh(`python3 - <<'PY'
+import socket, ssl
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+ctx.set_alpn_protocols(['p%03d' % i + 'x' * 246 for i in range(70)] + ['http/1.1'])
+try:
+    s = ctx.wrap_socket(socket.create_connection(('api.allowed.test', 443), timeout=5), server_hostname='denied.test')
+    s.sendall(b'GET /big-hello HTTP/1.1\\r\\nHost: denied.test\\r\\nConnection: close\\r\\n\\r\\n')
+    print(s.recv(65536).decode('latin1'))
+except Exception as e:
+    print('[' + type(e).__name__ + ']')
+PY`)).stdout;
+      assert.match(out, /^\[(SSLError|ConnectionResetError|SSLEOFError)\]/, out);
+      const arrived = await arrivedSince(mark);
+      noneAtDenied(arrived);
+      assert.deepEqual(show(arrived), []);
+      await records('network_denied', since, (items) => items.some((d) => d.port === 443));
+    });
+
+    test('a connection that sends nothing, or a header byte every 9 s, holds no slot past the headers timeout', async () => {
+      const out = (await sh(`python3 - <<'PY'
+import socket, threading, time
+def hold(name, drip):
+    s = socket.create_connection(('api.allowed.test', 80), timeout=90); start = time.time()
+    if drip:
+        s.sendall(b'GET /slow HTTP/1.1\\r\\nHost: api.allowed.test\\r\\n')
+        s.settimeout(9)
+        while time.time() - start < 85:
+            try:
+                if not s.recv(4096): break
+            except socket.timeout:
+                s.sendall(b'X')
+            except Exception:
+                break
+    else:
+        try: s.recv(4096)
+        except Exception: pass
+    print(name, int(time.time() - start), flush=True)
+threads = [threading.Thread(target=hold, args=(n, d)) for n, d in (('silent', False), ('drip', True))]
+[t.start() for t in threads]; [t.join() for t in threads]
+PY`, 120)).stdout;
+      const held = Object.fromEntries(out.trim().split('\n').map((line) => line.split(' ')).map(([name, seconds]) => [name, Number(seconds)]));
+      assert.ok(held.silent! >= 55 && held.silent! <= 75, out);
+      assert.ok(held.drip! >= 55 && held.drip! <= 75, out);
     });
 
     test('HTTP/2: prior knowledge on port 80 is a 400; inside inspected TLS only http/1.1 is offered', async () => {

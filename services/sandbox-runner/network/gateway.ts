@@ -112,6 +112,8 @@ function blockList(subnets: Array<[string, number, 'ipv4' | 'ipv6']>): net.Block
 /** Connections one sandbox may hold through the gateway at once; past it new ones are reset. */
 const MAX_CONNECTIONS_PER_SANDBOX = 1024;
 const HELLO_TIMEOUT_MS = 10_000;
+/** How long a connection's request may take to send its headers, from its first byte (or the connection's start). */
+const HEADERS_TIMEOUT_MS = 60_000;
 /** How long a sandbox's connection on another port may stay silent before it is taken for a protocol whose server speaks first. */
 const SERVER_FIRST_MS = 50;
 const UPSTREAM_TIMEOUT_MS = 30_000;
@@ -140,7 +142,11 @@ export class EgressGateway {
     this.sandboxRanges.addSubnet(network!, Number(prefix), 'ipv4');
     this.httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets: 64, ca: options.trust ? [...tls.rootCertificates, ...options.trust] : undefined });
     // Strict whatever NODE_OPTIONS say (--insecure-http-parser would take folded headers and CL with TE).
-    this.parser = http.createServer({ requireHostHeader: false, insecureHTTPParser: false });
+    // A request's headers must be in within HEADERS_TIMEOUT_MS (a silent or dripping connection
+    // holds no slot for ever); a body may take its time (an upload). Node checks this only on a
+    // server that listens: this one is handed its connections, so its checks are started here.
+    this.parser = http.createServer({ requireHostHeader: false, insecureHTTPParser: false, headersTimeout: HEADERS_TIMEOUT_MS, requestTimeout: 0, connectionsCheckingInterval: 5_000 });
+    this.parser.emit('listening');
     this.parser.on('request', (req, res) => void this.forward(req, res).catch((err) => this.fail(res, err)));
     this.parser.on('connect', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.tunnel(req, socket, head).catch(() => socket.destroy()));
     this.parser.on('upgrade', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.upgrade(req, socket, head).catch(() => socket.destroy()));
@@ -194,6 +200,7 @@ export class EgressGateway {
     for (const address of [...this.sandboxes.keys()]) this.unregister(address);
     await Promise.all(this.servers.map((s) => new Promise<void>((resolve) => s.close(() => resolve()))));
     await this.dns?.close();
+    this.parser.close();
     this.httpAgent.destroy();
     this.httpsAgent.destroy();
   }
@@ -952,8 +959,9 @@ const BLANK = /^[ \t\v\f\x1c-\x1f\x85\xa0]/;
  * What a connection's first bytes are, as far as they tell: 'tls' (a whole ClientHello), 'http'
  * (a request line: a method, a blank, then any bytes but CR and LF with an `HTTP/` in them, or
  * HTTP/0.9's `/path`), 'other' once they can be neither, 'incomplete' while they still may be.
- * Taken for HTTP too: empty lines first (servers skip them), and a line past MAX_REQUEST_LINE;
- * the parser refuses what is not HTTP. Loosely, as the most lenient server would take it (a byte
+ * Taken for HTTP too: empty lines first (servers skip them), a line past MAX_REQUEST_LINE, and a
+ * TLS handshake record whose ClientHello the gateway cannot read (over 16 KiB, say: a server may
+ * take it, so it is never piped unseen); the parser refuses what is not HTTP. Loosely, as the most lenient server would take it (a byte
  * past ASCII in the target, a vertical tab after the method): what such a server might read as a
  * request is never piped unseen.
  */
@@ -961,6 +969,7 @@ function firstKind(buf: Buffer): 'tls' | 'http' | 'other' | 'incomplete' {
   if (buf.length === 0) return 'incomplete';
   const hello = readClientHello(buf);
   if (hello.state !== 'not-tls') return hello.state === 'tls' ? 'tls' : 'incomplete';
+  if (buf[0] === 0x16 && buf[1] === 3) return 'http';
   if (buf[0] === 0x0d || buf[0] === 0x0a) return 'http';
   const head = buf.subarray(0, MAX_REQUEST_LINE).toString('latin1');
   const end = head.search(/[\r\n]/);
