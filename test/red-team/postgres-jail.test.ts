@@ -56,7 +56,8 @@ CREATE MATERIALIZED VIEW counted AS SELECT count(*) AS n FROM orders;
 CREATE TABLE scratch (a int);
 CREATE FUNCTION doubled(numeric) RETURNS numeric LANGUAGE sql AS 'SELECT $1 * 2';
 CREATE TABLE customers (code varchar(10) PRIMARY KEY); INSERT INTO customers VALUES ('a'), ('b');
-CREATE TABLE Äpfel (n int); INSERT INTO Äpfel VALUES (1);`;
+CREATE TABLE Äpfel (n int); INSERT INTO Äpfel VALUES (1);
+CREATE TABLE events (n int); CREATE TABLE old_events () INHERITS (events); INSERT INTO old_events VALUES (1);`;
 
 /** A fresh server with the fixture applied and the audit started, its records, and the agent's connection. */
 async function attacked(): Promise<{ service: PostgresService; writes: DbWrite[]; agent: (sql: string) => Promise<unknown> }> {
@@ -183,7 +184,7 @@ if (problem) {
       }
     });
 
-    test('a child table whose rows a read of the fixture\'s table (or a view over it) takes in: refused', { timeout: 60_000 }, async () => {
+    test('a child table whose rows a read of the fixture\'s table (or a view over it) takes in, or a child cut off: refused', { timeout: 60_000 }, async () => {
       const { service, writes, agent } = await attacked();
       await agent(`CREATE TABLE more_orders () INHERITS (orders); INSERT INTO more_orders VALUES (3, 12, 'third')`);
       await assert.rejects(service.queryFirst(`SELECT sum(total) FROM orders`), /the query may read public\.orders, a table with inheritance children \(rows read through it\) made or changed since/);
@@ -191,6 +192,11 @@ if (problem) {
       await service.flushWrites();
       // the audit names the child alone: nothing says orders reads otherwise
       assert.deepEqual(writes.map((w) => `${w.operation} ${w.table}`), ['ddl more_orders', 'insert more_orders']);
+      // a child of the fixture's cut off: its rows are gone from the parent's reads, no row deleted
+      const other = await attacked();
+      assert.equal(await other.service.queryFirst(`SELECT count(*) FROM events`), '1');
+      await other.agent(`ALTER TABLE old_events NO INHERIT events`);
+      await assert.rejects(other.service.queryFirst(`SELECT count(*) FROM events`), /may read public\.events, a table with inheritance children/);
     });
 
     test('a name PostgreSQL does not fold (Äpfel): its view in the table\'s place is refused', { timeout: 60_000 }, async () => {
