@@ -11,7 +11,8 @@
  *   view where the fixture's table was (by CREATE VIEW after a rename, or by a _RETURN rule that
  *   keeps the table's oid), another table of that name, a function beside a built-in that a call
  *   would pick (public.count(integer) beats count("any")), an operator the syntax uses unspelt (IN
- *   and CASE use =, LIKE ~~), a child table read through its parent, a name not folded (Äpfel);
+ *   and CASE use =, LIKE ~~), a child table read through its parent, a name not folded (Äpfel),
+ *   a swapped table read by name by a fixture's function (or a view calling one);
  *   database-wide settings that change how a
  *   query reads (transform_null_equals) cannot be made, the database is not the agent's;
  * - the jail: no superuser, no program, no host file, no untrusted extension (dblink, file_fdw,
@@ -57,7 +58,9 @@ CREATE TABLE scratch (a int);
 CREATE FUNCTION doubled(numeric) RETURNS numeric LANGUAGE sql AS 'SELECT $1 * 2';
 CREATE TABLE customers (code varchar(10) PRIMARY KEY); INSERT INTO customers VALUES ('a'), ('b');
 CREATE TABLE Äpfel (n int); INSERT INTO Äpfel VALUES (1);
-CREATE TABLE events (n int); CREATE TABLE old_events () INHERITS (events); INSERT INTO old_events VALUES (1);`;
+CREATE TABLE events (n int); CREATE TABLE old_events () INHERITS (events); INSERT INTO old_events VALUES (1);
+CREATE FUNCTION total_of(int) RETURNS numeric LANGUAGE sql STABLE AS 'SELECT total FROM orders WHERE id = $1';
+CREATE VIEW first_total AS SELECT total_of(1) AS total;`;
 
 /** A fresh server with the fixture applied and the audit started, its records, and the agent's connection. */
 async function attacked(): Promise<{ service: PostgresService; writes: DbWrite[]; agent: (sql: string) => Promise<unknown> }> {
@@ -138,6 +141,16 @@ if (problem) {
       await assert.rejects(service.queryFirst(`SELECT total FROM orders`), /db: the query reads public\.orders, a view, no longer the table it was, since the sandbox became ready/);
       await assert.rejects(service.queryFirst(`SELECT total FROM "orders"`), /reads public\.orders/);
       // what is not named still reads: the view of ready follows the renamed table, as it was made to
+      assert.equal(await service.queryFirst(`SELECT count(*) FROM noted`), '1');
+    });
+
+    test('a function of the fixture (or a view calling it), whose body finds the table by name when it runs: refused', { timeout: 60_000 }, async () => {
+      const { service, agent } = await attacked();
+      assert.equal(await service.queryFirst(`SELECT total_of(1)`), '5');
+      await agent(`ALTER TABLE orders RENAME TO orders_old; CREATE VIEW orders AS SELECT 1 AS id, 12::numeric AS total`);
+      await assert.rejects(service.queryFirst(`SELECT total_of(1)`), /the query runs total_of, the database's own code, which may read public\.orders by its name: a view, no longer the table it was/);
+      await assert.rejects(service.queryFirst(`SELECT total FROM first_total`), /the query runs first_total, the database's own code, which may read public\.orders/);
+      // a view reads its tables by oid: it follows the renamed table, as it was made to
       assert.equal(await service.queryFirst(`SELECT count(*) FROM noted`), '1');
     });
 

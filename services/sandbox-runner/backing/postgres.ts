@@ -362,6 +362,8 @@ interface Resolvable {
   casts: string;
   /** the tables that have inheritance children, with them: a child's rows are read through its parent */
   inherited: Map<string, string>;
+  /** the database's own functions, and the views calling them: code that names relations in text, resolved when it runs */
+  code: Set<string>;
 }
 
 interface Relation {
@@ -401,9 +403,20 @@ async function readResolvable(client: pg.Client): Promise<Resolvable> {
     SELECT n.nspname || '.' || p.relname AS parent, string_agg(i.inhrelid::text, ',' ORDER BY i.inhrelid) AS children
     FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class p ON p.oid = i.inhparent JOIN pg_catalog.pg_namespace n ON n.oid = p.relnamespace
     WHERE p.relkind = 'r' GROUP BY 1`);
+  // a function's body names relations in text (a view's rules hold their oids): a call reads what is there when it runs
+  const code = await client.query<{ name: string }>(`
+    WITH RECURSIVE calling(relid) AS (
+      SELECT r.ev_class FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
+      JOIN pg_catalog.pg_proc o ON o.oid = d.refobjid JOIN pg_catalog.pg_namespace n ON n.oid = o.pronamespace
+      WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.refclassid = 'pg_catalog.pg_proc'::regclass AND ${OWN_SCHEMA} AND o.proowner <> 10
+      UNION SELECT r.ev_class FROM calling c JOIN pg_catalog.pg_depend d ON d.refobjid = c.relid AND d.refclassid = 'pg_catalog.pg_class'::regclass
+      JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid AND d.classid = 'pg_catalog.pg_rewrite'::regclass)
+    SELECT c.relname::text AS name FROM calling JOIN pg_catalog.pg_class c ON c.oid = calling.relid
+    UNION SELECT o.proname::text FROM pg_catalog.pg_proc o JOIN pg_catalog.pg_namespace n ON n.oid = o.pronamespace WHERE ${OWN_SCHEMA} AND o.proowner <> 10`);
   return {
     relations: new Map(relations.rows.map((r) => [`${r.schema}.${r.name}`, { name: r.name, identity: `${r.oid} ${r.relkind}`, kind: RELATION_KINDS[r.relkind] ?? 'relation' }])),
     inherited: new Map(inherited.rows.map((r) => [r.parent, r.children])),
+    code: new Set(code.rows.map((r) => r.name)),
     functions: await overloads('pg_proc', `AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc b WHERE b.proname = o.proname AND b.pronamespace = 'pg_catalog'::regnamespace)`),
     operators: await overloads('pg_operator'),
     casts: casts.rows[0]?.casts ?? '',
@@ -412,7 +425,8 @@ async function readResolvable(client: pg.Client): Promise<Resolvable> {
 
 /**
  * Throws when `sql` names something that resolves otherwise than at ready: a relation that is now
- * another object of that name, a function named like a built-in in the database's schemas made
+ * another object of that name (or any such, when it runs a function of the database's own, or a
+ * view calling one: a function's body finds relations by name when it runs), a function named like a built-in in the database's schemas made
  * or changed since (a count(integer) beside the built-in count("any") wins for an integer
  * column), an operator of the database's schemas made or changed since (spelt, or used by the
  * syntax: SYNTAX_OPERATORS), a cast, or a table whose inheritance children changed (a child's rows
@@ -425,8 +439,11 @@ function refuseReplaced(sql: string, ready: Resolvable, now: Resolvable): void {
   };
   for (const [key, before] of ready.relations) {
     const after = now.relations.get(key);
-    if (!after || after.identity === before.identity || !words.has(before.name)) continue;
-    refuse(`reads ${key}, ${after.kind !== before.kind ? `a ${after.kind}, no longer the ${before.kind} it was,` : `another ${after.kind}`}`);
+    if (!after || after.identity === before.identity) continue;
+    const what = after.kind !== before.kind ? `a ${after.kind}, no longer the ${before.kind} it was,` : `another ${after.kind}`;
+    if (words.has(before.name)) refuse(`reads ${key}, ${what}`);
+    const running = [...now.code].find((name) => words.has(name));
+    if (running) refuse(`runs ${running}, the database's own code, which may read ${key} by its name: ${what}`);
   }
   // made, changed or gone (a fixture's child cut off takes its rows out of the parent's reads)
   const changed = (before: Map<string, string>, after: Map<string, string>): string[] => [...new Set([...before.keys(), ...after.keys()])].filter((key) => before.get(key) !== after.get(key));
