@@ -60,7 +60,8 @@ CREATE TABLE customers (code varchar(10) PRIMARY KEY); INSERT INTO customers VAL
 CREATE TABLE Äpfel (n int); INSERT INTO Äpfel VALUES (1);
 CREATE TABLE events (n int); CREATE TABLE old_events () INHERITS (events); INSERT INTO old_events VALUES (1);
 CREATE FUNCTION total_of(int) RETURNS numeric LANGUAGE sql STABLE AS 'SELECT total FROM orders WHERE id = $1';
-CREATE VIEW first_total AS SELECT total_of(1) AS total;`;
+CREATE VIEW first_total AS SELECT total_of(1) AS total;
+CREATE FUNCTION has_code(varchar) RETURNS boolean LANGUAGE sql STABLE AS 'SELECT EXISTS (SELECT 1 FROM customers WHERE code IN ($1))';`;
 
 /** A fresh server with the fixture applied and the audit started, its records, and the agent's connection. */
 async function attacked(): Promise<{ service: PostgresService; writes: DbWrite[]; agent: (sql: string) => Promise<unknown> }> {
@@ -181,7 +182,7 @@ if (problem) {
       await assert.rejects(service.queryFirst(`SELECT count(*) FROM orders WHERE id = 1`), /the query may use the operator =, made or changed since/);
     });
 
-    test('an operator SQL syntax uses without spelling it (IN, CASE, NULLIF, LIKE): refused', { timeout: 60_000 }, async () => {
+    test('an operator SQL syntax uses without spelling it (IN, CASE, NULLIF, LIKE), or a fixture\'s function does: refused', { timeout: 60_000 }, async () => {
       const { service, agent } = await attacked();
       // pg_catalog has no varchar = varchar (varchar borrows text's): the agent's is an exact match and wins
       await agent(`CREATE FUNCTION public.yes(varchar, varchar) RETURNS boolean LANGUAGE sql AS 'SELECT true';
@@ -195,6 +196,8 @@ if (problem) {
       ]) {
         await assert.rejects(service.queryFirst(query!), (err: Error) => err.message.includes(`the query may use the operator ${symbol}, made or changed since`), query);
       }
+      // nor in the body of a function of the fixture's the query calls
+      await assert.rejects(service.queryFirst(`SELECT has_code('zzz')`), /the query may use the operator =, made or changed since/);
     });
 
     test('a child table whose rows a read of the fixture\'s table (or a view over it) takes in, or a child cut off: refused', { timeout: 60_000 }, async () => {

@@ -426,7 +426,8 @@ async function readResolvable(client: pg.Client): Promise<Resolvable> {
 /**
  * Throws when `sql` names something that resolves otherwise than at ready: a relation that is now
  * another object of that name (or any such, when it runs a function of the database's own, or a
- * view calling one: a function's body finds relations by name when it runs), a function named like a built-in in the database's schemas made
+ * view calling one: a function's body finds relations, functions and operators by name when it
+ * runs, so every change below counts for it), a function named like a built-in in the database's schemas made
  * or changed since (a count(integer) beside the built-in count("any") wins for an integer
  * column), an operator of the database's schemas made or changed since (spelt, or used by the
  * syntax: SYNTAX_OPERATORS), a cast, or a table whose inheritance children changed (a child's rows
@@ -437,23 +438,24 @@ function refuseReplaced(sql: string, ready: Resolvable, now: Resolvable): void {
   const refuse = (why: string): never => {
     throw new Error(`the query ${why} since the sandbox became ready: the check reads only what was there, not what the agent put in its place`);
   };
+  // a function of the database's own (or a view calling one) the query runs: its body names what it reads and calls in text
+  const running = [...now.code].find((name) => words.has(name));
   for (const [key, before] of ready.relations) {
     const after = now.relations.get(key);
     if (!after || after.identity === before.identity) continue;
     const what = after.kind !== before.kind ? `a ${after.kind}, no longer the ${before.kind} it was,` : `another ${after.kind}`;
     if (words.has(before.name)) refuse(`reads ${key}, ${what}`);
-    const running = [...now.code].find((name) => words.has(name));
     if (running) refuse(`runs ${running}, the database's own code, which may read ${key} by its name: ${what}`);
   }
   // made, changed or gone (a fixture's child cut off takes its rows out of the parent's reads)
   const changed = (before: Map<string, string>, after: Map<string, string>): string[] => [...new Set([...before.keys(), ...after.keys()])].filter((key) => before.get(key) !== after.get(key));
   for (const parent of changed(ready.inherited, now.inherited)) refuse(`may read ${parent}, a table with inheritance children (rows read through it) made or changed`);
   for (const name of changed(ready.functions, now.functions)) {
-    if (words.has(name)) refuse(`calls ${name}, a function named like a built-in made or changed`);
+    if (words.has(name) || running) refuse(`calls ${name}, a function named like a built-in made or changed`);
   }
   const implied = new Set([...words].flatMap((word) => SYNTAX_OPERATORS[word] ?? []));
   for (const symbol of changed(ready.operators, now.operators)) {
-    if (sql.includes(symbol) || implied.has(symbol)) refuse(`may use the operator ${symbol}, made or changed`);
+    if (sql.includes(symbol) || implied.has(symbol) || running) refuse(`may use the operator ${symbol}, made or changed`);
   }
   if (now.casts !== ready.casts) refuse('may use a cast made or changed');
 }
