@@ -56,7 +56,7 @@ CREATE VIEW noted AS SELECT id, note FROM orders WHERE note IS NOT NULL;
 CREATE MATERIALIZED VIEW counted AS SELECT count(*) AS n FROM orders;
 CREATE TABLE scratch (a int);
 CREATE FUNCTION doubled(numeric) RETURNS numeric LANGUAGE sql AS 'SELECT $1 * 2';
-CREATE TABLE customers (code varchar(10) PRIMARY KEY); INSERT INTO customers VALUES ('a'), ('b');
+CREATE SEQUENCE invoice_no START 100; CREATE TABLE customers (code varchar(10) PRIMARY KEY); INSERT INTO customers VALUES ('a'), ('b');
 CREATE TABLE Äpfel (n int); INSERT INTO Äpfel VALUES (1);
 CREATE TABLE events (n int); CREATE TABLE old_events () INHERITS (events); INSERT INTO old_events VALUES (1);
 CREATE FUNCTION total_of(int) RETURNS numeric LANGUAGE sql STABLE AS 'SELECT total FROM orders WHERE id = $1';
@@ -161,7 +161,7 @@ if (problem) {
       await assert.rejects(service.queryFirst(`SELECT a FROM scratch`), /reads public\.scratch, a view, no longer the table it was/);
     });
 
-    test('another table of the same name: refused; a view redefined reads as redefined, and is a ddl record', { timeout: 60_000 }, async () => {
+    test('another table (or a sequence swapped for a view) of the same name: refused; a view redefined reads as redefined, and is a ddl record', { timeout: 60_000 }, async () => {
       const { service, writes, agent } = await attacked();
       // Redefining a view may be the task itself: it is the audit's to say it happened.
       await agent(`CREATE OR REPLACE VIEW noted AS SELECT id, 'twelve'::text AS note FROM orders`);
@@ -170,6 +170,9 @@ if (problem) {
       assert.deepEqual(ddl(writes), ['CREATE VIEW noted']);
       await agent(`DROP TABLE scratch; CREATE TABLE scratch (a int); INSERT INTO scratch VALUES (12)`);
       await assert.rejects(service.queryFirst(`SELECT a FROM scratch`), /reads public\.scratch, another table since/);
+      // a sequence (its last_value read) swapped for a view
+      await agent(`ALTER SEQUENCE invoice_no RENAME TO invoice_old; CREATE VIEW invoice_no AS SELECT 112::bigint AS last_value`);
+      await assert.rejects(service.queryFirst(`SELECT last_value FROM invoice_no`), /reads public\.invoice_no, a view, no longer the sequence it was/);
     });
 
     test('a function beside a built-in, which a call would pick over it: refused', { timeout: 60_000 }, async () => {

@@ -373,14 +373,14 @@ interface Relation {
   kind: string;
 }
 
-const RELATION_KINDS: Record<string, string> = { r: 'table', p: 'table', v: 'view', m: 'materialized view', f: 'foreign table' };
+const RELATION_KINDS: Record<string, string> = { r: 'table', p: 'table', v: 'view', m: 'materialized view', f: 'foreign table', S: 'sequence' };
 const OWN_SCHEMA = `n.nspname NOT IN ('pg_catalog', 'information_schema', 'svc_internal') AND n.nspname !~ '^pg_(toast|temp)'`;
 
 async function readResolvable(client: pg.Client): Promise<Resolvable> {
   const relations = await client.query<{ schema: string; name: string; oid: string; relkind: string }>(`
     SELECT n.nspname AS schema, c.relname AS name, c.oid::text AS oid, c.relkind::text AS relkind
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND ${OWN_SCHEMA}`);
+    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S') AND ${OWN_SCHEMA}`);
   // A row's whole text is its definition: body, argument types, strictness, the function behind
   // an operator. Functions only when named like a built-in: changing its own functions may be the
   // agent's task (a ddl record says it did), shadowing count() is not. Not those of the bootstrap
