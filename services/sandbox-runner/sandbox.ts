@@ -849,7 +849,8 @@ export class LiveSandbox {
     const files: FilesystemState['files'] = {};
     const merged = this.box!.processes();
     for (const place of this.box!.writablePlaces) {
-      const options = { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes };
+      // Every directory: the names the workspace's diff skips (node_modules, .git) hide no write here.
+      const options = { checksumMaxBytes: this.kernel.config.stateChecksumMaxBytes, everyDirectory: true };
       // A writable root over an image: its overlay's upper directory, read with the image below it.
       const layer = place.lower ? { upper: place.host, lower: place.lower, merged: merged && `/proc/${merged.supervisorPid}/root` } : null;
       const state = await this.unwatched({ kinds: ['read'] }, () => (layer ? captureLayer(layer, options) : captureState(place.host, options)));

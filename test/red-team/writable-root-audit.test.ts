@@ -92,10 +92,12 @@ describe('red team: root writes to a writable root over the host\'s system direc
     ]);
   });
 
-  test('a write the watch cannot see (mmap of a file made at setup) is found by the reconciliation', async () => {
-    const mmap = `python3 -c "import mmap; f = open('/made-at-setup', 'r+b'); m = mmap.mmap(f.fileno(), 0); m[0:1] = b'X'; m.flush()"`;
-    const records = await rootRecords(server, key, 'root-mmap', [mmap], ['echo original > /made-at-setup']);
-    assert.deepEqual(records, [['file_write', '/made-at-setup', 'reconciliation']]);
+  test('a write the watch cannot see (mmap of a file made at setup) is found by the reconciliation, in / and /tmp, under node_modules, .git and __pycache__ too', async () => {
+    const made = ['/made-at-setup', '/node_modules/tool.js', '/etc-like/.git/config', '/tmp/node_modules/t.js', '/tmp/__pycache__/m.pyc'];
+    const setup = made.map((f) => `mkdir -p ${path.dirname(f)} && echo original > ${f}`);
+    const mmap = (f: string) => `python3 -c "import mmap; f = open('${f}', 'r+b'); m = mmap.mmap(f.fileno(), 0); m[0:1] = b'X'; m.flush()"`;
+    const records = await rootRecords(server, key, 'root-mmap', made.map(mmap), setup);
+    assert.deepEqual(records.sort(), made.map((f) => ['file_write', f, 'reconciliation']).sort());
   });
 
   test('a hostile layer (fifo, sparse 8 GiB file, links to the host and to /, a deep tree) is audited without following or hanging', { timeout: 60_000 }, async () => {
