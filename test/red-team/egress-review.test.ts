@@ -12,11 +12,13 @@
  * ClientHello over 16 KiB (which the gateway does not read, and OpenSSL servers take) was piped
  * too, so HTTPS under `audit.http_calls` went uninspected (with any Host); an upstream's 101 to
  * a request that asked no upgrade left the request hanging; and a connection that never finished
- * its headers (silent, or a byte every 9 s) held its slot for ever.
+ * its headers (silent, or a byte every 9 s) held its slot for ever; requests pipelined on one
+ * connection each opened a connection upstream, past the sandbox's cap of 1024 (as many as it
+ * sent); and a declined WebSocket answer over 1 MiB closed the connection without its 502.
  *
  * Held, and pinned: HTTP/2 (prior knowledge on port 80; inside inspected TLS the gateway offers
  * only http/1.1); a URL with userinfo (`http://api.allowed.test@denied.test/`) is checked by its
- * host; a 101 to a request that did not ask to upgrade joins nothing; a CONNECT to a URL is a 400.
+ * host; a CONNECT to a URL is a 400.
  */
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -58,7 +60,7 @@ sys.stdout.write(out.decode('latin1'))
  * on WS_PORT one that answers 101 to every request, asked to upgrade or not, then echoes.
  */
 const WORLD_SERVERS = `import socket, sys, threading
-addr, http_port, ws_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+addr, http_port, ws_port, silent_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 def head_of(c):
     data = b''
     while b'\\r\\n\\r\\n' not in data:
@@ -86,11 +88,15 @@ def always101(c):
         print('RAW', repr(d), flush=True)
         c.sendall(d)
     c.close()
+def silent(c):
+    print('ACCEPT', flush=True)
+    while c.recv(65536): pass
+    c.close()
 def serve(port, handler):
     srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); srv.bind((addr, port)); srv.listen()
     while True:
         c, _ = srv.accept(); threading.Thread(target=handler, args=(c,), daemon=True).start()
-for port, handler in ((http_port, web), (ws_port, always101)):
+for port, handler in ((http_port, web), (ws_port, always101), (silent_port, silent)):
     threading.Thread(target=serve, args=(port, handler), daemon=True).start()
 print('listening', flush=True)
 threading.Event().wait()
@@ -98,6 +104,7 @@ threading.Event().wait()
 
 const HTTP_PORT = 9001;
 const WS_PORT = 9000;
+const SILENT_PORT = 9003;
 /** A CONNECT through the allowed host (the world's web servers relay it) to a denied one, and a request inside. */
 const SMUGGLED = 'CONNECT denied.test:80 HTTP/1.1\r\nHost: denied.test:80\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n';
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -111,6 +118,8 @@ if (runtime) {
     let worldServers: ChildProcess | null = null;
     /** What the allowed host's extra servers printed, a line per request (and raw bytes after a 101). */
     const printed: string[] = [];
+    /** Connections the silent server on SILENT_PORT accepted so far. */
+    let accepted = 0;
     const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
     const sh = async (command: string, seconds = 60): Promise<{ stdout: string; stderr: string; exit_code: number }> => {
       const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command, timeout: `${seconds}s` });
@@ -119,7 +128,8 @@ if (runtime) {
     };
     const raw = async (host: string, port: number, mode: 'plain' | 'tls', sni: string, ...parts: string[]): Promise<string> => {
       const b64 = parts.map((part) => `'${Buffer.from(part, 'latin1').toString('base64')}'`).join(' ');
-      return (await sh(`python3 - ${host} ${port} ${mode} '${sni}' ${b64} <<'PY'\n${RAW}\nPY`)).stdout;
+      const { stdout, stderr } = await sh(`python3 - ${host} ${port} ${mode} '${sni}' ${b64} <<'PY'\n${RAW}\nPY`);
+      return stdout || stderr;
     };
     const now = () => new Date().toISOString();
     const records = async (type: string, since: string, done: (items: any[]) => boolean): Promise<any[]> => {
@@ -157,10 +167,11 @@ audit:
       const res = await req('POST', '/v1/sandboxes', { spec_id: 'reviewer' });
       assert.equal(res.status, 201, res.text);
       id = res.body.id;
-      worldServers = spawn('ip', ['netns', 'exec', world.namespace, 'python3', '-c', WORLD_SERVERS, world.ip('api.allowed.test'), String(HTTP_PORT), String(WS_PORT)], { stdio: ['ignore', 'pipe', 'inherit'] });
+      worldServers = spawn('ip', ['netns', 'exec', world.namespace, 'python3', '-c', WORLD_SERVERS, world.ip('api.allowed.test'), String(HTTP_PORT), String(WS_PORT), String(SILENT_PORT)], { stdio: ['ignore', 'pipe', 'inherit'] });
       await new Promise<void>((resolve, reject) => {
         createInterface({ input: worldServers!.stdout! }).on('line', (line) => {
           if (line.startsWith('REQUEST') || line.startsWith('RAW')) printed.push(line);
+          if (line === 'ACCEPT') accepted++;
           if (line === 'listening') resolve();
         });
         worldServers!.once('exit', (code) => reject(new Error(`the world's extra servers exited (${code})`)));
@@ -253,6 +264,36 @@ PY`, 120)).stdout;
       const held = Object.fromEntries(out.trim().split('\n').map((line) => line.split(' ')).map(([name, seconds]) => [name, Number(seconds)]));
       assert.ok(held.silent! >= 55 && held.silent! <= 75, out);
       assert.ok(held.drip! >= 55 && held.drip! <= 75, out);
+    });
+
+    test('requests pipelined on one connection open no more connections upstream than the sandbox may hold', async () => {
+      const before = accepted;
+      const since = now();
+      const out = (await sh(`python3 - <<'PY'
+import socket, time
+s = socket.create_connection(('api.allowed.test', ${SILENT_PORT}), timeout=10)
+s.sendall(b'GET /pipelined HTTP/1.1\\r\\nHost: api.allowed.test:${SILENT_PORT}\\r\\n\\r\\n' * 1500)
+time.sleep(6)
+print('sent')
+PY`)).stdout;
+      assert.match(out, /sent/, out);
+      const opened = accepted - before;
+      assert.ok(opened <= 1024, `${opened} connections were opened upstream for one sandbox`);
+      const denials = await records('network_denied', since, (items) => items.length >= 1);
+      assert.match(denials[0].reason, /1024/);
+      // Its slots come back: the answers queued behind the first (which its upstream never gives) go once it times out, with the connection and its requests upstream.
+      const after = await sh('for i in $(seq 45); do c=$(curl -s -m 3 -o /dev/null -w %{http_code} http://api.allowed.test/after); [ "$c" = 200 ] && echo back && exit; sleep 1; done; echo "still $c"');
+      assert.equal(after.stdout.trim(), 'back', after.stderr);
+    });
+
+    test('the answer to a WebSocket handshake the upstream declines is read whole up to 1 MiB only: past it, a 502, recorded', async () => {
+      const since = now();
+      const out = await raw('api.allowed.test', 80, 'plain', '', `GET /big?bytes=${2 * 1024 * 1024} HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`);
+      assert.match(out, /^HTTP\/1\.1 502 [^]*over 1048576 bytes/, out.slice(0, 300));
+      assert.ok(out.length < 4096, `${out.length} bytes came back`);
+      const calls = await records('http_call', since, (items) => items.length >= 1);
+      assert.deepEqual(calls.map((c) => [c.path, c.status, c.upgrade]), [[`/big?bytes=${2 * 1024 * 1024}`, 200, 'websocket']]);
+      assert.match(calls[0].error, /over 1048576 bytes/);
     });
 
     test('HTTP/2: prior knowledge on port 80 is a 400; inside inspected TLS only http/1.1 is offered', async () => {

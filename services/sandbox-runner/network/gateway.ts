@@ -83,6 +83,8 @@ interface Registered extends SandboxEgress {
   /** address -> the name it was resolved for */
   resolved: Map<string, string>;
   sockets: Set<Duplex>;
+  /** requests the gateway has open upstream for it (pipelined ones too): they count against MAX_CONNECTIONS_PER_SANDBOX */
+  inflight: number;
   /** refusals of UDP and DNS already recorded (what -> the second it was recorded in) */
   recent: Map<string, number>;
 }
@@ -111,6 +113,7 @@ function blockList(subnets: Array<[string, number, 'ipv4' | 'ipv6']>): net.Block
 
 /** Connections one sandbox may hold through the gateway at once; past it new ones are reset. */
 const MAX_CONNECTIONS_PER_SANDBOX = 1024;
+const FULL = `the sandbox holds ${MAX_CONNECTIONS_PER_SANDBOX} connections through the egress gateway, the most it may`;
 const HELLO_TIMEOUT_MS = 10_000;
 /** How long a connection's request may take to send its headers, from its first byte (or the connection's start). */
 const HEADERS_TIMEOUT_MS = 60_000;
@@ -126,6 +129,8 @@ const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'pro
 export class EgressGateway {
   private readonly sandboxes = new Map<string, Registered>();
   private readonly via = new WeakMap<object, Via>();
+  /** A connection's requests open upstream. */
+  private readonly upstreams = new WeakMap<Duplex, Set<http.ClientRequest>>();
   private readonly parser: http.Server;
   private readonly servers: net.Server[] = [];
   private dns: GatewayDnsServer | null = null;
@@ -186,7 +191,7 @@ export class EgressGateway {
 
   /** From now on the gateway serves the sandbox at `address` under its policy. */
   register(address: string, egress: SandboxEgress): void {
-    this.sandboxes.set(address, { ...egress, resolved: new Map(), sockets: new Set(), recent: new Map() });
+    this.sandboxes.set(address, { ...egress, resolved: new Map(), sockets: new Set(), inflight: 0, recent: new Map() });
   }
 
   /** Ends the sandbox's connections; its address is unknown again. */
@@ -214,14 +219,42 @@ export class EgressGateway {
       socket.destroy();
       return null;
     }
-    if (sandbox.sockets.size >= MAX_CONNECTIONS_PER_SANDBOX) {
-      if (firstThisSecond(sandbox, 'connections')) this.deny(sandbox, { protocol: 'tcp', host: null, ip: null, port: socket.localPort ?? 0, reason: `the sandbox holds ${MAX_CONNECTIONS_PER_SANDBOX} connections through the egress gateway, the most it may` });
+    if (!this.room(sandbox, socket.localPort ?? 0)) {
       reset(socket);
       return null;
     }
     sandbox.sockets.add(socket);
     socket.once('close', () => sandbox.sockets.delete(socket));
     return sandbox;
+  }
+
+  /**
+   * Whether the sandbox may open one more connection through the gateway: its own connections and
+   * the requests the gateway has open upstream for it (pipelined ones too) count. Recorded, once a
+   * second, when not.
+   */
+  private room(sandbox: Registered, port: number): boolean {
+    if (sandbox.sockets.size + sandbox.inflight < MAX_CONNECTIONS_PER_SANDBOX) return true;
+    if (firstThisSecond(sandbox, 'connections')) this.deny(sandbox, { protocol: 'tcp', host: null, ip: null, port, reason: FULL });
+    return false;
+  }
+
+  /**
+   * Holds one of the sandbox's slots while `upstream` is open; `from`, the connection it came on,
+   * ends it when it closes (a pipelined request's answer waits its turn, with no 'close' of its own).
+   */
+  private hold(sandbox: Registered, upstream: http.ClientRequest, from?: Duplex): void {
+    sandbox.inflight++;
+    upstream.once('close', () => sandbox.inflight--);
+    if (!from) return;
+    let open = this.upstreams.get(from);
+    if (!open) {
+      const requests = (open = new Set());
+      this.upstreams.set(from, requests);
+      from.once('close', () => requests.forEach((request) => request.destroy()));
+    }
+    open.add(upstream);
+    upstream.once('close', () => open.delete(upstream));
   }
 
   /** A `network_denied` record; `ip` is null where the name was refused before it resolved. */
@@ -367,6 +400,7 @@ export class EgressGateway {
       return refuse(res, reached.problem);
     }
     const { address } = reached;
+    if (!this.room(sandbox, target.port)) return refuse(res, FULL, 503);
     const headers = upstreamHeaders(sandbox, req, target);
     const call = new HttpCall(sandbox, req, protocol, target, started);
     req.on('data', (chunk: Buffer) => (call.requestBytes += chunk.length));
@@ -380,6 +414,7 @@ export class EgressGateway {
       agent: protocol === 'https' ? this.httpsAgent : this.httpAgent,
       timeout: UPSTREAM_TIMEOUT_MS,
     });
+    this.hold(sandbox, upstream, req.socket);
     upstream.on('timeout', () => upstream.destroy(new Error(`no answer from ${target.host} within ${UPSTREAM_TIMEOUT_MS} ms`)));
     upstream.on('response', (answer) => {
       const out: http.OutgoingHttpHeaders = {};
@@ -448,6 +483,7 @@ export class EgressGateway {
     const addresses = net.isIP(where.host) ? [where.host] : (await this.options.upstream.lookup4(where.host)).addresses;
     const target = addresses.find((a) => this.unreachable(a) === null);
     if (!target) throw new Error(`${where.host} does not resolve to a reachable address`);
+    if (!this.room(sandbox, where.port)) throw new Error(FULL);
     const started = Date.now();
     const headers: Record<string, string> = {};
     for (const [name, value] of Object.entries(request.headers)) if (!HOP_BY_HOP.has(name.toLowerCase()) && name.toLowerCase() !== 'content-length') headers[name] = value;
@@ -470,6 +506,7 @@ export class EgressGateway {
           resolve({ status: answer.statusCode ?? 502, headers: out, body: Buffer.concat(chunks) });
         });
       });
+      this.hold(sandbox, upstream);
       upstream.on('timeout', () => upstream.destroy(new Error(`no answer from ${where.host} within ${UPSTREAM_TIMEOUT_MS} ms`)));
       upstream.on('error', reject);
       upstream.end(request.body);
@@ -574,13 +611,15 @@ export class EgressGateway {
     });
     upstream.on('timeout', () => upstream.destroy(new Error(`no answer from ${target.host} within ${UPSTREAM_TIMEOUT_MS} ms`)));
     let answered = false;
+    let joined = false;
+    // Until joined nothing went back: a failure (the declined answer over its cap too) is one 502, whichever end reports it first.
+    const failed = (message: string) => (joined ? socket.destroy() : socket.writable && rawAnswer(socket, 502, message));
     upstream.on('error', (err) => {
       call.done(err.message);
-      if (answered) socket.destroy();
-      else rawAnswer(socket, 502, `${target.host}:${target.port} could not be reached: ${err.message}`);
+      failed(answered ? err.message : `${target.host}:${target.port} could not be reached: ${err.message}`);
     });
     upstream.on('upgrade', (answer: http.IncomingMessage, tunnel: net.Socket, upstreamHead: Buffer) => {
-      answered = true;
+      answered = joined = true;
       call.status = 101;
       socket.write(`HTTP/1.1 101 ${answer.statusMessage || 'Switching Protocols'}\r\n${rawHeaderLines(answer.rawHeaders)}\r\n`);
       if (upstreamHead.length > 0) socket.write(upstreamHead);
@@ -607,7 +646,7 @@ export class EgressGateway {
       });
       answer.on('error', (err) => {
         call.done(err.message);
-        rawAnswer(socket, 502, err.message);
+        failed(err.message);
       });
       answer.once('close', () => call.done(answer.complete ? undefined : 'the sandbox closed the connection before the answer was complete'));
       socket.once('close', () => answer.destroy());
