@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
 import { runOnce } from '../helpers/experiments.ts';
+import { sandboxFileRecords } from '../helpers/file-audit.ts';
 import { SPEC, storeSpec } from '../helpers/sandboxes.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
@@ -20,23 +21,11 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
   const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
   const putSpec = (yaml: string) => storeSpec(server, key, yaml);
   /** Runs `commands` in a new sandbox of a spec watching `watch`, destroys it, returns its file records as [type, path, found_by?]. */
-  const fileRecords = async (name: string, watch: string, commands: string[], setup = '[]') => {
-    await putSpec(SPEC(name, `setup: {commands: ${setup}}\naudit:\n  file_system: {watch: ${watch}, track: [writes, reads, deletes]}\n`));
-    const created = await req('POST', '/v1/sandboxes', { spec_id: name });
-    assert.equal(created.status, 201, created.text);
-    const id = created.body.id as string;
-    for (const command of commands) {
-      const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command });
-      assert.equal(res.status, 200, res.text);
-      assert.equal(res.body.exit_code, 0, res.text);
-    }
-    assert.equal((await req('DELETE', `/v1/sandboxes/${id}`)).status, 200);
-    const audit = await req('GET', `/v1/sandboxes/${id}/audit?type=file_write,file_read,file_delete,warning&limit=1000`);
-    assert.equal(audit.status, 200, audit.text);
-    const warnings = audit.body.items.filter((i: any) => i.type === 'warning' && !/image store/.test(i.details.message));
-    assert.deepEqual(warnings, [], `no capture was degraded: ${JSON.stringify(warnings)}`);
-    return audit.body.items.filter((i: any) => i.type !== 'warning').map((i: any) => [i.type, i.details.path, ...(i.details.found_by ? [i.details.found_by] : [])]);
-  };
+  const fileRecords = (name: string, watch: string, commands: string[], setup = '[]') =>
+    sandboxFileRecords(server, key, name, `setup: {commands: ${setup}}\naudit:\n  file_system: {watch: ${watch}, track: [writes, reads, deletes]}\n`, commands, {
+      types: ['file_write', 'file_read', 'file_delete'],
+      tolerated: /image store/,
+    });
 
   before(async () => {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });

@@ -25,10 +25,11 @@ import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
+import { startEgressService } from '../helpers/egress-lab.ts';
 import { runOnce } from '../helpers/experiments.ts';
 import { countNetworkResources, startOutsideWorld, type OutsideWorld, type WorldRequest } from '../helpers/outside-world.ts';
 import { SPEC, sandboxPids, sse, storeSpec } from '../helpers/sandboxes.ts';
-import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+import { createTenantKey, type TestServer } from '../helpers/server.ts';
 
 const runtime = backend('SVC_TEST_BWRAP', 'the sandbox network on the local runtime');
 
@@ -229,13 +230,7 @@ describe('the sandbox network on the local runtime', { skip: runtime === null },
   before(async () => {
     world = await startOutsideWorld();
     worldCa = readFileSync(world.caFile, 'utf8');
-    server = await startServer({
-      SVC_SANDBOX_HOST_ROOTFS: 'true',
-      SVC_DNS_UPSTREAM: world.dns,
-      SVC_EGRESS_TRUST: world.caFile,
-      SVC_RATE_LIMIT_WRITES: '0',
-      SVC_RATE_LIMIT_READS: '0',
-    });
+    server = await startEgressService(world);
     servicePort = Number(new URL(server.url).port);
     key = (await createTenantKey(server, 'netco')).key;
 

@@ -28,9 +28,10 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
+import { startEgressService } from '../helpers/egress-lab.ts';
 import { startOutsideWorld, type OutsideWorld } from '../helpers/outside-world.ts';
 import { SPEC, storeSpec } from '../helpers/sandboxes.ts';
-import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+import { createTenantKey, type TestServer } from '../helpers/server.ts';
 
 /** A sandbox runtime the suite runs against. */
 export interface EgressRuntime {
@@ -214,14 +215,7 @@ export function egressConformance(runtime: EgressRuntime): void {
       });
       await new Promise<void>((resolve) => canary.listen(0, '0.0.0.0', resolve));
       canaryPort = (canary.address() as net.AddressInfo).port;
-      server = await startServer({
-        SVC_SANDBOX_HOST_ROOTFS: 'true',
-        SVC_DNS_UPSTREAM: world.dns,
-        SVC_EGRESS_TRUST: world.caFile,
-        SVC_RATE_LIMIT_WRITES: '0',
-        SVC_RATE_LIMIT_READS: '0',
-        ...runtime.env,
-      });
+      server = await startEgressService(world, runtime.env);
       key = (await createTenantKey(server, 'egressco')).key;
       const ALLOW = 'allow: [api.allowed.test, "*.wild.allowed.test", "echo.allowed.test:7000"]';
       await storeSpec(server, key, SPEC('egress-deny', `network:\n  egress:\n    default: deny\n    ${ALLOW}\n`));

@@ -21,47 +21,18 @@
  * host; a CONNECT to a URL is a 400.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { createInterface } from 'node:readline';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
-import { startOutsideWorld, type OutsideWorld, type WorldRequest } from '../helpers/outside-world.ts';
-import { SPEC, storeSpec } from '../helpers/sandboxes.ts';
-import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+import { noneAtDenied, now, show, startEgressLab, type EgressLab } from '../helpers/egress-lab.ts';
 
 const runtime = backend('SVC_TEST_BWRAP', 'red team: a review of the egress gateway');
-
-/** Sends its payload (base64 parts, 0.3 s apart) on one connection, plain or TLS (no certificate check; ALPN offering h2 first), and prints what comes back (the ALPN chosen first, for TLS). */
-const RAW = `import base64, socket, ssl, sys, time
-host, port, mode, sni, parts = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], [base64.b64decode(p) for p in sys.argv[5:]]
-s = socket.create_connection((host, port), timeout=3)
-out = b''
-if mode == 'tls':
-    ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
-    ctx.set_alpn_protocols(['h2', 'http/1.1'])
-    s = ctx.wrap_socket(s, server_hostname=sni or None)
-    out += ('[alpn ' + str(s.selected_alpn_protocol()) + ']').encode()
-for i, part in enumerate(parts):
-    if i > 0: time.sleep(0.3)
-    if part: s.sendall(part)
-try:
-    while True:
-        d = s.recv(65536)
-        if not d: break
-        out += d
-except Exception as e:
-    out += ('[' + type(e).__name__ + ']').encode()
-sys.stdout.write(out.decode('latin1'))
-`;
 
 /**
  * The allowed host's own servers (in the world's namespace): on HTTP_PORT one that takes anything
  * for a request (as the most lenient server would), prints its first line and Host, answers 200;
  * on WS_PORT one that answers 101 to every request, asked to upgrade or not, then echoes.
  */
-const WORLD_SERVERS = `import socket, sys, threading
-addr, http_port, ws_port, silent_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-def head_of(c):
+const WORLD_SERVERS = `def head_of(c):
     data = b''
     while b'\\r\\n\\r\\n' not in data:
         d = c.recv(4096)
@@ -92,14 +63,6 @@ def silent(c):
     print('ACCEPT', flush=True)
     while c.recv(65536): pass
     c.close()
-def serve(port, handler):
-    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); srv.bind((addr, port)); srv.listen()
-    while True:
-        c, _ = srv.accept(); threading.Thread(target=handler, args=(c,), daemon=True).start()
-for port, handler in ((http_port, web), (ws_port, always101), (silent_port, silent)):
-    threading.Thread(target=serve, args=(port, handler), daemon=True).start()
-print('listening', flush=True)
-threading.Event().wait()
 `;
 
 const HTTP_PORT = 9001;
@@ -111,89 +74,41 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 if (runtime) {
   describe('red team: a review of the egress gateway (each request parsed, checked and recorded)', () => {
-    let world: OutsideWorld;
-    let server: TestServer;
-    let key: string;
-    let id: string;
-    let worldServers: ChildProcess | null = null;
+    let lab: EgressLab;
     /** What the allowed host's extra servers printed, a line per request (and raw bytes after a 101). */
     const printed: string[] = [];
     /** Connections the silent server on SILENT_PORT accepted so far. */
     let accepted = 0;
-    const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
-    const sh = async (command: string, seconds = 60): Promise<{ stdout: string; stderr: string; exit_code: number }> => {
-      const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command, timeout: `${seconds}s` });
-      assert.equal(res.status, 200, res.text);
-      return res.body;
-    };
-    const raw = async (host: string, port: number, mode: 'plain' | 'tls', sni: string, ...parts: string[]): Promise<string> => {
-      const b64 = parts.map((part) => `'${Buffer.from(part, 'latin1').toString('base64')}'`).join(' ');
-      const { stdout, stderr } = await sh(`python3 - ${host} ${port} ${mode} '${sni}' ${b64} <<'PY'\n${RAW}\nPY`);
-      return stdout || stderr;
-    };
-    const now = () => new Date().toISOString();
-    const records = async (type: string, since: string, done: (items: any[]) => boolean): Promise<any[]> => {
-      let items: any[] = [];
-      for (const deadline = Date.now() + 10_000; Date.now() < deadline; await sleep(150)) {
-        const res = await req('GET', `/v1/sandboxes/${id}/audit?limit=1000&type=${type}&since=${encodeURIComponent(since)}`);
-        assert.equal(res.status, 200, res.text);
-        items = res.body.items.map((i: any) => i.details);
-        if (done(items)) return items;
-      }
-      assert.fail(`the ${type} records since ${since} are not what was expected: ${JSON.stringify(items)}`);
-    };
-    const arrivedSince = async (count: number): Promise<WorldRequest[]> => (await world.requests()).slice(count);
-    const show = (requests: WorldRequest[]) => requests.map((r) => `${r.server} ${r.method} ${r.host} ${r.path}`);
-    const noneAtDenied = (requests: WorldRequest[]) =>
-      assert.deepEqual(requests.filter((r) => r.server === 'denied.test' || /denied\.test/.test(r.host)), [], `nothing reached denied.test: ${JSON.stringify(show(requests))}`);
 
     before(async () => {
-      world = await startOutsideWorld();
-      server = await startServer({
-        SVC_SANDBOX_HOST_ROOTFS: 'true',
-        SVC_DNS_UPSTREAM: world.dns,
-        SVC_EGRESS_TRUST: world.caFile,
-        SVC_RATE_LIMIT_WRITES: '0',
-        SVC_RATE_LIMIT_READS: '0',
-      });
-      key = (await createTenantKey(server, 'reviewer')).key;
-      await storeSpec(server, key, SPEC('reviewer', `network:
+      // raw() over TLS offers h2 first and prints the ALPN chosen
+      lab = await startEgressLab({ tenant: 'reviewer', offerH2: true, specExtra: `network:
   egress:
     default: deny
     allow: [api.allowed.test]
 audit:
   http_calls: true
-`));
-      const res = await req('POST', '/v1/sandboxes', { spec_id: 'reviewer' });
-      assert.equal(res.status, 201, res.text);
-      id = res.body.id;
-      worldServers = spawn('ip', ['netns', 'exec', world.namespace, 'python3', '-c', WORLD_SERVERS, world.ip('api.allowed.test'), String(HTTP_PORT), String(WS_PORT), String(SILENT_PORT)], { stdio: ['ignore', 'pipe', 'inherit'] });
-      await new Promise<void>((resolve, reject) => {
-        createInterface({ input: worldServers!.stdout! }).on('line', (line) => {
-          if (line.startsWith('REQUEST') || line.startsWith('RAW')) printed.push(line);
-          if (line === 'ACCEPT') accepted++;
-          if (line === 'listening') resolve();
-        });
-        worldServers!.once('exit', (code) => reject(new Error(`the world's extra servers exited (${code})`)));
+` });
+      await lab.worldServers('api.allowed.test', WORLD_SERVERS, [[HTTP_PORT, 'web'], [WS_PORT, 'always101'], [SILENT_PORT, 'silent']], (line) => {
+        if (line.startsWith('REQUEST') || line.startsWith('RAW')) printed.push(line);
+        if (line === 'ACCEPT') accepted++;
       });
     });
 
     after(async () => {
-      if (worldServers?.pid) worldServers.kill('SIGKILL');
-      await server?.cleanup();
-      await world?.close();
+      await lab?.close();
     });
 
     for (const [scheme, port, mode] of [['http', 80, 'plain'], ['https', 443, 'tls']] as const) {
       test(`${scheme}: a proxy-style request whose Host is not host[:port] is refused, not sent on with that Host`, async () => {
-        const mark = (await world.requests()).length;
+        const mark = (await lab.world.requests()).length;
         const since = now();
-        const out = await raw('api.allowed.test', port, mode, 'api.allowed.test', `GET ${scheme}://api.allowed.test/fronted HTTP/1.1\r\nHost: denied.test:\r\nConnection: close\r\n\r\n`);
+        const out = await lab.raw('api.allowed.test', port, mode, 'api.allowed.test', `GET ${scheme}://api.allowed.test/fronted HTTP/1.1\r\nHost: denied.test:\r\nConnection: close\r\n\r\n`);
         assert.match(out, /HTTP\/1\.1 403 [^]*Host header "denied\.test:" is not host\[:port\]/, out);
-        const arrived = await arrivedSince(mark);
+        const arrived = await lab.arrivedSince(mark);
         noneAtDenied(arrived);
         assert.deepEqual(show(arrived), []);
-        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
         assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port]), [[scheme, 'denied.test:', port]]);
       });
     }
@@ -208,20 +123,20 @@ audit:
       for (const [name, payload] of Object.entries(attempts)) {
         const before = printed.length;
         const since = now();
-        const out = await raw('api.allowed.test', HTTP_PORT, 'plain', '', payload);
+        const out = await lab.raw('api.allowed.test', HTTP_PORT, 'plain', '', payload);
         assert.match(out, /^HTTP\/1\.1 400 [^]*not well-formed HTTP\/1\.1/, `${name}: ${JSON.stringify(out)}`);
         await sleep(200);
         assert.deepEqual(printed.slice(before), [], `${name}: nothing arrived`);
-        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
         assert.deepEqual(denials.map((d) => [d.protocol, d.port]), [['http', HTTP_PORT]], name);
       }
     });
 
     test('a ClientHello too big for the gateway to read (over 16 KiB) is refused under inspection, not piped to the server unseen', async () => {
-      const mark = (await world.requests()).length;
+      const mark = (await lab.world.requests()).length;
       const since = now();
       // 70 ALPN names of 250 bytes: a 17.6 KB hello, spread over two records; OpenSSL servers take hellos up to 128 KiB.
-      const out = (await sh(`python3 - <<'PY'
+      const out = (await lab.sh(`python3 - <<'PY'
 import socket, ssl
 ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
 ctx.set_alpn_protocols(['p%03d' % i + 'x' * 246 for i in range(70)] + ['http/1.1'])
@@ -233,14 +148,14 @@ except Exception as e:
     print('[' + type(e).__name__ + ']')
 PY`)).stdout;
       assert.match(out, /^\[(SSLError|ConnectionResetError|SSLEOFError)\]/, out);
-      const arrived = await arrivedSince(mark);
+      const arrived = await lab.arrivedSince(mark);
       noneAtDenied(arrived);
       assert.deepEqual(show(arrived), []);
-      await records('network_denied', since, (items) => items.some((d) => d.port === 443));
+      await lab.records('network_denied', since, (items) => items.some((d) => d.port === 443));
     });
 
     test('a connection that sends nothing, or a header byte every 9 s, holds no slot past the headers timeout', async () => {
-      const out = (await sh(`python3 - <<'PY'
+      const out = (await lab.sh(`python3 - <<'PY'
 import socket, threading, time
 def hold(name, drip):
     s = socket.create_connection(('api.allowed.test', 80), timeout=90); start = time.time()
@@ -269,7 +184,7 @@ PY`, 120)).stdout;
     test('requests pipelined on one connection open no more connections upstream than the sandbox may hold', async () => {
       const before = accepted;
       const since = now();
-      const out = (await sh(`python3 - <<'PY'
+      const out = (await lab.sh(`python3 - <<'PY'
 import socket, time
 s = socket.create_connection(('api.allowed.test', ${SILENT_PORT}), timeout=10)
 s.sendall(b'GET /pipelined HTTP/1.1\\r\\nHost: api.allowed.test:${SILENT_PORT}\\r\\n\\r\\n' * 1500)
@@ -279,57 +194,57 @@ PY`)).stdout;
       assert.match(out, /sent/, out);
       const opened = accepted - before;
       assert.ok(opened <= 1024, `${opened} connections were opened upstream for one sandbox`);
-      const denials = await records('network_denied', since, (items) => items.length >= 1);
+      const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
       assert.match(denials[0].reason, /1024/);
       // Its slots come back: the answers queued behind the first (which its upstream never gives) go once it times out, with the connection and its requests upstream.
-      const after = await sh('for i in $(seq 45); do c=$(curl -s -m 3 -o /dev/null -w %{http_code} http://api.allowed.test/after); [ "$c" = 200 ] && echo back && exit; sleep 1; done; echo "still $c"');
+      const after = await lab.sh('for i in $(seq 45); do c=$(curl -s -m 3 -o /dev/null -w %{http_code} http://api.allowed.test/after); [ "$c" = 200 ] && echo back && exit; sleep 1; done; echo "still $c"');
       assert.equal(after.stdout.trim(), 'back', after.stderr);
     });
 
     test('the answer to a WebSocket handshake the upstream declines is read whole up to 1 MiB only: past it, a 502, recorded', async () => {
       const since = now();
-      const out = await raw('api.allowed.test', 80, 'plain', '', `GET /big?bytes=${2 * 1024 * 1024} HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`);
+      const out = await lab.raw('api.allowed.test', 80, 'plain', '', `GET /big?bytes=${2 * 1024 * 1024} HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`);
       assert.match(out, /^HTTP\/1\.1 502 [^]*over 1048576 bytes/, out.slice(0, 300));
       assert.ok(out.length < 4096, `${out.length} bytes came back`);
-      const calls = await records('http_call', since, (items) => items.length >= 1);
+      const calls = await lab.records('http_call', since, (items) => items.length >= 1);
       assert.deepEqual(calls.map((c) => [c.path, c.status, c.upgrade]), [[`/big?bytes=${2 * 1024 * 1024}`, 200, 'websocket']]);
       assert.match(calls[0].error, /over 1048576 bytes/);
     });
 
     test('HTTP/2: prior knowledge on port 80 is a 400; inside inspected TLS only http/1.1 is offered', async () => {
-      const mark = (await world.requests()).length;
+      const mark = (await lab.world.requests()).length;
       const since = now();
-      const h2c = await raw('api.allowed.test', 80, 'plain', '', 'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n');
+      const h2c = await lab.raw('api.allowed.test', 80, 'plain', '', 'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n');
       assert.match(h2c, /^HTTP\/1\.1 400 /, h2c);
-      await records('network_denied', since, (items) => items.length >= 1);
-      const tls = await raw('api.allowed.test', 443, 'tls', 'api.allowed.test', 'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n');
+      await lab.records('network_denied', since, (items) => items.length >= 1);
+      const tls = await lab.raw('api.allowed.test', 443, 'tls', 'api.allowed.test', 'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n');
       assert.match(tls, /^\[alpn http\/1\.1\]HTTP\/1\.1 400 /, tls);
-      assert.deepEqual(show(await arrivedSince(mark)), []);
+      assert.deepEqual(show(await lab.arrivedSince(mark)), []);
     });
 
     test('a URL with userinfo is checked by its host; a CONNECT to a URL is a 400', async () => {
-      const mark = (await world.requests()).length;
+      const mark = (await lab.world.requests()).length;
       const since = now();
-      const out = await raw('api.allowed.test', 80, 'plain', '', 'GET http://api.allowed.test@denied.test/userinfo HTTP/1.1\r\nConnection: close\r\n\r\n');
+      const out = await lab.raw('api.allowed.test', 80, 'plain', '', 'GET http://api.allowed.test@denied.test/userinfo HTTP/1.1\r\nConnection: close\r\n\r\n');
       assert.match(out, /^HTTP\/1\.1 403 [^]*denied\.test:80 is denied/, out);
-      const connect = await raw('api.allowed.test', 80, 'plain', '', 'CONNECT http://denied.test/ HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+      const connect = await lab.raw('api.allowed.test', 80, 'plain', '', 'CONNECT http://denied.test/ HTTP/1.1\r\nHost: denied.test\r\n\r\n');
       assert.match(connect, /^HTTP\/1\.1 400 /, connect);
-      const arrived = await arrivedSince(mark);
+      const arrived = await lab.arrivedSince(mark);
       noneAtDenied(arrived);
       assert.deepEqual(show(arrived), []);
-      const denials = await records('network_denied', since, (items) => items.length >= 2);
+      const denials = await lab.records('network_denied', since, (items) => items.length >= 2);
       assert.deepEqual(denials.map((d) => d.host).sort(), ['denied.test', 'http://denied.test/']);
     });
 
     test('a 101 to a request that did not ask to upgrade joins nothing: what follows is parsed and checked', async () => {
       const before = printed.length;
       const since = now();
-      const out = await raw('api.allowed.test', WS_PORT, 'plain', '', `GET /not-an-upgrade HTTP/1.1\r\nHost: api.allowed.test:${WS_PORT}\r\nUpgrade: websocket\r\n\r\n`, 'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
+      const out = await lab.raw('api.allowed.test', WS_PORT, 'plain', '', `GET /not-an-upgrade HTTP/1.1\r\nHost: api.allowed.test:${WS_PORT}\r\nUpgrade: websocket\r\n\r\n`, 'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
       assert.doesNotMatch(out, /HTTP\/1\.1 101/, out);
       assert.deepEqual([...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]), ['502', '403'], out);
       await sleep(200);
       assert.deepEqual(printed.slice(before), [`REQUEST 'GET /not-an-upgrade HTTP/1.1' | 101`]);
-      const denials = await records('network_denied', since, (items) => items.length >= 1);
+      const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
       assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.path]), [['http', 'denied.test', '/smuggled']]);
     });
   });

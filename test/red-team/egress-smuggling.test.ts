@@ -19,40 +19,11 @@
  * Nothing reached denied.test, and the audit says what was tried.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { createInterface } from 'node:readline';
 import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
-import { startOutsideWorld, type OutsideWorld, type WorldRequest } from '../helpers/outside-world.ts';
-import { SPEC, storeSpec } from '../helpers/sandboxes.ts';
-import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+import { noneAtDenied, now, show, startEgressLab, type EgressLab } from '../helpers/egress-lab.ts';
 
 const runtime = backend('SVC_TEST_BWRAP', 'red team: request smuggling through the egress gateway');
-
-/**
- * Sends its payload (base64 parts, 0.3 s apart; an empty part is a pause) on one connection, plain
- * or TLS (no certificate check; no SNI when the name is empty), and prints all it gets back until
- * the connection ends or stays silent 3 s.
- */
-const RAW = `import base64, socket, ssl, sys, time
-host, port, mode, sni, parts = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], [base64.b64decode(p) for p in sys.argv[5:]]
-s = socket.create_connection((host, port), timeout=3)
-if mode == 'tls':
-    ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
-    s = ctx.wrap_socket(s, server_hostname=sni or None)
-for i, part in enumerate(parts):
-    if i > 0: time.sleep(0.3)
-    if part: s.sendall(part)
-out = b''
-try:
-    while True:
-        d = s.recv(65536)
-        if not d: break
-        out += d
-except Exception as e:
-    out += ('[' + type(e).__name__ + ']').encode()
-sys.stdout.write(out.decode('latin1'))
-`;
 
 /**
  * Servers of the outside world's allowed host beside its own (run in its namespace): on WS_PORT
@@ -60,8 +31,7 @@ sys.stdout.write(out.decode('latin1'))
  * server that prints each request's first line and Host (the test reads what arrived) and
  * answers 200; on GREETER_PORT a server that speaks first (as SMTP does), then echoes.
  */
-const WORLD_SERVERS = `import base64, hashlib, socket, sys, threading
-addr, ws_port, http_port, greeter_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+const WORLD_SERVERS = `import base64, hashlib
 def head_of(c):
     data = b''
     while b'\\r\\n\\r\\n' not in data.lstrip(b'\\r\\n'):
@@ -94,14 +64,6 @@ def web(c):
 def greeter(c):
     c.sendall(b'220 greetings\\r\\n')
     echo(c)
-def serve(port, handler):
-    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); srv.bind((addr, port)); srv.listen()
-    while True:
-        c, _ = srv.accept(); threading.Thread(target=handler, args=(c,), daemon=True).start()
-for port, handler in ((ws_port, ws), (http_port, web), (greeter_port, greeter)):
-    threading.Thread(target=serve, args=(port, handler), daemon=True).start()
-print('listening', flush=True)
-threading.Event().wait()
 `;
 
 const WS_PORT = 9000;
@@ -111,57 +73,15 @@ const WS_HANDSHAKE = (host: string, path: string, upgrade = 'websocket') =>
   `GET ${path} HTTP/1.1\r\nHost: ${host}\r\nConnection: Upgrade\r\nUpgrade: ${upgrade}\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`;
 /** What an agent hides behind an allowed request: a CONNECT through the allowed host (the world's servers relay CONNECT), and a request inside it for denied.test. */
 const SMUGGLED = 'CONNECT denied.test:80 HTTP/1.1\r\nHost: denied.test:80\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n';
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 if (runtime) {
   describe('red team: every request through the egress gateway is parsed, checked and recorded on its own', () => {
-    let world: OutsideWorld;
-    let server: TestServer;
-    let key: string;
-    let id: string;
-    let worldServers: ChildProcess | null = null;
+    let lab: EgressLab;
     /** What the HTTP server on HTTP_PORT printed: `REQUEST <first line> | <host>` per request. */
     const printed: string[] = [];
-    const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
-
-    const sh = async (command: string): Promise<{ stdout: string; stderr: string; exit_code: number }> => {
-      const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command, timeout: '60s' });
-      assert.equal(res.status, 200, res.text);
-      return res.body;
-    };
-    /** What came back on one raw connection from the sandbox. */
-    const raw = async (host: string, port: number, mode: 'plain' | 'tls', sni: string, ...parts: Array<string | Buffer>): Promise<string> => {
-      const b64 = parts.map((part) => `'${Buffer.from(part).toString('base64')}'`).join(' ');
-      return (await sh(`python3 - ${host} ${port} ${mode} '${sni}' ${b64} <<'PY'\n${RAW}\nPY`)).stdout;
-    };
-    const now = () => new Date().toISOString();
-    /** The details of the records of `type` since `since`, once `done` holds for them (up to 10 s). */
-    const records = async (type: string, since: string, done: (items: any[]) => boolean): Promise<any[]> => {
-      let items: any[] = [];
-      for (const deadline = Date.now() + 10_000; Date.now() < deadline; await sleep(150)) {
-        const res = await req('GET', `/v1/sandboxes/${id}/audit?limit=1000&type=${type}&since=${encodeURIComponent(since)}`);
-        assert.equal(res.status, 200, res.text);
-        items = res.body.items.map((i: any) => i.details);
-        if (done(items)) return items;
-      }
-      assert.fail(`the ${type} records since ${since} are not what was expected: ${JSON.stringify(items)}`);
-    };
-    const arrivedSince = async (count: number): Promise<WorldRequest[]> => (await world.requests()).slice(count);
-    const show = (requests: WorldRequest[]) => requests.map((r) => `${r.server} ${r.method} ${r.host} ${r.path}`);
-    const noneAtDenied = (requests: WorldRequest[]) =>
-      assert.deepEqual(requests.filter((r) => r.server === 'denied.test' || /denied\.test/.test(r.host)), [], `nothing reached denied.test: ${JSON.stringify(show(requests))}`);
 
     before(async () => {
-      world = await startOutsideWorld();
-      server = await startServer({
-        SVC_SANDBOX_HOST_ROOTFS: 'true',
-        SVC_DNS_UPSTREAM: world.dns,
-        SVC_EGRESS_TRUST: world.caFile,
-        SVC_RATE_LIMIT_WRITES: '0',
-        SVC_RATE_LIMIT_READS: '0',
-      });
-      key = (await createTenantKey(server, 'smuggler')).key;
-      await storeSpec(server, key, SPEC('smuggler', `services:
+      lab = await startEgressLab({ tenant: 'smuggler', specExtra: `services:
   - {name: db, type: postgres}
   - {name: recorder, type: http_mock, record: true, routes: []}
 network:
@@ -171,75 +91,65 @@ network:
   dns_overrides: {api.stripe.test: other.allowed.test, rec.wild.allowed.test: recorder}
 audit:
   http_calls: true
-`));
-      const res = await req('POST', '/v1/sandboxes', { spec_id: 'smuggler' });
-      assert.equal(res.status, 201, res.text);
-      id = res.body.id;
-      worldServers = spawn('ip', ['netns', 'exec', world.namespace, 'python3', '-c', WORLD_SERVERS, world.ip('api.allowed.test'), String(WS_PORT), String(HTTP_PORT), String(GREETER_PORT)], { stdio: ['ignore', 'pipe', 'inherit'] });
-      await new Promise<void>((resolve, reject) => {
-        createInterface({ input: worldServers!.stdout! }).on('line', (line) => {
-          if (line.startsWith('REQUEST')) printed.push(line);
-          if (line === 'listening') resolve();
-        });
-        worldServers!.once('exit', (code) => reject(new Error(`the world's extra servers exited (${code})`)));
+` });
+      await lab.worldServers('api.allowed.test', WORLD_SERVERS, [[WS_PORT, 'ws'], [HTTP_PORT, 'web'], [GREETER_PORT, 'greeter']], (line) => {
+        if (line.startsWith('REQUEST')) printed.push(line);
       });
     });
 
     after(async () => {
-      if (worldServers?.pid) worldServers.kill('SIGKILL');
-      await server?.cleanup();
-      await world?.close();
+      await lab?.close();
     });
 
     for (const scheme of ['http', 'https'] as const) {
       const [port, mode] = scheme === 'http' ? [80, 'plain' as const] : [443, 'tls' as const];
 
       test(`${scheme}: a chunked GET's body goes upstream as that GET's body, not as a second request`, async () => {
-        const mark = (await world.requests()).length;
+        const mark = (await lab.world.requests()).length;
         const since = now();
         const body = 'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\n\r\n';
-        const out = await raw('api.allowed.test', port, mode, 'api.allowed.test', `GET /carrier HTTP/1.1\r\nHost: api.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
+        const out = await lab.raw('api.allowed.test', port, mode, 'api.allowed.test', `GET /carrier HTTP/1.1\r\nHost: api.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
         assert.match(out, /^HTTP\/1\.1 200 /, out);
-        const arrived = await arrivedSince(mark);
+        const arrived = await lab.arrivedSince(mark);
         noneAtDenied(arrived);
         assert.deepEqual(arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]), [['api.allowed.test', 'GET', 'api.allowed.test', '/carrier', body.length]]);
-        const calls = await records('http_call', since, (items) => items.length >= 1);
+        const calls = await lab.records('http_call', since, (items) => items.length >= 1);
         assert.deepEqual(calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.request_bytes]), [['GET', scheme, 'api.allowed.test', '/carrier', 200, body.length]]);
       });
 
       test(`${scheme}: a chunked GET a recording mock sends on to the real host goes as one request too`, async () => {
-        const mark = (await world.requests()).length;
+        const mark = (await lab.world.requests()).length;
         const body = 'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\n\r\n';
-        const out = await raw('rec.wild.allowed.test', port, mode, 'rec.wild.allowed.test', `GET /recorded-${scheme} HTTP/1.1\r\nHost: rec.wild.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
+        const out = await lab.raw('rec.wild.allowed.test', port, mode, 'rec.wild.allowed.test', `GET /recorded-${scheme} HTTP/1.1\r\nHost: rec.wild.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
         assert.match(out, /^HTTP\/1\.1 200 /, out);
-        const arrived = await arrivedSince(mark);
+        const arrived = await lab.arrivedSince(mark);
         noneAtDenied(arrived);
         assert.deepEqual(arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]), [['other.allowed.test', 'GET', 'rec.wild.allowed.test', `/recorded-${scheme}`, body.length]]);
       });
 
       test(`${scheme}: a WebSocket handshake the upstream does not accept is answered, and what follows it is parsed and checked, not piped`, async () => {
-        const mark = (await world.requests()).length;
+        const mark = (await lab.world.requests()).length;
         const since = now();
-        const out = await raw('api.allowed.test', port, mode, 'api.allowed.test', WS_HANDSHAKE('api.allowed.test', '/ws') + SMUGGLED);
+        const out = await lab.raw('api.allowed.test', port, mode, 'api.allowed.test', WS_HANDSHAKE('api.allowed.test', '/ws') + SMUGGLED);
         assert.deepEqual([...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]), ['200', '403'], out);
         assert.match(out, /egress to denied\.test:80 is denied/, out);
-        const arrived = await arrivedSince(mark);
+        const arrived = await lab.arrivedSince(mark);
         noneAtDenied(arrived);
         assert.deepEqual(show(arrived), ['api.allowed.test GET api.allowed.test /ws']);
-        const calls = await records('http_call', since, (items) => items.length >= 1);
+        const calls = await lab.records('http_call', since, (items) => items.length >= 1);
         assert.deepEqual(calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.upgrade]), [['GET', scheme, 'api.allowed.test', '/ws', 200, 'websocket']]);
-        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
         assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port]), [['connect', 'denied.test', 80]]);
       });
 
       test(`${scheme}: an upgrade to anything but a WebSocket is a 403, recorded; nothing leaves`, async () => {
-        const mark = (await world.requests()).length;
+        const mark = (await lab.world.requests()).length;
         const since = now();
-        const out = await raw('api.allowed.test', port, mode, 'api.allowed.test', WS_HANDSHAKE('api.allowed.test', '/h2c', 'h2c') + SMUGGLED);
+        const out = await lab.raw('api.allowed.test', port, mode, 'api.allowed.test', WS_HANDSHAKE('api.allowed.test', '/h2c', 'h2c') + SMUGGLED);
         assert.match(out, /^HTTP\/1\.1 403 [^]*only to a WebSocket/, out);
-        noneAtDenied(await arrivedSince(mark));
-        assert.deepEqual(show(await arrivedSince(mark)), []);
-        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        noneAtDenied(await lab.arrivedSince(mark));
+        assert.deepEqual(show(await lab.arrivedSince(mark)), []);
+        const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
         assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port, d.path, d.upgrade]), [[scheme, 'api.allowed.test', port, '/h2c', 'h2c']]);
         assert.match(denials[0].reason, /only to a WebSocket/);
       });
@@ -247,9 +157,9 @@ audit:
 
     test('a WebSocket the upstream accepts (101) is joined: frames both ways, one http_call with status 101', async () => {
       const since = now();
-      const out = await raw('api.allowed.test', WS_PORT, 'plain', '', `${WS_HANDSHAKE(`api.allowed.test:${WS_PORT}`, '/chat')}frame-bytes`);
+      const out = await lab.raw('api.allowed.test', WS_PORT, 'plain', '', `${WS_HANDSHAKE(`api.allowed.test:${WS_PORT}`, '/chat')}frame-bytes`);
       assert.match(out, /^HTTP\/1\.1 101 [^]*Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK\+xOo=\r\n\r\nframe-bytes/i, out);
-      const calls = await records('http_call', since, (items) => items.length >= 1);
+      const calls = await lab.records('http_call', since, (items) => items.length >= 1);
       assert.deepEqual(calls.map((c) => [c.method, c.host, c.port, c.path, c.status, c.upgrade, c.request_bytes, c.response_bytes]), [['GET', 'api.allowed.test', WS_PORT, '/chat', 101, 'websocket', 11, 11]]);
     });
 
@@ -261,34 +171,34 @@ audit:
         'obs-fold': `GET /x HTTP/1.1\r\nHost: api.allowed.test\r\nX-Folded: a\r\n Host: denied.test\r\n\r\n`,
       };
       for (const [name, payload] of Object.entries(attacks)) {
-        const mark = (await world.requests()).length;
+        const mark = (await lab.world.requests()).length;
         const since = now();
-        const out = await raw('api.allowed.test', 80, 'plain', '', payload);
+        const out = await lab.raw('api.allowed.test', 80, 'plain', '', payload);
         assert.match(out, /^HTTP\/1\.1 400 [^]*not well-formed HTTP\/1\.1/, `${name}: ${out}`);
-        assert.deepEqual(show(await arrivedSince(mark)), [], name);
-        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        assert.deepEqual(show(await lab.arrivedSince(mark)), [], name);
+        const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
         assert.deepEqual(denials.map((d) => [d.protocol, d.port]), [['http', 80]], name);
       }
-      const mark = (await world.requests()).length;
+      const mark = (await lab.world.requests()).length;
       const since = now();
-      const out = await raw('api.allowed.test', 80, 'plain', '', 'GET /two HTTP/1.1\r\nHost: api.allowed.test\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
+      const out = await lab.raw('api.allowed.test', 80, 'plain', '', 'GET /two HTTP/1.1\r\nHost: api.allowed.test\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
       assert.match(out, /^HTTP\/1\.1 403 [^]*more than one Host header/, out);
-      assert.deepEqual(show(await arrivedSince(mark)), []);
-      await records('network_denied', since, (items) => items.some((d) => /more than one Host/.test(d.reason)));
+      assert.deepEqual(show(await lab.arrivedSince(mark)), []);
+      await lab.records('network_denied', since, (items) => items.some((d) => /more than one Host/.test(d.reason)));
     });
 
     test('pipelined requests on one connection are each checked and recorded', async () => {
-      const mark = (await world.requests()).length;
+      const mark = (await lab.world.requests()).length;
       const since = now();
       const host = (h: string, p: string, close = '') => `GET ${p} HTTP/1.1\r\nHost: ${h}\r\n${close}\r\n`;
-      const out = await raw('api.allowed.test', 80, 'plain', '', host('api.allowed.test', '/p1') + host('denied.test', '/p2') + host('api.allowed.test', '/p3', 'Connection: close\r\n'));
+      const out = await lab.raw('api.allowed.test', 80, 'plain', '', host('api.allowed.test', '/p1') + host('denied.test', '/p2') + host('api.allowed.test', '/p3', 'Connection: close\r\n'));
       assert.deepEqual([...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]), ['200', '403', '200'], out);
-      const arrived = await arrivedSince(mark);
+      const arrived = await lab.arrivedSince(mark);
       noneAtDenied(arrived);
       assert.deepEqual(show(arrived).sort(), ['api.allowed.test GET api.allowed.test /p1', 'api.allowed.test GET api.allowed.test /p3']);
-      const calls = await records('http_call', since, (items) => items.length >= 2);
+      const calls = await lab.records('http_call', since, (items) => items.length >= 2);
       assert.deepEqual(calls.map((c) => c.path).sort(), ['/p1', '/p3']);
-      const denials = await records('network_denied', since, (items) => items.length >= 1);
+      const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
       assert.deepEqual(denials.map((d) => [d.host, d.path]), [['denied.test', '/p2']]);
     });
 
@@ -303,58 +213,58 @@ audit:
       for (const [name, port, parts] of attempts) {
         const before = printed.length;
         const since = now();
-        const out = await raw('api.allowed.test', port, 'plain', '', ...parts);
+        const out = await lab.raw('api.allowed.test', port, 'plain', '', ...parts);
         assert.match(out, /^HTTP\/1\.1 403 [^]*denied\.test:\d+ is denied/, `${name}: ${out}`);
-        const denials = await records('network_denied', since, (items) => items.length >= 1);
+        const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
         assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port]), [['http', 'denied.test', port]], name);
         assert.deepEqual(printed.slice(before), [], `${name}: nothing arrived`);
       }
       // An allowed request on that port still arrives, and is recorded.
       const since = now();
-      const out = await raw('api.allowed.test', HTTP_PORT, 'plain', '', 'GE', `T /fine HTTP/1.1\r\nHost: api.allowed.test:${HTTP_PORT}\r\nConnection: close\r\n\r\n`);
+      const out = await lab.raw('api.allowed.test', HTTP_PORT, 'plain', '', 'GE', `T /fine HTTP/1.1\r\nHost: api.allowed.test:${HTTP_PORT}\r\nConnection: close\r\n\r\n`);
       assert.match(out, /^HTTP\/1\.1 200 /, out);
       assert.equal(printed.at(-1), `REQUEST GET /fine HTTP/1.1 | api.allowed.test:${HTTP_PORT}`);
-      const calls = await records('http_call', since, (items) => items.length >= 1);
+      const calls = await lab.records('http_call', since, (items) => items.length >= 1);
       assert.deepEqual(calls.map((c) => [c.host, c.port, c.path, c.status]), [['api.allowed.test', HTTP_PORT, '/fine', 200]]);
     });
 
     test('a server that speaks first is still piped: its greeting reaches a silent sandbox, then bytes both ways', async () => {
-      const out = await raw('api.allowed.test', GREETER_PORT, 'plain', '', '', 'ping\n');
+      const out = await lab.raw('api.allowed.test', GREETER_PORT, 'plain', '', '', 'ping\n');
       assert.equal(out, '220 greetings\r\nping\n[TimeoutError]');
     });
 
     test('TLS without a server name is inspected as the name resolved to its address: its Host is checked, its requests recorded', async () => {
-      const mark = (await world.requests()).length;
+      const mark = (await lab.world.requests()).length;
       const since = now();
-      const fronted = await raw('api.allowed.test', 443, 'tls', '', 'GET /fronted HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
+      const fronted = await lab.raw('api.allowed.test', 443, 'tls', '', 'GET /fronted HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
       assert.match(fronted, /^HTTP\/1\.1 403 [^]*the Host denied\.test is not the TLS server name api\.allowed\.test/, fronted);
-      const named = await raw('api.allowed.test', 443, 'tls', '', 'GET /nameless HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: close\r\n\r\n');
+      const named = await lab.raw('api.allowed.test', 443, 'tls', '', 'GET /nameless HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: close\r\n\r\n');
       assert.match(named, /^HTTP\/1\.1 200 /, named);
-      const arrived = await arrivedSince(mark);
+      const arrived = await lab.arrivedSince(mark);
       noneAtDenied(arrived);
       assert.deepEqual(show(arrived), ['api.allowed.test GET api.allowed.test /nameless']);
-      const denials = await records('network_denied', since, (items) => items.length >= 1);
+      const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
       assert.deepEqual(denials.map((d) => [d.protocol, d.host]), [['https', 'denied.test']]);
-      const calls = await records('http_call', since, (items) => items.length >= 1);
+      const calls = await lab.records('http_call', since, (items) => items.length >= 1);
       assert.deepEqual(calls.map((c) => [c.scheme, c.host, c.path, c.status]), [['https', 'api.allowed.test', '/nameless', 200]]);
     });
 
     test("CONNECT db:5432 reaches the sandbox's database, not its address outside", async () => {
       // PostgreSQL's SSLRequest: the server answers one byte, S or N.
       const sslRequest = Buffer.from([0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]);
-      const out = await raw('api.allowed.test', 80, 'plain', '', Buffer.concat([Buffer.from('CONNECT db:5432 HTTP/1.1\r\nHost: db:5432\r\n\r\n'), sslRequest]));
+      const out = await lab.raw('api.allowed.test', 80, 'plain', '', Buffer.concat([Buffer.from('CONNECT db:5432 HTTP/1.1\r\nHost: db:5432\r\n\r\n'), sslRequest]));
       assert.match(out, /^HTTP\/1\.1 200 Connection Established\r\n\r\n[SN]/, JSON.stringify(out));
     });
 
     test('a dns_overrides name is reached on 80 and 443, not on ports its replacement is not allowed on', async () => {
-      const mark = (await world.requests()).length;
+      const mark = (await lab.world.requests()).length;
       const since = now();
-      const web = await sh('curl -sS -m 10 http://api.stripe.test/charge');
+      const web = await lab.sh('curl -sS -m 10 http://api.stripe.test/charge');
       assert.equal(JSON.parse(web.stdout).server, 'other.allowed.test', web.stderr);
-      const other = await raw('api.stripe.test', 8080, 'plain', '', 'GET /other-port HTTP/1.1\r\nHost: api.stripe.test:8080\r\nConnection: close\r\n\r\n');
+      const other = await lab.raw('api.stripe.test', 8080, 'plain', '', 'GET /other-port HTTP/1.1\r\nHost: api.stripe.test:8080\r\nConnection: close\r\n\r\n');
       assert.doesNotMatch(other, /^HTTP/, other);
-      assert.deepEqual(show(await arrivedSince(mark)), ['other.allowed.test GET api.stripe.test /charge']);
-      const denials = await records('network_denied', since, (items) => items.length >= 1);
+      assert.deepEqual(show(await lab.arrivedSince(mark)), ['other.allowed.test GET api.stripe.test /charge']);
+      const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
       assert.deepEqual(denials.map((d) => [d.host, d.port]), [['api.stripe.test', 8080]]);
       assert.match(denials[0].reason, /network\.dns_overrides sends api\.stripe\.test to other\.allowed\.test, reached on ports 80 and 443/);
     });

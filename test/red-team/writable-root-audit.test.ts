@@ -22,31 +22,17 @@ import { ImageStore } from '../../services/sandbox-runner/runtime/images.ts';
 import { backend } from '../helpers/backend.ts';
 import { dpkgImage } from '../helpers/debian-image.ts';
 import { runOnce } from '../helpers/experiments.ts';
-import { SPEC, storeSpec } from '../helpers/sandboxes.ts';
+import { sandboxFileRecords, type FileRecord } from '../helpers/file-audit.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
 const runtime = backend('SVC_TEST_BWRAP', 'the file audit of a writable root on the local runtime');
 
-type FileRecord = [type: string, path: string, foundBy?: string];
-
 /** Runs `commands` as root in a new sandbox of a spec watching `/` (after `setup`), destroys it, returns its file records. */
-async function rootRecords(server: TestServer, key: string, name: string, commands: string[], setup: string[] = []): Promise<FileRecord[]> {
-  const req = (method: string, p: string, body?: unknown) => server.request(method, p, { key, body });
-  await storeSpec(server, key, SPEC(name, `sandbox: {user: root}\nsetup: {commands: ${JSON.stringify(setup)}}\naudit:\n  file_system: {watch: ["/"], track: [writes, deletes]}\n`));
-  const created = await req('POST', '/v1/sandboxes', { spec_id: name });
-  assert.equal(created.status, 201, created.text);
-  const id = created.body.id as string;
-  for (const command of commands) {
-    const res = await req('POST', `/v1/sandboxes/${id}/commands`, { command });
-    assert.equal(res.status, 200, res.text);
-    assert.equal(res.body.exit_code, 0, res.text);
-  }
-  assert.equal((await req('DELETE', `/v1/sandboxes/${id}`)).status, 200);
-  const audit = await req('GET', `/v1/sandboxes/${id}/audit?type=file_write,file_delete,warning&limit=1000`);
-  assert.equal(audit.status, 200, audit.text);
-  const warnings = audit.body.items.filter((i: any) => i.type === 'warning' && !/image store|kept in memory/.test(i.details.message));
-  assert.deepEqual(warnings, [], `no capture was degraded: ${JSON.stringify(warnings)}`);
-  return audit.body.items.filter((i: any) => i.type !== 'warning').map((i: any) => [i.type, i.details.path, ...(i.details.found_by ? [i.details.found_by] : [])]);
+function rootRecords(server: TestServer, key: string, name: string, commands: string[], setup: string[] = []): Promise<FileRecord[]> {
+  return sandboxFileRecords(server, key, name, `sandbox: {user: root}\nsetup: {commands: ${JSON.stringify(setup)}}\naudit:\n  file_system: {watch: ["/"], track: [writes, deletes]}\n`, commands, {
+    types: ['file_write', 'file_delete'],
+    tolerated: /image store|kept in memory/,
+  });
 }
 
 function assertHas(records: FileRecord[], expected: Array<[string, string]>): void {
