@@ -159,7 +159,8 @@ export async function startEgressLab(options: { tenant: string; specExtra: strin
       },
       async records(type, since, done) {
         let items: any[] = [];
-        for (const deadline = Date.now() + 10_000; Date.now() < deadline; await sleep(150)) {
+        // Up to 30 s: a loaded machine (CI runs two files at once) can hold a record back past 10 s.
+        for (const deadline = Date.now() + 30_000; Date.now() < deadline; await sleep(150)) {
           const got = await req('GET', `/v1/sandboxes/${id}/audit?limit=1000&type=${type}&since=${encodeURIComponent(since)}`);
           assert.equal(got.status, 200, got.text);
           items = got.body.items.map((i: any) => i.details);
