@@ -79,13 +79,8 @@ const METADATA = '169.254.169.254';
  * here even when nothing answers there.
  */
 function hostDials(address: string): Set<string> {
-  const table = (() => {
-    try {
-      return readFileSync('/proc/net/nf_conntrack', 'utf8');
-    } catch {
-      return '';
-    }
-  })();
+  // No table would make every "the host dialled nothing" check pass unseen: it must be there.
+  const table = readFileSync('/proc/net/nf_conntrack', 'utf8');
   const dials = new Set<string>();
   for (const line of table.split('\n')) {
     const m = /src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+)/.exec(line);
