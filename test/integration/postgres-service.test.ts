@@ -14,7 +14,8 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { PgWireObserver, type ObservedWrite } from '../../services/sandbox-runner/backing/postgres-wire.ts';
-import { PostgresService, type DbWrite, type PostgresOptions } from '../../services/sandbox-runner/backing/postgres.ts';
+import { PostgresService, type PostgresOptions } from '../../services/sandbox-runner/backing/postgres.ts';
+import type { DbWrite } from '../../services/sandbox-runner/backing/postgres-write-audit.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-postgres-'));
 const cacheDir = path.join(root, 'cache');

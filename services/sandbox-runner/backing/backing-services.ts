@@ -21,7 +21,8 @@ import { serviceAddress, type ServiceEndpoint } from '../network/gateway.ts';
 import { SandboxCgroup } from '../runtime/cgroups.ts';
 import type { RuntimeDisk } from '../runtime/runtime.ts';
 import { HttpMock, type Forward } from './http-mock.ts';
-import { PostgresService, type DbWrite } from './postgres.ts';
+import { PostgresService } from './postgres.ts';
+import type { DbWrite } from './postgres-write-audit.ts';
 
 export interface ServiceView {
   host: string;
