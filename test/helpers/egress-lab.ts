@@ -119,9 +119,9 @@ export interface EgressLab {
 /**
  * Starts the world and the service (startEgressService), makes `tenant`'s key, stores
  * `SPEC(tenant, specExtra)` and creates a sandbox of it. `offerH2`: raw() TLS offers h2 and
- * reports the ALPN chosen (see rawScript).
+ * reports the ALPN chosen (see rawScript). `env` goes to startEgressService.
  */
-export async function startEgressLab(options: { tenant: string; specExtra: string; offerH2?: boolean }): Promise<EgressLab> {
+export async function startEgressLab(options: { tenant: string; specExtra: string; offerH2?: boolean; env?: Record<string, string> }): Promise<EgressLab> {
   const script = rawScript(options.offerH2 ?? false);
   const children: ChildProcess[] = [];
   const world = await startOutsideWorld();
@@ -132,7 +132,7 @@ export async function startEgressLab(options: { tenant: string; specExtra: strin
     await world.close();
   };
   try {
-    server = await startEgressService(world);
+    server = await startEgressService(world, options.env);
     const started = server;
     const key = (await createTenantKey(started, options.tenant)).key;
     const req: EgressLab['req'] = (method, p, body) => started.request(method, p, { key, body });

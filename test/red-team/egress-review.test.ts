@@ -82,7 +82,9 @@ if (runtime) {
 
     before(async () => {
       // raw() over TLS offers h2 first and prints the ALPN chosen
-      lab = await startEgressLab({ tenant: 'reviewer', offerH2: true, specExtra: `network:
+      // The pipelining case ends up to 1024 requests upstream at once, each an http_call: under
+      // the default of 1000 records a second, a later case's record could be dropped with them.
+      lab = await startEgressLab({ tenant: 'reviewer', offerH2: true, env: { SVC_AUDIT_RECORDS_PER_SECOND: '100000' }, specExtra: `network:
   egress:
     default: deny
     allow: [api.allowed.test]
