@@ -96,7 +96,7 @@ async function keys(args: string[]): Promise<void> {
 
 async function images(rest: string[]): Promise<void> {
   const { loadConfig } = await import('./kernel/config.ts');
-  const { imagesCommand } = await import('./sandbox-runner/runtime/images.ts');
+  const { imagesCommand } = await import('./sandbox-runner/images/images.ts');
   const config = loadConfig(process.env, {}, { requireAdminKey: false });
   const code = await imagesCommand(rest, config.dataDir, console.log, config);
   if (code !== 0) process.exit(code);

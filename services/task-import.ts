@@ -20,8 +20,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { parse as parseYaml, stringify } from 'yaml';
-import { buildCommand } from './sandbox-runner/runtime/image-builder.ts';
-import { ImageStore, type PullSettings } from './sandbox-runner/runtime/images.ts';
+import { buildCommand } from './sandbox-runner/images/image-builder.ts';
+import { ImageStore, type PullSettings } from './sandbox-runner/images/images.ts';
 
 /** What a task folder says, whatever its layout. */
 interface TaskFolder {

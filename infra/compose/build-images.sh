@@ -179,7 +179,7 @@ else
     store=$work/store
     mkdir -p "$store"
     (cd "$repo" && node --import tsx --input-type=module -e "
-      const { imagesCommand } = await import('./services/sandbox-runner/runtime/images.ts');
+      const { imagesCommand } = await import('./services/sandbox-runner/images/images.ts');
       process.exitCode = await imagesCommand(['import', process.argv[1], process.argv[2]], process.argv[3]);
     " "debian:$suite" "$rootfs_tar" "$store") >&2
     tar --numeric-owner -C "$store" -cf "$store_tar.tmp" images

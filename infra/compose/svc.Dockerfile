@@ -18,7 +18,7 @@ COPY app /app
 WORKDIR /app
 # tsx's cache of the compiled sources (/tmp/tsx-0), so the processes do not all compile them at
 # start. Importing main.ts loads every service without starting one.
-RUN node --import tsx --input-type=module -e "await import('/app/services/main.ts'); await import('/app/services/sandbox-runner/runtime/images.ts')"
+RUN node --import tsx --input-type=module -e "await import('/app/services/main.ts'); await import('/app/services/sandbox-runner/images/images.ts')"
 ENV SVC_DATA_DIR=/data
 EXPOSE 8080
 # tini reaps what the sandboxes leave behind and forwards SIGTERM for the graceful stop.

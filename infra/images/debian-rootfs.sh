@@ -60,6 +60,6 @@ rm -rf "$target"/var/cache/apt/archives/*.deb "$target"/var/lib/apt/lists/*
 
 cd "$repo"
 node --import tsx --input-type=module -e "
-const { imagesCommand } = await import('./services/sandbox-runner/runtime/images.ts');
+const { imagesCommand } = await import('./services/sandbox-runner/images/images.ts');
 process.exitCode = await imagesCommand(['import', process.argv[1], process.argv[2]], process.argv[3]);
 " "$name" "$target" "$data_dir"

@@ -14,7 +14,7 @@
 import { randomBytes } from 'node:crypto';
 import { rmSync } from 'node:fs';
 import path from 'node:path';
-import type { ExecResult, SandboxHandle } from './runtime/runtime.ts';
+import type { ExecResult, SandboxHandle } from './runtimes/runtime.ts';
 
 /** libfaketime, preloaded for a frozen clock (Debian's path; bound into the sandbox read-only). */
 export const LIBFAKETIME = '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1';

@@ -22,7 +22,7 @@ import { reportRun } from './run-reports.ts';
 import type { CheckResult, RunEvent, RunOutcome, RunRequested } from '../domain/events/run-events.ts';
 import type { InvariantCheck, SpecDocument } from '../domain/spec.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
-import { listImages, normalizeReference } from './runtime/images.ts';
+import { listImages, normalizeReference } from './images/images.ts';
 import { excerpt, type CheckRun, type CreateRequest, type LiveSandbox } from './sandbox.ts';
 import { AUDIT_FILE } from './workspace/audit-log.ts';
 import { exists as fileExists, readFile } from './workspace/files.ts';

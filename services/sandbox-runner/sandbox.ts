@@ -23,14 +23,14 @@ import { changedExpiry } from '../domain/sandbox-lifetime.ts';
 import { redactSecrets, type Sealer, type TenantSecrets } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import { refusedInStep, runBoot, StepFailed, type BootStep, type StepDone } from './boot/pipeline.ts';
-import { ensureImage, normalizeReference, type ImageInfo } from './runtime/images.ts';
-import { buildImage } from './runtime/image-builder.ts';
-import { readContextFile } from './runtime/build-context.ts';
-import type { CreateSandboxOptions, ExecResult, Runtime, SandboxHandle, SandboxTerminal, TerminalOptions } from './runtime/runtime.ts';
+import { ensureImage, normalizeReference, type ImageInfo } from './images/images.ts';
+import { buildImage } from './images/image-builder.ts';
+import { readContextFile } from './images/build-context.ts';
+import type { CreateSandboxOptions, ExecResult, Runtime, SandboxHandle, SandboxTerminal, TerminalOptions } from './runtimes/runtime.ts';
 import { TERMINAL } from '../domain/terminal-sessions.ts';
 import { frozenClockEnv, LIBFAKETIME, makeCheckClock, makeSandboxClock } from './frozen-clock.ts';
-import type { SandboxPool } from './runtime/sandbox-pool.ts';
-import { SERVICE_URL_IN_SANDBOX } from './runtime/service-bridge.ts';
+import type { SandboxPool } from './runtimes/sandbox-pool.ts';
+import { SERVICE_URL_IN_SANDBOX } from './runtimes/local/service-bridge.ts';
 import { AUDIT_FILE, AuditLog } from './workspace/audit-log.ts';
 import { removeBeneath } from './workspace/beneath.ts';
 import { copyFileOut, copyTreeIn, deleteFile, makeDirectory, readFile, removeTree, writeFile } from './workspace/files.ts';
@@ -39,7 +39,7 @@ import type { EgressGateway } from './network/gateway.ts';
 import { backingRoot, BackingServices } from './backing/backing-services.ts';
 import { applyDrift, cloneGit, type FixtureContext } from './boot/fixtures.ts';
 import { SandboxNetwork } from './network/sandbox-network.ts';
-import { processTracer, type ProcessRun } from './runtime/process-tracer.ts';
+import { processTracer, type ProcessRun } from './runtimes/local/process-tracer.ts';
 import { captureLayer } from './workspace/layer-state.ts';
 import { resolveRealPath, resolveWorkspacePath, SERVICE_DIR } from './workspace/paths.ts';
 import { childName } from './workspace/places.ts';
@@ -705,7 +705,7 @@ export class LiveSandbox {
 
   /**
    * audit.process_spawns: every program a command starts, at any depth, as the kernel saw it
-   * (runtime/process-tracer.ts). Where that capture cannot run, a warning says so.
+   * (runtimes/local/process-tracer.ts). Where that capture cannot run, a warning says so.
    */
   private async watchProcesses(): Promise<void> {
     const tracer = processTracer(this.kernel.config.processTracer);
@@ -823,7 +823,7 @@ export class LiveSandbox {
       // Where its backing services are, and the databases' credentials.
       ...this.backing.env(),
       ...this.spec.setup.env,
-      // Inside, the service is reached through the sandbox's bridge (runtime/service-bridge.ts).
+      // Inside, the service is reached through the sandbox's bridge (runtimes/local/service-bridge.ts).
       SVC_BASE_URL: serviceAddress(this.kernel.config.baseUrl)?.urlInside ?? this.kernel.config.baseUrl,
       SVC_API_KEY: this.token,
       SVC_SANDBOX_ID: this.id,

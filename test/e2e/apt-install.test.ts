@@ -12,7 +12,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { ImageStore } from '../../services/sandbox-runner/runtime/images.ts';
+import { ImageStore } from '../../services/sandbox-runner/images/images.ts';
 import { backend } from '../helpers/backend.ts';
 import { makeBundle, uploadTaskFiles } from '../helpers/bundles.ts';
 import { aptImage, debPackage, flatRepository } from '../helpers/debian-image.ts';

@@ -1,5 +1,5 @@
 /**
- * Warm sandboxes (runtime/sandbox-pool.ts) through the real service on the local runtime: from a
+ * Warm sandboxes (runtimes/sandbox-pool.ts) through the real service on the local runtime: from a
  * class's second create on, creates take sandboxes made ahead; such a sandbox has never run
  * anything and carries nothing of another (files, /tmp, processes, environment), it is named
  * after its sandbox (its cgroups, its id everywhere), its environment is its own spec's, and a

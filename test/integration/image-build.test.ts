@@ -9,10 +9,10 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { buildImage, type BuildImageOptions } from '../../services/sandbox-runner/runtime/image-builder.ts';
-import { ImageStore, type PullSettings } from '../../services/sandbox-runner/runtime/images.ts';
-import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
-import { MAX_CONFIG_BYTES, parseImageConfig } from '../../services/sandbox-runner/runtime/oci.ts';
+import { buildImage, type BuildImageOptions } from '../../services/sandbox-runner/images/image-builder.ts';
+import { ImageStore, type PullSettings } from '../../services/sandbox-runner/images/images.ts';
+import { LocalRuntime } from '../../services/sandbox-runner/runtimes/local/local-runtime.ts';
+import { MAX_CONFIG_BYTES, parseImageConfig } from '../../services/sandbox-runner/images/oci.ts';
 import { buildImage as ociImage, push, REGISTRY_BINARY, shellLayer, startRegistry, tarOf, type TestRegistry } from '../helpers/oci-registry.ts';
 import { copyWithLibraries } from '../helpers/debian-image.ts';
 

@@ -11,9 +11,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { gzipSync } from 'node:zlib';
-import { ensureImage, imagesCommand, ImageStore, type PullSettings } from '../../services/sandbox-runner/runtime/images.ts';
-import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
-import { hostPlatform } from '../../services/sandbox-runner/runtime/oci.ts';
+import { ensureImage, imagesCommand, ImageStore, type PullSettings } from '../../services/sandbox-runner/images/images.ts';
+import { LocalRuntime } from '../../services/sandbox-runner/runtimes/local/local-runtime.ts';
+import { hostPlatform } from '../../services/sandbox-runner/images/oci.ts';
 import { blobGets, buildImage, buildIndex, push, REGISTRY_BINARY, sha256, shellLayer, startRegistry, startTokenService, storedBlob, type TarEntry, tarOf, type TestRegistry } from '../helpers/oci-registry.ts';
 import { freePort } from '../helpers/ports.ts';
 

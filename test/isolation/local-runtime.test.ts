@@ -8,9 +8,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { imagesCommand, ImageStore, normalizeReference } from '../../services/sandbox-runner/runtime/images.ts';
-import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
-import type { CreateSandboxOptions, SandboxHandle, SandboxResources } from '../../services/sandbox-runner/runtime/runtime.ts';
+import { imagesCommand, ImageStore, normalizeReference } from '../../services/sandbox-runner/images/images.ts';
+import { LocalRuntime } from '../../services/sandbox-runner/runtimes/local/local-runtime.ts';
+import type { CreateSandboxOptions, SandboxHandle, SandboxResources } from '../../services/sandbox-runner/runtimes/runtime.ts';
 import { countingListener } from '../helpers/ports.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-isolation-'));

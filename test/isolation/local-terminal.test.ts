@@ -11,8 +11,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
-import type { CreateSandboxOptions, SandboxHandle, SandboxTerminal, TerminalOptions } from '../../services/sandbox-runner/runtime/runtime.ts';
+import { LocalRuntime } from '../../services/sandbox-runner/runtimes/local/local-runtime.ts';
+import type { CreateSandboxOptions, SandboxHandle, SandboxTerminal, TerminalOptions } from '../../services/sandbox-runner/runtimes/runtime.ts';
 import { sandboxPids } from '../helpers/sandboxes.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-terminal-'));

@@ -12,9 +12,9 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
-import { ROOT_IDS_DEFAULT } from '../../services/sandbox-runner/runtime/sandbox-root.ts';
-import type { CreateSandboxOptions, SandboxHandle, SandboxResources } from '../../services/sandbox-runner/runtime/runtime.ts';
+import { LocalRuntime } from '../../services/sandbox-runner/runtimes/local/local-runtime.ts';
+import { ROOT_IDS_DEFAULT } from '../../services/sandbox-runner/runtimes/local/sandbox-root.ts';
+import type { CreateSandboxOptions, SandboxHandle, SandboxResources } from '../../services/sandbox-runner/runtimes/runtime.ts';
 import { countingListener } from '../helpers/ports.ts';
 import { copyWithLibraries, dpkgImage, helloPackage } from '../helpers/debian-image.ts';
 

@@ -321,7 +321,7 @@ async function benchSandboxes(): Promise<string[]> {
  * on a writable overlay root (a user namespace, an idmapped image, an overlay on a disk of its own).
  */
 async function createByRootMode(): Promise<{ readOnly: number[]; writable: number[] }> {
-  const { LocalRuntime } = await import('../../services/sandbox-runner/runtime/local-runtime.ts');
+  const { LocalRuntime } = await import('../../services/sandbox-runner/runtimes/local/local-runtime.ts');
   const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-bench-roots-'));
   const rootfs = path.join(dir, 'rootfs');
   for (const file of ['/bin/sh', ...(execFileSync('ldd', ['/bin/sh'], { encoding: 'utf8' }).match(/\/\S+/g) ?? [])]) {

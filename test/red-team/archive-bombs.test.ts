@@ -30,7 +30,7 @@ import { after, before, describe, test } from 'node:test';
 import { createGzip, gzipSync } from 'node:zlib';
 import { Header, Pax } from 'tar';
 import type { EntryTypeName } from 'tar/types';
-import { ImageStore, type PullSettings } from '../../services/sandbox-runner/runtime/images.ts';
+import { ImageStore, type PullSettings } from '../../services/sandbox-runner/images/images.ts';
 import { makeBundle, uploadAgent, uploadTaskFiles } from '../helpers/bundles.ts';
 import { push, REGISTRY_BINARY, sha256, startRegistry, tarOf, type TestRegistry } from '../helpers/oci-registry.ts';
 import { createTenantKey, startServer, type TestServer } from '../helpers/server.ts';

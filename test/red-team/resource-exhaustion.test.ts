@@ -19,7 +19,7 @@ import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
 import { MAX_COMMAND_BYTES, MAX_COMMANDS_AT_ONCE } from '../../services/domain/sandbox-limits.ts';
-import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
+import { LocalRuntime } from '../../services/sandbox-runner/runtimes/local/local-runtime.ts';
 import { backend } from '../helpers/backend.ts';
 import { SPEC, supervisorPid } from '../helpers/sandboxes.ts';
 import { ADMIN_KEY, createTenantKey, startServer, type TestServer } from '../helpers/server.ts';

@@ -1,7 +1,7 @@
 /**
  * Red team: socket families. AF_VSOCK sockets were allowed inside the sandbox, and vsock goes past
  * the network namespace: a connection to CID 2 reached the hypervisor. The commands' seccomp filter
- * (infra/supervisor/supervisor.c) now allows socket() only for AF_UNIX, AF_INET, AF_INET6 and
+ * (services/sandbox-runner/runtimes/local/supervisor/supervisor.c) now allows socket() only for AF_UNIX, AF_INET, AF_INET6 and
  * netlink's route and diagnostics protocols (ip, ss), and socketpair() only for AF_UNIX; the rest
  * fail with EAFNOSUPPORT (EPROTONOSUPPORT for other netlink protocols). What commands need still works.
  */
@@ -11,8 +11,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { LocalRuntime } from '../../services/sandbox-runner/runtime/local-runtime.ts';
-import type { SandboxHandle } from '../../services/sandbox-runner/runtime/runtime.ts';
+import { LocalRuntime } from '../../services/sandbox-runner/runtimes/local/local-runtime.ts';
+import type { SandboxHandle } from '../../services/sandbox-runner/runtimes/runtime.ts';
 import { backend } from '../helpers/backend.ts';
 
 const EAFNOSUPPORT = os.constants.errno.EAFNOSUPPORT;

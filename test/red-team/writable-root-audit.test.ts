@@ -18,7 +18,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { ImageStore } from '../../services/sandbox-runner/runtime/images.ts';
+import { ImageStore } from '../../services/sandbox-runner/images/images.ts';
 import { backend } from '../helpers/backend.ts';
 import { dpkgImage } from '../helpers/debian-image.ts';
 import { runOnce } from '../helpers/experiments.ts';

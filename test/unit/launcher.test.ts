@@ -1,10 +1,10 @@
-// The launcher (services/sandbox-runner/runtime/launcher.ts and .cjs) with real processes: what a
+// The launcher (services/sandbox-runner/runtimes/local/launcher.ts and .cjs) with real processes: what a
 // launched process writes before its pipes reach the runner is the runner's, and an argument
 // may name the pid of a process launched just before.
 import assert from 'node:assert/strict';
 import type { Readable } from 'node:stream';
 import { after, describe, test } from 'node:test';
-import { Launcher, type LaunchedProcess } from '../../services/sandbox-runner/runtime/launcher.ts';
+import { Launcher, type LaunchedProcess } from '../../services/sandbox-runner/runtimes/local/launcher.ts';
 
 const launcher = new Launcher();
 after(() => launcher.close());

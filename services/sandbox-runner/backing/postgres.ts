@@ -49,7 +49,7 @@ import pg from 'pg';
 import { readResolvable, refuseReplaced, type Resolvable } from './postgres-pins.ts';
 import { PgWireObserver } from './postgres-wire.ts';
 import { type DbWrite, DDL_PREFIX, lastResult, SLOT, WriteAudit } from './postgres-write-audit.ts';
-import { hostSystemBinds, inHostSystemDirs } from '../runtime/host-tools.ts';
+import { hostSystemBinds, inHostSystemDirs } from '../runtimes/local/host-tools.ts';
 
 export interface PostgresOptions {
   /** service name (for messages) */

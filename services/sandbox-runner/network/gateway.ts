@@ -1,6 +1,6 @@
 /**
  * The egress gateway: every packet a sandbox sends off its private network ends here (the
- * runtime redirects it: runtime/local-network.ts), and every connection that leaves is made by
+ * runtime redirects it: runtimes/local/local-network.ts), and every connection that leaves is made by
  * this process, after the sandbox's policy allowed it. It knows a sandbox by its address.
  *
  * - DNS (UDP and TCP 53): a name the policy allows resolves through the upstream resolver; a
@@ -46,7 +46,7 @@ import { CertificateAuthority } from './certificate-authority.ts';
 import { readClientHello } from './client-hello.ts';
 import { GatewayDnsServer, UpstreamResolver, type DnsAnswer } from './dns-server.ts';
 import { redactHeaders } from './headers.ts';
-import { originalDestination, type GatewayPorts } from '../runtime/local-network.ts';
+import { originalDestination, type GatewayPorts } from '../runtimes/local/local-network.ts';
 
 /** What the gateway needs of one sandbox. */
 export interface SandboxEgress {

@@ -18,7 +18,7 @@ import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import type { SpecDocument } from '../../domain/spec.ts';
 import type { EgressGateway, ServiceEndpoint } from './gateway.ts';
 import { publishPort } from './ingress.ts';
-import { networkName, TRUST_IN_SANDBOX, type BuildNetwork, type SandboxHandle } from '../runtime/runtime.ts';
+import { networkName, TRUST_IN_SANDBOX, type BuildNetwork, type SandboxHandle } from '../runtimes/runtime.ts';
 
 export interface NetworkView {
   /** `svc-<sandbox id>` */

@@ -3,7 +3,7 @@
  * exporter can post its traces (SVC_BASE_URL inside a sandbox is SERVICE_URL_IN_SANDBOX).
  *
  * A sandbox has its own network namespace holding only loopback. The supervisor's `forward`
- * mode (infra/supervisor/supervisor.c), started by the runner, enters that namespace, listens on
+ * mode (services/sandbox-runner/runtimes/local/supervisor/supervisor.c), started by the runner, enters that namespace, listens on
  * 127.0.0.1:SERVICE_PORT_IN_SANDBOX there, and relays every connection to a unix socket in the
  * sandbox's host-side state directory: a unix socket is a file, not bound to a network
  * namespace, and the sandbox cannot see that directory. This process accepts on that socket and

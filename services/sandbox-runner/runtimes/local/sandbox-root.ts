@@ -32,7 +32,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { hostTool, mountPoints } from './host-tools.ts';
-import type { CreateSandboxOptions, SandboxUser } from './runtime.ts';
+import type { CreateSandboxOptions, SandboxUser } from '../runtime.ts';
 
 /** Host ids of root inside: ids 0..count-1 of its user namespace are first..first+count-1. */
 export const ROOT_IDS_DEFAULT = { first: 1_879_048_192, count: 65_536 } as const;

@@ -1,5 +1,5 @@
 // The loader of audit.process_spawns' BPF program (tracer.bpf.c): loads and attaches it, then
-// prints its records as lines for services/sandbox-runner/runtime/process-tracer.ts, and takes
+// prints its records as lines for services/sandbox-runner/runtimes/local/process-tracer.ts, and takes
 // the namespaces to watch from its stdin. Built on first use with gcc, cached by source hash.
 //
 //   tracer <program.bpf.o> <nonce>

@@ -11,7 +11,7 @@
  * the runner adds and removes them in the program's map of watched namespaces, so the sandboxes
  * that do not ask for the audit cost the kernel a map lookup per exec and exit, nothing more.
  *
- * The tracer is a purpose-built BPF program (infra/process-tracer/: tracer.bpf.c for the kernel,
+ * The tracer is a purpose-built BPF program (services/sandbox-runner/runtimes/local/process-tracer/: tracer.bpf.c for the kernel,
  * tracer.c its loader), compiled on first use with clang and gcc (libbpf) and cached by the
  * sources' hash, like the sandbox supervisor. Its records go through one BPF ring buffer, so they
  * come out in the order they were written whatever the CPU, and without waking the loader for
@@ -75,13 +75,13 @@ export interface ProcessWatch {
 /** bpftrace's buffer size (its largest): there, argv is read in chunks of this many bytes */
 const CHUNK = 200;
 const CHUNKS = 16;
-/** The most of a command line recorded; the rest is cut (`truncated`). Also TRACER_ARGV_BYTES in infra/process-tracer/tracer.h. */
+/** The most of a command line recorded; the rest is cut (`truncated`). Also TRACER_ARGV_BYTES in services/sandbox-runner/runtimes/local/process-tracer/tracer.h. */
 export const ARGV_BYTES = CHUNK * CHUNKS;
 const TRACEFS = '/sys/kernel/tracing';
 
 /** The default of SVC_PROCESS_TRACER: the built tracer, else the bpftrace on PATH. */
 const BUILTIN = 'builtin';
-const SOURCES = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../infra/process-tracer');
+const SOURCES = path.resolve(path.dirname(fileURLToPath(import.meta.url)), './process-tracer');
 const SOURCE_FILES = ['tracer.bpf.c', 'tracer.c', 'tracer.h'];
 const BTF = '/sys/kernel/btf/vmlinux';
 
@@ -190,7 +190,7 @@ function tracerUnavailable(binary: string): string | null {
 let building: Promise<{ loader: string; object: string }> | null = null;
 
 /**
- * The built tracer: its loader and BPF object, compiled from infra/process-tracer/ on first use
+ * The built tracer: its loader and BPF object, compiled from services/sandbox-runner/runtimes/local/process-tracer/ on first use
  * and cached (in ~/.cache/svc-process-tracer) by the sources' hash.
  */
 function builtTracer(): Promise<{ loader: string; object: string }> {
@@ -247,7 +247,7 @@ export class ProcessTracer {
   /** Why the running tracer was killed by the runner, told when it closes. */
   private givenUp = '';
 
-  /** `built`: the tracer of infra/process-tracer/; else the bpftrace `binary`. */
+  /** `built`: the tracer of services/sandbox-runner/runtimes/local/process-tracer/; else the bpftrace `binary`. */
   constructor(
     private readonly binary: string,
     private readonly built: boolean,

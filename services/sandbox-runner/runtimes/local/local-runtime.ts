@@ -1,7 +1,7 @@
 /**
  * The `local` runtime: each sandbox is one long-lived bubblewrap process (new mount, pid,
  * network, uts, ipc and cgroup namespaces) with a small supervisor inside
- * (infra/supervisor/supervisor.c); commands enter it over a framed protocol on two inherited
+ * (services/sandbox-runner/runtimes/local/supervisor/supervisor.c); commands enter it over a framed protocol on two inherited
  * sockets instead of building a new sandbox each time. A terminal (openTerminal) is a shell on
  * a pseudo-terminal started the same way, with everything below that a command gets, and its
  * pty as its controlling terminal (local-terminal.ts).
@@ -32,8 +32,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
-import type { Logger } from '../../kernel/logger.ts';
-import { commandSizeProblem, envSizeProblem, MAX_COMMANDS_AT_ONCE } from '../../domain/sandbox-limits.ts';
+import type { Logger } from '../../../kernel/logger.ts';
+import { commandSizeProblem, envSizeProblem, MAX_COMMANDS_AT_ONCE } from '../../../domain/sandbox-limits.ts';
 import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
 import { ServiceBridge, pidInSandboxNetns } from './service-bridge.ts';
 import { LocalNetworks, type GatewayPorts, type NetworkSlot, type RefusedUdp } from './local-network.ts';
@@ -56,7 +56,7 @@ import {
   type SandboxTerminal,
   type SandboxUsage,
   type TerminalOptions,
-} from './runtime.ts';
+} from '../runtime.ts';
 
 export interface LocalRuntimeOptions {
   /** cached supervisor binary, per-sandbox files (hosts) */
@@ -71,7 +71,7 @@ export interface LocalRuntimeOptions {
   cgroupParent?: string;
   /** the bwrap executable (default: bwrap on PATH) */
   bwrap?: string;
-  /** the supervisor's C source (default: infra/supervisor/supervisor.c of this repository) */
+  /** the supervisor's C source (default: services/sandbox-runner/runtimes/local/supervisor/supervisor.c of this repository) */
   supervisorSource?: string;
   /** how long a sandbox may take to come up (default 15 s) */
   bootTimeoutMs?: number;
@@ -90,7 +90,7 @@ const SYSTEM_TRUST_BUNDLE = 'etc/ssl/certs/ca-certificates.crt';
 const LOCAL_TRUST_AUTHORITY = 'usr/local/share/ca-certificates/svc-egress-ca.crt';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-const DEFAULT_SOURCE = path.resolve(HERE, '../../../infra/supervisor/supervisor.c');
+const DEFAULT_SOURCE = path.resolve(HERE, './supervisor/supervisor.c');
 const DEFAULT_CAPTURE = 1024 * 1024;
 const SUPERVISOR_IN_SANDBOX = '/run/svc/supervisor';
 /** /proc files hidden behind /dev/null and directories behind an empty tmpfs (as Docker and runc do) */

@@ -26,11 +26,11 @@ import { Readable } from 'node:stream';
 import { contextSources, copyLayer, missingDirs, type ContextSources } from './build-context.ts';
 import { envPairs, type Instruction, parseDockerfile, words } from './dockerfile.ts';
 import { type ImageInfo, ImageStore, type PullSettings } from './images.ts';
-import { LocalRuntime } from './local-runtime.ts';
+import { LocalRuntime } from '../runtimes/local/local-runtime.ts';
 import { type LayerEntry, tempName, upperLayer, writeLayerTar } from './layer-tar.ts';
 import { applyLayers } from './oci-layers.ts';
 import { hostPlatform, type ImageRunConfig, MAX_CONFIG_BYTES, parseImageConfig, sha256Digest } from './oci.ts';
-import type { BuildNetwork, Runtime, SandboxResources } from './runtime.ts';
+import type { BuildNetwork, Runtime, SandboxResources } from '../runtimes/runtime.ts';
 
 export interface BuildImageOptions {
   /** `<dataDir>/images` */

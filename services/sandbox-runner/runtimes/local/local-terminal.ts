@@ -1,6 +1,6 @@
 /**
  * A terminal of the `local` runtime: the host's end of the supervisor's TERMINAL operation
- * (infra/supervisor/supervisor.c), a shell on a pseudo-terminal under a shepherd of its own.
+ * (services/sandbox-runner/runtimes/local/supervisor/supervisor.c), a shell on a pseudo-terminal under a shepherd of its own.
  * LocalSandbox sends the frames and hands this class those of its id.
  *
  * Both directions are bounded. Output: the shepherd stops reading the pty once `outputWindow`
@@ -10,7 +10,7 @@
  * it) is on its way to the shepherd, which reports it TAKEN; the rest waits here, and `write`
  * says false past INPUT_HIGH_WATER so the caller holds its own sender back until `onDrain`.
  */
-import { EXIT_KILLED, type SandboxTerminal, type TerminalOptions } from './runtime.ts';
+import { EXIT_KILLED, type SandboxTerminal, type TerminalOptions } from '../runtime.ts';
 
 // frame types, as in supervisor.c
 export const T_TERMINAL = 4;

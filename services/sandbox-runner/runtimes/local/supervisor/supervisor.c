@@ -1,5 +1,5 @@
 /*
- * The sandbox supervisor of the `local` runtime (services/sandbox-runner/runtime/local-runtime.ts).
+ * The sandbox supervisor of the `local` runtime (services/sandbox-runner/runtimes/local/local-runtime.ts).
  *
  * Built statically on first use (gcc -O2 -static) and cached by source hash. Two modes:
  *
@@ -14,7 +14,7 @@
  *       -1000, inherited by bwrap and the supervisor but reset to 0 for every command) before
  *       it execs, so everything bwrap creates is inside the sandbox's cgroups from the start.
  *       With --netns, the child first enters the network namespace at PATH (a sandbox network
- *       made ahead by runtime/local-network.ts; bwrap then runs without --unshare-net); with
+ *       made ahead by local-network.ts; bwrap then runs without --unshare-net); with
  *       --new-netns it makes one of its own, loopback up (bwrap then runs without it too).
  *       --userns (root inside): a user namespace whose ids 0..COUNT-1 are the host's
  *       FIRST..FIRST+COUNT-1, handed to PROGRAM as fd USERNS_FD for `serve --userns`; every uid
@@ -32,7 +32,7 @@
  *       to PROGRAM, is closed everywhere (`serve --booted` closes it once it runs).
  *
  *   supervisor forward ROOT_PID PORT UNIX_SOCKET
- *       The bridge from a sandbox to the service (runtime/service-bridge.ts): waits for a
+ *       The bridge from a sandbox to the service (service-bridge.ts): waits for a
  *       descendant of ROOT_PID (the sandbox's `launch`) in another network namespace than its
  *       own (the sandbox's, as bwrap creates it), enters that namespace, listens on
  *       127.0.0.1:PORT there (and writes a byte to fd 4 once it does), and relays every accepted connection, in a child of its own, to

@@ -31,7 +31,7 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Launcher } from './launcher.ts';
-import { networkName } from './runtime.ts';
+import { networkName } from '../runtime.ts';
 
 export interface GatewayPorts {
   http: number;

@@ -9,7 +9,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { SandboxResources } from './runtime.ts';
+import type { SandboxResources } from '../runtime.ts';
 
 const ROOT = '/sys/fs/cgroup';
 const CPU_PERIOD_US = 100_000;

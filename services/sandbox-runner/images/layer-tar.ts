@@ -8,8 +8,8 @@
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import type { RootChanges } from './runtime.ts';
-import { ROOT_IDS_DEFAULT } from './sandbox-root.ts';
+import type { RootChanges } from '../runtimes/runtime.ts';
+import { ROOT_IDS_DEFAULT } from '../runtimes/local/sandbox-root.ts';
 
 export interface LayerEntry {
   /** Relative to the root, `/`-separated, no leading or trailing slash. */

@@ -1,4 +1,4 @@
-// The kernel side of audit.process_spawns (services/sandbox-runner/runtime/process-tracer.ts):
+// The kernel side of audit.process_spawns (services/sandbox-runner/runtimes/local/process-tracer.ts):
 // every exec and exit of a task in a watched pid namespace, as one record each in one ring buffer.
 // Built on first use with clang (-target bpf); the loader (tracer.c) attaches it and prints the records.
 //
