@@ -1,6 +1,6 @@
 /**
- * The sink materialises topics into ClickHouse tables. One consumer group ("sink") per topic;
- * each topic's rows go through a TableWriter (batched inserts, replay-safe). Its watermarks are
+ * The sink materialises topics into ClickHouse tables. One consumer group per topic, named for
+ * its table (`sink.<table>`, kernel/topics.ts sinkGroupId); each topic's rows go through a TableWriter (batched inserts, replay-safe). Its watermarks are
  * registered with the kernel so a write can await visibility (read-your-writes).
  *
  * Trace events, the high-volume topic, make no JS object per event on a store that takes Native

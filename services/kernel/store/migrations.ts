@@ -9,9 +9,11 @@
  *
  * ClickHouse has no transactional DDL: a process that dies in the middle of a file leaves it
  * unrecorded and the next start runs the whole file again. So every statement must be safe to run
- * twice (`CREATE TABLE IF NOT EXISTS`, `ADD COLUMN IF NOT EXISTS`, ...). There is no lock either:
- * run migrate() from one process (the embedded process, or the sink in the distributed
- * deployment); two racing runners would at worst record a version twice, which is harmless.
+ * twice (`CREATE TABLE IF NOT EXISTS`, `ADD COLUMN IF NOT EXISTS`, ...). There is no lock either,
+ * and every process that opens a store runs migrate() at its start (kernel/kernel.ts), so in the
+ * distributed deployment several may run it at once. Idempotent statements make that safe: two
+ * racing processes run a file twice and at worst record its version twice, which is harmless
+ * (the applied versions are read into a map by version).
  *
  * `0001_schema_migrations.sql` creates the tracking table itself; until it exists nothing counts
  * as applied. It uses only types an old server knows (DateTime, not DateTime64), so the
