@@ -11,6 +11,7 @@
  *              last_<n><s|m|h|d|w>            the metric over every run of the experiments
  *                                             completed within that time
  */
+import { formatDuration, parseDuration } from '../kernel/duration.ts';
 import { compareExperiments, TESTED_METRICS, type MetricComparison } from './compare.ts';
 import { computeMetrics, type ExperimentMetrics, type RunFact, type RunTraceStats } from './experiment-metrics.ts';
 import { holds } from './score-rules.ts';
@@ -69,7 +70,6 @@ export type AlertWindow = { kind: 'experiment' } | { kind: 'runs'; n: number } |
 
 /** The longest `last_<n>_runs`. */
 export const MAX_WINDOW_RUNS = 1000;
-const UNIT_MS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
 
 /** `null` (the experiment alone), `last_<n>_runs` or `last_<n><s|m|h|d|w>` of at most `maxMs`; throws an Error saying what is wrong. */
 export function parseAlertWindow(text: string | null, maxMs: number): AlertWindow {
@@ -81,14 +81,9 @@ export function parseAlertWindow(text: string | null, maxMs: number): AlertWindo
     if (n > MAX_WINDOW_RUNS) throw new Error(`last_<n>_runs may span at most ${MAX_WINDOW_RUNS} experiments`);
     return { kind: 'runs', n };
   }
-  const ms = n * UNIT_MS[m[2]!]!;
-  if (ms > maxMs) throw new Error(`spans more than the ${formatMs(maxMs)} the alerter keeps runs for (SVC_ALERT_MAX_WINDOW)`);
+  const ms = parseDuration(`${n}${m[2]}`, 'whole');
+  if (ms > maxMs) throw new Error(`spans more than the ${formatDuration(maxMs, 'w')} the alerter keeps runs for (SVC_ALERT_MAX_WINDOW)`);
   return { kind: 'duration', ms };
-}
-
-function formatMs(ms: number): string {
-  for (const [unit, size] of [['w', 604_800_000], ['d', 86_400_000], ['h', 3_600_000], ['m', 60_000], ['s', 1000]] as const) if (ms % size === 0) return `${ms / size}${unit}`;
-  return `${ms}ms`;
 }
 
 /** A completed experiment as alerts see it: its metrics snapshot, and how it aggregates replicas. */

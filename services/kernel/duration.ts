@@ -1,11 +1,22 @@
 import ms from 'ms';
 
 /**
- * Durations in settings, spec documents and request bodies: strings such as `30s`, `5m`, `1h`,
- * `2d` (parsed by `ms`), or a bare integer, which means seconds (docs/decisions.md,
- * "Durations"). Returns ms.
+ * The one parser of durations; two grammars, because what they read was written for different
+ * readers:
+ *  - `lenient` (settings, spec documents, request bodies; docs/decisions.md, "Durations"): strings
+ *    such as `30s`, `5m`, `1.5h`, `2d` (parsed by `ms`), or a bare integer, which means seconds;
+ *  - `whole` (the topic catalog's retention and flush interval, alert windows): a whole number
+ *    and one of the units below (`7d`, `250ms`), nothing else.
  */
-export function parseDuration(input: string | number): number {
+export type DurationGrammar = 'lenient' | 'whole';
+
+/** The units of the `whole` grammar, in ms. */
+const UNIT_MS = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 } as const;
+const WHOLE = /^(\d+)\s*(ms|s|m|h|d|w)$/;
+
+/** A duration in ms; throws an Error saying what the grammar expects. */
+export function parseDuration(input: string | number, grammar: DurationGrammar = 'lenient'): number {
+  if (grammar === 'whole') return parseWhole(input);
   if (typeof input === 'number') {
     if (!Number.isInteger(input) || input < 0) throw new Error(`expected a duration such as 30s, 5m or an integer of seconds, got ${input}`);
     return input * 1000;
@@ -19,10 +30,20 @@ export function parseDuration(input: string | number): number {
   return value;
 }
 
-/** Milliseconds in the largest unit that divides them evenly (`90m`, `1d`), for messages. */
-export function formatDuration(value: number): string {
-  for (const [unit, size] of [['d', 86_400_000], ['h', 3_600_000], ['m', 60_000], ['s', 1000]] as const) {
-    if (value % size === 0) return `${value / size}${unit}`;
+function parseWhole(input: string | number): number {
+  const match = typeof input === 'string' ? WHOLE.exec(input.trim()) : null;
+  if (!match) throw new Error(`expected a whole number and a unit (ms, s, m, h, d or w) such as 7d, got ${JSON.stringify(input)}`);
+  return Number(match[1]) * UNIT_MS[match[2] as keyof typeof UNIT_MS];
+}
+
+/**
+ * Milliseconds in the largest unit that divides them evenly (`90m`, `1d`), for messages; weeks
+ * only when `largest` is `w` (an alert window's `2w`).
+ */
+export function formatDuration(value: number, largest: 'd' | 'w' = 'd'): string {
+  const units = (['w', 'd', 'h', 'm', 's'] as const).filter((unit) => unit !== 'w' || largest === 'w');
+  for (const unit of units) {
+    if (value % UNIT_MS[unit] === 0) return `${value / UNIT_MS[unit]}${unit}`;
   }
   return `${value}ms`;
 }

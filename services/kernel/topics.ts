@@ -9,6 +9,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse } from 'yaml';
 import type { CleanupPolicy, TopicSpec } from './log/event-log.ts';
+import { parseDuration } from './duration.ts';
 import { isObject } from './is-object.ts';
 
 export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -52,15 +53,15 @@ export const TOPICS = {
   schemas: '_schemas',
 } as const;
 
-const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
-
 /** `7d`, `24h`, `30m`, `45s`, `500ms`, `2w` to milliseconds; `forever` to null. */
 export function parseRetention(value: string): number | null {
-  const text = value.trim();
-  if (text === 'forever') return null;
-  const match = /^(\d+)\s*(ms|s|m|h|d|w)$/.exec(text);
-  if (!match) throw new Error(`"${value}" is not a duration (use a whole number with s, m, h, d or w, e.g. 7d, or "forever")`);
-  const ms = Number(match[1]) * DURATION_UNITS[match[2]!]!;
+  if (value.trim() === 'forever') return null;
+  let ms: number;
+  try {
+    ms = parseDuration(value, 'whole');
+  } catch {
+    throw new Error(`"${value}" is not a duration (use a whole number with s, m, h, d or w, e.g. 7d, or "forever")`);
+  }
   if (ms <= 0) throw new Error(`"${value}" must be longer than zero`);
   return ms;
 }
