@@ -30,6 +30,7 @@ import { createHash } from 'node:crypto';
 import { publish, subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
 import { EntityView } from '../kernel/entity-view.ts';
 import { newEventId, runIdOf, scenarioIdOf } from '../kernel/ids.ts';
+import { KeyedQueue } from '../kernel/keyed-queue.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
 import { runLifetimeMs } from '../domain/run-plan.ts';
 import { computeMetrics, NO_TRACES, type RunFact, type RunTraceStats } from '../domain/experiment-metrics.ts';
@@ -48,6 +49,8 @@ const LEASE_CHECK_MS = 30_000;
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
 /** How long scenarios wait for an experiment that never came before they are let go. */
 const ORPHAN_SCENARIOS_MS = 60 * 60_000;
+/** The one key of the turns' queue: every experiment's handling takes turns with every other's. */
+const ALL_EXPERIMENTS = 'experiments';
 
 interface RunFacts {
   runId: string;
@@ -97,8 +100,8 @@ export class AggregatorService implements Service {
   private commands: Consumer | null = null;
   private live = false;
   private leaseTimer: NodeJS.Timeout | null = null;
-  /** Serialises the handling of experiments' changes (one at a time, all experiments). */
-  private chain: Promise<unknown> = Promise.resolve();
+  /** The handling of experiments' changes takes turns: one at a time, all experiments. */
+  private readonly turns = new KeyedQueue();
   /** Experiments with a pass queued that has not started yet. */
   private readonly scheduled = new Set<string>();
   /** The scenarios of unfinished experiments over a dataset, as read so far (index -> params), with when the first came. */
@@ -158,7 +161,7 @@ export class AggregatorService implements Service {
     if (this.livenessTimer) clearInterval(this.livenessTimer);
     await this.commands?.stop();
     await Promise.all(this.views.map((v) => v.stop()));
-    await this.chain;
+    await this.turns.settled();
   }
 
   // --- facts --------------------------------------------------------------------------------
@@ -233,9 +236,7 @@ export class AggregatorService implements Service {
   // --- decisions ----------------------------------------------------------------------------
 
   private serial<T>(task: () => Promise<T>): Promise<T> {
-    const next = this.chain.then(task, task);
-    this.chain = next.catch(() => {});
-    return next;
+    return this.turns.run(ALL_EXPERIMENTS, task);
   }
 
   /**

@@ -25,6 +25,7 @@ import { subscribe, type Kernel, type Service } from '../kernel/actor.ts';
 import { EntityView } from '../kernel/entity-view.ts';
 import { AppError } from '../kernel/errors.ts';
 import { newEventId } from '../kernel/ids.ts';
+import { KeyedQueue } from '../kernel/keyed-queue.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
 import { reply, type Exchange } from '../kernel/request-reply.ts';
 import { TOPICS } from '../kernel/topics.ts';
@@ -44,6 +45,8 @@ const EXCHANGE: Exchange<AlertEvaluationReplied> = { requests: TOPICS.alertEvalu
 /** Parsed spec versions kept (experiments of one spec version share one). */
 const SPEC_CACHE_SIZE = 256;
 const PRUNE_EVERY_MS = 10 * 60_000;
+/** The one key of the evaluations' queue: they all take turns together. */
+const EVALUATIONS = 'evaluations';
 /** An unfinished firing this old that no delivery here is working on is taken up again. */
 const SWEEP_AFTER_MS = 60_000;
 /** How long a stop lets deliveries under way finish before leaving them to the next start. */
@@ -64,8 +67,8 @@ export class AlerterService implements Service {
   private deliveries!: Deliveries;
   private consumers: Consumer[] = [];
   private pruneTimer: NodeJS.Timeout | null = null;
-  /** Serialises evaluations: dedup reads the firings an earlier evaluation may be writing. */
-  private chain: Promise<unknown> = Promise.resolve();
+  /** Evaluations take turns, one at a time: dedup reads the firings an earlier evaluation may be writing. */
+  private readonly evaluations = new KeyedQueue();
 
   async start(kernel: Kernel): Promise<void> {
     this.kernel = kernel;
@@ -108,7 +111,7 @@ export class AlerterService implements Service {
     if (this.pruneTimer) clearInterval(this.pruneTimer);
     await Promise.all(this.consumers.map((c) => c.stop()));
     this.consumers = [];
-    await this.chain;
+    await this.evaluations.settled();
     await this.deliveries?.stop(STOP_GRACE_MS);
     await Promise.all(this.views.map((v) => v.stop()));
     await this.notifiers?.close();
@@ -135,9 +138,7 @@ export class AlerterService implements Service {
   }
 
   private serial<T>(task: () => Promise<T>): Promise<T> {
-    const next = this.chain.then(task, task);
-    this.chain = next.catch(() => {});
-    return next;
+    return this.evaluations.run(EVALUATIONS, task);
   }
 
   // --- history ------------------------------------------------------------------------------
