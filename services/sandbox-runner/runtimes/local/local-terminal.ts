@@ -11,18 +11,7 @@
  * says false past INPUT_HIGH_WATER so the caller holds its own sender back until `onDrain`.
  */
 import { EXIT_KILLED, type SandboxTerminal, type TerminalOptions } from '../runtime.ts';
-
-// frame types, as in supervisor.c
-export const T_TERMINAL = 4;
-const T_INPUT = 5;
-const T_RESIZE = 6;
-const T_ACK = 7;
-const T_HANGUP = 8;
-const T_STARTED = 11;
-const T_STDOUT = 12;
-const T_EXIT = 14;
-const T_ERROR = 15;
-const T_TAKEN = 17;
+import { T_ACK, T_ERROR, T_EXIT, T_HANGUP, T_INPUT, T_RESIZE, T_STARTED, T_STDOUT, T_TAKEN } from './supervisor-channel.ts';
 
 /** supervisor.c TERMINAL_COST_OVERHEAD and TERMINAL_INPUT_WINDOW_MAX */
 const COST_OVERHEAD = 8;
