@@ -23,7 +23,8 @@ import type { CheckResult, RunEvent, RunOutcome, RunRequested } from '../domain/
 import type { InvariantCheck, SpecDocument } from '../domain/spec.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { listImages, normalizeReference } from './images/images.ts';
-import { excerpt, type CheckRun, type CreateRequest, type LiveSandbox } from './sandbox.ts';
+import { excerpt, type CheckRun, type LiveSandbox } from './sandbox.ts';
+import type { CreateRequest } from '../domain/sandbox-ops.ts';
 import { AUDIT_FILE } from './workspace/audit-log.ts';
 import { exists as fileExists, readFile } from './workspace/files.ts';
 import { SERVICE_DIR, workspaceSegments } from './workspace/paths.ts';

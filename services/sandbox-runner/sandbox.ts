@@ -11,7 +11,8 @@ import { mkdir, writeFile as writeHostFile } from 'node:fs/promises';
 import path from 'node:path';
 import { stringify as stringifyYaml } from 'yaml';
 import { publish, type Kernel } from '../kernel/actor.ts';
-import { renderConfigTemplate, type ResolvedAgent } from '../domain/agent-auth.ts';
+import { renderConfigTemplate } from '../domain/agent-auth.ts';
+import type { CommandDone, CommandPayload, CreateRequest, RunnerSandboxView, FileWritePayload, OpAnswer, TimeoutChange } from '../domain/sandbox-ops.ts';
 import type { ExtractedBundles } from '../kernel/bundles.ts';
 import { AppError, type ErrorCode } from '../kernel/errors.ts';
 import type { AuditRecorded, SandboxChanged, SandboxEvent } from '../domain/events/sandbox-events.ts';
@@ -44,26 +45,6 @@ import { captureLayer } from './workspace/layer-state.ts';
 import { resolveRealPath, resolveWorkspacePath, SERVICE_DIR } from './workspace/paths.ts';
 import { childName } from './workspace/places.ts';
 import { captureState, ChecksumCache, diffStates, type Diff, type FilesystemState } from './workspace/state.ts';
-
-/** What the api sends to create a sandbox (the spec travels with it, already stored and valid). */
-export interface CreateRequest {
-  spec_id: string;
-  spec_version: number;
-  yaml: string;
-  timeout_ms: number | null;
-  metadata: Record<string, string>;
-  secrets: Record<string, string>;
-  scenario_id?: string;
-  run_id?: string;
-  /** The agent snapshot the spec names, resolved by the api; absent for other agent types. */
-  agent?: ResolvedAgent | null;
-  /** More environment for every command (a run's params, seed and ids), over the spec's. */
-  extra_env?: Record<string, string>;
-  /** The parsed spec, when the caller has it (a run's, with its params applied); else `yaml` is parsed. */
-  spec?: SpecDocument;
-  /** HOME is AGENT_HOME, outside the workspace, instead of /workspace (a run's: the agent's dotfiles stay out of its diff). */
-  private_home?: boolean;
-}
 
 /** Where the agent bundle is mounted, read-only, in every sandbox of a snapshot agent. */
 const AGENT_DIR = '/agent';
@@ -393,8 +374,8 @@ export class LiveSandbox {
   }
 
   /** Runs the agent's command: a command of the sandbox like any other (audited, its output redacted), with `env` (agent.env) for it alone. */
-  agentCommand(command: string, options: { timeoutMs: number; env: Record<string, string> }): Promise<{ status?: number; body: unknown }> {
-    this.assertOperable('command');
+  agentCommand(command: string, options: { timeoutMs: number; env: Record<string, string> }): Promise<OpAnswer<'command'>> {
+    this.assertOperable();
     return this.runCommand(command, { timeoutMs: options.timeoutMs, background: false, env: options.env });
   }
 
@@ -405,7 +386,7 @@ export class LiveSandbox {
    * went through it is recorded nowhere.
    */
   async openTerminal(sessionId: string, options: TerminalOptions): Promise<ShellTerminal> {
-    this.assertOperable('terminal');
+    this.assertOperable();
     if (this.terminals.size >= TERMINAL.maxPerSandbox) throw new AppError('conflict', `sandbox ${this.id} has ${TERMINAL.maxPerSandbox} shells open, the most at once; exit one first`);
     if (this.state === 'ready') await this.setState('running');
     const started = performance.now();
@@ -445,7 +426,7 @@ export class LiveSandbox {
   }
 
   /** The Sandbox object of the spec. */
-  view() {
+  view(): RunnerSandboxView {
     return {
       id: this.id,
       spec_id: this.request.spec_id,
@@ -866,39 +847,33 @@ export class LiveSandbox {
 
   // --- operations -------------------------------------------------------------------------
 
-  /** A sandbox being destroyed takes nothing but destroy; one not yet ready, nothing. */
-  private assertOperable(op: string): void {
-    if (this.destroying && op !== 'destroy') throw new AppError('not_found', `sandbox ${this.id} not found`);
+  /**
+   * A sandbox being destroyed takes nothing but destroy (`whileDestroying`); one not yet ready,
+   * nothing. The dispatcher (sandbox-dispatcher.ts) asks before every operation but a shell's.
+   */
+  assertOperable(whileDestroying = false): void {
+    if (this.destroying && !whileDestroying) throw new AppError('not_found', `sandbox ${this.id} not found`);
     if (!this.destroying && this.state !== 'ready' && this.state !== 'running') throw new AppError('conflict', `sandbox ${this.id} is ${this.state}`);
   }
 
-  async handle(op: string, payload: Record<string, unknown>): Promise<{ status?: number; body: unknown; contentType?: string }> {
-    this.assertOperable(op);
-    switch (op) {
-      case 'command':
-        return this.command(payload);
-      case 'file_read':
-        return this.fileRead(payload);
-      case 'file_write':
-        return this.fileWrite(payload);
-      case 'file_delete':
-        return this.fileDelete(payload);
-      case 'state':
-        return { body: await this.captureState() };
-      case 'diff':
-        return { body: diffStates(this.before!, await this.captureState()) };
-      case 'timeout':
-        return this.timeout(payload);
-      case 'service_requests':
-        return { body: { service: payload.service, ...this.mockOf(payload.service).journal() } };
-      case 'service_recording':
-        return { body: { service: payload.service, routes: this.mockOf(payload.service).recording() } };
-      case 'destroy':
-        await this.destroy('destroyed');
-        return { body: { id: this.id, state: 'stopped' } };
-      default:
-        throw new AppError('bad_request', `unknown sandbox operation ${op}`);
-    }
+  /** The workspace's files now. */
+  async workspaceState(): Promise<OpAnswer<'state'>> {
+    return { body: await this.captureState() };
+  }
+
+  /** What changed in the workspace since ready. */
+  async diff(): Promise<OpAnswer<'diff'>> {
+    return { body: diffStates(this.before!, await this.captureState()) };
+  }
+
+  /** An http_mock's journal of the requests it received. */
+  serviceRequests(service: string): OpAnswer<'service_requests'> {
+    return { body: { service, ...this.mockOf(service).journal() } };
+  }
+
+  /** What an http_mock in record mode saw, as routes. */
+  serviceRecording(service: string): OpAnswer<'service_recording'> {
+    return { body: { service, routes: this.mockOf(service).recording() } };
   }
 
   /** An http_mock of the sandbox by name; 404 naming the mocks it has. */
@@ -925,12 +900,13 @@ export class LiveSandbox {
     await this.lastDbWrite;
   }
 
-  private command(payload: Record<string, unknown>): Promise<{ status?: number; body: unknown }> {
-    return this.runCommand(payload.command as string, { timeoutMs: (payload.timeout_ms as number | null) ?? undefined, background: payload.background === true });
+  /** A command of the API. */
+  command(payload: CommandPayload): Promise<OpAnswer<'command'>> {
+    return this.runCommand(payload.command, { timeoutMs: payload.timeout_ms ?? undefined, background: payload.background === true });
   }
 
   /** A command of the sandbox (the API's, the agent's): audited, answered with its redacted output. `env` goes over the sandbox's. */
-  private async runCommand(command: string, options: { timeoutMs?: number; background: boolean; env?: Record<string, string> }): Promise<{ status?: number; body: unknown }> {
+  private async runCommand(command: string, options: { timeoutMs?: number; background: boolean; env?: Record<string, string> }): Promise<OpAnswer<'command'>> {
     const { timeoutMs, background, env } = options;
     if (this.state === 'ready') await this.setState('running');
     const run = this.box!.exec({ command, timeoutMs, env, maxCaptureBytes: 1024 * 1024 })
@@ -941,12 +917,12 @@ export class LiveSandbox {
       .then((r) => this.afterCommand(command, r));
     if (background) {
       run.catch((err) => this.kernel.logger.warn({ err, sandbox_id: this.id }, 'background command failed'));
-      return { status: 202, body: { command: this.redact(command), background: true } };
+      return { status: 202, body: { command: this.redact(command), background: true as const } };
     }
     return { body: await run };
   }
 
-  private async afterCommand(command: string, r: ExecResult) {
+  private async afterCommand(command: string, r: ExecResult): Promise<CommandDone> {
     const shown = this.redact(command);
     // Redacted whole, before the audit cuts stdout into chunks.
     const stdout = this.output(r, 'stdout');
@@ -982,7 +958,8 @@ export class LiveSandbox {
     };
   }
 
-  private async fileRead(payload: Record<string, unknown>) {
+  /** A file of the workspace, as bytes. */
+  async fileRead(payload: { path: string }): Promise<OpAnswer<'file_read'>> {
     const { path: relative, content, bytes } = await readFile(this.workspace, payload.path);
     await this.audit!.record('file_read', { path: relative, bytes });
     return { body: content, contentType: 'application/octet-stream' };
@@ -992,7 +969,7 @@ export class LiveSandbox {
    * API writes are audited here, not as the agent's own activity: the watcher is told to ignore
    * them. `content` is text, or base64 with `encoding: base64` (the api checked both, and `mode`).
    */
-  private async fileWrite(payload: Record<string, unknown>) {
+  async fileWrite(payload: FileWritePayload): Promise<OpAnswer<'file_write'>> {
     const { relative } = resolveWorkspacePath(this.workspace, payload.path);
     const content = payload.encoding === 'base64' ? Buffer.from(String(payload.content), 'base64') : payload.content;
     const mode = typeof payload.mode === 'number' ? payload.mode : undefined;
@@ -1001,18 +978,18 @@ export class LiveSandbox {
     return { status: 201, body: { path: relative, bytes } };
   }
 
-  private async fileDelete(payload: Record<string, unknown>) {
+  async fileDelete(payload: { path: string }): Promise<OpAnswer<'file_delete'>> {
     const { relative } = resolveWorkspacePath(this.workspace, payload.path);
     const { bytes } = await this.unwatched({ paths: [relative] }, () => deleteFile(this.workspace, payload.path));
     await this.audit!.record('file_delete', { path: relative, bytes });
-    return { body: { path: relative, deleted: true } };
+    return { body: { path: relative, deleted: true as const } };
   }
 
   /**
    * `{timeout_ms}` resets the timer to that long from now; `{extend_ms}` adds to what is left.
    * Checked against the maximum lifetime before anything changes; applied once the entity has it.
    */
-  private async timeout(payload: Record<string, unknown>) {
+  async changeTimeout(payload: TimeoutChange): Promise<OpAnswer<'timeout'>> {
     const previous = this.expiresAt;
     this.expiresAt = changedExpiry({ createdAt: this.createdAt, expiresAt: previous }, payload, this.kernel.config.sandboxMaxLifetime);
     try {

@@ -33,7 +33,9 @@ import { TOPICS } from '../kernel/topics.ts';
 import { LocalRuntime } from './runtimes/local/local-runtime.ts';
 import { EgressGateway } from './network/gateway.ts';
 import type { Runtime } from './runtimes/runtime.ts';
-import { LiveSandbox, type CreateRequest } from './sandbox.ts';
+import { LiveSandbox } from './sandbox.ts';
+import { dispatch, type LiveAnswer } from './sandbox-dispatcher.ts';
+import type { CreateRequest, SandboxOperation } from '../domain/sandbox-ops.ts';
 import { removeBeneath } from './workspace/beneath.ts';
 import { RunExecutor } from './run-executor.ts';
 import { reportRun } from './run-reports.ts';
@@ -237,24 +239,26 @@ export class SandboxRunnerService implements Service {
   }
 
   private async handle(request: SandboxRequested): Promise<void> {
-    const payload = requestPayload(this.sealer, request);
-    if (request.op === 'create') {
-      const live = await this.create(request.tenant, request.sandbox_id, payload as unknown as CreateRequest);
+    // The log's record as the contract's operation (domain/sandbox-ops.ts): one it does not have is
+    // refused by the dispatcher, and each operation checks what it reads of its payload.
+    const operation = { op: request.op, payload: requestPayload(this.sealer, request) } as SandboxOperation;
+    if (operation.op === 'create') {
+      const live = await this.create(request.tenant, request.sandbox_id, operation.payload);
       await reply(this.kernel, this.sealer, request, 201, live.view());
       return;
     }
     const live = this.sandboxes.get(request.sandbox_id);
-    const stopped = { body: { id: request.sandbox_id, state: 'stopped' } };
+    const stopped = { body: { id: request.sandbox_id, state: 'stopped' as const } };
     if (!live || live.tenant !== request.tenant) {
-      if (request.op !== 'destroy') throw new AppError('not_found', `sandbox ${request.sandbox_id} not found`);
+      if (operation.op !== 'destroy') throw new AppError('not_found', `sandbox ${request.sandbox_id} not found`);
       await this.endUnrecorded(request, 'torn down; its end is recorded late');
       return reply(this.kernel, this.sealer, request, 200, stopped.body);
     }
-    let result: { status?: number; body: unknown; contentType?: string };
+    let result: LiveAnswer;
     try {
-      result = request.op === 'terminal' ? await this.terminals!.open(live, payload) : await live.handle(request.op, payload);
+      result = await dispatch(live, this.terminals!, operation);
     } catch (err) {
-      if (request.op !== 'destroy' || !(await this.endUnrecorded(request, `torn down, but its end could not be recorded: ${(err as Error).message}`))) throw err;
+      if (operation.op !== 'destroy' || !(await this.endUnrecorded(request, `torn down, but its end could not be recorded: ${(err as Error).message}`))) throw err;
       result = stopped;
     }
     // What the operation audited is on the log before it answers: a read of the audit after the answer sees it.

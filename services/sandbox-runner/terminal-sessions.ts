@@ -69,7 +69,7 @@ export class TerminalSessions {
   }
 
   /** Opens a session on `live` (a `terminal` request's payload); answers once its shell runs. */
-  async open(live: LiveSandbox, payload: Record<string, unknown>): Promise<{ status: number; body: TerminalOpened }> {
+  async open(live: LiveSandbox, payload: TerminalOpen): Promise<{ status: number; body: TerminalOpened }> {
     const request = checkedOpen(payload);
     if (this.sessions.has(request.session_id)) throw new AppError('conflict', `terminal session ${request.session_id} is open already`);
     const stream: TerminalStream = { tenant: live.tenant, session_id: request.session_id, sandbox_id: live.id, seq: 0 };
@@ -98,8 +98,8 @@ export class TerminalSessions {
   }
 }
 
-/** The payload of a `terminal` request, checked again here (the api checked it). */
-function checkedOpen(payload: Record<string, unknown>): TerminalOpen {
+/** The payload of a `terminal` request, checked again here (the api checked it; the runner does not trust the log's bytes to match the contract's type). */
+function checkedOpen(payload: TerminalOpen): TerminalOpen {
   const { session_id, cols, rows, term, timeout_ms } = payload as Partial<TerminalOpen>;
   const problem =
     (typeof session_id === 'string' && /^term-[0-9a-f]{24}$/.test(session_id) ? null : 'session_id: not a terminal session id') ??

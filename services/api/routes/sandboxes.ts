@@ -24,6 +24,7 @@ import { AUDIT_CURSOR_ARITY, AUDIT_FILTERS, auditFilters, auditPages, auditSubje
 import { eventStream, lastEventId, serveEvents } from '../sandboxes/event-stream.ts';
 import { commandInput, createInput, fileEncoding, fileJson, filePath, fileWriteInput, timeoutChange } from '../sandboxes/sandbox-input.ts';
 import { SandboxOperations, type SandboxAnswer } from '../sandboxes/sandbox-operations.ts';
+import type { SandboxOp, SandboxPayload } from '../../domain/sandbox-ops.ts';
 import type { SandboxRequester } from '../sandboxes/sandbox-requester.ts';
 
 /** Renders an operation's answer: the runner's status and content type when it gave them, and the body. */
@@ -40,7 +41,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   const router = new Router({ prefix: '/v1/sandboxes' });
   const principal = (ctx: Context) => ctx.state.principal as Principal;
   const maxLifetime = config.sandboxMaxLifetime;
-  const send = async (ctx: Context, op: string, payload?: object) => render(ctx, await operations.send(principal(ctx), ctx.params.id, op, payload));
+  const send = async <K extends SandboxOp>(ctx: Context, op: K, payload: SandboxPayload<K>) => render(ctx, await operations.send(principal(ctx), ctx.params.id, op, payload));
 
   router.post('/', async (ctx) => {
     if (principal(ctx).kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot create sandboxes');
@@ -66,11 +67,11 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     const encoding = ctx.query.encoding === undefined ? null : fileEncoding(ctx.query.encoding);
     const answer = await operations.send(principal(ctx), ctx.params.id, 'file_read', { path });
     if (encoding === null) return render(ctx, answer);
-    ctx.body = fileJson(path, answer.body as Buffer, encoding);
+    ctx.body = fileJson(path, answer.body, encoding);
   });
   router.delete('/:id/files/*path', async (ctx) => send(ctx, 'file_delete', { path: filePath(ctx.params.path) }));
-  router.get('/:id/state', async (ctx) => send(ctx, 'state'));
-  router.get('/:id/diff', async (ctx) => send(ctx, 'diff'));
+  router.get('/:id/state', async (ctx) => send(ctx, 'state', {}));
+  router.get('/:id/diff', async (ctx) => send(ctx, 'diff', {}));
   // An http_mock's journal, and what its record mode saw as routes (docs/sandboxes.md "Backing services").
   router.get('/:id/services/:name/requests', async (ctx) => send(ctx, 'service_requests', { service: ctx.params.name }));
   router.get('/:id/services/:name/recording', async (ctx) => send(ctx, 'service_recording', { service: ctx.params.name }));

@@ -8,7 +8,7 @@ import type { Auth, Principal } from '../../kernel/auth.ts';
 import type { Config } from '../../kernel/config.ts';
 import { AppError, badRequest, type ErrorCode } from '../../kernel/errors.ts';
 import { newSandboxId } from '../../kernel/ids.ts';
-import type { SandboxChanged, SandboxReplied } from '../../domain/events/sandbox-events.ts';
+import type { SandboxChanged } from '../../domain/events/sandbox-events.ts';
 import { changedExpiry, lifetimeProblem } from '../../domain/sandbox-lifetime.ts';
 import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { sandboxView, type SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
@@ -16,17 +16,18 @@ import { RunnerRoster } from '../catalogs/runner-roster.ts';
 import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 import { specOrElse } from '../spec-lookup.ts';
 import type { CreateInput } from './sandbox-input.ts';
-import type { SandboxRequester } from './sandbox-requester.ts';
+import type { SandboxOp, SandboxPayload, SandboxReply, TimeoutChange } from '../../domain/sandbox-ops.ts';
+import type { ReplyTo, SandboxRequester } from './sandbox-requester.ts';
 
 /** What an endpoint answers: a status and a content type when the runner gave them, and the body. */
-export interface SandboxAnswer {
+export interface SandboxAnswer<Body = unknown> {
   status?: number;
   type?: string;
-  body: unknown;
+  body: Body;
 }
 
 /** A runner's reply as an answer: its status and body, or the error it carries. */
-function answerOf(reply: SandboxReplied): SandboxAnswer {
+function answerOf<K extends SandboxOp>(reply: ReplyTo<K>): SandboxAnswer<SandboxReply<K>> {
   if (reply.status >= 400) {
     const parsed = JSON.parse(reply.body.toString('utf8')) as { message?: string };
     throw new AppError((reply.error ?? 'internal') as ErrorCode, parsed.message ?? 'sandbox operation failed');
@@ -104,8 +105,8 @@ export class SandboxOperations {
     return answer;
   }
 
-  /** Sends operation `op` (command, file_write, file_read, file_delete, state, diff) to a live sandbox. */
-  async send(p: Principal, id: string, op: string, payload: object = {}): Promise<SandboxAnswer> {
+  /** Sends operation `op` (command, file_write, file_read, file_delete, state, diff, ...) to a live sandbox. */
+  async send<K extends SandboxOp>(p: Principal, id: string, op: K, payload: SandboxPayload<K>): Promise<SandboxAnswer<SandboxReply<K>>> {
     const sandbox = this.deps.sandboxes.owned(p, id);
     if (await this.endIfOrphaned(sandbox)) throw new AppError('not_found', `sandbox ${id} is gone: ${RunnerRoster.reason(this.deps.runners.dead(sandbox.runner_id)!, this.deps.config.runnerDeadAfter)}`);
     return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, sandbox.runner_id, op, payload, this.answerWithin(sandbox, op, payload)));
@@ -116,7 +117,7 @@ export class SandboxOperations {
    * as long as the sandbox lives), and its answer comes after that; anything else within the
    * reply timeout.
    */
-  private answerWithin(sandbox: SandboxChanged, op: string, payload: object): number {
+  private answerWithin<K extends SandboxOp>(sandbox: SandboxChanged, op: K, payload: SandboxPayload<K>): number {
     const { replyTimeout } = this.deps.config;
     const { timeout_ms, background } = payload as { timeout_ms?: number | null; background?: boolean };
     if (op !== 'command' || background) return replyTimeout;
@@ -133,7 +134,7 @@ export class SandboxOperations {
   }
 
   /** Resets or extends a sandbox's timer; the runner checks again (two changes at once would each pass this view). */
-  async changeTimeout(sandbox: SandboxChanged, change: { timeout_ms?: number; extend_ms?: number }): Promise<SandboxAnswer> {
+  async changeTimeout(sandbox: SandboxChanged, change: TimeoutChange): Promise<SandboxAnswer> {
     changedExpiry({ createdAt: sandbox.created_at, expiresAt: sandbox.expires_at }, change, this.deps.config.sandboxMaxLifetime);
     return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, sandbox.runner_id, 'timeout', change));
   }

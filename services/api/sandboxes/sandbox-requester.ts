@@ -8,6 +8,10 @@ import { Requester } from '../../kernel/request-reply.ts';
 import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
 import type { SandboxReplied, SandboxRequested } from '../../domain/events/sandbox-events.ts';
 import { sandboxExchange, sealedRequest } from '../../domain/sandbox-requests.ts';
+import type { SandboxOp, SandboxPayload, SandboxReply } from '../../domain/sandbox-ops.ts';
+
+/** A runner's reply to operation `K`: its body, once opened and parsed, is a `SandboxReply<K>` (domain/sandbox-ops.ts). */
+export type ReplyTo<K extends SandboxOp> = SandboxReplied & { readonly answers?: SandboxReply<K> };
 
 export class SandboxRequester {
   private sealer: Sealer | null = null;
@@ -29,8 +33,9 @@ export class SandboxRequester {
   /**
    * Sends operation `op` on a sandbox to runner `runnerId` (its owner, or for a create the one
    * picked) and resolves with its reply, waiting `waitMs` for it (default: the reply timeout).
+   * `op` and its payload are the contract's (domain/sandbox-ops.ts), checked by the compiler.
    */
-  request(tenant: string, sandboxId: string, runnerId: string, op: string, payload: object, waitMs?: number): Promise<SandboxReplied> {
+  request<K extends SandboxOp>(tenant: string, sandboxId: string, runnerId: string, op: K, payload: SandboxPayload<K>, waitMs?: number): Promise<ReplyTo<K>> {
     const sealer = this.sealer!;
     return this.requester!.request(
       { key: sandboxId, tenant, unanswered: `the sandbox runner ${runnerId} did not answer ${op} for ${sandboxId}` },
