@@ -17,7 +17,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import type { SpecService } from '../../domain/spec.ts';
-import { serviceAddress, type ServiceEndpoint } from '../network/gateway.ts';
+import { serviceAddress, type ServiceEndpoint } from '../network/gateway/sandbox-egress.ts';
 import { SandboxCgroup } from '../runtimes/local/cgroups.ts';
 import type { RuntimeDisk } from '../runtimes/runtime.ts';
 import { HttpMock, type Forward } from './http-mock.ts';

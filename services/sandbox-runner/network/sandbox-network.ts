@@ -16,7 +16,8 @@
 import { EgressPolicy, normaliseHost } from '../../domain/egress-policy.ts';
 import type { ResolvedAgent } from '../../domain/agent-auth.ts';
 import type { SpecDocument } from '../../domain/spec.ts';
-import type { EgressGateway, ServiceEndpoint } from './gateway.ts';
+import type { EgressGateway } from './gateway.ts';
+import type { ServiceEndpoint } from './gateway/sandbox-egress.ts';
 import { publishPort } from './ingress.ts';
 import { networkName, TRUST_IN_SANDBOX, type BuildNetwork, type SandboxHandle } from '../runtimes/runtime.ts';
 
