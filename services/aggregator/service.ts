@@ -10,14 +10,11 @@
  *
  * Its state is rebuilt from the log on every start: the experiments (compacted), its own
  * dispatches (svc.run-requests), the runners' reports (svc.run-events) and the scores
- * (svc.run-scores). A run's status is derived from those facts, whatever order they were read in:
- *   scored                         -> done (counted once, whatever the number of attempts)
- *   finished                       -> waiting for its score (its slot is free)
- *   rejected, or lost              -> dispatched again (attempt + 1)
- *   otherwise                      -> in flight
- * "Lost": the runner that started it (or, not yet started, any runner) restarted or died (its
- * heartbeats on svc.runners stopped for SVC_RUNNER_DEAD_AFTER, or it said it stops) after its
- * dispatch, or it has been in flight longer than its lease (the run's lifetime, runLifetimeMs, plus a minute).
+ * (svc.run-scores). A run's status is decided from those facts by domain/run-status.ts: done
+ * once scored, waiting for its score once finished, dispatched again (attempt + 1) when rejected,
+ * lost or in flight longer than its lease (the run's lifetime, runLifetimeMs, plus a minute), else
+ * in flight. A runner is taken for restarted when it says so, or dead when its heartbeats on
+ * svc.runners stopped for SVC_RUNNER_DEAD_AFTER or it said it stops; the runs it held are lost.
  * So a restart of any service in the middle of an experiment loses nothing; a run executed twice
  * (a lease that lapsed on a slow runner) is still counted once.
  *
@@ -26,16 +23,16 @@
  * of its matrix: they are held while it is not finished, and it dispatches nothing until all of
  * them are read (the api writes them before the experiment, but the topics are read apart).
  */
-import { createHash } from 'node:crypto';
 import { publish, subscribe, type Delivered, type Kernel, type Service } from '../kernel/actor.ts';
 import { EntityView } from '../kernel/entity-view.ts';
-import { newEventId, runIdOf, scenarioIdOf } from '../kernel/ids.ts';
+import { newEventId } from '../kernel/ids.ts';
 import { KeyedQueue } from '../kernel/keyed-queue.ts';
 import type { Consumer, RecordPosition } from '../kernel/log/event-log.ts';
 import { runLifetimeMs } from '../domain/run-plan.ts';
 import { computeMetrics, NO_TRACES, type RunFact, type RunTraceStats } from '../domain/experiment-metrics.ts';
 import type { ExperimentChanged, ExperimentCommand, ExperimentOptions, ExperimentScenario } from '../domain/events/experiment-events.ts';
-import { scenarioCount } from '../domain/datasets.ts';
+import { experimentPlan, planRuns, type ExperimentPlan, type PlannedRun } from '../domain/experiment-plan.ts';
+import { runStatus, type RunRecord } from '../domain/run-status.ts';
 import type { Params } from '../domain/params.ts';
 import type { RunEvent, RunRequested, RunScored } from '../domain/events/run-events.ts';
 import { parseSpec, type SpecDocument } from '../domain/spec.ts';
@@ -52,18 +49,15 @@ const ORPHAN_SCENARIOS_MS = 60 * 60_000;
 /** The one key of the turns' queue: every experiment's handling takes turns with every other's. */
 const ALL_EXPERIMENTS = 'experiments';
 
-interface RunFacts {
+/** What was read of a run: the facts its status is decided from, with where it sits in the plan. */
+interface RunFacts extends RunRecord {
   runId: string;
   scenarioId: string;
   index: number;
   replica: number;
-  /** attempt -> when dispatched */
   dispatched: Map<number, number>;
-  /** attempt -> who started it, when */
   started: Map<number, { runner: string; ts: number }>;
   rejected: Set<number>;
-  finished: boolean;
-  scored: boolean;
   /** What the metrics need of its latest score (null until scored). */
   latest: LatestScore | null;
 }
@@ -278,37 +272,33 @@ export class AggregatorService implements Service {
       await this.write(experiment, { status: 'failed', completed_at: Date.now(), error: `the spec cannot be planned: ${(err as Error).message}` });
       return;
     }
-    const matrix = this.scenarioParams(experiment, spec);
-    if (matrix === null) return; // its scenarios are still being read: a pass follows the last of them
+    const plan = experimentPlan(JSON.parse(experiment.options) as ExperimentOptions, spec);
+    const scenarios = this.scenarioParams(experimentId, plan);
+    if (scenarios === null) return; // its scenarios are still being read: a pass follows the last of them
     const tracked = this.tracked.get(experimentId) ?? { runs: new Map(), scorePositions: [] };
     this.tracked.set(experimentId, tracked);
-    const plan = planRuns(experiment, spec, matrix);
-    const now = Date.now();
-    const lease = runLifetimeMs(spec, this.kernel.config) + LEASE_SLACK_MS;
-    const latestRestart = Math.max(0, ...this.runnerStarts.values());
+    const runs = planRuns(experimentId, plan, scenarios);
+    const observed = {
+      now: Date.now(),
+      leaseMs: runLifetimeMs(spec, this.kernel.config) + LEASE_SLACK_MS,
+      runnerStarts: this.runnerStarts,
+      latestRunnerStart: Math.max(0, ...this.runnerStarts.values()),
+    };
     let inFlight = 0;
     let scored = 0;
     let anyStarted = false;
     const due: Array<{ run: PlannedRun; attempt: number }> = [];
-    for (const run of plan) {
-      const facts = tracked.runs.get(run.runId);
-      if (facts?.scored) scored++;
+    for (const run of runs) {
+      const facts = tracked.runs.get(run.runId) ?? null;
       if (facts && facts.started.size > 0) anyStarted = true;
-      if (facts?.scored || facts?.finished) continue;
-      const attempt = facts && facts.dispatched.size > 0 ? Math.max(...facts.dispatched.keys()) : 0;
-      if (attempt === 0) {
-        due.push({ run, attempt: 1 });
-        continue;
-      }
-      const dispatchedAt = facts!.dispatched.get(attempt)!;
-      const started = facts!.started.get(attempt);
-      const lost = started ? (this.runnerStarts.get(started.runner) ?? 0) > started.ts : latestRestart > dispatchedAt;
-      if (facts!.rejected.has(attempt) || lost || now - dispatchedAt > lease) due.push({ run, attempt: attempt + 1 });
-      else inFlight++;
+      const status = runStatus(facts, observed);
+      if (status.kind === 'scored') scored++;
+      else if (status.kind === 'due') due.push({ run, attempt: status.attempt });
+      else if (status.kind === 'in_flight') inFlight++;
     }
     if (anyStarted && experiment.status === 'queued') await this.write(experiment, { status: 'running', started_at: Date.now() });
     if (scored !== experiment.scored_runs) await this.write(this.experiments.get(experimentId)!, { scored_runs: scored });
-    if (scored === plan.length) {
+    if (scored === runs.length) {
       await this.complete(experimentId, spec, tracked);
       return;
     }
@@ -380,14 +370,11 @@ export class AggregatorService implements Service {
   }
 
   /** The params of each scenario: the matrix entries, or over a dataset the scenarios read (null until all of them are). */
-  private scenarioParams(experiment: ExperimentChanged, spec: SpecDocument): Params[] | null {
-    const options = JSON.parse(experiment.options) as ExperimentOptions;
-    const matrix = options.matrix ?? spec.parallelism.matrix;
-    if (!options.dataset) return matrix;
-    const held = this.scenarios.get(experiment.experiment_id);
-    const count = scenarioCount(matrix.length, options.dataset);
-    if (!held || held.params.size < count) return null;
-    return Array.from({ length: count }, (_, i) => held.params.get(i)!);
+  private scenarioParams(experimentId: string, plan: ExperimentPlan): Params[] | null {
+    if (!plan.dataset) return plan.matrix;
+    const held = this.scenarios.get(experimentId);
+    if (!held || held.params.size < plan.scenarios) return null;
+    return Array.from({ length: plan.scenarios }, (_, i) => held.params.get(i)!);
   }
 
   private forget(experimentId: string): void {
@@ -436,32 +423,4 @@ function parsed<T>(json: string | null, otherwise: T): T {
   } catch {
     return otherwise;
   }
-}
-
-interface PlannedRun {
-  runId: string;
-  scenarioId: string;
-  index: number;
-  replica: number;
-  params: Params;
-  seed: number;
-}
-
-/**
- * Replicas x matrix entries, replica-major (every scenario's first replica before any second),
- * so early results cover every scenario. Seeds: the request's, else the spec's, else one derived
- * from the run id (stable across attempts).
- */
-function planRuns(experiment: ExperimentChanged, spec: SpecDocument, matrix: Params[]): PlannedRun[] {
-  const options = JSON.parse(experiment.options) as ExperimentOptions;
-  const replicas = options.replicas ?? spec.parallelism.replicas;
-  const runs: PlannedRun[] = [];
-  for (let replica = 1; replica <= replicas; replica++) {
-    for (const [index, params] of matrix.entries()) {
-      const runId = runIdOf(experiment.experiment_id, index, replica);
-      const seed = options.seed ?? spec.determinism.seed ?? createHash('sha256').update(runId).digest().readUInt32BE(0) % 2 ** 31;
-      runs.push({ runId, scenarioId: scenarioIdOf(experiment.experiment_id, index), index, replica, params, seed });
-    }
-  }
-  return runs;
 }

@@ -9,27 +9,24 @@ import type { Principal } from '../../kernel/auth.ts';
 import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError } from '../../kernel/errors.ts';
 import type { RecordPosition } from '../../kernel/log/event-log.ts';
-import type { ExperimentChanged, ExperimentDataset, ExperimentOptions, ExperimentStatus } from '../../domain/events/experiment-events.ts';
-import { scenarioCount } from '../../domain/datasets.ts';
-import type { Params } from '../../domain/params.ts';
+import type { ExperimentChanged, ExperimentOptions, ExperimentStatus } from '../../domain/events/experiment-events.ts';
+import { experimentPlan, type ExperimentPlan, type PlanWithoutMatrix } from '../../domain/experiment-plan.ts';
 import { parseSpec, SPEC_DEFAULTS, type SpecDocument } from '../../domain/spec.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { SpecCatalog } from './spec-catalog.ts';
 
 export const TERMINAL_STATUSES: readonly ExperimentStatus[] = ['completed', 'failed', 'cancelled'];
 
-/** What an experiment runs: its scenarios (null when neither the experiment nor the catalog still has its spec), replicas and scoring. */
-export interface ExperimentPlan {
+/**
+ * What an experiment runs, as its readers need it: the plan (its matrix and scenarios null when
+ * neither the experiment nor the catalog still has its spec), the request's options, the scoring
+ * and the pinned yaml.
+ */
+export type PinnedPlan = (ExperimentPlan | PlanWithoutMatrix) & {
   options: ExperimentOptions;
-  /** The matrix entries (of the request, else the spec); an experiment over a dataset runs each with every selected record. */
-  matrix: Params[] | null;
-  /** How many scenarios it runs (null when the matrix is unknown); its dataset, if it runs one. */
-  scenarios: number | null;
-  dataset: ExperimentDataset | null;
-  replicas: number;
   scoring: SpecDocument['scoring'];
   yaml: string | null;
-}
+};
 
 const DEFAULT_SCORING: SpecDocument['scoring'] = { pass_threshold: SPEC_DEFAULTS.passThreshold, replica_aggregation: { strategy: 'majority' } };
 
@@ -105,16 +102,12 @@ export class ExperimentCatalog extends EntityCatalog<ExperimentChanged> {
   }
 
   /** The request's overrides over the pinned spec. */
-  plan(experiment: ExperimentChanged): ExperimentPlan {
+  plan(experiment: ExperimentChanged): PinnedPlan {
     const options = JSON.parse(experiment.options) as ExperimentOptions;
     const pinned = this.pinned(experiment);
-    const matrix = options.matrix ?? pinned?.doc.parallelism.matrix ?? null;
     return {
+      ...experimentPlan(options, pinned?.doc ?? null),
       options,
-      matrix,
-      scenarios: matrix === null ? null : scenarioCount(matrix.length, options.dataset),
-      dataset: options.dataset ?? null,
-      replicas: options.replicas ?? pinned?.doc.parallelism.replicas ?? SPEC_DEFAULTS.replicas,
       scoring: pinned?.doc.scoring ?? DEFAULT_SCORING,
       yaml: pinned?.yaml ?? null,
     };

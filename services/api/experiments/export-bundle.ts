@@ -12,7 +12,7 @@ import { badRequest } from '../../kernel/errors.ts';
 import type { Kernel } from '../../kernel/actor.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { runFacts, runTraceStats } from '../../queries/run-facts.ts';
-import type { ExperimentPlan } from '../catalogs/experiment-catalog.ts';
+import type { PinnedPlan } from '../catalogs/experiment-catalog.ts';
 import { allAuditRecords, auditStored, type AuditItem } from '../sandboxes/audit-reads.ts';
 import { ScenarioParamsWindow } from './scenario-params.ts';
 import { experimentDetail, RUN_COLUMNS, scenarioResult, type ExperimentDetail, type ResultContext, type RunResult, type RunRow, type ScenarioResult } from './run-results.ts';
@@ -118,7 +118,7 @@ async function* runsByScenario(store: Store, tenant: string, experimentId: strin
 }
 
 /** The export bundle as a stream of typed lines, ending with `end` and the totals. */
-async function* exportLines(kernel: Kernel, experiment: ExperimentChanged, plan: ExperimentPlan): AsyncGenerator<ExportLine> {
+async function* exportLines(kernel: Kernel, experiment: ExperimentChanged, plan: PinnedPlan): AsyncGenerator<ExportLine> {
   const { store, config } = kernel;
   const { tenant, experiment_id: id } = experiment;
   // Every audit record on the log now (the runs' included) is in the table before it is read.
@@ -202,7 +202,7 @@ async function* runText(run: RunLine | ({ type: 'run' } & RunLine)): AsyncGenera
  * The bundle as a download: its content type, file name and body. The first chunk is read
  * before answering, so a failing query is an error status, not a cut stream.
  */
-export async function exportDownload(kernel: Kernel, experiment: ExperimentChanged, plan: ExperimentPlan, format: ExportFormat): Promise<{ type: string; filename: string; body: Readable }> {
+export async function exportDownload(kernel: Kernel, experiment: ExperimentChanged, plan: PinnedPlan, format: ExportFormat): Promise<{ type: string; filename: string; body: Readable }> {
   const lines = exportLines(kernel, experiment, plan);
   const chunks = format === 'json' ? exportJson(lines) : ndjson(lines);
   const first = await chunks.next();

@@ -17,7 +17,7 @@ import type { AgentCatalog } from '../catalogs/agent-catalog.ts';
 import { TERMINAL_STATUSES, type ExperimentCatalog } from '../catalogs/experiment-catalog.ts';
 import type { SpecCatalog } from '../catalogs/spec-catalog.ts';
 import type { DatasetCatalog } from '../catalogs/dataset-catalog.ts';
-import { scenarioCount } from '../../domain/datasets.ts';
+import { experimentPlan } from '../../domain/experiment-plan.ts';
 import { pinDataset, publishScenarios } from './dataset-scenarios.ts';
 import { specOrElse } from '../spec-lookup.ts';
 import { matrixProblems, type CreateRequest } from './create-request.ts';
@@ -60,7 +60,7 @@ export class ExperimentLifecycle {
     const stored = seed === null ? undefined : this.deps.experiments.get(newExperimentId(seed));
     if (stored) return experimentSummary(request.run && stored.status === 'created' ? await this.queueRun(stored) : stored);
     // An experiment over a dataset: its scenarios are on the log before the experiment is.
-    const matrix = request.options.matrix ?? spec.doc.parallelism.matrix;
+    const { matrix } = experimentPlan(request.options, spec.doc);
     const dataset = await pinDataset(this.deps.kernel, this.deps.datasets, tenant, request.dataset, spec.doc, matrix);
     const options = dataset ? { ...request.options, dataset } : request.options;
     const experiment = this.createdEvent(tenant, { ...request, options }, spec, seed);
@@ -143,12 +143,10 @@ export class ExperimentLifecycle {
     const options = JSON.parse(current.options) as ExperimentOptions;
     const spec = specOrElse(this.deps.specs, current.tenant, current.spec_id, current.spec_version, () => new AppError('conflict', `spec "${current.spec_id}" version ${current.spec_version} was deleted; the experiment cannot run`));
     const agent = this.resolveAgent(current.tenant, spec.doc, options.agent_snapshot_id);
-    const matrix = options.matrix ?? spec.doc.parallelism.matrix;
-    const replicas = options.replicas ?? spec.doc.parallelism.replicas;
     return this.command(current, 'run', {
       yaml: spec.stored.yaml,
       agent: agent === null ? null : JSON.stringify(agent),
-      total_runs: scenarioCount(matrix.length, options.dataset) * replicas,
+      total_runs: experimentPlan(options, spec.doc).totalRuns,
       concurrency: this.concurrency(current.tenant, spec.doc),
     });
   }

@@ -15,7 +15,7 @@ import { countsAsPassing, mean, passAtK, passHatK, scenarioVerdict, wilsonInterv
 import { scenarioIdOf } from '../../kernel/ids.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { runTraceStats } from '../../queries/run-facts.ts';
-import type { ExperimentPlan } from '../catalogs/experiment-catalog.ts';
+import type { PinnedPlan } from '../catalogs/experiment-catalog.ts';
 import { reproducer } from './reproducer.ts';
 import { scenarioParams } from './scenario-params.ts';
 import { experimentSummary, iso } from './summary.ts';
@@ -129,7 +129,7 @@ export interface ScenarioResult {
 
 export interface ResultContext {
   experiment: ExperimentChanged;
-  plan: ExperimentPlan;
+  plan: PinnedPlan;
   baseUrl: string;
   /** An experiment over a dataset: the params of the scenarios at hand (scenario-params.ts), by index. */
   scenarioParams?: ReadonlyMap<number, Params>;
@@ -215,7 +215,7 @@ export function scenarioResult(ctx: ResultContext, index: number, rows: RunRow[]
 }
 
 /** Scenario indices: every planned matrix entry, and any that has scored runs. */
-export function scenarioIndices(plan: ExperimentPlan, withRuns: Iterable<number>): number[] {
+export function scenarioIndices(plan: PinnedPlan, withRuns: Iterable<number>): number[] {
   const indices = new Set<number>(withRuns);
   for (let i = 0; i < (plan.scenarios ?? 0); i++) indices.add(i);
   return [...indices].sort((a, b) => a - b);
@@ -243,7 +243,7 @@ function agentSummary(experiment: ExperimentChanged) {
 }
 
 /** The experiment with how it runs: the summary plus options, agent, scoring and metrics. */
-export function experimentDetail(experiment: ExperimentChanged, plan: ExperimentPlan, metrics: ExperimentMetrics) {
+export function experimentDetail(experiment: ExperimentChanged, plan: PinnedPlan, metrics: ExperimentMetrics) {
   return {
     ...experimentSummary(experiment, metrics.counts),
     concurrency: experiment.concurrency,
@@ -262,7 +262,7 @@ export type ExperimentDetail = ReturnType<typeof experimentDetail>;
 export type RunResults = ExperimentDetail & { scenarios: ScenarioResult[] };
 
 /** GET /v1/experiments/:id. */
-export async function runResults(store: Store, experiment: ExperimentChanged, plan: ExperimentPlan, baseUrl: string): Promise<RunResults> {
+export async function runResults(store: Store, experiment: ExperimentChanged, plan: PinnedPlan, baseUrl: string): Promise<RunResults> {
   const { tenant, experiment_id: id } = experiment;
   const [rows, traces, params] = await Promise.all([loadRuns(store, tenant, id, null), runTraceStats(store, tenant, id), plan.dataset ? scenarioParams(store, tenant, id, null) : undefined]);
   const groups = byIndex(rows);

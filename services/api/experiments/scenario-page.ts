@@ -10,7 +10,7 @@ import { badRequest } from '../../kernel/errors.ts';
 import { scenarioIdOf } from '../../kernel/ids.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { runFacts, runTraceStats } from '../../queries/run-facts.ts';
-import type { ExperimentPlan } from '../catalogs/experiment-catalog.ts';
+import type { PinnedPlan } from '../catalogs/experiment-catalog.ts';
 import { decodeCursor, encodeCursor, parseLimit } from '../pagination.ts';
 import { byIndex, loadRuns, scenarioIndices, scenarioResult, type ScenarioResult } from './run-results.ts';
 import { scenarioParams } from './scenario-params.ts';
@@ -52,7 +52,7 @@ export function parseScenarioQuery(q: Record<string, unknown>, config: Config): 
 export async function scenarioPage(
   store: Store,
   experiment: ExperimentChanged,
-  plan: ExperimentPlan,
+  plan: PinnedPlan,
   baseUrl: string,
   { filter, after, limit }: ScenarioQuery,
 ): Promise<{ items: Array<ScenarioResult & { experiment_id: string }>; next: string | null }> {
