@@ -8,8 +8,9 @@
  * connection that goes encrypted is left alone), Query ('Q', several statements possible),
  * Parse/Bind/Execute/Sync/Close, and from the server CommandComplete, ErrorResponse,
  * EmptyQueryResponse, PortalSuspended and ReadyForQuery. A write's table comes from the
- * statement text (INSERT INTO x, UPDATE x, DELETE FROM x, COPY x FROM, MERGE INTO x,
- * TRUNCATE x, also behind WITH and through SQL PREPARE/EXECUTE), its row count from the tag.
+ * statement text (postgres-sql.ts: INSERT INTO x, UPDATE x, DELETE FROM x, COPY x FROM,
+ * MERGE INTO x, TRUNCATE x, also behind WITH and through SQL PREPARE/EXECUTE), its row count
+ * from the tag.
  *
  * When a transaction rolled back: a ROLLBACK (or a COMMIT answered ROLLBACK), an error in an
  * implicit transaction (the connection returns to idle after an ErrorResponse), ROLLBACK TO
@@ -25,6 +26,7 @@
  * per table and operation), responses awaited (past 16 Ki, or on bytes that are not the
  * protocol, the observer stops observing this connection). It never throws.
  */
+import { analyzeStatement, Lexer, MAX_PREPARED, UNKNOWN, type StatementInfo } from './postgres-sql.ts';
 
 export type WriteOperation = 'insert' | 'update' | 'delete' | 'truncate';
 
@@ -39,7 +41,6 @@ export interface ObservedWrite {
 const CLIENT_KEEP: Record<string, number> = { Q: 64 * 1024, P: 64 * 1024, B: 1024, E: 1024, C: 1024, S: 0, F: 0 };
 const SERVER_KEEP: Record<string, number> = { C: 256, Z: 1, E: 0, I: 0, s: 0 };
 const STARTUP_KEEP = 8;
-const MAX_PREPARED = 1024;
 const MAX_PENDING_WRITES = 4096;
 const MAX_SAVEPOINTS = 1024;
 const MAX_AWAITED = 16 * 1024;
@@ -234,19 +235,8 @@ class Framer {
   }
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Which statement each CommandComplete answers.
-
-/** What a statement is, as far as rollbacks go. */
-type StatementInfo =
-  | { kind: 'write'; verb: 'INSERT' | 'UPDATE' | 'DELETE' | 'MERGE' | 'COPY'; table: string }
-  | { kind: 'truncate'; tables: string[] }
-  | { kind: 'copy-to' | 'commit' | 'rollback' }
-  | { kind: 'savepoint' | 'release' | 'rollback-to'; name: string }
-  | { kind: 'other' };
-
-const UNKNOWN: StatementInfo = { kind: 'other' };
 
 /** What the server will answer, in order: an Execute's statement, a Query's statements, a Sync. */
 type Awaited = { kind: 'execute'; info: StatementInfo } | { kind: 'query'; infos: StatementInfo[]; next: number } | { kind: 'sync' };
@@ -502,263 +492,3 @@ class TransactionTracker {
 }
 
 const OPERATION_BY_VERB: Record<string, WriteOperation> = { INSERT: 'insert', UPDATE: 'update', DELETE: 'delete', COPY: 'insert', MERGE: 'update' };
-
-// ---------------------------------------------------------------------------------------------
-// SQL, just enough of it: tokens, and what a statement writes.
-
-type Token = { kind: 'word'; text: string } | { kind: 'ident'; text: string } | { kind: 'punct'; text: string } | { kind: 'other' };
-
-/** Tokens of SQL text: words lower-cased, quoted identifiers unquoted, strings, comments and dollar quotes skipped. */
-class Lexer {
-  private at = 0;
-  private peeked: Token | null = null;
-
-  constructor(private readonly text: string) {}
-
-  done(): boolean {
-    return this.peek() === null;
-  }
-
-  peek(): Token | null {
-    this.peeked ??= this.read();
-    return this.peeked;
-  }
-
-  next(): Token | null {
-    const token = this.peek();
-    this.peeked = null;
-    return token;
-  }
-
-  /** Skips to just past the next top-level ';' (or the end). */
-  skipStatement(): void {
-    for (let token = this.next(); token; token = this.next()) if (token.kind === 'punct' && token.text === ';') return;
-  }
-
-  private read(): Token | null {
-    const text = this.text;
-    for (;;) {
-      const c = text.charCodeAt(this.at);
-      if (Number.isNaN(c)) return null;
-      if (c <= 32) {
-        this.at++;
-      } else if (c === 45 && text.charCodeAt(this.at + 1) === 45) {
-        const eol = text.indexOf('\n', this.at);
-        this.at = eol < 0 ? text.length : eol + 1;
-      } else if (c === 47 && text.charCodeAt(this.at + 1) === 42) {
-        this.skipBlockComment();
-      } else if (c === 39) {
-        this.skipString(false);
-        return { kind: 'other' };
-      } else if (c === 34) {
-        return { kind: 'ident', text: this.readQuoted() };
-      } else if (c === 36 && this.skipDollarQuote()) {
-        return { kind: 'other' };
-      } else if (isWordStart(c)) {
-        const start = this.at;
-        while (this.at < text.length && isWordPart(text.charCodeAt(this.at))) this.at++;
-        const word = text.slice(start, this.at);
-        if (text.charCodeAt(this.at) === 39 && (word === 'e' || word === 'E')) {
-          this.skipString(true);
-          return { kind: 'other' };
-        }
-        return { kind: 'word', text: word.toLowerCase() };
-      } else {
-        this.at++;
-        return c === 59 || c === 40 || c === 41 || c === 44 || c === 46 ? { kind: 'punct', text: String.fromCharCode(c) } : { kind: 'other' };
-      }
-    }
-  }
-
-  private skipBlockComment(): void {
-    let depth = 0;
-    const text = this.text;
-    while (this.at < text.length) {
-      if (text.startsWith('/*', this.at)) {
-        depth++;
-        this.at += 2;
-      } else if (text.startsWith('*/', this.at)) {
-        this.at += 2;
-        if (--depth === 0) return;
-      } else {
-        this.at++;
-      }
-    }
-  }
-
-  private skipString(backslashEscapes: boolean): void {
-    const text = this.text;
-    this.at++;
-    while (this.at < text.length) {
-      const c = text.charCodeAt(this.at++);
-      if (c === 92 && backslashEscapes) this.at++;
-      else if (c === 39) {
-        if (text.charCodeAt(this.at) !== 39) return;
-        this.at++;
-      }
-    }
-  }
-
-  private readQuoted(): string {
-    const text = this.text;
-    let value = '';
-    this.at++;
-    while (this.at < text.length) {
-      const close = text.indexOf('"', this.at);
-      if (close < 0) break;
-      value += text.slice(this.at, close);
-      this.at = close + 1;
-      if (text.charCodeAt(this.at) !== 34) return value;
-      value += '"';
-      this.at++;
-    }
-    this.at = text.length;
-    return value;
-  }
-
-  /** `$tag$ ... $tag$`; false (nothing consumed) for a `$1` parameter. */
-  private skipDollarQuote(): boolean {
-    const match = /^\$([A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$/.exec(this.text.slice(this.at, this.at + 66));
-    if (!match) return false;
-    const close = this.text.indexOf(match[0], this.at + match[0].length);
-    this.at = close < 0 ? this.text.length : close + match[0].length;
-    return true;
-  }
-}
-
-const isWordStart = (c: number): boolean => (c >= 97 && c <= 122) || (c >= 65 && c <= 90) || c === 95 || c >= 128;
-const isWordPart = (c: number): boolean => isWordStart(c) || (c >= 48 && c <= 57) || c === 36;
-
-const WRITE_START: Record<string, { verb: 'INSERT' | 'UPDATE' | 'DELETE' | 'MERGE'; then: string | null }> = {
-  insert: { verb: 'INSERT', then: 'into' },
-  update: { verb: 'UPDATE', then: null },
-  delete: { verb: 'DELETE', then: 'from' },
-  merge: { verb: 'MERGE', then: 'into' },
-};
-
-/** What the statement at the lexer writes; the lexer is left inside it (the caller skips the rest). */
-function analyzeStatement(lexer: Lexer, sqlPrepared: Map<string, StatementInfo>): StatementInfo | null {
-  const first = lexer.peek();
-  if (first?.kind === 'punct' && first.text === ';') return null;
-  const word = first?.kind === 'word' ? first.text : '';
-  lexer.next();
-  switch (word) {
-    case 'insert':
-    case 'update':
-    case 'delete':
-    case 'merge':
-      return writeTarget(lexer, WRITE_START[word]!);
-    case 'with':
-      return writeAfterWith(lexer);
-    case 'copy':
-      return copyTarget(lexer);
-    case 'truncate':
-      return truncateTargets(lexer);
-    case 'commit':
-    case 'end':
-      return { kind: 'commit' };
-    case 'rollback':
-    case 'abort':
-      return rollbackKind(lexer);
-    case 'savepoint':
-      return { kind: 'savepoint', name: nameOf(lexer.next()) };
-    case 'release':
-      if (isWord(lexer.peek(), 'savepoint')) lexer.next();
-      return { kind: 'release', name: nameOf(lexer.next()) };
-    case 'prepare':
-      return prepareStatement(lexer, sqlPrepared);
-    case 'execute':
-      return sqlPrepared.get(nameOf(lexer.next())) ?? UNKNOWN;
-    default:
-      return UNKNOWN;
-  }
-}
-
-function writeTarget(lexer: Lexer, start: { verb: 'INSERT' | 'UPDATE' | 'DELETE' | 'MERGE'; then: string | null }): StatementInfo {
-  if (start.then && !isWord(lexer.next(), start.then)) return UNKNOWN;
-  if (isWord(lexer.peek(), 'only')) lexer.next();
-  const table = qualifiedName(lexer);
-  return table === null ? UNKNOWN : { kind: 'write', verb: start.verb, table };
-}
-
-/** `WITH ... <write>`: the write at parenthesis depth 0 after the common table expressions. */
-function writeAfterWith(lexer: Lexer): StatementInfo {
-  let depth = 0;
-  for (let token = lexer.peek(); token; token = lexer.peek()) {
-    if (token.kind === 'punct') {
-      if (token.text === ';') return UNKNOWN;
-      if (token.text === '(') depth++;
-      if (token.text === ')') depth--;
-    } else if (depth === 0 && token.kind === 'word' && WRITE_START[token.text]) {
-      lexer.next();
-      return writeTarget(lexer, WRITE_START[token.text]!);
-    }
-    lexer.next();
-  }
-  return UNKNOWN;
-}
-
-/** `COPY table [(columns)] FROM ...` writes; `COPY ... TO` and `COPY (query) TO` do not. */
-function copyTarget(lexer: Lexer): StatementInfo {
-  const table = qualifiedName(lexer);
-  if (table === null) return { kind: 'copy-to' };
-  if (lexer.peek()?.kind === 'punct' && (lexer.peek() as { text: string }).text === '(') {
-    for (let token = lexer.next(); token && !(token.kind === 'punct' && token.text === ')'); token = lexer.next());
-  }
-  return isWord(lexer.next(), 'from') ? { kind: 'write', verb: 'COPY', table } : { kind: 'copy-to' };
-}
-
-function truncateTargets(lexer: Lexer): StatementInfo {
-  if (isWord(lexer.peek(), 'table')) lexer.next();
-  const tables: string[] = [];
-  for (;;) {
-    if (isWord(lexer.peek(), 'only')) lexer.next();
-    const table = qualifiedName(lexer);
-    if (table === null) break;
-    tables.push(table);
-    const token = lexer.peek();
-    if (token?.kind === 'other') lexer.next(); // `name *`
-    if (!(lexer.peek()?.kind === 'punct' && (lexer.peek() as { text: string }).text === ',')) break;
-    lexer.next();
-  }
-  return { kind: 'truncate', tables };
-}
-
-/** ROLLBACK [WORK|TRANSACTION] [TO [SAVEPOINT] name] | [AND [NO] CHAIN] */
-function rollbackKind(lexer: Lexer): StatementInfo {
-  if (isWord(lexer.peek(), 'work') || isWord(lexer.peek(), 'transaction')) lexer.next();
-  if (!isWord(lexer.peek(), 'to')) return { kind: 'rollback' };
-  lexer.next();
-  if (isWord(lexer.peek(), 'savepoint')) lexer.next();
-  return { kind: 'rollback-to', name: nameOf(lexer.next()) };
-}
-
-/** `PREPARE name [(types)] AS statement`: remembered for EXECUTE. */
-function prepareStatement(lexer: Lexer, sqlPrepared: Map<string, StatementInfo>): StatementInfo {
-  const name = nameOf(lexer.next());
-  for (let token = lexer.peek(); token && !isWord(token, 'as'); token = lexer.peek()) {
-    if (token.kind === 'punct' && token.text === ';') return UNKNOWN;
-    lexer.next();
-  }
-  lexer.next();
-  const info = analyzeStatement(lexer, sqlPrepared) ?? UNKNOWN;
-  if (sqlPrepared.size < MAX_PREPARED || sqlPrepared.has(name)) sqlPrepared.set(name, info);
-  return UNKNOWN;
-}
-
-/** `name` or `schema.name` (`public.` dropped), or null when the next token is not a name. */
-function qualifiedName(lexer: Lexer): string | null {
-  const first = lexer.peek();
-  if (first?.kind !== 'word' && first?.kind !== 'ident') return null;
-  lexer.next();
-  const dot = lexer.peek();
-  if (!(dot?.kind === 'punct' && dot.text === '.')) return first.text;
-  lexer.next();
-  const second = lexer.peek();
-  if (second?.kind !== 'word' && second?.kind !== 'ident') return first.text;
-  lexer.next();
-  return first.text === 'public' ? second.text : `${first.text}.${second.text}`;
-}
-
-const isWord = (token: Token | null, word: string): boolean => token?.kind === 'word' && token.text === word;
-const nameOf = (token: Token | null): string => (token?.kind === 'word' || token?.kind === 'ident' ? token.text : '');
