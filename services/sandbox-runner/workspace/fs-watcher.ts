@@ -13,7 +13,7 @@
  * opaque, through overlayfs' work directory) is scanned like a new one, not a write of its own.
  * The agent may swap a directory for a symlink to anywhere on the host at any moment, so nothing
  * here follows one: inotifywait (which does, when it adds the watch of a new directory) runs under
- * bubblewrap in a mount namespace holding only those directories (see `confined`), and the watcher's
+ * bubblewrap in a mount namespace holding only those directories (confined-inotifywait.ts), and the watcher's
  * own looks (new-directory scans, sizes) go through beneath.ts, by descriptor. No record ever
  * names a host file or another sandbox's.
  * inotify sees every process that touches the files, whoever it is, so:
@@ -58,20 +58,25 @@
  *  recorded twice). An overflowing inotify queue, watch errors and an unexpected exit of the child
  *  are recorded as `warning` records. Where the host's inotify limits (watches, instances) are reached
  *  at the start, a `warning` says so and the watch is left to the end-of-run reconciliation.
+ *
+ * Here: the child's life and its events turned into records. Beside it: watch-spec.ts (what
+ * `track` and `watch` ask for), confined-inotifywait.ts, watch-suppressions.ts (suppressions and
+ * their barriers), new-dir-scan.ts (a new directory's scan).
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { constants, type Dirent, type Stats } from 'node:fs';
-import { access, lstat, mkdir, realpath, unlink, writeFile } from 'node:fs/promises';
+import { spawn, type ChildProcess } from 'node:child_process';
+import type { Stats } from 'node:fs';
 import path from 'node:path';
-import { promisify } from 'node:util';
-import { badRequest } from '../../kernel/errors.ts';
 import type { AuditType } from './audit-log.ts';
-import { closeFd, lstatBeneath, lstatManyBeneath, openDirAt, openDirBeneath, readdirFd, resolveBeneath } from './beneath.ts';
-import { isServicePath, SERVICE_DIR, workspaceSegments } from './paths.ts';
-import { childName, underPrefix, WritablePlaces, type Place } from './places.ts';
+import { lstatBeneath, lstatManyBeneath } from './beneath.ts';
+import { confined } from './confined-inotifywait.ts';
+import { isServicePath, SERVICE_DIR } from './paths.ts';
+import { underPrefix, WritablePlaces, type Place } from './places.ts';
+import { parseTrack, resolveWatchPrefixes, watchRoots, type OpKind, type TrackKind } from './watch-spec.ts';
+import { Suppressions } from './watch-suppressions.ts';
+import { scanNewDir } from './new-dir-scan.ts';
 
-/** Under `.svc/`: where the watcher creates its barrier files (the agent cannot write there). */
-const BARRIER_DIR = 'watch';
+export type { OpKind, TrackKind } from './watch-spec.ts';
+
 /**
  * inotifywait's complaints about a directory the agent (or overlayfs, moving directories through
  * its work directory) removed or swapped as it watched: gone before its watch was added (its scan
@@ -80,10 +85,6 @@ const BARRIER_DIR = 'watch';
 const GONE_BEFORE_WATCHED = /^((Stat failed on|Couldn't watch new directory) .*: (No such file or directory|Not a directory)|(Failed to remove|Error removing) watch on .*)$/;
 /** Records waiting to be coalesced, at most. */
 const MAX_PENDING = 1000;
-
-export type TrackKind = 'writes' | 'reads' | 'deletes';
-export type OpKind = 'write' | 'read' | 'delete';
-const TRACK_KINDS: readonly TrackKind[] = ['writes', 'reads', 'deletes'];
 
 export interface AuditSink {
   record(type: AuditType, details: Record<string, unknown>, options?: { ts?: Date }): Promise<unknown>;
@@ -120,53 +121,9 @@ interface Pending {
   ts: Date;
 }
 
-interface Suppression {
-  paths?: Set<string>;
-  kinds?: Set<OpKind>;
-  until: number;
-}
-
-/** Validates `track`; 400 naming the field. */
-function parseTrack(track: unknown, field = 'audit.file_system.track'): Set<TrackKind> {
-  if (!Array.isArray(track)) throw badRequest(field, 'must be a list of writes, reads, deletes');
-  const out = new Set<TrackKind>();
-  track.forEach((t, i) => {
-    if (!TRACK_KINDS.includes(t as TrackKind)) throw badRequest(`${field}[${i}]`, 'must be one of writes, reads, deletes');
-    out.add(t as TrackKind);
-  });
-  return out;
-}
-
-/**
- * Validates `watch` and resolves each entry to a name prefix (places.ts): '' is the whole
- * workspace, `/tmp` all of /tmp; a workspace path is resolved as the sandbox sees it (symlinks
- * followed), a path elsewhere lexically. 400 naming `watch[i]`.
- */
-function resolveWatchPrefixes(view: WritablePlaces, watch: unknown, field = 'audit.file_system.watch'): string[] {
-  if (!Array.isArray(watch)) throw badRequest(field, 'must be a list of paths');
-  const prefixes: string[] = [];
-  for (let i = 0; i < watch.length; i++) {
-    const f = `${field}[${i}]`;
-    const w = watch[i];
-    if (typeof w !== 'string') throw badRequest(f, 'must be a string');
-    const named = view.watchPrefixes(w, f);
-    if (named) {
-      prefixes.push(...named);
-      continue;
-    }
-    const resolved = resolveBeneath(view.workspace, workspaceSegments(w, f), { field: f });
-    closeFd(resolved.dir);
-    const rel = resolved.relative;
-    if (isServicePath(rel)) throw badRequest(f, '.svc is the service\'s directory and is not watched');
-    prefixes.push(rel);
-  }
-  return [...new Set(prefixes)];
-}
-
 export class FsWatcher {
   private readonly opts: FsWatcherOptions;
   private readonly coalesceMs: number;
-  private readonly graceMs: number;
   private view!: WritablePlaces;
   private prefixes: string[] = [];
   private track = new Set<TrackKind>();
@@ -183,10 +140,7 @@ export class FsWatcher {
   private timer: NodeJS.Timeout | undefined;
   private readonly inflight = new Set<Promise<unknown>>();
   private readonly scans = new Set<Promise<void>>();
-  private suppressions: Suppression[] = [];
-  private readonly barriers = new Map<string, () => void>();
-  private barrierSeq = 0;
-  private barrierDir: string | undefined;
+  private readonly suppressions: Suppressions;
   /** The last event was a file's MOVED_FROM: a MOVED_TO now is the other half of a rename (inotify queues the two together). */
   private afterFileMovedFrom = false;
   /** Records handed to the audit sink. */
@@ -195,7 +149,8 @@ export class FsWatcher {
   constructor(options: FsWatcherOptions) {
     this.opts = options;
     this.coalesceMs = options.coalesceMs ?? 100;
-    this.graceMs = options.suppressGraceMs ?? 500;
+    const alive = () => this.started && this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+    this.suppressions = new Suppressions({ started: () => this.started, alive, running: () => this.running }, options.suppressGraceMs ?? 500, options.barrierTimeoutMs ?? 2000);
   }
 
   get running(): boolean {
@@ -213,7 +168,7 @@ export class FsWatcher {
     this.prefixes = resolveWatchPrefixes(this.view, this.opts.watch, `${field}.watch`);
     if (this.prefixes.length === 0 || this.track.size === 0) return; // nothing to watch
     const roots = await watchRoots(this.view, this.prefixes);
-    this.barrierDir = await makeBarrierDir(root);
+    const barrierDir = await this.suppressions.makeDir(root);
     const events = ['create', 'moved_to', 'moved_from'];
     if (this.track.has('writes')) events.push('modify', 'close_write', 'attrib');
     if (this.track.has('deletes')) events.push('delete');
@@ -222,7 +177,7 @@ export class FsWatcher {
     for (const e of events) args.push('-e', e);
     // `.svc` is not watched (the audit log is written there), except the barrier directory.
     args.push('--', ...roots, `@${path.join(root, SERVICE_DIR)}`);
-    if (this.barrierDir) args.push(this.barrierDir);
+    if (barrierDir) args.push(barrierDir);
     const [command, argv] = await confined(this.opts.command ?? 'inotifywait', this.view.roots, args).catch((err: Error) => {
       throw new Error(`cannot run inotifywait (install inotify-tools): ${err.message}`);
     });
@@ -289,7 +244,7 @@ export class FsWatcher {
     const child = this.child;
     if (child && child.exitCode === null && child.signalCode === null) {
       // Everything the (already stopped) agent did is queued before the barrier.
-      await new Promise<void>((resolve) => void this.barrier(resolve));
+      await new Promise<void>((resolve) => void this.suppressions.barrier(resolve));
       child.kill('SIGTERM');
     }
     await this.closed;
@@ -303,61 +258,13 @@ export class FsWatcher {
   }
 
   /** Drops matching events for `ms` from now (paths as the caller names them, or workspace-relative). */
-  suppress(paths: string | string[], ms = this.graceMs, kinds?: OpKind[]): void {
-    const list = typeof paths === 'string' ? [paths] : paths;
-    this.suppressions.push({ paths: new Set(list.map(normalize)), kinds: kinds && new Set(kinds), until: Date.now() + ms });
+  suppress(paths: string | string[], ms = this.suppressions.graceMs, kinds?: OpKind[]): void {
+    this.suppressions.add(paths, ms, kinds);
   }
 
   /** Drops matching events while `fn` runs and for the grace period after. No scope fields: everything. */
-  async suppressDuring<T>(scope: { paths?: string[]; kinds?: OpKind[] }, fn: () => Promise<T>): Promise<T> {
-    // What the agent did before now is still queued: it is handled before the suppression begins.
-    if (this.running) await new Promise<void>((resolve) => void this.barrier(resolve));
-    const s: Suppression = {
-      paths: scope.paths && new Set(scope.paths.map(normalize)),
-      kinds: scope.kinds && new Set(scope.kinds),
-      until: Infinity,
-    };
-    this.suppressions.push(s);
-    try {
-      return await fn();
-    } finally {
-      // Ends when the events `fn` caused have all arrived: a barrier file created now comes after them.
-      // Awaiting its creation means whatever the agent does after this returns is not suppressed.
-      // Ended outright, not at a time: events after the barrier's may arrive in the same millisecond.
-      await this.barrier(() => {
-        s.until = -Infinity;
-      });
-    }
-  }
-
-  /**
-   * Calls `done` once every event queued before now has been handled: creates a file in
-   * `.svc/watch/` and waits for its CREATE (one inotify queue, so it comes after everything earlier).
-   * Without a running watcher, or after `barrierTimeoutMs`, falls back to a timer. Resolves once the
-   * barrier file exists.
-   */
-  private async barrier(done: () => void): Promise<void> {
-    const alive = this.started && this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
-    if (!alive || !this.barrierDir) {
-      setTimeout(done, this.started ? this.graceMs : 0).unref();
-      return;
-    }
-    const name = `b-${process.pid}-${++this.barrierSeq}`;
-    const file = path.join(this.barrierDir, name);
-    const finish = () => {
-      if (!this.barriers.delete(name)) return;
-      clearTimeout(fallback);
-      done();
-    };
-    const fallback = setTimeout(finish, this.opts.barrierTimeoutMs ?? 2000);
-    fallback.unref();
-    this.barriers.set(name, finish);
-    try {
-      await writeFile(file, '');
-      await unlink(file);
-    } catch {
-      // The fallback timer ends it.
-    }
+  suppressDuring<T>(scope: { paths?: string[]; kinds?: OpKind[] }, fn: () => Promise<T>): Promise<T> {
+    return this.suppressions.during(scope, fn);
   }
 
   // --- events ---------------------------------------------------------------------------------
@@ -379,8 +286,9 @@ export class FsWatcher {
       return;
     }
     const clean = abs.endsWith('/') ? abs.slice(0, -1) : abs;
-    if (this.barrierDir && clean.startsWith(`${this.barrierDir}/`)) {
-      if (flags.includes('CREATE')) this.barriers.get(clean.slice(this.barrierDir.length + 1))?.();
+    const barrier = this.suppressions.barrierOf(clean);
+    if (barrier !== null) {
+      if (flags.includes('CREATE')) this.suppressions.arrived(barrier);
       return;
     }
     const rel = this.view.nameOf(clean);
@@ -482,62 +390,15 @@ export class FsWatcher {
   }
 
   private suppressed(rel: string, kind: OpKind): boolean {
-    if (this.suppressions.length === 0) return false;
-    const now = Date.now();
-    this.suppressions = this.suppressions.filter((s) => s.until >= now);
-    return this.suppressions.some((s) => (!s.kinds || s.kinds.has(kind)) && (!s.paths || s.paths.has(rel)));
+    return this.suppressions.covers(rel, kind);
   }
 
-  /**
-   * Files already in a directory when its CREATE arrives were perhaps written before its watch.
-   * Walked by descriptor (beneath.ts), never through a symlink: the agent may have swapped the
-   * directory for a link to a host directory or another sandbox's workspace by now.
-   */
+  /** Files already in a directory when its CREATE arrives were perhaps written before its watch (new-dir-scan.ts). */
   private scanNewDir(rel: string): void {
-    const scan = (async () => {
-      let top: number;
-      try {
-        const at = this.view.locate(rel);
-        top = openDirBeneath(at.root, at.rel.split('/'));
-      } catch {
-        return; // gone, or no longer a directory
-      }
-      // Depth first, one held descriptor per level.
-      const stack: { fd: number; rel: string; entries?: Dirent[]; next: number }[] = [{ fd: top, rel, next: 0 }];
-      try {
-        while (stack.length > 0) {
-          const dir = stack.at(-1)!;
-          if (!dir.entries) {
-            try {
-              dir.entries = readdirFd(dir.fd);
-            } catch {
-              dir.entries = [];
-            }
-          }
-          const d = dir.entries[dir.next++];
-          if (!d) {
-            closeFd(stack.pop()!.fd);
-            await new Promise<void>((resolve) => setImmediate(resolve));
-            continue;
-          }
-          const child = childName(dir.rel, d.name);
-          if (d.isDirectory()) {
-            // Deeper than a path the API can name is not scanned (it bounds the held descriptors).
-            if (Buffer.byteLength(child) >= 4096) continue;
-            try {
-              stack.push({ fd: openDirAt(dir.fd, d.name), rel: child, next: 0 });
-            } catch {
-              // Gone or swapped for something else since the listing: not entered.
-            }
-          } else if ((d.isFile() || d.isSymbolicLink()) && this.inScope(child) && !this.suppressed(child, 'write')) {
-            // Still open for writing: its CLOSE_WRITE will record it.
-            if (!this.dirty.has(child)) this.enqueue('file_write', child, { path: child });
-          }
-        }
-      } finally {
-        for (const dir of stack) closeFd(dir.fd);
-      }
-    })();
+    const scan = scanNewDir(this.view, rel, (child) => {
+      // Still open for writing: its CLOSE_WRITE will record it.
+      if (this.inScope(child) && !this.suppressed(child, 'write') && !this.dirty.has(child)) this.enqueue('file_write', child, { path: child });
+    });
     this.scans.add(scan);
     void scan.finally(() => this.scans.delete(scan));
   }
@@ -616,89 +477,5 @@ export class FsWatcher {
       const st = stats.get(rel);
       if (st && (st.isSymbolicLink() || (st.isFile() && st.nlink > 1)) && this.dirty.delete(rel)) this.enqueue('file_write', rel, { path: rel });
     }
-  }
-}
-
-/**
- * inotifywait -r follows symlinks: a directory swapped for a link right after its CREATE gets the
- * link's target watched (opendir and a trailing `/` follow it even with --no-dereference), and its
- * events would name host files. So it runs under bubblewrap in a mount namespace holding only the
- * watched places (each at its own host path, read-only; inotify still sees every write) and the
- * binary with its libraries: a link out of them leads nowhere there.
- */
-async function confined(command: string, roots: string[], args: string[]): Promise<[string, string[]]> {
-  const binary = await findExecutable(command);
-  const files = [binary, ...(await sharedLibraries(binary)), ...roots];
-  const binds = files.flatMap((f) => ['--ro-bind', f, f]);
-  return ['bwrap', ['--die-with-parent', '--unshare-all', ...binds, '--', binary, ...args]];
-}
-
-/** `command` as an absolute path (PATH searched); ENOENT when there is none. */
-async function findExecutable(command: string): Promise<string> {
-  const candidates = command.includes('/') ? [path.resolve(command)] : (process.env.PATH ?? '').split(':').filter(Boolean).map((d) => path.join(d, command));
-  for (const c of candidates) {
-    if (await access(c, constants.X_OK).then(() => true, () => false)) return realpath(c);
-  }
-  throw Object.assign(new Error(`${command} not found`), { code: 'ENOENT' });
-}
-
-const libraries = new Map<string, Promise<string[]>>();
-
-/** The shared libraries (and loader) `binary` loads, as `ldd` lists them; none for a static binary. */
-function sharedLibraries(binary: string): Promise<string[]> {
-  let found = libraries.get(binary);
-  if (!found) {
-    found = promisify(execFile)('ldd', [binary]).then(
-      ({ stdout }) => [...stdout.matchAll(/(?:=>\s*)?(\/\S+)\s+\(0x/g)].map((m) => m[1]!),
-      () => [],
-    );
-    libraries.set(binary, found);
-  }
-  return found;
-}
-
-/** Directories to hand to inotifywait: each prefix's nearest existing directory, nested ones dropped. */
-async function watchRoots(view: WritablePlaces, prefixes: string[]): Promise<string[]> {
-  const dirs = new Set<string>();
-  for (const p of prefixes) {
-    let { root, rel } = view.locate(p);
-    for (;;) {
-      const abs = rel === '' ? root : path.join(root, rel);
-      const st = rel === '' ? await lstat(root).catch(() => undefined) : lstatBeneath(root, rel);
-      if (st?.isDirectory()) {
-        dirs.add(abs);
-        break;
-      }
-      if (rel === '') throw new Error(`${p || 'the workspace'} (${root}) is not a directory`);
-      rel = rel.includes('/') ? rel.slice(0, rel.lastIndexOf('/')) : '';
-    }
-  }
-  const sorted = [...dirs].sort((a, b) => a.length - b.length);
-  return sorted.filter((d, i) => !sorted.slice(0, i).some((o) => d.startsWith(`${o}/`)));
-}
-
-function normalize(p: string): string {
-  try {
-    return workspaceSegments(p).join('/');
-  } catch {
-    return p;
-  }
-}
-
-/** `.svc/watch/`, created if needed; undefined when `.svc` is not a plain directory (barriers then fall back to timers). */
-async function makeBarrierDir(root: string): Promise<string | undefined> {
-  const svc = path.join(root, SERVICE_DIR);
-  try {
-    await mkdir(svc, { mode: 0o755 }).catch((err: NodeJS.ErrnoException) => {
-      if (err.code !== 'EEXIST') throw err;
-    });
-    if (!(await lstat(svc)).isDirectory()) return undefined;
-    const dir = path.join(svc, BARRIER_DIR);
-    await mkdir(dir, { mode: 0o755 }).catch((err: NodeJS.ErrnoException) => {
-      if (err.code !== 'EEXIST') throw err;
-    });
-    return (await lstat(dir)).isDirectory() ? dir : undefined;
-  } catch {
-    return undefined;
   }
 }
