@@ -21,6 +21,9 @@
  * at most 40 times, then a 400 `changed while being resolved`; never a 500.
  *
  * Linux only (/proc/self/fd); sandboxes only run there.
+ *
+ * One file on purpose (~520 lines): the path-safe layer is reviewed as one unit, and `at` (a name
+ * in a held directory as a path) stays private to it.
  */
 import { closeSync, constants, fchmodSync, fchownSync, lchownSync, lstatSync, mkdirSync, openSync, readdirSync, readlinkSync, realpathSync, rmdirSync, symlinkSync, unlinkSync, type BigIntStats, type Dirent, type Stats } from 'node:fs';
 import path from 'node:path';
