@@ -35,7 +35,8 @@ import { experimentPlan, planRuns, type ExperimentPlan, type PlannedRun } from '
 import { runStatus, type RunRecord } from '../domain/run-status.ts';
 import type { Params } from '../domain/params.ts';
 import type { RunEvent, RunRequested, RunScored } from '../domain/events/run-events.ts';
-import { parseSpec, type SpecDocument } from '../domain/spec.ts';
+import type { SpecDocument } from '../domain/spec.ts';
+import { parsedSpec } from '../domain/spec-cache.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import type { RunnerHeartbeat } from '../domain/events/runner-events.ts';
 import { goneAt, isLive } from '../domain/runners.ts';
@@ -84,7 +85,6 @@ export class AggregatorService implements Service {
   /** The latest state of every experiment: the view's, or what this service just wrote. */
   private readonly experiments = new Map<string, ExperimentChanged>();
   private readonly tracked = new Map<string, Tracked>();
-  private readonly specs = new Map<string, SpecDocument>();
   /** runner id -> when it last (re)started, or died */
   private readonly runnerStarts = new Map<string, number>();
   /** runner id -> its latest heartbeat */
@@ -267,7 +267,7 @@ export class AggregatorService implements Service {
     if (!experiment || experiment.yaml === null || TERMINAL.has(experiment.status) || experiment.status === 'created') return;
     let spec: SpecDocument;
     try {
-      spec = this.spec(experiment);
+      spec = parsedSpec(experiment.yaml);
     } catch (err) {
       await this.write(experiment, { status: 'failed', completed_at: Date.now(), error: `the spec cannot be planned: ${(err as Error).message}` });
       return;
@@ -340,7 +340,7 @@ export class AggregatorService implements Service {
   private async countAfterCancel(experiment: ExperimentChanged): Promise<void> {
     const tracked = this.tracked.get(experiment.experiment_id);
     if (!tracked || experiment.yaml === null) return this.forget(experiment.experiment_id);
-    const lease = runLifetimeMs(this.spec(experiment), this.kernel.config) + LEASE_SLACK_MS;
+    const lease = runLifetimeMs(parsedSpec(experiment.yaml), this.kernel.config) + LEASE_SLACK_MS;
     const runs = [...tracked.runs.values()];
     const countScored = () => runs.filter((r) => r.scored).length;
     const scored = countScored();
@@ -379,17 +379,7 @@ export class AggregatorService implements Service {
 
   private forget(experimentId: string): void {
     this.scenarios.delete(experimentId);
-    this.specs.delete(experimentId);
     this.tracked.delete(experimentId);
-  }
-
-  private spec(experiment: ExperimentChanged): SpecDocument {
-    let spec = this.specs.get(experiment.experiment_id);
-    if (!spec) {
-      spec = parseSpec(experiment.yaml!);
-      this.specs.set(experiment.experiment_id, spec);
-    }
-    return spec;
   }
 
   private async write(experiment: ExperimentChanged, change: Partial<ExperimentChanged>): Promise<void> {

@@ -35,15 +35,14 @@ import { computeMetrics, type ExperimentMetrics } from '../domain/experiment-met
 import type { AlertChanged, AlertEvaluationReplied, AlertEvaluationRequested, AlertFired } from '../domain/events/alert-events.ts';
 import type { ExperimentChanged } from '../domain/events/experiment-events.ts';
 import type { RunScored } from '../domain/events/run-events.ts';
-import { parseSpec, type SpecDocument } from '../domain/spec.ts';
+import type { SpecDocument } from '../domain/spec.ts';
+import { readableSpec } from '../domain/spec-cache.ts';
 import { Deliveries } from './deliveries.ts';
 import { FiringIndex } from './firing-index.ts';
 import { Notifiers } from './notifiers.ts';
 import { firingIdOf, fromApiRule, fromSpecAlert, newFiring, type ApplicableRule } from './rules.ts';
 
 const EXCHANGE: Exchange<AlertEvaluationReplied> = { requests: TOPICS.alertEvaluations, replies: TOPICS.alertReplies, correlationOf: (r) => r.correlation_id };
-/** Parsed spec versions kept (experiments of one spec version share one). */
-const SPEC_CACHE_SIZE = 256;
 const PRUNE_EVERY_MS = 10 * 60_000;
 /** The one key of the evaluations' queue: they all take turns together. */
 const EVALUATIONS = 'evaluations';
@@ -57,7 +56,6 @@ export class AlerterService implements Service {
   private kernel!: Kernel;
   private readonly history = new AlertHistory();
   private readonly firings = new FiringIndex();
-  private readonly specs = new Map<string, SpecDocument | null>();
   private views: Array<EntityView<unknown>> = [];
   private rulesView!: EntityView<AlertChanged>;
   private experimentsView!: EntityView<ExperimentChanged>;
@@ -165,16 +163,7 @@ export class AlerterService implements Service {
   /** The pinned spec version's document (null when it cannot be read: no spec rules then). */
   private specOf(yaml: string | null): SpecDocument | null {
     if (yaml === null) return null;
-    if (this.specs.has(yaml)) return this.specs.get(yaml)!;
-    let spec: SpecDocument | null = null;
-    try {
-      spec = parseSpec(yaml);
-    } catch (err) {
-      this.kernel.logger.warn({ err: (err as Error).message }, "an experiment's spec cannot be read: its alerts block is not evaluated");
-    }
-    if (this.specs.size >= SPEC_CACHE_SIZE) this.specs.delete(this.specs.keys().next().value!);
-    this.specs.set(yaml, spec);
-    return spec;
+    return readableSpec(yaml, (err) => this.kernel.logger.warn({ err: err.message }, "an experiment's spec cannot be read: its alerts block is not evaluated"));
   }
 
   /** Resolves once `view` shows everything on `topic` now. */

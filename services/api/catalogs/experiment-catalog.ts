@@ -11,7 +11,8 @@ import { AppError } from '../../kernel/errors.ts';
 import type { RecordPosition } from '../../kernel/log/event-log.ts';
 import type { ExperimentChanged, ExperimentOptions, ExperimentStatus } from '../../domain/events/experiment-events.ts';
 import { experimentPlan, type ExperimentPlan, type PlanWithoutMatrix } from '../../domain/experiment-plan.ts';
-import { parseSpec, SPEC_DEFAULTS, type SpecDocument } from '../../domain/spec.ts';
+import { SPEC_DEFAULTS, type SpecDocument } from '../../domain/spec.ts';
+import { parsedSpec } from '../../domain/spec-cache.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { SpecCatalog } from './spec-catalog.ts';
 
@@ -33,8 +34,6 @@ const DEFAULT_SCORING: SpecDocument['scoring'] = { pass_threshold: SPEC_DEFAULTS
 export class ExperimentCatalog extends EntityCatalog<ExperimentChanged> {
   /** Where each experiment's latest event sits, for awaiting the experiments table. */
   private readonly positions = new Map<string, RecordPosition>();
-  /** Parsed pinned documents by experiment id (the yaml never changes once queued). */
-  private readonly documents = new Map<string, SpecDocument>();
 
   constructor(
     kernel: Kernel,
@@ -48,7 +47,6 @@ export class ExperimentCatalog extends EntityCatalog<ExperimentChanged> {
     if (value === null) {
       entities.delete(record.key);
       this.positions.delete(record.key);
-      this.documents.delete(record.key);
       return;
     }
     entities.set(record.key, value);
@@ -84,14 +82,7 @@ export class ExperimentCatalog extends EntityCatalog<ExperimentChanged> {
 
   /** The pinned spec: the experiment's own once queued, else the catalog's version (null when deleted since). */
   pinned(experiment: ExperimentChanged): { doc: SpecDocument; yaml: string } | null {
-    if (experiment.yaml !== null) {
-      let doc = this.documents.get(experiment.experiment_id);
-      if (!doc) {
-        doc = parseSpec(experiment.yaml);
-        this.documents.set(experiment.experiment_id, doc);
-      }
-      return { doc, yaml: experiment.yaml };
-    }
+    if (experiment.yaml !== null) return { doc: parsedSpec(experiment.yaml), yaml: experiment.yaml };
     try {
       const spec = this.specs.get(experiment.tenant, experiment.spec_id, experiment.spec_version);
       return { doc: spec.doc, yaml: spec.stored.yaml };

@@ -3,7 +3,7 @@
  * oldest first, each with its metrics (the snapshot taken at completion, else computed now).
  */
 import type { ExperimentMetrics } from '../../domain/experiment-metrics.ts';
-import { parseSpec } from '../../domain/spec.ts';
+import { parsedSpec } from '../../domain/spec-cache.ts';
 import { AppError } from '../../kernel/errors.ts';
 import type { Store } from '../../kernel/store/store.ts';
 import { experimentMetrics } from '../../queries/run-facts.ts';
@@ -25,7 +25,7 @@ export interface HistoryItem {
 type HistoryRow = ExperimentRow & { Metrics: string; Yaml: string };
 
 async function historyItem(store: Store, tenant: string, r: HistoryRow): Promise<HistoryItem> {
-  const metrics = r.Metrics !== '' ? (JSON.parse(r.Metrics) as ExperimentMetrics) : await experimentMetrics(store, tenant, r.ExperimentId, parseSpec(r.Yaml).scoring);
+  const metrics = r.Metrics !== '' ? (JSON.parse(r.Metrics) as ExperimentMetrics) : await experimentMetrics(store, tenant, r.ExperimentId, parsedSpec(r.Yaml).scoring);
   return {
     experiment_id: r.ExperimentId,
     name: r.Name,
