@@ -9,7 +9,8 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import zlib from 'node:zlib';
 import { after, test } from 'node:test';
-import { HttpMock, matchRoute, routePatternProblem, type Forward, type MockRoute } from '../../services/sandbox-runner/backing/http-mock.ts';
+import { HttpMock, type Forward, type MockRoute } from '../../services/sandbox-runner/backing/http-mock.ts';
+import { matchRoute, routePatternProblem } from '../../services/sandbox-runner/backing/http-mock-routes.ts';
 
 const servers: http.Server[] = [];
 after(() => {

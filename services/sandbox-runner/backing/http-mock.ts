@@ -5,23 +5,8 @@
  * unmatched requests to the real host and keeps the answers as routes a later spec can replay.
  * It never listens itself: the caller serves `handle`.
  *
- * Routes
- * - Path patterns: literal segments, `:name` (one non-empty segment, captured), `*` (one
- *   non-empty segment), `**` (any number of segments, zero included; last segment only).
- *   Segments are compared percent-decoded, case-sensitively; the query string is ignored and a
- *   trailing slash is insignificant. `routePatternProblem` says why a pattern is invalid.
- * - The first matching route wins, in spec order; `addRoute` (a drift fixture) replaces a route
- *   of the same method and pattern in place, or appends. HEAD takes a HEAD route, else the GET
- *   route, and gets its headers without a body.
- * - Templates: `{{ path.<name> }}` in a string body, in string values inside a JSON body and in
- *   header values becomes the captured path parameter (an unknown name stays as written). Plain
- *   substitution, no expressions. In a header, characters a header cannot carry are
- *   percent-encoded.
- * - Body: a string is sent as is (text/plain; charset=utf-8 unless the route sets content-type);
- *   anything else as JSON (application/json unless set). Content-length is always computed, a
- *   route's own content-length and transfer-encoding are ignored. A route header
- *   `x-mock-body-encoding: base64` says the string body is base64 bytes (how recordings keep
- *   binary answers); it is decoded and not sent.
+ * How routes match and what they answer is told in http-mock-routes.ts, what record mode keeps
+ * in http-mock-recording.ts.
  *
  * Requests no route answers
  * - Without record: 404 `{error: "no_route", message, routes: ["GET /a", ...]}` so the agent and
@@ -39,24 +24,12 @@
  * `uncounted` says how many requests that left out (a count is then possibly low). Entries are
  * added when answered (a slow forward's entry comes after quicker later ones; `ts` is arrival).
  * `probe` (wait_for) asks the routes without a journal entry.
- *
- * Recording (`recording()`): one route per method + path (trailing slash and query string
- * ignored, so different queries share one route), the latest answer winning. Headers lose
- * hop-by-hop and framing ones and every credential-carrying one (a real session cookie must not
- * end up in a spec); the sandbox's secret values are replaced in paths, header values and text
- * bodies (`redact`). A gzip/deflate/br body is decoded (content-encoding dropped) when it can be
- * within `maxBodyBytes`. The body becomes JSON when content-type says JSON and it parses to an
- * object, array, number, boolean or null; else text when it is UTF-8 without control
- * characters; else base64 with `x-mock-body-encoding: base64`. A body over `maxBodyBytes`
- * (default 1 MiB), or past 64 MiB for all recorded bodies together, is left out and the route
- * says so in an `x-mock-body-omitted: <n> bytes` header. Methods outside the spec's HttpMethod
- * are answered but not recorded; at most `maxJournal` distinct routes are recorded. Replayed
- * text is a template too: a recorded `{{ path.x }}` would be substituted.
  */
 import type http from 'node:http';
-import zlib from 'node:zlib';
-import type { HttpMethod, MockRoute } from '../../domain/spec.ts';
-import { isCredentialHeader, redactHeaders } from '../network/headers.ts';
+import type { MockRoute } from '../../domain/spec.ts';
+import { redactHeaders } from '../network/headers.ts';
+import { mapValues, Recorder } from './http-mock-recording.ts';
+import { compilePattern, HOP_HEADERS, jsonAnswer, matchSegments, renderRoute, samePattern, send, type Segment } from './http-mock-routes.ts';
 
 export type { MockRoute };
 
@@ -112,153 +85,8 @@ export interface HttpMockOptions {
 export const DEFAULT_MAX_JOURNAL = 10_000;
 export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
 export const DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024;
-export const BODY_ENCODING_HEADER = 'x-mock-body-encoding';
-export const BODY_OMITTED_HEADER = 'x-mock-body-omitted';
-/** All recorded answer bodies together: a recording session never holds more. */
-const RECORDING_BUDGET_BYTES = 64 * 1024 * 1024;
 /** Distinct method+path pairs counted for requestCount. */
 const MAX_COUNTED_PAIRS = 100_000;
-
-const HTTP_METHODS: ReadonlySet<string> = new Set<HttpMethod>(['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIONS']);
-/** Headers about one hop or the framing of one message: never copied from one message to another. */
-const HOP_HEADERS = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'content-length']);
-
-// ---------------------------------------------------------------------------------------------
-// Path patterns
-
-type Segment = { kind: 'literal'; text: string } | { kind: 'param'; name: string } | { kind: 'one' } | { kind: 'rest' };
-
-const PARAM = /^:([A-Za-z_][A-Za-z0-9_]*)$/;
-
-/** Why `pattern` is not a route pattern, or null when it is one. */
-export function routePatternProblem(pattern: string): string | null {
-  try {
-    compilePattern(pattern);
-    return null;
-  } catch (error) {
-    return (error as Error).message;
-  }
-}
-
-/** The path parameters when `path` (query string ignored) matches `pattern`, else null. Throws on an invalid pattern. */
-export function matchRoute(pattern: string, path: string): Record<string, string> | null {
-  return matchSegments(compilePattern(pattern), path);
-}
-
-function compilePattern(pattern: string): Segment[] {
-  if (!pattern.startsWith('/')) throw new Error(`route path ${JSON.stringify(pattern)} does not start with /`);
-  if (pattern.includes('?')) throw new Error(`route path ${JSON.stringify(pattern)} has a query string (queries are not matched)`);
-  const parts = segmentsOf(pattern);
-  const names = new Set<string>();
-  return parts.map((part, i): Segment => {
-    if (part === '**') {
-      if (i !== parts.length - 1) throw new Error(`route path ${JSON.stringify(pattern)} has ** before its last segment`);
-      return { kind: 'rest' };
-    }
-    if (part === '*') return { kind: 'one' };
-    if (!part.startsWith(':')) return { kind: 'literal', text: decodeSegment(part) };
-    const name = PARAM.exec(part)?.[1];
-    if (!name) throw new Error(`route path ${JSON.stringify(pattern)}: ${JSON.stringify(part)} is not a parameter name (letters, digits, _)`);
-    if (names.has(name)) throw new Error(`route path ${JSON.stringify(pattern)} names the parameter ${name} twice`);
-    names.add(name);
-    return { kind: 'param', name };
-  });
-}
-
-function matchSegments(pattern: Segment[], path: string): Record<string, string> | null {
-  const parts = segmentsOf(path);
-  const params: Array<[string, string]> = [];
-  for (const [i, segment] of pattern.entries()) {
-    if (segment.kind === 'rest') return Object.fromEntries(params);
-    if (i >= parts.length) return null;
-    const value = decodeSegment(parts[i]!);
-    if (segment.kind === 'literal' ? value !== segment.text : value === '') return null;
-    if (segment.kind === 'param') params.push([segment.name, value]);
-  }
-  // fromEntries defines own properties: a parameter named __proto__ stays a parameter.
-  return pattern.length === parts.length ? Object.fromEntries(params) : null;
-}
-
-/** The segments of a path: query string dropped, one trailing slash insignificant, '/' has none. */
-function segmentsOf(path: string): string[] {
-  const query = path.indexOf('?');
-  let bare = query === -1 ? path : path.slice(0, query);
-  if (bare.endsWith('/')) bare = bare.slice(0, -1);
-  return bare === '' ? [] : bare.slice(1).split('/');
-}
-
-function decodeSegment(segment: string): string {
-  try {
-    return decodeURIComponent(segment);
-  } catch {
-    return segment; // a malformed escape is compared as written
-  }
-}
-
-/** The same pattern for replacing: trailing slash insignificant. */
-function samePattern(a: string, b: string): boolean {
-  return segmentsOf(a).join('/') === segmentsOf(b).join('/');
-}
-
-// ---------------------------------------------------------------------------------------------
-// Rendering a route's answer
-
-const TEMPLATE = /\{\{\s*path\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}/g;
-
-function renderText(text: string, params: Record<string, string>, escape: (value: string) => string = (v) => v): string {
-  return text.replace(TEMPLATE, (whole, name: string) => (Object.hasOwn(params, name) ? escape(params[name]!) : whole));
-}
-
-function renderJson(value: unknown, params: Record<string, string>): unknown {
-  if (typeof value === 'string') return renderText(value, params);
-  if (Array.isArray(value)) return value.map((item) => renderJson(item, params));
-  if (value !== null && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, renderJson(item, params)]));
-  return value;
-}
-
-/** Header values carry visible ASCII and tabs only: a decoded parameter may hold anything. */
-function headerSafe(value: string): string {
-  return value.replace(/[^\t\x20-\x7e]/gu, (c) => encodeURIComponent(c));
-}
-
-interface Answer {
-  status: number;
-  headers: Record<string, string>;
-  body: Buffer;
-}
-
-function renderRoute(route: MockRoute, params: Record<string, string>): Answer {
-  const headers: Record<string, string> = {};
-  for (const [name, value] of Object.entries(route.response.headers)) headers[name.toLowerCase()] = renderText(String(value), params, headerSafe);
-  const encoding = headers[BODY_ENCODING_HEADER];
-  delete headers[BODY_ENCODING_HEADER];
-  const { body } = route.response;
-  let bytes: Buffer;
-  if (typeof body === 'string' && encoding === 'base64') bytes = Buffer.from(body, 'base64');
-  else if (typeof body === 'string') bytes = Buffer.from(renderText(body, params));
-  else if (body === undefined) bytes = Buffer.alloc(0);
-  else {
-    bytes = Buffer.from(JSON.stringify(renderJson(body, params)));
-    headers['content-type'] ??= 'application/json';
-  }
-  if (bytes.length > 0) headers['content-type'] ??= 'text/plain; charset=utf-8';
-  return { status: route.response.status, headers, body: bytes };
-}
-
-/** Writes an answer; HEAD, 1xx, 204 and 304 get no body; content-length is always ours. */
-function send(res: http.ServerResponse, method: string, answer: Answer, extra: Record<string, string> = {}): void {
-  const { status } = answer;
-  const headers: Record<string, string> = {};
-  for (const [name, value] of Object.entries(answer.headers)) if (!HOP_HEADERS.has(name.toLowerCase())) headers[name.toLowerCase()] = value;
-  const bodyless = status < 200 || status === 204 || status === 304;
-  if (!bodyless) headers['content-length'] = String(answer.body.length);
-  res.writeHead(status, { ...headers, ...extra });
-  res.end(bodyless || method === 'HEAD' ? undefined : answer.body);
-}
-
-function jsonAnswer(status: number, value: unknown): Answer {
-  return { status, headers: { 'content-type': 'application/json' }, body: Buffer.from(JSON.stringify(value)) };
-}
 
 // ---------------------------------------------------------------------------------------------
 // The journal
@@ -305,108 +133,6 @@ class RequestJournal {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The recording
-
-interface Recorded {
-  method: HttpMethod;
-  path: string;
-  status: number;
-  headers: Record<string, string>;
-  /** null: left out, `omitted` says how big it was */
-  body: Buffer | null;
-  omitted: number;
-}
-
-class Recorder {
-  private readonly routes = new Map<string, Recorded>();
-  private bytes = 0;
-
-  constructor(private readonly maxRoutes: number, private readonly maxBodyBytes: number, private readonly redact: (text: string) => string) {}
-
-  save(method: string, path: string, answer: Answer): void {
-    if (!HTTP_METHODS.has(method)) return;
-    const normalised = this.redact(`/${segmentsOf(path).join('/')}`);
-    const key = `${method} ${normalised}`;
-    const previous = this.routes.get(key);
-    if (!previous && this.routes.size >= this.maxRoutes) return;
-    const decoded = decodeContent(answer.headers, answer.body, this.maxBodyBytes);
-    const headers = mapValues(decoded.headers, this.redact);
-    const body = redactBody(decoded.body, this.redact);
-    const before = this.bytes - (previous?.body?.length ?? 0);
-    const fits = body.length <= this.maxBodyBytes && before + body.length <= RECORDING_BUDGET_BYTES;
-    this.bytes = before + (fits ? body.length : 0);
-    this.routes.set(key, { method: method as HttpMethod, path: normalised, status: answer.status, headers: recordableHeaders(headers), body: fits ? body : null, omitted: body.length });
-  }
-
-  routesSeen(): MockRoute[] {
-    return [...this.routes.values()].map((recorded) => ({ method: recorded.method, path: recorded.path, response: { status: recorded.status, ...replayableBody(recorded) } }));
-  }
-}
-
-/** The body without its content-encoding when it decodes within `limit`; else as it came. */
-function decodeContent(headers: Record<string, string>, body: Buffer, limit: number): { headers: Record<string, string>; body: Buffer } {
-  const lower = Object.fromEntries(Object.entries(headers).map(([name, value]) => [name.toLowerCase(), value]));
-  const encoding = lower['content-encoding']?.trim().toLowerCase();
-  const decoders: Record<string, (input: Buffer, options: zlib.ZlibOptions & zlib.BrotliOptions) => Buffer> = {
-    gzip: zlib.gunzipSync,
-    'x-gzip': zlib.gunzipSync,
-    deflate: zlib.inflateSync,
-    br: zlib.brotliDecompressSync,
-  };
-  const decoder = encoding ? decoders[encoding] : undefined;
-  if (!decoder) return { headers: lower, body };
-  try {
-    const decoded = decoder(body, { maxOutputLength: limit });
-    delete lower['content-encoding'];
-    return { headers: lower, body: decoded };
-  } catch {
-    return { headers: lower, body }; // corrupt or too big decoded: kept encoded, still replays right
-  }
-}
-
-function recordableHeaders(headers: Record<string, string>): Record<string, string> {
-  return Object.fromEntries(Object.entries(headers).filter(([name]) => !HOP_HEADERS.has(name) && !isCredentialHeader(name)));
-}
-
-const STRICT_UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
-
-function mapValues(record: Record<string, string>, map: (value: string) => string): Record<string, string> {
-  return Object.fromEntries(Object.entries(record).map(([name, value]) => [name, map(value)]));
-}
-
-/** A UTF-8 body with the secrets replaced; a binary one as it is. */
-function redactBody(body: Buffer, redact: (text: string) => string): Buffer {
-  let text: string;
-  try {
-    text = STRICT_UTF8.decode(body);
-  } catch {
-    return body;
-  }
-  const redacted = redact(text);
-  return redacted === text ? body : Buffer.from(redacted);
-}
-
-function replayableBody(recorded: Recorded): { headers: Record<string, string>; body: unknown } {
-  const headers = { ...recorded.headers };
-  if (!recorded.body) return { headers: { ...headers, [BODY_OMITTED_HEADER]: `${recorded.omitted} bytes` }, body: '' };
-  let text: string | null;
-  try {
-    text = STRICT_UTF8.decode(recorded.body);
-  } catch {
-    text = null;
-  }
-  if (text !== null && /[/+]json\b/i.test(headers['content-type'] ?? '')) {
-    try {
-      const parsed: unknown = JSON.parse(text);
-      // A JSON string stays text: replayed as a string body it would lose its quotes.
-      if (typeof parsed !== 'string') return { headers, body: parsed };
-    } catch {
-      // not JSON after all: text below
-    }
-  }
-  if (text !== null && !/[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]/.test(text)) return { headers, body: text };
-  return { headers: { ...headers, [BODY_ENCODING_HEADER]: 'base64' }, body: recorded.body.toString('base64') };
-}
 
 // ---------------------------------------------------------------------------------------------
 // Requests
