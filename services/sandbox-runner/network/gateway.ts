@@ -143,6 +143,8 @@ export class EgressGateway {
     return sandbox;
   }
 
+  // --- DNS --------------------------------------------------------------------------------
+
   private async answer(source: string, name: string, type: string): Promise<DnsAnswer> {
     const sandbox = this.sandboxes.get(source);
     if (!sandbox) return { kind: 'nxdomain', reason: 'unknown source' };
