@@ -2,9 +2,11 @@
 // `npm test [-- FILES/FLAGS]`: provisions the real backends the tests use, runs node's test
 // runner over test/**/*.test.ts, stops what it started and exits with the runner's code.
 //
-//   npm test                                 every test file
+//   npm test                                 every test file (every tier)
 //   npm test -- test/unit/foo.test.ts        only these files (backends only if they need them)
 //   npm test -- --test-name-pattern=murmur   extra flags go to `node --test`
+//   node test/run.mjs --tier unit            one tier (test/tiers.mjs): unit, slow, contract, e2e;
+//                                            `npm run test:unit` and its siblings call this
 //
 // Backends (each is skipped, with a one-line reason, when this machine cannot run it; under
 // CI=true a missing backend is an error instead). A backend whose variable is already set in
@@ -13,17 +15,22 @@
 //   ClickHouse   SVC_TEST_CLICKHOUSE_URL    Debian's clickhouse-server, infra/clickhouse config
 //
 // Test files run in parallel, one process each (SVC_TEST_CONCURRENCY, default: the CPU count,
-// at most 4): they share the backends but use unique topic, group, table and port names. On
-// 2 cores the whole suite takes about 26 s instead of 39 s one file at a time.
+// at most 4): they share the backends but use unique topic, group, table and port names. On 2
+// cores the whole suite takes 20 to 25 minutes, most of it in the e2e tier; the unit tier takes
+// under a minute.
 // CI=true: a backend that cannot run is an error, not a skip.
+//
+// Every process a test starts ends with the run: see "Processes the tests leave behind" below.
 
 import { execFileSync, spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { TIERS, WITHOUT_BACKENDS } from './tiers.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const CI = process.env.CI === 'true';
@@ -33,11 +40,25 @@ const say = (line) => console.log(`npm test: ${line}`);
 // Arguments: files (or directories) to run, and flags for `node --test`.
 
 const args = process.argv.slice(2);
+// `--tier NAME` (or `--tier=NAME`, repeatable) selects a tier's folders, as if they were named.
+const tiers = [];
+for (let i = 0; i < args.length; i++) {
+  if (args[i] === '--tier' || args[i].startsWith('--tier=')) {
+    const name = args[i] === '--tier' ? args.splice(i + 1, 1)[0] : args[i].slice('--tier='.length);
+    args.splice(i--, 1);
+    if (!Object.hasOwn(TIERS, name ?? '')) {
+      console.error(`npm test: no tier ${JSON.stringify(name)}; the tiers are ${Object.keys(TIERS).join(', ')} (test/tiers.mjs)`);
+      process.exit(2);
+    }
+    tiers.push(name);
+  }
+}
 const flags = args.filter((a) => a.startsWith('-'));
-const selected = args.filter((a) => !a.startsWith('-'));
+const selected = [...args.filter((a) => !a.startsWith('-')), ...tiers.flatMap((t) => TIERS[t].map((dir) => path.join(root, 'test', dir)))];
 const files = selected.length
   ? selected.flatMap((a) => (fs.statSync(a, { throwIfNoEntry: false })?.isDirectory() ? testFiles(a) : [a]))
   : testFiles(path.join(root, 'test'));
+if (tiers.length) say(`tier ${tiers.join(' + ')}: ${files.length} files`);
 
 function testFiles(dir) {
   return fs
@@ -48,8 +69,9 @@ function testFiles(dir) {
     .sort();
 }
 
-/** Whether the selected files (or local modules they import) read `envVar`. */
+/** Whether the selected files (or local modules they import) read `envVar`; never in a tier without backends. */
 function needed(envVar) {
+  if (tiers.length && tiers.every((t) => WITHOUT_BACKENDS.includes(t))) return false;
   if (!selected.length) return true;
   const seen = new Set();
   const visit = (file) => {
@@ -281,6 +303,79 @@ async function stopAll() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Processes the tests leave behind.
+//
+// A test that starts a process stops it, and test/helpers/owned-processes.ts stops what a test
+// file registered when the file ends, fails, or is cancelled. That cannot reach everything: the
+// runner kills a file at its timeout, a service killed with -9 orphans its own children, a test
+// may spawn a daemon of its own. So every process of this run carries SVC_TEST_RUN=<run id> in
+// its environment, which children inherit, and when the run ends (or is interrupted) whatever
+// still carries it is stopped, its command line printed: a leak is a bug to fix, not noise.
+//
+// Why the environment: a process group is left by anything started detached or with setsid
+// (dockerd, bwrap --new-session); a cgroup needs root and a cgroup hierarchy we may create groups
+// in (v1 only, read-only, in this container), and the runtime moves sandboxes into cgroups of
+// their own. The environment survives both, and /proc/<pid>/environ shows it for any process we
+// may signal. It is lost only where a process is started with an environment of its own making
+// (the runner's jailed postgres gets PATH and LANG): those run under bwrap --die-with-parent, so
+// they end with a parent that carries it. A second run on the same machine has another id and is
+// left alone; a run killed with -9 cannot clean up (the next run does not guess at strangers).
+
+const RUN_ID = `${process.pid}-${randomBytes(6).toString('hex')}`;
+const RUN_MARK = `SVC_TEST_RUN=${RUN_ID}`;
+// Set before anything starts, backends included: a nested run (the ownership test) gets its own.
+process.env.SVC_TEST_RUN = RUN_ID;
+
+/** Live processes, other than this one, whose environment carries this run's mark. */
+function markedProcesses() {
+  if (!fs.existsSync('/proc/self/environ')) return []; // not Linux: nothing to scan
+  const found = [];
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
+    let environ;
+    try {
+      environ = fs.readFileSync(`/proc/${entry}/environ`, 'latin1'); // a zombie's is empty
+    } catch {
+      continue; // gone, or another user's
+    }
+    if (!environ.split('\0').includes(RUN_MARK)) continue;
+    let command = '?';
+    try {
+      command = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0').join(' ').trim();
+    } catch {
+      // gone meanwhile
+    }
+    found.push({ pid: Number(entry), command });
+  }
+  return found;
+}
+
+/** SIGTERM to every process this run's tests left running, SIGKILL to those alive 10 s later. */
+async function reapLeftovers() {
+  let left = markedProcesses();
+  if (!left.length) return;
+  console.error(`npm test: ${left.length} process(es) started by the tests outlived them; stopping:`);
+  for (const { pid, command } of left) console.error(`  ${pid} ${command.slice(0, 200)}`);
+  const signal = (sig) => left.forEach(({ pid }) => {
+    try {
+      process.kill(pid, sig);
+    } catch {
+      // already gone
+    }
+  });
+  signal('SIGTERM');
+  for (const deadline = Date.now() + 10_000; left.length && Date.now() < deadline; left = markedProcesses()) await new Promise((r) => setTimeout(r, 200));
+  signal('SIGKILL');
+}
+
+/** Stops the backends and what the tests left running, and exits with `code`. */
+async function finish(code) {
+  await stopAll();
+  await reapLeftovers();
+  process.exit(code);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Run.
 
 let runner = null;
@@ -290,24 +385,17 @@ for (const signal of ['SIGINT', 'SIGTERM']) {
     if (interrupted) return;
     interrupted = true;
     runner?.kill(signal);
-    if (!runner) {
-      await stopAll();
-      process.exit(130);
-    }
+    if (!runner) await finish(130);
   });
 }
 
 const ready = (await Promise.all(backends.map(provision))).filter(Boolean);
 if (missing.length && CI) {
   for (const m of missing) console.error(`npm test: CI=true needs every backend, but ${m}`);
-  await stopAll();
-  process.exit(1);
+  await finish(1);
 }
 if (ready.length) say(`backends: ${ready.join(', ')}`);
-if (interrupted) {
-  await stopAll();
-  process.exit(130);
-}
+if (interrupted) await finish(130);
 
 const hasFlag = (name) => flags.some((f) => f === name || f.startsWith(`${name}=`));
 const nodeArgs = [
@@ -327,5 +415,4 @@ const nodeArgs = [
 ];
 runner = spawn(process.execPath, nodeArgs, { cwd: root, stdio: 'inherit', env: process.env });
 const code = await new Promise((resolve) => runner.once('exit', (c, signal) => resolve(c ?? (signal ? 128 + (os.constants.signals[signal] ?? 1) : 1))));
-await stopAll();
-process.exit(code);
+await finish(code);

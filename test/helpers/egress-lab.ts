@@ -8,6 +8,7 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
+import { own } from './owned-processes.ts';
 import { startOutsideWorld, type OutsideWorld, type WorldRequest } from './outside-world.ts';
 import { SPEC, storeSpec } from './sandboxes.ts';
 import { createTenantKey, startServer, type TestServer } from './server.ts';
@@ -55,7 +56,7 @@ for port, handler in (${ports.map(([port, handler]) => `(${port}, ${handler}), `
 print('listening', flush=True)
 threading.Event().wait()
 `;
-  const child = spawn('ip', ['netns', 'exec', world.namespace, 'python3', '-c', script, world.ip(host)], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = own(spawn('ip', ['netns', 'exec', world.namespace, 'python3', '-c', script, world.ip(host)], { stdio: ['ignore', 'pipe', 'inherit'] }));
   await new Promise<void>((resolve, reject) => {
     createInterface({ input: child.stdout! }).on('line', (line) => {
       onLine(line);

@@ -11,6 +11,7 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
+import { own } from './owned-processes.ts';
 import { freePort } from './ports.ts';
 
 export const REGISTRY_BINARY = '/usr/bin/docker-registry';
@@ -50,7 +51,7 @@ export async function startRegistry(auth: { basic?: { name: string; password: st
     `version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: ${storage}\nhttp:\n  addr: 127.0.0.1:${port}\n  secret: test-secret\n${authConfig}`,
   );
   let output = '';
-  const child: ChildProcess = spawn(REGISTRY_BINARY, ['serve', path.join(dir, 'config.yml')], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child: ChildProcess = own(spawn(REGISTRY_BINARY, ['serve', path.join(dir, 'config.yml')], { stdio: ['ignore', 'pipe', 'pipe'] }));
   child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString('utf8')));
   child.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString('utf8')));
   const host = `127.0.0.1:${port}`;

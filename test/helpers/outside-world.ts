@@ -47,6 +47,7 @@ import { readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { own } from './owned-processes.ts';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const REPO = path.resolve(HERE, '..', '..');
@@ -346,11 +347,13 @@ export async function startOutsideWorld(options: { files?: string } = {}): Promi
     const certs = await certsPromise;
     const env: NodeJS.ProcessEnv = { ...process.env, SVCO_CONFIG: JSON.stringify({ prefix, certFile: certs.certFile, keyFile: certs.keyFile, filesDir: options.files }) };
     delete env.NODE_TEST_CONTEXT;
-    child = spawn('ip', ['netns', 'exec', namespace, process.execPath, '--import', 'tsx', path.join(HERE, 'outside-server.ts')], {
-      cwd: REPO,
-      env,
-      stdio: ['pipe', 'pipe', 'pipe'],
-    });
+    child = own(
+      spawn('ip', ['netns', 'exec', namespace, process.execPath, '--import', 'tsx', path.join(HERE, 'outside-server.ts')], {
+        cwd: REPO,
+        env,
+        stdio: ['pipe', 'pipe', 'pipe'],
+      }),
+    );
     const server = child;
     let stderr = '';
     server.stderr!.setEncoding('utf8');

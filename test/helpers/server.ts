@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { assertIntegers } from './integers.ts';
+import { own } from './owned-processes.ts';
 import { freePort } from './ports.ts';
 
 export { freePort };
@@ -95,11 +96,13 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
     const args = services.length > 0 ? ['run', ...services] : [];
     // The api's process hands out schema ids: it does not look for a registry elsewhere.
     const registry = services.includes('api') ? { SVC_SCHEMA_REGISTRY_URL: '' } : {};
-    const child = spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'main.ts'), ...args], {
-      cwd: REPO,
-      env: Object.fromEntries(Object.entries({ ...process.env, ...fullEnv, ...registry, ...extra, ...(services.includes('api') || !SPLIT ? {} : { SVC_LOG_LEVEL: 'info' }) }).filter(([, v]) => v !== '')),
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const child = own(
+      spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'main.ts'), ...args], {
+        cwd: REPO,
+        env: Object.fromEntries(Object.entries({ ...process.env, ...fullEnv, ...registry, ...extra, ...(services.includes('api') || !SPLIT ? {} : { SVC_LOG_LEVEL: 'info' }) }).filter(([, v]) => v !== '')),
+        stdio: ['ignore', 'pipe', 'pipe'],
+      }),
+    );
     children.push(child);
     let mine = '';
     launched.push({ services, env: extra, child, output: () => mine });

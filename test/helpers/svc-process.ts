@@ -5,6 +5,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
+import { own } from './owned-processes.ts';
 import { REPO } from './server.ts';
 
 export interface SvcProcess {
@@ -22,12 +23,15 @@ export interface SvcProcess {
 }
 
 export function runSvc(services: string[], env: Record<string, string>): SvcProcess {
-  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('SVC_')));
-  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'main.ts'), 'run', ...services], {
-    cwd: REPO,
-    env: { ...inherited, SVC_LOG_LEVEL: 'info', SVC_TRACE_RETENTION: 'forever', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  // SVC_TEST_RUN is not a setting: it marks the process as this test run's (test/run.mjs).
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('SVC_') || name === 'SVC_TEST_RUN'));
+  const child: ChildProcess = own(
+    spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'main.ts'), 'run', ...services], {
+      cwd: REPO,
+      env: { ...inherited, SVC_LOG_LEVEL: 'info', SVC_TRACE_RETENTION: 'forever', ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    }),
+  );
   let out = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (out += d));

@@ -4,6 +4,7 @@
  * over (what an agent inside a sandbox can do to the service's host-side walks).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { own } from './owned-processes.ts';
 
 const EXCHANGE_LOOP = `
 import ctypes, os, sys
@@ -24,7 +25,7 @@ export interface Swapper {
 
 /** Starts swapping `a` and `b` (both must exist); resolves once the loop runs. */
 export async function startSwapper(a: string, b: string): Promise<Swapper> {
-  const child: ChildProcess = spawn('python3', ['-c', EXCHANGE_LOOP, a, b], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child: ChildProcess = own(spawn('python3', ['-c', EXCHANGE_LOOP, a, b], { stdio: ['ignore', 'pipe', 'pipe'] }));
   let stderr = '';
   child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
