@@ -1,9 +1,9 @@
 /**
- * A writable root as the file audit sees it (workspace/places.ts, workspace/layer-state.ts): `/`
- * is a place under the others, named by absolute paths; over an image, the state of a real
- * overlayfs (mounted here, as root) is its upper directory with its whiteouts plus the image's
+ * A writable root as the file audit sees it (workspace/layer-state.ts): over an image, the state
+ * of a real overlayfs (mounted here, as root) is its upper directory with its whiteouts plus the image's
  * files a whiteout, a file or an opaque directory hides, so its diff against an earlier state has
- * every deletion of the image's files, file by file, and never follows the image's links.
+ * every deletion of the image's files, file by file, and never follows the image's links. Needs
+ * root; how `/` is named among the places is in test/unit/workspace-places.test.ts.
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -12,30 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { test } from 'node:test';
 import { captureLayer } from '../../services/sandbox-runner/workspace/layer-state.ts';
-import { underPrefix, WritablePlaces } from '../../services/sandbox-runner/workspace/places.ts';
 import { diffStates } from '../../services/sandbox-runner/workspace/state.ts';
-
-test('a root place: names are absolute paths, the deepest place wins, / watches every place', async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'places-'));
-  try {
-    for (const d of ['ws', 'tmp', 'layer']) fs.mkdirSync(path.join(dir, d));
-    const view = await WritablePlaces.of(path.join(dir, 'ws'), [
-      { at: '/', host: path.join(dir, 'layer') },
-      { at: '/tmp', host: path.join(dir, 'tmp') },
-    ]);
-    assert.equal(view.nameOf(path.join(dir, 'layer', 'etc/x')), '/etc/x');
-    assert.equal(view.nameOf(path.join(dir, 'tmp', 'a')), '/tmp/a');
-    assert.equal(view.nameOf(path.join(dir, 'layer')), null);
-    assert.deepEqual(view.locate('/etc/x'), { root: path.join(dir, 'layer'), rel: 'etc/x' });
-    assert.deepEqual(view.locate('/tmp/a'), { root: path.join(dir, 'tmp'), rel: 'a' });
-    assert.deepEqual(view.locate('/'), { root: path.join(dir, 'layer'), rel: '' });
-    assert.deepEqual(view.watchPrefixes('/etc', 'w'), ['/etc']);
-    const all = view.watchPrefixes('/', 'w')!;
-    for (const name of ['/etc/x', '/tmp/a', 'src/a.py']) assert.ok(all.some((p) => underPrefix(name, p)), name);
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
-  }
-});
 
 const asRoot = process.getuid?.() === 0 ? false : 'mounting an overlay needs root';
 
