@@ -23,7 +23,8 @@ import type { CheckResult, RunEvent, RunOutcome, RunRequested } from '../domain/
 import type { InvariantCheck, SpecDocument } from '../domain/spec.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { listImages, normalizeReference } from './images/images.ts';
-import { excerpt, type CheckRun, type LiveSandbox } from './sandbox.ts';
+import type { LiveSandbox } from './sandbox.ts';
+import { excerpt, type CheckRun } from './parts/checks.ts';
 import type { CreateRequest } from '../domain/sandbox-ops.ts';
 import { AUDIT_FILE } from './workspace/audit-log.ts';
 import { exists as fileExists, readFile } from './workspace/files.ts';
@@ -170,13 +171,13 @@ export class RunExecutor {
     const checks: Record<string, CheckResult> = {};
     const budget = new OutputBudget();
     try {
-      const unwritten = await sandbox.writeGraderFiles();
+      const unwritten = await sandbox.checks.writeGraderFiles();
       for (const [name, invariant] of Object.entries(spec.invariants)) {
         const failure = (message: string): CheckResult => ({ type: invariant.check.type, passed: false, score: null, message });
         checks[name] = unwritten !== null ? failure(unwritten) : await this.check(sandbox, invariant.check, scripts.get(name), agentRun, diff, budget).catch((err: Error) => failure(`the check could not run: ${excerpt(err.message)}`));
       }
     } finally {
-      await sandbox.removeGraderFiles();
+      await sandbox.checks.removeGraderFiles();
     }
     return checks;
   }
@@ -215,7 +216,7 @@ export class RunExecutor {
    * workdir that is not there is the spec's error (the run's `error`), not a failure of the agent.
    */
   private async enterWorkdir(sandbox: LiveSandbox, workdir: string): Promise<string> {
-    const why = await sandbox.cannotEnter(workdir);
+    const why = await sandbox.checks.cannotEnter(workdir);
     if (why !== null) throw new AppError('bad_request', `agent.workdir: ${excerpt(workdir)} is not a directory the agent can enter: ${excerpt(why)}`);
     return `cd -- ${shellQuote(workdir)} || exit 126`;
   }
@@ -259,7 +260,7 @@ export class RunExecutor {
 
   /** command_exit: the command's exit code, its output kept in full (within the budget), an excerpt of it in the message. */
   private async commandCheck(sandbox: LiveSandbox, check: Extract<InvariantCheck, { type: 'command_exit' }>, budget: OutputBudget): Promise<CheckResult> {
-    const r = await sandbox.runCheck({ shell: check.command }, { timeoutMs: check.timeoutMs, maxOutputBytes: budget.perStream() });
+    const r = await sandbox.checks.runCheck({ shell: check.command }, { timeoutMs: check.timeoutMs, maxOutputBytes: budget.perStream() });
     budget.spend(r);
     const result = (passed: boolean, message: string): CheckResult => ({ type: check.type, passed, score: null, message, output: r.output });
     if (r.timedOut) return result(false, `timed out after ${check.timeoutMs} ms`);
@@ -271,7 +272,7 @@ export class RunExecutor {
   private async customCheck(sandbox: LiveSandbox, check: Extract<InvariantCheck, { type: 'custom' }>, script: string | undefined, budget: OutputBudget): Promise<CheckResult> {
     const source = check.form === 'inline' ? check.script : script;
     if (source === undefined) return { type: 'custom', passed: false, score: null, message: `${check.script} did not exist when the sandbox became ready` };
-    const r = await sandbox.runCheck({ python: source }, { timeoutMs: check.timeoutMs, maxOutputBytes: budget.perStream() });
+    const r = await sandbox.checks.runCheck({ python: source }, { timeoutMs: check.timeoutMs, maxOutputBytes: budget.perStream() });
     budget.spend(r);
     const result = (passed: boolean, score: number | null, message: string): CheckResult => ({ type: 'custom', passed, score, message, output: r.output });
     if (r.timedOut) return result(false, null, `timed out after ${check.timeoutMs} ms`);

@@ -21,7 +21,8 @@ import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import type { TerminalInput, TerminalOutput } from '../domain/events/terminal-events.ts';
 import { inputData, mergeData, TERMINAL, terminalOutput, termProblem, terminalSizeProblem, type TerminalItem, type TerminalOpen, type TerminalOpened, type TerminalStream } from '../domain/terminal-sessions.ts';
-import type { LiveSandbox, ShellTerminal } from './sandbox.ts';
+import type { LiveSandbox } from './sandbox.ts';
+import type { ShellTerminal } from './parts/shells.ts';
 
 type OutputItem = TerminalItem<TerminalOutput['kind']> & { bytes?: number; exitCode?: number; error?: ErrorCode | null; reason?: string | null };
 

@@ -1,6 +1,6 @@
 /**
  * How the sandbox boot runs (the spec's boot pipeline): a list of named steps, run in order.
- * The steps themselves are LiveSandbox's (sandbox.ts `BOOT_STEPS`); this file holds what every
+ * The steps themselves are listed in steps.ts, one module each; this file holds what every
  * step shares: how it reports done (a `status` event naming it) and how a failure is named.
  *
  * A failure names the step it happened in: `sandbox boot failed at step <name>: <message>` (a 400),
