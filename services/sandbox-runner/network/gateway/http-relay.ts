@@ -69,7 +69,7 @@ export class HttpRelay {
     this.httpsAgent.destroy();
   }
 
-  /** How the connection a CONNECT or an Upgrade was read on came (the parser hands over the socket under it). */
+  /** How the connection a CONNECT or an Upgrade was read on came. */
   private viaOf(req: http.IncomingMessage, socket: Duplex): Via {
     return (this.via.get(req.socket) ?? this.via.get(socket))!;
   }
