@@ -1,9 +1,9 @@
 /**
  * The runner's end of the sandbox contract (domain/sandbox-ops.ts): an operation on a live
- * sandbox, routed to the LiveSandbox method that does it (a shell's, to the runner's terminal
- * sessions). The switch is exhaustive: an operation added to the contract fails to compile here
- * until it is routed, and one the log brings that the contract does not have is refused.
- * `create` is the runner's (service.ts), not a live sandbox's.
+ * sandbox, routed to the LiveSandbox method or part that does it (a shell's, to the runner's
+ * terminal sessions). The switch is exhaustive: an operation added to the contract fails to
+ * compile here until it is routed, and one the log brings that the contract does not have is
+ * refused. `create` is the runner's (service.ts), not a live sandbox's.
  */
 import { unknownOperation, type OpAnswer, type SandboxOperation } from '../domain/sandbox-ops.ts';
 import type { LiveSandbox } from './sandbox.ts';
@@ -27,11 +27,11 @@ export async function dispatch(live: LiveSandbox, terminals: ShellOpener, operat
     case 'command':
       return live.command(operation.payload);
     case 'file_read':
-      return live.fileRead(operation.payload);
+      return live.files.read(operation.payload);
     case 'file_write':
-      return live.fileWrite(operation.payload);
+      return live.files.write(operation.payload);
     case 'file_delete':
-      return live.fileDelete(operation.payload);
+      return live.files.delete(operation.payload);
     case 'state':
       return live.workspaceState();
     case 'diff':

@@ -12,7 +12,7 @@ import { publish, type Kernel } from '../kernel/actor.ts';
 import type { ExtractedBundles } from '../kernel/bundles.ts';
 import { AppError } from '../kernel/errors.ts';
 import type { SandboxChanged } from '../domain/events/sandbox-events.ts';
-import type { CommandPayload, CreateRequest, FileWritePayload, OpAnswer, RunnerSandboxView, TimeoutChange } from '../domain/sandbox-ops.ts';
+import type { CommandPayload, CreateRequest, OpAnswer, RunnerSandboxView, TimeoutChange } from '../domain/sandbox-ops.ts';
 import { newEventId, newSandboxToken, sha256Hex } from '../kernel/ids.ts';
 import { parseSpec, type SpecDocument } from '../domain/spec.ts';
 import type { Sealer, TenantSecrets } from '../kernel/tenant-secrets.ts';
@@ -22,11 +22,9 @@ import { runBoot } from './boot/pipeline.ts';
 import { BOOT_STEPS } from './boot/steps.ts';
 import type { Runtime, TerminalOptions } from './runtimes/runtime.ts';
 import type { SandboxPool } from './runtimes/sandbox-pool.ts';
-import { deleteFile, readFile, writeFile } from './workspace/files.ts';
 import type { EgressGateway } from './network/gateway.ts';
 import { backingRoot, BackingServices } from './backing/backing-services.ts';
 import { SandboxNetwork } from './network/sandbox-network.ts';
-import { resolveWorkspacePath } from './workspace/paths.ts';
 import type { Diff } from './workspace/state.ts';
 import { ActivityCapture } from './parts/activity-capture.ts';
 import { AuditTrail } from './parts/audit-trail.ts';
@@ -34,6 +32,7 @@ import { SandboxChecks } from './parts/checks.ts';
 import { SandboxCommands } from './parts/commands.ts';
 import { Expiry } from './parts/expiry.ts';
 import { runExports } from './parts/exports.ts';
+import { FilesApi } from './parts/files-api.ts';
 import { SandboxBox, type RunningImage } from './parts/sandbox-box.ts';
 import { SandboxEnv } from './parts/sandbox-env.ts';
 import { SandboxEvents } from './parts/sandbox-events.ts';
@@ -56,6 +55,8 @@ export class LiveSandbox {
   private readonly trail: AuditTrail;
   private readonly capture: ActivityCapture;
   private readonly commands: SandboxCommands;
+  /** The files API (file_read, file_write, file_delete). */
+  readonly files: FilesApi;
   private readonly shells: SandboxShells;
   private readonly expiry: Expiry;
   /** The grader's files and the checks of a run (run-executor.ts), once the agent has ended. */
@@ -110,6 +111,7 @@ export class LiveSandbox {
     this.capture = new ActivityCapture(config, this.box, this.trail);
     this.checks = new SandboxChecks(this.spec, this.box, this.env, this.capture, bundles.taskFiles);
     this.commands = new SandboxCommands({ kernel, sandboxId: id, spec: this.spec, box: this.box, env: this.env, trail: this.trail, capture: this.capture, event, markRunning: () => this.markRunning() });
+    this.files = new FilesApi(this.box, this.capture, this.trail);
     this.shells = new SandboxShells(id, this.trail, event);
     this.expiry = new Expiry(Date.now(), config.sandboxMaxLifetime, () => void this.destroy('timeout').catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'timeout teardown failed')));
     this.token = newSandboxToken();
@@ -265,35 +267,6 @@ export class LiveSandbox {
   /** A command of the API. */
   command(payload: CommandPayload): Promise<OpAnswer<'command'>> {
     return this.commands.run(payload.command, { timeoutMs: payload.timeout_ms ?? undefined, background: payload.background === true });
-  }
-
-  /** A file of the workspace, as bytes. */
-  async fileRead(payload: { path: string }): Promise<OpAnswer<'file_read'>> {
-    const { path: relative, content, bytes } = await readFile(this.box.workspace, payload.path);
-    await this.trail.log!.record('file_read', { path: relative, bytes });
-    return { body: content, contentType: 'application/octet-stream' };
-  }
-
-  /**
-   * API writes are audited here, not as the agent's own activity: the watcher is told to ignore
-   * them. `content` is text, or base64 with `encoding: base64` (the api checked both, and `mode`).
-   */
-  async fileWrite(payload: FileWritePayload): Promise<OpAnswer<'file_write'>> {
-    const workspace = this.box.workspace;
-    const { relative } = resolveWorkspacePath(workspace, payload.path);
-    const content = payload.encoding === 'base64' ? Buffer.from(String(payload.content), 'base64') : payload.content;
-    const mode = typeof payload.mode === 'number' ? payload.mode : undefined;
-    const { bytes } = await this.capture.unwatched({ paths: [relative] }, () => writeFile(workspace, payload.path, content, { mode }));
-    await this.trail.log!.record('file_write', { path: relative, bytes });
-    return { status: 201, body: { path: relative, bytes } };
-  }
-
-  async fileDelete(payload: { path: string }): Promise<OpAnswer<'file_delete'>> {
-    const workspace = this.box.workspace;
-    const { relative } = resolveWorkspacePath(workspace, payload.path);
-    const { bytes } = await this.capture.unwatched({ paths: [relative] }, () => deleteFile(workspace, payload.path));
-    await this.trail.log!.record('file_delete', { path: relative, bytes });
-    return { body: { path: relative, deleted: true } };
   }
 
   /** The workspace's files now. */
