@@ -61,7 +61,7 @@ export class LiveSandbox {
   private readonly expiry: Expiry;
   /** The grader's files and the checks of a run (run-executor.ts), once the agent has ended. */
   readonly checks: SandboxChecks;
-  /** How the sandbox's parts stop, the last started first. */
+  /** How the sandbox's parts stop (stackTeardown, startLife): the last pushed first. */
   private readonly teardownStack = new TeardownStack();
   private readonly tokenHash: string;
   private readonly token: string;
