@@ -130,17 +130,27 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
     }
     throw new Error(`${args.join(' ') || 'the service'} did not start in 60 s:\n${mine}`);
   };
+  const exited = (child: ChildProcess) => child.exitCode !== null || child.signalCode !== null;
+  const waitExit = (child: ChildProcess) => new Promise<number | null>((resolve) => (exited(child) ? resolve(child.exitCode) : child.once('exit', (code) => resolve(code))));
   const launch = async () => {
     children.length = 0;
     launched.length = 0;
-    for (const p of PROCESSES) await launchOne(p);
+    try {
+      for (const p of PROCESSES) await launchOne(p);
+    } catch (err) {
+      // What did start ends here: left running, its pipes would hold the test file open until
+      // the runner's timeout.
+      for (const child of children) if (!exited(child)) child.kill('SIGTERM');
+      const timer = setTimeout(() => children.forEach((child) => exited(child) || child.kill('SIGKILL')), 10_000);
+      await Promise.all(children.map(waitExit));
+      clearTimeout(timer);
+      throw err;
+    }
     // A runner's first heartbeat reaches the api's roster.
     if (SPLIT) await new Promise((r) => setTimeout(r, 500));
   };
   await launch();
 
-  const exited = (child: ChildProcess) => child.exitCode !== null || child.signalCode !== null;
-  const waitExit = (child: ChildProcess) => new Promise<number | null>((resolve) => (exited(child) ? resolve(child.exitCode) : child.once('exit', (code) => resolve(code))));
   /** Stops the processes, the api's last (the others' last writes go through it). */
   const stopAll = async (signal: NodeJS.Signals) => {
     let code: number | null = null;
