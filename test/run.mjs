@@ -13,6 +13,8 @@
 // the environment is used as it is, not started.
 //   Kafka        SVC_TEST_KAFKA_BROKERS     infra/kafka (Maven Central; needs java and mvn)
 //   ClickHouse   SVC_TEST_CLICKHOUSE_URL    Debian's clickhouse-server, infra/clickhouse config
+//   bubblewrap   SVC_TEST_BWRAP             infra/sandbox-packages.txt (apt-get, as root)
+//   Docker       SVC_TEST_DOCKER            docker.io, docker-compose, debootstrap (apt-get); a dockerd
 //
 // Test files run in parallel, one process each (SVC_TEST_CONCURRENCY, default: the CPU count,
 // at most 4): they share the backends but use unique topic, group, table and port names. On 2
@@ -22,7 +24,7 @@
 //
 // Every process a test starts ends with the run: see "Processes the tests leave behind" below.
 
-import { execFileSync, spawn } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -30,6 +32,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { TIERS, WITHOUT_BACKENDS } from './tiers.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -142,6 +145,11 @@ const backends = [
     env: 'SVC_TEST_BWRAP',
     start: startBubblewrap,
   },
+  {
+    name: 'Docker (docker-compose.yml)',
+    env: 'SVC_TEST_DOCKER',
+    start: startDocker,
+  },
 ];
 
 /** The Debian packages the `local` sandbox runtime uses (infra/sandbox-packages.txt is the list). */
@@ -182,6 +190,70 @@ async function startBubblewrap() {
     return { skip: `bwrap cannot create namespaces here: ${String(err.stderr ?? err.message).trim()}` };
   }
   return { value: bwrap, stop: async () => {} };
+}
+
+// Docker for the compose suite (test/e2e/compose.test.ts): Debian's docker.io, docker-compose and
+// debootstrap (installed with apt-get when missing), and a dockerd: the one that answers, else
+// one started here and stopped with the run. The run owns it, not a test file: a dockerd a file
+// started outlived the file when the runner cancelled it.
+async function startDocker() {
+  if (process.platform !== 'linux' || process.getuid?.() !== 0) return { skip: 'needs root on Linux (dockerd, debootstrap, the container of the sandbox runner)' };
+  const docker = () => (fs.existsSync('/usr/bin/docker') ? '/usr/bin/docker' : onPath('docker'));
+  const answers = (args, timeout) => promisify(execFile)(docker(), args, { timeout }).then(() => true, () => false);
+  const hasCompose = async () => Boolean(onPath('docker-compose')) || (Boolean(docker()) && (await answers(['compose', 'version'], 20_000)));
+  const wanted = [...(docker() && onPath('dockerd') ? [] : ['docker.io']), ...((await hasCompose()) ? [] : ['docker-compose']), ...(onPath('debootstrap') ? [] : ['debootstrap'])];
+  if (wanted.length && onPath('apt-get')) {
+    say(`installing ${wanted.join(' ')} with apt-get (Debian packages)…`);
+    try {
+      aptInstall(wanted);
+    } catch (err) {
+      return { skip: `apt-get install ${wanted.join(' ')} failed: ${String(err.stderr ?? err.message).trim().split('\n').at(-1)}` };
+    }
+  }
+  if (!docker() || !onPath('dockerd')) return { skip: 'Docker is not installed (apt-get install docker.io)' };
+  if (!(await hasCompose())) return { skip: 'docker-compose is not installed (apt-get install docker-compose)' };
+  if (await answers(['info'], 20_000)) {
+    await buildComposeImages(docker());
+    return { value: docker(), stop: async () => {} };
+  }
+
+  // No daemon answers: start one (its images and build cache stay in /var/lib/docker). SIGTERM
+  // gives it time to stop its containers; the grace is docker's own shutdown timeout and more.
+  const logFile = path.join(tmp, 'dockerd.log');
+  const log = fs.openSync(logFile, 'a');
+  const dockerd = spawn(onPath('dockerd'), [], { stdio: ['ignore', log, log] });
+  fs.closeSync(log);
+  const stop = stopper(dockerd, 30_000);
+  for (const deadline = Date.now() + 60_000; !(await answers(['info'], 10_000)); await new Promise((r) => setTimeout(r, 500))) {
+    if (dockerd.exitCode !== null || Date.now() > deadline) {
+      await stop();
+      const tail = fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8').trim().split('\n').at(-1) : '';
+      return { skip: `dockerd cannot start here: ${dockerd.exitCode !== null ? 'it exited' : 'no answer within 60 s'}${tail ? ` (${tail.slice(0, 300)})` : ''}` };
+    }
+  }
+  await buildComposeImages(docker());
+  return { value: docker(), stop };
+}
+
+// The compose images, built ahead (infra/compose/build-images.sh: a second when nothing changed,
+// minutes when the service's sources did), so that the compose suite's own build finds them
+// ready and its file takes a few minutes, not ten. A failure here is only reported: the suite's
+// build fails the same way, where it is a test failure with the output.
+async function buildComposeImages(docker) {
+  if (!onPath('java') || !onPath('mvn')) return; // the compose suite says why it skips
+  const started = Date.now();
+  const logFile = path.join(tmp, 'compose-build.log');
+  const log = fs.openSync(logFile, 'a');
+  // As the suite runs it: without the test's SVC_* settings, with the run's mark.
+  const env = { ...Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('SVC_') || name === 'SVC_TEST_RUN')), DOCKER: docker };
+  const build = spawn(path.join(root, 'infra/compose/build-images.sh'), [], { cwd: root, env, stdio: ['ignore', log, log] });
+  fs.closeSync(log);
+  const code = await new Promise((resolve) => {
+    build.once('exit', resolve);
+    build.once('error', () => resolve(null));
+  });
+  const last = fs.readFileSync(logFile, 'utf8').trim().split('\n').at(-1) ?? '';
+  say(code === 0 ? `compose images ready (${((Date.now() - started) / 1000).toFixed(1)} s)` : `building the compose images failed; the compose suite will say why (${last.slice(0, 200)})`);
 }
 
 async function provision(backend) {

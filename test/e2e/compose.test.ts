@@ -6,11 +6,13 @@
  * stored, a sandbox created, used and deleted, and an experiment of two runs goes to completion
  * with the pass rate its agent earns; then `down -v`.
  *
- * Needs root, Debian's docker.io and docker-compose (installed with apt-get when missing) and a
- * dockerd (started here when none answers, and stopped again), plus what the build needs (java
- * and mvn for the Kafka jars, debootstrap on the first run). Where that cannot be had the suite
- * is skipped with the reason; under CI=true it fails instead. Images are cached across runs: the
- * first build takes about 2 minutes, later ones a second unless the sources changed.
+ * Needs root, Debian's docker.io and docker-compose and a dockerd (test/run.mjs installs them with
+ * apt-get when missing, starts a dockerd when none answers and builds the images before the tests:
+ * SVC_TEST_DOCKER), plus what the build needs (java and mvn for the Kafka jars, debootstrap on the
+ * first run). Where that cannot be had the suite is skipped with the reason; under CI=true it fails
+ * instead. Images are cached across runs: the first build takes about 2 minutes (3 on a loaded
+ * machine, most of it the service's image when its sources changed), later ones a second; built
+ * ahead by the run, the build here finds them ready, and the file takes about 2 minutes.
  */
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -21,6 +23,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { create as createTar } from 'tar';
+import { onCancel, own } from '../helpers/owned-processes.ts';
 import { freePort } from '../helpers/ports.ts';
 
 // Not from helpers/server.ts or helpers/bundles.ts: importing them would make `npm test` start
@@ -41,7 +44,7 @@ function run(cmd: string, args: string[], options: { env?: NodeJS.ProcessEnv; ti
     let out = '';
     let child: ChildProcess;
     try {
-      child = spawn(cmd, args, { cwd: options.cwd ?? REPO, env: options.env ?? process.env, stdio: ['ignore', 'pipe', 'pipe'] });
+      child = own(spawn(cmd, args, { cwd: options.cwd ?? REPO, env: options.env ?? process.env, stdio: ['ignore', 'pipe', 'pipe'] }));
     } catch (err) {
       resolve({ code: null, out: String(err) });
       return;
@@ -83,69 +86,23 @@ interface Docker {
   docker: string;
   /** The compose command: Debian's `docker-compose`, or `docker compose`. */
   compose: string[];
-  /** Stops the dockerd this suite started (nothing when one was running already). */
-  stop(): Promise<void>;
 }
 
-/** Docker and compose ready to use, or the one-line reason why not on this machine. */
+/**
+ * Docker and compose ready to use, or the one-line reason why not on this machine. The dockerd
+ * is the run's (test/run.mjs starts one when none answers, SVC_TEST_DOCKER, and stops it when
+ * the run ends), so that no dockerd outlives a cancelled file; it also builds the images ahead,
+ * so that the build below finds them ready.
+ */
 async function prepareDocker(): Promise<Docker | { skip: string }> {
-  if (process.platform !== 'linux' || process.getuid?.() !== 0) return { skip: 'needs root on Linux (dockerd, debootstrap, the container of the sandbox runner)' };
-  const missingTools = () => ['java', 'mvn'].filter((t) => !onPath(t));
-  if (missingTools().length) return { skip: `${missingTools().join(' and ')} not on PATH: the Kafka image takes its jars from Maven (apt-get install default-jdk-headless maven)` };
-  const dockerBin = () => (fs.existsSync('/usr/bin/docker') ? '/usr/bin/docker' : onPath('docker'));
-  const composeCmd = async (docker: string | null): Promise<string[] | null> => {
-    const v1 = onPath('docker-compose');
-    if (v1) return [v1];
-    if (docker && (await run(docker, ['compose', 'version'], { timeoutMs: 20_000 })).code === 0) return [docker, 'compose'];
-    return null;
-  };
-  const wanted = [
-    ...(dockerBin() && onPath('dockerd') ? [] : ['docker.io']),
-    ...(onPath('docker-compose') || (await composeCmd(dockerBin())) ? [] : ['docker-compose']),
-    ...(onPath('debootstrap') ? [] : ['debootstrap']),
-  ];
-  if (wanted.length && onPath('apt-get')) {
-    const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
-    const update = await run('apt-get', ['update', '-qq'], { env, timeoutMs: 300_000 });
-    const install = update.code === 0 ? await run('apt-get', ['install', '-y', '-qq', '--no-install-recommends', ...wanted], { env, timeoutMs: 600_000 }) : update;
-    if (install.code !== 0) return { skip: `apt-get install ${wanted.join(' ')} failed: ${lastLine(install.out)}` };
-  }
-  const docker = dockerBin();
-  const compose = await composeCmd(docker);
-  if (!docker || !onPath('dockerd')) return { skip: 'Docker is not installed (apt-get install docker.io)' };
-  if (!compose) return { skip: 'docker-compose is not installed (apt-get install docker-compose)' };
-
-  if ((await run(docker, ['info'], { timeoutMs: 20_000 })).code === 0) return { docker, compose, stop: async () => {} };
-  // No daemon answers: start one for this suite (its images and cache stay in /var/lib/docker).
-  const logFile = path.join(os.tmpdir(), `svc-compose-dockerd-${process.pid}.log`);
-  const log = fs.openSync(logFile, 'a');
-  const dockerd = spawn(onPath('dockerd')!, [], { stdio: ['ignore', log, log], detached: true });
-  fs.closeSync(log);
-  let exited = false;
-  dockerd.once('exit', () => (exited = true));
-  const stop = async () => {
-    if (exited) return;
-    const gone = new Promise((resolve) => dockerd.once('exit', resolve));
-    dockerd.kill('SIGTERM');
-    const timer = setTimeout(() => dockerd.kill('SIGKILL'), 30_000);
-    await gone;
-    clearTimeout(timer);
-    fs.rmSync(logFile, { force: true });
-  };
-  process.once('exit', () => {
-    if (!exited) dockerd.kill('SIGKILL');
-  });
-  const deadline = Date.now() + 60_000;
-  while ((await run(docker, ['info'], { timeoutMs: 10_000 })).code !== 0) {
-    if (exited || Date.now() > deadline) {
-      await stop();
-      const tail = fs.existsSync(logFile) ? lastLine(fs.readFileSync(logFile, 'utf8')) : '';
-      fs.rmSync(logFile, { force: true });
-      return { skip: `dockerd cannot start here: ${exited ? 'it exited' : 'no answer within 60 s'}${tail ? ` (${tail.slice(0, 300)})` : ''}` };
-    }
-    await new Promise((r) => setTimeout(r, 500));
-  }
-  return { docker, compose, stop };
+  const docker = process.env.SVC_TEST_DOCKER;
+  if (!docker) return { skip: "SVC_TEST_DOCKER is unset (npm test sets it when a dockerd answers or starts here: root, Debian's docker.io, docker-compose and debootstrap)" };
+  const missingTools = ['java', 'mvn'].filter((t) => !onPath(t));
+  if (missingTools.length) return { skip: `${missingTools.join(' and ')} not on PATH: the Kafka image takes its jars from Maven (apt-get install default-jdk-headless maven)` };
+  const v1 = onPath('docker-compose');
+  if (v1) return { docker, compose: [v1] };
+  if ((await run(docker, ['compose', 'version'], { timeoutMs: 20_000 })).code === 0) return { docker, compose: [docker, 'compose'] };
+  return { skip: 'docker-compose is not installed (apt-get install docker-compose)' };
 }
 
 const ready = await prepareDocker();
@@ -162,6 +119,7 @@ if ('skip' in ready) {
     let url: string;
     let env: NodeJS.ProcessEnv;
     let up = false;
+    let cancelDown = () => {};
     const timings: string[] = [];
     const composeRun = (args: string[], timeoutMs = 300_000) => run(compose[0]!, [...compose.slice(1), '-f', path.join(REPO, 'docker-compose.yml'), '-p', project, ...args], { env, timeoutMs });
     const SERVICES = ['kafka', 'app', 'sandbox-runner', 'aggregator', 'alerter'];
@@ -200,7 +158,8 @@ if ('skip' in ready) {
       port = await freePort();
       url = `http://127.0.0.1:${port}`;
       env = {
-        ...Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('SVC_'))),
+        // SVC_TEST_RUN is not a setting: it marks the processes as this test run's (test/run.mjs).
+        ...Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('SVC_') || name === 'SVC_TEST_RUN')),
         SVC_API_KEY: adminKey,
         SVC_SERVICE_KEY: `compose-service-${randomBytes(12).toString('hex')}`,
         SVC_SECRETS_KEY: randomBytes(32).toString('hex'),
@@ -216,6 +175,8 @@ if ('skip' in ready) {
 
       started = Date.now();
       up = true;
+      // Cancelled (the runner's timeout, Ctrl-C) before `after`: the project goes down all the same.
+      cancelDown = onCancel(() => composeRun(['down', '-v', '--remove-orphans', '--timeout', '30'], 90_000));
       const upped = await composeRun(['up', '-d']);
       assert.equal(upped.code, 0, `compose up failed:\n${lastLines(upped.out, 40)}\n${await logs()}`);
       const deadline = Date.now() + 240_000;
@@ -245,7 +206,7 @@ if ('skip' in ready) {
         if (down.code !== 0) console.error(`compose down failed:\n${lastLines(down.out, 30)}`);
         console.error(`# compose: down -v ${((Date.now() - started) / 1000).toFixed(1)} s`);
       }
-      await ready.stop();
+      cancelDown();
       clearInterval(keepAlive);
     }, { timeout: 5 * 60_000 });
 

@@ -4,9 +4,10 @@
  * `own(child)`; when the test file's process ends, every registered process still running is
  * stopped, whether the tests passed, failed or were cancelled:
  *
- * - SIGTERM or SIGINT to the file (the runner's per-file timeout, Ctrl-C): SIGTERM to each, SIGKILL
- *   to those still up after a grace period (a service undoes its mounts and stops its own
- *   children on SIGTERM), then the file exits.
+ * - SIGTERM or SIGINT to the file (the runner's per-file timeout, Ctrl-C): the teardowns registered
+ *   with `onCancel` run (what is not a child process, such as a compose project), then SIGTERM to
+ *   each, SIGKILL to those still up after a grace period (a service undoes its mounts and stops
+ *   its own children on SIGTERM), then the file exits.
  * - any other exit: SIGKILL to each (an 'exit' listener cannot wait).
  *
  * What escapes (the children of a process killed with -9, a file killed with -9) test/run.mjs
@@ -18,7 +19,11 @@ import os from 'node:os';
 /** How long owned processes get to stop after a SIGTERM before they are killed. */
 const GRACE_MS = 10_000;
 
+/** How long the `onCancel` teardowns get before the owned processes are stopped anyway. */
+const TEARDOWN_MS = 120_000;
+
 const owned = new Set<ChildProcess>();
+const teardowns = new Set<() => Promise<unknown>>();
 let listening = false;
 
 const running = (child: ChildProcess) => child.exitCode === null && child.signalCode === null;
@@ -29,6 +34,16 @@ export function own<T extends ChildProcess>(child: T): T {
   owned.add(child);
   child.once('exit', () => owned.delete(child));
   return child;
+}
+
+/**
+ * Registers `teardown` to run if the file is cancelled (SIGTERM, SIGINT) before it undoes what
+ * it started itself; returns the function that unregisters it (call it once the file has).
+ */
+export function onCancel(teardown: () => Promise<unknown>): () => void {
+  listen();
+  teardowns.add(teardown);
+  return () => teardowns.delete(teardown);
 }
 
 /** SIGTERM to every owned process still running, SIGKILL to those not gone after `graceMs`. */
@@ -50,7 +65,10 @@ function listen(): void {
   for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
     // Once: a second signal while the owned processes stop ends the file at once.
     process.once(signal, () => {
-      void stopOwned().finally(() => process.exit(128 + os.constants.signals[signal]));
+      const timeout = new Promise((resolve) => setTimeout(resolve, TEARDOWN_MS).unref());
+      void Promise.race([Promise.allSettled([...teardowns].map((teardown) => teardown())), timeout])
+        .then(() => stopOwned())
+        .finally(() => process.exit(128 + os.constants.signals[signal]));
     });
   }
 }
