@@ -22,13 +22,18 @@
  *      env, leftovers})`; `unavailable` skips the suite with a reason where the machine cannot
  *      run it (use test/helpers/backend.ts where `npm test` provisions it, so CI fails instead);
  *      `env` selects it (`SVC_RUNTIME: '<name>'`, its address, its image settings);
- *      `leftovers` lists what the runtime would leave of one sandbox on the host (empty: nothing).
+ *      `leftovers` says what the runtime would leave of one sandbox on the host, its processes
+ *      apart from everything else (both empty: nothing). The destroy case first checks that it
+ *      sees a live sandbox, so a probe that looks in the wrong place fails there.
  *   2. Run it: `npm test -- test/runtime/<name>.test.ts`. A case that cannot hold for a runtime is
  *      a gap to close in the runtime (or in docs/sandboxes.md, if the contract is wrong), not a
- *      case to skip here.
+ *      case to skip. Where a gap is known and accepted for now, `gaps` names it with why: its
+ *      case runs as a `todo`, reporting the failure without failing the file (KnownGap lists
+ *      the cases that may be marked so).
  *
  * One service per file (started against the outside world, test/helpers/outside-world.ts, for
- * the network cases); the kill -9 case runs last, since it kills and restarts that service.
+ * the network cases), the embedded deployment: its one process is the runner, so the kill -9
+ * cases kill and restart it, and run last.
  */
 import assert from 'node:assert/strict';
 import net from 'node:net';
