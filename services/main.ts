@@ -112,7 +112,7 @@ const SHUTDOWN_DEADLINE_MS = 30_000;
  * bodies and records churn ArrayBuffers, which count toward that trigger: V8 kept the factor
  * near 1.1 and marked the whole heap every ~200 ms, mostly on its platform threads, which share
  * the two cores with everything else. A fixed factor of 2 cut those collections from 33 to 10
- * per 300,000 events (docs/operations.md). V8's flags are per process, so the ingest workers get
+ * per 300,000 events (docs/performance.md). V8's flags are per process, so the ingest workers get
  * it too; an operator's own --heap-growing-percent wins.
  */
 function growHeapFaster(): void {

@@ -6,7 +6,7 @@
  * test/contract/sink-native.test.ts stores one varied batch both ways and compares every column.
  *
  * Why Native: the engine reads it column by column without parsing, and the INSERT has no
- * expressions to analyse. Measured on chDB (docs/operations.md, "Ingest"): an INSERT that made
+ * expressions to analyse. Measured on chDB (docs/performance.md, "Trace ingest"): an INSERT that made
  * the rows in SQL from the records' Avro spent ~20 ms planning per insert, and chDB alone
  * inserted the same rows at 5.1 µs of CPU per row from Native against 13 from the Avro records.
  *

@@ -15,7 +15,7 @@ const INGEST_PATHS = [/^\/v1\/traces$/, /^\/v1\/sandboxes\/[^/]+\/trace$/, /^\/o
  * Per-key limits of authenticated requests (the public paths have no principal and no limit):
  * reads and writes per second, except operator calls (the admin key on /v1/admin/* and the
  * schema registry, and the service key, with which a starting process registers its ~20
- * subjects at once: docs/operations.md); an ingest
+ * subjects at once: docs/performance.md); an ingest
  * request is marked `ctx.state.ingest` (its body is read raw, middleware/body-parsing.ts) and
  * counts toward the ingest requests in progress.
  */

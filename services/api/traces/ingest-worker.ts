@@ -2,7 +2,7 @@
  * The CPU-bound half of trace ingest, run in worker threads (piscina) so the api's event loop
  * only moves bytes: inflate, parse (trace JSON, OTLP protobuf or OTLP/JSON), validate, redact,
  * and encode the svc.traces records in the wire format. Measured on 2 cores, this work was
- * about half of the event loop's time per ingested event (docs/operations.md).
+ * about half of the event loop's time per ingested event (docs/performance.md).
  *
  * A request's own mistakes come back as `{ok: false, code, message}` (they are AppErrors here,
  * but errors do not cross threads as classes); anything else rejects the task.

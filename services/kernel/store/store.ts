@@ -67,7 +67,7 @@ export const SETTING_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 /**
  * Rows handed to the engine as one block in ClickHouse's Native format (sink/trace-event-block.ts),
  * as its parts in order: `columns` name the block's columns. The sink stores trace events this way on chDB,
- * with no JS object per row and no expression for the engine to plan (docs/operations.md, "Ingest").
+ * with no JS object per row and no expression for the engine to plan (docs/performance.md, "Trace ingest").
  */
 export interface NativeInsert {
   table: string;

@@ -27,7 +27,7 @@ const tailSize = (r: LogRecord): number => (r.value?.buffer.byteLength ?? 0) + (
 /**
  * Where appends are encoded before their write(2): one buffer, grown as needed and reused, as the
  * write is synchronous. (A fresh buffer per append was V8 external memory, whose churn starts
- * full garbage collections of the whole heap; docs/operations.md, "Ingest".)
+ * full garbage collections of the whole heap; docs/performance.md, "Trace ingest".)
  */
 let appendScratch = Buffer.allocUnsafe(1024 * 1024);
 

@@ -59,7 +59,7 @@ const CONSUMER_TUNING: ConsumerTuning = {
  * partition does (kafkajs keeps a partition's batches in order either way). kafkajs's default, 1,
  * made a member handle one partition at a time: the sink's writer then held one partition's
  * records per insert and used one of its two insert lanes (2.5 records per insert, 27k events/s
- * under the bench's POST load; docs/operations.md). Above the partitions a member has, the extra
+ * under the bench's POST load; docs/performance.md). Above the partitions a member has, the extra
  * workers wait idle.
  */
 const PARTITIONS_CONSUMED_CONCURRENTLY = 16;
