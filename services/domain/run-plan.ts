@@ -2,10 +2,10 @@
  * Run planning: the spec a run executes (its matrix entry applied), how long its sandbox may
  * live, and the metadata keys that tag its sandbox.
  */
-import { parse } from 'yaml';
 import type { Config } from '../kernel/config.ts';
 import { applyParams, type Params } from './params.ts';
 import { specFromDocument, type SpecDocument } from './spec.ts';
+import { specTree } from './spec-cache.ts';
 
 /** Room for boot, checks and teardown beyond the sandbox's and the agent's timeouts. */
 const RUN_LIFETIME_MARGIN_MS = 10 * 60_000;
@@ -29,18 +29,10 @@ export const RUN_METADATA = {
   agentSnapshotId: 'svc.agent_snapshot_id',
 } as const;
 
-/** Parsed spec texts, by text: every run of an experiment shares one (a 200-entry matrix takes ms to parse). */
-const parsedTexts = new Map<string, Record<string, unknown>>();
-const PARSED_TEXTS_KEPT = 16;
-
 /** The spec of one run: `{{ params.NAME }}` in every string of the document replaced by the run's matrix entry. */
 export function specForRun(yaml: string, params: Params): SpecDocument {
-  let raw = parsedTexts.get(yaml);
-  if (!raw) {
-    raw = parse(yaml) as Record<string, unknown>;
-    parsedTexts.set(yaml, raw);
-    if (parsedTexts.size > PARSED_TEXTS_KEPT) parsedTexts.delete(parsedTexts.keys().next().value!);
-  }
+  // Every run of an experiment shares the text's tree (a 200-entry matrix takes ms to parse).
+  const raw = specTree(yaml);
   const substitute = (node: unknown): unknown => {
     if (typeof node === 'string') return applyParams(node, params);
     if (Array.isArray(node)) return node.map(substitute);

@@ -8,8 +8,12 @@
  * (a reader that logs it logs it once). Bounded by the texts' total size, least recently used first
  * out, so many small specs (a tenant's list) stay while a few large ones cannot crowd out the rest.
  * Callers share the documents: they must not change them.
+ *
+ * The YAML trees a run's spec is made from (`domain/run-plan.ts` substitutes a matrix entry into
+ * one before checking it) are kept here too, under the same bound.
  */
 import { LRUCache } from 'lru-cache';
+import { parse as parseYaml } from 'yaml';
 import { parseSpec, type SpecDocument } from './spec.ts';
 
 /** Characters of spec text whose outcomes are kept. */
@@ -43,4 +47,16 @@ function parse(yaml: string): SpecDocument | Error {
   }
   outcomes.set(yaml, outcome);
   return outcome;
+}
+
+const trees = new LRUCache<string, Record<string, unknown>>({ maxSize: KEPT_TEXT_CHARS, sizeCalculation: (_tree, yaml) => Math.max(1, yaml.length) });
+
+/** The YAML tree of a spec text, unchecked, parsed once while it is kept; throws as the YAML parser does. */
+export function specTree(yaml: string): Record<string, unknown> {
+  let tree = trees.get(yaml);
+  if (!tree) {
+    tree = parseYaml(yaml) as Record<string, unknown>;
+    trees.set(yaml, tree);
+  }
+  return tree;
 }

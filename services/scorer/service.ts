@@ -17,6 +17,7 @@
  * unknown experiment is logged and skipped, an outcome or spec that cannot be read is scored
  * `error` saying why (so its experiment still completes).
  */
+import { LRUCache } from 'lru-cache';
 import pLimit from 'p-limit';
 import { publish, subscribe, type Delivered, type Kernel, type OutgoingEvent, type Service } from '../kernel/actor.ts';
 import { EntityView } from '../kernel/entity-view.ts';
@@ -51,7 +52,7 @@ export class ScorerService implements Service {
   private kernel!: Kernel;
   private judge!: Judge;
   private readonly experiments = new Map<string, PinnedExperiment>();
-  private readonly specs = new Map<string, SpecDocument>();
+  private readonly specs = new LRUCache<string, SpecDocument>({ max: SPEC_CACHE_SIZE });
   private view: EntityView<ExperimentChanged> | null = null;
   private consumers: Consumer[] = [];
 
@@ -173,7 +174,6 @@ export class ScorerService implements Service {
     let spec = this.specs.get(key);
     if (!spec) {
       spec = specForRun(yaml, JSON.parse(params) as Params);
-      if (this.specs.size >= SPEC_CACHE_SIZE) this.specs.delete(this.specs.keys().next().value!);
       this.specs.set(key, spec);
     }
     return spec;
