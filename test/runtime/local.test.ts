@@ -68,10 +68,4 @@ runtimeConformance({
   unavailable: bwrap === null ? 'SVC_TEST_BWRAP is unset' : null,
   env: { SVC_RUNTIME: 'local', SVC_SANDBOX_HOST_ROOTFS: 'true' },
   leftovers,
-  gaps: {
-    // cgroups.ts sweepStaleCgroups: a restarted runner removes only groups older than 60 s (the
-    // `svc` parent is shared by every runner of the host, and a younger group may be another's
-    // sandbox mid-boot), so the groups of sandboxes younger than that stay, empty, until a later start.
-    'resources left after the runner was killed': 'the cgroups of sandboxes under 60 s old stay until a later start',
-  },
 });

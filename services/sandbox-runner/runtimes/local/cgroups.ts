@@ -82,6 +82,9 @@ async function rmdirRetry(dir: string): Promise<boolean> {
   return false;
 }
 
+/** In a sandbox's state directory, the name its groups were renamed to (a warm sandbox's, claimed). */
+export const CGROUP_NAME_FILE = 'cgroup-name';
+
 export class SandboxCgroup {
   readonly warnings: string[] = [];
   private dirs: string[];
@@ -105,6 +108,12 @@ export class SandboxCgroup {
       this.cpuDir = layout.cpu ? path.join(layout.cpu, parent, id) : null;
       this.dirs = [...new Set([this.memoryDir, this.pidsDir, ...(this.cpuDir ? [this.cpuDir] : [])])];
     }
+  }
+
+  /** The groups of a sandbox made earlier, maybe by an earlier life of this runner; null without cgroups. */
+  static existing(parent: string, id: string): SandboxCgroup | null {
+    const layout = cgroupLayout();
+    return layout ? new SandboxCgroup(layout, parent, id) : null;
   }
 
   /** Creates the groups and sets the limits; throws with a clear message when it cannot. */

@@ -38,7 +38,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { Logger } from '../../../kernel/logger.ts';
 import { envSizeProblem } from '../../../domain/sandbox-limits.ts';
-import { SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
+import { CGROUP_NAME_FILE, SandboxCgroup, cgroupLayout, sweepStaleCgroups } from './cgroups.ts';
 import { ServiceBridge } from './service-bridge.ts';
 import { LocalNetworks, type GatewayPorts, type NetworkSlot, type RefusedUdp } from './local-network.ts';
 import { Launcher, type LaunchedProcess } from './launcher.ts';
@@ -133,6 +133,9 @@ export class LocalRuntime implements Runtime {
     const trial = spawnSync(this.bwrap, ['--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--die-with-parent', ...hostSystemBinds(), '--proc', '/proc', '--dev', '/dev', '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
     if (trial.error || trial.status !== 0) return `bubblewrap cannot create namespaces here: ${(trial.error?.message ?? trial.stderr).trim()}`;
     if (!cgroupLayout()) return 'no memory and pids cgroup controllers are mounted under /sys/fs/cgroup';
+    // A sandbox's directory outlives it only when this runtime's process died: its groups go now,
+    // with whatever of it is still dying in them; the sweep after it waits for others' to age.
+    for (const dir of subdirectories(path.join(this.stateDir, 'sandboxes'))) await SandboxCgroup.existing(this.cgroupParent, groupName(path.join(this.stateDir, 'sandboxes', dir)))?.remove();
     const swept = sweepStaleCgroups(this.cgroupParent);
     if (swept) this.logger?.info({ groups: swept }, 'removed the cgroups of sandboxes left by a previous run');
     const disks = this.workspaceDisks();
@@ -393,4 +396,25 @@ async function chownTree(dir: string, uid: number, gid: number, skip: Set<string
       if (s.uid !== uid || s.gid !== gid) await fs.promises.lchown(full, uid, gid);
     }),
   );
+}
+
+/** The names of the directories in `dir`; none when it does not exist. */
+function subdirectories(dir: string): string[] {
+  try {
+    return fs.readdirSync(dir, { withFileTypes: true }).flatMap((entry) => (entry.isDirectory() ? [entry.name] : []));
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    throw err;
+  }
+}
+
+/** The name of the groups of the sandbox whose state directory is `dir`: the directory's, unless a claim renamed them. */
+function groupName(dir: string): string {
+  let name: string;
+  try {
+    name = fs.readFileSync(path.join(dir, CGROUP_NAME_FILE), 'utf8');
+  } catch {
+    return path.basename(dir);
+  }
+  return /^[A-Za-z0-9_-][A-Za-z0-9_.-]*$/.test(name) ? name : path.basename(dir);
 }

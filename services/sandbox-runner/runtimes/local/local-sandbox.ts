@@ -5,10 +5,11 @@
  * (local-runtime.ts) makes it once bubblewrap is launched; it is ready at the supervisor's READY.
  */
 import fs from 'node:fs';
+import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import type { Logger } from '../../../kernel/logger.ts';
 import { commandSizeProblem, envSizeProblem, MAX_COMMANDS_AT_ONCE } from '../../../domain/sandbox-limits.ts';
-import type { SandboxCgroup } from './cgroups.ts';
+import { CGROUP_NAME_FILE, type SandboxCgroup } from './cgroups.ts';
 import { pidInSandboxNetns, type ServiceBridge } from './service-bridge.ts';
 import type { LocalNetworks, NetworkSlot } from './local-network.ts';
 import type { LaunchedProcess } from './launcher.ts';
@@ -359,6 +360,8 @@ export class LocalSandbox implements SandboxHandle {
     if (problem) throw new Error(`env: ${problem}`);
     if (!/^[A-Za-z0-9_.-]+$/.test(as.id)) throw new Error(`invalid sandbox id: ${as.id}`);
     this.cgroup.rename(as.id);
+    // Its directory keeps the warm name: a restart after a crash finds the groups by this file.
+    await fs.promises.writeFile(path.join(this.sandboxDir, CGROUP_NAME_FILE), as.id);
     this.id = as.id;
     this.env = this.baseEnv(as.env);
   }
