@@ -18,8 +18,8 @@
 //
 // Test files run in parallel, one process each (SVC_TEST_CONCURRENCY, default: the CPU count,
 // at most 4): they share the backends but use unique topic, group, table and port names. On 2
-// cores the whole suite takes 20 to 25 minutes, most of it in the e2e tier; the unit tier takes
-// under a minute.
+// cores the whole suite takes 25 to 30 minutes, most of it in the e2e tier; the unit tier about a
+// minute.
 // CI=true: a backend that cannot run is an error, not a skip.
 //
 // Every process a test starts ends with the run: see "Processes the tests leave behind" below.
