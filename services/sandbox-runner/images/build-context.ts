@@ -77,7 +77,7 @@ const MAX_DOCKERFILE_BYTES = 1024 * 1024;
  */
 function matches(context: string, src: string, at: string, inImage = false): string[] {
   const rel = path.posix.normalize(src.replace(/^\/+/, '') || '.');
-  if (rel === '..' || rel.startsWith('..')) throw new Error(`${at}: ${src} is outside the build context`);
+  if (rel === '..' || rel.startsWith('../')) throw new Error(`${at}: ${src} is outside the build context`);
   let parts = rel === '.' ? [] : rel.replace(/\/$/, '').split('/');
   let dir = context;
   if (inImage && parts.length > 1) {

@@ -52,7 +52,7 @@ function firstEntryNames(file: string, count: number): Promise<string[]> {
       resolve(names);
     };
     parser.on('entry', (entry: ReadEntry) => {
-      if (entry.path !== '../runtime') names.push(entry.path);
+      if (entry.path !== './') names.push(entry.path);
       entry.resume();
       if (names.length >= count) finish();
     });
