@@ -30,7 +30,7 @@ export interface ArchiveImage {
   layers: string[];
 }
 
-/** The first entries of a `docker save` or OCI archive, where a root filesystem has `../runtime`, `bin/`, `etc/`... */
+/** The first entries of a `docker save` or OCI archive, where a root filesystem has `./`, `bin/`, `etc/`... */
 const ARCHIVE_ENTRY = /^(\.\/)?(blobs\/|oci-layout$|index\.json$|manifest\.json$|repositories$|[a-f0-9]{64}(\/|\.json$))/;
 
 /** Whether `source` (a directory or a tarball) is an image archive rather than a root filesystem. */
@@ -41,7 +41,7 @@ export async function isImageArchive(source: string): Promise<boolean> {
   return names.length > 0 && names.every((n) => ARCHIVE_ENTRY.test(n));
 }
 
-/** The paths of a tarball's first `count` entries (the root `../runtime` left out), read without unpacking it. */
+/** The paths of a tarball's first `count` entries (the root `./` left out), read without unpacking it. */
 function firstEntryNames(file: string, count: number): Promise<string[]> {
   return new Promise((resolve) => {
     const names: string[] = [];
