@@ -71,7 +71,7 @@ export class ApiService implements Service {
 
   /** The port actually bound (SVC_PORT=0 picks a free one). */
   port(): number {
-    return (this.server?.address() as AddressInfo).port;
+    return (this.server!.address() as AddressInfo).port;
   }
 
   async stop(): Promise<void> {

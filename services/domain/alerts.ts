@@ -153,7 +153,7 @@ const iso = (ms: number) => new Date(ms).toISOString();
 /** The rule on the experiment that just completed (`trigger`), as of its completion. */
 export function evaluateRule(rule: EvaluableRule, trigger: CompletedExperiment, history: AlertHistoryReader): Evaluation {
   const c = rule.condition;
-  if (c.kind === 'regression') return evaluateRegression(rule, c.metric, trigger, history);
+  if (c.kind === 'regression') return evaluateRegression(c.metric, trigger, history);
   const scope = rule.eval_id;
   const crossing = (v: number | null): v is number => v !== null && holds(v, c.operator, c.value);
   const w = rule.window;
@@ -200,7 +200,7 @@ export function evaluateRule(rule: EvaluableRule, trigger: CompletedExperiment, 
  * spec (baseline) with this one. Only a significant regression fires: an underpowered
  * comparison is untested, and noise pages no one.
  */
-function evaluateRegression(rule: EvaluableRule, metric: AlertMetric, trigger: CompletedExperiment, history: AlertHistoryReader): Evaluation {
+function evaluateRegression(metric: AlertMetric, trigger: CompletedExperiment, history: AlertHistoryReader): Evaluation {
   const none = (reason: string, details: FiringDetails = { window: null }): Evaluation => ({ fires: false, metric_value: trigger.metrics[metric], threshold: null, reason, details });
   const previous = history.lastCompleted(trigger.tenant, trigger.spec_id, trigger, 2);
   if (previous.length < 2) return none(`no earlier completed experiment of spec ${trigger.spec_id} to compare with`);

@@ -466,7 +466,7 @@ function scan(root: unknown): { paramReferences: ParamReference[]; cycles: strin
     if (ancestors.has(value)) return void cycles.push(path);
     if (done.has(value)) return;
     ancestors.add(value);
-    if (Array.isArray(value)) value.forEach((item, i) => visit(item, `${path}[${i}]`));
+    if (Array.isArray(value)) for (const [i, item] of value.entries()) visit(item, `${path}[${i}]`);
     else for (const [key, item] of Object.entries(value)) visit(item, childPath(path, key));
     ancestors.delete(value);
     done.add(value);

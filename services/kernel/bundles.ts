@@ -247,8 +247,8 @@ class BundleCheck extends Transform {
         if (ended) return;
         ended = true;
         if (!this.problem && this.entries === 0) this.problem = badRequest('bundle', 'holds no files');
-        const escape = this.problem ? null : physicalEscape(this.links, this.hardLinks);
-        if (escape) this.problem = badRequest('bundle', escape);
+        const escaping = this.problem ? null : physicalEscape(this.links, this.hardLinks);
+        if (escaping) this.problem = badRequest('bundle', escaping);
         done(this.problem);
       };
       this.parser.on('error', settle);

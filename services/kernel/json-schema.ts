@@ -97,12 +97,15 @@ export class JsonSchemaValidator {
   }
 
   private indexVariants(node: unknown): void {
-    if (Array.isArray(node)) return node.forEach((n) => this.indexVariants(n));
+    if (Array.isArray(node)) {
+      for (const n of node) this.indexVariants(n);
+      return;
+    }
     if (!isObject(node)) return;
     const tags = isObject(node.if) && isObject(node.if.properties) ? Object.entries(node.if.properties) : [];
     const [tag, rule] = tags[0] ?? [];
     if (tag !== undefined && isObject(rule) && 'const' in rule) this.variantOf.set(node.then, ` for ${tag}: ${String(rule.const)}`);
-    Object.values(node).forEach((n) => this.indexVariants(n));
+    for (const n of Object.values(node)) this.indexVariants(n);
   }
 
   /** The node a `$ref` names (`#/definitions/checkType`), or the node itself. */

@@ -116,7 +116,7 @@ export function eventLogContract(
         }
         const pos = await h.log.append(spec.name, batch);
         assert.equal(pos.length, batch.length);
-        pos.forEach((p, i) => positions.push({ key: batch[i].key, seq: JSON.parse(batch[i].value.toString()).seq, pos: p }));
+        for (const [i, p] of pos.entries()) positions.push({ key: batch[i].key, seq: JSON.parse(batch[i].value.toString()).seq, pos: p });
       }
       for (const { key, pos } of positions) {
         assert.equal(pos.topic, spec.name);

@@ -333,7 +333,7 @@ audit: {http_calls: true}
   });
 
   describe('experiments over a database and a mock', () => {
-    const BODY = (agent: string, extra = '') => `${SERVICES}audit: {db_writes: true, http_calls: true}
+    const BODY = (_agent: string, extra = '') => `${SERVICES}audit: {db_writes: true, http_calls: true}
 fixtures:
   - type: sql
     service: db

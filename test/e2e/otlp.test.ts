@@ -81,7 +81,10 @@ describe('POST /otel/v1/traces, end to end', () => {
   test('gzip-compressed protobuf is accepted and answered with a protobuf ExportTraceServiceResponse', async () => {
     // InMemorySpanExporter forgets its spans at shutdown; this one keeps them.
     const spans: ReadableSpan[] = [];
-    await emit({ export: (batch, done) => (spans.push(...batch), done({ code: 0 })), shutdown: async () => {} }, 'gzip');
+    await emit({ export: (batch, done) => {
+          spans.push(...batch);
+          done({ code: 0 });
+        }, shutdown: async () => {} }, 'gzip');
     const body = gzipSync(ProtobufTraceSerializer.serializeRequest(spans)!);
     const res = await fetch(`${server.url}/otel/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/x-protobuf', 'content-encoding': 'gzip' }, body });
     assert.equal(res.status, 200, await res.clone().text());

@@ -362,7 +362,7 @@ except OSError as e:
       assert.equal(res.body.network, null);
       const box: Box = { name: 'none', id: res.body.id, address: '', hostAddress: '', outputs: [] };
       const mark = await worldMark();
-      const out = await py(box, String.raw`
+      const out = await py(box, `
 import socket
 for target in [('api.allowed.test', 80), ('${world.ip('echo.allowed.test')}', 7000)]:
     try:
@@ -486,7 +486,7 @@ print(round((time.time() - t) * 1000))`);
       const ip = world.ip('echo.allowed.test');
       const res = await sh(plain, `bash -c 'echo hello > /dev/udp/${ip}/7001'; echo rc=$?`);
       assert.equal(res.stdout.trim(), 'rc=0', 'UDP has no handshake: the send itself succeeds');
-      const answered = await py(plain, String.raw`
+      const answered = await py(plain, `
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1.5)
 s.sendto(b'anyone?', ('${ip}', 7001))
@@ -519,7 +519,7 @@ print(query('exfil.denied.test'), query('api.allowed.test'))`);
     });
 
     test('IPv6 fails at once: a literal IPv6 address is unreachable, AAAA gets no answer', async () => {
-      const res = await py(plain, String.raw`
+      const res = await py(plain, `
 import socket, time
 t = time.time()
 try: socket.create_connection(('2001:db8::1', 80), timeout=10); print('connected')
@@ -657,7 +657,7 @@ for port in ${JSON.stringify(ports)}:
     });
 
     test('a connected UDP socket to a refused destination learns it at once (port unreachable), never a silent wait', async () => {
-      const res = await py(plain, String.raw`
+      const res = await py(plain, `
 import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
 s.connect(('${world.ip('echo.allowed.test')}', 7001))

@@ -167,7 +167,7 @@ if (runtime) {
         assert.match(shell.screen(), /\[nobody 65534 \/workspace xterm-256color\]/);
         assert.match(shell.screen(), /from the files api/);
         assert.match(shell.screen(), /crw--w---- nobody/, 'the terminal is the sandbox user\'s');
-        assert.match(shell.screen(), /\[host:  No such file or directory\]/);
+        assert.match(shell.screen(), /\[host: {2}No such file or directory\]/);
         // Only the sandbox's processes; new namespaces are refused as for any command.
         shell.type('ps -eo user=,args= | grep -vc "^root .*\\(bwrap\\|supervisor\\)"; unshare -r true 2>/dev/null; echo "[unshare $?]"\r');
         await shell.waitFor(/\[unshare \d+\]/);

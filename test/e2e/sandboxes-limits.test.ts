@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { type TestServer } from '../helpers/server.ts';
+import type { TestServer } from '../helpers/server.ts';
 import { backend } from '../helpers/backend.ts';
 import { SPEC, sse } from '../helpers/sandboxes.ts';
 import { sandboxRequests, startSandboxesServer } from '../helpers/sandboxes-suite.ts';

@@ -90,7 +90,7 @@ function hostDials(address: string): Set<string> {
 }
 
 /** Python run in the sandbox: `exchange` sends and reads what comes back for `wait` s; `tls` wraps (name null: no SNI, nothing verified). */
-const PRELUDE = String.raw`
+const PRELUDE = `
 import json, socket, ssl, struct, time
 def drain(s, wait):
     out, end = b'', time.time() + wait

@@ -467,7 +467,7 @@ export async function countNetworkResources(): Promise<{ links: number; netns: n
   let tables: string[] = [];
   try {
     const listed = JSON.parse(await run('nft', ['-j', 'list', 'tables'])) as { nftables: Array<{ table?: { family: string; name: string } }> };
-    tables = listed.nftables.flatMap((e) => (e.table && e.table.name.startsWith('svc_') ? [`${e.table.family} ${e.table.name}`] : []));
+    tables = listed.nftables.flatMap((e) => (e.table?.name.startsWith('svc_') ? [`${e.table.family} ${e.table.name}`] : []));
   } catch (err) {
     if (!/ENOENT|not found/.test(String(err))) throw err;
   }

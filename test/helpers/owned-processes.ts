@@ -51,7 +51,9 @@ export async function stopOwned(graceMs = GRACE_MS): Promise<void> {
   const live = [...owned].filter(running);
   const gone = live.map((child) => new Promise((resolve) => (running(child) ? child.once('exit', resolve) : resolve(null))));
   for (const child of live) child.kill('SIGTERM');
-  const timer = setTimeout(() => live.filter(running).forEach((child) => child.kill('SIGKILL')), graceMs);
+  const timer = setTimeout(() => {
+    for (const child of live.filter(running)) child.kill('SIGKILL');
+  }, graceMs);
   await Promise.all(gone);
   clearTimeout(timer);
 }

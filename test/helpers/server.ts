@@ -141,7 +141,9 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
       // What did start ends here: left running, its pipes would hold the test file open until
       // the runner's timeout.
       for (const child of children) if (!exited(child)) child.kill('SIGTERM');
-      const timer = setTimeout(() => children.forEach((child) => exited(child) || child.kill('SIGKILL')), 10_000);
+      const timer = setTimeout(() => {
+        for (const child of children) if (!exited(child)) child.kill('SIGKILL');
+      }, 10_000);
       await Promise.all(children.map(waitExit));
       clearTimeout(timer);
       throw err;

@@ -17,7 +17,7 @@ import { interleavedCreates, timedSandboxes } from './sandbox-timing.ts';
 const run = promisify(execFile);
 
 /** Requests to `url` (each on a new connection, or `keepalive`), timed in the client: JSON {p50, p95, rps}. */
-const CLIENT = String.raw`
+const CLIENT = `
 import http.client, json, ssl, sys, time, threading
 host, port, scheme, name, n, threads, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 ctx = ssl.create_default_context(cafile=ca) if scheme == 'https' else None

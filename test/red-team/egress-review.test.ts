@@ -106,7 +106,7 @@ audit:
         const mark = (await lab.world.requests()).length;
         const since = now();
         const out = await lab.raw('api.allowed.test', port, mode, 'api.allowed.test', `GET ${scheme}://api.allowed.test/fronted HTTP/1.1\r\nHost: denied.test:\r\nConnection: close\r\n\r\n`);
-        assert.match(out, /HTTP\/1\.1 403 [^]*Host header "denied\.test:" is not host\[:port\]/, out);
+        assert.match(out, /HTTP\/1\.1 403 [\s\S]*Host header "denied\.test:" is not host\[:port\]/, out);
         const arrived = await lab.arrivedSince(mark);
         noneAtDenied(arrived);
         assert.deepEqual(show(arrived), []);
@@ -126,7 +126,7 @@ audit:
         const before = printed.length;
         const since = now();
         const out = await lab.raw('api.allowed.test', HTTP_PORT, 'plain', '', payload);
-        assert.match(out, /^HTTP\/1\.1 400 [^]*not well-formed HTTP\/1\.1/, `${name}: ${JSON.stringify(out)}`);
+        assert.match(out, /^HTTP\/1\.1 400 [\s\S]*not well-formed HTTP\/1\.1/, `${name}: ${JSON.stringify(out)}`);
         await sleep(200);
         assert.deepEqual(printed.slice(before), [], `${name}: nothing arrived`);
         const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
@@ -206,7 +206,7 @@ PY`)).stdout;
     test('the answer to a WebSocket handshake the upstream declines is read whole up to 1 MiB only: past it, a 502, recorded', async () => {
       const since = now();
       const out = await lab.raw('api.allowed.test', 80, 'plain', '', `GET /big?bytes=${2 * 1024 * 1024} HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`);
-      assert.match(out, /^HTTP\/1\.1 502 [^]*over 1048576 bytes/, out.slice(0, 300));
+      assert.match(out, /^HTTP\/1\.1 502 [\s\S]*over 1048576 bytes/, out.slice(0, 300));
       assert.ok(out.length < 4096, `${out.length} bytes came back`);
       const calls = await lab.records('http_call', since, (items) => items.length >= 1);
       assert.deepEqual(calls.map((c) => [c.path, c.status, c.upgrade]), [[`/big?bytes=${2 * 1024 * 1024}`, 200, 'websocket']]);
@@ -228,7 +228,7 @@ PY`)).stdout;
       const mark = (await lab.world.requests()).length;
       const since = now();
       const out = await lab.raw('api.allowed.test', 80, 'plain', '', 'GET http://api.allowed.test@denied.test/userinfo HTTP/1.1\r\nConnection: close\r\n\r\n');
-      assert.match(out, /^HTTP\/1\.1 403 [^]*denied\.test:80 is denied/, out);
+      assert.match(out, /^HTTP\/1\.1 403 [\s\S]*denied\.test:80 is denied/, out);
       const connect = await lab.raw('api.allowed.test', 80, 'plain', '', 'CONNECT http://denied.test/ HTTP/1.1\r\nHost: denied.test\r\n\r\n');
       assert.match(connect, /^HTTP\/1\.1 400 /, connect);
       const arrived = await lab.arrivedSince(mark);

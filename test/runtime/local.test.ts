@@ -10,7 +10,7 @@
  * its workspace (or naming it), its network namespace, its workspace directory.
  */
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, type Dirent } from 'node:fs';
 import path from 'node:path';
 import { backend } from '../helpers/backend.ts';
 import { sandboxPids } from '../helpers/sandboxes.ts';
@@ -24,7 +24,7 @@ const CGROUP_ROOT = '/sys/fs/cgroup';
 function cgroupsNamed(id: string): string[] {
   const found: string[] = [];
   const walk = (dir: string, depth: number) => {
-    let entries;
+    let entries: Dirent[];
     try {
       entries = readdirSync(dir, { withFileTypes: true });
     } catch {

@@ -15,7 +15,7 @@ test('odd values at every path of a full document are 400s or valid, never a cra
   const paths: Array<Array<string | number>> = [];
   const collect = (value: unknown, path: Array<string | number>) => {
     paths.push(path);
-    if (Array.isArray(value)) value.forEach((v, i) => collect(v, [...path, i]));
+    if (Array.isArray(value)) for (const [i, v] of value.entries()) collect(v, [...path, i]);
     else if (typeof value === 'object' && value !== null) for (const [k, v] of Object.entries(value)) collect(v, [...path, k]);
   };
   collect(everyBlock(), []);

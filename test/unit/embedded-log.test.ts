@@ -220,7 +220,7 @@ describe('EmbeddedLog topics and maintenance', () => {
         return { key: n % 3 === 0 ? null : `key-${n % 7}`, value, headers: n % 2 ? { tenant: `t${n}` } : undefined };
       });
       const positions = await log.append('t', records);
-      positions.forEach((p, i) => appended.set(`${p.partition}:${p.offset}`, records[i]!.value));
+      for (const [i, p] of positions.entries()) appended.set(`${p.partition}:${p.offset}`, records[i]!.value);
     }
     const readAll = async (l: EmbeddedLog) => {
       const out = [];

@@ -113,7 +113,10 @@ export function longFunctions(file: string, source: string): string[] {
   const explained = (line: number) => reasons.has(line - 1) || reasons.has(line - 2) || reasons.has(line);
   const found: string[] = [];
   const visit = (node: unknown, statementLine: number): void => {
-    if (Array.isArray(node)) return node.forEach((child) => visit(child, statementLine));
+    if (Array.isArray(node)) {
+      for (const child of node) visit(child, statementLine);
+      return;
+    }
     if (node === null || typeof node !== 'object' || typeof (node as Node).type !== 'string') return;
     const n = node as Node;
     const line = /Statement|Declaration|Property|Method/.test(n.type) ? n.loc.start.line : statementLine;

@@ -429,7 +429,10 @@ test('the schema: editors can use it, every field is described, and it agrees wi
   const undescribed: string[] = [];
   const open: string[] = [];
   const walk = (node: unknown, where: string) => {
-    if (Array.isArray(node)) return node.forEach((n, i) => walk(n, `${where}/${i}`));
+    if (Array.isArray(node)) {
+      for (const [i, n] of node.entries()) walk(n, `${where}/${i}`);
+      return;
+    }
     if (typeof node !== 'object' || node === null) return;
     const schema = node as Doc;
     if (schema.properties && !schema.allOf) {
@@ -448,7 +451,10 @@ test('the schema: editors can use it, every field is described, and it agrees wi
   const unexplained: string[] = [];
   const VALUE_RULES = ['type', 'pattern', 'format', 'minimum', 'maximum', 'exclusiveMinimum', 'minLength', 'maxLength', 'minItems', 'maxItems', 'minProperties', 'not', 'anyOf'];
   const explain = (node: unknown, where: string, inIf: boolean) => {
-    if (Array.isArray(node)) return node.forEach((n, i) => explain(n, `${where}/${i}`, inIf));
+    if (Array.isArray(node)) {
+      for (const [i, n] of node.entries()) explain(n, `${where}/${i}`, inIf);
+      return;
+    }
     if (typeof node !== 'object' || node === null) return;
     const schema = node as Doc;
     if (!inIf && where !== '#' && VALUE_RULES.some((rule) => rule in schema) && typeof schema.errorMessage !== 'string') unexplained.push(where);

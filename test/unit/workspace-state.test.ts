@@ -51,7 +51,7 @@ test('files over 1 MiB keep size and mode but get no checksum; the limit is a se
 
 test('symlinks are recorded, not followed', async () => {
   const s = await captureState(ws);
-  assert.deepEqual(s.files['link'], { size: 5, mode: s.files['link']!.mode, checksum: sha('a.txt'), symlink: 'a.txt' });
+  assert.deepEqual(s.files.link, { size: 5, mode: s.files.link!.mode, checksum: sha('a.txt'), symlink: 'a.txt' });
   assert.equal(s.files['etc-link']!.symlink, '/etc');
   assert.ok(!Object.keys(s.files).some((k) => k.startsWith('etc-link/')));
 });

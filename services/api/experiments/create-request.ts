@@ -56,15 +56,18 @@ function parseMatrix(raw: unknown, bad: Bad): Params[] | undefined {
     valid = false;
     bad(field, problem);
   };
-  raw.forEach((entry: unknown, i: number) => {
-    if (!isObject(entry)) return void invalid(`matrix[${i}]`, 'must be a map of parameter name to value');
+  for (const [i, entry] of (raw as unknown[]).entries()) {
+    if (!isObject(entry)) {
+      invalid(`matrix[${i}]`, 'must be a map of parameter name to value');
+      continue;
+    }
     for (const [name, value] of Object.entries(entry)) {
       if (!PARAM_NAME.test(name)) invalid(`matrix[${i}].${name}`, 'is not a parameter name (letters, digits and _, not starting with a digit)');
       else if (typeof value !== 'string' && typeof value !== 'boolean' && !(typeof value === 'number' && Number.isFinite(value))) {
         invalid(`matrix[${i}].${name}`, 'must be a string, a number or a boolean');
       }
     }
-  });
+  }
   return valid ? (raw as Params[]) : undefined;
 }
 

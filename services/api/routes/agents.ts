@@ -103,7 +103,7 @@ export function agentsRouter(agents: AgentCatalog, config: Config): Router {
 
   router.post('/v1/agents', async (ctx) => {
     const { metadata, bundle } = await receiveUpload(ctx, agents, config);
-    let parsed;
+    let parsed: ReturnType<typeof parseAgentMetadata>;
     try {
       if (!bundle) throw badRequest('bundle', 'is required: the agent code as a .tar.gz file field');
       parsed = parseAgentMetadata(metadata);

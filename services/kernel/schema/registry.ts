@@ -559,7 +559,7 @@ export class HttpRegistry implements SchemaRegistry {
         throw new AppError('unavailable', `schema registry ${this.base} is unreachable (${method} ${path}): ${(err as Error).message}`, { cause: err });
       }
       const text = await response.text();
-      let parsed: unknown = undefined;
+      let parsed: unknown ;
       try {
         parsed = text === '' ? undefined : JSON.parse(text);
       } catch {

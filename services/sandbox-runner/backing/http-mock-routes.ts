@@ -108,8 +108,8 @@ export function samePattern(a: string, b: string): boolean {
 
 const TEMPLATE = /\{\{\s*path\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}/g;
 
-function renderText(text: string, params: Record<string, string>, escape: (value: string) => string = (v) => v): string {
-  return text.replace(TEMPLATE, (whole, name: string) => (Object.hasOwn(params, name) ? escape(params[name]!) : whole));
+function renderText(text: string, params: Record<string, string>, escaped: (value: string) => string = (v) => v): string {
+  return text.replace(TEMPLATE, (whole, name: string) => (Object.hasOwn(params, name) ? escaped(params[name]!) : whole));
 }
 
 function renderJson(value: unknown, params: Record<string, string>): unknown {

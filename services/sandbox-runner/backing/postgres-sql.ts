@@ -141,11 +141,11 @@ export class Lexer {
 const isWordStart = (c: number): boolean => (c >= 97 && c <= 122) || (c >= 65 && c <= 90) || c === 95 || c >= 128;
 const isWordPart = (c: number): boolean => isWordStart(c) || (c >= 48 && c <= 57) || c === 36;
 
-const WRITE_START: Record<string, { verb: 'INSERT' | 'UPDATE' | 'DELETE' | 'MERGE'; then: string | null }> = {
-  insert: { verb: 'INSERT', then: 'into' },
-  update: { verb: 'UPDATE', then: null },
-  delete: { verb: 'DELETE', then: 'from' },
-  merge: { verb: 'MERGE', then: 'into' },
+const WRITE_START: Record<string, { verb: 'INSERT' | 'UPDATE' | 'DELETE' | 'MERGE'; followedBy: string | null }> = {
+  insert: { verb: 'INSERT', followedBy: 'into' },
+  update: { verb: 'UPDATE', followedBy: null },
+  delete: { verb: 'DELETE', followedBy: 'from' },
+  merge: { verb: 'MERGE', followedBy: 'into' },
 };
 
 /** What the statement at the lexer writes; the lexer is left inside it (the caller skips the rest). */
@@ -186,8 +186,8 @@ export function analyzeStatement(lexer: Lexer, sqlPrepared: Map<string, Statemen
   }
 }
 
-function writeTarget(lexer: Lexer, start: { verb: 'INSERT' | 'UPDATE' | 'DELETE' | 'MERGE'; then: string | null }): StatementInfo {
-  if (start.then && !isWord(lexer.next(), start.then)) return UNKNOWN;
+function writeTarget(lexer: Lexer, start: { verb: 'INSERT' | 'UPDATE' | 'DELETE' | 'MERGE'; followedBy: string | null }): StatementInfo {
+  if (start.followedBy && !isWord(lexer.next(), start.followedBy)) return UNKNOWN;
   if (isWord(lexer.peek(), 'only')) lexer.next();
   const table = qualifiedName(lexer);
   return table === null ? UNKNOWN : { kind: 'write', verb: start.verb, table };

@@ -59,7 +59,7 @@ export function parseDockerfile(source: string): Dockerfile {
     instructions.push(instruction(kind, line, text, rest));
   }
   const first = instructions.find((i) => i.kind !== 'ARG');
-  if (!first || first.kind !== 'FROM') throw new Error(`Dockerfile: the first instruction (besides ARG) must be FROM${first ? ` (line ${first.line} is ${first.kind})` : ''}`);
+  if (first?.kind !== 'FROM') throw new Error(`Dockerfile: the first instruction (besides ARG) must be FROM${first ? ` (line ${first.line} is ${first.kind})` : ''}`);
   const stages = new Set<string>();
   for (const from of instructions.filter((i) => i.kind === 'FROM')) {
     if (from.stage && stages.has(from.stage)) throw new Error(`Dockerfile line ${from.line}: a second stage named ${from.stage}`);

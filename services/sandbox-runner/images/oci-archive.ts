@@ -120,7 +120,7 @@ export async function readImageArchive(source: string, matches: (name: string) =
 /** A regular file of the layout, its real path inside it (a link may not lead out). */
 async function layoutFile(layout: string, rel: string, what: string): Promise<string> {
   const real = await fs.promises.realpath(path.join(layout, rel)).catch(() => null);
-  if (!real || !real.startsWith(`${layout}${path.sep}`) || !(await fs.promises.stat(real)).isFile()) throw new Error(`${what}: ${rel} is missing from the archive`);
+  if (!real?.startsWith(`${layout}${path.sep}`) || !(await fs.promises.stat(real)).isFile()) throw new Error(`${what}: ${rel} is missing from the archive`);
   return real;
 }
 

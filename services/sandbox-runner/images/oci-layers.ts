@@ -271,7 +271,7 @@ async function replace(target: string): Promise<void> {
 async function writeDirectory(target: string, rel: string, entry: ReadEntry, state: ApplyState): Promise<void> {
   const stat = await fs.promises.lstat(target).catch(() => null);
   if (stat && !stat.isDirectory()) await replace(target);
-  if (!stat || !stat.isDirectory()) await fs.promises.mkdir(target, { mode: 0o700 });
+  if (!stat?.isDirectory()) await fs.promises.mkdir(target, { mode: 0o700 });
   if (state.asRoot) await fs.promises.lchown(target, entry.uid ?? 0, entry.gid ?? 0);
   await fs.promises.chmod(target, entry.mode ?? 0o755);
   if (entry.mtime) state.dirTimes.set(rel, { atime: entry.atime ?? entry.mtime, mtime: entry.mtime });

@@ -100,7 +100,7 @@ export function parseImageConfig(bytes: Buffer, what: string): { run: ImageRunCo
     throw new Error(`${what}: the image config is not JSON`);
   }
   const diffIds = strings(doc.rootfs?.diff_ids);
-  if (!diffIds || !diffIds.every((d) => DIGEST.test(d))) throw new Error(`${what}: the image config has no sha256 rootfs.diff_ids`);
+  if (!diffIds?.every((d) => DIGEST.test(d))) throw new Error(`${what}: the image config has no sha256 rootfs.diff_ids`);
   const c = doc.config ?? {};
   const text = (v: unknown): string | null => (typeof v === 'string' && v !== '' ? v : null);
   return { run: { env: strings(c.Env) ?? [], entrypoint: strings(c.Entrypoint), cmd: strings(c.Cmd), workdir: text(c.WorkingDir), user: text(c.User) }, diffIds };

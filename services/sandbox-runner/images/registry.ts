@@ -87,7 +87,7 @@ export function parseImageReference(reference: string): ImageReference {
     repository = repository.slice(0, colon);
     if (!TAG.test(tag)) throw bad(`"${tag}" is not a tag`);
   }
-  if (!repository || !repository.split('/').every((p) => REPOSITORY_PART.test(p))) throw bad('the repository name must be lowercase letters, digits and separators');
+  if (!repository?.split('/').every((p) => REPOSITORY_PART.test(p))) throw bad('the repository name must be lowercase letters, digits and separators');
   if (registry === DOCKER_HUB && !repository.includes('/')) repository = `library/${repository}`;
   if (!tag && !digest) tag = 'latest';
   return { registry, repository, tag, digest };

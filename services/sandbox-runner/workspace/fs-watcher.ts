@@ -377,7 +377,7 @@ export class FsWatcher {
     if (!this.view.placeOf(rel)?.lower) return false;
     const { root, rel: inside } = this.view.locate(rel);
     const st = lstatBeneath(root, inside);
-    return st !== undefined && st.isCharacterDevice() && st.rdev === 0;
+    return st?.isCharacterDevice() === true && st.rdev === 0;
   }
 
   /** Whether the watch reports `kind` for the file named `rel` (places.ts). */

@@ -408,7 +408,7 @@ function hashFileSync(dirFd: number, name: string, maxBytes: number): Hashed | '
 
 /** Opens `name` in `dir` (releasing the directory once the file is open), then hashes off the event loop. */
 async function hashFile(dir: DirRef, name: string, maxBytes: number): Promise<Hashed | 'gone' | undefined> {
-  let fh;
+  let fh: Awaited<ReturnType<typeof openHandleAt>>;
   try {
     fh = await openHandleAt(dir.fd, name, OPEN_FLAGS);
   } catch (err) {

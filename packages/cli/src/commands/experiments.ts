@@ -4,7 +4,7 @@
  * when the candidate regressed, so CI can gate on it.
  */
 import { createWriteStream } from 'node:fs';
-import { Writable } from 'node:stream';
+import type { Writable } from 'node:stream';
 import type { Command } from 'commander';
 import type { Experiment } from '../../../sdk/src/client.ts';
 import { CliError, EXIT } from '../errors.ts';

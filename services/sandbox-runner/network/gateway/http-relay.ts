@@ -86,7 +86,9 @@ export class HttpRelay {
     if (!open) {
       const requests = (open = new Set());
       this.upstreams.set(from, requests);
-      from.once('close', () => requests.forEach((request) => request.destroy()));
+      from.once('close', () => {
+        for (const request of requests) request.destroy();
+      });
     }
     open.add(upstream);
     upstream.once('close', () => open.delete(upstream));

@@ -66,7 +66,7 @@ export class Launcher {
   private next = 0;
 
   private start(): ChildProcess {
-    if (this.child && this.child.connected) return this.child;
+    if (this.child?.connected) return this.child;
     const child = fork(SCRIPT, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'], execArgv: [] });
     child.on('message', (m: Message, handle: unknown) => this.onMessage(m, handle as Readable & Writable));
     child.on('exit', (code, signal) => {

@@ -280,13 +280,22 @@ export class ProcessTracer {
   /** Adds a namespace to the built tracer's map (resolving once it is there), or removes it. */
   private tell(operation: '+' | '-', namespace: number): Promise<void> {
     const stdin = this.child?.stdin;
-    if (!stdin || !stdin.writable) return Promise.reject(new Error('the tracer is not running'));
+    if (!stdin?.writable) return Promise.reject(new Error('the tracer is not running'));
     stdin.write(`${operation} ${namespace}\n`);
     if (operation === '-') return Promise.resolve();
     return new Promise((resolve, reject) => {
       const waiting = this.answers.get(namespace) ?? [];
       const timer = setTimeout(() => this.giveUp(`the process tracer did not answer a watch within ${TRACER_ANSWER_MS} ms`), TRACER_ANSWER_MS);
-      waiting.push({ resolve: () => (clearTimeout(timer), resolve()), reject: (err) => (clearTimeout(timer), reject(err)) });
+      waiting.push({
+        resolve: () => {
+          clearTimeout(timer);
+          resolve();
+        },
+        reject: (err) => {
+          clearTimeout(timer);
+          reject(err);
+        },
+      });
       this.answers.set(namespace, waiting);
     });
   }
