@@ -154,7 +154,7 @@ function table(baseline: readonly RunFact[], candidate: readonly RunFact[], yes:
 
 function direction(delta: number, better: 'higher' | 'lower', scale: number): MetricComparison['direction'] {
   if (Math.abs(delta) <= 1e-12 * Math.max(1, Math.abs(scale))) return 'same';
-  return (delta > 0) === (better === 'higher') ? 'better' : 'worse';
+  return delta > 0 === (better === 'higher') ? 'better' : 'worse';
 }
 
 /** A test that has no say: the metric is shown without one. */
@@ -172,7 +172,12 @@ export function cmhVerdict(strata: readonly Table2x2[], worseWhenFewer: boolean,
   const worse = worseWhenFewer ? result.excess > 1e-12 : result.excess < -1e-12;
   if (!(extreme.p_value < alpha)) return { p_value: null, min_p_value: extreme.p_value, significance: 'underpowered', regressed: worse };
   const significant = result.p_value < alpha;
-  return { p_value: result.p_value, min_p_value: extreme.p_value, significance: significant ? 'significant' : 'not_significant', regressed: significant && worse };
+  return {
+    p_value: result.p_value,
+    min_p_value: extreme.p_value,
+    significance: significant ? 'significant' : 'not_significant',
+    regressed: significant && worse,
+  };
 }
 
 /**
@@ -189,7 +194,44 @@ export function welchVerdict(baseline: readonly number[], candidate: readonly nu
   }
   const significant = result.p_value < alpha;
   // Two constant samples that differ give p 0: any size that Welch can test can reach significance.
-  return { p_value: result.p_value, min_p_value: 0, significance: significant ? 'significant' : 'not_significant', regressed: significant && result.mean_b > result.mean_a };
+  return {
+    p_value: result.p_value,
+    min_p_value: 0,
+    significance: significant ? 'significant' : 'not_significant',
+    regressed: significant && result.mean_b > result.mean_a,
+  };
+}
+
+/** Each metric of both sides with its delta, direction and test; a metric one side lacks is not comparable. */
+function compareMetrics(
+  baseline: CompareSide,
+  candidate: CompareSide,
+  tests: Partial<Record<MetricName, Tested>>,
+): { metrics: MetricComparison[]; notComparable: MetricName[] } {
+  const baseMetrics = computeMetrics(baseline.experiment_id, baseline.runs, baseline.traces, baseline.aggregation);
+  const candMetrics = computeMetrics(candidate.experiment_id, candidate.runs, candidate.traces, candidate.aggregation);
+  const metrics: MetricComparison[] = [];
+  const notComparable: MetricName[] = [];
+  for (const rule of METRICS) {
+    const b = baseMetrics[rule.name];
+    const c = candMetrics[rule.name];
+    if (b === null || c === null) {
+      notComparable.push(rule.name);
+      continue;
+    }
+    const verdict = rule.test === null ? NO_TEST : (tests[rule.name] ?? NO_TEST);
+    metrics.push({
+      name: rule.name,
+      baseline: b,
+      candidate: c,
+      delta: c - b,
+      direction: direction(c - b, rule.better, b),
+      better: rule.better,
+      test: rule.test,
+      ...verdict,
+    });
+  }
+  return { metrics, notComparable };
 }
 
 export function compareExperiments(baseline: CompareSide, candidate: CompareSide, alpha = ALPHA): Comparison {
@@ -206,7 +248,8 @@ export function compareExperiments(baseline: CompareSide, candidate: CompareSide
     pairedRuns(side).map((r) => value(r, traces.get(r.run_id) ?? NO_TRACES));
   const strata = (yes: (r: RunFact) => boolean) => pairs.map((p) => table(completed(p.base.runs), completed(p.cand.runs), yes));
   // Every Welch metric here is better lower.
-  const welch = (value: (r: RunFact, t: RunTraceStats) => number) => welchVerdict(perRun('base', baseline.traces, value), perRun('cand', candidate.traces, value), alpha);
+  const welch = (value: (r: RunFact, t: RunTraceStats) => number) =>
+    welchVerdict(perRun('base', baseline.traces, value), perRun('cand', candidate.traces, value), alpha);
   const tests: Partial<Record<MetricName, Tested>> = {
     pass_rate: cmhVerdict(strata(passed), true, alpha),
     side_effect_violations: cmhVerdict(strata(violated), false, alpha),
@@ -215,34 +258,32 @@ export function compareExperiments(baseline: CompareSide, candidate: CompareSide
     mean_tool_calls: welch((_r, t) => t.tool_calls),
   };
 
-  const baseMetrics = computeMetrics(baseline.experiment_id, baseline.runs, baseline.traces, baseline.aggregation);
-  const candMetrics = computeMetrics(candidate.experiment_id, candidate.runs, candidate.traces, candidate.aggregation);
-  const metrics: MetricComparison[] = [];
-  const notComparable: MetricName[] = [];
-  for (const rule of METRICS) {
-    const b = baseMetrics[rule.name];
-    const c = candMetrics[rule.name];
-    if (b === null || c === null) {
-      notComparable.push(rule.name);
-      continue;
-    }
-    const verdict = rule.test === null ? NO_TEST : (tests[rule.name] ?? NO_TEST);
-    metrics.push({ name: rule.name, baseline: b, candidate: c, delta: c - b, direction: direction(c - b, rule.better, b), better: rule.better, test: rule.test, ...verdict });
-  }
+  const { metrics, notComparable } = compareMetrics(baseline, candidate, tests);
 
   const aggregationOf = (side: CompareSide, s: ScenarioRuns) => tallyScenarios(s.runs, side.aggregation)[0];
   const sideOf = (side: CompareSide, s: ScenarioRuns): Side => {
     const tally = aggregationOf(side, s);
-    return { scenario_id: scenarioIdOf(side.experiment_id, s.index), passed: tally.passed, failed: tally.failed, errored: tally.errored, verdict: tally.verdict };
+    return {
+      scenario_id: scenarioIdOf(side.experiment_id, s.index),
+      passed: tally.passed,
+      failed: tally.failed,
+      errored: tally.errored,
+      verdict: tally.verdict,
+    };
   };
-  const scenarios = pairs.map(({ base, cand }): ScenarioComparison => ({
-    params: base.params,
-    baseline: sideOf(baseline, base),
-    candidate: sideOf(candidate, cand),
-    ...cmhVerdict([table(completed(base.runs), completed(cand.runs), passed)], true, alpha),
-  }));
+  const scenarios = pairs.map(
+    ({ base, cand }): ScenarioComparison => ({
+      params: base.params,
+      baseline: sideOf(baseline, base),
+      candidate: sideOf(candidate, cand),
+      ...cmhVerdict([table(completed(base.runs), completed(cand.runs), passed)], true, alpha),
+    }),
+  );
 
-  const named = [...metrics.map((m) => ({ name: m.name as string, t: m as Tested })), ...scenarios.map((s) => ({ name: `scenario ${paramsKey(s.params)}`, t: s as Tested }))].filter((n) => n.t.regressed);
+  const named = [
+    ...metrics.map((m) => ({ name: m.name as string, t: m as Tested })),
+    ...scenarios.map((s) => ({ name: `scenario ${paramsKey(s.params)}`, t: s as Tested })),
+  ].filter((n) => n.t.regressed);
   const regressions = named.map((n) => n.name);
   return {
     baseline_id: baseline.experiment_id,
@@ -254,7 +295,10 @@ export function compareExperiments(baseline: CompareSide, candidate: CompareSide
     metrics,
     not_comparable: notComparable,
     scenarios,
-    unpaired: { baseline: unpaired(baseScenarios, candScenarios, baseline.experiment_id), candidate: unpaired(candScenarios, baseScenarios, candidate.experiment_id) },
+    unpaired: {
+      baseline: unpaired(baseScenarios, candScenarios, baseline.experiment_id),
+      candidate: unpaired(candScenarios, baseScenarios, candidate.experiment_id),
+    },
   };
 }
 

@@ -48,7 +48,14 @@ export type SpecFixture =
   | { type: 'sql'; service: string; sql: string }
   | { type: 'git'; url: string; ref?: string; to: string }
   /** Applied after setup: files written, paths deleted, SQL run, mock routes added; `pick` of them (chosen by the run's seed), else all. */
-  | { type: 'drift'; files: SpecSetupFile[]; delete: string[]; sql: Array<{ service: string; sql: string }>; routes: Array<MockRoute & { service: string }>; pick: number | null };
+  | {
+      type: 'drift';
+      files: SpecSetupFile[];
+      delete: string[];
+      sql: Array<{ service: string; sql: string }>;
+      routes: Array<MockRoute & { service: string }>;
+      pick: number | null;
+    };
 
 interface AgentCommon {
   /** `agent.timeout`; null when the spec leaves it to the server's SVC_AGENT_TIMEOUT (default 5m). */
@@ -126,7 +133,15 @@ export type SpecService =
   /** `version` null: the newest the runner has; `wait_for.query`: must succeed with a row */
   | { type: 'postgres'; name: string; wait_for: { timeoutMs: number; query?: string }; version: number | null; database: string; user: string };
 
-export type AlertMetric = 'pass_rate' | 'mean_wall_ms' | 'p95_wall_ms' | 'total_cost_usd' | 'mean_cost_per_run_usd' | 'tool_success_rate' | 'side_effect_violations' | 'mean_tool_calls';
+export type AlertMetric =
+  | 'pass_rate'
+  | 'mean_wall_ms'
+  | 'p95_wall_ms'
+  | 'total_cost_usd'
+  | 'mean_cost_per_run_usd'
+  | 'tool_success_rate'
+  | 'side_effect_violations'
+  | 'mean_tool_calls';
 
 /** An alert rule of the spec; its eval_id is the spec id. The field matching `notify` is set. */
 export interface SpecAlert {
@@ -314,7 +329,11 @@ function crossFieldProblems(doc: Record<string, unknown>, schemaPaths: string[],
     // A service's name is its own: an override of it would send the service's traffic elsewhere.
     for (const name of Object.keys(asObject(asObject(doc.network).dns_overrides))) {
       const service = declared.get(name.toLowerCase());
-      if (service) add(childPath('network.dns_overrides', name), `is the name of services[${service.index}]: a service is always reached by its name, which no override may send elsewhere`);
+      if (service)
+        add(
+          childPath('network.dns_overrides', name),
+          `is the name of services[${service.index}]: a service is always reached by its name, which no override may send elsewhere`,
+        );
     }
     for (const [name, invariant] of Object.entries(asObject(doc.invariants))) {
       const check = asObject(asObject(invariant).check);
@@ -326,7 +345,8 @@ function crossFieldProblems(doc: Record<string, unknown>, schemaPaths: string[],
       if (asObject(e).type === 'db_dump') refer(`teardown.export[${i}].service`, asObject(e).service, 'postgres');
     }
     // A single label names a service; a name with a dot, or a glob, is a host (hostProblems checks those).
-    for (const [i, name] of asArray(asObject(doc.forbidden).http_except).entries()) if (typeof name === 'string' && !/[.*]/.test(name)) refer(`forbidden.http_except[${i}]`, name);
+    for (const [i, name] of asArray(asObject(doc.forbidden).http_except).entries())
+      if (typeof name === 'string' && !/[.*]/.test(name)) refer(`forbidden.http_except[${i}]`, name);
   }
 
   const weights = Object.values(asObject(doc.invariants)).map((inv) => asObject(inv).weight ?? SPEC_DEFAULTS.weight);
@@ -363,20 +383,35 @@ function contentProblems(doc: Record<string, unknown>, flagged: ReadonlySet<stri
   ];
   for (const [path, file] of files) {
     const { content, encoding } = asObject(file);
-    if (encoding === 'base64' && typeof content === 'string' && !isBase64(content)) add(`${path}.content`, 'is not valid base64 (encoding: base64 takes standard, padded base64: A-Z, a-z, 0-9, + and /)');
+    if (encoding === 'base64' && typeof content === 'string' && !isBase64(content))
+      add(`${path}.content`, 'is not valid base64 (encoding: base64 takes standard, padded base64: A-Z, a-z, 0-9, + and /)');
   }
-  for (const [i, command] of asArray(asObject(doc.setup).commands).entries()) if (typeof command === 'string') add(`setup.commands[${i}]`, commandSizeProblem(command));
+  for (const [i, command] of asArray(asObject(doc.setup).commands).entries())
+    if (typeof command === 'string') add(`setup.commands[${i}]`, commandSizeProblem(command));
   const agent = asObject(doc.agent);
   const agentCommand = Array.isArray(agent.command) ? agent.command.filter((a) => typeof a === 'string').join(' ') : agent.command;
   if (typeof agentCommand === 'string') add('agent.command', commandSizeProblem(agentCommand));
   for (const block of ['setup', 'agent']) {
-    for (const [name, value] of Object.entries(asObject(asObject(doc[block]).env))) add(childPath(`${block}.env`, name), envSizeProblem({ [name]: String(value) }));
+    for (const [name, value] of Object.entries(asObject(asObject(doc[block]).env)))
+      add(childPath(`${block}.env`, name), envSizeProblem({ [name]: String(value) }));
   }
   return problems;
 }
 
 /** Headers the proxy owns (routing, framing, hop-by-hop): a brokered secret cannot be set into them. */
-const PROXY_OWNED_HEADERS = new Set(['host', 'content-length', 'transfer-encoding', 'connection', 'keep-alive', 'upgrade', 'te', 'trailer', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate']);
+const PROXY_OWNED_HEADERS = new Set([
+  'host',
+  'content-length',
+  'transfer-encoding',
+  'connection',
+  'keep-alive',
+  'upgrade',
+  'te',
+  'trailer',
+  'proxy-connection',
+  'proxy-authorization',
+  'proxy-authenticate',
+]);
 
 /**
  * What the egress grammar (egress-policy.ts) finds in host entries, in its own words:
@@ -401,7 +436,10 @@ function hostProblems(doc: Record<string, unknown>, flagged: ReadonlySet<string>
       if (problem) replacing.push({ path: `${where}.hosts[${i}]`, problem });
     }
     if (typeof inject.header === 'string' && PROXY_OWNED_HEADERS.has(inject.header.toLowerCase()) && !flagged.has(`${where}.header`)) {
-      added.push({ path: `${where}.header`, problem: `${JSON.stringify(inject.header)} is the proxy's own header (routing, framing or hop-by-hop); a secret cannot be injected into it` });
+      added.push({
+        path: `${where}.header`,
+        problem: `${JSON.stringify(inject.header)} is the proxy's own header (routing, framing or hop-by-hop); a secret cannot be injected into it`,
+      });
     }
   }
   for (const [i, entry] of asArray(asObject(doc.forbidden).http_except).entries()) {
@@ -442,7 +480,8 @@ function dnsAndIngressProblems(network: Record<string, unknown>, flagged: Readon
     const port = asObject(rule).to_port;
     if (!Number.isInteger(port)) continue;
     const first = published.get(port);
-    if (first !== undefined) problems.push({ path: `network.ingress.allow[${i}].to_port`, problem: `port ${String(port)} is already published by network.ingress.allow[${first}]` });
+    if (first !== undefined)
+      problems.push({ path: `network.ingress.allow[${i}].to_port`, problem: `port ${String(port)} is already published by network.ingress.allow[${first}]` });
     else published.set(port, i);
   }
   return problems;
@@ -484,7 +523,10 @@ export function specDurations(doc: SpecDocument): Array<{ path: string; ms: numb
   const found: Array<[string, unknown]> = [
     ['resources.timeout', raw.resources?.timeout],
     ['agent.timeout', raw.agent?.timeout],
-    ...Object.entries(asObject(raw.invariants)).map(([name, inv]): [string, unknown] => [`${childPath('invariants', name)}.check.timeout`, (inv as Raw)?.check?.timeout]),
+    ...Object.entries(asObject(raw.invariants)).map(([name, inv]): [string, unknown] => [
+      `${childPath('invariants', name)}.check.timeout`,
+      (inv as Raw)?.check?.timeout,
+    ]),
     ...asArray(raw.services).map((service, i): [string, unknown] => [`services[${i}].wait_for.timeout`, (service as Raw)?.wait_for?.timeout]),
   ];
   return found.filter(([, value]) => value !== undefined).map(([path, value]) => ({ path, ms: parseDuration(value as string | number) }));
@@ -508,7 +550,14 @@ export function specFromDocument(doc: Record<string, unknown>, options: { applie
   const { replacing, added } = hostProblems(doc, new Set(fromSchema.map((p) => p.path)));
   const replaced = new Set(replacing.map((p) => p.path));
   const flagged = new Set(fromSchema.map((p) => p.path));
-  const problems = [...fromSchema.filter((p) => !replaced.has(p.path)), ...replacing, ...added, ...contentProblems(doc, flagged), ...crossFieldProblems(doc, [...flagged], paramReferences), ...(options.applied ? [] : specRecordProblems(doc))];
+  const problems = [
+    ...fromSchema.filter((p) => !replaced.has(p.path)),
+    ...replacing,
+    ...added,
+    ...contentProblems(doc, flagged),
+    ...crossFieldProblems(doc, [...flagged], paramReferences),
+    ...(options.applied ? [] : specRecordProblems(doc)),
+  ];
   if (problems.length > 0) fail(problems);
   return normalise(doc);
 }
@@ -579,7 +628,14 @@ function agent(a: Raw | undefined): SpecAgent | null {
   const workdir = a.workdir !== undefined && { workdir: a.workdir as string };
   switch (a.type as SpecAgent['type']) {
     case 'snapshot':
-      return { type: 'snapshot', ...common, ...(a.snapshot !== undefined && { snapshot: a.snapshot }), ...(a.snapshot_id !== undefined && { snapshot_id: a.snapshot_id }), ...(a.entrypoint && { entrypoint: a.entrypoint }), ...workdir };
+      return {
+        type: 'snapshot',
+        ...common,
+        ...(a.snapshot !== undefined && { snapshot: a.snapshot }),
+        ...(a.snapshot_id !== undefined && { snapshot_id: a.snapshot_id }),
+        ...(a.entrypoint && { entrypoint: a.entrypoint }),
+        ...workdir,
+      };
     case 'cli':
       return { type: 'cli', ...common, command: a.command, ...workdir };
     case 'image':
@@ -601,14 +657,29 @@ function check(c: Raw): InvariantCheck {
     case 'sql':
       return { type: 'sql', service: c.service, query: c.query, expected: String(c.expected) };
     case 'http_mock_assertions':
-      return { type: 'http_mock_assertions', service: c.service, assertions: (c.assertions as Raw[]).map((a) => ({ method: a.method, path: a.path, condition: condition(a.condition) })) };
+      return {
+        type: 'http_mock_assertions',
+        service: c.service,
+        assertions: (c.assertions as Raw[]).map((a) => ({ method: a.method, path: a.path, condition: condition(a.condition) })),
+      };
     case 'custom': {
       const path = (c.script as string).trim();
       const isFile = !path.includes('\n') && path.endsWith('.py');
-      return { type: 'custom', script: isFile ? path : c.script, form: isFile ? 'file' : 'inline', timeoutMs: duration(c.timeout, SPEC_DEFAULTS.checkTimeoutMs) };
+      return {
+        type: 'custom',
+        script: isFile ? path : c.script,
+        form: isFile ? 'file' : 'inline',
+        timeoutMs: duration(c.timeout, SPEC_DEFAULTS.checkTimeoutMs),
+      };
     }
     case 'llm_as_judge':
-      return { type: 'llm_as_judge', rubric: c.rubric, input: c.input ?? 'agent_output', threshold: c.threshold, ...(c.model !== undefined && { model: c.model }) };
+      return {
+        type: 'llm_as_judge',
+        rubric: c.rubric,
+        input: c.input ?? 'agent_output',
+        threshold: c.threshold,
+        ...(c.model !== undefined && { model: c.model }),
+      };
   }
 }
 
@@ -616,7 +687,14 @@ function service(s: Raw): SpecService {
   const timeoutMs = duration(s.wait_for?.timeout, SPEC_DEFAULTS.waitForTimeoutMs);
   if (s.type === 'postgres') {
     const wait_for = { timeoutMs, ...(s.wait_for?.query !== undefined && { query: s.wait_for.query as string }) };
-    return { type: 'postgres', name: s.name, wait_for, version: s.version ?? null, database: s.database ?? SPEC_DEFAULTS.postgresDatabase, user: s.user ?? SPEC_DEFAULTS.postgresUser };
+    return {
+      type: 'postgres',
+      name: s.name,
+      wait_for,
+      version: s.version ?? null,
+      database: s.database ?? SPEC_DEFAULTS.postgresDatabase,
+      user: s.user ?? SPEC_DEFAULTS.postgresUser,
+    };
   }
   const wait_for = { timeoutMs, ...(s.wait_for?.http !== undefined && { http: s.wait_for.http as string }) };
   return { type: 'http_mock', name: s.name, wait_for, routes: ((s.routes ?? []) as Raw[]).map(mockRoute), record: s.record ?? false };
@@ -667,12 +745,18 @@ function secrets(raw: Raw | undefined): Pick<SpecDocument, 'secrets' | 'brokered
       entries.flatMap(([name, s]) => {
         if (typeof s === 'string') return [];
         const { hosts, header, format } = s.inject as Raw;
-        return [[name, { hosts: (hosts as string[]).map((h) => (parseEgressEntry(h) as EgressRule).pattern), header, format: format ?? SPEC_DEFAULTS.brokeredFormat }]];
+        return [
+          [
+            name,
+            { hosts: (hosts as string[]).map((h) => (parseEgressEntry(h) as EgressRule).pattern), header, format: format ?? SPEC_DEFAULTS.brokeredFormat },
+          ],
+        ];
       }),
     ),
   };
 }
 
+// long: every section of the spec with its defaults, read top to bottom in the document's order
 function normalise(raw: Record<string, unknown>): SpecDocument {
   const d = raw as Raw;
   const { resources = {}, determinism = {}, audit = {}, teardown = {}, network = {}, scoring = {}, parallelism = {}, setup = {}, sandbox = {} } = d;
@@ -684,15 +768,28 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
     build: d.build ? { dockerfile: d.build.dockerfile ?? null, context: d.build.context ?? null, file: d.build.file ?? 'Dockerfile' } : null,
     task: { prompt: d.task.prompt },
     agent: agent(d.agent),
-    invariants: Object.fromEntries(Object.entries(d.invariants as Record<string, Raw>).map(([name, inv]) => [name, { check: check(inv.check), weight: inv.weight ?? SPEC_DEFAULTS.weight, gate: inv.gate ?? false }])),
+    invariants: Object.fromEntries(
+      Object.entries(d.invariants as Record<string, Raw>).map(([name, inv]) => [
+        name,
+        { check: check(inv.check), weight: inv.weight ?? SPEC_DEFAULTS.weight, gate: inv.gate ?? false },
+      ]),
+    ),
     forbidden: { ...d.forbidden },
     scoring: {
       pass_threshold: scoring.pass_threshold ?? SPEC_DEFAULTS.passThreshold,
-      replica_aggregation: { strategy: aggregation.strategy ?? 'majority', ...(aggregation.min_pass_rate !== undefined && { min_pass_rate: aggregation.min_pass_rate }) },
+      replica_aggregation: {
+        strategy: aggregation.strategy ?? 'majority',
+        ...(aggregation.min_pass_rate !== undefined && { min_pass_rate: aggregation.min_pass_rate }),
+      },
     },
     parallelism: { replicas: parallelism.replicas ?? SPEC_DEFAULTS.replicas, matrix: parallelism.matrix ?? [{}] },
     ...secrets(d.secrets),
-    setup: { files: ((setup.files ?? []) as Raw[]).map(file), bundles: ((setup.bundles ?? []) as Raw[]).map(bundleCopy), commands: setup.commands ?? [], env: strings(setup.env) },
+    setup: {
+      files: ((setup.files ?? []) as Raw[]).map(file),
+      bundles: ((setup.bundles ?? []) as Raw[]).map(bundleCopy),
+      commands: setup.commands ?? [],
+      env: strings(setup.env),
+    },
     grader: { files: ((d.grader?.files ?? []) as Raw[]).map(file), bundles: ((d.grader?.bundles ?? []) as Raw[]).map(bundleCopy) },
     fixtures: ((d.fixtures ?? []) as Raw[]).map(fixture),
     services: ((d.services ?? []) as Raw[]).map(service),
@@ -724,11 +821,20 @@ function normalise(raw: Record<string, unknown>): SpecDocument {
     },
     network: {
       egress: { default: network.egress?.default ?? 'deny', allow: network.egress?.allow ?? [] },
-      ingress: { default: network.ingress?.default ?? 'deny', allow: ((network.ingress?.allow ?? []) as Raw[]).map((a) => ({ from: 'host' as const, toPort: a.to_port })) },
+      ingress: {
+        default: network.ingress?.default ?? 'deny',
+        allow: ((network.ingress?.allow ?? []) as Raw[]).map((a) => ({ from: 'host' as const, toPort: a.to_port })),
+      },
       dnsOverrides: Object.fromEntries(Object.entries(network.dns_overrides ?? {}).map(([name, to]) => [name.toLowerCase(), String(to).toLowerCase()])),
     },
     alerts: ((d.alerts ?? []) as Raw[]).map(alert),
-    dataset: d.dataset ? { ...(d.dataset.id !== undefined ? { id: d.dataset.id } : { name: d.dataset.name }), ...(d.dataset.version !== undefined && { version: d.dataset.version }), ...(d.dataset.tags !== undefined && { tags: d.dataset.tags }) } : null,
+    dataset: d.dataset
+      ? {
+          ...(d.dataset.id !== undefined ? { id: d.dataset.id } : { name: d.dataset.name }),
+          ...(d.dataset.version !== undefined && { version: d.dataset.version }),
+          ...(d.dataset.tags !== undefined && { tags: d.dataset.tags }),
+        }
+      : null,
     raw,
   };
 }

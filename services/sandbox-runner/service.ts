@@ -85,32 +85,21 @@ export class SandboxRunnerService implements Service {
       kernel.logger.warn({ err }, 'the egress gateway did not start: sandboxes with a network will fail');
       return err.message;
     });
-    this.runtime = new LocalRuntime({
-      stateDir: path.join(kernel.config.dataDir, 'runtime'),
-      network: typeof this.gateway === 'string' ? undefined : { runnerId: this.runnerId, range: kernel.config.sandboxNetwork, ports: this.gateway.ports, onRefused: this.gateway.refusedUdp.bind(this.gateway) },
-      diskDefaultBytes: kernel.config.sandboxDiskDefault,
-      diskMaxBytes: kernel.config.sandboxDiskMax,
-      logger: kernel.logger.child({ component: 'runtime' }),
-    });
-    this.pool = new SandboxPool(this.runtime, {
-      size: kernel.config.sandboxPoolSize,
-      classes: kernel.config.sandboxPoolClasses,
-      idleMs: kernel.config.sandboxPoolIdle,
-      dir: path.join(kernel.config.dataDir, 'workspaces'),
-      owner: createHash('sha256').update(this.runnerId).digest('hex').slice(0, 8),
-      logger: kernel.logger.child({ component: 'pool' }),
-    });
-    const pool = this.pool;
+    const pool = this.openRuntime(kernel);
     this.uncountWarm = kernel.metrics.countWarm(() => pool.idleCount);
     // Runtime selection: `auto` takes the first that works here (only `local` exists so far);
     // a pinned runtime that does not work stops the start instead of failing every sandbox.
     const unavailable = (this.unavailable = await this.runtime.available());
-    if (unavailable && kernel.config.runtime !== 'auto') throw new Error(`SVC_RUNTIME=${kernel.config.runtime}: the runtime does not work here: ${unavailable}`);
+    if (unavailable && kernel.config.runtime !== 'auto')
+      throw new Error(`SVC_RUNTIME=${kernel.config.runtime}: the runtime does not work here: ${unavailable}`);
     if (unavailable) kernel.logger.warn({ runtime: this.runtime.name, reason: unavailable }, 'no sandbox runtime works here: creating sandboxes will fail');
     this.secrets = new TenantSecrets(kernel);
     this.sealer = new Sealer(secretsKey(kernel.config));
     this.bundles = new ExtractedBundles(path.join(kernel.config.dataDir, 'agent-bundles'), new BundleStore(kernel.config.blobDir));
-    this.taskFiles = new ExtractedBundles(path.join(kernel.config.dataDir, 'task-file-bundles'), new BundleStore(path.join(kernel.config.blobDir, TASK_FILES_SUBDIR)));
+    this.taskFiles = new ExtractedBundles(
+      path.join(kernel.config.dataDir, 'task-file-bundles'),
+      new BundleStore(path.join(kernel.config.blobDir, TASK_FILES_SUBDIR)),
+    );
     await this.bundles.prune(new Set());
     this.terminals = new TerminalSessions(kernel, this.sealer);
     await Promise.all([this.secrets.start(), this.known.start(kernel), this.terminals.start()]);
@@ -127,11 +116,20 @@ export class SandboxRunnerService implements Service {
       },
     });
     await this.beat(false);
-    this.heartbeat = setInterval(() => void this.beat(false).catch((err) => kernel.logger.warn({ err }, 'heartbeat not written')), kernel.config.runnerHeartbeat);
+    this.heartbeat = setInterval(
+      () => void this.beat(false).catch((err) => kernel.logger.warn({ err }, 'heartbeat not written')),
+      kernel.config.runnerHeartbeat,
+    );
     this.heartbeat.unref();
     // Runs of experiments. A runner that (re)starts says so first: the aggregator dispatches again
     // the runs this runner had started and can no longer finish.
-    this.runs = new RunExecutor(kernel, this.runnerId, (tenant, id, request) => this.create(tenant, id, request), this.sealer, () => this.stopping);
+    this.runs = new RunExecutor(
+      kernel,
+      this.runnerId,
+      (tenant, id, request) => this.create(tenant, id, request),
+      this.sealer,
+      () => this.stopping,
+    );
     await reportRun(this.kernel, this.runnerId, 'runner_started', null);
     this.runConsumer = await subscribe<RunRequested>(kernel, {
       groupId: 'sandbox-runner-runs',
@@ -142,6 +140,29 @@ export class SandboxRunnerService implements Service {
       },
     });
     this.updateGauge();
+  }
+
+  /** The sandbox runtime (only `local` so far), over this runner's gateway, and its warm pool. */
+  private openRuntime(kernel: Kernel): SandboxPool {
+    this.runtime = new LocalRuntime({
+      stateDir: path.join(kernel.config.dataDir, 'runtime'),
+      network:
+        typeof this.gateway === 'string'
+          ? undefined
+          : { runnerId: this.runnerId, range: kernel.config.sandboxNetwork, ports: this.gateway.ports, onRefused: this.gateway.refusedUdp.bind(this.gateway) },
+      diskDefaultBytes: kernel.config.sandboxDiskDefault,
+      diskMaxBytes: kernel.config.sandboxDiskMax,
+      logger: kernel.logger.child({ component: 'runtime' }),
+    });
+    this.pool = new SandboxPool(this.runtime, {
+      size: kernel.config.sandboxPoolSize,
+      classes: kernel.config.sandboxPoolClasses,
+      idleMs: kernel.config.sandboxPoolIdle,
+      dir: path.join(kernel.config.dataDir, 'workspaces'),
+      owner: createHash('sha256').update(this.runnerId).digest('hex').slice(0, 8),
+      logger: kernel.logger.child({ component: 'pool' }),
+    });
+    return this.pool;
   }
 
   private dispatchRun(run: RunRequested): void {
@@ -185,7 +206,13 @@ export class SandboxRunnerService implements Service {
     stopProcessTracer();
     await this.pool?.close();
     this.uncountWarm();
-    await Promise.all([BackingServices.settle(), this.secrets?.stop(), this.known.stop(), this.runtime?.close(), typeof this.gateway === 'object' ? this.gateway.close() : undefined]);
+    await Promise.all([
+      BackingServices.settle(),
+      this.secrets?.stop(),
+      this.known.stop(),
+      this.runtime?.close(),
+      typeof this.gateway === 'object' ? this.gateway.close() : undefined,
+    ]);
   }
 
   /** Sandboxes this runner owned before a restart are gone: say so instead of leaving them "ready". */
@@ -198,7 +225,12 @@ export class SandboxRunnerService implements Service {
 
   /** The log shows the sandbox live on this runner, which does not hold it (any more). */
   private lost(s: SandboxChanged | undefined): s is SandboxChanged {
-    return s !== undefined && s.runner_id === this.runnerId && (s.state === 'creating' || s.state === 'ready' || s.state === 'running') && !this.sandboxes.has(s.sandbox_id);
+    return (
+      s !== undefined &&
+      s.runner_id === this.runnerId &&
+      (s.state === 'creating' || s.state === 'ready' || s.state === 'running') &&
+      !this.sandboxes.has(s.sandbox_id)
+    );
   }
 
   /** Writes the end of sandboxes this runner lost, so none keeps its quota slot or its token. */
@@ -258,7 +290,8 @@ export class SandboxRunnerService implements Service {
     try {
       result = await dispatch(live, this.terminals!, operation);
     } catch (err) {
-      if (operation.op !== 'destroy' || !(await this.endUnrecorded(request, `torn down, but its end could not be recorded: ${(err as Error).message}`))) throw err;
+      if (operation.op !== 'destroy' || !(await this.endUnrecorded(request, `torn down, but its end could not be recorded: ${(err as Error).message}`)))
+        throw err;
       result = stopped;
     }
     // What the operation audited is on the log before it answers: a read of the audit after the answer sees it.
@@ -281,17 +314,31 @@ export class SandboxRunnerService implements Service {
   private async create(tenant: string, sandboxId: string, create: CreateRequest): Promise<LiveSandbox> {
     if (this.unavailable) throw new AppError('unavailable', `no sandbox runtime works on this server: ${this.unavailable}`);
     // The same create twice (an idempotent retry whose first try's request was still on its way).
-    if (this.sandboxes.has(sandboxId) || this.known.entities.has(sandboxId)) throw new AppError('conflict', `sandbox ${sandboxId} exists already; GET /v1/sandboxes/${sandboxId} shows it`);
+    if (this.sandboxes.has(sandboxId) || this.known.entities.has(sandboxId))
+      throw new AppError('conflict', `sandbox ${sandboxId} exists already; GET /v1/sandboxes/${sandboxId} shows it`);
     const max = this.kernel.config.runnerMaxSandboxes;
     const booting = [...this.sandboxes.values()].length;
     if (max > 0 && booting >= max) throw new AppError('at_capacity', `no free sandbox slots on this runner (${max})`, { retryAfter: 5 });
-    const live = new LiveSandbox(this.kernel, this.runtime, this.pool, this.gateway, this.secrets, this.sealer, { agents: this.bundles, taskFiles: this.taskFiles }, this.runnerId, tenant, sandboxId, create, () => {
-      this.sandboxes.delete(sandboxId);
-      this.updateGauge();
-      // An extracted bundle whose snapshot was deleted goes once no sandbox mounts it.
-      const mounted = new Set([...this.sandboxes.values()].flatMap((s) => (s.agentDigest ? [s.agentDigest] : [])));
-      void this.bundles.prune(mounted).catch((err) => this.kernel.logger.warn({ err }, 'pruning extracted agent bundles failed'));
-    });
+    const live = new LiveSandbox(
+      this.kernel,
+      this.runtime,
+      this.pool,
+      this.gateway,
+      this.secrets,
+      this.sealer,
+      { agents: this.bundles, taskFiles: this.taskFiles },
+      this.runnerId,
+      tenant,
+      sandboxId,
+      create,
+      () => {
+        this.sandboxes.delete(sandboxId);
+        this.updateGauge();
+        // An extracted bundle whose snapshot was deleted goes once no sandbox mounts it.
+        const mounted = new Set([...this.sandboxes.values()].flatMap((s) => (s.agentDigest ? [s.agentDigest] : [])));
+        void this.bundles.prune(mounted).catch((err) => this.kernel.logger.warn({ err }, 'pruning extracted agent bundles failed'));
+      },
+    );
     this.sandboxes.set(sandboxId, live);
     this.updateGauge();
     try {

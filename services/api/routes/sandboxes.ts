@@ -34,14 +34,25 @@ function render(ctx: Context, answer: SandboxAnswer): void {
   ctx.body = answer.body;
 }
 
-export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecCatalog; agents: AgentCatalog; sandboxes: SandboxCatalog; runners: RunnerRoster; requester: SandboxRequester; ingest: TraceIngest }): Router {
+// long: a router, one short handler per route of the sandbox API
+export function sandboxesRouter(deps: {
+  kernel: Kernel;
+  auth: Auth;
+  specs: SpecCatalog;
+  agents: AgentCatalog;
+  sandboxes: SandboxCatalog;
+  runners: RunnerRoster;
+  requester: SandboxRequester;
+  ingest: TraceIngest;
+}): Router {
   const { kernel, sandboxes, ingest } = deps;
   const { config } = kernel;
   const operations = new SandboxOperations({ ...deps, config });
   const router = new Router({ prefix: '/v1/sandboxes' });
   const principal = (ctx: Context) => ctx.state.principal as Principal;
   const maxLifetime = config.sandboxMaxLifetime;
-  const send = async <K extends SandboxOp>(ctx: Context, op: K, payload: SandboxPayload<K>) => render(ctx, await operations.send(principal(ctx), ctx.params.id, op, payload));
+  const send = async <K extends SandboxOp>(ctx: Context, op: K, payload: SandboxPayload<K>) =>
+    render(ctx, await operations.send(principal(ctx), ctx.params.id, op, payload));
 
   router.post('/', async (ctx) => {
     if (principal(ctx).kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot create sandboxes');
@@ -79,7 +90,7 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
   router.post('/:id/timeout', async (ctx) => {
     const sandbox = sandboxes.owned(principal(ctx), ctx.params.id);
     // The lifetime is its owner's to change, not the agent's inside (docs/sandboxes.md).
-    if (principal(ctx).kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot change its sandbox\'s timeout; the owner\'s API key can');
+    if (principal(ctx).kind === 'sandbox') throw new AppError('forbidden', "a sandbox token cannot change its sandbox's timeout; the owner's API key can");
     render(ctx, await operations.changeTimeout(sandbox, timeoutChange(jsonBody(ctx), maxLifetime)));
   });
 
@@ -87,7 +98,14 @@ export function sandboxesRouter(deps: { kernel: Kernel; auth: Auth; specs: SpecC
     const sandbox = sandboxes.owned(principal(ctx), ctx.params.id);
     requireJson(ctx);
     const respondAsync = prefersRespondAsync(ctx);
-    const decoded = await ingest.ingest(postedBody(ctx), { endpoint: '/v1/sandboxes/:id/trace', format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, keyId: principal(ctx).keyId, source: sandboxes.traceSource(sandbox), respondAsync });
+    const decoded = await ingest.ingest(postedBody(ctx), {
+      endpoint: '/v1/sandboxes/:id/trace',
+      format: 'trace-json',
+      maxBodyBytes: MAX_INGEST_BODY_BYTES,
+      keyId: principal(ctx).keyId,
+      source: sandboxes.traceSource(sandbox),
+      respondAsync,
+    });
     ctx.body = ingestAnswer(ctx, decoded, respondAsync);
   });
 

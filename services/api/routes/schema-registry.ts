@@ -39,62 +39,116 @@ class RegistryHttpError extends Error {
   }
 }
 
+// long: a router, one short handler per route of the Schema Registry API
 export function schemaRegistryRouter(registry: BuiltInRegistry): Router {
   const router = new Router();
   const parseBody = jsonBody();
 
-  router.get('/subjects', handle(async (ctx) => registry.subjects().filter((s) => !ctx.query.subjectPrefix || s.startsWith(String(ctx.query.subjectPrefix)))));
+  router.get(
+    '/subjects',
+    handle(async (ctx) => registry.subjects().filter((s) => !ctx.query.subjectPrefix || s.startsWith(String(ctx.query.subjectPrefix)))),
+  );
 
-  router.get('/subjects/:subject/versions', handle(async (ctx) => registry.versions(param(ctx, 'subject'))));
+  router.get(
+    '/subjects/:subject/versions',
+    handle(async (ctx) => registry.versions(param(ctx, 'subject'))),
+  );
 
-  router.get('/subjects/:subject/versions/:version', handle(async (ctx) => {
-    // As Confluent, schemaType is left out for AVRO (its default).
-    return registry.version(param(ctx, 'subject'), versionParam(param(ctx, 'version')));
-  }));
+  router.get(
+    '/subjects/:subject/versions/:version',
+    handle(async (ctx) => {
+      // As Confluent, schemaType is left out for AVRO (its default).
+      return registry.version(param(ctx, 'subject'), versionParam(param(ctx, 'version')));
+    }),
+  );
 
-  router.get('/subjects/:subject/versions/:version/schema', handle(async (ctx) => {
-    // Confluent answers the schema itself, not wrapped in an object.
-    return JSON.parse(registry.version(param(ctx, 'subject'), versionParam(param(ctx, 'version'))).schema) as unknown;
-  }));
+  router.get(
+    '/subjects/:subject/versions/:version/schema',
+    handle(async (ctx) => {
+      // Confluent answers the schema itself, not wrapped in an object.
+      return JSON.parse(registry.version(param(ctx, 'subject'), versionParam(param(ctx, 'version'))).schema) as unknown;
+    }),
+  );
 
-  router.get('/subjects/:subject/versions/:version/referencedby', handle(async (ctx) => {
-    registry.version(param(ctx, 'subject'), versionParam(param(ctx, 'version')));
-    return []; // references are not supported, so nothing refers to a version
-  }));
+  router.get(
+    '/subjects/:subject/versions/:version/referencedby',
+    handle(async (ctx) => {
+      registry.version(param(ctx, 'subject'), versionParam(param(ctx, 'version')));
+      return []; // references are not supported, so nothing refers to a version
+    }),
+  );
 
-  router.post('/subjects/:subject/versions', parseBody, handle(async (ctx) => {
-    const schema = schemaBody(ctx);
-    const registered = await registry.registerVersion(param(ctx, 'subject'), schema);
-    return { id: registered.id };
-  }));
+  router.post(
+    '/subjects/:subject/versions',
+    parseBody,
+    handle(async (ctx) => {
+      const schema = schemaBody(ctx);
+      const registered = await registry.registerVersion(param(ctx, 'subject'), schema);
+      return { id: registered.id };
+    }),
+  );
 
-  router.post('/subjects/:subject', parseBody, handle(async (ctx) => {
-    return registry.lookup(param(ctx, 'subject'), schemaBody(ctx));
-  }));
+  router.post(
+    '/subjects/:subject',
+    parseBody,
+    handle(async (ctx) => {
+      return registry.lookup(param(ctx, 'subject'), schemaBody(ctx));
+    }),
+  );
 
-  router.get('/schemas/types', handle(async () => ['AVRO']));
+  router.get(
+    '/schemas/types',
+    handle(async () => ['AVRO']),
+  );
 
-  router.get('/schemas/ids/:id', handle(async (ctx) => ({ schema: registry.schemaById(idParam(ctx)) })));
+  router.get(
+    '/schemas/ids/:id',
+    handle(async (ctx) => ({ schema: registry.schemaById(idParam(ctx)) })),
+  );
 
-  router.get('/schemas/ids/:id/schema', handle(async (ctx) => JSON.parse(registry.schemaById(idParam(ctx))) as unknown));
+  router.get(
+    '/schemas/ids/:id/schema',
+    handle(async (ctx) => JSON.parse(registry.schemaById(idParam(ctx))) as unknown),
+  );
 
-  router.get('/schemas/ids/:id/versions', handle(async (ctx) => registry.subjectsOfId(idParam(ctx))));
+  router.get(
+    '/schemas/ids/:id/versions',
+    handle(async (ctx) => registry.subjectsOfId(idParam(ctx))),
+  );
 
-  router.get('/config', handle(async () => ({ compatibilityLevel: registry.compatibility() })));
+  router.get(
+    '/config',
+    handle(async () => ({ compatibilityLevel: registry.compatibility() })),
+  );
 
-  router.put('/config', parseBody, handle(async (ctx) => ({ compatibility: await registry.setCompatibility(undefined, levelBody(ctx)) })));
+  router.put(
+    '/config',
+    parseBody,
+    handle(async (ctx) => ({ compatibility: await registry.setCompatibility(undefined, levelBody(ctx)) })),
+  );
 
-  router.get('/config/:subject', handle(async (ctx) => {
-    const subject = param(ctx, 'subject');
-    const own = registry.subjectCompatibility(subject);
-    if (own) return { compatibilityLevel: own };
-    if (ctx.query.defaultToGlobal === 'true') return { compatibilityLevel: registry.compatibility() };
-    throw new RegistryHttpError(404, REGISTRY_ERRORS.subjectCompatibilityNotConfigured, `Subject '${subject}' does not have subject-level compatibility configured`);
-  }));
+  router.get(
+    '/config/:subject',
+    handle(async (ctx) => {
+      const subject = param(ctx, 'subject');
+      const own = registry.subjectCompatibility(subject);
+      if (own) return { compatibilityLevel: own };
+      if (ctx.query.defaultToGlobal === 'true') return { compatibilityLevel: registry.compatibility() };
+      throw new RegistryHttpError(
+        404,
+        REGISTRY_ERRORS.subjectCompatibilityNotConfigured,
+        `Subject '${subject}' does not have subject-level compatibility configured`,
+      );
+    }),
+  );
 
-  router.put('/config/:subject', parseBody, handle(async (ctx) => ({
-    compatibility: await registry.setCompatibility(param(ctx, 'subject'), levelBody(ctx)),
-  })));
+  router.put(
+    '/config/:subject',
+    parseBody,
+    handle(async (ctx) => ({
+      compatibility: await registry.setCompatibility(param(ctx, 'subject'), levelBody(ctx)),
+    })),
+  );
 
   const compatibility = handle(async (ctx) => {
     const version = ctx.params.version === undefined ? undefined : versionParam(param(ctx, 'version'));
@@ -143,7 +197,15 @@ function toRegistryError(err: unknown): { status: number; errorCode: number; mes
 
 /** Parses JSON bodies of the registry's content types (leaves an already parsed body alone). */
 function jsonBody() {
-  const parser = koaBody({ jsonTypes: JSON_TYPES, jsonLimit: '1mb', jsonStrict: true, includeUnparsed: true, urlencoded: false, text: false, multipart: false });
+  const parser = koaBody({
+    jsonTypes: JSON_TYPES,
+    jsonLimit: '1mb',
+    jsonStrict: true,
+    includeUnparsed: true,
+    urlencoded: false,
+    text: false,
+    multipart: false,
+  });
   return async (ctx: Context, next: Next): Promise<void> => {
     if (ctx.request.body !== undefined) return next();
     try {
@@ -155,7 +217,10 @@ function jsonBody() {
       const status = e.status === 413 ? 413 : 400;
       ctx.status = status;
       ctx.type = RESPONSE_TYPE;
-      ctx.body = { error_code: status === 413 ? 413 : 400, message: status === 413 ? 'Request body is larger than 1mb' : `Unparseable JSON body: ${e.message ?? ''}` };
+      ctx.body = {
+        error_code: status === 413 ? 413 : 400,
+        message: status === 413 ? 'Request body is larger than 1mb' : `Unparseable JSON body: ${e.message ?? ''}`,
+      };
       return;
     }
     return next();
@@ -196,7 +261,11 @@ function requestBody(ctx: Context): Record<string, unknown> {
 function schemaBody(ctx: Context): string {
   const body = requestBody(ctx);
   if (body.schemaType !== undefined && body.schemaType !== null && body.schemaType !== 'AVRO') {
-    throw new RegistryHttpError(422, REGISTRY_ERRORS.invalidSchema, `Schema type ${JSON.stringify(body.schemaType)} is not supported; this registry holds AVRO schemas only`);
+    throw new RegistryHttpError(
+      422,
+      REGISTRY_ERRORS.invalidSchema,
+      `Schema type ${JSON.stringify(body.schemaType)} is not supported; this registry holds AVRO schemas only`,
+    );
   }
   if (Array.isArray(body.references) && body.references.length > 0) {
     throw new RegistryHttpError(422, REGISTRY_ERRORS.invalidSchema, 'Schema references are not supported by this registry');

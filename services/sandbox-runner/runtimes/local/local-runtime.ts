@@ -78,6 +78,25 @@ export interface LocalRuntimeOptions {
   network?: { runnerId: string; range: string; ports: GatewayPorts; onRefused?: RefusedUdp };
 }
 
+/** A sandbox's network slot and the files bound into it (resolver, trust store). */
+interface NetworkFiles {
+  networks: LocalNetworks;
+  slot: NetworkSlot;
+  mounts: Array<{ host: string; sandbox: string }>;
+  systemTrust: { bundle: string; authority: string } | null;
+}
+
+/** What a create has made ready when it plans the root and the cgroups. */
+interface LaunchMaterials {
+  identity: SandboxIdentity;
+  mounts: SandboxMounts;
+  network: NetworkFiles | null;
+  sandboxDir: string;
+  workspace: string;
+  readOnlyMounts: Array<{ host: string; sandbox: string }>;
+  warnings: string[];
+}
+
 export class LocalRuntime implements Runtime {
   readonly name = 'local' as const;
   private readonly stateDir: string;
@@ -119,7 +138,6 @@ export class LocalRuntime implements Runtime {
     if (idsProblem) throw new Error(idsProblem);
   }
 
-
   available(): Promise<string | null> {
     this.availability ??= this.check();
     return this.availability;
@@ -129,13 +147,32 @@ export class LocalRuntime implements Runtime {
     if (process.platform !== 'linux') return 'the local runtime needs Linux';
     if (process.getuid?.() !== 0) return 'the local runtime needs root (cgroups and a dedicated sandbox uid)';
     const version = spawnSync(this.bwrap, ['--version'], { encoding: 'utf8' });
-    if (version.error || version.status !== 0) return `bubblewrap is not installed (apt-get install bubblewrap): ${version.error?.message ?? version.stderr.trim()}`;
-    const trial = spawnSync(this.bwrap, ['--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts', '--die-with-parent', ...hostSystemBinds(), '--proc', '/proc', '--dev', '/dev', '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+    if (version.error || version.status !== 0)
+      return `bubblewrap is not installed (apt-get install bubblewrap): ${version.error?.message ?? version.stderr.trim()}`;
+    const trial = spawnSync(
+      this.bwrap,
+      [
+        '--unshare-ipc',
+        '--unshare-pid',
+        '--unshare-net',
+        '--unshare-uts',
+        '--die-with-parent',
+        ...hostSystemBinds(),
+        '--proc',
+        '/proc',
+        '--dev',
+        '/dev',
+        '--',
+        '/bin/true',
+      ],
+      { encoding: 'utf8', timeout: 10_000 },
+    );
     if (trial.error || trial.status !== 0) return `bubblewrap cannot create namespaces here: ${(trial.error?.message ?? trial.stderr).trim()}`;
     if (!cgroupLayout()) return 'no memory and pids cgroup controllers are mounted under /sys/fs/cgroup';
     // A sandbox's directory outlives it only when this runtime's process died: its groups go now,
     // with whatever of it is still dying in them; the sweep after it waits for others' to age.
-    for (const dir of subdirectories(path.join(this.stateDir, 'sandboxes'))) await SandboxCgroup.existing(this.cgroupParent, groupName(path.join(this.stateDir, 'sandboxes', dir)))?.remove();
+    for (const dir of subdirectories(path.join(this.stateDir, 'sandboxes')))
+      await SandboxCgroup.existing(this.cgroupParent, groupName(path.join(this.stateDir, 'sandboxes', dir)))?.remove();
     const swept = sweepStaleCgroups(this.cgroupParent);
     if (swept) this.logger?.info({ groups: swept }, 'removed the cgroups of sandboxes left by a previous run');
     const disks = this.workspaceDisks();
@@ -200,7 +237,17 @@ export class LocalRuntime implements Runtime {
   private workspaceDisks(): WorkspaceDisks | string {
     if (this.disks === null) {
       const tools = diskTools();
-      this.disks = typeof tools === 'string' ? tools : new WorkspaceDisks({ dir: path.join(this.stateDir, 'disks'), defaultBytes: this.diskDefaultBytes, uid: this.uid, gid: this.gid, tools, launcher: this.launcher });
+      this.disks =
+        typeof tools === 'string'
+          ? tools
+          : new WorkspaceDisks({
+              dir: path.join(this.stateDir, 'disks'),
+              defaultBytes: this.diskDefaultBytes,
+              uid: this.uid,
+              gid: this.gid,
+              tools,
+              launcher: this.launcher,
+            });
     }
     return this.disks;
   }
@@ -209,7 +256,17 @@ export class LocalRuntime implements Runtime {
   private layerDisks(): WorkspaceDisks | string {
     if (this.rootDisks === null) {
       const tools = diskTools();
-      this.rootDisks = typeof tools === 'string' ? tools : new WorkspaceDisks({ dir: path.join(this.stateDir, 'root-disks'), defaultBytes: this.diskDefaultBytes, uid: 0, gid: 0, tools, launcher: this.launcher });
+      this.rootDisks =
+        typeof tools === 'string'
+          ? tools
+          : new WorkspaceDisks({
+              dir: path.join(this.stateDir, 'root-disks'),
+              defaultBytes: this.diskDefaultBytes,
+              uid: 0,
+              gid: 0,
+              tools,
+              launcher: this.launcher,
+            });
     }
     return this.rootDisks;
   }
@@ -217,7 +274,8 @@ export class LocalRuntime implements Runtime {
   /** The size of a disk asked for (null: the default), refused past SVC_SANDBOX_DISK_MAX. */
   private diskBytes(asked: number | null | undefined): number {
     const bytes = asked ?? this.diskDefaultBytes;
-    if (bytes > this.diskMaxBytes) throw new Error(`resources.disk: ${bytes} bytes is more than this server allows a sandbox (${this.diskMaxBytes} bytes, SVC_SANDBOX_DISK_MAX)`);
+    if (bytes > this.diskMaxBytes)
+      throw new Error(`resources.disk: ${bytes} bytes is more than this server allows a sandbox (${this.diskMaxBytes} bytes, SVC_SANDBOX_DISK_MAX)`);
     return bytes;
   }
 
@@ -233,7 +291,13 @@ export class LocalRuntime implements Runtime {
   }
 
   /** The workspace's disk, the sandbox's /tmp and a writable root's disk, side by side (each is usually a spare made ahead). */
-  private async takeMounts(options: CreateSandboxOptions, workspace: string, diskBytes: number, identity: SandboxIdentity, warnings: string[]): Promise<SandboxMounts> {
+  private async takeMounts(
+    options: CreateSandboxOptions,
+    workspace: string,
+    diskBytes: number,
+    identity: SandboxIdentity,
+    warnings: string[],
+  ): Promise<SandboxMounts> {
     const disks = this.workspaceDisks();
     if (typeof disks === 'string') warnings.push(`disk limit not enforced on the workspace (${disks}); /tmp is a tmpfs bounded by the memory limit`);
     const rootDisks = identity.writableRoot ? this.layerDisks() : null;
@@ -277,23 +341,7 @@ export class LocalRuntime implements Runtime {
 
     const warnings: string[] = [];
     const mounts = await this.takeMounts(options, workspace, diskBytes, identity, warnings);
-    let cgroup: SandboxCgroup;
-    let plan: RootPlan;
-    try {
-      // The workspace's tree is on its disk, which may still be aside for the launch to move.
-      await chownTree(mounts.disk?.movingTo ? mounts.disk.at : workspace, identity.uid, identity.gid, new Set(readOnlyMounts.map((m) => m.host)));
-      const layer = identity.writableRoot ? await this.rootLayer(mounts.root, mounts.scratch, warnings) : null;
-      const systemTrust = network?.systemTrust;
-      const seed = systemTrust ? [{ at: SYSTEM_TRUST_BUNDLE, from: systemTrust.bundle }, { at: LOCAL_TRUST_AUTHORITY, from: systemTrust.authority }] : [];
-      plan = await rootPlan(options, identity, { sandboxDir, layer, readOnlyMounts: readOnlyMounts.map((m) => m.sandbox), hostSystem: () => hostSystemBinds(), rootIds: this.rootIds, seed });
-      // The system's bundle with the deployment's CA: in the writable root's layer (seed), else bound over the root's.
-      if (systemTrust && !plan.seeded) network.mounts.push({ host: systemTrust.bundle, sandbox: `/${SYSTEM_TRUST_BUNDLE}` });
-      cgroup = SandboxCgroup.create(this.cgroupParent, options.id, options.resources);
-    } catch (err) {
-      await releaseMounts(mounts);
-      if (network) await network.networks.release(network.slot);
-      throw err;
-    }
+    const { cgroup, plan } = await this.prepareLaunch(options, { identity, mounts, network, sandboxDir, workspace, readOnlyMounts, warnings });
     warnings.push(...cgroup.warnings);
 
     const args = bwrapArgs(options, identity, plan, workspace, readOnlyMounts, supervisor, hostsFile, mounts.scratch, network?.mounts ?? []);
@@ -309,13 +357,19 @@ export class LocalRuntime implements Runtime {
       // Root's network namespace is made by the launch, which lets it bind low ports there.
       const netns = network ? ['--netns', network.slot.namespace] : identity.user === 'root' ? ['--new-netns'] : [];
       const move = mounts.disk?.movingTo ? ['--move', mounts.disk.at, mounts.disk.movingTo] : [];
-      child = this.launcher.launch(supervisor, ['launch', cgroup.joinFiles().join(','), ...netns, ...move, ...plan.launch, '--', this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve], { fd5: args.map((a) => `${a}\0`).join('') });
-      if (options.service) bridge = ServiceBridge.open(child, path.join(sandboxDir, 'service.sock'), options.service, this.launcher, supervisor, bridging.signal);
+      const bwrap = [this.bwrap, '--args', '5', '--', SUPERVISOR_IN_SANDBOX, 'serve', ...plan.serve];
+      const argv = ['launch', cgroup.joinFiles().join(','), ...netns, ...move, ...plan.launch, '--', ...bwrap];
+      child = this.launcher.launch(supervisor, argv, { fd5: args.map((a) => `${a}\0`).join('') });
+      if (options.service)
+        bridge = ServiceBridge.open(child, path.join(sandboxDir, 'service.sock'), options.service, this.launcher, supervisor, bridging.signal);
       bridge?.catch(() => {});
       await child.started;
     } catch (err) {
       bridging.abort();
-      await bridge?.then((b) => b.close(), () => undefined);
+      await bridge?.then(
+        (b) => b.close(),
+        () => undefined,
+      );
       await cgroup.remove();
       await releaseMounts(mounts);
       if (network) await network.networks.release(network.slot);
@@ -338,6 +392,42 @@ export class LocalRuntime implements Runtime {
     return sandbox;
   }
 
+  /**
+   * The root plan and the cgroups of a sandbox about to launch, the workspace's tree owned by its
+   * user; its mounts and network slot are released when one of them cannot be made.
+   */
+  private async prepareLaunch(options: CreateSandboxOptions, made: LaunchMaterials): Promise<{ cgroup: SandboxCgroup; plan: RootPlan }> {
+    const { identity, mounts, network, sandboxDir, workspace, readOnlyMounts, warnings } = made;
+    try {
+      // The workspace's tree is on its disk, which may still be aside for the launch to move.
+      await chownTree(mounts.disk?.movingTo ? mounts.disk.at : workspace, identity.uid, identity.gid, new Set(readOnlyMounts.map((m) => m.host)));
+      const layer = identity.writableRoot ? await this.rootLayer(mounts.root, mounts.scratch, warnings) : null;
+      const systemTrust = network?.systemTrust;
+      const seed = systemTrust
+        ? [
+            { at: SYSTEM_TRUST_BUNDLE, from: systemTrust.bundle },
+            { at: LOCAL_TRUST_AUTHORITY, from: systemTrust.authority },
+          ]
+        : [];
+      const plan = await rootPlan(options, identity, {
+        sandboxDir,
+        layer,
+        readOnlyMounts: readOnlyMounts.map((m) => m.sandbox),
+        hostSystem: () => hostSystemBinds(),
+        rootIds: this.rootIds,
+        seed,
+      });
+      // The system's bundle with the deployment's CA: in the writable root's layer (seed), else bound over the root's.
+      if (systemTrust && !plan.seeded) network.mounts.push({ host: systemTrust.bundle, sandbox: `/${SYSTEM_TRUST_BUNDLE}` });
+      const cgroup = SandboxCgroup.create(this.cgroupParent, options.id, options.resources);
+      return { cgroup, plan };
+    } catch (err) {
+      await releaseMounts(mounts);
+      if (network) await network.networks.release(network.slot);
+      throw err;
+    }
+  }
+
   /** Starts making the spares a create took (the workspace's disk, the root's, the scratch, the network). */
   private refillSpares(taken: SandboxMounts, memoryBytes: number, networks: LocalNetworks | null): void {
     const [disks, rootDisks] = [this.workspaceDisks(), this.layerDisks()];
@@ -351,7 +441,7 @@ export class LocalRuntime implements Runtime {
    * A network slot, and the files that make the gateway the sandbox's resolver and add the
    * deployment's CA to its trust store (over the system's bundle, where the root has one).
    */
-  private async networkFiles(options: CreateSandboxOptions): Promise<{ networks: LocalNetworks; slot: NetworkSlot; mounts: Array<{ host: string; sandbox: string }>; systemTrust: { bundle: string; authority: string } | null }> {
+  private async networkFiles(options: CreateSandboxOptions): Promise<NetworkFiles> {
     const networks = await this.sandboxNetworks();
     const slot = await networks.take();
     try {
