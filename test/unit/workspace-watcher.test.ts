@@ -33,8 +33,7 @@ afterEach(async () => {
 });
 
 const sh = (script: string) => execFileSync('sh', ['-c', script], { cwd: ws });
-const fileEvents = (records: AuditRecord[]) =>
-  records.filter((r) => r.type.startsWith('file_')).map((r) => [r.type, r.details.path] as const);
+const fileEvents = (records: AuditRecord[]) => records.filter((r) => r.type.startsWith('file_')).map((r) => [r.type, r.details.path] as const);
 
 test('sees a write, a read and a delete made by another process; ignores .svc', { skip }, async () => {
   const w = new FsWatcher({ workspace: ws, watch: ['/'], track: ['writes', 'reads', 'deletes'], audit: log });
@@ -55,7 +54,10 @@ test('a write record carries the size of the file when it is still there', { ski
   await w.start();
   sh('printf 12345 > sized.txt');
   await w.stop();
-  assert.deepEqual((await AuditLog.read(ws)).map((r) => [r.type, r.details]), [['file_write', { path: 'sized.txt', bytes: 5 }]]);
+  assert.deepEqual(
+    (await AuditLog.read(ws)).map((r) => [r.type, r.details]),
+    [['file_write', { path: 'sized.txt', bytes: 5 }]],
+  );
 });
 
 test('a symlink or hard link made while the agent runs is a write, though no close follows it', { skip }, async () => {
@@ -67,7 +69,10 @@ test('a symlink or hard link made while the agent runs is a write, though no clo
   // Recorded by the flush after the links appeared, before the watch ends.
   const seen = (await AuditLog.read(ws)).map((r) => [r.type, r.details]);
   await w.stop();
-  assert.deepEqual(seen, [['file_write', { path: 'soft', symlink: true }], ['file_write', { path: 'hard', bytes: 1 }]]);
+  assert.deepEqual(seen, [
+    ['file_write', { path: 'soft', symlink: true }],
+    ['file_write', { path: 'hard', bytes: 1 }],
+  ]);
   assert.equal((await AuditLog.read(ws)).length, 2, 'not recorded again at stop');
 });
 
@@ -76,7 +81,9 @@ test('track and watch filter; new nested directories are caught; renames are del
   await writeFile(path.join(ws, 'outside.txt'), 'x');
   const w = new FsWatcher({ workspace: ws, watch: ['/workspace/src', 'build'], track: ['writes', 'deletes'], audit: log });
   await w.start();
-  sh('cat outside.txt >/dev/null; echo y >> outside.txt; cat src/../outside.txt > /dev/null; mkdir -p src/a/b/c && echo deep > src/a/b/c/f.txt; mkdir -p build/out && echo o > build/out/x; echo 1 > src/t; mv src/t src/u; cat src/u >/dev/null');
+  sh(
+    'cat outside.txt >/dev/null; echo y >> outside.txt; cat src/../outside.txt > /dev/null; mkdir -p src/a/b/c && echo deep > src/a/b/c/f.txt; mkdir -p build/out && echo o > build/out/x; echo 1 > src/t; mv src/t src/u; cat src/u >/dev/null',
+  );
   await w.stop();
   const events = fileEvents(await AuditLog.read(ws));
   assert.deepEqual(
@@ -87,15 +94,23 @@ test('track and watch filter; new nested directories are caught; renames are del
       ['file_write', 'src/u'],
     ],
   );
-  assert.ok(events.some(([t, p]) => t === 'file_write' && p === 'src/a/b/c/f.txt'), JSON.stringify(events));
-  assert.ok(events.some(([t, p]) => t === 'file_write' && p === 'build/out/x'), JSON.stringify(events));
+  assert.ok(
+    events.some(([t, p]) => t === 'file_write' && p === 'src/a/b/c/f.txt'),
+    JSON.stringify(events),
+  );
+  assert.ok(
+    events.some(([t, p]) => t === 'file_write' && p === 'build/out/x'),
+    JSON.stringify(events),
+  );
 });
 
 test('bursts are coalesced; an open for writing that changes nothing is not a write', { skip }, async () => {
   await writeFile(path.join(ws, 'same.txt'), 'x');
   const w = new FsWatcher({ workspace: ws, watch: ['.'], track: ['writes', 'reads'], audit: log, coalesceMs: 1000 });
   await w.start();
-  sh('for i in 1 2 3 4 5 6 7 8 9 10; do echo $i >> burst.log; done; for i in 1 2 3 4 5; do cat burst.log > /dev/null; done; : >> same.txt; echo 11 >> burst.log');
+  sh(
+    'for i in 1 2 3 4 5 6 7 8 9 10; do echo $i >> burst.log; done; for i in 1 2 3 4 5; do cat burst.log > /dev/null; done; : >> same.txt; echo 11 >> burst.log',
+  );
   await w.stop();
   assert.deepEqual(fileEvents(await AuditLog.read(ws)), [
     ['file_write', 'burst.log'],
@@ -104,7 +119,7 @@ test('bursts are coalesced; an open for writing that changes nothing is not a wr
   ]);
 });
 
-test('the service\'s own operations can be suppressed', { skip }, async () => {
+test("the service's own operations can be suppressed", { skip }, async () => {
   await writeFile(path.join(ws, 'seen.txt'), 'x');
   const w = new FsWatcher({ workspace: ws, watch: ['/'], track: ['writes', 'reads', 'deletes'], audit: log });
   await w.start();
@@ -118,7 +133,7 @@ test('the service\'s own operations can be suppressed', { skip }, async () => {
   ]);
 });
 
-test('an agent\'s read right after a suppression is recorded, even within the millisecond it ended', { skip }, async () => {
+test("an agent's read right after a suppression is recorded, even within the millisecond it ended", { skip }, async () => {
   // The clock stands still, so the barrier's CREATE and the agent's read that follows it arrive at the same Date.now().
   await writeFile(path.join(ws, 'seen.txt'), 'x');
   const w = new FsWatcher({ workspace: ws, watch: ['/'], track: ['reads'], audit: log });
@@ -140,7 +155,7 @@ test('a file still open for writing is recorded at stop', { skip }, async () => 
   const w = new FsWatcher({ workspace: ws, watch: ['/'], track: ['writes'], audit: log });
   await w.start();
   const { spawn } = await import('node:child_process');
-  const child = spawn('sh', ['-c', 'exec 3> open.log; echo started >&3; sleep 30'], { cwd: ws });
+  const child = spawn('sh', ['-c', 'exec 3> open.log; echo started >&3; exec sleep 30'], { cwd: ws });
   while (!(await readFile(path.join(ws, 'open.log'), 'utf8').catch(() => '')).includes('started')) await new Promise((r) => setTimeout(r, 20));
   await w.stop();
   child.kill('SIGKILL');
@@ -165,19 +180,26 @@ test('a missing inotifywait fails start with a hint', async () => {
   await w.stop();
 });
 
-test('where the kernel\'s inotify limit is reached, the watch says so in a warning and does not fail the start', { skip }, async () => {
+test("where the kernel's inotify limit is reached, the watch says so in a warning and does not fail the start", { skip }, async () => {
   // The limit is the kernel's own, lowered to one watch in a user namespace of its own (nothing else on the host is touched).
   await mkdir(path.join(ws, 'a', 'b'), { recursive: true });
   const script = path.join(ws, '..', `${path.basename(ws)}-limit.mts`);
-  await writeFile(script, `import { FsWatcher } from ${JSON.stringify(path.resolve('services/sandbox-runner/workspace/fs-watcher.ts'))};
+  await writeFile(
+    script,
+    `import { FsWatcher } from ${JSON.stringify(path.resolve('services/sandbox-runner/workspace/fs-watcher.ts'))};
 const events = [];
 const w = new FsWatcher({ workspace: ${JSON.stringify(ws)}, watch: ['/'], track: ['writes'], onEvent: (type, details) => void events.push({ type, details }) });
 await w.start();
 await w.stop();
 console.log(JSON.stringify(events));
-`);
+`,
+  );
   try {
-    const out = execFileSync('unshare', ['-U', '-r', 'sh', '-c', 'echo 1 > /proc/sys/user/max_inotify_watches && exec "$0" --import tsx "$1"', process.execPath, script], { encoding: 'utf8' });
+    const out = execFileSync(
+      'unshare',
+      ['-U', '-r', 'sh', '-c', 'echo 1 > /proc/sys/user/max_inotify_watches && exec "$0" --import tsx "$1"', process.execPath, script],
+      { encoding: 'utf8' },
+    );
     const events = JSON.parse(out.trim().split('\n').at(-1)!);
     assert.equal(events.length, 1, out);
     assert.equal(events[0].type, 'warning');
