@@ -118,8 +118,16 @@ const startMain = async (args: string[]) => (await import('./main.ts')).main(arg
 export const OPERATOR_COMMANDS: Record<string, OperatorCommand> = {
   start: { summary: 'run every service in this process (embedded)', usage: '[--api-key KEY]', run: (args) => startMain(args) },
   run: { summary: 'run one or more services (distributed, on Kafka)', usage: '<service...>', run: (args) => startMain(['run', ...args]) },
-  keys: { summary: 'tenant API keys (admin): create, list, rotate, revoke', usage: 'create --tenant NAME | list | rotate ID | revoke ID [--url URL] [--admin-key KEY]', run: keys },
-  images: { summary: 'the local image store of the sandbox runtime', usage: 'import NAME SOURCE | pull REF | list | resolve REF | rm NAME | build NAME DOCKERFILE [DIR]', run: images },
+  keys: {
+    summary: 'tenant API keys (admin): create, list, rotate, revoke',
+    usage: 'create --tenant NAME | list | rotate ID | revoke ID [--url URL] [--admin-key KEY]',
+    run: keys,
+  },
+  images: {
+    summary: 'the local image store of the sandbox runtime',
+    usage: 'import NAME SOURCE | pull REF | list | resolve REF | rm NAME | build NAME DOCKERFILE [DIR]',
+    run: images,
+  },
   import: { summary: 'a Terminal-Bench or Harbor task folder as specs', usage: 'TASK_DIR [--name NAME] [--out DIR]', run: importTask },
 };
 

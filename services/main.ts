@@ -85,11 +85,15 @@ export function checkSplitSettings(config: Config, names: readonly ServiceName[]
   }
   // One registry hands out schema ids: the api's built-in one, or an external one.
   if (!names.includes('api') && !config.schemaRegistryUrl) {
-    problems.push("SVC_SCHEMA_REGISTRY_URL: required in a process without the api: point it at the api's built-in registry (http://<api>/schema-registry, with SVC_SERVICE_KEY) or at an external registry");
+    problems.push(
+      "SVC_SCHEMA_REGISTRY_URL: required in a process without the api: point it at the api's built-in registry (http://<api>/schema-registry, with SVC_SERVICE_KEY) or at an external registry",
+    );
   }
   // The api seals what it sends the runners and opens their replies, with one key on both sides.
   if (names.includes('api') !== names.includes('sandbox-runner') && !config.secretsKey) {
-    problems.push('SVC_SECRETS_KEY: required when the api and the sandbox runners run in different processes: both seal and open what they send each other with it (set the same key in both)');
+    problems.push(
+      'SVC_SECRETS_KEY: required when the api and the sandbox runners run in different processes: both seal and open what they send each other with it (set the same key in both)',
+    );
   }
   // The api and the scorer read what the sink stored: chDB is the store of one process, so they
   // read it only beside the sink; apart from it, they need the ClickHouse server all share.

@@ -43,13 +43,29 @@ const GRADER_DIR = '.grader';
 /** Reads a Terminal-Bench or Harbor task folder; throws naming what is missing. */
 export function readTaskFolder(dir: string, name = path.basename(path.resolve(dir))): TaskFolder {
   const at = (...parts: string[]) => path.join(dir, ...parts);
-  const specName = name.toLowerCase().replace(/[^a-z0-9-]+/g, '-').replace(/^-+|-+$/g, '').slice(0, 60) || 'task';
+  const specName =
+    name
+      .toLowerCase()
+      .replace(/[^a-z0-9-]+/g, '-')
+      .replace(/^-+|-+$/g, '')
+      .slice(0, 60) || 'task';
   if (fs.existsSync(at('task.yaml'))) {
     const task = parseYaml(fs.readFileSync(at('task.yaml'), 'utf8')) as Record<string, unknown>;
-    const instruction = typeof task.instruction === 'string' ? task.instruction : (task.descriptions as Array<{ description?: string }> | undefined)?.[0]?.description;
+    const instruction =
+      typeof task.instruction === 'string' ? task.instruction : (task.descriptions as Array<{ description?: string }> | undefined)?.[0]?.description;
     if (!instruction) throw new Error(`${at('task.yaml')} has no instruction`);
     const tests = new Map([['run-tests.sh', need(at('run-tests.sh'))], ...filesUnder(at('tests'), 'tests')]);
-    return { name: specName, instruction, dockerfile: need(at('Dockerfile')), context: dir, tests, testScript: 'run-tests.sh', solution: readIf(at('solution.sh')), agentTimeoutS: Number(task.max_agent_timeout_sec) || 360, testTimeoutS: Number(task.max_test_timeout_sec) || 60 };
+    return {
+      name: specName,
+      instruction,
+      dockerfile: need(at('Dockerfile')),
+      context: dir,
+      tests,
+      testScript: 'run-tests.sh',
+      solution: readIf(at('solution.sh')),
+      agentTimeoutS: Number(task.max_agent_timeout_sec) || 360,
+      testTimeoutS: Number(task.max_test_timeout_sec) || 60,
+    };
   }
   if (fs.existsSync(at('task.toml'))) {
     const task = parseToml(fs.readFileSync(at('task.toml'), 'utf8')) as { agent?: { timeout_sec?: number }; verifier?: { timeout_sec?: number } };
@@ -97,7 +113,12 @@ export function taskSpecs(task: TaskFolder, base: string, workdir: string): { sp
     const bytes = fs.readFileSync(file);
     const text = bytes.toString('utf8');
     const binary = !Buffer.from(text, 'utf8').equals(bytes);
-    return { path: `${GRADER_DIR}/${rel}`, content: binary ? bytes.toString('base64') : text, ...(binary ? { encoding: 'base64' } : {}), mode: (fs.statSync(file).mode & 0o111) !== 0 ? '0755' : '0644' };
+    return {
+      path: `${GRADER_DIR}/${rel}`,
+      content: binary ? bytes.toString('base64') : text,
+      ...(binary ? { encoding: 'base64' } : {}),
+      mode: (fs.statSync(file).mode & 0o111) !== 0 ? '0755' : '0644',
+    };
   });
   // The tests' own shell: bash when the image has it (most tasks' scripts need it), else sh.
   const run = `cd ${workdir} && export TEST_DIR=${grader}/tests && if command -v bash >/dev/null 2>&1; then bash ${grader}/${task.testScript}; else sh ${grader}/${task.testScript}; fi`;
@@ -110,12 +131,21 @@ export function taskSpecs(task: TaskFolder, base: string, workdir: string): { sp
     grader: { files },
     invariants: { tests: { check: { type: 'command_exit', command: run, timeout: `${task.testTimeoutS}s` } } },
   };
-  const solution = task.solution === null ? null : { ...spec, id: `${task.name}-solution`, agent: { type: 'cli', command: task.solution, workdir, timeout: `${task.agentTimeoutS}s` } };
+  const solution =
+    task.solution === null
+      ? null
+      : { ...spec, id: `${task.name}-solution`, agent: { type: 'cli', command: task.solution, workdir, timeout: `${task.agentTimeoutS}s` } };
   return { spec, solution };
 }
 
 /** `svc import TASK_DIR [--name NAME] [--out DIR]`: builds the image, writes the specs; 0 when done. */
-export async function importCommand(dir: string, options: { name?: string; out?: string }, dataDir: string, settings: PullSettings, out: (line: string) => void): Promise<number> {
+export async function importCommand(
+  dir: string,
+  options: { name?: string; out?: string },
+  dataDir: string,
+  settings: PullSettings,
+  out: (line: string) => void,
+): Promise<number> {
   const task = readTaskFolder(dir, options.name);
   const image = `imported/${task.name}:1`;
   const built = await buildCommand(image, task.dockerfile, task.context, dataDir, settings, out);

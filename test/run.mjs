@@ -18,8 +18,8 @@
 //
 // Test files run in parallel, one process each (SVC_TEST_CONCURRENCY, default: the CPU count,
 // at most 4): they share the backends but use unique topic, group, table and port names. On 2
-// cores the whole suite takes 25 to 30 minutes, most of it in the e2e tier; the unit tier about a
-// minute.
+// cores the whole suite takes 25 to 30 minutes, most of it in the e2e tier; the unit tier about
+// 20 s.
 // CI=true: a backend that cannot run is an error, not a skip.
 //
 // Every process a test starts ends with the run: see "Processes the tests leave behind" below.
@@ -179,7 +179,12 @@ async function startBubblewrap() {
     try {
       aptInstall(absent);
     } catch (err) {
-      return { skip: `apt-get install ${absent.join(' ')} failed: ${String(err.stderr ?? err.message).trim().split('\n').at(-1)}` };
+      return {
+        skip: `apt-get install ${absent.join(' ')} failed: ${String(err.stderr ?? err.message)
+          .trim()
+          .split('\n')
+          .at(-1)}`,
+      };
     }
   }
   const bwrap = onPath('bwrap');
@@ -197,17 +202,31 @@ async function startBubblewrap() {
 // one started here and stopped with the run. The run owns it, not a test file: a dockerd a file
 // started outlived the file when the runner cancelled it.
 async function startDocker() {
-  if (process.platform !== 'linux' || process.getuid?.() !== 0) return { skip: 'needs root on Linux (dockerd, debootstrap, the container of the sandbox runner)' };
+  if (process.platform !== 'linux' || process.getuid?.() !== 0)
+    return { skip: 'needs root on Linux (dockerd, debootstrap, the container of the sandbox runner)' };
   const docker = () => (fs.existsSync('/usr/bin/docker') ? '/usr/bin/docker' : onPath('docker'));
-  const answers = (args, timeout) => promisify(execFile)(docker(), args, { timeout }).then(() => true, () => false);
+  const answers = (args, timeout) =>
+    promisify(execFile)(docker(), args, { timeout }).then(
+      () => true,
+      () => false,
+    );
   const hasCompose = async () => Boolean(onPath('docker-compose')) || (Boolean(docker()) && (await answers(['compose', 'version'], 20_000)));
-  const wanted = [...(docker() && onPath('dockerd') ? [] : ['docker.io']), ...((await hasCompose()) ? [] : ['docker-compose']), ...(onPath('debootstrap') ? [] : ['debootstrap'])];
+  const wanted = [
+    ...(docker() && onPath('dockerd') ? [] : ['docker.io']),
+    ...((await hasCompose()) ? [] : ['docker-compose']),
+    ...(onPath('debootstrap') ? [] : ['debootstrap']),
+  ];
   if (wanted.length && onPath('apt-get')) {
     say(`installing ${wanted.join(' ')} with apt-get (Debian packages)…`);
     try {
       aptInstall(wanted);
     } catch (err) {
-      return { skip: `apt-get install ${wanted.join(' ')} failed: ${String(err.stderr ?? err.message).trim().split('\n').at(-1)}` };
+      return {
+        skip: `apt-get install ${wanted.join(' ')} failed: ${String(err.stderr ?? err.message)
+          .trim()
+          .split('\n')
+          .at(-1)}`,
+      };
     }
   }
   if (!docker() || !onPath('dockerd')) return { skip: 'Docker is not installed (apt-get install docker.io)' };
@@ -228,7 +247,9 @@ async function startDocker() {
     if (dockerd.exitCode !== null || Date.now() > deadline) {
       await stop();
       const tail = fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8').trim().split('\n').at(-1) : '';
-      return { skip: `dockerd cannot start here: ${dockerd.exitCode !== null ? 'it exited' : 'no answer within 60 s'}${tail ? ` (${tail.slice(0, 300)})` : ''}` };
+      return {
+        skip: `dockerd cannot start here: ${dockerd.exitCode !== null ? 'it exited' : 'no answer within 60 s'}${tail ? ` (${tail.slice(0, 300)})` : ''}`,
+      };
     }
   }
   await buildComposeImages(docker());
@@ -253,7 +274,11 @@ async function buildComposeImages(docker) {
     build.once('error', () => resolve(null));
   });
   const last = fs.readFileSync(logFile, 'utf8').trim().split('\n').at(-1) ?? '';
-  say(code === 0 ? `compose images ready (${((Date.now() - started) / 1000).toFixed(1)} s)` : `building the compose images failed; the compose suite will say why (${last.slice(0, 200)})`);
+  say(
+    code === 0
+      ? `compose images ready (${((Date.now() - started) / 1000).toFixed(1)} s)`
+      : `building the compose images failed; the compose suite will say why (${last.slice(0, 200)})`,
+  );
 }
 
 async function provision(backend) {
@@ -286,7 +311,12 @@ async function startClickHouse() {
       execFileSync('apt-get', ['update', '-qq'], { env, stdio: ['ignore', 'ignore', 'pipe'] });
       execFileSync('apt-get', ['install', '-y', '-qq', '--no-install-recommends', 'clickhouse-server'], { env, stdio: ['ignore', 'ignore', 'pipe'] });
     } catch (err) {
-      return { skip: `apt-get install clickhouse-server failed: ${String(err.stderr ?? err.message).trim().split('\n').at(-1)}` };
+      return {
+        skip: `apt-get install clickhouse-server failed: ${String(err.stderr ?? err.message)
+          .trim()
+          .split('\n')
+          .at(-1)}`,
+      };
     }
     server = onPath('clickhouse-server');
   }
@@ -316,7 +346,10 @@ async function startClickHouse() {
   while ((await ping(`http://127.0.0.1:${httpPort}/ping`)) !== 'Ok.') {
     if (child.exitCode !== null || Date.now() > deadline) {
       await stop();
-      const log = [path.join(dir, 'error.log'), path.join(dir, 'stderr.log')].map((f) => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8') : '')).join('').trim();
+      const log = [path.join(dir, 'error.log'), path.join(dir, 'stderr.log')]
+        .map((f) => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8') : ''))
+        .join('')
+        .trim();
       throw new Error(`clickhouse-server did not answer /ping${log ? `: ${log.split('\n').slice(-3).join(' | ')}` : ''}`);
     }
     await new Promise((r) => setTimeout(r, 100));
@@ -354,11 +387,15 @@ function stopper(child, graceMs) {
 
 async function freePorts(count) {
   const servers = await Promise.all(
-    Array.from({ length: count }, () => new Promise((resolve, reject) => {
-      const s = net.createServer();
-      s.once('error', reject);
-      s.listen(0, '127.0.0.1', () => resolve(s));
-    })),
+    Array.from(
+      { length: count },
+      () =>
+        new Promise((resolve, reject) => {
+          const s = net.createServer();
+          s.once('error', reject);
+          s.listen(0, '127.0.0.1', () => resolve(s));
+        }),
+    ),
   );
   const ports = servers.map((s) => s.address().port);
   await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
@@ -428,13 +465,14 @@ async function reapLeftovers() {
   if (!left.length) return;
   console.error(`npm test: ${left.length} process(es) started by the tests outlived them; stopping:`);
   for (const { pid, command } of left) console.error(`  ${pid} ${command.slice(0, 200)}`);
-  const signal = (sig) => left.forEach(({ pid }) => {
-    try {
-      process.kill(pid, sig);
-    } catch {
-      // already gone
-    }
-  });
+  const signal = (sig) =>
+    left.forEach(({ pid }) => {
+      try {
+        process.kill(pid, sig);
+      } catch {
+        // already gone
+      }
+    });
   signal('SIGTERM');
   for (const deadline = Date.now() + 10_000; left.length && Date.now() < deadline; left = markedProcesses()) await new Promise((r) => setTimeout(r, 200));
   signal('SIGKILL');

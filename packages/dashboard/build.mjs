@@ -40,7 +40,9 @@ try {
   vite = await import('vite');
 } catch {
   const have = existsSync(path.join(dist, 'index.html'));
-  console.error(`dashboard: vite is not installed (a production install?); ${have ? 'serving the existing build' : '/ui will answer 503 until `npm install && npm run build:ui`'}`);
+  console.error(
+    `dashboard: vite is not installed (a production install?); ${have ? 'serving the existing build' : '/ui will answer 503 until `npm install && npm run build:ui`'}`,
+  );
   process.exit(0);
 }
 const started = Date.now();

@@ -112,7 +112,9 @@ export class AggregatorService implements Service {
       fold<RunRequested>(TOPICS.runRequests, (r) => this.onDispatched(r)),
       fold<RunEvent>(TOPICS.runEvents, (e) => this.onRunEvent(e)),
       fold<RunnerHeartbeat>(TOPICS.runners, (beat) => this.beats.set(beat.runner_id, beat)),
-      fold<RunScored>(TOPICS.runScores, (s, event) => this.onScored(s, { topic: event.record.topic, partition: event.record.partition, offset: event.record.offset })),
+      fold<RunScored>(TOPICS.runScores, (s, event) =>
+        this.onScored(s, { topic: event.record.topic, partition: event.record.partition, offset: event.record.offset }),
+      ),
       fold<ExperimentScenario>(TOPICS.experimentScenarios, (s) => this.onScenario(s)),
     ] as Array<EntityView<unknown>>;
     for (const view of this.views) await view.start(kernel);
@@ -166,7 +168,18 @@ export class AggregatorService implements Service {
   }
 
   private facts(experimentId: string, runId: string, scenarioId: string, index: number, replica: number): RunFacts {
-    const fresh = (): RunFacts => ({ runId, scenarioId, index, replica, dispatched: new Map(), started: new Map(), rejected: new Set(), finished: false, scored: false, latest: null });
+    const fresh = (): RunFacts => ({
+      runId,
+      scenarioId,
+      index,
+      replica,
+      dispatched: new Map(),
+      started: new Map(),
+      rejected: new Set(),
+      finished: false,
+      scored: false,
+      latest: null,
+    });
     // Finished experiments keep no state: history replayed at start stays out of memory. A
     // cancelled one keeps it while runs it dispatched may still be scored (countAfterCancel).
     const status = this.experiments.get(experimentId)?.status ?? '';
@@ -255,7 +268,14 @@ export class AggregatorService implements Service {
       return;
     }
     if (experiment.status !== 'created') return; // a repeated command
-    await this.write(experiment, { status: 'queued', queued_at: Date.now(), yaml: command.yaml, agent: command.agent, total_runs: command.total_runs, concurrency: command.concurrency });
+    await this.write(experiment, {
+      status: 'queued',
+      queued_at: Date.now(),
+      yaml: command.yaml,
+      agent: command.agent,
+      total_runs: command.total_runs,
+      concurrency: command.concurrency,
+    });
     await this.advance(experiment.experiment_id);
   }
 
@@ -328,8 +348,13 @@ export class AggregatorService implements Service {
     }));
     for (const r of requests) this.onDispatched(r);
     const again = requests.filter((r) => r.attempt > 1);
-    if (again.length > 0) this.kernel.logger.info({ experiment_id: experimentId, runs: again.map((r) => r.run_id) }, 'dispatching again runs that were lost or rejected');
-    await publish(this.kernel, TOPICS.runRequests, requests.map((r) => ({ key: r.run_id, tenant: r.tenant, value: r })));
+    if (again.length > 0)
+      this.kernel.logger.info({ experiment_id: experimentId, runs: again.map((r) => r.run_id) }, 'dispatching again runs that were lost or rejected');
+    await publish(
+      this.kernel,
+      TOPICS.runRequests,
+      requests.map((r) => ({ key: r.run_id, tenant: r.tenant, value: r })),
+    );
   }
 
   /**
@@ -394,7 +419,14 @@ export class AggregatorService implements Service {
 function latestScore(s: RunScored): LatestScore {
   return {
     ts: s.ts,
-    fact: { run_id: s.run_id, scenario_index: s.scenario_index, params: s.params, verdict: s.verdict, wall_ms: s.wall_ms, violations: jsonLength(s.violations) },
+    fact: {
+      run_id: s.run_id,
+      scenario_index: s.scenario_index,
+      params: s.params,
+      verdict: s.verdict,
+      wall_ms: s.wall_ms,
+      violations: jsonLength(s.violations),
+    },
     traces: { ...NO_TRACES, ...parsed<Partial<RunTraceStats>>(s.traces, {}) },
   };
 }

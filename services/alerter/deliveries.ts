@@ -41,7 +41,10 @@ export class Deliveries {
     const todo = firings.filter((f) => !this.stopping.signal.aborted && !this.running.has(f.firing_id));
     if (todo.length === 0) return;
     const done = this.runAll(todo).catch((err) =>
-      this.kernel.logger.error({ firings: todo.map((f) => f.firing_id), err: (err as Error).message }, 'alert deliveries could not be recorded; they are resumed at the next start'),
+      this.kernel.logger.error(
+        { firings: todo.map((f) => f.firing_id), err: (err as Error).message },
+        'alert deliveries could not be recorded; they are resumed at the next start',
+      ),
     );
     for (const f of todo) this.running.set(f.firing_id, done);
     void done.finally(() => {
@@ -77,7 +80,18 @@ export class Deliveries {
     let interruptions = f.interruptions;
     if (f.status === 'delivering') {
       interruptions++;
-      outcome = { ...outcome, attempts: [...outcome.attempts, { at: new Date(f.ts).toISOString(), outcome: 'interrupted', error: 'the alerter stopped while this notification was being delivered; its fate is unknown', duration_ms: 0 }] };
+      outcome = {
+        ...outcome,
+        attempts: [
+          ...outcome.attempts,
+          {
+            at: new Date(f.ts).toISOString(),
+            outcome: 'interrupted',
+            error: 'the alerter stopped while this notification was being delivered; its fate is unknown',
+            duration_ms: 0,
+          },
+        ],
+      };
       if (interruptions > config.webhookRetries) {
         outcome = { ...outcome, status: 'failed', error: `the alerter stopped ${interruptions} times while delivering it` };
         return { state: nextState(f, { status: 'failed', interruptions, notifications: JSON.stringify([outcome]) }), outcome };
@@ -97,7 +111,15 @@ export class Deliveries {
     }
     await this.record([nextState(current, { status: outcome.status, notifications: JSON.stringify([outcome]) })]);
     const { logger } = this.kernel;
-    const where = { firing_id: current.firing_id, rule_id: current.rule_id, experiment_id: current.experiment_id, tenant: current.tenant, notify: current.notify, target: current.target, attempts: outcome.attempts.length };
+    const where = {
+      firing_id: current.firing_id,
+      rule_id: current.rule_id,
+      experiment_id: current.experiment_id,
+      tenant: current.tenant,
+      notify: current.notify,
+      target: current.target,
+      attempts: outcome.attempts.length,
+    };
     if (outcome.status === 'delivered') logger.info(where, 'alert delivered');
     else logger.warn({ ...where, err: outcome.error }, 'alert delivery failed');
   }

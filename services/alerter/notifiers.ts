@@ -69,7 +69,13 @@ export class Notifiers {
       const started = Date.now();
       const r = await attempt(retry + 1);
       if (stop.aborted) throw new DeliveryStopped('the alerter is stopping');
-      attempts.push({ at: new Date(started).toISOString(), outcome: r.outcome, ...(r.status_code !== undefined && { status_code: r.status_code }), ...(r.error !== undefined && { error: r.error.slice(0, ERROR_TEXT_MAX) }), duration_ms: Date.now() - started });
+      attempts.push({
+        at: new Date(started).toISOString(),
+        outcome: r.outcome,
+        ...(r.status_code !== undefined && { status_code: r.status_code }),
+        ...(r.error !== undefined && { error: r.error.slice(0, ERROR_TEXT_MAX) }),
+        duration_ms: Date.now() - started,
+      });
       if (r.outcome === 'ok') return { ...previous, attempts, status: 'delivered', delivered_at: new Date().toISOString(), error: undefined };
       if (!r.retriable || retry >= this.config.webhookRetries) {
         const why = r.retriable ? `gave up after ${retry + 1} attempts` : 'not retried';
@@ -93,7 +99,8 @@ export class Notifiers {
       const body = card ? slackMessage(f, this.config.baseUrl) : webhookBody(f);
       const refused = refusedUrl(f.destination, this.allowPrivate);
       if (refused) return refused;
-      return (n) => this.post(f.destination, body, { 'x-svc-firing-id': f.firing_id, 'x-svc-attempt': String(n), 'idempotency-key': f.firing_id }, stop, this.webhooks);
+      return (n) =>
+        this.post(f.destination, body, { 'x-svc-firing-id': f.firing_id, 'x-svc-attempt': String(n), 'idempotency-key': f.firing_id }, stop, this.webhooks);
     }
     if (f.notify === 'slack') {
       const token = this.config.slackBotToken;
@@ -108,7 +115,13 @@ export class Notifiers {
   }
 
   /** POST of JSON with the call's timeout; what its answer (or its absence) means. */
-  private async post(url: string, body: unknown, headers: Record<string, string>, stop: AbortSignal, dispatcher?: Dispatcher): Promise<AttemptResult & { json?: unknown }> {
+  private async post(
+    url: string,
+    body: unknown,
+    headers: Record<string, string>,
+    stop: AbortSignal,
+    dispatcher?: Dispatcher,
+  ): Promise<AttemptResult & { json?: unknown }> {
     const timeout = AbortSignal.timeout(this.config.webhookTimeout);
     try {
       const res = await fetch(url, {
@@ -150,7 +163,9 @@ export class Notifiers {
 
   private async sendEmail(f: AlertFired, to: string[], message: { subject: string; text: string; html: string }): Promise<AttemptResult> {
     const t = this.config.webhookTimeout;
-    this.mailer ??= nodemailer.createTransport({ url: this.config.smtpUrl!, connectionTimeout: t, greetingTimeout: t, socketTimeout: t } as Parameters<typeof nodemailer.createTransport>[0]);
+    this.mailer ??= nodemailer.createTransport({ url: this.config.smtpUrl!, connectionTimeout: t, greetingTimeout: t, socketTimeout: t } as Parameters<
+      typeof nodemailer.createTransport
+    >[0]);
     try {
       await this.mailer.sendMail({ from: this.config.smtpFrom, to, ...message, headers: { 'X-Svc-Firing-Id': f.firing_id } });
       return { outcome: 'ok', retriable: false };

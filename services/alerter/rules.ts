@@ -4,7 +4,14 @@
  * of the `alerts` block of the spec version it ran. And the firing a rule that holds records.
  */
 import { createHash } from 'node:crypto';
-import { parseAlertCondition, parseAlertWindow, type CompletedExperiment, type EvaluableRule, type Evaluation, type NotificationOutcome } from '../domain/alerts.ts';
+import {
+  parseAlertCondition,
+  parseAlertWindow,
+  type CompletedExperiment,
+  type EvaluableRule,
+  type Evaluation,
+  type NotificationOutcome,
+} from '../domain/alerts.ts';
 import type { AlertChannel, AlertChanged, AlertFired } from '../domain/events/alert-events.ts';
 import type { SpecAlert } from '../domain/spec.ts';
 import { newAlertId, newEventId } from '../kernel/ids.ts';
@@ -29,7 +36,18 @@ export function fromApiRule(r: AlertChanged, maxWindowMs: number): ApplicableRul
     return (err as Error).message;
   }
   const destination = r.notify === 'webhook' ? r.webhook_url! : r.notify === 'slack' ? r.slack_channel! : JSON.stringify(r.email_to);
-  return { id: r.alert_id, name: r.name, source: 'api', eval_id: r.eval_id, condition: parsed.condition, window, windowText: r.window, conditionText: r.condition, notify: r.notify, destination };
+  return {
+    id: r.alert_id,
+    name: r.name,
+    source: 'api',
+    eval_id: r.eval_id,
+    condition: parsed.condition,
+    window,
+    windowText: r.window,
+    conditionText: r.condition,
+    notify: r.notify,
+    destination,
+  };
 }
 
 /** The id of a spec's rule: stable across the spec's versions while its name is (its firings and dedup follow it). */
@@ -48,7 +66,18 @@ export function fromSpecAlert(tenant: string, specId: string, a: SpecAlert, maxW
     return (err as Error).message;
   }
   const destination = a.notify === 'webhook' ? a.webhook_url! : a.notify === 'slack' ? a.slack_channel! : JSON.stringify(a.email_to ?? []);
-  return { id: specRuleId(tenant, specId, a.name), name: a.name, source: 'spec', eval_id: specId, condition: parsed.condition, window, windowText: a.window ?? null, conditionText: a.condition.text, notify: a.notify, destination };
+  return {
+    id: specRuleId(tenant, specId, a.name),
+    name: a.name,
+    source: 'spec',
+    eval_id: specId,
+    condition: parsed.condition,
+    window,
+    windowText: a.window ?? null,
+    conditionText: a.condition.text,
+    notify: a.notify,
+    destination,
+  };
 }
 
 /** The firing id of a rule's evaluation: one per rule, experiment and trigger, so evaluating again finds it. */

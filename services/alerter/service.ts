@@ -89,14 +89,17 @@ export class AlerterService implements Service {
     const unfinished = this.firings.unfinished();
     if (unfinished.length > 0) kernel.logger.info({ firings: unfinished.length }, 'resuming alert deliveries left unfinished');
     this.deliveries.start(unfinished);
-    this.consumers.push(await this.subscribeCompletions(), await subscribe<AlertEvaluationRequested>(kernel, {
-      groupId: 'alerter.evaluations',
-      topics: [TOPICS.alertEvaluations],
-      fromBeginning: false,
-      handle: async (events) => {
-        for (const { value } of events) if (value) await this.serial(() => this.onEvaluationRequest(value));
-      },
-    }));
+    this.consumers.push(
+      await this.subscribeCompletions(),
+      await subscribe<AlertEvaluationRequested>(kernel, {
+        groupId: 'alerter.evaluations',
+        topics: [TOPICS.alertEvaluations],
+        fromBeginning: false,
+        handle: async (events) => {
+          for (const { value } of events) if (value) await this.serial(() => this.onEvaluationRequest(value));
+        },
+      }),
+    );
     this.pruneTimer = setInterval(() => {
       this.history.prune(Date.now() - kernel.config.alertMaxWindow);
       // Deliveries whose states could not be recorded (the log was away): tried again.
@@ -122,7 +125,8 @@ export class AlerterService implements Service {
     const ends = await log.endOffsets(TOPICS.experiments);
     const fresh = committed.every((c) => c < 0);
     const backlog = fresh ? ends : ends.map(() => 0);
-    if (fresh && ends.some((e) => e > 0)) logger.info({ records: ends.reduce((a, b) => a + b, 0) }, 'a new alerter: completions before its first start are not evaluated');
+    if (fresh && ends.some((e) => e > 0))
+      logger.info({ records: ends.reduce((a, b) => a + b, 0) }, 'a new alerter: completions before its first start are not evaluated');
     return subscribe<ExperimentChanged>(this.kernel, {
       groupId: 'alerter',
       topics: [TOPICS.experiments],
@@ -222,11 +226,16 @@ export class AlerterService implements Service {
       logger.debug({ tenant: e.tenant, rule_id: rule.id, experiment_id: e.experiment_id, fires: ev.fires, reason: ev.reason }, 'alert rule evaluated');
       if (!ev.fires) continue;
       const dup = duplicateOf(this.firings.of(rule.id, e.experiment_id), now, config.alertDedupWindow);
-      firings.push(newFiring(rule, trigger, ev, { firingId, trigger: 'completion', firedAt: now, duplicateOf: dup, slackWebhookHosts: config.slackWebhookHosts }));
+      firings.push(
+        newFiring(rule, trigger, ev, { firingId, trigger: 'completion', firedAt: now, duplicateOf: dup, slackWebhookHosts: config.slackWebhookHosts }),
+      );
     }
     if (firings.length === 0) return;
     await this.recordFirings(firings);
-    logger.info({ tenant: e.tenant, experiment_id: e.experiment_id, firings: firings.map((f) => ({ firing_id: f.firing_id, rule_id: f.rule_id, status: f.status })) }, 'alert rules fired');
+    logger.info(
+      { tenant: e.tenant, experiment_id: e.experiment_id, firings: firings.map((f) => ({ firing_id: f.firing_id, rule_id: f.rule_id, status: f.status })) },
+      'alert rules fired',
+    );
     if (config.testAlerterHold > 0) {
       logger.warn({ experiment_id: e.experiment_id, hold_ms: config.testAlerterHold }, 'holding after recording firings');
       await sleep(config.testAlerterHold);
@@ -236,7 +245,10 @@ export class AlerterService implements Service {
 
   /** Appends firings' states; resolves once the view (and so the dedup index) shows them. */
   private async recordFirings(firings: readonly AlertFired[]): Promise<void> {
-    await this.firingsView.append(this.kernel, firings.map((f) => ({ key: f.firing_id, tenant: f.tenant, value: f })));
+    await this.firingsView.append(
+      this.kernel,
+      firings.map((f) => ({ key: f.firing_id, tenant: f.tenant, value: f })),
+    );
   }
 
   // --- evaluation on request ----------------------------------------------------------------
@@ -256,7 +268,14 @@ export class AlerterService implements Service {
       error = err instanceof AppError ? `${err.code}: ${err.message}` : `internal: ${(err as Error).message}`;
       if (!(err instanceof AppError)) logger.error({ err, alert_id: request.alert_id }, 'an alert evaluation failed');
     }
-    await reply(this.kernel, EXCHANGE, request.tenant, { tenant: request.tenant, event_id: newEventId(), ts: Date.now(), correlation_id: request.correlation_id, answer: answer && JSON.stringify(answer), error });
+    await reply(this.kernel, EXCHANGE, request.tenant, {
+      tenant: request.tenant,
+      event_id: newEventId(),
+      ts: Date.now(),
+      correlation_id: request.correlation_id,
+      answer: answer && JSON.stringify(answer),
+      error,
+    });
   }
 
   private async evaluateOnRequest(request: AlertEvaluationRequested): Promise<EvaluationAnswer> {
@@ -271,7 +290,19 @@ export class AlerterService implements Service {
     if (!known || known.tenant !== request.tenant) throw new AppError('conflict', `experiment_id: experiment ${request.experiment_id} is not completed`);
     if (rule.condition.kind === 'regression' || rule.window.kind === 'duration') await this.catchUp(this.scoresView as EntityView<unknown>, TOPICS.runScores);
     const ev = evaluateRule(rule, known, this.history);
-    const answer: EvaluationAnswer = { rule_id: rule.id, experiment_id: known.experiment_id, dry_run: request.dry_run, fired: ev.fires, metric_value: ev.metric_value, threshold: ev.threshold, reason: ev.reason, details: ev.details, firing_id: null, status: null, duplicate_of: null };
+    const answer: EvaluationAnswer = {
+      rule_id: rule.id,
+      experiment_id: known.experiment_id,
+      dry_run: request.dry_run,
+      fired: ev.fires,
+      metric_value: ev.metric_value,
+      threshold: ev.threshold,
+      reason: ev.reason,
+      details: ev.details,
+      firing_id: null,
+      status: null,
+      duplicate_of: null,
+    };
     if (request.dry_run || !ev.fires) return answer;
     const firingId = firingIdOf(request.tenant, rule.id, known.experiment_id, `request\n${request.seed}`);
     const made = this.firings.get(firingId);

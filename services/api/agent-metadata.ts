@@ -26,7 +26,12 @@ const AGENT_AUTH_SCHEMA = {
   type: 'object',
   additionalProperties: false,
   properties: {
-    required_env: { type: 'array', items: { type: 'string', pattern: ENV_NAME, errorMessage: 'must be an env var name (letters, digits and _, not starting with a digit)' }, uniqueItems: true, maxItems: 256 },
+    required_env: {
+      type: 'array',
+      items: { type: 'string', pattern: ENV_NAME, errorMessage: 'must be an env var name (letters, digits and _, not starting with a digit)' },
+      uniqueItems: true,
+      maxItems: 256,
+    },
     config_files: {
       type: 'array',
       maxItems: 64,
@@ -41,7 +46,10 @@ const AGENT_AUTH_SCHEMA = {
       type: 'object',
       maxProperties: 256,
       propertyNames: { pattern: HOST_PATTERN, maxLength: 253, errorMessage: 'is not a hostname or a *.example.com glob' },
-      additionalProperties: { type: 'array', items: { type: 'string', pattern: PORT_PATTERN, errorMessage: 'must be a port such as "443" or a range such as "8000-8100"' } },
+      additionalProperties: {
+        type: 'array',
+        items: { type: 'string', pattern: PORT_PATTERN, errorMessage: 'must be a port such as "443" or a range such as "8000-8100"' },
+      },
     },
   },
 } as const;
@@ -52,9 +60,20 @@ const METADATA_SCHEMA = {
   required: ['name', 'entrypoint'],
   properties: {
     name: { type: 'string', pattern: AGENT_NAME, errorMessage: 'must be 1-128 letters, digits, ".", "_" and "-", starting with a letter or digit' },
-    entrypoint: { type: 'array', minItems: 1, maxItems: 256, items: { type: 'string', minLength: 1, maxLength: 4096, errorMessage: 'must be a non-empty string' }, errorMessage: 'must be a non-empty list of strings (exec form)' },
+    entrypoint: {
+      type: 'array',
+      minItems: 1,
+      maxItems: 256,
+      items: { type: 'string', minLength: 1, maxLength: 4096, errorMessage: 'must be a non-empty string' },
+      errorMessage: 'must be a non-empty list of strings (exec form)',
+    },
     runtime: { type: 'string', minLength: 1, maxLength: 128, errorMessage: 'must be a string of 1-128 characters' },
-    tag: { type: 'string', pattern: AGENT_NAME, not: { const: 'latest' }, errorMessage: 'must be 1-128 letters, digits, ".", "_" and "-", and not latest (set automatically to the newest version)' },
+    tag: {
+      type: 'string',
+      pattern: AGENT_NAME,
+      not: { const: 'latest' },
+      errorMessage: 'must be 1-128 letters, digits, ".", "_" and "-", and not latest (set automatically to the newest version)',
+    },
     auth: AGENT_AUTH_SCHEMA,
   },
 } as const;

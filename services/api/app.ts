@@ -90,7 +90,25 @@ export function createApp(deps: AppDeps): Koa {
 }
 
 /** One router per resource, in the order they are matched. */
-function routers({ kernel, alerts, alertEvaluator, auth, specs, agents, bundles, secrets, sandboxes, runners, experiments, scoreRules, datasets, requester, terminals, ingest, registry }: AppDeps): Router[] {
+function routers({
+  kernel,
+  alerts,
+  alertEvaluator,
+  auth,
+  specs,
+  agents,
+  bundles,
+  secrets,
+  sandboxes,
+  runners,
+  experiments,
+  scoreRules,
+  datasets,
+  requester,
+  terminals,
+  ingest,
+  registry,
+}: AppDeps): Router[] {
   return [
     serviceInfoRouter(kernel),
     tracesRouter(kernel, ingest),

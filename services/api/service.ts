@@ -56,7 +56,26 @@ export class ApiService implements Service {
     await runners.start();
     this.parts.push(runners);
     auth.acceptSandboxTokens((hash) => sandboxes.byTokenHash(hash));
-    const app = createApp({ kernel, alerts, alertEvaluator, auth, idempotency, specs, agents, bundles, secrets, sandboxes, runners, experiments, scoreRules, datasets, requester, terminals, ingest, registry: this.options.registry });
+    const app = createApp({
+      kernel,
+      alerts,
+      alertEvaluator,
+      auth,
+      idempotency,
+      specs,
+      agents,
+      bundles,
+      secrets,
+      sandboxes,
+      runners,
+      experiments,
+      scoreRules,
+      datasets,
+      requester,
+      terminals,
+      ingest,
+      registry: this.options.registry,
+    });
     this.server = http.createServer(app.callback());
     // WebSocket upgrades (the sandbox shell) run through the same app and middleware.
     this.server.on('upgrade', upgradeThroughApp(app));

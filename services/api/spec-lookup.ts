@@ -6,7 +6,13 @@ import { AppError } from '../kernel/errors.ts';
 import type { SpecCatalog } from './catalogs/spec-catalog.ts';
 
 /** `specs.get(...)`, with its not_found error replaced by what `missing` makes of it; other errors pass. */
-export function specOrElse(specs: SpecCatalog, tenant: string, id: string, version: number | undefined, missing: (notFound: AppError) => Error): ReturnType<SpecCatalog['get']> {
+export function specOrElse(
+  specs: SpecCatalog,
+  tenant: string,
+  id: string,
+  version: number | undefined,
+  missing: (notFound: AppError) => Error,
+): ReturnType<SpecCatalog['get']> {
   try {
     return specs.get(tenant, id, version);
   } catch (err) {

@@ -17,7 +17,8 @@ interface HeldRun {
 }
 
 /** Completion order: completed_at, then experiment id. */
-const before = (a: CompletedExperiment, b: CompletedExperiment) => a.completed_at - b.completed_at || (a.experiment_id < b.experiment_id ? -1 : a.experiment_id > b.experiment_id ? 1 : 0);
+const before = (a: CompletedExperiment, b: CompletedExperiment) =>
+  a.completed_at - b.completed_at || (a.experiment_id < b.experiment_id ? -1 : a.experiment_id > b.experiment_id ? 1 : 0);
 
 /** Inserts in completion order (completions mostly arrive in order: a scan from the end). */
 function insertSorted(list: CompletedExperiment[], e: CompletedExperiment): void {
@@ -143,7 +144,14 @@ export function runOfScore(s: RunScored): { fact: RunFact; traces: RunTraceStats
   };
   const violations = parsed<unknown>(s.violations, null);
   return {
-    fact: { run_id: s.run_id, scenario_index: s.scenario_index, params: s.params, verdict: s.verdict, wall_ms: s.wall_ms, violations: Array.isArray(violations) ? violations.length : 0 },
+    fact: {
+      run_id: s.run_id,
+      scenario_index: s.scenario_index,
+      params: s.params,
+      verdict: s.verdict,
+      wall_ms: s.wall_ms,
+      violations: Array.isArray(violations) ? violations.length : 0,
+    },
     traces: { ...NO_TRACES, ...parsed<Partial<RunTraceStats>>(s.traces, {}) },
   };
 }

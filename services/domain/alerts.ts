@@ -44,7 +44,8 @@ const isMetric = (name: string): name is AlertMetric => Object.hasOwn(ALERT_METR
 export function parseAlertCondition(text: string): { condition: AlertCondition } | { problems: string[] } {
   const example = 'e.g. "pass_rate < 0.8" or "pass_rate regressed"';
   const m = /^\s*(\S+?)\s*(<=|>=|==|!=|<|>|=|\s(?=\S))\s*(.*?)\s*$/.exec(text);
-  if (!m || text.trim() === '') return { problems: [`must be "<metric> <operator> <number>" or "<metric> regressed", ${example}; got ${JSON.stringify(text)}`] };
+  if (!m || text.trim() === '')
+    return { problems: [`must be "<metric> <operator> <number>" or "<metric> regressed", ${example}; got ${JSON.stringify(text)}`] };
   const [, metric, operator, rest] = m as unknown as [string, string, string, string];
   const problems: string[] = [];
   if (!isMetric(metric)) problems.push(`unknown metric "${metric}"; one of ${Object.keys(ALERT_METRICS).join(', ')}`);
@@ -53,7 +54,9 @@ export function parseAlertCondition(text: string): { condition: AlertCondition }
   }
   if (operator.trim() === '' && rest === 'regressed') {
     if (isMetric(metric) && !TESTED_METRICS.includes(metric)) {
-      problems.push(`"${metric} regressed": compare has no significance test for ${metric}; one of ${TESTED_METRICS.join(', ')} may regress, or use a threshold`);
+      problems.push(
+        `"${metric} regressed": compare has no significance test for ${metric}; one of ${TESTED_METRICS.join(', ')} may regress, or use a threshold`,
+      );
     }
     return problems.length > 0 ? { problems } : { condition: { kind: 'regression', text: text.trim(), metric: metric as AlertMetric } };
   }
@@ -160,7 +163,10 @@ export function evaluateRule(rule: EvaluableRule, trigger: CompletedExperiment, 
   if (w.kind === 'experiment') {
     const value = trigger.metrics[c.metric];
     const fires = crossing(value);
-    const reason = value === null ? `${c.metric} has no value in experiment "${trigger.name}" (${trigger.experiment_id})` : `${c.metric} ${formatValue(value)} ${fires ? '' : 'is not '}${c.operator} ${formatValue(c.value)} in experiment "${trigger.name}" (${trigger.experiment_id})`;
+    const reason =
+      value === null
+        ? `${c.metric} has no value in experiment "${trigger.name}" (${trigger.experiment_id})`
+        : `${c.metric} ${formatValue(value)} ${fires ? '' : 'is not '}${c.operator} ${formatValue(c.value)} in experiment "${trigger.name}" (${trigger.experiment_id})`;
     return { fires, metric_value: value, threshold: c.value, reason, details: { window: null } };
   }
   if (w.kind === 'runs') {
@@ -170,11 +176,19 @@ export function evaluateRule(rule: EvaluableRule, trigger: CompletedExperiment, 
     const value = trigger.metrics[c.metric];
     const where = scope === null ? 'of your experiments' : `of spec ${scope}`;
     if (last.length < w.n) {
-      return { fires: false, metric_value: value, threshold: c.value, reason: `only ${last.length} completed experiment${last.length === 1 ? '' : 's'} ${where} so far; ${rule.windowText} needs ${w.n}`, details };
+      return {
+        fires: false,
+        metric_value: value,
+        threshold: c.value,
+        reason: `only ${last.length} completed experiment${last.length === 1 ? '' : 's'} ${where} so far; ${rule.windowText} needs ${w.n}`,
+        details,
+      };
     }
     const fires = values.every((v) => crossing(v.value));
     const list = values.map((v) => `${formatValue(v.value)} (${v.experiment_id})`).join(', ');
-    const reason = fires ? `${c.metric} ${c.operator} ${formatValue(c.value)} in each of the last ${w.n} completed experiments ${where}: ${list}` : `${c.metric} was not ${c.operator} ${formatValue(c.value)} in each of the last ${w.n} completed experiments ${where}: ${list}`;
+    const reason = fires
+      ? `${c.metric} ${c.operator} ${formatValue(c.value)} in each of the last ${w.n} completed experiments ${where}: ${list}`
+      : `${c.metric} was not ${c.operator} ${formatValue(c.value)} in each of the last ${w.n} completed experiments ${where}: ${list}`;
     return { fires, metric_value: value, threshold: c.value, reason, details };
   }
   const within = history.completed(trigger.tenant, scope, trigger.completed_at - w.ms, trigger);
@@ -188,10 +202,18 @@ export function evaluateRule(rule: EvaluableRule, trigger: CompletedExperiment, 
   const details: FiringDetails = {
     window: rule.windowText,
     runs: pooled.runs,
-    experiments: sides.map((s) => ({ experiment_id: s.experiment.experiment_id, name: s.experiment.name, completed_at: iso(s.experiment.completed_at), value: s.experiment.metrics[c.metric] })),
+    experiments: sides.map((s) => ({
+      experiment_id: s.experiment.experiment_id,
+      name: s.experiment.name,
+      completed_at: iso(s.experiment.completed_at),
+      value: s.experiment.metrics[c.metric],
+    })),
   };
   const over = `over the ${pooled.runs} run${pooled.runs === 1 ? '' : 's'} of ${sides.length} experiment${sides.length === 1 ? '' : 's'} completed in the ${rule.windowText!.slice('last_'.length)} up to ${iso(trigger.completed_at)}`;
-  const reason = value === null ? `${c.metric} has no value ${over}` : `${c.metric} ${formatValue(value)} ${fires ? '' : 'is not '}${c.operator} ${formatValue(c.value)} ${over}`;
+  const reason =
+    value === null
+      ? `${c.metric} has no value ${over}`
+      : `${c.metric} ${formatValue(value)} ${fires ? '' : 'is not '}${c.operator} ${formatValue(c.value)} ${over}`;
   return { fires, metric_value: value, threshold: c.value, reason, details };
 }
 
@@ -201,7 +223,13 @@ export function evaluateRule(rule: EvaluableRule, trigger: CompletedExperiment, 
  * comparison is untested, and noise pages no one.
  */
 function evaluateRegression(metric: AlertMetric, trigger: CompletedExperiment, history: AlertHistoryReader): Evaluation {
-  const none = (reason: string, details: FiringDetails = { window: null }): Evaluation => ({ fires: false, metric_value: trigger.metrics[metric], threshold: null, reason, details });
+  const none = (reason: string, details: FiringDetails = { window: null }): Evaluation => ({
+    fires: false,
+    metric_value: trigger.metrics[metric],
+    threshold: null,
+    reason,
+    details,
+  });
   const previous = history.lastCompleted(trigger.tenant, trigger.spec_id, trigger, 2);
   if (previous.length < 2) return none(`no earlier completed experiment of spec ${trigger.spec_id} to compare with`);
   const baseline = previous[0]!;
@@ -220,7 +248,12 @@ function evaluateRegression(metric: AlertMetric, trigger: CompletedExperiment, h
   if (m.regressed && m.significance === 'significant') {
     return { fires: true, ...base2, reason: `${metric} regressed significantly ${against}: ${change} (p = ${formatValue(m.p_value)} < ${comparison.alpha})` };
   }
-  if (m.regressed) return { fires: false, ...base2, reason: `${metric} is worse ${against} (${change}) but the comparison is underpowered (untested): too few runs for any significance` };
+  if (m.regressed)
+    return {
+      fires: false,
+      ...base2,
+      reason: `${metric} is worse ${against} (${change}) but the comparison is underpowered (untested): too few runs for any significance`,
+    };
   const p = m.p_value === null ? '' : `, p = ${formatValue(m.p_value)}`;
   return { fires: false, ...base2, reason: `${metric} did not regress significantly ${against}: ${change} (${m.direction}${p})` };
 }
@@ -262,7 +295,9 @@ export function pooledMetrics(sides: readonly PoolSide[]): ExperimentMetrics {
 
 /** A firing of the same rule for the same experiment earlier than `windowMs` before `now`, that notified (or tried). */
 export function duplicateOf(earlier: ReadonlyArray<{ firing_id: string; fired_at: number; status: string }>, now: number, windowMs: number): string | null {
-  const notified = earlier.filter((f) => f.status !== 'deduplicated' && now - f.fired_at < windowMs && now >= f.fired_at).sort((a, b) => b.fired_at - a.fired_at);
+  const notified = earlier
+    .filter((f) => f.status !== 'deduplicated' && now - f.fired_at < windowMs && now >= f.fired_at)
+    .sort((a, b) => b.fired_at - a.fired_at);
   return notified[0]?.firing_id ?? null;
 }
 

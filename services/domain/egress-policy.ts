@@ -56,7 +56,8 @@ export function hostnameProblem(name: string): string | null {
   if (labels.some((l) => l === '')) return 'has an empty label';
   if (labels.some((l) => l.length > MAX_LABEL)) return `has a label longer than ${MAX_LABEL} characters`;
   if (labels.some((l) => l.startsWith('-') || l.endsWith('-'))) return 'has a label that starts or ends with "-"';
-  if (/^\d+$/.test(labels[labels.length - 1])) return labels.every((l) => /^\d+$/.test(l)) ? 'is not a valid IPv4 address' : 'ends with a number, so it is not a hostname';
+  if (/^\d+$/.test(labels[labels.length - 1]))
+    return labels.every((l) => /^\d+$/.test(l)) ? 'is not a valid IPv4 address' : 'ends with a number, so it is not a hostname';
   return null;
 }
 
@@ -193,14 +194,20 @@ export class EgressPolicy {
     const invalid = destinationProblem(h);
     const where = `${invalid ? quote(host) : isIP(h) === 6 ? `[${h}]` : h}:${port}`;
     if (invalid) return { allowed: false, rule: null, reason: `egress to ${where} is denied: ${quote(host)} ${invalid}` };
-    if (!Number.isInteger(port) || port < 1 || port > 65535) return { allowed: false, rule: null, reason: `egress to ${where} is denied: ${port} is not a port from 1 to 65535` };
+    if (!Number.isInteger(port) || port < 1 || port > 65535)
+      return { allowed: false, rule: null, reason: `egress to ${where} is denied: ${port} is not a port from 1 to 65535` };
     const byName = this.compiled.filter((r) => patternMatchesHost(r.pattern, h));
     const match = byName.find((r) => r.portSet === null || r.portSet.has(port));
     if (match) return { allowed: true, rule: match.entry, reason: `egress to ${where} is allowed by the network.egress.allow entry ${quote(match.entry)}` };
-    if (this.defaultPolicy === 'allow') return { allowed: true, rule: null, reason: `egress to ${where} is allowed: it matches no entry of network.egress.allow (default allow)` };
+    if (this.defaultPolicy === 'allow')
+      return { allowed: true, rule: null, reason: `egress to ${where} is allowed: it matches no entry of network.egress.allow (default allow)` };
     if (byName.length > 0) {
       const [first] = byName;
-      return { allowed: false, rule: null, reason: `egress to ${where} is denied: the network.egress.allow entry ${quote(first.entry)} allows only port${first.ports!.length > 1 ? 's' : ''} ${portsText(first.ports!)} (default deny)` };
+      return {
+        allowed: false,
+        rule: null,
+        reason: `egress to ${where} is denied: the network.egress.allow entry ${quote(first.entry)} allows only port${first.ports!.length > 1 ? 's' : ''} ${portsText(first.ports!)} (default deny)`,
+      };
     }
     return { allowed: false, rule: null, reason: `egress to ${where} is denied: it matches no entry of network.egress.allow (default deny)` };
   }

@@ -52,7 +52,16 @@ export interface RunTraceStats {
   tool_errors: number;
 }
 
-export const NO_TRACES: RunTraceStats = { cost_usd: 0, input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, reasoning_tokens: 0, llm_calls: 0, tool_calls: 0, tool_errors: 0 };
+export const NO_TRACES: RunTraceStats = {
+  cost_usd: 0,
+  input_tokens: 0,
+  output_tokens: 0,
+  cache_read_tokens: 0,
+  reasoning_tokens: 0,
+  llm_calls: 0,
+  tool_calls: 0,
+  tool_errors: 0,
+};
 
 /** The facts of one run the metrics need. */
 export interface RunFact {
@@ -102,7 +111,12 @@ export function passRate(scenarios: ReadonlyArray<{ verdict: ScenarioVerdict | n
 }
 
 /** The metrics from the runs' facts and trace totals (pure: compare uses it on data it already read). */
-export function computeMetrics(experimentId: string, runs: readonly RunFact[], traces: ReadonlyMap<string, RunTraceStats>, aggregation: ReplicaAggregation): ExperimentMetrics {
+export function computeMetrics(
+  experimentId: string,
+  runs: readonly RunFact[],
+  traces: ReadonlyMap<string, RunTraceStats>,
+  aggregation: ReplicaAggregation,
+): ExperimentMetrics {
   const scenarios = tallyScenarios(runs, aggregation);
   const completed = runs.filter((r) => r.verdict !== 'error');
   const stats = completed.map((r) => traces.get(r.run_id) ?? NO_TRACES);

@@ -37,11 +37,14 @@ export function referencedNames(text: string): string[] {
  */
 export function applyParams(text: string, params: Params): string {
   const record = scenarioRecord(params);
-  return text.replace(TEMPLATE, (match, name: string | undefined, field: 'input' | 'expected' | undefined, path: string | undefined, filter: string | undefined) => {
-    if (name !== undefined) return Object.hasOwn(params, name) && name !== RECORD_PARAM ? String(params[name]) : match;
-    if (record === null || (filter !== undefined && !RECORD_FILTERS.includes(filter as RecordFilter))) return match;
-    return renderRecordValue(valueAt(record[field!], path ?? ''), filter as RecordFilter | undefined);
-  });
+  return text.replace(
+    TEMPLATE,
+    (match, name: string | undefined, field: 'input' | 'expected' | undefined, path: string | undefined, filter: string | undefined) => {
+      if (name !== undefined) return Object.hasOwn(params, name) && name !== RECORD_PARAM ? String(params[name]) : match;
+      if (record === null || (filter !== undefined && !RECORD_FILTERS.includes(filter as RecordFilter))) return match;
+      return renderRecordValue(valueAt(record[field!], path ?? ''), filter as RecordFilter | undefined);
+    },
+  );
 }
 
 /**
@@ -52,7 +55,11 @@ export function applyParams(text: string, params: Params): string {
 export function paramsEnv(params: Params): Record<string, string> {
   const record = scenarioRecord(params);
   return {
-    ...Object.fromEntries(Object.entries(params).filter(([name]) => name !== RECORD_PARAM).map(([name, value]) => [`SVC_PARAM_${name.toUpperCase()}`, String(value)])),
+    ...Object.fromEntries(
+      Object.entries(params)
+        .filter(([name]) => name !== RECORD_PARAM)
+        .map(([name, value]) => [`SVC_PARAM_${name.toUpperCase()}`, String(value)]),
+    ),
     ...(record && { SVC_INPUT: JSON.stringify(record.input), SVC_RECORD_ID: record.id, SVC_DATASET_ID: record.dataset_id }),
   };
 }
@@ -146,8 +153,10 @@ export function recordTemplateProblems(path: string, text: string): string[] {
   for (const m of text.matchAll(TEMPLATE)) {
     if (m[2] === undefined) continue;
     wellFormed.add(m.index);
-    if (m[4] !== undefined && !RECORD_FILTERS.includes(m[4] as RecordFilter)) problems.push(`${m[0]}: unknown filter "${m[4]}"; one of ${RECORD_FILTERS.join(', ')}`);
-    if (m[2] === 'expected' && !gradersOnly(path)) problems.push(`${m[0]}: the expected answer may be named only in invariants and grader files, which the agent never sees`);
+    if (m[4] !== undefined && !RECORD_FILTERS.includes(m[4] as RecordFilter))
+      problems.push(`${m[0]}: unknown filter "${m[4]}"; one of ${RECORD_FILTERS.join(', ')}`);
+    if (m[2] === 'expected' && !gradersOnly(path))
+      problems.push(`${m[0]}: the expected answer may be named only in invariants and grader files, which the agent never sees`);
   }
   for (const m of text.matchAll(RECORD_START)) {
     if (wellFormed.has(m.index)) continue;
@@ -184,7 +193,9 @@ function* documentStrings(value: unknown, path = ''): Generator<[string, string]
 
 /** The record templates' problems of a whole spec document, each with its path (spec.ts reports them with the rest). */
 export function specRecordProblems(doc: Record<string, unknown>): Array<{ path: string; problem: string }> {
-  return [...documentStrings(doc)].flatMap(([path, text]) => (text.includes('{{') ? recordTemplateProblems(path, text).map((problem) => ({ path, problem })) : []));
+  return [...documentStrings(doc)].flatMap(([path, text]) =>
+    text.includes('{{') ? recordTemplateProblems(path, text).map((problem) => ({ path, problem })) : [],
+  );
 }
 
 /** Where a spec document names its record (`{{ input }}`, `{{ expected }}`): an experiment of it needs a dataset. */

@@ -31,14 +31,22 @@ export function sandboxDuration(value: unknown, field: string, maxMs: number): n
  * The expiry a timeout change gives: `timeout_ms` from now, or `extend_ms` past the current
  * expiry; a 400 naming the field when it would pass the maximum lifetime after the creation.
  */
-export function changedExpiry(sandbox: { createdAt: number; expiresAt: number }, change: { timeout_ms?: unknown; extend_ms?: unknown }, maxMs: number, now = Date.now()): number {
+export function changedExpiry(
+  sandbox: { createdAt: number; expiresAt: number },
+  change: { timeout_ms?: unknown; extend_ms?: unknown },
+  maxMs: number,
+  now = Date.now(),
+): number {
   const field = change.timeout_ms !== undefined && change.timeout_ms !== null ? 'timeout' : 'extend';
   const ms = field === 'timeout' ? change.timeout_ms : change.extend_ms;
   if (typeof ms !== 'number' || !Number.isSafeInteger(ms) || ms <= 0) throw badRequest(field, 'must be a duration longer than 0');
   const next = field === 'timeout' ? now + ms : sandbox.expiresAt + ms;
   const latest = sandbox.createdAt + maxMs;
   if (next > latest) {
-    throw badRequest(field, `would keep the sandbox past ${new Date(latest).toISOString()}, ${formatDuration(maxMs)} after the sandbox was created (SVC_SANDBOX_MAX_LIFETIME)`);
+    throw badRequest(
+      field,
+      `would keep the sandbox past ${new Date(latest).toISOString()}, ${formatDuration(maxMs)} after the sandbox was created (SVC_SANDBOX_MAX_LIFETIME)`,
+    );
   }
   return next;
 }

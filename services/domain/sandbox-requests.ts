@@ -31,7 +31,16 @@ export function sandboxExchange(sealer: Sealer): Exchange<SandboxReplied> {
 /** A request for operation `op` on a sandbox, its payload sealed. */
 export function sealedRequest(sealer: Sealer, to: Correlated & { tenant: string; runner_id: string }, op: string, payload: object): SandboxRequested {
   const ids = { sandbox_id: to.sandbox_id, correlation_id: to.correlation_id };
-  return { tenant: to.tenant, event_id: newEventId(), ts: Date.now(), ...ids, op, payload: '', payload_sealed: sealer.seal(JSON.stringify(payload), requestContext(ids)), runner_id: to.runner_id };
+  return {
+    tenant: to.tenant,
+    event_id: newEventId(),
+    ts: Date.now(),
+    ...ids,
+    op,
+    payload: '',
+    payload_sealed: sealer.seal(JSON.stringify(payload), requestContext(ids)),
+    runner_id: to.runner_id,
+  };
 }
 
 /** The runner's side: a request's payload, unsealed. */
@@ -41,7 +50,13 @@ export function requestPayload(sealer: Sealer, request: SandboxRequested): Recor
 }
 
 /** The runner's side: the reply to one request, its body (bytes as they are, anything else as JSON) sealed. */
-export function sealedReply(sealer: Sealer, request: SandboxRequested, status: number, body: unknown, options: { error?: string; contentType?: string } = {}): SandboxReplied {
+export function sealedReply(
+  sealer: Sealer,
+  request: SandboxRequested,
+  status: number,
+  body: unknown,
+  options: { error?: string; contentType?: string } = {},
+): SandboxReplied {
   return {
     tenant: request.tenant,
     event_id: newEventId(),

@@ -38,7 +38,14 @@ export type ScoreRule = {
 } & ScoreRuleConfig;
 
 export function ruleFromEvent(e: ScoreRuleChanged): ScoreRule {
-  return { id: e.rule_id, name: e.name, eval_id: e.eval_id, created_at: new Date(e.created_at).toISOString(), ...JSON.parse(e.config), type: e.type } as ScoreRule;
+  return {
+    id: e.rule_id,
+    name: e.name,
+    eval_id: e.eval_id,
+    created_at: new Date(e.created_at).toISOString(),
+    ...JSON.parse(e.config),
+    type: e.type,
+  } as ScoreRule;
 }
 
 /** A stored run as offline scoring reads it: its row of run_scores and its trace totals. */
@@ -68,7 +75,8 @@ const CONDITION = /^\s*([a-z_][a-z0-9_]*)\s*(<=|>=|==|!=|<|>)\s*(-?\d+(?:\.\d+)?
 /** `<metric> <operator> <number>` over RUN_METRICS; throws an Error saying what is wrong. */
 export function parseRunCondition(text: string): Condition & { metric: RunMetric } {
   const m = CONDITION.exec(text);
-  if (!m) throw new Error(`must be "<metric> <operator> <number>" with an operator among <, <=, >, >=, ==, != (e.g. "wall_ms < 60000"), got ${JSON.stringify(text)}`);
+  if (!m)
+    throw new Error(`must be "<metric> <operator> <number>" with an operator among <, <=, >, >=, ==, != (e.g. "wall_ms < 60000"), got ${JSON.stringify(text)}`);
   const [, metric, operator, value] = m;
   if (!Object.hasOwn(RUN_METRICS, metric)) throw new Error(`unknown metric "${metric}"; one of ${Object.keys(RUN_METRICS).join(', ')}`);
   return { text: text.trim(), metric: metric as RunMetric, operator: operator as ComparisonOperator, value: Number(value) };

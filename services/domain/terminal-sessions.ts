@@ -41,12 +41,16 @@ export const TERMINAL = {
 /** Why a window's width or height (`field`, as given) is not one, or null. */
 export function terminalSizeProblem(field: string, value: unknown): string | null {
   const n = typeof value === 'string' && /^\d+$/.test(value) ? Number(value) : value;
-  return Number.isInteger(n) && (n as number) >= 1 && (n as number) <= TERMINAL.maxSize ? null : `${field}: ${JSON.stringify(value)} is not a whole number of characters from 1 to ${TERMINAL.maxSize}`;
+  return Number.isInteger(n) && (n as number) >= 1 && (n as number) <= TERMINAL.maxSize
+    ? null
+    : `${field}: ${JSON.stringify(value)} is not a whole number of characters from 1 to ${TERMINAL.maxSize}`;
 }
 
 /** Why `term` is not a terminal type the shell can be given as TERM, or null. */
 export function termProblem(term: string): string | null {
-  return /^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$/.test(term) ? null : `term: ${JSON.stringify(term.slice(0, 80))} is not a terminal type (letters, digits and . _ + -, at most 64, e.g. xterm-256color)`;
+  return /^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$/.test(term)
+    ? null
+    : `term: ${JSON.stringify(term.slice(0, 80))} is not a terminal type (letters, digits and . _ + -, at most 64, e.g. xterm-256color)`;
 }
 
 /** What the api sends with a `terminal` request: the session it made, and the shell's terminal. */
@@ -76,7 +80,13 @@ function recordHead(session: Session, seq: number) {
 }
 
 /** A record of svc.terminal-input; `data` (input) is sealed to its session and place. */
-export function terminalInput(sealer: Sealer, session: Session, seq: number, kind: TerminalInput['kind'], fields: { data?: Buffer; cols?: number; rows?: number; bytes?: number; reason?: string } = {}): TerminalInput {
+export function terminalInput(
+  sealer: Sealer,
+  session: Session,
+  seq: number,
+  kind: TerminalInput['kind'],
+  fields: { data?: Buffer; cols?: number; rows?: number; bytes?: number; reason?: string } = {},
+): TerminalInput {
   return {
     ...recordHead(session, seq),
     kind,
@@ -89,7 +99,13 @@ export function terminalInput(sealer: Sealer, session: Session, seq: number, kin
 }
 
 /** A record of svc.terminal-output; `data` (output) is sealed to its session and place. */
-export function terminalOutput(sealer: Sealer, session: Session, seq: number, kind: TerminalOutput['kind'], fields: { data?: Buffer; bytes?: number; exitCode?: number; error?: string | null; reason?: string | null } = {}): TerminalOutput {
+export function terminalOutput(
+  sealer: Sealer,
+  session: Session,
+  seq: number,
+  kind: TerminalOutput['kind'],
+  fields: { data?: Buffer; bytes?: number; exitCode?: number; error?: string | null; reason?: string | null } = {},
+): TerminalOutput {
   return {
     ...recordHead(session, seq),
     kind,

@@ -70,7 +70,11 @@ export function publish(kernel: Kernel, topic: string, events: OutgoingEvent[]):
 }
 
 /** Appends values already in the wire format (encoded off the event loop, e.g. by the ingest workers). */
-export async function publishEncoded(kernel: Kernel, topic: string, records: Array<{ key: string | null; tenant: string; value: Buffer | null }>): Promise<RecordPosition[]> {
+export async function publishEncoded(
+  kernel: Kernel,
+  topic: string,
+  records: Array<{ key: string | null; tenant: string; value: Buffer | null }>,
+): Promise<RecordPosition[]> {
   const positions = await kernel.log.append(
     topic,
     records.map((r) => ({ key: r.key, value: r.value, headers: { tenant: r.tenant } })),
@@ -101,7 +105,10 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 /** Appends a record that cannot be handled to the dead-letter topic, with the error and attempts. */
 async function deadLetter(kernel: Kernel, group: string, record: LogRecord, error: unknown, attempts: number): Promise<void> {
   const message = error instanceof Error ? error.message : String(error);
-  kernel.logger.error({ group, topic: record.topic, partition: record.partition, offset: record.offset, tenant: record.headers.tenant, err: message }, 'event sent to the dead-letter topic');
+  kernel.logger.error(
+    { group, topic: record.topic, partition: record.partition, offset: record.offset, tenant: record.headers.tenant, err: message },
+    'event sent to the dead-letter topic',
+  );
   kernel.metrics.deadLettered.inc({ group, topic: record.topic });
   await publish(kernel, TOPICS.deadLetters, [
     {
@@ -140,7 +147,13 @@ async function decode<T>(kernel: Kernel, group: string, records: LogRecord[]): P
 }
 
 /** Runs the handler up to `attempts` times with backoff; resolves with the last error, or null once it succeeds. */
-async function tryHandle<T>(kernel: Kernel, group: string, handle: SubscribeOptions<T>['handle'], events: Array<Delivered<T>>, attempts: number): Promise<unknown> {
+async function tryHandle<T>(
+  kernel: Kernel,
+  group: string,
+  handle: SubscribeOptions<T>['handle'],
+  events: Array<Delivered<T>>,
+  attempts: number,
+): Promise<unknown> {
   let lastError: unknown = null;
   for (let attempt = 1; attempt <= attempts; attempt++) {
     try {

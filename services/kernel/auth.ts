@@ -109,7 +109,10 @@ export class Auth {
     const token = bearerOrBasicPassword(header);
     if (token === undefined) {
       if (header === undefined && !config.authRequired) return { kind: 'anonymous', tenant: config.defaultTenant, keyId: 'anonymous' };
-      throw new AppError('unauthorized', header === undefined ? 'missing API key: send Authorization: Bearer <key>' : 'malformed Authorization header: expected Bearer <key>');
+      throw new AppError(
+        'unauthorized',
+        header === undefined ? 'missing API key: send Authorization: Bearer <key>' : 'malformed Authorization header: expected Bearer <key>',
+      );
     }
     if (sameSecret(token, this.adminKey)) return { kind: 'admin', tenant: config.defaultTenant, keyId: 'admin' };
     if (sameSecret(token, this.serviceKey)) return { kind: 'service', tenant: config.defaultTenant, keyId: 'service' };
@@ -163,7 +166,8 @@ export class Auth {
       event_id: newEventId(),
       ts: now,
       plan: changes.plan ?? existing?.plan ?? this.kernel.config.defaultPlan,
-      max_concurrent_sandboxes: changes.max_concurrent_sandboxes !== undefined ? changes.max_concurrent_sandboxes : existing?.max_concurrent_sandboxes ?? null,
+      max_concurrent_sandboxes:
+        changes.max_concurrent_sandboxes !== undefined ? changes.max_concurrent_sandboxes : (existing?.max_concurrent_sandboxes ?? null),
       created_at: existing?.created_at ?? now,
     };
     await this.tenants.append(this.kernel, [{ key: name, tenant: name, value: record }]);
@@ -179,7 +183,10 @@ export class Auth {
   async createKey(tenant: string, name: string | null, seed: string | null = null): Promise<{ record: ApiKeyRecord; secret: string }> {
     const keyId = newKeyId(seed);
     if (seed !== null && this.keys.entities.has(keyId)) {
-      throw new AppError('conflict', `the key this request made, ${keyId}, exists; its secret was shown only in the lost answer: rotate it (POST /v1/admin/keys/${keyId}/rotate) or revoke it`);
+      throw new AppError(
+        'conflict',
+        `the key this request made, ${keyId}, exists; its secret was shown only in the lost answer: rotate it (POST /v1/admin/keys/${keyId}/rotate) or revoke it`,
+      );
     }
     if (!this.tenants.entities.has(tenant)) await this.putTenant(tenant, {});
     return this.writeKey({ keyId, tenant, name, createdAt: Date.now() });

@@ -79,7 +79,12 @@ function entryKey(entryPath: string): string {
  * past the kernel's symlink limit. A link that is lexically fine can still escape through another
  * one (`up -> ../..` deep down, `esc -> deep/up/../..`). `followFinal` false for a hard link's target.
  */
-function resolveInBundle(links: ReadonlyMap<string, string>, segments: string[], followFinal: boolean, budget: { chars: number }): 'inside' | 'outside' | 'loop' | 'too_complex' {
+function resolveInBundle(
+  links: ReadonlyMap<string, string>,
+  segments: string[],
+  followFinal: boolean,
+  budget: { chars: number },
+): 'inside' | 'outside' | 'loop' | 'too_complex' {
   const at: string[] = [];
   const queue = [...segments];
   let hops = 0;
@@ -128,7 +133,8 @@ function physicalEscape(links: ReadonlyMap<string, string>, hardLinks: ReadonlyM
 
 function checkEntry(entry: ReadEntry): string | null {
   const name = JSON.stringify(entry.path.slice(0, 200));
-  if (Buffer.byteLength(entry.path) > PATH_MAX || Buffer.byteLength(entry.linkpath ?? '') > PATH_MAX) return `entry ${name} has a path or link target over ${PATH_MAX} bytes`;
+  if (Buffer.byteLength(entry.path) > PATH_MAX || Buffer.byteLength(entry.linkpath ?? '') > PATH_MAX)
+    return `entry ${name} has a path or link target over ${PATH_MAX} bytes`;
   if (!ALLOWED_TYPES.has(entry.type)) return `entry ${name} is a ${entry.type}; only files, directories and links are allowed`;
   const pathProblem = escapes(entry.path);
   if (pathProblem) return `entry ${name} ${pathProblem}`;
@@ -137,7 +143,9 @@ function checkEntry(entry: ReadEntry): string | null {
     if (linkProblem) return `hard link ${name} points outside the bundle (${JSON.stringify(entry.linkpath)})`;
   }
   if (entry.type === 'SymbolicLink' && entry.linkpath !== undefined) {
-    const target = path.posix.isAbsolute(entry.linkpath) ? entry.linkpath : path.posix.normalize(path.posix.join(path.posix.dirname(entry.path), entry.linkpath));
+    const target = path.posix.isAbsolute(entry.linkpath)
+      ? entry.linkpath
+      : path.posix.normalize(path.posix.join(path.posix.dirname(entry.path), entry.linkpath));
     if (path.posix.isAbsolute(target) || target === '..' || target.startsWith('../')) {
       return `symbolic link ${name} points outside the bundle (${JSON.stringify(entry.linkpath)})`;
     }
@@ -175,13 +183,18 @@ class BundleCheck extends Transform {
     this.maxBytes = limit.bytes;
     this.parser.on('entry', (entry: ReadEntry) => this.onEntry(entry));
     this.parser.on('eof', () => (this.tarEnded = true));
-    this.parser.on('error', (err: Error) => this.fail(badRequest('bundle', `is not a valid .tar.gz archive (${err.message.replace(/^TAR_BAD_ARCHIVE: /, '')})`)));
+    this.parser.on('error', (err: Error) =>
+      this.fail(badRequest('bundle', `is not a valid .tar.gz archive (${err.message.replace(/^TAR_BAD_ARCHIVE: /, '')})`)),
+    );
     this.gunzip.on('data', (chunk: Buffer) => this.onInflated(chunk));
     this.gunzip.on('error', (err: Error) => this.fail(badRequest('bundle', `is not a valid .tar.gz archive (gzip: ${err.message})`)));
   }
 
   private tooLarge(): AppError {
-    return new AppError('payload_too_large', `bundle: expands to more than ${this.maxBytes * MAX_EXPANSION} bytes unpacked (${MAX_EXPANSION} times ${this.limit.name})`);
+    return new AppError(
+      'payload_too_large',
+      `bundle: expands to more than ${this.maxBytes * MAX_EXPANSION} bytes unpacked (${MAX_EXPANSION} times ${this.limit.name})`,
+    );
   }
 
   private onEntry(entry: ReadEntry): void {
@@ -204,7 +217,8 @@ class BundleCheck extends Transform {
     this.inflatedBytes += chunk.length;
     if (this.inflatedBytes > this.maxBytes * MAX_EXPANSION) return this.fail(this.tooLarge());
     // The parser would inflate a second gzip layer itself, synchronously and unbounded.
-    if (first && chunk[0] === GZIP_MAGIC[0] && chunk[1] === GZIP_MAGIC[1]) return this.fail(badRequest('bundle', 'is compressed twice: upload a .tar.gz archive'));
+    if (first && chunk[0] === GZIP_MAGIC[0] && chunk[1] === GZIP_MAGIC[1])
+      return this.fail(badRequest('bundle', 'is compressed twice: upload a .tar.gz archive'));
     if (!this.tarEnded) return void this.parser.write(chunk);
     this.trailingBytes += chunk.length;
     if (this.trailingBytes > MAX_TRAILING_BYTES) this.fail(badRequest('bundle', `has more than ${MAX_TRAILING_BYTES} bytes after the end of its tar archive`));

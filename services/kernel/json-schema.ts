@@ -83,10 +83,18 @@ export class JsonSchemaValidator {
       case 'additionalProperties': {
         const fields = Object.keys(this.resolved(parent?.properties) ?? {});
         const variant = this.variantOf.get(parent);
-        return { path: childPath(at, String(p.additionalProperty)), problem: `${variant ? `is not a field${variant}` : 'unknown field'}; the fields are ${fields.join(', ')}` };
+        return {
+          path: childPath(at, String(p.additionalProperty)),
+          problem: `${variant ? `is not a field${variant}` : 'unknown field'}; the fields are ${fields.join(', ')}`,
+        };
       }
       case 'enum':
-        return { path: at, problem: /(^|\.)type$/.test(at) ? `unknown type ${JSON.stringify(error.data)}; one of ${list(p.allowedValues)}` : `must be one of ${list(p.allowedValues)}` };
+        return {
+          path: at,
+          problem: /(^|\.)type$/.test(at)
+            ? `unknown type ${JSON.stringify(error.data)}; one of ${list(p.allowedValues)}`
+            : `must be one of ${list(p.allowedValues)}`,
+        };
       case 'const':
         return { path: at, problem: `must be ${String(p.allowedValue)}` };
       case 'uniqueItems':

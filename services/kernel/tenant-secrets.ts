@@ -88,7 +88,13 @@ export class TenantSecrets extends EntityCatalog<TenantSecretChanged> {
 
   async put(tenant: string, name: string, value: string | null): Promise<void> {
     const id = `${tenant}/${name}`;
-    const record: TenantSecretChanged = { tenant, event_id: newEventId(), ts: Date.now(), name, ciphertext: value === null ? null : this.sealer!.seal(value, id) };
+    const record: TenantSecretChanged = {
+      tenant,
+      event_id: newEventId(),
+      ts: Date.now(),
+      name,
+      ciphertext: value === null ? null : this.sealer!.seal(value, id),
+    };
     await this.append([{ key: id, tenant, value: record }]);
   }
 }

@@ -176,4 +176,3 @@ export function topicSpec(catalog: TopicSpec[], name: string): TopicSpec {
   if (!spec) throw new Error(`topic ${name} is not in the topic catalog`);
   return spec;
 }
-

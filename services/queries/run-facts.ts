@@ -14,7 +14,17 @@ import type { Store } from '../kernel/store/store.ts';
  */
 export async function runTraceStats(store: Store, tenant: string, experimentId: string, runIds?: readonly string[]): Promise<Map<string, RunTraceStats>> {
   const onlyRuns = runIds === undefined ? '' : " AND ResourceAttributes['svc.run_id'] IN {runs:Array(String)}";
-  const rows = await store.query<{ run_id: string; cost: number; input: string; output: string; cache_read: string; reasoning: string; llm: string; tools: string; tool_errors: string }>(
+  const rows = await store.query<{
+    run_id: string;
+    cost: number;
+    input: string;
+    output: string;
+    cache_read: string;
+    reasoning: string;
+    llm: string;
+    tools: string;
+    tool_errors: string;
+  }>(
     `SELECT ResourceAttributes['svc.run_id'] AS run_id, sum(EstimatedUsd) AS cost, sum(InputTokens) AS input, sum(OutputTokens) AS output,
             sum(CacheReadTokens) AS cache_read, sum(ReasoningTokens) AS reasoning,
             countIf(EventType = 'llm_call' AND Phase != 'start') AS llm,
@@ -48,14 +58,26 @@ export async function runFacts(store: Store, tenant: string, experimentId: strin
      FROM run_scores FINAL WHERE TenantId = {tenant:String} AND ExperimentId = {experiment:String}`,
     { tenant, experiment: experimentId },
   );
-  return rows.map((r) => ({ run_id: r.RunId, scenario_index: Number(r.ScenarioIndex), params: r.Params, verdict: r.Verdict as RunFact['verdict'], wall_ms: Number(r.WallMs), violations: Number(r.violations) }));
+  return rows.map((r) => ({
+    run_id: r.RunId,
+    scenario_index: Number(r.ScenarioIndex),
+    params: r.Params,
+    verdict: r.Verdict as RunFact['verdict'],
+    wall_ms: Number(r.WallMs),
+    violations: Number(r.violations),
+  }));
 }
 
 /**
  * The metrics of one experiment of `tenant` as the store holds them now. `scoring` is the spec's
  * (its replica_aggregation decides which scenarios count as passing).
  */
-export async function experimentMetrics(store: Store, tenant: string, experimentId: string, scoring: { replica_aggregation: ReplicaAggregation }): Promise<ExperimentMetrics> {
+export async function experimentMetrics(
+  store: Store,
+  tenant: string,
+  experimentId: string,
+  scoring: { replica_aggregation: ReplicaAggregation },
+): Promise<ExperimentMetrics> {
   const [runs, traces] = await Promise.all([runFacts(store, tenant, experimentId), runTraceStats(store, tenant, experimentId)]);
   return computeMetrics(experimentId, runs, traces, scoring.replica_aggregation);
 }

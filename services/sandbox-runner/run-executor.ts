@@ -108,7 +108,9 @@ export class RunExecutor {
           [RUN_METADATA.experimentId]: run.experiment_id,
           [RUN_METADATA.scenarioId]: run.scenario_id,
           [RUN_METADATA.runId]: run.run_id,
-          ...(agent ? { [RUN_METADATA.agent]: agent.name, [RUN_METADATA.agentVersion]: String(agent.version), [RUN_METADATA.agentSnapshotId]: agent.snapshot_id } : {}),
+          ...(agent
+            ? { [RUN_METADATA.agent]: agent.name, [RUN_METADATA.agentVersion]: String(agent.version), [RUN_METADATA.agentSnapshotId]: agent.snapshot_id }
+            : {}),
         },
         secrets,
         scenario_id: run.scenario_id,
@@ -136,7 +138,11 @@ export class RunExecutor {
       const agentRun = await this.runAgent(sandbox, spec, agent, agentTimeoutMs);
       await sandbox.endAgent();
       if (agentRun.timed_out) {
-        return { ...failed('agent_timeout', `the agent exceeded its timeout of ${agentTimeoutMs} ms`, sandboxId, started), agent: agentRun, ...(sandbox.image ? { image: sandbox.image } : {}) };
+        return {
+          ...failed('agent_timeout', `the agent exceeded its timeout of ${agentTimeoutMs} ms`, sandboxId, started),
+          agent: agentRun,
+          ...(sandbox.image ? { image: sandbox.image } : {}),
+        };
       }
       // The workspace as the agent left it: checks only read it, so one capture serves the judge and the outcome.
       const diff = await sandbox.agentDiff();
@@ -167,14 +173,25 @@ export class RunExecutor {
    * agent's end and diff, removed after): a file that cannot be written fails every check, since
    * none of them would see what the spec meant them to.
    */
-  private async runChecks(sandbox: LiveSandbox, spec: SpecDocument, scripts: Map<string, string>, agentRun: NonNullable<RunOutcome['agent']>, diff: NonNullable<RunOutcome['diff']>): Promise<Record<string, CheckResult>> {
+  private async runChecks(
+    sandbox: LiveSandbox,
+    spec: SpecDocument,
+    scripts: Map<string, string>,
+    agentRun: NonNullable<RunOutcome['agent']>,
+    diff: NonNullable<RunOutcome['diff']>,
+  ): Promise<Record<string, CheckResult>> {
     const checks: Record<string, CheckResult> = {};
     const budget = new OutputBudget();
     try {
       const unwritten = await sandbox.checks.writeGraderFiles();
       for (const [name, invariant] of Object.entries(spec.invariants)) {
         const failure = (message: string): CheckResult => ({ type: invariant.check.type, passed: false, score: null, message });
-        checks[name] = unwritten !== null ? failure(unwritten) : await this.check(sandbox, invariant.check, scripts.get(name), agentRun, diff, budget).catch((err: Error) => failure(`the check could not run: ${excerpt(err.message)}`));
+        checks[name] =
+          unwritten !== null
+            ? failure(unwritten)
+            : await this.check(sandbox, invariant.check, scripts.get(name), agentRun, diff, budget).catch((err: Error) =>
+                failure(`the check could not run: ${excerpt(err.message)}`),
+              );
       }
     } finally {
       await sandbox.checks.removeGraderFiles();
@@ -196,7 +213,11 @@ export class RunExecutor {
     } else {
       const image = (await listImages(path.join(this.kernel.config.dataDir, 'images'))).find((i) => i.name === normalizeReference(spec.base));
       const entrypoint = a.entrypoint ?? image?.entrypoint;
-      if (!entrypoint) throw new AppError('bad_request', `image agent: neither agent.entrypoint nor the image "${spec.base}" (svc images import --entrypoint) names a command`);
+      if (!entrypoint)
+        throw new AppError(
+          'bad_request',
+          `image agent: neither agent.entrypoint nor the image "${spec.base}" (svc images import --entrypoint) names a command`,
+        );
       command = `exec ${entrypoint.map(shellQuote).join(' ')}`;
     }
     const workdir = a.workdir ?? (a.type === 'snapshot' ? '/agent' : null);
@@ -208,7 +229,13 @@ export class RunExecutor {
       duration_ms: number;
       timed_out?: boolean;
     };
-    return { exit_code: result.exit_code, timed_out: result.timed_out === true, duration_ms: result.duration_ms, stdout: tail(result.stdout), stderr: tail(result.stderr) };
+    return {
+      exit_code: result.exit_code,
+      timed_out: result.timed_out === true,
+      duration_ms: result.duration_ms,
+      stdout: tail(result.stdout),
+      stderr: tail(result.stderr),
+    };
   }
 
   /**
@@ -269,7 +296,12 @@ export class RunExecutor {
   }
 
   /** custom: the Python script's verdict, the last line of its stdout; its output kept as command_exit's is. */
-  private async customCheck(sandbox: LiveSandbox, check: Extract<InvariantCheck, { type: 'custom' }>, script: string | undefined, budget: OutputBudget): Promise<CheckResult> {
+  private async customCheck(
+    sandbox: LiveSandbox,
+    check: Extract<InvariantCheck, { type: 'custom' }>,
+    script: string | undefined,
+    budget: OutputBudget,
+  ): Promise<CheckResult> {
     const source = check.form === 'inline' ? check.script : script;
     if (source === undefined) return { type: 'custom', passed: false, score: null, message: `${check.script} did not exist when the sandbox became ready` };
     const r = await sandbox.checks.runCheck({ python: source }, { timeoutMs: check.timeoutMs, maxOutputBytes: budget.perStream() });
@@ -283,11 +315,22 @@ export class RunExecutor {
       const score = typeof answer.score === 'number' && answer.score >= 0 && answer.score <= 1 ? answer.score : null;
       return result(answer.passed, score, typeof answer.message === 'string' ? excerpt(answer.message, SCRIPT_MESSAGE_CHARS) : `passed: ${answer.passed}`);
     } catch (err) {
-      return result(false, null, `the script must print a JSON object with "passed" as its last line (${(err as Error).message}); exit code ${r.exitCode}: ${lastChars((r.output.stderr.text || last).trim())}`);
+      return result(
+        false,
+        null,
+        `the script must print a JSON object with "passed" as its last line (${(err as Error).message}); exit code ${r.exitCode}: ${lastChars((r.output.stderr.text || last).trim())}`,
+      );
     }
   }
 
-  private async check(sandbox: LiveSandbox, check: InvariantCheck, script: string | undefined, agentRun: NonNullable<RunOutcome['agent']>, diff: NonNullable<RunOutcome['diff']>, budget: OutputBudget): Promise<CheckResult> {
+  private async check(
+    sandbox: LiveSandbox,
+    check: InvariantCheck,
+    script: string | undefined,
+    agentRun: NonNullable<RunOutcome['agent']>,
+    diff: NonNullable<RunOutcome['diff']>,
+    budget: OutputBudget,
+  ): Promise<CheckResult> {
     const workspace = sandbox.workspaceDir;
     const result = (passed: boolean, message: string): CheckResult => ({ type: check.type, passed, score: null, message });
     switch (check.type) {
@@ -303,30 +346,52 @@ export class RunExecutor {
         const file = await readFile(workspace, check.path).catch(() => null);
         if (!file) return result(false, `${check.path} does not exist or cannot be read`);
         const text = file.content.toString('utf8');
-        if (check.contains !== undefined) return result(text.includes(check.contains), `${check.path} ${text.includes(check.contains) ? 'contains' : 'does not contain'} ${JSON.stringify(check.contains)}`);
+        if (check.contains !== undefined)
+          return result(
+            text.includes(check.contains),
+            `${check.path} ${text.includes(check.contains) ? 'contains' : 'does not contain'} ${JSON.stringify(check.contains)}`,
+          );
         const matches = new RegExp(check.regex!, 'm').test(text);
         return result(matches, `${check.path} ${matches ? 'matches' : 'does not match'} /${check.regex}/`);
       }
       case 'custom':
         return this.customCheck(sandbox, check, script, budget);
       case 'llm_as_judge':
-        return { type: 'llm_as_judge', passed: null, score: null, message: 'graded by the judge', judge_input: await this.judgeInput(sandbox, check.input, agentRun, diff) };
+        return {
+          type: 'llm_as_judge',
+          passed: null,
+          score: null,
+          message: 'graded by the judge',
+          judge_input: await this.judgeInput(sandbox, check.input, agentRun, diff),
+        };
       case 'sql': {
         const value = await sandbox.sqlFirst(check.service, check.query);
-        return result(value === check.expected, `${check.service}: the query returned ${value === null ? 'no value' : JSON.stringify(value)} (expected ${JSON.stringify(check.expected)})`);
+        return result(
+          value === check.expected,
+          `${check.service}: the query returned ${value === null ? 'no value' : JSON.stringify(value)} (expected ${JSON.stringify(check.expected)})`,
+        );
       }
       case 'http_mock_assertions': {
         const failures: string[] = [];
         for (const a of check.assertions) {
           const count = sandbox.mockRequestCount(check.service, a.method, a.path);
-          if (!holds(count, a.condition.operator, a.condition.value)) failures.push(`${a.method} ${a.path}: request_count is ${count}, not ${a.condition.operator} ${a.condition.value}`);
+          if (!holds(count, a.condition.operator, a.condition.value))
+            failures.push(`${a.method} ${a.path}: request_count is ${count}, not ${a.condition.operator} ${a.condition.value}`);
         }
-        return result(failures.length === 0, failures.length === 0 ? `${check.service}: all ${check.assertions.length} assertions hold` : `${check.service}: ${failures.join('; ')}`);
+        return result(
+          failures.length === 0,
+          failures.length === 0 ? `${check.service}: all ${check.assertions.length} assertions hold` : `${check.service}: ${failures.join('; ')}`,
+        );
       }
     }
   }
 
-  private async judgeInput(sandbox: LiveSandbox, input: string, agentRun: NonNullable<RunOutcome['agent']>, diff: NonNullable<RunOutcome['diff']>): Promise<string> {
+  private async judgeInput(
+    sandbox: LiveSandbox,
+    input: string,
+    agentRun: NonNullable<RunOutcome['agent']>,
+    diff: NonNullable<RunOutcome['diff']>,
+  ): Promise<string> {
     if (input === 'agent_output') return agentRun.stdout;
     if (input === 'diff') return JSON.stringify(diff);
     const file = await readFile(sandbox.workspaceDir, input.slice('file:'.length)).catch(() => null);
@@ -336,7 +401,18 @@ export class RunExecutor {
 
 function failed(status: RunOutcome['status'], error: string, sandboxId: string | null, started: number): RunOutcome {
   const ended = Date.now();
-  return { status, error, sandbox_id: sandboxId, started_at: started, ended_at: ended, wall_ms: ended - started, agent: null, checks: {}, diff: null, audit: { file_writes: [], secret_findings: [], http_calls: [], db_writes: [] } };
+  return {
+    status,
+    error,
+    sandbox_id: sandboxId,
+    started_at: started,
+    ended_at: ended,
+    wall_ms: ended - started,
+    agent: null,
+    checks: {},
+    diff: null,
+    audit: { file_writes: [], secret_findings: [], http_calls: [], db_writes: [] },
+  };
 }
 
 /** The audit facts the forbidden rules read, each with its record's line number (seq, from 1). */
@@ -349,7 +425,12 @@ async function auditFacts(workspace: string): Promise<RunOutcome['audit']> {
       throw err;
     },
   );
-  const facts: Required<Pick<RunOutcome['audit'], 'file_writes' | 'secret_findings' | 'http_calls' | 'db_writes'>> = { file_writes: [], secret_findings: [], http_calls: [], db_writes: [] };
+  const facts: Required<Pick<RunOutcome['audit'], 'file_writes' | 'secret_findings' | 'http_calls' | 'db_writes'>> = {
+    file_writes: [],
+    secret_findings: [],
+    http_calls: [],
+    db_writes: [],
+  };
   for (const [i, line] of text.split('\n').entries()) {
     if (line === '') continue;
     const record = JSON.parse(line) as { ts: string; type: string; details: Record<string, unknown> };
@@ -357,12 +438,29 @@ async function auditFacts(workspace: string): Promise<RunOutcome['audit']> {
     if (record.type === 'secret_finding') facts.secret_findings.push({ name: String(record.details.name), seq: i + 1, ts: record.ts });
     if (record.type === 'db_write') {
       const d = record.details;
-      facts.db_writes.push({ service: String(d.service), table: String(d.table), operation: String(d.operation), ...(typeof d.command === 'string' ? { command: d.command } : {}), row_count: Number(d.row_count) || 0, rolled_back: d.rolled_back === true, seq: i + 1, ts: record.ts });
+      facts.db_writes.push({
+        service: String(d.service),
+        table: String(d.table),
+        operation: String(d.operation),
+        ...(typeof d.command === 'string' ? { command: d.command } : {}),
+        row_count: Number(d.row_count) || 0,
+        rolled_back: d.rolled_back === true,
+        seq: i + 1,
+        ts: record.ts,
+      });
     }
     if (record.type === 'http_call') {
       const d = record.details;
       const port = typeof d.port === 'number' ? { port: d.port } : {};
-      facts.http_calls.push({ method: String(d.method), host: String(d.host), ...port, path: String(d.path), status: typeof d.status === 'number' ? d.status : null, seq: i + 1, ts: record.ts });
+      facts.http_calls.push({
+        method: String(d.method),
+        host: String(d.host),
+        ...port,
+        path: String(d.path),
+        status: typeof d.status === 'number' ? d.status : null,
+        seq: i + 1,
+        ts: record.ts,
+      });
     }
   }
   return facts;

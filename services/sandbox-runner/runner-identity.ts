@@ -28,7 +28,10 @@ export function runnerIdOf(config: Config): string {
   const existing = kept();
   if (existing) return existing;
   fs.mkdirSync(config.dataDir, { recursive: true });
-  const made = `${os.hostname().replace(/[^A-Za-z0-9._-]/g, '-').slice(0, 100)}-${randomBytes(4).toString('hex')}`;
+  const made = `${os
+    .hostname()
+    .replace(/[^A-Za-z0-9._-]/g, '-')
+    .slice(0, 100)}-${randomBytes(4).toString('hex')}`;
   try {
     fs.writeFileSync(file, `${made}\n`, { flag: 'wx' });
     return made;

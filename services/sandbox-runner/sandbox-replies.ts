@@ -10,6 +10,13 @@ import type { SandboxRequested } from '../domain/events/sandbox-events.ts';
 import { sandboxExchange, sealedReply } from '../domain/sandbox-requests.ts';
 
 /** Answers one request: `body` is sent as its bytes when a Buffer, as JSON otherwise. */
-export async function reply(kernel: Kernel, sealer: Sealer, request: SandboxRequested, status: number, body: unknown, options: { error?: string; contentType?: string } = {}): Promise<void> {
+export async function reply(
+  kernel: Kernel,
+  sealer: Sealer,
+  request: SandboxRequested,
+  status: number,
+  body: unknown,
+  options: { error?: string; contentType?: string } = {},
+): Promise<void> {
   await appendReply(kernel, sandboxExchange(sealer), request.tenant, sealedReply(sealer, request, status, body, options));
 }

@@ -105,15 +105,30 @@ export class LiveSandbox {
       },
       redact,
       // As large as the workspace's (resources.disk, else SVC_SANDBOX_DISK_DEFAULT).
-      disk: async (service) => (await this.runtime.disk?.(`${id}-${service}`, this.spec.resources.diskBytes)) ?? `the ${this.runtime.name} runtime makes no disks`,
+      disk: async (service) =>
+        (await this.runtime.disk?.(`${id}-${service}`, this.spec.resources.diskBytes)) ?? `the ${this.runtime.name} runtime makes no disks`,
     });
     this.box = new SandboxBox(runtime, pool, path.join(config.dataDir, 'workspaces', id));
     this.capture = new ActivityCapture(config, this.box, this.trail);
     this.checks = new SandboxChecks(this.spec, this.box, this.env, this.capture, bundles.taskFiles);
-    this.commands = new SandboxCommands({ kernel, sandboxId: id, spec: this.spec, box: this.box, env: this.env, trail: this.trail, capture: this.capture, event, markRunning: () => this.markRunning() });
+    this.commands = new SandboxCommands({
+      kernel,
+      sandboxId: id,
+      spec: this.spec,
+      box: this.box,
+      env: this.env,
+      trail: this.trail,
+      capture: this.capture,
+      event,
+      markRunning: () => this.markRunning(),
+    });
     this.files = new FilesApi(this.box, this.capture, this.trail);
     this.shells = new SandboxShells(id, this.trail, event);
-    this.expiry = new Expiry(Date.now(), config.sandboxMaxLifetime, () => void this.destroy('timeout').catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'timeout teardown failed')));
+    this.expiry = new Expiry(
+      Date.now(),
+      config.sandboxMaxLifetime,
+      () => void this.destroy('timeout').catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'timeout teardown failed')),
+    );
     this.token = newSandboxToken();
     this.tokenHash = sha256Hex(this.token);
     this.stackTeardown();
@@ -135,7 +150,7 @@ export class LiveSandbox {
     stack.push('closing the audit log', () => this.trail.close());
     stack.push('closing the network', () => this.network.close());
     stack.push('recording the last database writes', () => this.backing.flushWrites());
-    stack.push('ending the capture of the agent\'s activity', () => this.capture.end());
+    stack.push("ending the capture of the agent's activity", () => this.capture.end());
   }
 
   /** What a teardown runs now, in order (test/unit/sandbox-parts.test.ts pins it). */
@@ -160,7 +175,22 @@ export class LiveSandbox {
   private bootContext(): BootContext {
     const { kernel, runtime, gateway, bundles, tenant, tenantSecrets, token, request, spec, env, box, backing, network, trail, capture } = this;
     return {
-      kernel, runtime, gateway, bundles, tenant, sandboxId: this.id, tenantSecrets, token, request, spec, env, box, backing, network, trail, capture,
+      kernel,
+      runtime,
+      gateway,
+      bundles,
+      tenant,
+      sandboxId: this.id,
+      tenantSecrets,
+      token,
+      request,
+      spec,
+      env,
+      box,
+      backing,
+      network,
+      trail,
+      capture,
       event: this.event,
       setState: (state) => this.setState(state),
       startLife: () => this.startLife(),
@@ -304,7 +334,10 @@ export class LiveSandbox {
     const mock = typeof name === 'string' ? this.backing.mock(name) : null;
     if (mock) return mock;
     const mocks = this.spec.services.filter((s) => s.type === 'http_mock').map((s) => s.name);
-    throw new AppError('not_found', `sandbox ${this.id} has no http_mock service ${JSON.stringify(name)}${mocks.length > 0 ? ` (it has ${mocks.join(', ')})` : ''}`);
+    throw new AppError(
+      'not_found',
+      `sandbox ${this.id} has no http_mock service ${JSON.stringify(name)}${mocks.length > 0 ? ` (it has ${mocks.join(', ')})` : ''}`,
+    );
   }
 
   /** The `sql` invariant: the first column of the first row of `query`, as the database's grader role sees it. */
@@ -354,7 +387,9 @@ export class LiveSandbox {
 
   /** Unwinds the teardown stack (every step tried even when one before failed); returns what failed. */
   private async teardown(reason: string): Promise<string[]> {
-    const failures = await this.teardownStack.unwind(reason, (what, err) => this.kernel.logger.warn({ err, sandbox_id: this.id, step: what }, 'sandbox teardown step failed'));
+    const failures = await this.teardownStack.unwind(reason, (what, err) =>
+      this.kernel.logger.warn({ err, sandbox_id: this.id, step: what }, 'sandbox teardown step failed'),
+    );
     this.onGone();
     this.kernel.logger.info({ sandbox_id: this.id, tenant: this.tenant, reason, failures }, 'sandbox torn down');
     return failures;

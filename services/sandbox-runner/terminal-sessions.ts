@@ -20,7 +20,18 @@ import type { Consumer } from '../kernel/log/event-log.ts';
 import type { Sealer } from '../kernel/tenant-secrets.ts';
 import { TOPICS } from '../kernel/topics.ts';
 import type { TerminalInput, TerminalOutput } from '../domain/events/terminal-events.ts';
-import { inputData, mergeData, TERMINAL, terminalOutput, termProblem, terminalSizeProblem, type TerminalItem, type TerminalOpen, type TerminalOpened, type TerminalStream } from '../domain/terminal-sessions.ts';
+import {
+  inputData,
+  mergeData,
+  TERMINAL,
+  terminalOutput,
+  termProblem,
+  terminalSizeProblem,
+  type TerminalItem,
+  type TerminalOpen,
+  type TerminalOpened,
+  type TerminalStream,
+} from '../domain/terminal-sessions.ts';
 import type { LiveSandbox } from './sandbox.ts';
 import type { ShellTerminal } from './parts/shells.ts';
 
@@ -95,7 +106,11 @@ export class TerminalSessions {
   }
 
   private push(item: OutputItem): void {
-    this.appends.push(item).catch((err) => this.kernel.logger.error({ err, session_id: item.stream.session_id, sandbox_id: item.stream.sandbox_id }, 'terminal output did not reach the log'));
+    this.appends
+      .push(item)
+      .catch((err) =>
+        this.kernel.logger.error({ err, session_id: item.stream.session_id, sandbox_id: item.stream.sandbox_id }, 'terminal output did not reach the log'),
+      );
   }
 }
 
@@ -157,7 +172,8 @@ class RunnerTerminal {
 
   /** Hangs up a session the api has gone silent on. */
   checkHeard(): void {
-    if (Date.now() - this.heardAt > TERMINAL.idleMs) this.shell?.close(`nothing was heard of the api relaying the session for ${TERMINAL.idleMs / 1000} s`, 'timeout');
+    if (Date.now() - this.heardAt > TERMINAL.idleMs)
+      this.shell?.close(`nothing was heard of the api relaying the session for ${TERMINAL.idleMs / 1000} s`, 'timeout');
   }
 
   receive(record: TerminalInput): void {

@@ -157,17 +157,34 @@ export async function gradeRun(rules: ScoreRule[], run: StoredRun, spec: SpecDoc
 
 /** A grade with nothing found yet. */
 function base(rule: ScoreRule): Grade {
-  return { rule_id: rule.id, rule_name: rule.name, rule_type: rule.type, score: null, passed: null, judge_failure: false, reason: '', details: '{}', error: null };
+  return {
+    rule_id: rule.id,
+    rule_name: rule.name,
+    rule_type: rule.type,
+    score: null,
+    passed: null,
+    judge_failure: false,
+    reason: '',
+    details: '{}',
+    error: null,
+  };
 }
 
 async function judgeRule(rule: Extract<ScoreRule, { type: 'llm_as_judge' }>, outcome: RunOutcome, judge: Judge): Promise<Grade> {
   const input = rule.input === 'agent_output' ? (outcome.agent ? outcome.agent.stdout : null) : outcome.diff ? JSON.stringify(outcome.diff) : null;
   const asked = { input: rule.input, threshold: rule.threshold, ...(rule.model !== undefined && { model: rule.model }) };
   const details = JSON.stringify(asked);
-  if (input === null) return { ...base(rule), details, error: `the run has no ${rule.input === 'agent_output' ? 'agent output' : 'diff'} to judge (it ended ${outcome.status})` };
+  if (input === null)
+    return { ...base(rule), details, error: `the run has no ${rule.input === 'agent_output' ? 'agent output' : 'diff'} to judge (it ended ${outcome.status})` };
   try {
     const grade = await judge({ rubric: rule.rubric, input, ...(rule.model !== undefined && { model: rule.model }) });
-    return { ...base(rule), score: grade.score, passed: grade.score >= rule.threshold, reason: grade.reason, details: JSON.stringify({ ...asked, model: grade.model }) };
+    return {
+      ...base(rule),
+      score: grade.score,
+      passed: grade.score >= rule.threshold,
+      reason: grade.reason,
+      details: JSON.stringify({ ...asked, model: grade.model }),
+    };
   } catch (err) {
     return { ...base(rule), judge_failure: true, details, error: `judge call failed: ${(err as Error).message}` };
   }
@@ -179,7 +196,13 @@ function thresholdRule(rule: Extract<ScoreRule, { type: 'threshold' }>, run: Sto
   const details = JSON.stringify({ condition: condition.text, metric: condition.metric, value });
   if (value === null) return { ...base(rule), details, error: `the run has no ${condition.metric} (verdict ${run.verdict}, ended ${outcome.status})` };
   const passed = holds(value, condition.operator, condition.value);
-  return { ...base(rule), score: passed ? 1 : 0, passed, reason: `${condition.metric} is ${value}: "${condition.text}" ${passed ? 'holds' : 'does not hold'}`, details };
+  return {
+    ...base(rule),
+    score: passed ? 1 : 0,
+    passed,
+    reason: `${condition.metric} is ${value}: "${condition.text}" ${passed ? 'holds' : 'does not hold'}`,
+    details,
+  };
 }
 
 function rescoreGrade(rule: ScoreRule, run: StoredRun, score: RunScore): Grade {

@@ -29,19 +29,27 @@ export async function scoreRun(spec: SpecDocument, outcome: RunOutcome, judge: J
   if (outcome.status !== 'completed') {
     return { verdict: 'error', composite: null, invariants: [], violations, error: outcome.error ?? `the run ended ${outcome.status}` };
   }
-  const invariants = await Promise.all(Object.entries(spec.invariants).map(([name, invariant]) => scoreInvariant(name, invariant, outcome.checks[name], judge)));
+  const invariants = await Promise.all(
+    Object.entries(spec.invariants).map(([name, invariant]) => scoreInvariant(name, invariant, outcome.checks[name], judge)),
+  );
   const failedJudge = invariants.find((i) => i.judge_failure);
   if (failedJudge) return { verdict: 'error', composite: null, invariants, violations, error: `${failedJudge.message} (invariant ${failedJudge.name})` };
 
   const totalWeight = invariants.reduce((sum, i) => sum + i.weight, 0);
   const weighted = invariants.reduce((sum, i) => sum + i.weight * (i.score ?? 0), 0);
   const gateFailed = invariants.some((i) => i.gate && !i.passed);
-  const composite = gateFailed || violations.length > 0 || totalWeight <= 0 ? 0 : Math.round((weighted / totalWeight) * COMPOSITE_DECIMALS) / COMPOSITE_DECIMALS;
+  const composite =
+    gateFailed || violations.length > 0 || totalWeight <= 0 ? 0 : Math.round((weighted / totalWeight) * COMPOSITE_DECIMALS) / COMPOSITE_DECIMALS;
   const passed = !gateFailed && violations.length === 0 && composite >= spec.scoring.pass_threshold;
   return { verdict: passed ? 'pass' : 'fail', composite, invariants, violations, error: null };
 }
 
-async function scoreInvariant(name: string, invariant: SpecDocument['invariants'][string], result: RunOutcome['checks'][string] | undefined, judge: Judge): Promise<InvariantScore> {
+async function scoreInvariant(
+  name: string,
+  invariant: SpecDocument['invariants'][string],
+  result: RunOutcome['checks'][string] | undefined,
+  judge: Judge,
+): Promise<InvariantScore> {
   const { check, weight, gate } = invariant;
   const base = { name, type: check.type, weight, gate };
   if (!result) return { ...base, score: 0, passed: false, message: 'no result: the runner could not run this check' };
@@ -49,7 +57,12 @@ async function scoreInvariant(name: string, invariant: SpecDocument['invariants'
     try {
       const grade = await judge({ rubric: check.rubric, input: result.judge_input ?? '', ...(check.model !== undefined && { model: check.model }) });
       const passed = grade.score >= check.threshold;
-      return { ...base, score: grade.score, passed, message: `judge score ${grade.score} ${passed ? '>=' : '<'} threshold ${check.threshold}${grade.reason ? `: ${grade.reason}` : ''}` };
+      return {
+        ...base,
+        score: grade.score,
+        passed,
+        message: `judge score ${grade.score} ${passed ? '>=' : '<'} threshold ${check.threshold}${grade.reason ? `: ${grade.reason}` : ''}`,
+      };
     } catch (err) {
       return { ...base, score: null, passed: false, message: `judge call failed: ${(err as Error).message}`, judge_failure: true };
     }
@@ -74,7 +87,12 @@ export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit:
   // What the audit's limits dropped is unseen, so a rule over that type fails rather than passes (seq 0: before every record).
   const unseen = (type: string, rule: Violation['rule'], what: string) => {
     const count = audit.dropped?.[type] ?? 0;
-    if (count > 0) found.push({ rule, message: `${count} ${what} went unrecorded (the sandbox passed the audit's limits, SVC_AUDIT_RECORDS_PER_SECOND / SVC_AUDIT_MAX_RECORDS), so this rule cannot hold`, audit: { seq: 0, ts: '' } });
+    if (count > 0)
+      found.push({
+        rule,
+        message: `${count} ${what} went unrecorded (the sandbox passed the audit's limits, SVC_AUDIT_RECORDS_PER_SECOND / SVC_AUDIT_MAX_RECORDS), so this rule cannot hold`,
+        audit: { seq: 0, ts: '' },
+      });
   };
   if (forbidden.file_writes_outside !== undefined) unseen('file_write', 'file_writes_outside', 'file writes');
   if (forbidden.secrets_in_logs === 'deny') unseen('secret_finding', 'secrets_in_logs', 'secret findings');
@@ -92,13 +110,21 @@ export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit:
     for (const write of audit.file_writes) {
       const path = normalise(write.path);
       if (!prefixes.some((prefix) => within(path, prefix))) {
-        found.push({ rule: 'file_writes_outside', message: `wrote ${write.path}, outside ${allowed}`, audit: { seq: write.seq, ts: write.ts, path: write.path } });
+        found.push({
+          rule: 'file_writes_outside',
+          message: `wrote ${write.path}, outside ${allowed}`,
+          audit: { seq: write.seq, ts: write.ts, path: write.path },
+        });
       }
     }
   }
   if (forbidden.secrets_in_logs === 'deny') {
     for (const finding of audit.secret_findings) {
-      found.push({ rule: 'secrets_in_logs', message: `the value of secret ${finding.name} appeared in captured stdout`, audit: { seq: finding.seq, ts: finding.ts, secret: finding.name } });
+      found.push({
+        rule: 'secrets_in_logs',
+        message: `the value of secret ${finding.name} appeared in captured stdout`,
+        audit: { seq: finding.seq, ts: finding.ts, secret: finding.name },
+      });
     }
   }
   return found.sort((a, b) => a.audit.seq - b.audit.seq);
@@ -106,7 +132,14 @@ export function forbiddenViolations(forbidden: SpecDocument['forbidden'], audit:
 
 /** Each committed database write to a table `allowed` does not name. */
 function dbWritesOutside(allowed: string[], writes: RunOutcome['audit']['db_writes']): Violation[] {
-  if (writes === undefined) return [{ rule: 'db_writes_outside', message: 'the run recorded no database writes (its runner does not capture them), so this rule cannot hold', audit: { seq: 0, ts: '' } }];
+  if (writes === undefined)
+    return [
+      {
+        rule: 'db_writes_outside',
+        message: 'the run recorded no database writes (its runner does not capture them), so this rule cannot hold',
+        audit: { seq: 0, ts: '' },
+      },
+    ];
   const qualified = (table: string) => (table.includes('.') ? table : `public.${table}`).toLowerCase();
   const names = new Set(allowed.map(qualified));
   const list = allowed.length > 0 ? allowed.join(', ') : 'empty: no write is allowed';
@@ -122,7 +155,14 @@ function dbWritesOutside(allowed: string[], writes: RunOutcome['audit']['db_writ
 /** Each HTTP call to a host that no entry of `http_except` matches. */
 function httpExceptViolations(except: string[], calls: RunOutcome['audit']['http_calls']): Violation[] {
   // An outcome without the list (a runner from before HTTP capture) cannot show the rule holds.
-  if (calls === undefined) return [{ rule: 'http_except', message: 'the run recorded no HTTP calls (its runner does not capture them), so this rule cannot hold', audit: { seq: 0, ts: '' } }];
+  if (calls === undefined)
+    return [
+      {
+        rule: 'http_except',
+        message: 'the run recorded no HTTP calls (its runner does not capture them), so this rule cannot hold',
+        audit: { seq: 0, ts: '' },
+      },
+    ];
   const patterns = except.map((entry) => {
     const parsed = parseEgressEntry(entry);
     return typeof parsed === 'string' ? entry.toLowerCase() : parsed.pattern;

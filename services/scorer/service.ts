@@ -68,7 +68,12 @@ export class ScorerService implements Service {
     await this.view.start(kernel);
     this.consumers.push(
       await subscribe<RunEvent>(kernel, { groupId: 'scorer', topics: [TOPICS.runEvents], maxBatchSize: 256, handle: (events) => this.onRunEvents(events) }),
-      await subscribe<ScoreRequested>(kernel, { groupId: 'scorer.requests', topics: [TOPICS.scoreRequests], maxBatchSize: 64, handle: (events) => this.onScoreRequests(events) }),
+      await subscribe<ScoreRequested>(kernel, {
+        groupId: 'scorer.requests',
+        topics: [TOPICS.scoreRequests],
+        maxBatchSize: 64,
+        handle: (events) => this.onScoreRequests(events),
+      }),
     );
   }
 
@@ -85,7 +90,12 @@ export class ScorerService implements Service {
     if (finished.length === 0) return;
     const traces = await this.traceTotals(finished);
     const scores = (await pLimit(CONCURRENCY).map(finished, (e) => this.scoreFinished(e, traces))).filter((s): s is RunScored => s !== null);
-    if (scores.length > 0) await publish(this.kernel, TOPICS.runScores, scores.map((s) => ({ key: s.experiment_id, tenant: s.tenant, value: s })));
+    if (scores.length > 0)
+      await publish(
+        this.kernel,
+        TOPICS.runScores,
+        scores.map((s) => ({ key: s.experiment_id, tenant: s.tenant, value: s })),
+      );
   }
 
   /**
@@ -203,10 +213,17 @@ export class ScorerService implements Service {
       await publish(
         this.kernel,
         TOPICS.scoreRequests,
-        page.map((run) => ({ key: run.run_id, tenant: request.tenant, value: { ...request, event_id: newEventId(), ts: Date.now(), run: JSON.stringify(run) } satisfies ScoreRequested })),
+        page.map((run) => ({
+          key: run.run_id,
+          tenant: request.tenant,
+          value: { ...request, event_id: newEventId(), ts: Date.now(), run: JSON.stringify(run) } satisfies ScoreRequested,
+        })),
       );
     }
-    this.kernel.logger.info({ tenant: request.tenant, experiment_id: request.experiment_id, request_id: request.request_id, runs }, 'offline scoring requested');
+    this.kernel.logger.info(
+      { tenant: request.tenant, experiment_id: request.experiment_id, request_id: request.request_id, runs },
+      'offline scoring requested',
+    );
   }
 
   private async grade(request: ScoreRequested): Promise<{ scores: OutgoingEvent[]; rescored: OutgoingEvent[] }> {

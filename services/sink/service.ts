@@ -19,7 +19,20 @@ import { TRACE_EVENT_BLOCK_COLUMN_NAMES, traceEventBlock, type TraceRecordBody }
 import { readsNative } from '../kernel/store/store.ts';
 import { alertFiringRow, alertRuleRow } from './alert-rows.ts';
 import type { AlertChanged, AlertFired } from '../domain/events/alert-events.ts';
-import { agentSnapshotRow, auditRow, datasetRecordRow, datasetRow, deadLetterRow, experimentRow, experimentScenarioRow, runScoreRow, sandboxEventRow, sandboxRow, scoreRow, traceEventRows } from './rows.ts';
+import {
+  agentSnapshotRow,
+  auditRow,
+  datasetRecordRow,
+  datasetRow,
+  deadLetterRow,
+  experimentRow,
+  experimentScenarioRow,
+  runScoreRow,
+  sandboxEventRow,
+  sandboxRow,
+  scoreRow,
+  traceEventRows,
+} from './rows.ts';
 import type { DatasetChanged, DatasetRecordAdded } from '../domain/events/dataset-events.ts';
 import type { ExperimentChanged, ExperimentScenario } from '../domain/events/experiment-events.ts';
 import type { RunScored } from '../domain/events/run-events.ts';
@@ -85,8 +98,13 @@ export class SinkService implements Service {
           handle: async (events) => {
             const fresh = events.filter((e) => e.value !== null && !writer.alreadyStored(e.record.partition, e.record.offset));
             // Each value in this process's schema of the topic (a record of an older writer is re-encoded).
-            const records = await Promise.all(fresh.map(async (e) => ({ partition: e.record.partition, offset: e.record.offset, body: await kernel.serde.currentBody(topic, e.value!) })));
-            await writer.write(records, fresh.map((e) => e.record));
+            const records = await Promise.all(
+              fresh.map(async (e) => ({ partition: e.record.partition, offset: e.record.offset, body: await kernel.serde.currentBody(topic, e.value!) })),
+            );
+            await writer.write(
+              records,
+              fresh.map((e) => e.record),
+            );
           },
         }),
       );
@@ -103,7 +121,10 @@ export class SinkService implements Service {
         ...options,
         handle: async (events: Array<Delivered<unknown>>) => {
           const fresh = events.filter((e) => e.value !== null && !writer.alreadyStored(e.record.partition, e.record.offset));
-          await writer.write(fresh.flatMap((e) => toRows(e.value, e.record)), fresh.map((e) => e.record));
+          await writer.write(
+            fresh.flatMap((e) => toRows(e.value, e.record)),
+            fresh.map((e) => e.record),
+          );
         },
       }),
     );

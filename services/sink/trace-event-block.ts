@@ -24,13 +24,37 @@ export interface TraceRecordBody {
 
 /** The columns of the block, in order, with the types the block declares (the engine converts to the table's: String to LowCardinality(String)). */
 export const TRACE_EVENT_BLOCK_COLUMNS = [
-  ['Timestamp', "DateTime64(9, 'UTC')"], ['TraceId', 'String'], ['SpanId', 'String'], ['ParentSpanId', 'String'], ['SpanName', 'String'],
-  ['SpanKind', 'String'], ['ServiceName', 'String'], ['ResourceAttributes', 'Map(String, String)'], ['SpanAttributes', 'Map(String, String)'],
-  ['Duration', 'UInt64'], ['StatusCode', 'String'], ['StatusMessage', 'String'], ['TenantId', 'String'], ['EventId', 'String'],
-  ['SandboxId', 'Nullable(String)'], ['ExperimentId', 'String'], ['AgentSnapshotId', 'String'], ['EventType', 'String'], ['Phase', 'String'],
-  ['Input', 'String'], ['Output', 'String'], ['CostModel', 'String'], ['InputTokens', 'UInt64'], ['OutputTokens', 'UInt64'],
-  ['CacheReadTokens', 'UInt64'], ['ReasoningTokens', 'UInt64'], ['EstimatedUsd', 'Float64'], ['HasCost', 'UInt8'],
-  ['IngestedAt', "DateTime64(3, 'UTC')"], ['LogPartition', 'UInt32'], ['LogOffset', 'UInt64'],
+  ['Timestamp', "DateTime64(9, 'UTC')"],
+  ['TraceId', 'String'],
+  ['SpanId', 'String'],
+  ['ParentSpanId', 'String'],
+  ['SpanName', 'String'],
+  ['SpanKind', 'String'],
+  ['ServiceName', 'String'],
+  ['ResourceAttributes', 'Map(String, String)'],
+  ['SpanAttributes', 'Map(String, String)'],
+  ['Duration', 'UInt64'],
+  ['StatusCode', 'String'],
+  ['StatusMessage', 'String'],
+  ['TenantId', 'String'],
+  ['EventId', 'String'],
+  ['SandboxId', 'Nullable(String)'],
+  ['ExperimentId', 'String'],
+  ['AgentSnapshotId', 'String'],
+  ['EventType', 'String'],
+  ['Phase', 'String'],
+  ['Input', 'String'],
+  ['Output', 'String'],
+  ['CostModel', 'String'],
+  ['InputTokens', 'UInt64'],
+  ['OutputTokens', 'UInt64'],
+  ['CacheReadTokens', 'UInt64'],
+  ['ReasoningTokens', 'UInt64'],
+  ['EstimatedUsd', 'Float64'],
+  ['HasCost', 'UInt8'],
+  ['IngestedAt', "DateTime64(3, 'UTC')"],
+  ['LogPartition', 'UInt32'],
+  ['LogOffset', 'UInt64'],
 ] as const;
 
 /** The block's column names, in order (the INSERT's column list). */
@@ -209,7 +233,14 @@ class AvroReader {
 const EMPTY = Buffer.alloc(0);
 const ZERO_DOUBLE = Buffer.alloc(8);
 const text = (value: string): Buffer => Buffer.from(value, 'latin1');
-const [LLM_CALL, ERROR, CLIENT, INTERNAL, ERROR_CODE, OK] = ['llm_call', 'error', 'Client', 'Internal', 'Error', 'Ok'].map(text) as [Buffer, Buffer, Buffer, Buffer, Buffer, Buffer];
+const [LLM_CALL, ERROR, CLIENT, INTERNAL, ERROR_CODE, OK] = ['llm_call', 'error', 'Client', 'Internal', 'Error', 'Ok'].map(text) as [
+  Buffer,
+  Buffer,
+  Buffer,
+  Buffer,
+  Buffer,
+  Buffer,
+];
 const TAG_KEYS = ['svc.agent_snapshot_id', 'svc.agent_version', 'svc.scenario_id', 'svc.run_id'].map(text);
 
 /**
@@ -263,14 +294,37 @@ class Columns {
   /** Each column's data in the block's order (a map is its offsets, keys and values; a Nullable its null map and values). */
   private byName(): Record<(typeof TRACE_EVENT_BLOCK_COLUMNS)[number][0], Bytes[]> {
     return {
-      Timestamp: [this.timestamp], TraceId: [this.traceId], SpanId: [this.spanId], ParentSpanId: [this.parentSpanId], SpanName: [this.spanName],
-      SpanKind: [this.spanKind], ServiceName: [this.serviceName], ResourceAttributes: this.resource.parts(), SpanAttributes: this.attributes.parts(),
-      Duration: [this.duration], StatusCode: [this.statusCode], StatusMessage: [this.statusMessage], TenantId: [this.tenantId], EventId: [this.eventId],
-      SandboxId: [this.sandboxNulls, this.sandboxIds], ExperimentId: [this.experimentId], AgentSnapshotId: [this.agentSnapshotId],
-      EventType: [this.eventType], Phase: [this.phase], Input: [this.input], Output: [this.output], CostModel: [this.costModel],
-      InputTokens: [this.inputTokens], OutputTokens: [this.outputTokens], CacheReadTokens: [this.cacheReadTokens],
-      ReasoningTokens: [this.reasoningTokens], EstimatedUsd: [this.estimatedUsd], HasCost: [this.hasCost], IngestedAt: [this.ingestedAt],
-      LogPartition: [this.logPartition], LogOffset: [this.logOffset],
+      Timestamp: [this.timestamp],
+      TraceId: [this.traceId],
+      SpanId: [this.spanId],
+      ParentSpanId: [this.parentSpanId],
+      SpanName: [this.spanName],
+      SpanKind: [this.spanKind],
+      ServiceName: [this.serviceName],
+      ResourceAttributes: this.resource.parts(),
+      SpanAttributes: this.attributes.parts(),
+      Duration: [this.duration],
+      StatusCode: [this.statusCode],
+      StatusMessage: [this.statusMessage],
+      TenantId: [this.tenantId],
+      EventId: [this.eventId],
+      SandboxId: [this.sandboxNulls, this.sandboxIds],
+      ExperimentId: [this.experimentId],
+      AgentSnapshotId: [this.agentSnapshotId],
+      EventType: [this.eventType],
+      Phase: [this.phase],
+      Input: [this.input],
+      Output: [this.output],
+      CostModel: [this.costModel],
+      InputTokens: [this.inputTokens],
+      OutputTokens: [this.outputTokens],
+      CacheReadTokens: [this.cacheReadTokens],
+      ReasoningTokens: [this.reasoningTokens],
+      EstimatedUsd: [this.estimatedUsd],
+      HasCost: [this.hasCost],
+      IngestedAt: [this.ingestedAt],
+      LogPartition: [this.logPartition],
+      LogOffset: [this.logOffset],
     };
   }
 
@@ -370,7 +424,17 @@ function writeRecord(columns: Columns, record: TraceRecordBody): void {
   if (version) tags.push([TAG_KEYS[1]!, [version, 0, version.length]]);
   if (set(scenario)) tags.push([TAG_KEYS[2]!, scenario]);
   if (set(run)) tags.push([TAG_KEYS[3]!, run]);
-  const batch: Batch = { tenant, ts, sandbox, experiment: experiment ?? NONE, agent: agent ?? NONE, snapshot: snapshot ?? NONE, tags, partition: record.partition, offset: record.offset };
+  const batch: Batch = {
+    tenant,
+    ts,
+    sandbox,
+    experiment: experiment ?? NONE,
+    agent: agent ?? NONE,
+    snapshot: snapshot ?? NONE,
+    tags,
+    partition: record.partition,
+    offset: record.offset,
+  };
   for (let block = r.blockCount(); block > 0; block = r.blockCount()) {
     for (let k = 0; k < block; k++) writeEvent(columns, r, batch);
   }

@@ -20,7 +20,15 @@ let url: string;
 
 before(async () => {
   dir = await mkdtemp(path.join(os.tmpdir(), 'svc-dlq-'));
-  const config = loadConfig({ SVC_DATA_DIR: dir, SVC_PORT: '0', SVC_HOST: '127.0.0.1', SVC_API_KEY: ADMIN_KEY, SVC_LOG_LEVEL: 'silent', SVC_LOG_FSYNC: 'never', SVC_HANDLER_MAX_ATTEMPTS: '3' });
+  const config = loadConfig({
+    SVC_DATA_DIR: dir,
+    SVC_PORT: '0',
+    SVC_HOST: '127.0.0.1',
+    SVC_API_KEY: ADMIN_KEY,
+    SVC_LOG_LEVEL: 'silent',
+    SVC_LOG_FSYNC: 'never',
+    SVC_HANDLER_MAX_ATTEMPTS: '3',
+  });
   running = await startServices(config);
   url = `http://127.0.0.1:${running.api!.port()}`;
 });
@@ -29,7 +37,8 @@ after(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const admin = (p: string, init: RequestInit = {}) => fetch(`${url}${p}`, { ...init, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', ...(init.headers ?? {}) } });
+const admin = (p: string, init: RequestInit = {}) =>
+  fetch(`${url}${p}`, { ...init, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', ...(init.headers ?? {}) } });
 
 async function deadLetters(): Promise<any[]> {
   const res = await admin('/v1/admin/dead-letters');
@@ -65,12 +74,40 @@ test('a record whose handler keeps failing is dead-lettered after the bounded tr
       }
     },
   });
-  await eventually(async () => consumer.assignment().length, (n) => n > 0);
+  await eventually(
+    async () => consumer.assignment().length,
+    (n) => n > 0,
+  );
   // One partition key for all three, so they are in one partition, in order.
   const { publish } = await import('../../services/kernel/actor.ts');
-  const batch = (tool: string) => ({ tenant: 'acme', event_id: tool, ts: Date.now(), events: [{ event_id: tool, ts_us: Date.now() * 1000, event_type: 'tool_call', tool, phase: 'complete', trace_id: tool, span_id: tool, duration_ms: 1, status: 'ok', metadata: {} }] });
-  await publish(kernel, TOPICS.traces, ['before', 'poison', 'after'].map((tool) => ({ key: 'same-key', tenant: 'acme', value: batch(tool) })));
-  await eventually(async () => handled, (h) => h.includes('after'));
+  const batch = (tool: string) => ({
+    tenant: 'acme',
+    event_id: tool,
+    ts: Date.now(),
+    events: [
+      {
+        event_id: tool,
+        ts_us: Date.now() * 1000,
+        event_type: 'tool_call',
+        tool,
+        phase: 'complete',
+        trace_id: tool,
+        span_id: tool,
+        duration_ms: 1,
+        status: 'ok',
+        metadata: {},
+      },
+    ],
+  });
+  await publish(
+    kernel,
+    TOPICS.traces,
+    ['before', 'poison', 'after'].map((tool) => ({ key: 'same-key', tenant: 'acme', value: batch(tool) })),
+  );
+  await eventually(
+    async () => handled,
+    (h) => h.includes('after'),
+  );
   await consumer.stop();
   // At least once: a batch retry hands 'before' again (handlers are idempotent).
   assert.deepEqual([...new Set(handled)], ['before', 'after'], 'the records after the poison one were handled');
@@ -99,9 +136,38 @@ test('an undecodable record on svc.traces is dead-lettered by the sink, and inge
   assert.match(metrics, /svc_dead_lettered_total\{group="sink\.trace_events",topic="svc\.traces"\} 1/);
 });
 
-test('a record of the schema\'s id whose bytes are cut short is dead-lettered by the sink (the engine refuses it), and ingest goes on', async () => {
+test("a record of the schema's id whose bytes are cut short is dead-lettered by the sink (the engine refuses it), and ingest goes on", async () => {
   const { kernel } = running;
-  const whole = kernel.serde.encode(TOPICS.traces, { tenant: 'acme', event_id: 'cut', ts: Date.now(), sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null, events: [{ event_id: 'cut-1', ts_us: Date.now() * 1000, event_type: 'tool_call', tool: 'cut-short', phase: 'complete', trace_id: 't-cut', span_id: 's-cut', parent_span_id: null, duration_ms: 1, status: 'ok', input: null, output: null, cost: null, metadata: {} }] });
+  const whole = kernel.serde.encode(TOPICS.traces, {
+    tenant: 'acme',
+    event_id: 'cut',
+    ts: Date.now(),
+    sandbox_id: null,
+    experiment_id: null,
+    agent: null,
+    agent_snapshot_id: null,
+    agent_version: null,
+    scenario_id: null,
+    run_id: null,
+    events: [
+      {
+        event_id: 'cut-1',
+        ts_us: Date.now() * 1000,
+        event_type: 'tool_call',
+        tool: 'cut-short',
+        phase: 'complete',
+        trace_id: 't-cut',
+        span_id: 's-cut',
+        parent_span_id: null,
+        duration_ms: 1,
+        status: 'ok',
+        input: null,
+        output: null,
+        cost: null,
+        metadata: {},
+      },
+    ],
+  });
   const before = (await deadLetters()).filter((d) => d.group_id === 'sink.trace_events').length;
   await kernel.log.append(TOPICS.traces, [{ key: 'cut', value: whole.subarray(0, whole.length - 7), headers: { tenant: 'acme' } }]);
   await eventually(deadLetters, (l) => l.filter((d) => d.group_id === 'sink.trace_events').length > before);

@@ -17,7 +17,13 @@ const brokers = backend('SVC_TEST_KAFKA_BROKERS', NAME);
 
 if (brokers) {
   const brokerList = brokers.split(',').map((b) => b.trim());
-  const quiet = { info() {}, warn() {}, error(o: object, m?: string) { console.error(m, o); } };
+  const quiet = {
+    info() {},
+    warn() {},
+    error(o: object, m?: string) {
+      console.error(m, o);
+    },
+  };
   const newLog = () => new KafkaLog({ brokers: brokerList, clientId: 'contract-test', logger: quiet });
   const run = randomBytes(4).toString('hex');
   let n = 0;
@@ -85,7 +91,10 @@ if (brokers) {
         next.set(p.partition, p.offset + 1);
       });
       const ends = await log.endOffsets(topic);
-      assert.deepEqual(ends, [0, 1, 2].map((p) => next.get(p) ?? 0));
+      assert.deepEqual(
+        ends,
+        [0, 1, 2].map((p) => next.get(p) ?? 0),
+      );
       // Replay returns what was appended.
       const p0 = positions[0]!;
       const [first] = await log.read(topic, p0.partition, p0.offset, 1);
@@ -115,15 +124,25 @@ if (brokers) {
         }
       }
       const ends = [...(await log.endOffsets(topic)), ...(await log.endOffsets(other))];
-      assert.equal(ends.reduce((x, y) => x + y, 0), seen.size, 'nothing stored but the appended records');
+      assert.equal(
+        ends.reduce((x, y) => x + y, 0),
+        seen.size,
+        'nothing stored but the appended records',
+      );
     });
 
     test('read replays a range, stops at max and at the end', async () => {
       const topic = unique('read');
       await log.start([spec(topic, 1)]);
-      await log.append(topic, Array.from({ length: 2500 }, (_, i) => ({ key: null, value: Buffer.from(String(i)) })));
+      await log.append(
+        topic,
+        Array.from({ length: 2500 }, (_, i) => ({ key: null, value: Buffer.from(String(i)) })),
+      );
       const some = await log.read(topic, 0, 100, 50);
-      assert.deepEqual(some.map((r) => r.offset), Array.from({ length: 50 }, (_, i) => 100 + i));
+      assert.deepEqual(
+        some.map((r) => r.offset),
+        Array.from({ length: 50 }, (_, i) => 100 + i),
+      );
       const rest = await log.read(topic, 0, 2000, 10_000);
       assert.equal(rest.length, 500);
       assert.equal(rest.at(-1)?.value?.toString(), '2499');
@@ -134,7 +153,10 @@ if (brokers) {
     test('a group consumes everything, commits, and redelivers a rejected batch', async () => {
       const topic = unique('consume');
       await log.start([spec(topic)]);
-      await log.append(topic, Array.from({ length: 100 }, (_, i) => ({ key: `k${i}`, value: Buffer.from(String(i)) })));
+      await log.append(
+        topic,
+        Array.from({ length: 100 }, (_, i) => ({ key: `k${i}`, value: Buffer.from(String(i)) })),
+      );
       const seen: LogRecord[] = [];
       let failOnce = true;
       const sizes: number[] = [];
@@ -153,12 +175,19 @@ if (brokers) {
       });
       assert.equal(consumer.assignment().length, 3);
       await until(() => new Set(seen.map((r) => `${r.partition}/${r.offset}`)).size === 100, 20_000, 'all 100 records');
-      assert.ok(sizes.every((s) => s <= 7), `batches of at most 7: ${sizes}`);
-      await until(async () => {
-        const committed = await log.committedOffsets(consumer.groupId, topic);
-        const ends = await log.endOffsets(topic);
-        return committed.every((c, i) => c === ends[i]);
-      }, 10_000, 'commits at the end offsets');
+      assert.ok(
+        sizes.every((s) => s <= 7),
+        `batches of at most 7: ${sizes}`,
+      );
+      await until(
+        async () => {
+          const committed = await log.committedOffsets(consumer.groupId, topic);
+          const ends = await log.endOffsets(topic);
+          return committed.every((c, i) => c === ends[i]);
+        },
+        10_000,
+        'commits at the end offsets',
+      );
       await consumer.stop();
       assert.deepEqual(consumer.assignment(), []);
     });
@@ -166,17 +195,30 @@ if (brokers) {
     test('a member that does not commit keeps its positions through a rebalance; its group is gone once it stops', async () => {
       const topic = unique('nocommit');
       await log.start([spec(topic, 2)]);
-      await log.append(topic, Array.from({ length: 20 }, (_, i) => ({ key: `k${i}`, value: Buffer.from(`old${i}`) })));
+      await log.append(
+        topic,
+        Array.from({ length: 20 }, (_, i) => ({ key: `k${i}`, value: Buffer.from(`old${i}`) })),
+      );
       const groupId = unique('view');
       const got = { a: [] as string[], b: [] as string[] };
-      const member = (name: 'a' | 'b') => log.consume({ groupId, topics: [topic], fromBeginning: true, commit: false, handleBatch: async (b: Batch) => void got[name].push(...b.records.map((r) => r.value!.toString())) });
+      const member = (name: 'a' | 'b') =>
+        log.consume({
+          groupId,
+          topics: [topic],
+          fromBeginning: true,
+          commit: false,
+          handleBatch: async (b: Batch) => void got[name].push(...b.records.map((r) => r.value!.toString())),
+        });
       const a = await member('a');
       await until(() => got.a.length === 20, 20_000, 'a reads everything');
       // A second member joins: the group rebalances and a keeps one partition. Nothing is
       // committed, yet a must go on from where it was rather than from the beginning again.
       const b = await member('b');
       await until(() => a.assignment().length === 1 && b.assignment().length === 1, 20_000, 'a split assignment');
-      await log.append(topic, Array.from({ length: 6 }, (_, i) => ({ key: `n${i}`, value: Buffer.from(`new${i}`) })));
+      await log.append(
+        topic,
+        Array.from({ length: 6 }, (_, i) => ({ key: `n${i}`, value: Buffer.from(`new${i}`) })),
+      );
       await until(() => [...got.a, ...got.b].filter((v) => v.startsWith('new')).length === 6, 20_000, 'the new records');
       await new Promise((r) => setTimeout(r, 500));
       assert.equal(got.a.filter((v) => v.startsWith('old')).length, 20, `a got no old record twice: ${got.a}`);
@@ -206,8 +248,15 @@ if (brokers) {
       };
       const a = await log.consume({ groupId, topics: [topic], fromBeginning: false, handleBatch });
       const b = await log.consume({ groupId, topics: [topic], fromBeginning: false, handleBatch });
-      await until(() => a.assignment().length + b.assignment().length === 4 && a.assignment().length > 0 && b.assignment().length > 0, 20_000, 'a split assignment');
-      await log.append(topic, Array.from({ length: 20 }, (_, i) => ({ key: `n${i}`, value: Buffer.from(`new${i}`) })));
+      await until(
+        () => a.assignment().length + b.assignment().length === 4 && a.assignment().length > 0 && b.assignment().length > 0,
+        20_000,
+        'a split assignment',
+      );
+      await log.append(
+        topic,
+        Array.from({ length: 20 }, (_, i) => ({ key: `n${i}`, value: Buffer.from(`new${i}`) })),
+      );
       await until(() => got.length >= 20, 20_000, '20 new records');
       assert.ok(!got.includes('old'), 'the record appended before joining is not delivered');
       await Promise.all([a.stop(), b.stop()]);

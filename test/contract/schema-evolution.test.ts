@@ -216,7 +216,11 @@ describe('schema registry over HTTP', () => {
 
   it('speaks the Confluent REST API and its error bodies', async () => {
     const call = async (method: string, path: string, body?: unknown, type = 'application/vnd.schemaregistry.v1+json') => {
-      const res = await fetch(`${url}${path}`, { method, headers: body === undefined ? {} : { 'content-type': type }, body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body) });
+      const res = await fetch(`${url}${path}`, {
+        method,
+        headers: body === undefined ? {} : { 'content-type': type },
+        body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
+      });
       assert.match(res.headers.get('content-type') ?? '', /application\/vnd\.schemaregistry\.v1\+json/);
       return { status: res.status, body: (await res.json()) as Record<string, unknown> | unknown[] };
     };
@@ -229,17 +233,28 @@ describe('schema registry over HTTP', () => {
     assert.deepEqual((await call('GET', '/subjects/rest-value/versions/latest')).body, { subject: 'rest-value', version: 1, id, schema: JSON.stringify(v1) });
     assert.deepEqual((await call('GET', '/subjects/rest-value/versions/1/schema')).body, v1);
     assert.deepEqual((await call('GET', `/schemas/ids/${id}`)).body, { schema: JSON.stringify(v1) });
-    assert.deepEqual((await call('GET', `/schemas/ids/${id}/versions`)).body, [{ subject: 'rest-value', version: 1 }, { subject: SUBJECT, version: 1 }]);
-    assert.deepEqual((await call('POST', '/subjects/rest-value', { schema: JSON.stringify(v1) })).body, { subject: 'rest-value', version: 1, id, schema: JSON.stringify(v1) });
+    assert.deepEqual((await call('GET', `/schemas/ids/${id}/versions`)).body, [
+      { subject: 'rest-value', version: 1 },
+      { subject: SUBJECT, version: 1 },
+    ]);
+    assert.deepEqual((await call('POST', '/subjects/rest-value', { schema: JSON.stringify(v1) })).body, {
+      subject: 'rest-value',
+      version: 1,
+      id,
+      schema: JSON.stringify(v1),
+    });
     assert.deepEqual((await call('GET', '/config')).body, { compatibilityLevel: 'BACKWARD' });
-    assert.deepEqual(await call('GET', '/config/rest-value'), { status: 404, body: { error_code: 40408, message: "Subject 'rest-value' does not have subject-level compatibility configured" } });
+    assert.deepEqual(await call('GET', '/config/rest-value'), {
+      status: 404,
+      body: { error_code: 40408, message: "Subject 'rest-value' does not have subject-level compatibility configured" },
+    });
     assert.deepEqual((await call('GET', '/config/rest-value?defaultToGlobal=true')).body, { compatibilityLevel: 'BACKWARD' });
     assert.deepEqual((await call('PUT', '/config/rest-value', { compatibility: 'FULL' })).body, { compatibility: 'FULL' });
     assert.deepEqual((await call('GET', '/config/rest-value')).body, { compatibilityLevel: 'FULL' });
     assert.deepEqual((await call('POST', '/compatibility/subjects/rest-value/versions/latest', { schema: JSON.stringify(v2) })).body, { is_compatible: true });
     const no = await call('POST', '/compatibility/subjects/rest-value/versions/latest?verbose=true', { schema: JSON.stringify(v3Incompatible) });
     assert.equal((no.body as { is_compatible: boolean }).is_compatible, false);
-    assert.ok(((no.body as { messages: string[] }).messages).length > 0);
+    assert.ok((no.body as { messages: string[] }).messages.length > 0);
 
     const errorCode = async (method: string, path: string, body?: unknown) => {
       const res = await call(method, path, body);

@@ -57,11 +57,30 @@ const BATCHES: TraceEventsIngested[] = [
     scenario_id: 'scn-1',
     run_id: 'run-1',
     events: [
-      event({ event_id: 'a1', event_type: 'llm_call', cost: { input_tokens: 1200, output_tokens: 30, cache_read_tokens: 7, reasoning_tokens: 9, model: 'gpt-4o', estimated_usd: 0.0123 }, metadata: { 'gen_ai.system': 'openai', n: '3' } }),
-      event({ event_id: 'a2', status: 'error', parent_span_id: 'b7ad6b7169203331', span_id: 'c1', input: '{"cmd":"ls ☃"}', output: 'ünïcode\nline\ttab "quoted" \\ back', cost: { input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, reasoning_tokens: 0, model: '', estimated_usd: 0 } }),
+      event({
+        event_id: 'a1',
+        event_type: 'llm_call',
+        cost: { input_tokens: 1200, output_tokens: 30, cache_read_tokens: 7, reasoning_tokens: 9, model: 'gpt-4o', estimated_usd: 0.0123 },
+        metadata: { 'gen_ai.system': 'openai', n: '3' },
+      }),
+      event({
+        event_id: 'a2',
+        status: 'error',
+        parent_span_id: 'b7ad6b7169203331',
+        span_id: 'c1',
+        input: '{"cmd":"ls ☃"}',
+        output: 'ünïcode\nline\ttab "quoted" \\ back',
+        cost: { input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, reasoning_tokens: 0, model: '', estimated_usd: 0 },
+      }),
       event({ event_id: 'a3', phase: 'start', duration_ms: 0, ts_us: 1_764_000_000_000_001 }),
       event({ event_id: 'a4', phase: 'end', duration_ms: 4_000_000, input: '', output: '' }),
-      event({ event_id: 'a5', ts_us: -14_182_939_999_999, trace_id: '', metadata: { a: '1', b: '', 'ключ': 'значение' }, cost: { input_tokens: 2 ** 40, output_tokens: 1, cache_read_tokens: 0, reasoning_tokens: 0, model: 'm', estimated_usd: 1e-9 } }),
+      event({
+        event_id: 'a5',
+        ts_us: -14_182_939_999_999,
+        trace_id: '',
+        metadata: { a: '1', b: '', ключ: 'значение' },
+        cost: { input_tokens: 2 ** 40, output_tokens: 1, cache_read_tokens: 0, reasoning_tokens: 0, model: 'm', estimated_usd: 1e-9 },
+      }),
       event({ event_id: 'a6', event_type: 'llm', status: 'errors' }),
     ],
   },
@@ -78,10 +97,22 @@ const BATCHES: TraceEventsIngested[] = [
     run_id: null,
     events: [event({ event_id: 'b1', tool: 'read_file', metadata: { path: '/workspace/x', '': 'empty key' } })],
   },
-  { tenant: 'acme', event_id: 'b3', ts: 1_764_000_003_000, sandbox_id: '', experiment_id: '', agent: '', agent_snapshot_id: '', agent_version: 7, scenario_id: '', run_id: '', events: [event({ event_id: 'c1' })] },
+  {
+    tenant: 'acme',
+    event_id: 'b3',
+    ts: 1_764_000_003_000,
+    sandbox_id: '',
+    experiment_id: '',
+    agent: '',
+    agent_snapshot_id: '',
+    agent_version: 7,
+    scenario_id: '',
+    run_id: '',
+    events: [event({ event_id: 'c1' })],
+  },
 ];
 
-describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
+describe("the sink on chDB: the log's Avro records as Native blocks", () => {
   let root: string;
   let log: EmbeddedLog;
   let serde: EventSerde;
@@ -106,13 +137,23 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
     await rm(root, { recursive: true, force: true });
   });
 
-  const record = (value: Buffer, offset: number): LogRecord & { value: Buffer } => ({ topic: TOPICS.traces, partition: offset % 3, offset, key: null, value, headers: {}, timestamp: 0 });
+  const record = (value: Buffer, offset: number): LogRecord & { value: Buffer } => ({
+    topic: TOPICS.traces,
+    partition: offset % 3,
+    offset,
+    key: null,
+    value,
+    headers: {},
+    timestamp: 0,
+  });
 
   const stored = (table: string) => store.query(`SELECT * FROM ${table} ORDER BY EventId`);
 
   /** As the sink does: each record's value in this process's schema, then one block of them all. */
   async function insertBlock(records: Array<LogRecord & { value: Buffer }>, into = 'trace_events'): Promise<void> {
-    const bodies: TraceRecordBody[] = await Promise.all(records.map(async (r) => ({ partition: r.partition, offset: r.offset, body: await serde.currentBody(TOPICS.traces, r.value) })));
+    const bodies: TraceRecordBody[] = await Promise.all(
+      records.map(async (r) => ({ partition: r.partition, offset: r.offset, body: await serde.currentBody(TOPICS.traces, r.value) })),
+    );
     const block = traceEventBlock(bodies);
     assert.ok(block, 'the records hold events');
     await store.insertNative({ table: into, columns: TRACE_EVENT_BLOCK_COLUMN_NAMES, block: block.parts });
@@ -123,7 +164,10 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
     await store.command(`CREATE TABLE ${table}_from_rows AS trace_events`);
     await store.command(`CREATE TABLE ${table} AS trace_events`);
     const records = batches.map((batch, i) => record(serde.encode(TOPICS.traces, batch), firstOffset + i));
-    await store.insert(`${table}_from_rows`, batches.flatMap((batch, i) => traceEventRows(batch, records[i])));
+    await store.insert(
+      `${table}_from_rows`,
+      batches.flatMap((batch, i) => traceEventRows(batch, records[i])),
+    );
     await insertBlock(records, table);
     const expected = await stored(`${table}_from_rows`);
     assert.deepEqual(await stored(table), expected);
@@ -139,7 +183,12 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
     assert.equal(byId.get('a2')!.HasCost, 1, 'a cost of zeros is a cost');
     assert.equal(byId.get('b1')!.HasCost, 0);
     assert.equal(byId.get('b1')!.SandboxId, null);
-    assert.deepEqual(byId.get('a1')!.ResourceAttributes, { 'svc.agent_snapshot_id': 'snap-1', 'svc.agent_version': '0', 'svc.scenario_id': 'scn-1', 'svc.run_id': 'run-1' });
+    assert.deepEqual(byId.get('a1')!.ResourceAttributes, {
+      'svc.agent_snapshot_id': 'snap-1',
+      'svc.agent_version': '0',
+      'svc.scenario_id': 'scn-1',
+      'svc.run_id': 'run-1',
+    });
     assert.deepEqual(byId.get('c1')!.ResourceAttributes, { 'svc.agent_version': '7' });
     assert.equal(byId.get('a5')!.Timestamp, '1969-07-20 20:17:40.000001000', 'a time before the epoch');
     assert.equal(byId.get('a5')!.InputTokens, '1099511627776');
@@ -147,7 +196,14 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
 
   it('stores a large batch whose columns outgrow their first guess', async () => {
     const events = Array.from({ length: 3000 }, (_, i) =>
-      event({ event_id: `big-${i}`, span_id: `s${i}`, ts_us: 1_764_000_000_000_000 + i, input: 'é'.repeat(i % 7 === 0 ? 3000 : 10), output: i % 2 ? null : 'x', metadata: Object.fromEntries(Array.from({ length: i % 5 }, (_, k) => [`k${k}`, 'v'.repeat(k * 40)])) }),
+      event({
+        event_id: `big-${i}`,
+        span_id: `s${i}`,
+        ts_us: 1_764_000_000_000_000 + i,
+        input: 'é'.repeat(i % 7 === 0 ? 3000 : 10),
+        output: i % 2 ? null : 'x',
+        metadata: Object.fromEntries(Array.from({ length: i % 5 }, (_, k) => [`k${k}`, 'v'.repeat(k * 40)])),
+      }),
     );
     const batches = [0, 1, 2].map((b) => ({ ...BATCHES[0]!, event_id: `big-batch-${b}`, events: events.slice(b * 1000, (b + 1) * 1000) }));
     const expected = await bothWays(batches, 60, 'large');
@@ -188,11 +244,16 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
     const second = traceEventBlock([{ partition: 1, offset: 201, body: body({ ...BATCHES[1]!, events: [event({ event_id: 'held-2', tool: 'second' })] }) }])!;
     await store.insertNative({ table: 'trace_events', columns, block: second.parts });
     await store.insertNative({ table: 'trace_events', columns, block: first.parts });
-    const got = await store.query<{ EventId: string; SpanName: string }>("SELECT EventId, SpanName FROM trace_events WHERE EventId LIKE 'held-%' ORDER BY EventId");
-    assert.deepEqual(got, [{ EventId: 'held-1', SpanName: 'first' }, { EventId: 'held-2', SpanName: 'second' }]);
+    const got = await store.query<{ EventId: string; SpanName: string }>(
+      "SELECT EventId, SpanName FROM trace_events WHERE EventId LIKE 'held-%' ORDER BY EventId",
+    );
+    assert.deepEqual(got, [
+      { EventId: 'held-1', SpanName: 'first' },
+      { EventId: 'held-2', SpanName: 'second' },
+    ]);
     first.release();
     const third = traceEventBlock([{ partition: 1, offset: 202, body: body(BATCHES[1]!) }])!;
-    assert.equal(third.parts.at(-1)!.buffer, first.parts.at(-1)!.buffer, 'the released buffers are the next block\'s');
+    assert.equal(third.parts.at(-1)!.buffer, first.parts.at(-1)!.buffer, "the released buffers are the next block's");
     third.release();
     second.release();
   });
@@ -200,7 +261,9 @@ describe('the sink on chDB: the log\'s Avro records as Native blocks', () => {
   it('writes blocks over a few inbox files instead of a file per insert', async () => {
     const columns = TRACE_EVENT_BLOCK_COLUMN_NAMES;
     const insert = async (i: number) => {
-      const block = traceEventBlock([{ partition: 2, offset: 300 + i, body: serde.encode(TOPICS.traces, { ...BATCHES[1]!, events: [event({ event_id: `inbox-${i}` })] }).subarray(5) }])!;
+      const block = traceEventBlock([
+        { partition: 2, offset: 300 + i, body: serde.encode(TOPICS.traces, { ...BATCHES[1]!, events: [event({ event_id: `inbox-${i}` })] }).subarray(5) },
+      ])!;
       await store.insertNative({ table: 'trace_events', columns, block: block.parts });
       block.release();
     };

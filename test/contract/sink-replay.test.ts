@@ -21,7 +21,9 @@ let url: string;
 
 before(async () => {
   dir = await mkdtemp(path.join(os.tmpdir(), 'svc-replay-'));
-  running = await startServices(loadConfig({ SVC_DATA_DIR: dir, SVC_PORT: '0', SVC_HOST: '127.0.0.1', SVC_API_KEY: ADMIN_KEY, SVC_LOG_LEVEL: 'silent', SVC_LOG_FSYNC: 'never' }));
+  running = await startServices(
+    loadConfig({ SVC_DATA_DIR: dir, SVC_PORT: '0', SVC_HOST: '127.0.0.1', SVC_API_KEY: ADMIN_KEY, SVC_LOG_LEVEL: 'silent', SVC_LOG_FSYNC: 'never' }),
+  );
   url = `http://127.0.0.1:${running.api!.port()}`;
 });
 after(async () => {
@@ -34,7 +36,11 @@ const count = async () => Number((await running.kernel.store.query<{ n: string }
 test('a sink replaying svc.traces from the beginning adds no rows', async () => {
   for (let i = 0; i < 3; i++) {
     const events = Array.from({ length: 100 }, (_, j) => traceEvent({ tool: 'replayed', span_id: `r${i}-${j}` }));
-    const res = await fetch(`${url}/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ events }) });
+    const res = await fetch(`${url}/v1/traces`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ events }),
+    });
     assert.equal(res.status, 200);
   }
   assert.equal(await count(), 300);
@@ -47,8 +53,12 @@ test('a sink replaying svc.traces from the beginning adds no rows', async () => 
   const replaying = new SinkService();
   await replaying.sink(kernel, TOPICS.traces, { groupId: 'test.replaying-sink', watermark });
   const deadline = Date.now() + 20_000;
-  while (!ends.every((end, p) => end === 0 || watermark.offset(TOPICS.traces, p) >= end - 1) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  while (!ends.every((end, p) => end === 0 || watermark.offset(TOPICS.traces, p) >= end - 1) && Date.now() < deadline)
+    await new Promise((r) => setTimeout(r, 20));
   await replaying.stop();
-  assert.ok(ends.every((end, p) => end === 0 || watermark.offset(TOPICS.traces, p) >= end - 1), 'the replay read every record');
+  assert.ok(
+    ends.every((end, p) => end === 0 || watermark.offset(TOPICS.traces, p) >= end - 1),
+    'the replay read every record',
+  );
   assert.equal(await count(), 300, 'the replay skipped every stored record');
 });

@@ -100,7 +100,10 @@ function storeContract(name: string, harness: Harness | string): void {
       const tables = await store.query<{ name: string }>(
         "SELECT name FROM system.tables WHERE database = currentDatabase() AND name IN ('trace_events', 'dead_letters') ORDER BY name",
       );
-      assert.deepEqual(tables.map((t) => t.name), ['dead_letters', 'trace_events']);
+      assert.deepEqual(
+        tables.map((t) => t.name),
+        ['dead_letters', 'trace_events'],
+      );
     });
 
     test('a changed, already applied migration is an error naming the file', async () => {
@@ -127,7 +130,7 @@ function storeContract(name: string, harness: Harness | string): void {
         `SELECT {s:String} AS s, {t:DateTime64(9)} AS t, {d:DateTime64(3)} AS d, {u:UInt64} AS u, {b:UInt64} AS b,
                 {a:Array(String)} AS a, length({a:Array(String)}) AS n, toUInt32(7) AS u32, 1.5 AS f, {nul:Nullable(String)} AS nul`,
         {
-          s: "it's \"quoted\"\\ and\nmultiline",
+          s: 'it\'s "quoted"\\ and\nmultiline',
           t: '2026-01-02 03:04:05.123456789',
           d: new Date('2026-01-02T03:04:05.678Z'),
           u: '18446744073709551615',
@@ -137,7 +140,7 @@ function storeContract(name: string, harness: Harness | string): void {
         },
       );
       assert.deepEqual(row, {
-        s: "it's \"quoted\"\\ and\nmultiline",
+        s: 'it\'s "quoted"\\ and\nmultiline',
         t: '2026-01-02 03:04:05.123456789',
         d: '2026-01-02 03:04:05.678',
         u: '18446744073709551615', // 64-bit integers are strings
@@ -159,25 +162,28 @@ function storeContract(name: string, harness: Harness | string): void {
       }
       // The value is stored and compared verbatim, quotes and all.
       await store.insert('trace_events', [traceRow({ TenantId: 'tenant-inj', EventId: attacks[1] })]);
-      const rows = await store.query<{ EventId: string }>(
-        'SELECT EventId FROM trace_events WHERE TenantId = {t:String} AND EventId = {e:String}',
-        { t: 'tenant-inj', e: attacks[1] },
-      );
+      const rows = await store.query<{ EventId: string }>('SELECT EventId FROM trace_events WHERE TenantId = {t:String} AND EventId = {e:String}', {
+        t: 'tenant-inj',
+        e: attacks[1],
+      });
       assert.deepEqual(rows, [{ EventId: attacks[1] }]);
       const [count] = await store.query<{ c: string }>("SELECT count() AS c FROM trace_events WHERE TenantId = 'tenant-inj'");
       assert.equal(count?.c, '2');
       // Through the other kinds of placeholder: an array's elements and a number's text.
-      const inArray = await store.query<{ EventId: string }>('SELECT EventId FROM trace_events WHERE TenantId = {t:String} AND EventId IN {ids:Array(String)}', {
-        t: 'tenant-inj',
-        ids: ["x'] OR 1=1 --", "x\\'], ['", attacks[1]],
-      });
+      const inArray = await store.query<{ EventId: string }>(
+        'SELECT EventId FROM trace_events WHERE TenantId = {t:String} AND EventId IN {ids:Array(String)}',
+        {
+          t: 'tenant-inj',
+          ids: ["x'] OR 1=1 --", "x\\'], ['", attacks[1]],
+        },
+      );
       assert.deepEqual(inArray, [{ EventId: attacks[1] }]);
       await assert.rejects(store.query('SELECT count() AS c FROM trace_events WHERE LogPartition = {n:UInt32}', { n: '1 OR 1=1' }));
       await assert.rejects(store.query('SELECT count() AS c FROM trace_events WHERE LogPartition = {n:UInt32}', { n: "1') OR ('1'='1" }));
     });
 
     test("placeholders in the SQL's literals, quoted names and comments stay text; a missing parameter or a value not of its type is the engine's error", async () => {
-      const value = "nul\0 tab\t cr\r bs\\ quote' dq\" bq` {x:String} */ --";
+      const value = 'nul\0 tab\t cr\r bs\\ quote\' dq" bq` {x:String} */ --';
       const [row] = await store.query<Record<string, string>>(
         `SELECT '{v:String}' AS "{v:String}", {v:String} AS v, toString(1) AS \`b{v:String}\`, 'it''s {v:String}' AS doubled -- {absent:String}
          /* {absent:String} */`,
@@ -206,10 +212,9 @@ function storeContract(name: string, harness: Harness | string): void {
         InputTokens: '18446744073709551615',
       });
       await store.insert('trace_events', [full, sparse]);
-      const rows = await store.query<Record<string, unknown>>(
-        'SELECT * FROM trace_events WHERE TenantId = {t:String} ORDER BY Timestamp, EventId',
-        { t: 'tenant-rt' },
-      );
+      const rows = await store.query<Record<string, unknown>>('SELECT * FROM trace_events WHERE TenantId = {t:String} ORDER BY Timestamp, EventId', {
+        t: 'tenant-rt',
+      });
       assert.equal(rows.length, 2);
       assert.deepEqual(rows[0], {
         ...full,
@@ -225,15 +230,15 @@ function storeContract(name: string, harness: Harness | string): void {
       assert.deepEqual(rows[1]?.SpanAttributes, {});
       assert.equal(rows[1]?.InputTokens, '18446744073709551615');
       assert.equal(rows[1]?.Timestamp, '2026-01-02 03:04:05.123456790');
-      const bySandbox = await store.query(
-        'SELECT EventId FROM trace_events WHERE TenantId = {t:String} AND SandboxId = {sb:String}',
-        { t: 'tenant-rt', sb: 'sb-0123456789ab' },
-      );
+      const bySandbox = await store.query('SELECT EventId FROM trace_events WHERE TenantId = {t:String} AND SandboxId = {sb:String}', {
+        t: 'tenant-rt',
+        sb: 'sb-0123456789ab',
+      });
       assert.deepEqual(bySandbox, [{ EventId: 'evt_full' }]);
-      const byAttr = await store.query(
-        "SELECT EventId FROM trace_events WHERE TenantId = {t:String} AND SpanAttributes['model'] = {m:String}",
-        { t: 'tenant-rt', m: 'gpt-4o' },
-      );
+      const byAttr = await store.query("SELECT EventId FROM trace_events WHERE TenantId = {t:String} AND SpanAttributes['model'] = {m:String}", {
+        t: 'tenant-rt',
+        m: 'gpt-4o',
+      });
       assert.deepEqual(byAttr, [{ EventId: 'evt_full' }]);
     });
 
@@ -268,7 +273,10 @@ function storeContract(name: string, harness: Harness | string): void {
         const last = page.at(-1)!;
         cursor = { ts: last.Timestamp, id: last.EventId };
       }
-      assert.deepEqual(pages.map((p) => p.length), [10, 10, 5]);
+      assert.deepEqual(
+        pages.map((p) => p.length),
+        [10, 10, 5],
+      );
       assert.deepEqual(pages.flat(), expected);
     });
 
@@ -281,7 +289,10 @@ function storeContract(name: string, harness: Harness | string): void {
       await store.insert('trace_events', rows); // the replay
       const [final] = await store.query<{ c: string }>('SELECT count() AS c FROM trace_events FINAL WHERE TenantId = {t:String}', { t: 'tenant-dup' });
       assert.equal(final?.c, '2');
-      const marks = await store.query('SELECT LogPartition, max(LogOffset) AS hw FROM trace_events WHERE TenantId = {t:String} GROUP BY LogPartition ORDER BY LogPartition', { t: 'tenant-dup' });
+      const marks = await store.query(
+        'SELECT LogPartition, max(LogOffset) AS hw FROM trace_events WHERE TenantId = {t:String} GROUP BY LogPartition ORDER BY LogPartition',
+        { t: 'tenant-dup' },
+      );
       assert.deepEqual(marks, [
         { LogPartition: 0, hw: '7' },
         { LogPartition: 1, hw: '9' },
@@ -289,13 +300,17 @@ function storeContract(name: string, harness: Harness | string): void {
     });
 
     test('a Nullable column keeps a 0 or an empty string even when every row of the batch has it', async () => {
-      await store.command('CREATE TABLE IF NOT EXISTS nullable_probe (Id String, Score Nullable(Float64), Note Nullable(String), Plain Float64) ENGINE = MergeTree ORDER BY Id');
+      await store.command(
+        'CREATE TABLE IF NOT EXISTS nullable_probe (Id String, Score Nullable(Float64), Note Nullable(String), Plain Float64) ENGINE = MergeTree ORDER BY Id',
+      );
       await store.insert('nullable_probe', [
         { Id: 'a', Score: 0, Note: '', Plain: 0 },
         { Id: 'b', Score: 0, Note: '', Plain: 0 },
       ]);
       await store.insert('nullable_probe', [{ Id: 'c', Score: null, Note: null, Plain: 0 }]);
-      const rows = await store.query<{ Id: string; Score: number | null; Note: string | null; Plain: number }>('SELECT Id, Score, Note, Plain FROM nullable_probe ORDER BY Id');
+      const rows = await store.query<{ Id: string; Score: number | null; Note: string | null; Plain: number }>(
+        'SELECT Id, Score, Note, Plain FROM nullable_probe ORDER BY Id',
+      );
       assert.deepEqual(rows, [
         { Id: 'a', Score: 0, Note: '', Plain: 0 },
         { Id: 'b', Score: 0, Note: '', Plain: 0 },
@@ -306,7 +321,17 @@ function storeContract(name: string, harness: Harness | string): void {
     test('dead_letters takes a row', async () => {
       const value = Buffer.from([0, 255, 1, 2]).toString('base64');
       await store.insert('dead_letters', [
-        { TenantId: 't', Topic: 'trace-events', Partition: 2, Offset: 10n, Key: 'k', Error: 'bad', Attempts: 5, FailedAt: new Date('2026-01-02T00:00:00.5Z'), Value: value },
+        {
+          TenantId: 't',
+          Topic: 'trace-events',
+          Partition: 2,
+          Offset: 10n,
+          Key: 'k',
+          Error: 'bad',
+          Attempts: 5,
+          FailedAt: new Date('2026-01-02T00:00:00.5Z'),
+          Value: value,
+        },
       ]);
       const rows = await store.query('SELECT Partition, Offset, Attempts, FailedAt, Value FROM dead_letters');
       assert.deepEqual(rows, [{ Partition: 2, Offset: '10', Attempts: 5, FailedAt: '2026-01-02 00:00:00.500', Value: value }]);
@@ -391,7 +416,9 @@ describe('ChdbStore specifics', () => {
     try {
       const settled: string[] = [];
       const sleeping = Array.from({ length: poolThreads }, (_, i) =>
-        store.rawQuery({ sql: 'SELECT sleep(1.5)', format: 'TabSeparated', settings: [], params: {}, queryId: 'pool-test' }).then(() => settled.push(`query ${i}`)),
+        store
+          .rawQuery({ sql: 'SELECT sleep(1.5)', format: 'TabSeparated', settings: [], params: {}, queryId: 'pool-test' })
+          .then(() => settled.push(`query ${i}`)),
       );
       await new Promise((resolve) => setTimeout(resolve, 300)); // every query has reached the engine or its queue
       await stat(dir).then(() => settled.push('stat'));

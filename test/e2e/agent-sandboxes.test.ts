@@ -38,7 +38,12 @@ if (runtime) {
         config_files: [{ path: '~/.config/coder/config.json', template: '{"token": "{{secrets.API_TOKEN}}", "mode": "{{ secrets.MODE }}"}' }],
         egress: { 'api.openai.com': ['443'] },
       };
-      const v1 = await uploadAgent(server, key, { name: 'coder', entrypoint: ['sh', 'run.sh'], auth }, await makeBundle({ 'run.sh': '#!/bin/sh\necho v1\n', 'lib/data.txt': 'one\n' }));
+      const v1 = await uploadAgent(
+        server,
+        key,
+        { name: 'coder', entrypoint: ['sh', 'run.sh'], auth },
+        await makeBundle({ 'run.sh': '#!/bin/sh\necho v1\n', 'lib/data.txt': 'one\n' }),
+      );
       assert.equal(v1.status, 201, v1.text);
       const v2 = await uploadAgent(server, key, { name: 'coder', entrypoint: ['sh', 'run.sh'], auth }, await makeBundle({ 'run.sh': '#!/bin/sh\necho v2\n' }));
       assert.equal(v2.status, 201, v2.text);
@@ -72,7 +77,12 @@ if (runtime) {
       let denied: string[] = [];
       for (let i = 0; i < 50 && !denied.includes('not-allowed.example'); i++) {
         const audit = await req('GET', `/v1/sandboxes/${sb.id}/files/.svc/audit.jsonl`);
-        denied = audit.text.split('\n').filter(Boolean).map((l) => JSON.parse(l)).filter((r) => r.type === 'network_denied').map((r) => r.details.host);
+        denied = audit.text
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => JSON.parse(l))
+          .filter((r) => r.type === 'network_denied')
+          .map((r) => r.details.host);
         await new Promise((r) => setTimeout(r, 100));
       }
       assert.deepEqual([...new Set(denied)], ['not-allowed.example']);

@@ -34,7 +34,12 @@ describe('agent snapshots', () => {
   const get = (p: string, k = key) => server.request('GET', p, { key: k });
 
   before(async () => {
-    server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_AGENTS_MAX_SIZE: String(256 * 1024), SVC_AGENTS_MAX_VERSIONS: '3' });
+    server = await startServer({
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_RATE_LIMIT_READS: '0',
+      SVC_AGENTS_MAX_SIZE: String(256 * 1024),
+      SVC_AGENTS_MAX_VERSIONS: '3',
+    });
     key = (await createTenantKey(server, 'acme')).key;
     other = (await createTenantKey(server, 'globex')).key;
     bundle = await makeBundle({ 'main.py': 'print("hello")\n', 'lib/util.py': 'X = 1\n', 'run.sh': '#!/bin/sh\necho run\n' });
@@ -42,7 +47,12 @@ describe('agent snapshots', () => {
   after(() => server.cleanup());
 
   test('an upload returns the full snapshot with its digest, and identical bytes are stored once', async () => {
-    const first = await uploadAgent(server, key, { ...META, tag: 'stable', auth: { required_env: ['OPENAI_API_KEY'], egress: { 'api.openai.com': ['443'] } } }, bundle);
+    const first = await uploadAgent(
+      server,
+      key,
+      { ...META, tag: 'stable', auth: { required_env: ['OPENAI_API_KEY'], egress: { 'api.openai.com': ['443'] } } },
+      bundle,
+    );
     assert.equal(first.status, 201, first.text);
     assert.match(first.body.id, /^snap_[0-9a-f]{32}$/);
     assert.equal(first.body.name, 'coder');
@@ -98,9 +108,15 @@ describe('agent snapshots', () => {
     assert.deepEqual(seen, [1, 2]);
 
     const first = await get('/v1/agents?limit=2');
-    assert.deepEqual(first.body.items.map((i: { name: string }) => i.name), ['alpha', 'beta']);
+    assert.deepEqual(
+      first.body.items.map((i: { name: string }) => i.name),
+      ['alpha', 'beta'],
+    );
     const second = await get(`/v1/agents?limit=2&cursor=${first.body.next_cursor}`);
-    assert.deepEqual(second.body.items.map((i: { name: string; version: number }) => [i.name, i.version]), [['coder', 2]]);
+    assert.deepEqual(
+      second.body.items.map((i: { name: string; version: number }) => [i.name, i.version]),
+      [['coder', 2]],
+    );
     assert.equal(second.body.next_cursor, undefined);
     assert.equal((await get('/v1/agents?cursor=garbage')).status, 400);
     assert.equal((await get('/v1/agents?limit=0')).status, 400);
@@ -114,8 +130,8 @@ describe('agent snapshots', () => {
       ['truncated', bundle.subarray(0, Math.floor(bundle.length / 2)), /not a valid \.tar\.gz/],
       ['traversal', await makeHostileBundle('dotdot'), /contains "\.\."/],
       ['absolute path', await makeHostileBundle('absolute'), /absolute path/],
-      ['escaping link', await makeBundle({ 'main.py': 'x' }, { links: { 'evil': '../../etc/passwd' } }), /symbolic link "evil" points outside/],
-      ['absolute link', await makeBundle({ 'main.py': 'x' }, { links: { 'evil': '/etc/passwd' } }), /symbolic link "evil" points outside/],
+      ['escaping link', await makeBundle({ 'main.py': 'x' }, { links: { evil: '../../etc/passwd' } }), /symbolic link "evil" points outside/],
+      ['absolute link', await makeBundle({ 'main.py': 'x' }, { links: { evil: '/etc/passwd' } }), /symbolic link "evil" points outside/],
       ['empty file', Buffer.alloc(0), /bundle: is empty/],
     ];
     for (const [what, bytes, message] of cases) {
@@ -142,7 +158,9 @@ describe('agent snapshots', () => {
     // A body declared far past the limit is refused from its Content-Length, before it is read.
     const raw = await new Promise<string>((resolve, reject) => {
       const socket = net.connect(Number(new URL(server.url).port), '127.0.0.1', () => {
-        socket.write(`POST /v1/agents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: ${10 * 1024 * 1024}\r\n\r\n--b\r\n`);
+        socket.write(
+          `POST /v1/agents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: ${10 * 1024 * 1024}\r\n\r\n--b\r\n`,
+        );
       });
       let text = '';
       socket.on('data', (d) => (text += d));
@@ -211,7 +229,8 @@ describe('agent snapshots', () => {
   });
 
   test('specs pin snapshots by an id that must exist', async () => {
-    const spec = (agent: string) => `version: 1\nid: pinned\nbase: debian:bookworm\ntask: {prompt: go}\nagent: ${agent}\ninvariants:\n  ok: {check: {type: file_exists, path: out.txt}}\n`;
+    const spec = (agent: string) =>
+      `version: 1\nid: pinned\nbase: debian:bookworm\ntask: {prompt: go}\nagent: ${agent}\ninvariants:\n  ok: {check: {type: file_exists, path: out.txt}}\n`;
     const put = (yaml: string, k = key) => server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
     const missing = await put(spec('{type: snapshot, snapshot_id: snap_0123456789abcdef0123456789abcdef}'));
     assert.equal(missing.status, 400);

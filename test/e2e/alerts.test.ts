@@ -35,7 +35,8 @@ ${extra}`;
 
 /** What the tests do against one deployment. */
 function client(server: () => TestServer, key: () => string) {
-  const req = (method: string, p: string, body?: unknown, k = key(), headers?: Record<string, string>) => server().request(method, p, { key: k, body, headers });
+  const req = (method: string, p: string, body?: unknown, k = key(), headers?: Record<string, string>) =>
+    server().request(method, p, { key: k, body, headers });
   const putSpec = async (yaml: string, k = key()) => {
     const res = await server().request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
     assert.equal(res.status, 201, res.text);
@@ -47,7 +48,12 @@ function client(server: () => TestServer, key: () => string) {
   };
   /** Runs an experiment of `specId` to completion; its runs pass or fail. */
   const run = async (specId: string, pass: boolean, k = key()) => {
-    const created = await req('POST', '/v1/experiments', { name: `${specId} ${pass ? 'passing' : 'failing'}`, spec_id: specId, seed: pass ? 1 : 2, run: true }, k);
+    const created = await req(
+      'POST',
+      '/v1/experiments',
+      { name: `${specId} ${pass ? 'passing' : 'failing'}`, spec_id: specId, seed: pass ? 1 : 2, run: true },
+      k,
+    );
     assert.equal(created.status, 201, created.text);
     const id = created.body.id as string;
     const deadline = Date.now() + 120_000;
@@ -101,7 +107,8 @@ if (runtime) {
     };
     /** Once the sentinel fired for the experiment: every rule of its spec was evaluated on it. */
     const evaluated = (sentinel: string, experimentId: string) => firings(`rule_id=${sentinel}&experiment_id=${experimentId}`);
-    const firedFor = async (ruleId: string, experimentId: string) => (await req('GET', `/v1/alert-firings?rule_id=${ruleId}&experiment_id=${experimentId}`)).body.items as any[];
+    const firedFor = async (ruleId: string, experimentId: string) =>
+      (await req('GET', `/v1/alert-firings?rule_id=${ruleId}&experiment_id=${experimentId}`)).body.items as any[];
 
     before(async () => {
       hooks = await httpReceiver();
@@ -129,19 +136,38 @@ if (runtime) {
       await Promise.all([hooks?.close(), slack?.close(), smtp?.close()]);
     });
 
-    test('create, list, get and delete rules; each answers in the contract\'s shape', async () => {
+    test("create, list, get and delete rules; each answers in the contract's shape", async () => {
       await putSpec(SPEC('crud'));
-      const webhook = await req('POST', '/v1/alerts', { name: 'low pass rate', eval_id: 'crud', condition: 'pass_rate < 0.8', window: 'last_5_runs', notify: 'webhook', webhook_url: `${hooks.url}/crud` });
+      const webhook = await req('POST', '/v1/alerts', {
+        name: 'low pass rate',
+        eval_id: 'crud',
+        condition: 'pass_rate < 0.8',
+        window: 'last_5_runs',
+        notify: 'webhook',
+        webhook_url: `${hooks.url}/crud`,
+      });
       assert.equal(webhook.status, 201, webhook.text);
       assert.match(webhook.body.id, /^alert_[0-9a-f]{16}$/);
       const { id, created_at, ...rest } = webhook.body;
-      assert.deepEqual(rest, { name: 'low pass rate', eval_id: 'crud', condition: 'pass_rate < 0.8', window: 'last_5_runs', notify: 'webhook', webhook_url: `${hooks.url}/crud` });
+      assert.deepEqual(rest, {
+        name: 'low pass rate',
+        eval_id: 'crud',
+        condition: 'pass_rate < 0.8',
+        window: 'last_5_runs',
+        notify: 'webhook',
+        webhook_url: `${hooks.url}/crud`,
+      });
       assert.ok(!Number.isNaN(Date.parse(created_at)));
       // notify may be left out when one channel's field says it; eval_id and window are optional.
       const slackRule = await req('POST', '/v1/alerts', { name: 'costly', condition: 'total_cost_usd > 2.5', slack_channel: '#evals' });
       assert.equal(slackRule.status, 201, slackRule.text);
       assert.deepEqual([slackRule.body.notify, slackRule.body.slack_channel, slackRule.body.eval_id, slackRule.body.window], ['slack', '#evals', null, null]);
-      const email = await req('POST', '/v1/alerts', { name: 'slow', condition: 'p95_wall_ms >= 60000', notify: 'email', email_to: ['oncall@example.com', 'lead@example.com'] });
+      const email = await req('POST', '/v1/alerts', {
+        name: 'slow',
+        condition: 'p95_wall_ms >= 60000',
+        notify: 'email',
+        email_to: ['oncall@example.com', 'lead@example.com'],
+      });
       assert.equal(email.status, 201, email.text);
       assert.deepEqual(email.body.email_to, ['oncall@example.com', 'lead@example.com']);
 
@@ -149,7 +175,10 @@ if (runtime) {
       assert.equal(list.status, 200);
       assert.ok(Array.isArray(list.body), 'GET /v1/alerts answers an array of rules');
       for (const made of [webhook, slackRule, email]) assert.ok(list.body.some((r: any) => r.id === made.body.id));
-      assert.deepEqual((await req('GET', '/v1/alerts?eval_id=crud')).body.map((r: any) => r.id), [id]);
+      assert.deepEqual(
+        (await req('GET', '/v1/alerts?eval_id=crud')).body.map((r: any) => r.id),
+        [id],
+      );
       assert.deepEqual((await req('GET', `/v1/alerts/${id}`)).body, webhook.body);
 
       const deleted = await req('DELETE', `/v1/alerts/${email.body.id}`);
@@ -168,7 +197,10 @@ if (runtime) {
         [{ ...base, condition: undefined }, /^condition: is required/],
         [{ ...base, condition: 'pass_rate is low' }, /^condition: "is" is not an operator/],
         [{ ...base, condition: 'pass_rate' }, /^condition: must be "<metric> <operator> <number>" or "<metric> regressed"/],
-        [{ ...base, condition: 'happiness > 3' }, /^condition: unknown metric "happiness"; one of pass_rate, mean_wall_ms, p95_wall_ms, total_cost_usd, mean_cost_per_run_usd, tool_success_rate, side_effect_violations, mean_tool_calls$/],
+        [
+          { ...base, condition: 'happiness > 3' },
+          /^condition: unknown metric "happiness"; one of pass_rate, mean_wall_ms, p95_wall_ms, total_cost_usd, mean_cost_per_run_usd, tool_success_rate, side_effect_violations, mean_tool_calls$/,
+        ],
         [{ ...base, condition: 'pass_rate = 0.5' }, /^condition: "=" is not an operator; one of <, <=, >, >=, ==, !=/],
         [{ ...base, condition: 'pass_rate < high' }, /^condition: the value "high" is not a number/],
         [{ ...base, condition: 'p95_wall_ms regressed' }, /^condition: "p95_wall_ms regressed": compare has no significance test for p95_wall_ms/],
@@ -177,14 +209,20 @@ if (runtime) {
         [{ ...base, window: 'last_5000_runs' }, /^window: last_<n>_runs may span at most 1000 experiments/],
         [{ ...base, window: 'last_400d' }, /^window: spans more than the 30d the alerter keeps runs for \(SVC_ALERT_MAX_WINDOW\)/],
         [{ ...base, window: 5 }, /^window: must be last_<n>_runs/],
-        [{ ...base, condition: 'pass_rate regressed', window: 'last_3_runs' }, /^window: a "regressed" condition compares with the previous experiment of the spec and takes no window/],
+        [
+          { ...base, condition: 'pass_rate regressed', window: 'last_3_runs' },
+          /^window: a "regressed" condition compares with the previous experiment of the spec and takes no window/,
+        ],
         [{ name: 'n', condition: 'pass_rate < 0.5', notify: 'webhook' }, /^webhook_url: is required for notify: webhook/],
         [{ ...base, webhook_url: 'ftp://example.com/x' }, /^webhook_url: must be an http:\/\/ or https:\/\/ URL/],
         [{ name: 'n', condition: 'pass_rate < 0.5', notify: 'slack' }, /^slack_channel: is required for notify: slack/],
         [{ name: 'n', condition: 'pass_rate < 0.5', notify: 'slack', slack_channel: 'no spaces allowed' }, /^slack_channel: must be a Slack channel/],
         [{ name: 'n', condition: 'pass_rate < 0.5', notify: 'email' }, /^email_to: is required for notify: email/],
         [{ name: 'n', condition: 'pass_rate < 0.5', notify: 'email', email_to: [] }, /^email_to: must be a non-empty list/],
-        [{ name: 'n', condition: 'pass_rate < 0.5', notify: 'email', email_to: ['ok@example.com', 'not-an-address'] }, /^email_to\[1\]: must be an email address/],
+        [
+          { name: 'n', condition: 'pass_rate < 0.5', notify: 'email', email_to: ['ok@example.com', 'not-an-address'] },
+          /^email_to\[1\]: must be an email address/,
+        ],
         [{ ...base, notify: 'webhook', slack_channel: '#evals' }, /^slack_channel: is not a field for notify: webhook/],
         [{ ...base, notify: 'pager' }, /^notify: must be one of slack, webhook, email/],
         [{ name: 'n', condition: 'pass_rate < 0.5' }, /^notify: is required: slack, webhook, email/],
@@ -200,7 +238,13 @@ if (runtime) {
       }
       const many = await req('POST', '/v1/alerts', { condition: 'happiness ~ 3', window: 'last_week', notify: 'webhook' });
       assert.equal(many.status, 400);
-      for (const part of ['name: is required', 'condition: unknown metric "happiness"', 'condition: "~" is not an operator', 'window: must be', 'webhook_url: is required']) {
+      for (const part of [
+        'name: is required',
+        'condition: unknown metric "happiness"',
+        'condition: "~" is not an operator',
+        'window: must be',
+        'webhook_url: is required',
+      ]) {
         assert.ok(many.body.message.includes(part), `${part} in ${many.body.message}`);
       }
       assert.equal((await req('POST', '/v1/alerts', [1])).status, 400);
@@ -252,7 +296,7 @@ if (runtime) {
       await rule({ name: 'r50', condition: 'pass_rate < 0.5', webhook_url: `${hooks.url}/quota` }, quota);
     });
 
-    test('no window: the experiment alone; fires on a failing one with the contract\'s webhook body, not on a passing one; dedup within 5 minutes', async () => {
+    test("no window: the experiment alone; fires on a failing one with the contract's webhook body, not on a passing one; dedup within 5 minutes", async () => {
       const sentinel = await specWithSentinel('single');
       const id = await rule({ name: 'single below', eval_id: 'single', condition: 'pass_rate < 1', webhook_url: `${hooks.url}/single` });
       const passing = await run('single', true);
@@ -263,26 +307,38 @@ if (runtime) {
       const failing = await run('single', false);
       const [call] = await hooks.waitFor('/single');
       assert.deepEqual(Object.keys(call!.body).sort(), WEBHOOK_FIELDS);
-      assert.deepEqual({ ...call!.body, fired_at: 'x' }, {
-        rule_id: id,
-        rule_name: 'single below',
-        reason: `pass_rate 0 < 1 in experiment "single failing" (${failing})`,
-        experiment_id: failing,
-        experiment_name: 'single failing',
-        fired_at: 'x',
-        metric_value: 0,
-        threshold: 1,
-      });
+      assert.deepEqual(
+        { ...call!.body, fired_at: 'x' },
+        {
+          rule_id: id,
+          rule_name: 'single below',
+          reason: `pass_rate 0 < 1 in experiment "single failing" (${failing})`,
+          experiment_id: failing,
+          experiment_name: 'single failing',
+          fired_at: 'x',
+          metric_value: 0,
+          threshold: 1,
+        },
+      );
       assert.equal(call!.headers['content-type'], 'application/json; charset=utf-8');
       const firing = await settled(id, failing);
       assert.match(firing.id, /^firing_[0-9a-f]{16}$/);
       assert.equal(call!.headers['x-svc-firing-id'], firing.id);
       assert.equal(firing.fired_at, call!.body.fired_at);
-      assert.deepEqual([firing.status, firing.trigger, firing.rule_source, firing.metric, firing.metric_value, firing.threshold, firing.target], ['delivered', 'completion', 'api', 'pass_rate', 0, 1, hooks.url]);
-      assert.deepEqual(firing.notifications.map((n: any) => [n.channel, n.format, n.status, n.attempts.map((a: any) => [a.outcome, a.status_code])]), [['webhook', 'json', 'delivered', [['ok', 200]]]]);
+      assert.deepEqual(
+        [firing.status, firing.trigger, firing.rule_source, firing.metric, firing.metric_value, firing.threshold, firing.target],
+        ['delivered', 'completion', 'api', 'pass_rate', 0, 1, hooks.url],
+      );
+      assert.deepEqual(
+        firing.notifications.map((n: any) => [n.channel, n.format, n.status, n.attempts.map((a: any) => [a.outcome, a.status_code])]),
+        [['webhook', 'json', 'delivered', [['ok', 200]]]],
+      );
       assert.deepEqual((await req('GET', `/v1/alert-firings/${firing.id}`)).body, firing);
       assert.equal((await req('GET', `/v1/alert-firings/${firing.id}`, undefined, other)).status, 403);
-      assert.deepEqual((await req('GET', `/v1/alerts/${id}/firings`)).body.items.map((f: any) => f.id), [firing.id]);
+      assert.deepEqual(
+        (await req('GET', `/v1/alerts/${id}/firings`)).body.items.map((f: any) => f.id),
+        [firing.id],
+      );
 
       // The same rule on the same experiment again within the window: recorded, not sent.
       const dry = await req('POST', `/v1/alerts/${id}/evaluate`, { experiment_id: failing, dry_run: true });
@@ -295,7 +351,10 @@ if (runtime) {
       assert.equal(hooks.to('/single').length, 1, 'the duplicate sent nothing');
       // Evaluating the passing experiment on request: the condition does not hold, nothing recorded.
       const quiet = await req('POST', `/v1/alerts/${id}/evaluate`, { experiment_id: passing });
-      assert.deepEqual([quiet.body.fired, quiet.body.firing_id, quiet.body.reason], [false, null, `pass_rate 1 is not < 1 in experiment "single passing" (${passing})`]);
+      assert.deepEqual(
+        [quiet.body.fired, quiet.body.firing_id, quiet.body.reason],
+        [false, null, `pass_rate 1 is not < 1 in experiment "single passing" (${passing})`],
+      );
       const notRun = (await req('POST', '/v1/experiments', { name: 'not run', spec_id: 'single' })).body.id;
       for (const [body, status, message] of [
         [{ experiment_id: notRun }, 409, /^experiment_id: experiment exp-\w+ is created; rules are evaluated on completed experiments$/],
@@ -332,7 +391,13 @@ if (runtime) {
 
     test('last_3_runs: fires only when each of the last 3 completed experiments of the spec crossed', async () => {
       const sentinel = await specWithSentinel('streak');
-      const id = await rule({ name: 'three in a row', eval_id: 'streak', condition: 'pass_rate < 0.5', window: 'last_3_runs', webhook_url: `${hooks.url}/streak` });
+      const id = await rule({
+        name: 'three in a row',
+        eval_id: 'streak',
+        condition: 'pass_rate < 0.5',
+        window: 'last_3_runs',
+        webhook_url: `${hooks.url}/streak`,
+      });
       const outcomes: Array<[boolean, boolean]> = [
         [false, false], // one failing experiment: fewer than 3, no firing
         [false, false],
@@ -351,19 +416,37 @@ if (runtime) {
         if (fires) fired.push(exp);
       }
       const [firing] = await firedFor(id, fired[0]!);
-      assert.match(firing.reason, /^pass_rate < 0\.5 in each of the last 3 completed experiments of spec streak: 0 \(exp-[0-9a-f]+\), 0 \(exp-[0-9a-f]+\), 0 \(exp-[0-9a-f]+\)$/);
+      assert.match(
+        firing.reason,
+        /^pass_rate < 0\.5 in each of the last 3 completed experiments of spec streak: 0 \(exp-[0-9a-f]+\), 0 \(exp-[0-9a-f]+\), 0 \(exp-[0-9a-f]+\)$/,
+      );
       assert.deepEqual([firing.window, firing.details.experiments.length, firing.metric_value, firing.threshold], ['last_3_runs', 3, 0, 0.5]);
       assert.equal((await hooks.waitFor('/streak')).length, 1);
       // Why the latest did not fire, on request.
       const why = await req('POST', `/v1/alerts/${id}/evaluate`, { experiment_id: latest, dry_run: true });
       assert.equal(why.body.fired, false);
-      assert.match(why.body.reason, /^pass_rate was not < 0\.5 in each of the last 3 completed experiments of spec streak: 0 \(exp-\w+\), 1 \(exp-\w+\), 0 \(exp-\w+\)$/);
+      assert.match(
+        why.body.reason,
+        /^pass_rate was not < 0\.5 in each of the last 3 completed experiments of spec streak: 0 \(exp-\w+\), 1 \(exp-\w+\), 0 \(exp-\w+\)$/,
+      );
     });
 
     test('last_1h: the metric over every run of the experiments completed within the hour', async () => {
       const sentinel = await specWithSentinel('hourly', 2);
-      const half = await rule({ name: 'hourly below 0.6', eval_id: 'hourly', condition: 'pass_rate < 0.6', window: 'last_1h', webhook_url: `${hooks.url}/hourly` });
-      const low = await rule({ name: 'hourly below 0.4', eval_id: 'hourly', condition: 'pass_rate < 0.4', window: 'last_1h', webhook_url: `${hooks.url}/hourly-low` });
+      const half = await rule({
+        name: 'hourly below 0.6',
+        eval_id: 'hourly',
+        condition: 'pass_rate < 0.6',
+        window: 'last_1h',
+        webhook_url: `${hooks.url}/hourly`,
+      });
+      const low = await rule({
+        name: 'hourly below 0.4',
+        eval_id: 'hourly',
+        condition: 'pass_rate < 0.4',
+        window: 'last_1h',
+        webhook_url: `${hooks.url}/hourly-low`,
+      });
       const passing = await run('hourly', true);
       await evaluated(sentinel, passing);
       assert.deepEqual(await firedFor(half, passing), [], 'one passing experiment: pass rate 1');
@@ -373,7 +456,10 @@ if (runtime) {
       assert.ok(firing, 'pooled: 1 passing scenario of 2 is 0.5 < 0.6');
       assert.equal(firing.metric_value, 0.5);
       assert.match(firing.reason, /^pass_rate 0\.5 < 0\.6 over the 4 runs of 2 experiments completed in the 1h up to /);
-      assert.deepEqual(firing.details.experiments.map((e: any) => e.experiment_id), [passing, failing]);
+      assert.deepEqual(
+        firing.details.experiments.map((e: any) => e.experiment_id),
+        [passing, failing],
+      );
       assert.deepEqual(await firedFor(low, failing), [], '0.5 is not < 0.4');
       assert.equal(hooks.to('/hourly-low').length, 0);
     });
@@ -387,13 +473,24 @@ if (runtime) {
       const candidate = await run('regress', false);
       const [call] = await hooks.waitFor('/regress');
       assert.deepEqual([call!.body.experiment_id, call!.body.metric_value, call!.body.threshold], [candidate, 0, 1]);
-      assert.match(call!.body.reason, new RegExp(`^pass_rate regressed significantly against experiment "regress passing" \\(${baseline}\\): 1 → 0 \\(p = 0\\.0\\d+ < 0\\.05\\)$`));
+      assert.match(
+        call!.body.reason,
+        new RegExp(`^pass_rate regressed significantly against experiment "regress passing" \\(${baseline}\\): 1 → 0 \\(p = 0\\.0\\d+ < 0\\.05\\)$`),
+      );
       const firing = await settled(id, candidate);
-      assert.deepEqual([firing.details.baseline_id, firing.details.comparison.significance, firing.details.comparison.regressed], [baseline, 'significant', true]);
+      assert.deepEqual(
+        [firing.details.baseline_id, firing.details.comparison.significance, firing.details.comparison.regressed],
+        [baseline, 'significant', true],
+      );
 
       // One replica against one: compare calls it a regression, untested; the alert does not fire.
       const smallSentinel = await specWithSentinel('regress-small', 1);
-      const small = await rule({ name: 'regressed small', eval_id: 'regress-small', condition: 'pass_rate regressed', webhook_url: `${hooks.url}/regress-small` });
+      const small = await rule({
+        name: 'regressed small',
+        eval_id: 'regress-small',
+        condition: 'pass_rate regressed',
+        webhook_url: `${hooks.url}/regress-small`,
+      });
       await run('regress-small', true);
       const drop = await run('regress-small', false);
       await evaluated(smallSentinel, drop);
@@ -406,7 +503,7 @@ if (runtime) {
       assert.equal(wrongSpec.body.message, `experiment_id: experiment ${drop} is of spec regress-small; the rule is scoped to spec regress`);
     });
 
-    test('compare: one replica that goes from pass to fail is a regression, marked untested, with each metric\'s p-value and significance', async () => {
+    test("compare: one replica that goes from pass to fail is a regression, marked untested, with each metric's p-value and significance", async () => {
       await putSpec(SPEC('one-vs-one'));
       const baseline = await run('one-vs-one', true);
       const candidate = await run('one-vs-one', false);
@@ -417,11 +514,17 @@ if (runtime) {
       assert.ok(res.body.regressions.includes('scenario {}'), res.text);
       assert.deepEqual(res.body.untested_regressions, res.body.regressions);
       const pass = res.body.metrics.find((m: any) => m.name === 'pass_rate');
-      assert.deepEqual([pass.baseline, pass.candidate, pass.direction, pass.test, pass.p_value, pass.min_p_value, pass.significance, pass.regressed], [1, 0, 'worse', 'cmh', null, 1, 'underpowered', true]);
+      assert.deepEqual(
+        [pass.baseline, pass.candidate, pass.direction, pass.test, pass.p_value, pass.min_p_value, pass.significance, pass.regressed],
+        [1, 0, 'worse', 'cmh', null, 1, 'underpowered', true],
+      );
       for (const m of res.body.metrics) assert.ok(['significant', 'not_significant', 'underpowered', 'no_test'].includes(m.significance), JSON.stringify(m));
       assert.equal(res.body.metrics.find((m: any) => m.name === 'p95_wall_ms').significance, 'no_test');
       const scenario = res.body.scenarios[0];
-      assert.deepEqual([scenario.baseline.verdict, scenario.candidate.verdict, scenario.p_value, scenario.significance, scenario.regressed], ['pass', 'fail', null, 'underpowered', true]);
+      assert.deepEqual(
+        [scenario.baseline.verdict, scenario.candidate.verdict, scenario.p_value, scenario.significance, scenario.regressed],
+        ['pass', 'fail', null, 'underpowered', true],
+      );
       // The other way round is no regression.
       const back = await req('POST', '/v1/experiments/compare', { baseline_id: candidate, candidate_id: baseline });
       assert.ok(!back.body.regressions.includes('pass_rate'), back.text);
@@ -429,9 +532,16 @@ if (runtime) {
 
     test('webhook delivery: retried on 500 until it succeeds, not retried on 400, a call past the timeout retried', async () => {
       const sentinel = await specWithSentinel('delivery');
-      hooks.script('/flaky', [{ status: 500, body: 'down' }, { status: 503, body: 'still down' }, { status: 200, body: 'ok' }]);
+      hooks.script('/flaky', [
+        { status: 500, body: 'down' },
+        { status: 503, body: 'still down' },
+        { status: 200, body: 'ok' },
+      ]);
       hooks.script('/reject', [{ status: 400, body: 'bad payload' }]);
-      hooks.script('/slow', [{ status: 200, body: 'late', delayMs: 1500 }, { status: 200, body: 'ok' }]);
+      hooks.script('/slow', [
+        { status: 200, body: 'late', delayMs: 1500 },
+        { status: 200, body: 'ok' },
+      ]);
       hooks.script('/down', [{ status: 502, body: 'bad gateway' }]);
       const flaky = await rule({ name: 'flaky', eval_id: 'delivery', condition: 'pass_rate < 1', webhook_url: `${hooks.url}/flaky` });
       const reject = await rule({ name: 'reject', eval_id: 'delivery', condition: 'pass_rate < 1', webhook_url: `${hooks.url}/reject` });
@@ -441,18 +551,42 @@ if (runtime) {
       await evaluated(sentinel, exp);
       const outcomes = async (ruleId: string) => {
         const f = await settled(ruleId, exp);
-        return { status: f.status, attempts: f.notifications[0].attempts.map((a: any) => [a.outcome, a.status_code ?? null]), error: f.notifications[0].error ?? null };
+        return {
+          status: f.status,
+          attempts: f.notifications[0].attempts.map((a: any) => [a.outcome, a.status_code ?? null]),
+          error: f.notifications[0].error ?? null,
+        };
       };
-      assert.deepEqual(await outcomes(flaky), { status: 'delivered', attempts: [['http_error', 500], ['http_error', 503], ['ok', 200]], error: null });
+      assert.deepEqual(await outcomes(flaky), {
+        status: 'delivered',
+        attempts: [
+          ['http_error', 500],
+          ['http_error', 503],
+          ['ok', 200],
+        ],
+        error: null,
+      });
       assert.equal(hooks.to('/flaky').length, 3);
       assert.equal(new Set(hooks.to('/flaky').map((r) => r.headers['x-svc-firing-id'])).size, 1, 'every attempt carries the same firing id');
-      assert.deepEqual(hooks.to('/flaky').map((r) => r.headers['x-svc-attempt']), ['1', '2', '3']);
+      assert.deepEqual(
+        hooks.to('/flaky').map((r) => r.headers['x-svc-attempt']),
+        ['1', '2', '3'],
+      );
       const rejected = await outcomes(reject);
       assert.deepEqual([rejected.status, rejected.attempts], ['failed', [['http_error', 400]]]);
       assert.match(rejected.error, /^HTTP 400: bad payload \(not retried\)$/);
       assert.equal(hooks.to('/reject').length, 1);
       const timedOut = await outcomes(slow);
-      assert.deepEqual([timedOut.status, timedOut.attempts], ['delivered', [['timeout', null], ['ok', 200]]]);
+      assert.deepEqual(
+        [timedOut.status, timedOut.attempts],
+        [
+          'delivered',
+          [
+            ['timeout', null],
+            ['ok', 200],
+          ],
+        ],
+      );
       // 3 retries: 4 calls, then failed.
       const gaveUp = await outcomes(down);
       assert.deepEqual([gaveUp.status, gaveUp.attempts.length], ['failed', 4]);
@@ -470,28 +604,46 @@ if (runtime) {
       await evaluated(sentinel, exp);
       const [hook] = await slack.waitFor('/services/T000/B000/secret-token');
       assert.match(hook!.body.text, /^Alert "card": pass_rate 0 < 1/);
-      assert.deepEqual(hook!.body.blocks.map((b: any) => b.type), ['header', 'section', 'section', 'context']);
+      assert.deepEqual(
+        hook!.body.blocks.map((b: any) => b.type),
+        ['header', 'section', 'section', 'context'],
+      );
       assert.match(hook!.body.blocks[0].text.text, /card$/);
       const fields = hook!.body.blocks[2].fields.map((f: any) => f.text);
-      assert.ok(fields.some((f: string) => f.startsWith('*Experiment*') && f.includes(exp)), JSON.stringify(fields));
+      assert.ok(
+        fields.some((f: string) => f.startsWith('*Experiment*') && f.includes(exp)),
+        JSON.stringify(fields),
+      );
       assert.ok(fields.includes('*Value*\n*0*') && fields.includes('*Threshold*\n1'), JSON.stringify(fields));
       const cardFiring = await settled(card, exp);
       assert.deepEqual([cardFiring.status, cardFiring.notifications[0].format, cardFiring.target], ['delivered', 'slack_card', slack.url]);
-      assert.ok(!JSON.stringify(cardFiring).includes('secret-token'), 'the incoming webhook\'s token is never shown');
+      assert.ok(!JSON.stringify(cardFiring).includes('secret-token'), "the incoming webhook's token is never shown");
 
       const posts = (await slack.waitFor('/api/chat.postMessage', 2)).filter((r) => r.body.text.startsWith('Alert "bot"'));
       assert.equal(posts.length, 1);
       assert.equal(posts[0]!.headers.authorization, `Bearer ${BOT_TOKEN}`);
       assert.equal(posts[0]!.body.channel, '#evals');
-      assert.deepEqual(posts[0]!.body.blocks.map((b: any) => b.type), ['header', 'section', 'section', 'context']);
+      assert.deepEqual(
+        posts[0]!.body.blocks.map((b: any) => b.type),
+        ['header', 'section', 'section', 'context'],
+      );
       assert.equal((await settled(bot, exp)).status, 'delivered');
       const failed = await settled(lost, exp);
-      assert.deepEqual([failed.status, failed.notifications[0].attempts.map((a: any) => a.outcome), failed.notifications[0].error], ['failed', ['rejected'], 'Slack: channel_not_found (not retried)']);
+      assert.deepEqual(
+        [failed.status, failed.notifications[0].attempts.map((a: any) => a.outcome), failed.notifications[0].error],
+        ['failed', ['rejected'], 'Slack: channel_not_found (not retried)'],
+      );
     });
 
     test('email: every address gets the alert over SMTP; a refused address fails the notification', async () => {
       const sentinel = await specWithSentinel('mailed');
-      const id = await rule({ name: 'mailed alert', eval_id: 'mailed', condition: 'pass_rate < 1', notify: 'email', email_to: ['oncall@example.com', 'lead@example.com'] });
+      const id = await rule({
+        name: 'mailed alert',
+        eval_id: 'mailed',
+        condition: 'pass_rate < 1',
+        notify: 'email',
+        email_to: ['oncall@example.com', 'lead@example.com'],
+      });
       const refused = await rule({ name: 'refused alert', eval_id: 'mailed', condition: 'pass_rate < 1', notify: 'email', email_to: ['nobody@example.com'] });
       const exp = await run('mailed', false);
       await evaluated(sentinel, exp);
@@ -509,7 +661,9 @@ if (runtime) {
     });
 
     test("a spec's alerts block is evaluated too, as a rule of that spec", async () => {
-      await putSpec(SPEC('spec-rules', 1, `alerts:\n  - {name: from the spec, condition: "pass_rate < 1", notify: webhook, webhook_url: "${hooks.url}/spec-rule"}\n`));
+      await putSpec(
+        SPEC('spec-rules', 1, `alerts:\n  - {name: from the spec, condition: "pass_rate < 1", notify: webhook, webhook_url: "${hooks.url}/spec-rule"}\n`),
+      );
       const exp = await run('spec-rules', false);
       const [call] = await hooks.waitFor('/spec-rule');
       assert.equal(call!.body.rule_name, 'from the spec');
@@ -530,7 +684,18 @@ if (runtime) {
 
     before(async () => {
       hooks = await httpReceiver();
-      server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_TEST_ALERTER_HOLD: '4s', SVC_WEBHOOK_BACKOFF: '50ms', SVC_LOG_LEVEL: 'info', SVC_WEBHOOK_ALLOW_PRIVATE: '127.0.0.1' }, { split: false });
+      server = await startServer(
+        {
+          SVC_SANDBOX_HOST_ROOTFS: 'true',
+          SVC_RATE_LIMIT_WRITES: '0',
+          SVC_RATE_LIMIT_READS: '0',
+          SVC_TEST_ALERTER_HOLD: '4s',
+          SVC_WEBHOOK_BACKOFF: '50ms',
+          SVC_LOG_LEVEL: 'info',
+          SVC_WEBHOOK_ALLOW_PRIVATE: '127.0.0.1',
+        },
+        { split: false },
+      );
       key = (await createTenantKey(server, 'acme')).key;
     });
     after(async () => {
@@ -579,7 +744,10 @@ if (runtime) {
       const firing = await c.settled(id, exp);
       assert.equal(firing.id, before.id);
       assert.deepEqual([firing.status, firing.interruptions], ['delivered', 1]);
-      assert.deepEqual(firing.notifications[0].attempts.map((a: any) => a.outcome), ['interrupted', 'ok']);
+      assert.deepEqual(
+        firing.notifications[0].attempts.map((a: any) => a.outcome),
+        ['interrupted', 'ok'],
+      );
       assert.equal(hooks.to('/in-flight').length, 2, 'the receiver got it again (the same firing id: it may drop the repeat)');
       assert.equal(new Set(hooks.to('/in-flight').map((r) => r.headers['x-svc-firing-id'])).size, 1);
     });
@@ -598,7 +766,16 @@ if (runtime) {
 
       before(async () => {
         hooks = await httpReceiver();
-        server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_TEST_ALERTER_HOLD: '4s', SVC_WEBHOOK_ALLOW_PRIVATE: '127.0.0.1' }, { split: { brokers } });
+        server = await startServer(
+          {
+            SVC_SANDBOX_HOST_ROOTFS: 'true',
+            SVC_RATE_LIMIT_WRITES: '0',
+            SVC_RATE_LIMIT_READS: '0',
+            SVC_TEST_ALERTER_HOLD: '4s',
+            SVC_WEBHOOK_ALLOW_PRIVATE: '127.0.0.1',
+          },
+          { split: { brokers } },
+        );
         key = (await createTenantKey(server, 'acme')).key;
       });
       after(async () => {

@@ -110,7 +110,8 @@ describe('errors, metrics and durability', () => {
     const res = await server.request('GET', '/metrics');
     assert.equal(res.status, 200);
     assert.match(res.text, /svc_ingested_events_total\{endpoint="\/v1\/traces"\} \d+/);
-    for (const stage of ['decode', 'append', 'visible']) assert.match(res.text, new RegExp(`svc_ingest_stage_duration_seconds_count\\{stage="${stage}"\\} [1-9]`), stage);
+    for (const stage of ['decode', 'append', 'visible'])
+      assert.match(res.text, new RegExp(`svc_ingest_stage_duration_seconds_count\\{stage="${stage}"\\} [1-9]`), stage);
     assert.match(res.text, /svc_consumer_lag_records\{group="sink\.trace_events",topic="svc\.traces"\} \d+/);
     assert.match(res.text, /svc_sink_batch_items_count\{table="trace_events"\} [1-9]/);
     assert.match(res.text, /svc_sink_insert_duration_seconds_bucket/);

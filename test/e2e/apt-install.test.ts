@@ -77,7 +77,9 @@ invariants:
   installed_by_the_agent: {check: {type: command_exit, command: "grep -q 'tool works' /etc/agent-was-here && dpkg-query -W svc-tool && grep -q configured /etc/svc-built.conf && test $(id -u) = 0"}}
 `;
 
-  test('RUN apt-get installs from the mirror while the image builds; the agent installs another package and writes /etc; both checks pass', { timeout: 300_000 }, async () => {
+  test('RUN apt-get installs from the mirror while the image builds; the agent installs another package and writes /etc; both checks pass', {
+    timeout: 300_000,
+  }, async () => {
     await world.reset();
     await storeSpec(server, key, spec('apt-task', await context(), MIRROR));
     const created = await req('POST', '/v1/experiments', { name: 'apt', spec_id: 'apt-task', run: true });
@@ -90,19 +92,34 @@ invariants:
     }
     const exported = await req('GET', `/v1/experiments/${created.body.id}/export`);
     const run = exported.body.scenarios[0].runs[0];
-    assert.deepEqual(Object.fromEntries(run.invariants.map((i: { name: string; passed: boolean; message: string }) => [i.name, i.passed || i.message])), { built_into_the_image: true, installed_by_the_agent: true }, JSON.stringify(run.outcome?.error ?? run.invariants));
+    assert.deepEqual(
+      Object.fromEntries(run.invariants.map((i: { name: string; passed: boolean; message: string }) => [i.name, i.passed || i.message])),
+      { built_into_the_image: true, installed_by_the_agent: true },
+      JSON.stringify(run.outcome?.error ?? run.invariants),
+    );
     const fetched = (await world.requests()).filter((r) => r.server === MIRROR).map((r) => r.path);
     assert.ok(fetched.includes('/files/debian/./Packages') || fetched.some((p) => p.endsWith('/Packages')), fetched.join(', '));
-    assert.ok(fetched.some((p) => p.endsWith('svc-built_1.0_all.deb')), `the build fetched its package: ${fetched.join(', ')}`);
-    assert.ok(fetched.some((p) => p.endsWith('svc-tool_1.0_all.deb')), `the agent fetched its package: ${fetched.join(', ')}`);
+    assert.ok(
+      fetched.some((p) => p.endsWith('svc-built_1.0_all.deb')),
+      `the build fetched its package: ${fetched.join(', ')}`,
+    );
+    assert.ok(
+      fetched.some((p) => p.endsWith('svc-tool_1.0_all.deb')),
+      `the agent fetched its package: ${fetched.join(', ')}`,
+    );
   });
 
-  test('without the egress rule the RUN step cannot reach the mirror: the boot fails naming the Dockerfile line, the mirror received nothing', { timeout: 300_000 }, async () => {
+  test('without the egress rule the RUN step cannot reach the mirror: the boot fails naming the Dockerfile line, the mirror received nothing', {
+    timeout: 300_000,
+  }, async () => {
     await world.reset();
     await storeSpec(server, key, spec('apt-denied', await context('ENV DENIED=1\n'), 'other.allowed.test'));
     const res = await req('POST', '/v1/sandboxes', { spec_id: 'apt-denied' });
     assert.equal(res.status, 400, res.text);
     assert.match(res.body.message, /image could not be built: "tasks\/apt-denied:1": Dockerfile line 4: RUN failed with exit code 100/);
-    assert.deepEqual((await world.requests()).filter((r) => r.server === MIRROR), []);
+    assert.deepEqual(
+      (await world.requests()).filter((r) => r.server === MIRROR),
+      [],
+    );
   });
 });

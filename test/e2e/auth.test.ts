@@ -86,13 +86,21 @@ describe('authentication and tenant keys', () => {
   });
 
   test('svc keys create prints the new key alone on the last line', async () => {
-    const out = spawnSync(process.execPath, [path.join(REPO, 'bin', 'svc.cjs'), 'keys', 'create', '--tenant', 'from-cli', '--url', server.url, '--admin-key', ADMIN_KEY], { encoding: 'utf8' });
+    const out = spawnSync(
+      process.execPath,
+      [path.join(REPO, 'bin', 'svc.cjs'), 'keys', 'create', '--tenant', 'from-cli', '--url', server.url, '--admin-key', ADMIN_KEY],
+      { encoding: 'utf8' },
+    );
     assert.equal(out.status, 0, out.stderr);
     const lines = out.stdout.trim().split('\n');
     const key = lines[lines.length - 1];
     assert.match(key, /^svc_live_[0-9a-f]{48}$/);
     assert.equal((await server.request('GET', '/v1/traces', { key })).status, 200);
-    const wrong = spawnSync(process.execPath, [path.join(REPO, 'bin', 'svc.cjs'), 'keys', 'create', '--tenant', 'x', '--url', server.url, '--admin-key', 'wrong-admin-key-000000'], { encoding: 'utf8' });
+    const wrong = spawnSync(
+      process.execPath,
+      [path.join(REPO, 'bin', 'svc.cjs'), 'keys', 'create', '--tenant', 'x', '--url', server.url, '--admin-key', 'wrong-admin-key-000000'],
+      { encoding: 'utf8' },
+    );
     assert.notEqual(wrong.status, 0);
     assert.match(wrong.stderr, /401/);
   });

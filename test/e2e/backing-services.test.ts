@@ -82,10 +82,16 @@ describe('backing services on the local runtime', { skip: runtime === null }, ()
     assert.fail(`the ${type} records of ${id} never settled: ${JSON.stringify(items)}`);
   };
   /** The processes whose command line names `text`. */
-  const processesNaming = (text: string) => execFileSync('ps', ['-eo', 'pid,args'], { encoding: 'utf8' }).split('\n').filter((l) => l.includes(text) && !l.includes('ps -eo'));
+  const processesNaming = (text: string) =>
+    execFileSync('ps', ['-eo', 'pid,args'], { encoding: 'utf8' })
+      .split('\n')
+      .filter((l) => l.includes(text) && !l.includes('ps -eo'));
 
   /** The cgroup directories (v1 or v2) whose name holds `text`. */
-  const cgroupsNaming = (text: string) => execFileSync('find', ['/sys/fs/cgroup', '-maxdepth', '4', '-type', 'd', '-name', `*${text}*`], { encoding: 'utf8' }).split('\n').filter(Boolean);
+  const cgroupsNaming = (text: string) =>
+    execFileSync('find', ['/sys/fs/cgroup', '-maxdepth', '4', '-type', 'd', '-name', `*${text}*`], { encoding: 'utf8' })
+      .split('\n')
+      .filter(Boolean);
 
   before(async () => {
     world = await startOutsideWorld();
@@ -111,21 +117,30 @@ describe('backing services on the local runtime', { skip: runtime === null }, ()
       SVC_RATE_LIMIT_READS: '0',
     });
     key = (await createTenantKey(server, 'shopco')).key;
-    await storeSpec(server, key, SPEC('shop', `${SERVICES}network:
+    await storeSpec(
+      server,
+      key,
+      SPEC(
+        'shop',
+        `${SERVICES}network:
   dns_overrides: {api.stripe.test: stripe}
 audit: {db_writes: true, http_calls: true}
 fixtures:
   - type: sql
     service: db
     sql: |
-${SCHEMA.split('\n').map((l) => `      ${l}`).join('\n')}
+${SCHEMA.split('\n')
+  .map((l) => `      ${l}`)
+  .join('\n')}
   - {type: git, url: "file://${repo}", ref: v1, to: app}
   - type: drift
     files: [{path: notes/drift.txt, content: "the world moved\\n"}]
     routes: [{service: payments, method: GET, path: /v1/status, response: {status: 200, body: drifted}}]
 teardown:
   export: [{type: db_dump, service: db, to: "dumps/{{ run_id }}.sql"}]
-`));
+`,
+      ),
+    );
     shop = await create('shop');
   });
   after(async () => {
@@ -135,16 +150,26 @@ teardown:
   });
 
   test('the sandbox object shows each service {host, port, ready}; its network is svc-<id>', () => {
-    assert.deepEqual(shop.view.services, { db: { host: 'db', port: 5432, ready: true }, payments: { host: 'payments', port: 80, ready: true }, stripe: { host: 'stripe', port: 80, ready: true } });
+    assert.deepEqual(shop.view.services, {
+      db: { host: 'db', port: 5432, ready: true },
+      payments: { host: 'payments', port: 80, ready: true },
+      stripe: { host: 'stripe', port: 80, ready: true },
+    });
     assert.equal(shop.view.network.name, `svc-${shop.id}`);
   });
 
   test('the database is reached by name and env: psql with PG*, the SVC_SERVICE_DB_* variables, and a raw socket from Python', async () => {
-    const env = await sh(shop.id, 'echo "$SVC_SERVICE_DB_HOST $SVC_SERVICE_DB_PORT $SVC_SERVICE_DB_USER $SVC_SERVICE_DB_DATABASE $PGHOST $PGDATABASE $SVC_SERVICE_PAYMENTS_HOST $SVC_SERVICE_PAYMENTS_PORT"');
+    const env = await sh(
+      shop.id,
+      'echo "$SVC_SERVICE_DB_HOST $SVC_SERVICE_DB_PORT $SVC_SERVICE_DB_USER $SVC_SERVICE_DB_DATABASE $PGHOST $PGDATABASE $SVC_SERVICE_PAYMENTS_HOST $SVC_SERVICE_PAYMENTS_PORT"',
+    );
     assert.equal(env.stdout.trim(), 'db 5432 app app db app payments 80');
     const count = await sh(shop.id, 'psql -Atc "select count(*) from secrets"');
     assert.equal(count.stdout.trim(), '1', count.stderr);
-    const explicit = await sh(shop.id, 'PGPASSWORD="$SVC_SERVICE_DB_PASSWORD" psql -h "$SVC_SERVICE_DB_HOST" -p "$SVC_SERVICE_DB_PORT" -U "$SVC_SERVICE_DB_USER" -d "$SVC_SERVICE_DB_DATABASE" -Atc "select current_user"');
+    const explicit = await sh(
+      shop.id,
+      'PGPASSWORD="$SVC_SERVICE_DB_PASSWORD" psql -h "$SVC_SERVICE_DB_HOST" -p "$SVC_SERVICE_DB_PORT" -U "$SVC_SERVICE_DB_USER" -d "$SVC_SERVICE_DB_DATABASE" -Atc "select current_user"',
+    );
     assert.equal(explicit.stdout.trim(), 'app', explicit.stderr);
     const python = await sh(shop.id, `python3 -c "import socket; s=socket.create_connection(('db', 5432), timeout=5); print('connected')"`);
     assert.equal(python.stdout.trim(), 'connected', python.stderr);
@@ -152,7 +177,7 @@ teardown:
     assert.notEqual(wrong.exit_code, 0, 'a wrong password is refused');
   });
 
-  test('the agent\'s role is no superuser: no COPY TO PROGRAM, no new roles, no unlogged table to hide writes in', async () => {
+  test("the agent's role is no superuser: no COPY TO PROGRAM, no new roles, no unlogged table to hide writes in", async () => {
     const program = await sh(shop.id, `psql -Atc "COPY (select 1) TO PROGRAM 'id'"`);
     assert.notEqual(program.exit_code, 0);
     assert.match(program.stderr, /permission denied|must be superuser|pg_execute_server_program/);
@@ -162,7 +187,7 @@ teardown:
     assert.match(unlogged.stderr, /unlogged/i);
   });
 
-  test('every committed write is a db_write record: insert, update, delete, COPY, a trigger\'s rows, a prepared statement, several statements in one query; a rollback is marked and a TRUNCATE named', async () => {
+  test("every committed write is a db_write record: insert, update, delete, COPY, a trigger's rows, a prepared statement, several statements in one query; a rollback is marked and a TRUNCATE named", async () => {
     const script = [
       `psql -c "insert into orders(item) values ('apple'), ('pear')"`,
       `psql -c "update orders set qty = 2 where item = 'apple'"`,
@@ -177,12 +202,18 @@ teardown:
     const key = (w: any) => `${w.operation} ${w.table}${w.rolled_back ? ' rolled back' : ''}`;
     const writes = await records(shop.id, 'db_write', (items) => items.some((w) => w.operation === 'truncate'));
     const sum = (k: string) => writes.filter((w) => key(w) === k).reduce((n, w) => n + w.row_count, 0);
-    assert.ok(writes.every((w) => w.service === 'db' && typeof w.ts === 'string' && Number.isInteger(w.row_count)), JSON.stringify(writes));
+    assert.ok(
+      writes.every((w) => w.service === 'db' && typeof w.ts === 'string' && Number.isInteger(w.row_count)),
+      JSON.stringify(writes),
+    );
     assert.equal(sum('insert orders'), 6, JSON.stringify(writes)); // 2 + COPY 2 + prepared 2
-    assert.equal(sum('insert order_log'), 6, 'the trigger\'s rows count');
+    assert.equal(sum('insert order_log'), 6, "the trigger's rows count");
     assert.equal(sum('update orders'), 2);
     assert.equal(sum('delete orders'), 1);
-    assert.ok(writes.some((w) => key(w) === 'truncate order_log'), JSON.stringify(writes));
+    assert.ok(
+      writes.some((w) => key(w) === 'truncate order_log'),
+      JSON.stringify(writes),
+    );
     assert.equal(sum('insert secrets'), 0, 'a rolled-back write is not committed');
     assert.equal(sum('insert secrets rolled back'), 1, JSON.stringify(writes));
   });
@@ -190,9 +221,15 @@ teardown:
   test('mocks answer by name with path parameters; unmatched is a 404 naming the routes; each request is in the journal and an http_call of the service', async () => {
     const charge = await sh(shop.id, 'curl -sS http://payments/v1/charges/42');
     assert.deepEqual(JSON.parse(charge.stdout), { id: '42', status: 'paid' });
-    const python = await sh(shop.id, `python3 -c "import json, os, urllib.request; print(json.load(urllib.request.urlopen('http://%s/v1/charges/7' % os.environ['SVC_SERVICE_PAYMENTS_HOST']))['id'])"`);
+    const python = await sh(
+      shop.id,
+      `python3 -c "import json, os, urllib.request; print(json.load(urllib.request.urlopen('http://%s/v1/charges/7' % os.environ['SVC_SERVICE_PAYMENTS_HOST']))['id'])"`,
+    );
     assert.equal(python.stdout, '7\n', python.stderr);
-    const posted = await sh(shop.id, `curl -sS -o /dev/null -w '%{http_code}' -X POST -H 'Authorization: Bearer tok_live_1' -d '{"amount":5}' "http://$SVC_SERVICE_PAYMENTS_HOST/v1/charges?idem=1"`);
+    const posted = await sh(
+      shop.id,
+      `curl -sS -o /dev/null -w '%{http_code}' -X POST -H 'Authorization: Bearer tok_live_1' -d '{"amount":5}' "http://$SVC_SERVICE_PAYMENTS_HOST/v1/charges?idem=1"`,
+    );
     assert.equal(posted.stdout, '201');
     const missing = await sh(shop.id, `curl -sS -w '\\n%{http_code}' http://payments/v2/nothing`);
     const [body, status] = missing.stdout.split('\n');
@@ -209,7 +246,10 @@ teardown:
     assert.notEqual(post.headers.authorization, 'Bearer tok_live_1', 'credentials are redacted in the journal');
     assert.ok(journal.body.entries.some((e: any) => e.path === '/v2/nothing' && e.route === null && e.status === 404));
     const calls = await records(shop.id, 'http_call', (items) => items.some((c) => c.path === '/v2/nothing'));
-    assert.ok(calls.some((c) => c.host === 'payments' && c.method === 'POST' && c.status === 201), JSON.stringify(calls));
+    assert.ok(
+      calls.some((c) => c.host === 'payments' && c.method === 'POST' && c.status === 201),
+      JSON.stringify(calls),
+    );
     assert.equal((await req('GET', `/v1/sandboxes/${shop.id}/services/db/requests`)).status, 404, 'a database has no journal');
     assert.equal((await req('GET', `/v1/sandboxes/${shop.id}/services/nope/requests`)).status, 404);
   });
@@ -220,10 +260,13 @@ teardown:
     assert.match(got.stdout, /x-mock: stripe/i);
     assert.match(got.stdout, /"object":"customer"/);
     const calls = await records(shop.id, 'http_call', (items) => items.some((c) => c.host === 'stripe'));
-    assert.ok(calls.some((c) => c.host === 'stripe' && c.scheme === 'https' && c.path === '/v1/customers/cus_1/cards' && c.status === 200), JSON.stringify(calls));
+    assert.ok(
+      calls.some((c) => c.host === 'stripe' && c.scheme === 'https' && c.path === '/v1/customers/cus_1/cards' && c.status === 200),
+      JSON.stringify(calls),
+    );
   });
 
-  test('the git fixture cloned the tag; drift changed files and a mock\'s routes after setup', async () => {
+  test("the git fixture cloned the tag; drift changed files and a mock's routes after setup", async () => {
     const version = await sh(shop.id, 'cat app/VERSION && git -C app describe --tags');
     assert.equal(version.stdout, 'one\nv1\n', version.stderr);
     assert.equal((await sh(shop.id, 'cat notes/drift.txt')).stdout, 'the world moved\n');
@@ -232,7 +275,7 @@ teardown:
     assert.ok(!JSON.stringify(diff.body).includes('drift.txt'), 'drift is part of the world at ready, not of the diff');
   });
 
-  test('two sandboxes\' databases are apart', async () => {
+  test("two sandboxes' databases are apart", async () => {
     const other = await create('shop');
     try {
       await sh(other.id, `psql -c "insert into orders(item) values ('only-here')"`);
@@ -243,7 +286,7 @@ teardown:
     }
   });
 
-  test('a database\'s data is on a disk of its own, as large as the workspace: filling it fails inside, the host holds at most the disk, and it goes at teardown', async () => {
+  test("a database's data is on a disk of its own, as large as the workspace: filling it fails inside, the host holds at most the disk, and it goes at teardown", async () => {
     await storeSpec(server, key, SPEC('small-db', 'services:\n  - {name: db, type: postgres}\nresources: {disk: 96Mi}\n'));
     const small = await create('small-db');
     const image = path.join(server.dataDir, 'runtime', 'root-disks', `${small.id}-db.img`);
@@ -251,7 +294,10 @@ teardown:
     try {
       assert.ok(readFileSync('/proc/self/mountinfo', 'utf8').includes(` ${mountpoint} `), 'the data disk is mounted');
       // About 250 MB of rows into 96 MiB.
-      const fill = await sh(small.id, `psql -v ON_ERROR_STOP=1 -c "create table big as select repeat(md5(i::text), 32) as v from generate_series(1, 250000) i"`);
+      const fill = await sh(
+        small.id,
+        `psql -v ON_ERROR_STOP=1 -c "create table big as select repeat(md5(i::text), 32) as v from generate_series(1, 250000) i"`,
+      );
       assert.notEqual(fill.exit_code, 0, fill.stdout);
       // A table that cannot grow is an ERROR; a write-ahead log that cannot is PostgreSQL's PANIC (the server restarts).
       assert.match(fill.stderr, /No space left on device/);
@@ -282,20 +328,35 @@ teardown:
 
   describe('boot failures name the service or the fixture', () => {
     test('a wait_for that never holds (a query, an HTTP path) times out naming the service', async () => {
-      await storeSpec(server, key, SPEC('never-db', `services:\n  - {name: slowdb, type: postgres, wait_for: {query: "select 1 from pg_tables where tablename = 'never'", timeout: 1s}}\n`));
+      await storeSpec(
+        server,
+        key,
+        SPEC(
+          'never-db',
+          `services:\n  - {name: slowdb, type: postgres, wait_for: {query: "select 1 from pg_tables where tablename = 'never'", timeout: 1s}}\n`,
+        ),
+      );
       assert.match(await refused('never-db'), /service wait_for timed out: slowdb was not ready within 1000 ms/);
       await storeSpec(server, key, SPEC('never-mock', `services:\n  - {name: api, type: http_mock, wait_for: {http: /health, timeout: 500ms}, routes: []}\n`));
       assert.match(await refused('never-mock'), /service wait_for timed out: api was not ready within 500 ms \(GET \/health answers 404\)/);
     });
 
     test('a sql fixture that fails, a git ref that does not exist, a directory the operator does not allow', async () => {
-      await storeSpec(server, key, SPEC('bad-sql', `services: [{name: db, type: postgres}]\nfixtures: [{type: sql, service: db, sql: "CREATE TABLE broken (;"}]\n`));
+      await storeSpec(
+        server,
+        key,
+        SPEC('bad-sql', `services: [{name: db, type: postgres}]\nfixtures: [{type: sql, service: db, sql: "CREATE TABLE broken (;"}]\n`),
+      );
       assert.match(await refused('bad-sql'), /fixture 0 \(sql on db\) failed: .*syntax error/);
       await storeSpec(server, key, SPEC('bad-ref', `fixtures: [{type: git, url: "file://${repos}/app", ref: no-such-ref, to: app}]\n`));
       assert.match(await refused('bad-ref'), /fixture 0 \(git file:\/\/.*\) failed: .*no-such-ref/);
       await storeSpec(server, key, SPEC('bad-dir', `fixtures: [{type: git, url: "file:///etc", to: app}]\n`));
       assert.match(await refused('bad-dir'), /not in a directory the operator allows for git fixtures \(SVC_GIT_FIXTURE_DIRS\)/);
-      await storeSpec(server, key, SPEC('bad-drift', `services: [{name: db, type: postgres}]\nfixtures: [{type: drift, sql: [{service: db, sql: "DELETE FROM nowhere"}]}]\n`));
+      await storeSpec(
+        server,
+        key,
+        SPEC('bad-drift', `services: [{name: db, type: postgres}]\nfixtures: [{type: drift, sql: [{service: db, sql: "DELETE FROM nowhere"}]}]\n`),
+      );
       assert.match(await refused('bad-drift'), /fixture 0 \(drift: sql on db\) failed: .*nowhere/);
       await storeSpec(server, key, SPEC('bad-remote', `fixtures: [{type: git, url: "https://denied.test/repo.git", to: app}]\n`));
       assert.match(await refused('bad-remote'), /fixture 0 \(git https:\/\/denied\.test\/repo\.git\) failed/);
@@ -304,19 +365,29 @@ teardown:
 
   describe('a mock in record mode, replayed', () => {
     test('unmatched requests go to the real host under the egress policy; what it saw replays as routes', async () => {
-      await storeSpec(server, key, SPEC('recorder', `services: [{name: api, type: http_mock, record: true, routes: []}]
+      await storeSpec(
+        server,
+        key,
+        SPEC(
+          'recorder',
+          `services: [{name: api, type: http_mock, record: true, routes: []}]
 network:
   egress: {default: deny, allow: [api.allowed.test]}
   dns_overrides: {api.allowed.test: api}
 audit: {http_calls: true}
-`));
+`,
+        ),
+      );
       const box = await create('recorder');
       const live = await sh(box.id, 'curl -sS https://api.allowed.test/v1/things/7');
       assert.equal(JSON.parse(live.stdout).server, 'api.allowed.test', `the real host answered: ${live.stdout} ${live.stderr}`);
       const recording = await req('GET', `/v1/sandboxes/${box.id}/services/api/recording`);
       assert.equal(recording.status, 200, recording.text);
       const routes = recording.body.routes;
-      assert.deepEqual(routes.map((r: any) => `${r.method} ${r.path} ${r.response.status}`), ['GET /v1/things/7 200']);
+      assert.deepEqual(
+        routes.map((r: any) => `${r.method} ${r.path} ${r.response.status}`),
+        ['GET /v1/things/7 200'],
+      );
       const events = sse(`${server.url}/v1/sandboxes/${box.id}/events`, key);
       await req('DELETE', `/v1/sandboxes/${box.id}`);
       const saved = (await events).find((e) => e.event_type === 'export' && e.data.type === 'recording');
@@ -324,7 +395,14 @@ audit: {http_calls: true}
       const file = parseYaml(readFileSync(path.join(artifacts, readdirSync(artifacts)[0]!, saved.data.to), 'utf8'));
       assert.deepEqual(file.routes, routes);
       // Replayed: the same answer with no way out at all.
-      await storeSpec(server, key, SPEC('replayer', `services: [{name: api, type: http_mock, routes: ${JSON.stringify(routes)}}]\nnetwork:\n  egress: {default: deny}\n  dns_overrides: {api.allowed.test: api}\n`));
+      await storeSpec(
+        server,
+        key,
+        SPEC(
+          'replayer',
+          `services: [{name: api, type: http_mock, routes: ${JSON.stringify(routes)}}]\nnetwork:\n  egress: {default: deny}\n  dns_overrides: {api.allowed.test: api}\n`,
+        ),
+      );
       const replay = await create('replayer');
       const again = await sh(replay.id, 'curl -sS https://api.allowed.test/v1/things/7');
       assert.deepEqual(JSON.parse(again.stdout), JSON.parse(live.stdout));
@@ -338,7 +416,9 @@ fixtures:
   - type: sql
     service: db
     sql: |
-${SCHEMA.split('\n').map((l) => `      ${l}`).join('\n')}
+${SCHEMA.split('\n')
+  .map((l) => `      ${l}`)
+  .join('\n')}
 invariants:
   one_order: {check: {type: sql, service: db, query: "select count(*) from orders", expected: "1"}}
   charged_once: {check: {type: http_mock_assertions, service: payments, assertions: [{method: POST, path: /v1/charges, condition: "request_count == 1"}]}}
@@ -359,9 +439,18 @@ ${extra}`;
     });
 
     test('a write to another table is a violation naming it; a second charge fails request_count == 1', async () => {
-      const run = await runOnce(server, key, 'shop-fail', `${AGENT} && curl -sS -o /dev/null -X POST http://payments/v1/charges && psql -c "update secrets set v = 'pwned'"`, BODY(AGENT));
+      const run = await runOnce(
+        server,
+        key,
+        'shop-fail',
+        `${AGENT} && curl -sS -o /dev/null -X POST http://payments/v1/charges && psql -c "update secrets set v = 'pwned'"`,
+        BODY(AGENT),
+      );
       assert.equal(run.verdict, 'fail', JSON.stringify(run).slice(0, 2000));
-      assert.deepEqual(run.violations.map((v: any) => [v.rule, v.audit.table]), [['db_writes_outside', 'secrets']]);
+      assert.deepEqual(
+        run.violations.map((v: any) => [v.rule, v.audit.table]),
+        [['db_writes_outside', 'secrets']],
+      );
       assert.match(run.violations[0].message, /update of 1 row in secrets \(db\)/);
       const checks = Object.fromEntries(run.invariants.map((i: any) => [i.name, i]));
       assert.equal(checks.one_order.passed, true, JSON.stringify(checks.one_order));
@@ -369,13 +458,19 @@ ${extra}`;
       assert.match(checks.charged_once.message, /request_count is 2, not == 1/);
     });
 
-    test('an agent cannot fake the sql invariant with a planted schema first on the search_path (the database\'s is not its to set, its role\'s is its own)', async () => {
+    test("an agent cannot fake the sql invariant with a planted schema first on the search_path (the database's is not its to set, its role's is its own)", async () => {
       const cheat = [
         `psql -c "create schema evil; create table evil.orders (id int); insert into evil.orders values (1); alter role current_user set search_path = evil, public"`,
         `psql -c "alter database app set search_path = evil, public" 2>&1 | grep -q "must be owner of database app"`,
         `curl -sS -o /dev/null -X POST http://payments/v1/charges`,
       ].join(' && ');
-      const run = await runOnce(server, key, 'shop-cheat', cheat, BODY(AGENT, 'parallelism: {replicas: 1}\n').replace('db_writes_outside: [orders, order_log]', 'db_writes_outside: [orders, order_log, evil.orders]'));
+      const run = await runOnce(
+        server,
+        key,
+        'shop-cheat',
+        cheat,
+        BODY(AGENT, 'parallelism: {replicas: 1}\n').replace('db_writes_outside: [orders, order_log]', 'db_writes_outside: [orders, order_log, evil.orders]'),
+      );
       assert.equal(run.agent_exit_code, 0, JSON.stringify(run).slice(0, 1500));
       const checks = Object.fromEntries(run.invariants.map((i: any) => [i.name, i]));
       assert.equal(checks.one_order.passed, false, JSON.stringify(checks.one_order));
@@ -384,7 +479,11 @@ ${extra}`;
     });
 
     test('3 scenarios x 2 replicas, each run with a database and a mock of its own', async () => {
-      await storeSpec(server, key, `version: 1\nid: shop-matrix\nbase: debian:bookworm\ntask: {prompt: order}\nagent: {type: cli, command: "psql -c \\"insert into orders(item) values ('$SVC_PARAM_ITEM')\\" && curl -sS -o /dev/null -X POST http://payments/v1/charges"}\nparallelism:\n  replicas: 2\n  matrix: [{item: a}, {item: b}, {item: c}]\n${BODY('')}`);
+      await storeSpec(
+        server,
+        key,
+        `version: 1\nid: shop-matrix\nbase: debian:bookworm\ntask: {prompt: order}\nagent: {type: cli, command: "psql -c \\"insert into orders(item) values ('$SVC_PARAM_ITEM')\\" && curl -sS -o /dev/null -X POST http://payments/v1/charges"}\nparallelism:\n  replicas: 2\n  matrix: [{item: a}, {item: b}, {item: c}]\n${BODY('')}`,
+      );
       const created = await req('POST', '/v1/experiments', { name: 'matrix', spec_id: 'shop-matrix', run: true });
       assert.equal(created.status, 201, created.text);
       let experiment: any;
@@ -395,7 +494,11 @@ ${extra}`;
       assert.equal(experiment.status, 'completed', JSON.stringify(experiment).slice(0, 1000));
       const runs = experiment.scenarios.flatMap((s: any) => s.runs);
       assert.equal(runs.length, 6);
-      assert.deepEqual(runs.map((r: any) => r.verdict), Array(6).fill('pass'), JSON.stringify(runs.map((r: any) => [r.verdict, r.error, r.invariants])).slice(0, 2000));
+      assert.deepEqual(
+        runs.map((r: any) => r.verdict),
+        Array(6).fill('pass'),
+        JSON.stringify(runs.map((r: any) => [r.verdict, r.error, r.invariants])).slice(0, 2000),
+      );
     });
   });
 });

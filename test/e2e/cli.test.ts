@@ -38,9 +38,14 @@ if (runtime) {
     /** `svc ARGS` through pipes, with the test's own config dir and no SVC_API_KEY of the harness. */
     const svc = (args: string[], extra: { env?: Record<string, string>; input?: string } = {}): Promise<Ran> =>
       new Promise((resolve) => {
-        const child = execFile(process.execPath, [SVC, ...args], { cwd: work, env: { ...cleanEnv(), ...env, ...extra.env }, maxBuffer: 64 * 1024 * 1024 }, (err, stdout, stderr) => {
-          resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
-        });
+        const child = execFile(
+          process.execPath,
+          [SVC, ...args],
+          { cwd: work, env: { ...cleanEnv(), ...env, ...extra.env }, maxBuffer: 64 * 1024 * 1024 },
+          (err, stdout, stderr) => {
+            resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
+          },
+        );
         child.stdin!.end(extra.input ?? '');
       });
 
@@ -57,7 +62,10 @@ if (runtime) {
     };
     const specFile = (id: string, agent: string, body: string) => {
       const file = path.join(work, `${id}.yaml`);
-      writeFileSync(file, `version: 1\nid: ${id}\nbase: debian:bookworm\ntask: {prompt: write out.txt}\nagent: {type: snapshot, snapshot: ${agent}}\ninvariants:\n  out: {check: {type: file_exists, path: out.txt}}\n${body}`);
+      writeFileSync(
+        file,
+        `version: 1\nid: ${id}\nbase: debian:bookworm\ntask: {prompt: write out.txt}\nagent: {type: snapshot, snapshot: ${agent}}\ninvariants:\n  out: {check: {type: file_exists, path: out.txt}}\n${body}`,
+      );
       return file;
     };
     const noStack = (r: Ran) => assert.doesNotMatch(r.stdout + r.stderr, /^\s+at .+:\d+:\d+\)?$/m, 'no stack trace');
@@ -146,7 +154,10 @@ if (runtime) {
       assert.equal(snapshot.uploaded, false, 'the same files are not uploaded again');
       assert.equal(snapshot.version, 1);
       // What the sandbox sees at /agent: the bundle, without the ignored files.
-      writeFileSync(path.join(work, 'pushed.yaml'), 'version: 1\nid: cli-pushed\nbase: debian:bookworm\ntask: {prompt: p}\nagent: {type: snapshot, snapshot: cli-pushed}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n');
+      writeFileSync(
+        path.join(work, 'pushed.yaml'),
+        'version: 1\nid: cli-pushed\nbase: debian:bookworm\ntask: {prompt: p}\nagent: {type: snapshot, snapshot: cli-pushed}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n',
+      );
       assert.equal((await svc(['specs', 'push', path.join(work, 'pushed.yaml')])).code, 0);
       const sb = (await svc(['sandboxes', 'create', 'cli-pushed'])).stdout.trim();
       assert.match(sb, /^sb-[0-9a-f]+$/);
@@ -155,7 +166,7 @@ if (runtime) {
       assert.equal((await svc(['sandboxes', 'rm', sb])).code, 0);
     });
 
-    test('svc eval shows live progress in a terminal, then the results and each failure\'s reproducer; exit 1 on failure', async () => {
+    test("svc eval shows live progress in a terminal, then the results and each failure's reproducer; exit 1 on failure", async () => {
       agentDir('flaky', 'sleep 0.5; case "$SVC_RUN_ID" in *-2) exit 0;; esac; echo ok > "$SVC_WORKSPACE/out.txt"');
       specFile('cli-flaky', 'cli-flaky', 'parallelism:\n  replicas: 2\n  matrix: [{lang: go}, {lang: py}]\nresources: {concurrency_limit: 1}\n');
       const t = inTerminal('eval cli-flaky.yaml --agent flaky --interval 100');
@@ -168,11 +179,17 @@ if (runtime) {
         assert.match(screen, /agent cli-flaky: pushed version 1, sha256:[0-9a-f]{64}/);
         assert.match(screen, /spec cli-flaky: pushed version 1/);
         // The bar was drawn while the runs went on, with counts and an ETA, and it ended at 4/4.
-        assert.ok(screens.some((s) => /█*░+ [0-3]\/4 runs \| running \| pass \d+ fail \d+ flaky \d+ error \d+ \| ETA /.test(s)), `no live progress bar seen:\n${screens.join('\n---\n')}`);
+        assert.ok(
+          screens.some((s) => /█*░+ [0-3]\/4 runs \| running \| pass \d+ fail \d+ flaky \d+ error \d+ \| ETA /.test(s)),
+          `no live progress bar seen:\n${screens.join('\n---\n')}`,
+        );
         assert.match(screen, /4\/4 runs \| completed \| pass 0 fail 0 flaky 2 error 0/);
         assert.match(screen, /exp-[0-9a-f]+ cli-flaky eval .*: completed, 4\/4 runs, pass 0 fail 0 flaky 2 error 0/);
         assert.match(screen, /│ lang=go +│ flaky +│ no +│ 1\/1\/0 +│ 50\.0%/);
-        assert.match(screen, /✗ run-[0-9a-f]+-1-2 lang=go replica 2: fail \(composite 0\)\n {4}invariant out: score 0 — out\.txt does not exist\n {4}reproduce: curl -sS -X POST '[^']+\/v1\/experiments'/);
+        assert.match(
+          screen,
+          /✗ run-[0-9a-f]+-1-2 lang=go replica 2: fail \(composite 0\)\n {4}invariant out: score 0 — out\.txt does not exist\n {4}reproduce: curl -sS -X POST '[^']+\/v1\/experiments'/,
+        );
       } finally {
         t.close();
       }
@@ -189,7 +206,7 @@ if (runtime) {
       assert.equal(out.exit_code, 0);
       assert.equal(out.comparison, null);
       assert.equal(out.experiment.status, 'completed');
-      assert.equal(out.experiment.total_runs, 3, '--replicas replaced the spec\'s');
+      assert.equal(out.experiment.total_runs, 3, "--replicas replaced the spec's");
       assert.equal(out.experiment.scenarios[0].runs.length, 3);
       assert.equal(out.experiment.scenarios[0].verdict, 'pass');
       assert.match(out.experiment.agent.snapshot_id, /^snap_/);
@@ -231,7 +248,10 @@ if (runtime) {
       const shown = await svc(['experiments', 'show', items[0].id, '--json']);
       assert.equal(JSON.parse(shown.stdout).id, items[0].id);
       const exported = await svc(['experiments', 'export', items[0].id, '--format', 'ndjson']);
-      const lines = exported.stdout.trim().split('\n').map((l) => JSON.parse(l));
+      const lines = exported.stdout
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
       assert.equal(lines[0].type, 'experiment');
       assert.equal(lines.at(-1).type, 'end');
       const out = path.join(work, 'export.json');
@@ -259,7 +279,7 @@ if (runtime) {
       }
     });
 
-    test('sandboxes: create, list, exec with the command\'s exit code, rm', async () => {
+    test("sandboxes: create, list, exec with the command's exit code, rm", async () => {
       const sb = (await svc(['sandboxes', 'create', 'cli-good', '--meta', 'who=cli', '--json'])).stdout;
       const id = JSON.parse(sb).id as string;
       assert.equal(JSON.parse(sb).metadata.who, 'cli');
@@ -271,7 +291,7 @@ if (runtime) {
       assert.match((await svc(['sandboxes', 'shell', id])).stderr, /^svc: 404 not_found: /);
     });
 
-    test('sandboxes shell is a real terminal: prompt, cd, read, completion, top, Ctrl-C, its size and a resize, the shell\'s exit code', async () => {
+    test("sandboxes shell is a real terminal: prompt, cd, read, completion, top, Ctrl-C, its size and a resize, the shell's exit code", async () => {
       const id = JSON.parse((await svc(['sandboxes', 'create', 'cli-good', '--json'])).stdout).id as string;
       const t = inTerminal(`sandboxes shell ${id}`);
       try {
@@ -355,10 +375,20 @@ if (runtime) {
 
     test('traces tail --agent follows the events an agent reports, as they arrive', async () => {
       const events = JSON.stringify([
-        { ts: new Date(Date.now() + 60_000).toISOString(), event_type: 'llm_call', tool: 'chat', phase: 'complete', span_id: 'llm-1', cost: { model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, estimated_usd: 0.25 } },
+        {
+          ts: new Date(Date.now() + 60_000).toISOString(),
+          event_type: 'llm_call',
+          tool: 'chat',
+          phase: 'complete',
+          span_id: 'llm-1',
+          cost: { model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, estimated_usd: 0.25 },
+        },
         { ts: new Date(Date.now() + 61_000).toISOString(), event_type: 'tool_use', tool: 'bash', phase: 'invoked', span_id: 'tool-1', parent_span_id: 'llm-1' },
       ]);
-      agentDir('traced', `curl -sf -X POST "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/trace" -H "authorization: Bearer $SVC_API_KEY" -H 'content-type: application/json' --data-binary '${events}' && echo ok > "$SVC_WORKSPACE/out.txt"`);
+      agentDir(
+        'traced',
+        `curl -sf -X POST "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/trace" -H "authorization: Bearer $SVC_API_KEY" -H 'content-type: application/json' --data-binary '${events}' && echo ok > "$SVC_WORKSPACE/out.txt"`,
+      );
       specFile('cli-traced', 'cli-traced', '');
       const t = inTerminal('traces tail --agent cli-traced --interval 200');
       try {

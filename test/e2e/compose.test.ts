@@ -96,9 +96,13 @@ interface Docker {
  */
 async function prepareDocker(): Promise<Docker | { skip: string }> {
   const docker = process.env.SVC_TEST_DOCKER;
-  if (!docker) return { skip: "SVC_TEST_DOCKER is unset (npm test sets it when a dockerd answers or starts here: root, Debian's docker.io, docker-compose and debootstrap)" };
+  if (!docker)
+    return {
+      skip: "SVC_TEST_DOCKER is unset (npm test sets it when a dockerd answers or starts here: root, Debian's docker.io, docker-compose and debootstrap)",
+    };
   const missingTools = ['java', 'mvn'].filter((t) => !onPath(t));
-  if (missingTools.length) return { skip: `${missingTools.join(' and ')} not on PATH: the Kafka image takes its jars from Maven (apt-get install default-jdk-headless maven)` };
+  if (missingTools.length)
+    return { skip: `${missingTools.join(' and ')} not on PATH: the Kafka image takes its jars from Maven (apt-get install default-jdk-headless maven)` };
   const v1 = onPath('docker-compose');
   if (v1) return { docker, compose: [v1] };
   if ((await run(docker, ['compose', 'version'], { timeoutMs: 20_000 })).code === 0) return { docker, compose: [docker, 'compose'] };
@@ -121,7 +125,8 @@ if ('skip' in ready) {
     let up = false;
     let cancelDown = () => {};
     const timings: string[] = [];
-    const composeRun = (args: string[], timeoutMs = 300_000) => run(compose[0]!, [...compose.slice(1), '-f', path.join(REPO, 'docker-compose.yml'), '-p', project, ...args], { env, timeoutMs });
+    const composeRun = (args: string[], timeoutMs = 300_000) =>
+      run(compose[0]!, [...compose.slice(1), '-f', path.join(REPO, 'docker-compose.yml'), '-p', project, ...args], { env, timeoutMs });
     const SERVICES = ['kafka', 'app', 'sandbox-runner', 'aggregator', 'alerter'];
     /** The last lines of every service's log, for failure messages. */
     const logs = async () => {
@@ -153,62 +158,68 @@ if ('skip' in ready) {
     // runner would end the file as "still pending"): this timer does, until `after`.
     let keepAlive: NodeJS.Timeout | undefined;
 
-    before(async () => {
-      keepAlive = setInterval(() => {}, 1000);
-      port = await freePort();
-      url = `http://127.0.0.1:${port}`;
-      env = {
-        // SVC_TEST_RUN is not a setting: it marks the processes as this test run's (test/run.mjs).
-        ...Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('SVC_') || name === 'SVC_TEST_RUN')),
-        SVC_API_KEY: adminKey,
-        SVC_SERVICE_KEY: `compose-service-${randomBytes(12).toString('hex')}`,
-        SVC_SECRETS_KEY: randomBytes(32).toString('hex'),
-        SVC_COMPOSE_PORT: String(port),
-        SVC_BASE_URL: url,
-        DOCKER: ready.docker,
-      };
+    before(
+      async () => {
+        keepAlive = setInterval(() => {}, 1000);
+        port = await freePort();
+        url = `http://127.0.0.1:${port}`;
+        env = {
+          // SVC_TEST_RUN is not a setting: it marks the processes as this test run's (test/run.mjs).
+          ...Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('SVC_') || name === 'SVC_TEST_RUN')),
+          SVC_API_KEY: adminKey,
+          SVC_SERVICE_KEY: `compose-service-${randomBytes(12).toString('hex')}`,
+          SVC_SECRETS_KEY: randomBytes(32).toString('hex'),
+          SVC_COMPOSE_PORT: String(port),
+          SVC_BASE_URL: url,
+          DOCKER: ready.docker,
+        };
 
-      let started = Date.now();
-      const built = await run(path.join(REPO, 'infra/compose/build-images.sh'), [], { env, timeoutMs: 30 * 60_000 });
-      assert.equal(built.code, 0, `infra/compose/build-images.sh failed:\n${lastLines(built.out, 60)}`);
-      timings.push(`images ${((Date.now() - started) / 1000).toFixed(1)} s (${lastLine(built.out).replace(/^build-images.sh: /, '')})`);
+        let started = Date.now();
+        const built = await run(path.join(REPO, 'infra/compose/build-images.sh'), [], { env, timeoutMs: 30 * 60_000 });
+        assert.equal(built.code, 0, `infra/compose/build-images.sh failed:\n${lastLines(built.out, 60)}`);
+        timings.push(`images ${((Date.now() - started) / 1000).toFixed(1)} s (${lastLine(built.out).replace(/^build-images.sh: /, '')})`);
 
-      started = Date.now();
-      up = true;
-      // Cancelled (the runner's timeout, Ctrl-C) before `after`: the project goes down all the same.
-      cancelDown = onCancel(() => composeRun(['down', '-v', '--remove-orphans', '--timeout', '30'], 90_000));
-      const upped = await composeRun(['up', '-d']);
-      assert.equal(upped.code, 0, `compose up failed:\n${lastLines(upped.out, 40)}\n${await logs()}`);
-      const deadline = Date.now() + 240_000;
-      for (;;) {
-        const health = await fetch(`${url}/health`, { signal: AbortSignal.timeout(5_000) }).then(
-          async (r) => ({ status: r.status, text: await r.text() }),
-          () => null,
-        );
-        if (health?.status === 200) break;
-        if (Date.now() > deadline) assert.fail(`the api did not answer /health within 240 s (last: ${health?.status} ${health?.text})\n${await logs()}`);
-        await new Promise((r) => setTimeout(r, 1000));
-      }
-      // The processes without the api start once its registry answers: wait for them too.
-      for (const service of ['sandbox-runner', 'aggregator', 'alerter']) {
-        while (!/"msg":"started"/.test((await composeRun(['logs', '--no-color', service], 60_000)).out)) {
-          if (Date.now() > deadline) assert.fail(`${service} did not start within 240 s\n${await logs()}`);
+        started = Date.now();
+        up = true;
+        // Cancelled (the runner's timeout, Ctrl-C) before `after`: the project goes down all the same.
+        cancelDown = onCancel(() => composeRun(['down', '-v', '--remove-orphans', '--timeout', '30'], 90_000));
+        const upped = await composeRun(['up', '-d']);
+        assert.equal(upped.code, 0, `compose up failed:\n${lastLines(upped.out, 40)}\n${await logs()}`);
+        const deadline = Date.now() + 240_000;
+        for (;;) {
+          const health = await fetch(`${url}/health`, { signal: AbortSignal.timeout(5_000) }).then(
+            async (r) => ({ status: r.status, text: await r.text() }),
+            () => null,
+          );
+          if (health?.status === 200) break;
+          if (Date.now() > deadline) assert.fail(`the api did not answer /health within 240 s (last: ${health?.status} ${health?.text})\n${await logs()}`);
           await new Promise((r) => setTimeout(r, 1000));
         }
-      }
-      timings.push(`up, every process started ${((Date.now() - started) / 1000).toFixed(1)} s`);
-    }, { timeout: 35 * 60_000 });
+        // The processes without the api start once its registry answers: wait for them too.
+        for (const service of ['sandbox-runner', 'aggregator', 'alerter']) {
+          while (!/"msg":"started"/.test((await composeRun(['logs', '--no-color', service], 60_000)).out)) {
+            if (Date.now() > deadline) assert.fail(`${service} did not start within 240 s\n${await logs()}`);
+            await new Promise((r) => setTimeout(r, 1000));
+          }
+        }
+        timings.push(`up, every process started ${((Date.now() - started) / 1000).toFixed(1)} s`);
+      },
+      { timeout: 35 * 60_000 },
+    );
 
-    after(async () => {
-      if (up) {
-        const started = Date.now();
-        const down = await composeRun(['down', '-v', '--remove-orphans', '--timeout', '30'], 180_000);
-        if (down.code !== 0) console.error(`compose down failed:\n${lastLines(down.out, 30)}`);
-        console.error(`# compose: down -v ${((Date.now() - started) / 1000).toFixed(1)} s`);
-      }
-      cancelDown();
-      clearInterval(keepAlive);
-    }, { timeout: 5 * 60_000 });
+    after(
+      async () => {
+        if (up) {
+          const started = Date.now();
+          const down = await composeRun(['down', '-v', '--remove-orphans', '--timeout', '30'], 180_000);
+          if (down.code !== 0) console.error(`compose down failed:\n${lastLines(down.out, 30)}`);
+          console.error(`# compose: down -v ${((Date.now() - started) / 1000).toFixed(1)} s`);
+        }
+        cancelDown();
+        clearInterval(keepAlive);
+      },
+      { timeout: 5 * 60_000 },
+    );
 
     test('the deployment is up: every service runs on Kafka, the store is chDB in the api+sink process', async (t) => {
       for (const line of timings) t.diagnostic(line);
@@ -229,7 +240,8 @@ if ('skip' in ready) {
       const created = await req('POST', '/v1/admin/keys', { body: { tenant: 'compose' } });
       assert.equal(created.status, 201, created.text);
       key = created.body.key;
-      const spec = 'version: 1\nid: compose-basic\nbase: debian:bookworm\ntask: {prompt: look around}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n';
+      const spec =
+        'version: 1\nid: compose-basic\nbase: debian:bookworm\ntask: {prompt: look around}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n';
       const stored = await req('POST', '/v1/specs', { key, body: spec, headers: { 'content-type': 'application/x-yaml' } });
       assert.equal(stored.status, 201, stored.text);
 
@@ -241,7 +253,10 @@ if ('skip' in ready) {
       }
       assert.equal(sandbox.status, 201, `${sandbox.text}\n${sandbox.status >= 500 ? await logs() : ''}`);
       assert.equal(sandbox.body.state, 'ready');
-      const cmd = await req('POST', `/v1/sandboxes/${sandbox.body.id}/commands`, { key, body: { command: 'pwd; echo made > made.txt; cat made.txt; cat /etc/debian_version' } });
+      const cmd = await req('POST', `/v1/sandboxes/${sandbox.body.id}/commands`, {
+        key,
+        body: { command: 'pwd; echo made > made.txt; cat made.txt; cat /etc/debian_version' },
+      });
       assert.equal(cmd.status, 200, cmd.text);
       assert.equal(cmd.body.exit_code, 0, cmd.text);
       assert.match(cmd.body.stdout, /^\/workspace\nmade\n12\.\d+\n$/);

@@ -33,7 +33,7 @@ const AGENTS: Record<string, string> = {
 };
 
 if (runtime) {
-  describe('dashboard in Chromium', { skip: CHROMIUM ? false : 'Debian\'s chromium is not installed (apt-get install chromium; npm test installs it)' }, () => {
+  describe('dashboard in Chromium', { skip: CHROMIUM ? false : "Debian's chromium is not installed (apt-get install chromium; npm test installs it)" }, () => {
     let server: TestServer;
     let key: string;
     let client: SvcClient;
@@ -66,9 +66,12 @@ if (runtime) {
       server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
       key = (await createTenantKey(server, 'dash')).key;
       client = createClient({ baseUrl: server.url, apiKey: key, sandboxId: '' });
-      for (const [name, script] of Object.entries(AGENTS)) await client.agents.upload(await makeBundle({ 'run.sh': `#!/bin/sh\n${script}\n` }), { name, entrypoint: ['sh', 'run.sh'] });
+      for (const [name, script] of Object.entries(AGENTS))
+        await client.agents.upload(await makeBundle({ 'run.sh': `#!/bin/sh\n${script}\n` }), { name, entrypoint: ['sh', 'run.sh'] });
       await client.specs.put(spec('dash-good', 'good', 'parallelism:\n  replicas: 5\n  matrix: [{lang: go}, {lang: py}]\n'));
-      await client.specs.put(spec('dash-leaky', 'leaky', 'audit:\n  file_system: {watch: ["/"], track: [writes]}\nforbidden:\n  file_writes_outside: [out.txt]\n'));
+      await client.specs.put(
+        spec('dash-leaky', 'leaky', 'audit:\n  file_system: {watch: ["/"], track: [writes]}\nforbidden:\n  file_writes_outside: [out.txt]\n'),
+      );
       await client.specs.put(spec('dash-slow', 'slow', 'parallelism: {replicas: 3}\nresources: {concurrency_limit: 1}\n'));
       const bad = await client.agents.latest('bad');
       ids.good = (await client.experiments.create({ name: 'good agent', spec_id: 'dash-good', run: true })).id;
@@ -140,7 +143,10 @@ if (runtime) {
         assert.ok(Date.now() < deadline, `still ${[...seen].join(', ')}`);
         await page.waitForTimeout(100);
       }
-      assert.ok([...seen].some((t) => /^[012]\/3 runs$/.test(t)), `the page showed the runs as they finished: ${[...seen].join(', ')}`);
+      assert.ok(
+        [...seen].some((t) => /^[012]\/3 runs$/.test(t)),
+        `the page showed the runs as they finished: ${[...seen].join(', ')}`,
+      );
       await page.waitForSelector('text=3/3 runs');
       assert.match(await page.locator('.pass-rate').innerText(), /100\.0%/);
       await shot('03-experiment-live');
@@ -185,18 +191,50 @@ if (runtime) {
       const at = (ms: number) => new Date(t0 + ms).toISOString();
       await client.traces.ingest([
         { ts: at(0), event_type: 'tool_call', tool: 'agent', phase: 'start', span_id: 'root', trace_id: 'dash-trace' },
-        { ts: at(100), event_type: 'llm_call', tool: 'openai.create', phase: 'complete', span_id: 'llm', parent_span_id: 'root', trace_id: 'dash-trace', duration_ms: 400, input: 'what is 2+2', cost: { model: 'gpt-4o', input_tokens: 10, output_tokens: 2, cache_read_tokens: 0, reasoning_tokens: 0, estimated_usd: 0.001 } },
-        { ts: at(500), event_type: 'tool_use', tool: 'calculator', phase: 'invoked', span_id: 'calc', parent_span_id: 'llm', trace_id: 'dash-trace', input: '{"a":2}' },
-        { ts: at(600), event_type: 'tool_call', tool: 'write_file', phase: 'complete', span_id: 'write', parent_span_id: 'root', trace_id: 'dash-trace', duration_ms: 200, status: 'error' },
+        {
+          ts: at(100),
+          event_type: 'llm_call',
+          tool: 'openai.create',
+          phase: 'complete',
+          span_id: 'llm',
+          parent_span_id: 'root',
+          trace_id: 'dash-trace',
+          duration_ms: 400,
+          input: 'what is 2+2',
+          cost: { model: 'gpt-4o', input_tokens: 10, output_tokens: 2, cache_read_tokens: 0, reasoning_tokens: 0, estimated_usd: 0.001 },
+        },
+        {
+          ts: at(500),
+          event_type: 'tool_use',
+          tool: 'calculator',
+          phase: 'invoked',
+          span_id: 'calc',
+          parent_span_id: 'llm',
+          trace_id: 'dash-trace',
+          input: '{"a":2}',
+        },
+        {
+          ts: at(600),
+          event_type: 'tool_call',
+          tool: 'write_file',
+          phase: 'complete',
+          span_id: 'write',
+          parent_span_id: 'root',
+          trace_id: 'dash-trace',
+          duration_ms: 200,
+          status: 'error',
+        },
         { ts: at(1000), event_type: 'tool_call', tool: 'agent', phase: 'end', span_id: 'root', trace_id: 'dash-trace', duration_ms: 1000 },
       ]);
       await open('traces/dash-trace');
       await page.waitForSelector('[data-span=write]');
       const rows = await page.locator('tr.span').evaluateAll((trs) => trs.map((tr) => `${tr.getAttribute('data-span')}@${tr.getAttribute('data-depth')}`));
       assert.deepEqual(rows, ['root@0', 'llm@1', 'calc@2', 'write@1']);
-      const bar = await page.locator('[data-span=llm] .bar').evaluate((el) => [parseFloat((el as HTMLElement).style.left), parseFloat((el as HTMLElement).style.width)]);
+      const bar = await page
+        .locator('[data-span=llm] .bar')
+        .evaluate((el) => [parseFloat((el as HTMLElement).style.left), parseFloat((el as HTMLElement).style.width)]);
       assert.deepEqual(bar, [10, 40], 'the waterfall places the span at its time: 100 ms into 1 s, for 400 ms');
-      assert.match(await page.locator('[data-span=write]').getAttribute('class') ?? '', /failed/);
+      assert.match((await page.locator('[data-span=write]').getAttribute('class')) ?? '', /failed/);
       await page.click('[data-span=llm]');
       const detail = await page.locator('.span-detail').innerText();
       assert.match(detail, /what is 2\+2/);
@@ -205,7 +243,9 @@ if (runtime) {
     });
 
     test('a live sandbox shows its stream: boot steps, commands and audit, until it is destroyed', async () => {
-      await client.specs.put(`version: 1\nid: dash-box\nbase: debian:bookworm\ntask: {prompt: p}\naudit:\n  file_system: {watch: ["/"], track: [writes]}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n`);
+      await client.specs.put(
+        `version: 1\nid: dash-box\nbase: debian:bookworm\ntask: {prompt: p}\naudit:\n  file_system: {watch: ["/"], track: [writes]}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n`,
+      );
       const sb = await client.sandboxes.create({ spec_id: 'dash-box' });
       await open(`sandboxes/${sb.id}`);
       await page.waitForSelector('li[data-step=ready].done');
@@ -234,7 +274,13 @@ if (runtime) {
       await page.selectOption('select', '1');
       await page.waitForFunction(() => !document.body.innerText.includes('second question'));
       await shot('09-dataset');
-      await client.alerts.create({ name: 'pass rate dropped', eval_id: 'dash-good', condition: 'pass_rate < 0.5', notify: 'webhook', webhook_url: 'http://127.0.0.1:9/hook' });
+      await client.alerts.create({
+        name: 'pass rate dropped',
+        eval_id: 'dash-good',
+        condition: 'pass_rate < 0.5',
+        notify: 'webhook',
+        webhook_url: 'http://127.0.0.1:9/hook',
+      });
       await open('alerts');
       await page.waitForSelector('text=pass rate dropped');
       assert.match(await page.locator('section').first().innerText(), /pass_rate < 0\.5/);

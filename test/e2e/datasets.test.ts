@@ -33,7 +33,8 @@ describe('datasets', () => {
   let tenants = 0;
   let other: string;
   let limited: string;
-  const req = (method: string, path: string, body?: unknown, k = key, headers?: Record<string, string>) => server.request(method, path, { key: k, ...(body !== undefined && { body }), ...(headers && { headers }) });
+  const req = (method: string, path: string, body?: unknown, k = key, headers?: Record<string, string>) =>
+    server.request(method, path, { key: k, ...(body !== undefined && { body }), ...(headers && { headers }) });
   const create = async (name: string, k = key, description?: string) => {
     const res = await req('POST', '/v1/datasets', { name, ...(description !== undefined && { description }) }, k);
     assert.equal(res.status, 201, res.text);
@@ -57,7 +58,8 @@ describe('datasets', () => {
     for (const field of fields) assert.ok(res.body.message.includes(field), `expected "${field}" in ${res.body.message}`);
     return res.body.message as string;
   };
-  const putSpec = async (yaml: string, k = key) => server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
+  const putSpec = async (yaml: string, k = key) =>
+    server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
 
   before(async () => {
     server = await startServer({
@@ -83,7 +85,16 @@ describe('datasets', () => {
     assert.match(made.id, /^ds_[0-9a-f]{16}$/);
     assert.deepEqual(
       { ...made, id: undefined, created_at: undefined, updated_at: undefined },
-      { id: undefined, created_at: undefined, updated_at: undefined, user_id: tenant, name: 'support-tickets', description: 'tickets with their right answer', version: 1, records: 0 },
+      {
+        id: undefined,
+        created_at: undefined,
+        updated_at: undefined,
+        user_id: tenant,
+        name: 'support-tickets',
+        description: 'tickets with their right answer',
+        version: 1,
+        records: 0,
+      },
     );
     assert.ok(!Number.isNaN(Date.parse(made.created_at)));
     const detail = (await req('GET', `/v1/datasets/${made.id}`)).body;
@@ -97,7 +108,10 @@ describe('datasets', () => {
     );
     assert.equal(list.count, 2);
     assert.equal(list.items[1].versions, undefined, 'the list leaves the versions out');
-    assert.deepEqual((await req('GET', '/v1/datasets?name=support-tickets')).body.items.map((d: any) => d.id), [made.id]);
+    assert.deepEqual(
+      (await req('GET', '/v1/datasets?name=support-tickets')).body.items.map((d: any) => d.id),
+      [made.id],
+    );
     const first = (await req('GET', '/v1/datasets?limit=1')).body;
     assert.equal(first.count, 1);
     const second = (await req('GET', `/v1/datasets?limit=1&cursor=${first.next_cursor}`)).body;
@@ -115,11 +129,23 @@ describe('datasets', () => {
     }
     assert.equal((await req('DELETE', `/v1/datasets/${made.id}`)).status, 404);
     assert.equal((await req('POST', `/v1/datasets/${made.id}/records`, [{ input: 1 }])).status, 404);
-    assert.deepEqual((await req('GET', '/v1/datasets')).body.items.map((d: any) => d.name), ['no-description']);
+    assert.deepEqual(
+      (await req('GET', '/v1/datasets')).body.items.map((d: any) => d.name),
+      ['no-description'],
+    );
     // Its records are gone from the store too: only the deletion markers hold their places.
-    const sql = await server.request('GET', `/v1/admin/sql/?query=${encodeURIComponent(`SELECT Deleted, Input FROM dataset_records FINAL WHERE DatasetId = '${made.id}' FORMAT JSONEachRow`)}`);
+    const sql = await server.request(
+      'GET',
+      `/v1/admin/sql/?query=${encodeURIComponent(`SELECT Deleted, Input FROM dataset_records FINAL WHERE DatasetId = '${made.id}' FORMAT JSONEachRow`)}`,
+    );
     assert.equal(sql.status, 200, sql.text);
-    assert.deepEqual(sql.text.trim().split('\n').map((l) => JSON.parse(l)), [{ Deleted: 1, Input: '' }]);
+    assert.deepEqual(
+      sql.text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l)),
+      [{ Deleted: 1, Input: '' }],
+    );
     // The name is free again.
     assert.notEqual((await create('support-tickets')).id, made.id);
   });
@@ -149,7 +175,12 @@ describe('datasets', () => {
     const big = await bad('POST', path, [{ input: 'small' }, { input: 'x'.repeat(LIMITS.bytes) }], ['records[1]: is']);
     assert.match(big, new RegExp(`over the record size limit of ${LIMITS.bytes} bytes \\(SVC_DATASET_RECORD_BYTES\\)`));
     // The limit counts expected and metadata too.
-    await bad('POST', path, [{ input: 'a', expected: 'y'.repeat(LIMITS.bytes / 2), metadata: 'z'.repeat(LIMITS.bytes / 2) }], ['records[0]: is', 'SVC_DATASET_RECORD_BYTES']);
+    await bad(
+      'POST',
+      path,
+      [{ input: 'a', expected: 'y'.repeat(LIMITS.bytes / 2), metadata: 'z'.repeat(LIMITS.bytes / 2) }],
+      ['records[0]: is', 'SVC_DATASET_RECORD_BYTES'],
+    );
     const many = Array.from({ length: LIMITS.records + 1 }, (_, i) => ({ input: i }));
     await bad('POST', path, many, [`records: has ${LIMITS.records + 1} records`, 'SVC_DATASET_MAX_RECORDS']);
     const detail = (await req('GET', `/v1/datasets/${id}`)).body;
@@ -197,7 +228,15 @@ describe('datasets', () => {
       assert.ok(!Number.isNaN(Date.parse(r.created_at)));
     }
     assert.equal(new Set(records.map((r: any) => r.id)).size, 5);
-    assert.deepEqual(records[1], { id: records[1].id, version: 2, input: { q: 'two' }, expected: { a: 2 }, metadata: { source: 'ticket 42' }, tags: ['hard'], created_at: records[1].created_at });
+    assert.deepEqual(records[1], {
+      id: records[1].id,
+      version: 2,
+      input: { q: 'two' },
+      expected: { a: 2 },
+      metadata: { source: 'ticket 42' },
+      tags: ['hard'],
+      created_at: records[1].created_at,
+    });
     assert.ok(!('expected' in records[2]) && !('metadata' in records[2]), 'absent fields stay absent');
     assert.equal(records[3].expected, null, 'an explicit null is kept');
     assert.deepEqual(records[4].tags, []);
@@ -227,15 +266,33 @@ describe('datasets', () => {
 
   test('limits: records per dataset, versions per dataset (409 naming the setting), datasets per tenant, one name per tenant', async () => {
     const { id } = await create('records-limit');
-    await add(id, Array.from({ length: 15 }, (_, i) => ({ input: i })));
-    const over = await bad('POST', `/v1/datasets/${id}/records`, Array.from({ length: 6 }, (_, i) => ({ input: i })), ['has 15 records; 6 more would pass the limit of 20', 'SVC_DATASET_MAX_RECORDS'], 409);
+    await add(
+      id,
+      Array.from({ length: 15 }, (_, i) => ({ input: i })),
+    );
+    const over = await bad(
+      'POST',
+      `/v1/datasets/${id}/records`,
+      Array.from({ length: 6 }, (_, i) => ({ input: i })),
+      ['has 15 records; 6 more would pass the limit of 20', 'SVC_DATASET_MAX_RECORDS'],
+      409,
+    );
     assert.equal((await req('GET', `/v1/datasets/${id}`)).body.records, 15, `nothing added: ${over}`);
-    await add(id, Array.from({ length: 5 }, (_, i) => ({ input: i })));
+    await add(
+      id,
+      Array.from({ length: 5 }, (_, i) => ({ input: i })),
+    );
     assert.equal((await read(id, '?limit=100')).body.count, LIMITS.records);
 
     const versions = await create('versions-limit');
     for (let v = 2; v <= LIMITS.versions; v++) assert.equal((await add(versions.id, [{ input: v }])).version, v);
-    await bad('POST', `/v1/datasets/${versions.id}/records`, [{ input: 'one more' }], [`has ${LIMITS.versions} versions, the limit (SVC_DATASET_MAX_VERSIONS = ${LIMITS.versions})`], 409);
+    await bad(
+      'POST',
+      `/v1/datasets/${versions.id}/records`,
+      [{ input: 'one more' }],
+      [`has ${LIMITS.versions} versions, the limit (SVC_DATASET_MAX_VERSIONS = ${LIMITS.versions})`],
+      409,
+    );
 
     await bad('POST', '/v1/datasets', { name: 'records-limit' }, [`name: a dataset named "records-limit" already exists (${id})`], 409);
 
@@ -267,8 +324,15 @@ describe('datasets', () => {
       assert.equal(res.body.error, 'forbidden');
       assert.ok(!res.text.includes('acme only'));
     }
-    assert.deepEqual((await read(mine.id)).body.items.map((r: any) => r.input), ['acme only'], 'untouched');
-    assert.deepEqual((await read(theirs.id, '', other)).body.items.map((r: any) => r.input), ['globex only']);
+    assert.deepEqual(
+      (await read(mine.id)).body.items.map((r: any) => r.input),
+      ['acme only'],
+      'untouched',
+    );
+    assert.deepEqual(
+      (await read(theirs.id, '', other)).body.items.map((r: any) => r.input),
+      ['globex only'],
+    );
     const theirList = (await req('GET', '/v1/datasets', undefined, other)).body.items;
     assert.deepEqual(
       theirList.map((d: any) => [d.id, d.user_id]),
@@ -299,13 +363,23 @@ describe('datasets', () => {
     assert.equal(replayed.headers.get('idempotent-replayed'), 'true');
     const detail = (await req('GET', `/v1/datasets/${id}`)).body;
     assert.deepEqual([detail.version, detail.records], [2, 2]);
-    assert.equal((await req('POST', `/v1/datasets/${id}/records`, records, key, { 'Idempotency-Key': 'add-batch-2' })).body.version, 3, 'a new key is a new add');
+    assert.equal(
+      (await req('POST', `/v1/datasets/${id}/records`, records, key, { 'Idempotency-Key': 'add-batch-2' })).body.version,
+      3,
+      'a new key is a new add',
+    );
   });
 
   test('records page on a keyset cursor, and stream as NDJSON', async () => {
     const { id } = await create('paged');
-    await add(id, Array.from({ length: 7 }, (_, i) => ({ input: { n: i }, tags: [i % 2 === 0 ? 'even' : 'odd'] })));
-    await add(id, Array.from({ length: 5 }, (_, i) => ({ input: { n: 7 + i }, tags: [(7 + i) % 2 === 0 ? 'even' : 'odd'] })));
+    await add(
+      id,
+      Array.from({ length: 7 }, (_, i) => ({ input: { n: i }, tags: [i % 2 === 0 ? 'even' : 'odd'] })),
+    );
+    await add(
+      id,
+      Array.from({ length: 5 }, (_, i) => ({ input: { n: 7 + i }, tags: [(7 + i) % 2 === 0 ? 'even' : 'odd'] })),
+    );
     const seen: number[] = [];
     const counts: number[] = [];
     let cursor: string | undefined;
@@ -316,21 +390,45 @@ describe('datasets', () => {
       cursor = page.next_cursor;
     } while (cursor);
     assert.deepEqual(counts, [5, 5, 2]);
-    assert.deepEqual(seen, Array.from({ length: 12 }, (_, i) => i));
+    assert.deepEqual(
+      seen,
+      Array.from({ length: 12 }, (_, i) => i),
+    );
     const evenPage = (await read(id, '?tags=even&limit=4')).body;
-    assert.deepEqual(evenPage.items.map((r: any) => r.input.n), [0, 2, 4, 6]);
-    assert.deepEqual((await read(id, `?tags=even&limit=4&cursor=${evenPage.next_cursor}`)).body.items.map((r: any) => r.input.n), [8, 10]);
+    assert.deepEqual(
+      evenPage.items.map((r: any) => r.input.n),
+      [0, 2, 4, 6],
+    );
+    assert.deepEqual(
+      (await read(id, `?tags=even&limit=4&cursor=${evenPage.next_cursor}`)).body.items.map((r: any) => r.input.n),
+      [8, 10],
+    );
     // A cursor holds its place while records are added behind it.
     const head = (await read(id, '?version=2&limit=3')).body;
     await add(id, [{ input: { n: 99 } }]);
-    assert.deepEqual((await read(id, `?version=2&limit=100&cursor=${head.next_cursor}`)).body.items.map((r: any) => r.input.n), [3, 4, 5, 6]);
+    assert.deepEqual(
+      (await read(id, `?version=2&limit=100&cursor=${head.next_cursor}`)).body.items.map((r: any) => r.input.n),
+      [3, 4, 5, 6],
+    );
 
     const ndjson = await read(id, '?format=ndjson&version=3');
     assert.match(ndjson.headers.get('content-type')!, /application\/x-ndjson/);
-    const lines = ndjson.text.trim().split('\n').map((l) => JSON.parse(l));
-    assert.deepEqual(lines.map((r) => r.input.n), Array.from({ length: 12 }, (_, i) => i));
+    const lines = ndjson.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    assert.deepEqual(
+      lines.map((r) => r.input.n),
+      Array.from({ length: 12 }, (_, i) => i),
+    );
     const byAccept = await req('GET', `/v1/datasets/${id}/records?tags=odd`, undefined, key, { accept: 'application/x-ndjson' });
-    assert.deepEqual(byAccept.text.trim().split('\n').map((l) => JSON.parse(l).input.n), [1, 3, 5, 7, 9, 11]);
+    assert.deepEqual(
+      byAccept.text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).input.n),
+      [1, 3, 5, 7, 9, 11],
+    );
     const capped = await read(id, '?format=ndjson&limit=2');
     assert.equal(capped.text.trim().split('\n').length, 2, 'limit caps the stream');
   });
@@ -344,7 +442,10 @@ describe('datasets', () => {
       [yaml('dataset: {id: ds_1}\n'), 'dataset.id: must be a dataset id'],
       [yaml('dataset: {name: qa, version: 0}\n'), 'dataset.version: must be a whole number from 1'],
       [yaml('dataset: {name: qa, tags: ["a,b"]}\n'), 'dataset.tags[0]: must be a tag'],
-      [yaml('', 'the answer is {{ expected.answer }}'), 'task.prompt: {{ expected.answer }}: the expected answer may be named only in invariants and grader files'],
+      [
+        yaml('', 'the answer is {{ expected.answer }}'),
+        'task.prompt: {{ expected.answer }}: the expected answer may be named only in invariants and grader files',
+      ],
       [yaml('', 'bad {{ input | upper }}'), 'task.prompt: {{ input | upper }}: unknown filter "upper"'],
     ]) {
       const res = await putSpec(doc);
@@ -380,21 +481,51 @@ describe('datasets', () => {
       ],
     );
     const first = (await read(id)).body.items[0];
-    assert.deepEqual(results.scenarios[0].record, { dataset_id: id, id: first.id, version: 2, input: { word: 'alpha' }, expected: { answer: 'ALPHA' }, tags: ['greek'] });
+    assert.deepEqual(results.scenarios[0].record, {
+      dataset_id: id,
+      id: first.id,
+      version: 2,
+      input: { word: 'alpha' },
+      expected: { answer: 'ALPHA' },
+      tags: ['greek'],
+    });
     const page1 = (await req('GET', `/v1/scenarios?experiment_id=${made.body.id}&limit=2`)).body;
     const page2 = (await req('GET', `/v1/scenarios?experiment_id=${made.body.id}&limit=2&cursor=${page1.next_cursor}`)).body;
-    assert.deepEqual([...page1.items, ...page2.items].map((s: any) => [s.params.lang, s.record.input.word]), [['en', 'alpha'], ['fr', 'alpha'], ['en', 'beta'], ['fr', 'beta']]);
+    assert.deepEqual(
+      [...page1.items, ...page2.items].map((s: any) => [s.params.lang, s.record.input.word]),
+      [
+        ['en', 'alpha'],
+        ['fr', 'alpha'],
+        ['en', 'beta'],
+        ['fr', 'beta'],
+      ],
+    );
     const exported = await req('GET', `/v1/experiments/${made.body.id}/export?format=ndjson`);
     assert.equal(exported.status, 200, exported.text);
-    const scenarioLines = exported.text.trim().split('\n').map((l) => JSON.parse(l)).filter((l) => l.type === 'scenario');
-    assert.deepEqual(scenarioLines.map((s) => s.record.input.word), ['alpha', 'alpha', 'beta', 'beta', 'one', 'one']);
+    const scenarioLines = exported.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l))
+      .filter((l) => l.type === 'scenario');
+    assert.deepEqual(
+      scenarioLines.map((s) => s.record.input.word),
+      ['alpha', 'alpha', 'beta', 'beta', 'one', 'one'],
+    );
 
     // The request's dataset replaces the spec's, with a version and tags of its own.
-    const tagged = await req('POST', '/v1/experiments', { name: 'tagged', spec_id: 'pinned-spec', matrix: [{ lang: 'en' }], dataset: { id, version: 3, tags: ['number'] } });
+    const tagged = await req('POST', '/v1/experiments', {
+      name: 'tagged',
+      spec_id: 'pinned-spec',
+      matrix: [{ lang: 'en' }],
+      dataset: { id, version: 3, tags: ['number'] },
+    });
     assert.equal(tagged.status, 201, tagged.text);
     const taggedResults = (await req('GET', `/v1/experiments/${tagged.body.id}`)).body;
     assert.deepEqual(taggedResults.options.dataset, { id, name: 'pinned', version: 3, tags: ['number'], records: 1 });
-    assert.deepEqual(taggedResults.scenarios.map((s: any) => s.record.input.word), ['one']);
+    assert.deepEqual(
+      taggedResults.scenarios.map((s: any) => s.record.input.word),
+      ['one'],
+    );
 
     const theirs = await create('theirs', other);
     for (const [body, status, problem] of [
@@ -414,7 +545,10 @@ describe('datasets', () => {
     assert.equal((await putSpec(noDataset)).status, 201);
     const refused = await req('POST', '/v1/experiments', { name: 'no dataset', spec_id: 'needs-record' });
     assert.equal(refused.status, 400, refused.text);
-    assert.match(refused.body.message, /dataset: spec "needs-record" refers to a dataset record \(\{\{ input \}\} or \{\{ expected \}\} at task\.prompt\) but neither it nor the request names a dataset/);
+    assert.match(
+      refused.body.message,
+      /dataset: spec "needs-record" refers to a dataset record \(\{\{ input \}\} or \{\{ expected \}\} at task\.prompt\) but neither it nor the request names a dataset/,
+    );
   });
 
   const runtime = backend('SVC_TEST_BWRAP', 'an experiment over a dataset on the local runtime');
@@ -539,20 +673,41 @@ describe('datasets across a crash', () => {
     const created = await crash(() => server.request('POST', '/v1/datasets', { key, body: { name: 'crash' }, headers: { 'idempotency-key': 'create-1' } }));
     assert.equal(created.status, 201, created.text);
     const list = (await server.request('GET', '/v1/datasets', { key })).body.items;
-    assert.deepEqual(list.map((d: any) => d.id), [created.body.id], 'one dataset');
+    assert.deepEqual(
+      list.map((d: any) => d.id),
+      [created.body.id],
+      'one dataset',
+    );
 
     await hold('10m');
     const records = [{ input: 'a', tags: ['x'] }, { input: 'b' }, { input: 'c', expected: 'C' }];
-    const added = await crash(() => server.request('POST', `/v1/datasets/${created.body.id}/records`, { key, body: records, headers: { 'idempotency-key': 'add-1' } }));
+    const added = await crash(() =>
+      server.request('POST', `/v1/datasets/${created.body.id}/records`, { key, body: records, headers: { 'idempotency-key': 'add-1' } }),
+    );
     assert.equal(added.status, 201, added.text);
     assert.deepEqual(added.body, { dataset_id: created.body.id, added: 3, version: 2, records: 3 });
     const detail = (await server.request('GET', `/v1/datasets/${created.body.id}`, { key })).body;
     assert.deepEqual([detail.version, detail.records], [2, 3], 'one version');
     const read = (await server.request('GET', `/v1/datasets/${created.body.id}/records`, { key })).body;
-    assert.deepEqual(read.items.map((r: any) => [r.input, r.version]), [['a', 2], ['b', 2], ['c', 2]]);
+    assert.deepEqual(
+      read.items.map((r: any) => [r.input, r.version]),
+      [
+        ['a', 2],
+        ['b', 2],
+        ['c', 2],
+      ],
+    );
     const [row] = await server
-      .request('GET', `/v1/admin/sql/?query=${encodeURIComponent(`SELECT count() AS n, uniqExact(RecordId) AS ids FROM dataset_records FINAL WHERE DatasetId = '${created.body.id}' FORMAT JSONEachRow`)}`)
-      .then((r) => r.text.trim().split('\n').map((l) => JSON.parse(l)));
+      .request(
+        'GET',
+        `/v1/admin/sql/?query=${encodeURIComponent(`SELECT count() AS n, uniqExact(RecordId) AS ids FROM dataset_records FINAL WHERE DatasetId = '${created.body.id}' FORMAT JSONEachRow`)}`,
+      )
+      .then((r) =>
+        r.text
+          .trim()
+          .split('\n')
+          .map((l) => JSON.parse(l)),
+      );
     assert.deepEqual(row, { n: '3', ids: '3' }, 'the retry found its version: no second copy of the records');
     // After the restarts the next add continues the versions.
     const next = await server.request('POST', `/v1/datasets/${created.body.id}/records`, { key, body: [{ input: 'd' }] });

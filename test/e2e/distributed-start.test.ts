@@ -40,10 +40,19 @@ task: {prompt: write out.txt}
 agent:
   type: cli
   command: |
-    curl -sf -X POST "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/trace" -H "authorization: Bearer $SVC_API_KEY" -H 'content-type: application/json' --data-binary '${JSON.stringify([
-      { ts: '2026-01-01T00:00:00Z', event_type: 'llm_call', tool: 'chat', phase: 'complete', span_id: 'llm-1', cost: { model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, estimated_usd: 0.25 } },
-      { ts: '2026-01-01T00:00:01Z', event_type: 'tool_use', tool: 'bash', phase: 'complete', span_id: 'tool-1', parent_span_id: 'llm-1', status: 'error' },
-    ])}' && if [ "$SVC_PARAM_LANG" = go ]; then echo done > out.txt; fi
+    curl -sf -X POST "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/trace" -H "authorization: Bearer $SVC_API_KEY" -H 'content-type: application/json' --data-binary '${JSON.stringify(
+      [
+        {
+          ts: '2026-01-01T00:00:00Z',
+          event_type: 'llm_call',
+          tool: 'chat',
+          phase: 'complete',
+          span_id: 'llm-1',
+          cost: { model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, estimated_usd: 0.25 },
+        },
+        { ts: '2026-01-01T00:00:01Z', event_type: 'tool_use', tool: 'bash', phase: 'complete', span_id: 'tool-1', parent_span_id: 'llm-1', status: 'error' },
+      ],
+    )}' && if [ "$SVC_PARAM_LANG" = go ]; then echo done > out.txt; fi
 invariants:
   out: {check: {type: file_exists, path: out.txt}}
 parallelism: {replicas: 2, matrix: [{lang: go}, {lang: py}]}
@@ -63,7 +72,14 @@ if (brokers) {
     async function start(services: string[], env: Record<string, string> = {}): Promise<SvcProcess> {
       const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-dist-'));
       dirs.push(dir);
-      const p = runSvc(services, { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: brokers!, SVC_LOG_NAMESPACE: ns, SVC_SERVICE_KEY: SERVICE_KEY, SVC_DATA_DIR: dir, ...env });
+      const p = runSvc(services, {
+        SVC_LOG_BACKEND: 'kafka',
+        SVC_KAFKA_BROKERS: brokers!,
+        SVC_LOG_NAMESPACE: ns,
+        SVC_SERVICE_KEY: SERVICE_KEY,
+        SVC_DATA_DIR: dir,
+        ...env,
+      });
       processes.push(p);
       return p;
     }
@@ -102,11 +118,20 @@ if (brokers) {
     });
 
     if (runtime) {
-      test('with the aggregator in its own process, the completed experiment\'s metrics are the api\'s, and offline scoring grades its runs', async () => {
-        const runner = await start(['sandbox-runner'], { ...registryOfApi(), SVC_SECRETS_KEY: SECRETS_KEY, SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_BASE_URL: apiUrl() });
+      test("with the aggregator in its own process, the completed experiment's metrics are the api's, and offline scoring grades its runs", async () => {
+        const runner = await start(['sandbox-runner'], {
+          ...registryOfApi(),
+          SVC_SECRETS_KEY: SECRETS_KEY,
+          SVC_SANDBOX_HOST_ROOTFS: 'true',
+          SVC_BASE_URL: apiUrl(),
+        });
         await runner.waitFor(/"msg":"started"/, 90_000);
         const call = async (method: string, p: string, body?: unknown, type = 'application/json') => {
-          const res = await fetch(`${apiUrl()}${p}`, { method, headers: { authorization: `Bearer ${ADMIN_KEY}`, ...(body === undefined ? {} : { 'content-type': type }) }, body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body) });
+          const res = await fetch(`${apiUrl()}${p}`, {
+            method,
+            headers: { authorization: `Bearer ${ADMIN_KEY}`, ...(body === undefined ? {} : { 'content-type': type }) },
+            body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
+          });
           const text = await res.text();
           return { status: res.status, text, body: text && res.headers.get('content-type')?.includes('json') ? JSON.parse(text) : text };
         };
@@ -147,7 +172,10 @@ if (brokers) {
           await new Promise((r) => setTimeout(r, 200));
           scores = (await call('GET', `/v1/experiments/${id}/scores`)).body.items;
         }
-        assert.deepEqual(scores.map((s) => s.passed), [true, true, true, true]);
+        assert.deepEqual(
+          scores.map((s) => s.passed),
+          [true, true, true, true],
+        );
       });
     }
 
@@ -161,11 +189,21 @@ if (brokers) {
       const service = await Promise.all(Array.from({ length: 40 }, (_, i) => register(basic(SERVICE_KEY), i)));
       assert.deepEqual([...new Set(service.map((r) => r.status))], [200]);
 
-      const created = await fetch(`${apiUrl()}/v1/admin/keys`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ tenant: 'acme' }) });
+      const created = await fetch(`${apiUrl()}/v1/admin/keys`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ tenant: 'acme' }),
+      });
       const tenantKey = ((await created.json()) as { key: string }).key;
       const tenant = await Promise.all(Array.from({ length: 40 }, (_, i) => register(basic(tenantKey), i)));
-      assert.ok(tenant.some((r) => r.status === 429), `a tenant key meets the write limit: ${tenant.map((r) => r.status)}`);
-      assert.ok(tenant.every((r) => r.status === 429 || r.status === 403), 'and the registry refuses it anyway');
+      assert.ok(
+        tenant.some((r) => r.status === 429),
+        `a tenant key meets the write limit: ${tenant.map((r) => r.status)}`,
+      );
+      assert.ok(
+        tenant.every((r) => r.status === 429 || r.status === 403),
+        'and the registry refuses it anyway',
+      );
 
       const elsewhere = await fetch(`${apiUrl()}/v1/traces`, { headers: { authorization: `Bearer ${SERVICE_KEY}` } });
       assert.equal(elsewhere.status, 403);

@@ -43,7 +43,11 @@ describe('experiment results on scored runs', () => {
     return { status: res.status, text, body: res.headers.get('content-type')?.includes('application/json') ? JSON.parse(text) : text };
   };
   const post = async (p: string, body: unknown) => {
-    const res = await fetch(`${url}${p}`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    const res = await fetch(`${url}${p}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
     return { status: res.status, body: await res.json() };
   };
 
@@ -54,10 +58,12 @@ describe('experiment results on scored runs', () => {
     const id: string = created.body.id;
     const { kernel } = running;
     const now = Date.now();
-    const scores: RunScored[] = verdicts.flatMap((replicas, index) =>
-      replicas.map((verdict, r) => score(id, index, r + 1, verdict, now + index * 10 + r)),
+    const scores: RunScored[] = verdicts.flatMap((replicas, index) => replicas.map((verdict, r) => score(id, index, r + 1, verdict, now + index * 10 + r)));
+    const positions = await publish(
+      kernel,
+      TOPICS.runScores,
+      scores.map((s) => ({ key: id, tenant: TENANT, value: s })),
     );
-    const positions = await publish(kernel, TOPICS.runScores, scores.map((s) => ({ key: id, tenant: TENANT, value: s })));
     await kernel.visibility.waitFor(positions, 10_000);
     const experiment: ExperimentChanged = {
       tenant: TENANT,
@@ -94,11 +100,24 @@ describe('experiment results on scored runs', () => {
   before(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'svc-results-'));
     const port = await freePort();
-    const config = loadConfig({ SVC_DATA_DIR: dir, SVC_PORT: String(port), SVC_HOST: '127.0.0.1', SVC_API_KEY: ADMIN_KEY, SVC_LOG_LEVEL: 'silent', SVC_LOG_FSYNC: 'never', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    const config = loadConfig({
+      SVC_DATA_DIR: dir,
+      SVC_PORT: String(port),
+      SVC_HOST: '127.0.0.1',
+      SVC_API_KEY: ADMIN_KEY,
+      SVC_LOG_LEVEL: 'silent',
+      SVC_LOG_FSYNC: 'never',
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_RATE_LIMIT_READS: '0',
+    });
     // No runner and no scorer: this test writes what they would.
     running = await startServices(config, ['sink', 'aggregator', 'api']);
     url = `http://127.0.0.1:${port}`;
-    const res = await fetch(`${url}/v1/specs`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/x-yaml' }, body: YAML });
+    const res = await fetch(`${url}/v1/specs`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/x-yaml' },
+      body: YAML,
+    });
     assert.equal(res.status, 201);
     // go: all pass; py: pass, fail (with a violation), error; rust: every run errored.
     baseline = await completedExperiment('baseline', [
@@ -109,7 +128,13 @@ describe('experiment results on scored runs', () => {
     // The sandbox of each run reported model calls and tool calls, tagged with its run.
     const { kernel } = running;
     for (const [i, s] of baseline.scores.entries()) {
-      await ingestTagged(kernel, TENANT, traces(i), { ...UNTAGGED, sandbox_id: s.sandbox_id, experiment_id: baseline.id, scenario_id: s.scenario_id, run_id: s.run_id });
+      await ingestTagged(kernel, TENANT, traces(i), {
+        ...UNTAGGED,
+        sandbox_id: s.sandbox_id,
+        experiment_id: baseline.id,
+        scenario_id: s.scenario_id,
+        run_id: s.run_id,
+      });
     }
     // The py replica 1 is scored again later (offline re-scoring): the latest row wins.
     const rescored = { ...score(baseline.id, 1, 1, 'fail', Date.now() + 5000), event_id: newEventId() };
@@ -190,7 +215,10 @@ describe('experiment results on scored runs', () => {
     const walls = completed.map((i) => wall(Math.floor(i / 3), (i % 3) + 1));
     close(m.mean_wall_ms, walls.reduce((a, b) => a + b) / walls.length);
     close(m.p95_wall_ms, quantile(walls, 0.95)!);
-    close(m.total_cost_usd, [0, 1, 2, 3, 4, 5, 6, 7, 8].reduce((sum, i) => sum + 0.004 * (i + 1), 0));
+    close(
+      m.total_cost_usd,
+      [0, 1, 2, 3, 4, 5, 6, 7, 8].reduce((sum, i) => sum + 0.004 * (i + 1), 0),
+    );
     close(m.mean_cost_per_run_usd, completed.reduce((sum, i) => sum + 0.004 * (i + 1), 0) / completed.length);
     // Every run made two tool calls; odd runs failed one of them.
     close(m.tool_success_rate, (10 - 2) / 10);
@@ -200,9 +228,12 @@ describe('experiment results on scored runs', () => {
     assert.deepEqual([m.runs, m.completed_runs], [9, 5]);
   });
 
-  test('scenarios filter by verdict; the list counts each experiment\'s scenarios by verdict', async () => {
+  test("scenarios filter by verdict; the list counts each experiment's scenarios by verdict", async () => {
     const failing = await get(`/v1/scenarios?experiment_id=${baseline.id}&status=fail`);
-    assert.deepEqual(failing.body.items.map((s: { params: object }) => s.params), [{ lang: 'py' }]);
+    assert.deepEqual(
+      failing.body.items.map((s: { params: object }) => s.params),
+      [{ lang: 'py' }],
+    );
     assert.equal(failing.body.items[0].runs.length, 3);
     assert.equal((await get(`/v1/scenarios?experiment_id=${baseline.id}&status=error`)).body.items[0].index, 2);
     const listed = (await get('/v1/experiments?limit=1000')).body.items.find((e: { id: string }) => e.id === baseline.id);
@@ -212,8 +243,14 @@ describe('experiment results on scored runs', () => {
 
   test('export: every scenario then its runs with their full outcome, in NDJSON and in JSON', async () => {
     const ndjson = await get(`/v1/experiments/${baseline.id}/export?format=ndjson`);
-    const lines = ndjson.text.trim().split('\n').map((l: string) => JSON.parse(l));
-    assert.deepEqual(lines.map((l: { type: string }) => l.type), ['experiment', 'spec', 'scenario', 'run', 'run', 'run', 'scenario', 'run', 'run', 'run', 'scenario', 'run', 'run', 'run', 'end']);
+    const lines = ndjson.text
+      .trim()
+      .split('\n')
+      .map((l: string) => JSON.parse(l));
+    assert.deepEqual(
+      lines.map((l: { type: string }) => l.type),
+      ['experiment', 'spec', 'scenario', 'run', 'run', 'run', 'scenario', 'run', 'run', 'run', 'scenario', 'run', 'run', 'run', 'end'],
+    );
     assert.equal(lines[1].yaml, YAML);
     assert.equal(lines[7].outcome.status, 'completed');
     assert.equal(lines[7].outcome.agent.stdout, 'tail of stdout');
@@ -221,13 +258,22 @@ describe('experiment results on scored runs', () => {
     const json = (await get(`/v1/experiments/${baseline.id}/export`)).body;
     assert.equal(json.experiment.id, baseline.id);
     assert.equal(json.experiment.metrics.runs, 9);
-    assert.deepEqual(json.scenarios.map((s: { verdict: string; runs: unknown[] }) => [s.verdict, s.runs.length]), [['pass', 3], ['fail', 3], ['error', 3]]);
+    assert.deepEqual(
+      json.scenarios.map((s: { verdict: string; runs: unknown[] }) => [s.verdict, s.runs.length]),
+      [
+        ['pass', 3],
+        ['fail', 3],
+        ['error', 3],
+      ],
+    );
     assert.equal(json.scenarios[2].runs[0].outcome.status, 'boot_failed');
   });
 
   test('eval history lists completed experiments oldest first, with their metrics; compare pairs scenarios and names regressions', async () => {
     const snapshot = { experiment_id: 'ignored', pass_rate: 0.25 };
-    const candidate = await completedExperiment('candidate', [Array<Verdict>(10).fill('fail'), ['fail', 'fail', 'fail']], { metrics: JSON.stringify(snapshot) });
+    const candidate = await completedExperiment('candidate', [Array<Verdict>(10).fill('fail'), ['fail', 'fail', 'fail']], {
+      metrics: JSON.stringify(snapshot),
+    });
     const history = await get('/v1/evals/checkout/history?limit=1');
     assert.equal(history.status, 200, history.text);
     assert.equal(history.body.items[0].experiment_id, baseline.id);
@@ -244,12 +290,16 @@ describe('experiment results on scored runs', () => {
     const pass = c.metrics.find((m: { name: string }) => m.name === 'pass_rate');
     assert.deepEqual([pass.baseline, pass.candidate, pass.direction, pass.test], [0.5, 0, 'worse', 'cmh']);
     // Strata: go 3 of 3 passed against 0 of 10; py 0 of 2 against 0 of 3 (no variation, no weight).
-    const expected = cochranMantelHaenszel([{ a: 3, b: 0, c: 0, d: 10 }, { a: 0, b: 2, c: 0, d: 3 }]).p_value;
+    const expected = cochranMantelHaenszel([
+      { a: 3, b: 0, c: 0, d: 10 },
+      { a: 0, b: 2, c: 0, d: 3 },
+    ]).p_value;
     close(pass.p_value, expected);
     assert.ok(expected < 0.01);
     const violations = c.metrics.find((m: { name: string }) => m.name === 'side_effect_violations');
     assert.deepEqual([violations.baseline, violations.candidate, violations.regressed], [2, 13, true]);
-    for (const name of ['pass_rate', 'side_effect_violations', 'scenario {"lang":"go"}']) assert.ok(c.regressions.includes(name), `${name} in ${c.regressions}`);
+    for (const name of ['pass_rate', 'side_effect_violations', 'scenario {"lang":"go"}'])
+      assert.ok(c.regressions.includes(name), `${name} in ${c.regressions}`);
     assert.ok(!c.regressions.includes('scenario {"lang":"py"}'), 'py failed on both sides');
     assert.equal(c.regressed, true);
   });
@@ -267,7 +317,9 @@ function invariants(verdict: Verdict): InvariantScore[] {
 }
 
 function violations(verdict: Verdict): Violation[] {
-  return verdict === 'fail' ? [{ rule: 'file_writes_outside', message: 'wrote /etc/passwd', audit: { seq: 7, ts: '2026-01-01T00:00:00.000Z', path: '/etc/passwd' } }] : [];
+  return verdict === 'fail'
+    ? [{ rule: 'file_writes_outside', message: 'wrote /etc/passwd', audit: { seq: 7, ts: '2026-01-01T00:00:00.000Z', path: '/etc/passwd' } }]
+    : [];
 }
 
 function score(experimentId: string, index: number, replica: number, verdict: Verdict, ts: number): RunScored {
@@ -327,7 +379,20 @@ function traces(i: number) {
     ...overrides,
   });
   return [
-    event({ event_type: 'llm_call', tool: 'openai.create', phase: 'complete', span_id: `llm-${i}`, cost: { input_tokens: 100 * (i + 1), output_tokens: 10 * (i + 1), cache_read_tokens: 0, reasoning_tokens: 0, model: 'gpt', estimated_usd: 0.004 * (i + 1) } }),
+    event({
+      event_type: 'llm_call',
+      tool: 'openai.create',
+      phase: 'complete',
+      span_id: `llm-${i}`,
+      cost: {
+        input_tokens: 100 * (i + 1),
+        output_tokens: 10 * (i + 1),
+        cache_read_tokens: 0,
+        reasoning_tokens: 0,
+        model: 'gpt',
+        estimated_usd: 0.004 * (i + 1),
+      },
+    }),
     event({ event_type: 'tool_use', tool: 'bash', phase: 'invoked', span_id: `tool-a-${i}`, parent_span_id: `llm-${i}` }),
     event({ event_type: 'tool_call', tool: 'edit', phase: 'complete', span_id: `tool-b-${i}`, status: i % 2 === 1 ? 'error' : 'ok' }),
   ] as TraceEvent[];

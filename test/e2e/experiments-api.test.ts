@@ -53,11 +53,14 @@ describe('experiments API', () => {
     const pinned = await create({ name: 'old', spec_id: 'flow', spec_version: 1 });
     assert.equal(pinned.body.spec_version, 1);
     const results = (await req('GET', `/v1/experiments/${pinned.body.id}`)).body;
-    assert.deepEqual(results.scenarios.map((s: { params: object; verdict: unknown; runs: unknown[] }) => [s.params, s.verdict, s.runs.length]), [
-      [{ lang: 'go' }, null, 0],
-      [{ lang: 'py' }, null, 0],
-      [{ lang: 'rust' }, null, 0],
-    ]);
+    assert.deepEqual(
+      results.scenarios.map((s: { params: object; verdict: unknown; runs: unknown[] }) => [s.params, s.verdict, s.runs.length]),
+      [
+        [{ lang: 'go' }, null, 0],
+        [{ lang: 'py' }, null, 0],
+        [{ lang: 'rust' }, null, 0],
+      ],
+    );
     assert.deepEqual(results.counts, { pass: 0, fail: 0, flaky: 0, error: 0 });
     assert.equal(results.pass_rate, null);
   });
@@ -103,7 +106,7 @@ describe('experiments API', () => {
     assert.match(notObject.body.message, /^body: must be a JSON object/);
   });
 
-  test('a spec never uploaded is a 404, and another tenant\'s spec of that id does not count', async () => {
+  test("a spec never uploaded is a 404, and another tenant's spec of that id does not count", async () => {
     const res = await create({ name: 'n', spec_id: 'no-such-spec' });
     assert.equal(res.status, 404);
     assert.equal(res.body.error, 'not_found');
@@ -144,7 +147,21 @@ describe('experiments API', () => {
       assert.equal(res.status, 200, res.text);
       assert.equal(res.body.count, res.body.items.length);
       for (const item of res.body.items) {
-        assert.deepEqual(Object.keys(item).sort(), ['completed_at', 'counts', 'created_at', 'error', 'id', 'name', 'queued_at', 'scored_runs', 'spec_id', 'spec_version', 'started_at', 'status', 'total_runs']);
+        assert.deepEqual(Object.keys(item).sort(), [
+          'completed_at',
+          'counts',
+          'created_at',
+          'error',
+          'id',
+          'name',
+          'queued_at',
+          'scored_runs',
+          'spec_id',
+          'spec_version',
+          'started_at',
+          'status',
+          'total_runs',
+        ]);
         assert.equal(item.status, 'created');
       }
       seen.push(...res.body.items.map((e: { id: string }) => e.id));
@@ -189,12 +206,17 @@ describe('experiments API', () => {
     assert.equal(res.body.total_runs, 1);
     const results = (await req('GET', `/v1/experiments/${res.body.id}`)).body;
     assert.deepEqual(results.options, { spec_version: 1, matrix: [{ lang: 'zig' }], replicas: 1, seed: 42 });
-    assert.deepEqual(results.scenarios.map((s: { params: object }) => s.params), [{ lang: 'zig' }]);
+    assert.deepEqual(
+      results.scenarios.map((s: { params: object }) => s.params),
+      [{ lang: 'zig' }],
+    );
     assert.equal((await req('POST', `/v1/experiments/${res.body.id}/cancel`)).status, 200);
   });
 
   test('runs executing at a cancel finish and are counted the same in every field: scored_runs, counts, metrics, RunResults', async () => {
-    await putSpec(`version: 1\nid: pause\nbase: debian:bookworm\ntask: {prompt: wait}\nagent: {type: cli, command: "sleep 3; touch out.txt"}\ninvariants:\n  ok: {check: {type: file_exists, path: out.txt}}\nparallelism: {replicas: 2}\n`);
+    await putSpec(
+      `version: 1\nid: pause\nbase: debian:bookworm\ntask: {prompt: wait}\nagent: {type: cli, command: "sleep 3; touch out.txt"}\ninvariants:\n  ok: {check: {type: file_exists, path: out.txt}}\nparallelism: {replicas: 2}\n`,
+    );
     const created = (await create({ name: 'cut short', spec_id: 'pause', run: true })).body;
     for (let i = 0; i < 100 && (await req('GET', `/v1/experiments/${created.id}`)).body.status !== 'running'; i++) await new Promise((r) => setTimeout(r, 100));
     const cancelled = await req('POST', `/v1/experiments/${created.id}/cancel`);
@@ -207,7 +229,10 @@ describe('experiments API', () => {
     assert.equal(results.status, 'cancelled');
     assert.equal(results.scored_runs, 2, `both runs in flight were scored and counted: ${JSON.stringify(results).slice(0, 800)}`);
     const runs = results.scenarios.flatMap((sc: any) => sc.runs);
-    assert.deepEqual(runs.map((r: any) => r.verdict), ['pass', 'pass']);
+    assert.deepEqual(
+      runs.map((r: any) => r.verdict),
+      ['pass', 'pass'],
+    );
     const summary = (await req('GET', '/v1/experiments?limit=1000')).body.items.find((e: { id: string }) => e.id === created.id);
     assert.equal(summary.scored_runs, 2);
     assert.deepEqual(summary.counts, { pass: 1, fail: 0, flaky: 0, error: 0 });
@@ -227,18 +252,33 @@ describe('experiments API', () => {
     assert.equal(missing.status, 400);
     assert.match(missing.body.message, /^experiment_id: is required/);
     const id = (await create({ name: 'scenarios', spec_id: 'flow' })).body.id;
-    assert.match((await req('GET', `/v1/scenarios?experiment_id=${id}&status=great`)).body.message, /^status: must be one of pass, fail, flaky, error, pending/);
+    assert.match(
+      (await req('GET', `/v1/scenarios?experiment_id=${id}&status=great`)).body.message,
+      /^status: must be one of pass, fail, flaky, error, pending/,
+    );
     const first = await req('GET', `/v1/scenarios?experiment_id=${id}&limit=2`);
     assert.equal(first.status, 200, first.text);
     assert.equal(first.body.count, 2);
-    assert.deepEqual(first.body.items.map((s: { index: number; experiment_id: string }) => [s.index, s.experiment_id]), [[0, id], [1, id]]);
+    assert.deepEqual(
+      first.body.items.map((s: { index: number; experiment_id: string }) => [s.index, s.experiment_id]),
+      [
+        [0, id],
+        [1, id],
+      ],
+    );
     const second = await req('GET', `/v1/scenarios?experiment_id=${id}&limit=2&cursor=${first.body.next_cursor}`);
-    assert.deepEqual(second.body.items.map((s: { params: object }) => s.params), [{ lang: 'rust' }]);
+    assert.deepEqual(
+      second.body.items.map((s: { params: object }) => s.params),
+      [{ lang: 'rust' }],
+    );
     assert.equal(second.body.next_cursor, undefined);
     assert.equal((await req('GET', `/v1/scenarios?experiment_id=${id}&status=pending`)).body.count, 3);
     assert.equal((await req('GET', `/v1/scenarios?experiment_id=${id}&status=pass`)).body.count, 0);
     const one = await req('GET', `/v1/scenarios?experiment_id=${id}&scenario_id=${first.body.items[1].scenario_id}`);
-    assert.deepEqual(one.body.items.map((s: { params: object }) => s.params), [{ lang: 'py' }]);
+    assert.deepEqual(
+      one.body.items.map((s: { params: object }) => s.params),
+      [{ lang: 'py' }],
+    );
   });
 
   test('export is json (default) or ndjson; another format is a 400 naming format', async () => {
@@ -255,8 +295,14 @@ describe('experiments API', () => {
     assert.deepEqual(json.body.totals, { scenarios: 3, runs: 0 });
     const ndjson = await req('GET', `/v1/experiments/${id}/export?format=ndjson`);
     assert.match(ndjson.headers.get('content-type') ?? '', /application\/x-ndjson/);
-    const lines = ndjson.text.trim().split('\n').map((l) => JSON.parse(l));
-    assert.deepEqual(lines.map((l) => l.type), ['experiment', 'spec', 'scenario', 'scenario', 'scenario', 'end']);
+    const lines = ndjson.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    assert.deepEqual(
+      lines.map((l) => l.type),
+      ['experiment', 'spec', 'scenario', 'scenario', 'scenario', 'end'],
+    );
   });
 
   test('metrics of an experiment without runs: nothing to average is null, sums are 0', async () => {

@@ -18,10 +18,19 @@ const AGENTS: Record<string, string> = {
   slow: 'sleep 30',
   leaky: 'mkdir -p "$SVC_WORKSPACE/out"; echo ok > "$SVC_WORKSPACE/out/out.txt"; echo x > "$SVC_WORKSPACE/elsewhere.txt"; echo "token is $API_TOKEN"',
   // Reports its own model call and tool use from inside its sandbox, as an agent's SDK does.
-  traced: `curl -sf -X POST "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/trace" -H "authorization: Bearer $SVC_API_KEY" -H 'content-type: application/json' --data-binary '${JSON.stringify([
-    { ts: '2026-01-01T00:00:00Z', event_type: 'llm_call', tool: 'chat', phase: 'complete', span_id: 'llm-1', cost: { model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, estimated_usd: 0.25 } },
-    { ts: '2026-01-01T00:00:01Z', event_type: 'tool_use', tool: 'bash', phase: 'invoked', span_id: 'tool-1', parent_span_id: 'llm-1' },
-  ])}' && echo done > "$SVC_WORKSPACE/out.txt"`,
+  traced: `curl -sf -X POST "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/trace" -H "authorization: Bearer $SVC_API_KEY" -H 'content-type: application/json' --data-binary '${JSON.stringify(
+    [
+      {
+        ts: '2026-01-01T00:00:00Z',
+        event_type: 'llm_call',
+        tool: 'chat',
+        phase: 'complete',
+        span_id: 'llm-1',
+        cost: { model: 'gpt-4o', input_tokens: 1000, output_tokens: 100, estimated_usd: 0.25 },
+      },
+      { ts: '2026-01-01T00:00:01Z', event_type: 'tool_use', tool: 'bash', phase: 'invoked', span_id: 'tool-1', parent_span_id: 'llm-1' },
+    ],
+  )}' && echo done > "$SVC_WORKSPACE/out.txt"`,
   pause: 'sleep 1; echo done > "$SVC_WORKSPACE/out.txt"',
 };
 
@@ -74,7 +83,13 @@ if (runtime) {
         status: judgeStatus,
         body: judgeAnswer(judgeScore),
       }));
-      server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_JUDGE_URL: judge.url, SVC_JUDGE_API_KEY: 'judge-key' });
+      server = await startServer({
+        SVC_SANDBOX_HOST_ROOTFS: 'true',
+        SVC_RATE_LIMIT_WRITES: '0',
+        SVC_RATE_LIMIT_READS: '0',
+        SVC_JUDGE_URL: judge.url,
+        SVC_JUDGE_API_KEY: 'judge-key',
+      });
       key = (await createTenantKey(server, 'acme')).key;
       for (const [name, script] of Object.entries(AGENTS)) {
         const res = await uploadAgent(server, key, { name, entrypoint: ['sh', 'run.sh'] }, await makeBundle({ 'run.sh': `#!/bin/sh\n${script}\n` }));
@@ -118,7 +133,10 @@ invariants:
           assert.equal(run.verdict, 'pass');
           assert.equal(run.composite, 1);
           assert.deepEqual(run.invariants.map((i: any) => i.name).sort(), ['content', 'custom', 'exists', 'grep']);
-          assert.ok(run.invariants.every((i: any) => i.passed && i.score === 1), JSON.stringify(run.invariants));
+          assert.ok(
+            run.invariants.every((i: any) => i.passed && i.score === 1),
+            JSON.stringify(run.invariants),
+          );
         }
       }
       assert.equal(results.counts.pass, 3);
@@ -149,7 +167,9 @@ invariants:
         ['pct80', '{strategy: percentage, min_pass_rate: 0.8}', false],
       ];
       for (const [name, aggregation, passing] of strategies) {
-        await putSpec(spec(`flaky-${name}`, 'flaky', `parallelism: {replicas: 4}\nscoring: {pass_threshold: 1.0, replica_aggregation: ${aggregation}}\n${OUT_EXISTS}`));
+        await putSpec(
+          spec(`flaky-${name}`, 'flaky', `parallelism: {replicas: 4}\nscoring: {pass_threshold: 1.0, replica_aggregation: ${aggregation}}\n${OUT_EXISTS}`),
+        );
         const results = await finished(await start(`flaky-${name}`));
         const scenario = results.scenarios[0];
         assert.equal(scenario.verdict, 'flaky', name);
@@ -182,7 +202,9 @@ invariants:
     });
 
     test('an agent past its timeout and a sandbox that cannot boot are errors, apart from failures', async () => {
-      await putSpec(spec('slow', 'slow', OUT_EXISTS).replace('agent: {type: snapshot, snapshot: slow}', 'agent: {type: snapshot, snapshot: slow, timeout: 2s}'));
+      await putSpec(
+        spec('slow', 'slow', OUT_EXISTS).replace('agent: {type: snapshot, snapshot: slow}', 'agent: {type: snapshot, snapshot: slow, timeout: 2s}'),
+      );
       const slow = await finished(await start('slow'));
       const run = runsOf(slow)[0];
       assert.equal(run.verdict, 'error');
@@ -266,7 +288,13 @@ invariants:
     });
 
     test('the judge grades llm_as_judge checks; its failure is a judge call failure, not a 0', async () => {
-      await putSpec(spec('judged', 'good', 'scoring: {pass_threshold: 0.8}\ninvariants:\n  quality: {check: {type: llm_as_judge, rubric: "Did the agent write out.txt?", input: agent_output, threshold: 0.8}}\n'));
+      await putSpec(
+        spec(
+          'judged',
+          'good',
+          'scoring: {pass_threshold: 0.8}\ninvariants:\n  quality: {check: {type: llm_as_judge, rubric: "Did the agent write out.txt?", input: agent_output, threshold: 0.8}}\n',
+        ),
+      );
       judgeScore = 0.9;
       const graded = runsOf(await finished(await start('judged')))[0];
       assert.equal(graded.verdict, 'pass');
@@ -306,7 +334,10 @@ invariants:
       const runs = runsOf(results);
       assert.equal(runs.length, 6);
       assert.equal(new Set(runs.map((r: any) => r.run_id)).size, 6);
-      assert.ok(runs.every((r: any) => r.verdict === 'pass'), JSON.stringify(runs.map((r: any) => [r.run_id, r.verdict, r.error])));
+      assert.ok(
+        runs.every((r: any) => r.verdict === 'pass'),
+        JSON.stringify(runs.map((r: any) => [r.run_id, r.verdict, r.error])),
+      );
     });
   });
 }

@@ -22,10 +22,17 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
   const putSpec = (yaml: string) => storeSpec(server, key, yaml);
   /** Runs `commands` in a new sandbox of a spec watching `watch`, destroys it, returns its file records as [type, path, found_by?]. */
   const fileRecords = (name: string, watch: string, commands: string[], setup = '[]') =>
-    sandboxFileRecords(server, key, name, `setup: {commands: ${setup}}\naudit:\n  file_system: {watch: ${watch}, track: [writes, reads, deletes]}\n`, commands, {
-      types: ['file_write', 'file_read', 'file_delete'],
-      tolerated: /image store/,
-    });
+    sandboxFileRecords(
+      server,
+      key,
+      name,
+      `setup: {commands: ${setup}}\naudit:\n  file_system: {watch: ${watch}, track: [writes, reads, deletes]}\n`,
+      commands,
+      {
+        types: ['file_write', 'file_read', 'file_delete'],
+        tolerated: /image store/,
+      },
+    );
 
   before(async () => {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
@@ -51,7 +58,10 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
       ['file_write', '.profile-note'],
       ['file_write', 'work.txt'],
     ]) {
-      assert.ok(records.some((r: string[]) => r[0] === expected[0] && r[1] === expected[1]), `${expected.join(' ')} in ${JSON.stringify(records)}`);
+      assert.ok(
+        records.some((r: string[]) => r[0] === expected[0] && r[1] === expected[1]),
+        `${expected.join(' ')} in ${JSON.stringify(records)}`,
+      );
     }
     // A rename is a delete of the old name, then a write of the new one.
     const at = (type: string, p: string) => records.findIndex((r: string[]) => r[0] === type && r[1] === p);
@@ -76,7 +86,10 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
     ]);
     const behind = records.filter((r: string[]) => r[1].startsWith('/tmp/swap/') && r[1] !== '/tmp/swap/mine');
     assert.deepEqual(behind, [], JSON.stringify(records));
-    assert.ok(records.some((r: string[]) => r[0] === 'file_write' && r[1] === '/tmp/swap'), `the link itself is a write: ${JSON.stringify(records)}`);
+    assert.ok(
+      records.some((r: string[]) => r[0] === 'file_write' && r[1] === '/tmp/swap'),
+      `the link itself is a write: ${JSON.stringify(records)}`,
+    );
   });
 
   test('a change in /tmp the watch cannot see (mmap of a file made before ready) is found by the reconciliation', async () => {
@@ -85,8 +98,10 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
     assert.deepEqual(records, [['file_write', '/tmp/made-at-setup', 'reconciliation']]);
   });
 
-  test('a frozen clock makes no file of its own: one clock for the whole sandbox, nothing in /dev/shm recorded as the agent\'s', async () => {
-    await putSpec(SPEC('frozen-clock', 'audit:\n  file_system: {watch: ["/"], track: [writes, reads, deletes]}\ndeterminism:\n  frozen_time: "2030-06-15T12:00:00Z"\n'));
+  test("a frozen clock makes no file of its own: one clock for the whole sandbox, nothing in /dev/shm recorded as the agent's", async () => {
+    await putSpec(
+      SPEC('frozen-clock', 'audit:\n  file_system: {watch: ["/"], track: [writes, reads, deletes]}\ndeterminism:\n  frozen_time: "2030-06-15T12:00:00Z"\n'),
+    );
     const created = await req('POST', '/v1/sandboxes', { spec_id: 'frozen-clock' });
     assert.equal(created.status, 201, created.text);
     const id = created.body.id as string;
@@ -98,7 +113,7 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
     const frozen = Date.parse('2030-06-15T12:00:00Z') / 1000;
     // Commands whose first process execs (the pair it made was left behind), a killed one, Python.
     const first = Number(await run('exec date -u +%s'));
-    await run('sh -c \'exec date\' > /dev/null; sh -c \'kill -KILL $$\'; python3 -c "import time; time.time()"; echo w > work.txt');
+    await run("sh -c 'exec date' > /dev/null; sh -c 'kill -KILL $$'; python3 -c \"import time; time.time()\"; echo w > work.txt");
     await new Promise((r) => setTimeout(r, 1_100));
     const later = Number(await run('date -u +%s'));
     assert.ok(first >= frozen && first < frozen + 60, `the clock starts at frozen_time: ${first}`);
@@ -106,7 +121,9 @@ describe('the file audit beyond the workspace', { skip: runtime === null }, () =
     assert.equal((await req('DELETE', `/v1/sandboxes/${id}`)).status, 200);
     const audit = await req('GET', `/v1/sandboxes/${id}/audit?type=file_write,file_read,file_delete,warning&limit=1000`);
     assert.equal(audit.status, 200, audit.text);
-    const records = audit.body.items.filter((i: any) => !/image store/.test(i.details.message ?? '')).map((i: any) => [i.type, i.details.path ?? i.details.message]);
+    const records = audit.body.items
+      .filter((i: any) => !/image store/.test(i.details.message ?? ''))
+      .map((i: any) => [i.type, i.details.path ?? i.details.message]);
     assert.deepEqual(records, [['file_write', 'work.txt']]);
   });
 
@@ -125,11 +142,14 @@ invariants:
         print('{"passed": true}')
 `;
 
-  test('file_writes_outside [/workspace] fails an agent that writes /tmp; allowing /tmp passes it; the checks\' own /tmp writes are never the agent\'s', async () => {
+  test("file_writes_outside [/workspace] fails an agent that writes /tmp; allowing /tmp passes it; the checks' own /tmp writes are never the agent's", async () => {
     const agent = 'echo out > /tmp/outside.txt; echo in > "$SVC_WORKSPACE/inside.txt"';
     const failed = await runOnce(server, key, 'writes-tmp', agent, OUTSIDE('[/workspace]'));
     assert.equal(failed.verdict, 'fail', JSON.stringify(failed).slice(0, 1000));
-    assert.deepEqual(failed.violations.map((v: any) => [v.rule, v.audit.path]), [['file_writes_outside', '/tmp/outside.txt']]);
+    assert.deepEqual(
+      failed.violations.map((v: any) => [v.rule, v.audit.path]),
+      [['file_writes_outside', '/tmp/outside.txt']],
+    );
 
     const allowed = await runOnce(server, key, 'writes-tmp-allowed', agent, OUTSIDE('[/workspace, /tmp]'));
     assert.equal(allowed.verdict, 'pass', JSON.stringify(allowed).slice(0, 1000));
@@ -140,7 +160,13 @@ invariants:
     assert.deepEqual(honest.violations, []);
 
     // The frozen clock's preload is the service's: its files are not the agent's writes.
-    const clocked = await runOnce(server, key, 'writes-workspace-frozen', 'date > /dev/null; sh -c "exec date" > "$SVC_WORKSPACE/inside.txt"', `${OUTSIDE('[/workspace]')}determinism:\n  frozen_time: "2030-06-15T12:00:00Z"\n`);
+    const clocked = await runOnce(
+      server,
+      key,
+      'writes-workspace-frozen',
+      'date > /dev/null; sh -c "exec date" > "$SVC_WORKSPACE/inside.txt"',
+      `${OUTSIDE('[/workspace]')}determinism:\n  frozen_time: "2030-06-15T12:00:00Z"\n`,
+    );
     assert.equal(clocked.verdict, 'pass', JSON.stringify(clocked).slice(0, 1000));
     assert.deepEqual(clocked.violations, []);
   });

@@ -9,4 +9,9 @@ import { backend } from '../helpers/backend.ts';
 import { crashDrill } from '../helpers/idempotency-crash.ts';
 
 const brokers = backend('SVC_TEST_KAFKA_BROKERS', 'idempotent retry after a crash, Kafka');
-if (brokers) crashDrill('idempotent retry after a crash, Kafka', { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: brokers, SVC_LOG_NAMESPACE: `crash-${randomBytes(4).toString('hex')}.` }, ['traces', 'specs', 'agents', 'other-keys']);
+if (brokers)
+  crashDrill(
+    'idempotent retry after a crash, Kafka',
+    { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: brokers, SVC_LOG_NAMESPACE: `crash-${randomBytes(4).toString('hex')}.` },
+    ['traces', 'specs', 'agents', 'other-keys'],
+  );

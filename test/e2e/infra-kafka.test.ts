@@ -34,7 +34,11 @@ test('a broker started by hand from the checkout writes into the state dir, neve
   const look = () => ({ infra: snapshot(infra), oldPlace: existsSync(oldPlace) ? snapshot(oldPlace) : null });
   const before = look();
   try {
-    const child = spawn(process.execPath, [path.join(infra, 'kafka.mjs')], { cwd: REPO, env: { ...process.env, XDG_STATE_HOME: state }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [path.join(infra, 'kafka.mjs')], {
+      cwd: REPO,
+      env: { ...process.env, XDG_STATE_HOME: state },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let out = '';
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d) => (out += d));
@@ -51,7 +55,10 @@ test('a broker started by hand from the checkout writes into the state dir, neve
     const home = path.join(state, 'svc', 'kafka');
     assert.ok(existsSync(path.join(home, 'broker', 'data')), 'the broker data is in the state dir');
     assert.ok(existsSync(path.join(home, 'broker', 'logs')), 'and its logs');
-    assert.ok(readdirSync(home).some((f) => /^classpath-[0-9a-f]+\.txt$/.test(f)), 'and the classpath cache');
+    assert.ok(
+      readdirSync(home).some((f) => /^classpath-[0-9a-f]+\.txt$/.test(f)),
+      'and the classpath cache',
+    );
     assert.deepEqual(look(), before, 'infra/kafka and .tmp are as they were');
   } finally {
     rmSync(state, { recursive: true, force: true });

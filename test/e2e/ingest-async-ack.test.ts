@@ -11,10 +11,17 @@ import { ADMIN_KEY, createTenantKey, startServer, traceEvent, type TestServer } 
 
 /** Rows of a query on the analysts' SQL endpoint (admin key). */
 async function sql(server: TestServer, query: string): Promise<Array<Record<string, unknown>>> {
-  const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: query });
+  const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${ADMIN_KEY}` },
+    body: query,
+  });
   const text = await res.text();
   assert.equal(res.status, 200, text);
-  return text.split('\n').filter(Boolean).map((line) => JSON.parse(line));
+  return text
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => JSON.parse(line));
 }
 
 describe('ingest answered once durable (Prefer: respond-async)', () => {
@@ -50,7 +57,13 @@ describe('ingest answered once durable (Prefer: respond-async)', () => {
   });
 
   test('OTLP answers 200 (as OTLP/HTTP requires) with the token in its headers', async () => {
-    const span = { traceId: 'ab'.repeat(16), spanId: 'cd'.repeat(8), name: 'async-span', startTimeUnixNano: '1700000000000000000', endTimeUnixNano: '1700000000100000000' };
+    const span = {
+      traceId: 'ab'.repeat(16),
+      spanId: 'cd'.repeat(8),
+      name: 'async-span',
+      startTimeUnixNano: '1700000000000000000',
+      endTimeUnixNano: '1700000000100000000',
+    };
     const body = { resourceSpans: [{ resource: { attributes: [] }, scopeSpans: [{ spans: [span] }] }] };
     const res = await server.request('POST', '/otel/v1/traces', { key, headers: ASYNC, body });
     assert.equal(res.status, 200, res.text);

@@ -55,7 +55,10 @@ if (brokers) {
 
     test('graceful restarts leave no consumer groups behind', async () => {
       const running = await groups();
-      assert.ok(running.some((g) => PER_PROCESS.test(g)), `per-process groups while it runs: ${running}`);
+      assert.ok(
+        running.some((g) => PER_PROCESS.test(g)),
+        `per-process groups while it runs: ${running}`,
+      );
       const stable = running.filter((g) => !PER_PROCESS.test(g));
       for (let restart = 1; restart <= 3; restart++) {
         assert.equal(await server.stop(), 0);

@@ -23,12 +23,23 @@ describe('POST /otel/v1/traces, end to end', () => {
 
   /** A real SDK pipeline: a parent span and a gen_ai chat child, flushed through `exporter`. */
   async function emit(exporter: SpanExporter, prefix: string) {
-    const provider = new BasicTracerProvider({ resource: resourceFromAttributes({ 'service.name': 'otlp-agent' }), spanProcessors: [new SimpleSpanProcessor(exporter)] });
+    const provider = new BasicTracerProvider({
+      resource: resourceFromAttributes({ 'service.name': 'otlp-agent' }),
+      spanProcessors: [new SimpleSpanProcessor(exporter)],
+    });
     const tracer = provider.getTracer('e2e');
     const parent = tracer.startSpan(`${prefix}.run`);
     const child = tracer.startSpan(
       `${prefix}.chat`,
-      { attributes: { 'gen_ai.operation.name': 'chat', 'gen_ai.request.model': 'gpt-4o', 'gen_ai.usage.input_tokens': 120, 'gen_ai.usage.output_tokens': 30, 'gen_ai.completion': 'hi there' } },
+      {
+        attributes: {
+          'gen_ai.operation.name': 'chat',
+          'gen_ai.request.model': 'gpt-4o',
+          'gen_ai.usage.input_tokens': 120,
+          'gen_ai.usage.output_tokens': 30,
+          'gen_ai.completion': 'hi there',
+        },
+      },
       trace.setSpan(context.active(), parent),
     );
     child.setStatus({ code: SpanStatusCode.ERROR, message: 'rate limited upstream' });
@@ -81,12 +92,22 @@ describe('POST /otel/v1/traces, end to end', () => {
   test('gzip-compressed protobuf is accepted and answered with a protobuf ExportTraceServiceResponse', async () => {
     // InMemorySpanExporter forgets its spans at shutdown; this one keeps them.
     const spans: ReadableSpan[] = [];
-    await emit({ export: (batch, done) => {
+    await emit(
+      {
+        export: (batch, done) => {
           spans.push(...batch);
           done({ code: 0 });
-        }, shutdown: async () => {} }, 'gzip');
+        },
+        shutdown: async () => {},
+      },
+      'gzip',
+    );
     const body = gzipSync(ProtobufTraceSerializer.serializeRequest(spans)!);
-    const res = await fetch(`${server.url}/otel/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/x-protobuf', 'content-encoding': 'gzip' }, body });
+    const res = await fetch(`${server.url}/otel/v1/traces`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/x-protobuf', 'content-encoding': 'gzip' },
+      body,
+    });
     assert.equal(res.status, 200, await res.clone().text());
     assert.equal(res.headers.get('content-type'), 'application/x-protobuf');
     assert.deepEqual(ProtobufTraceSerializer.deserializeResponse(new Uint8Array(await res.arrayBuffer())), {});
@@ -97,19 +118,33 @@ describe('POST /otel/v1/traces, end to end', () => {
     const plain = await server.request('POST', '/otel/v1/traces', { key: acme, body: 'hello', headers: { 'content-type': 'text/plain' } });
     assert.equal(plain.status, 415, plain.text);
     assert.equal(plain.body.error, 'unsupported_media_type');
-    const garbage = await fetch(`${server.url}/otel/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/x-protobuf' }, body: Buffer.from([0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01]) });
+    const garbage = await fetch(`${server.url}/otel/v1/traces`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/x-protobuf' },
+      body: Buffer.from([0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01]),
+    });
     assert.equal(garbage.status, 400);
     const body = await garbage.json();
     assert.equal(body.error, 'bad_request');
     assert.match(body.message, /^body: not an OTLP ExportTraceServiceRequest protobuf/);
-    const badGzip = await fetch(`${server.url}/otel/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/x-protobuf', 'content-encoding': 'gzip' }, body: 'nope' });
+    const badGzip = await fetch(`${server.url}/otel/v1/traces`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/x-protobuf', 'content-encoding': 'gzip' },
+      body: 'nope',
+    });
     assert.equal(badGzip.status, 400);
     const noKey = await server.request('POST', '/otel/v1/traces', { key: null, body: {} });
     assert.equal(noKey.status, 401);
   });
 
   test('a batch with one bad span stores the rest and reports partialSuccess', async () => {
-    const span = (spanId: string, name: string) => ({ traceId: '0af7651916cd43dd8448eb211c80319c', spanId, name, startTimeUnixNano: '1767225600000000000', endTimeUnixNano: '1767225600500000000' });
+    const span = (spanId: string, name: string) => ({
+      traceId: '0af7651916cd43dd8448eb211c80319c',
+      spanId,
+      name,
+      startTimeUnixNano: '1767225600000000000',
+      endTimeUnixNano: '1767225600500000000',
+    });
     const res = await server.request('POST', '/otel/v1/traces', {
       key: acme,
       body: { resourceSpans: [{ scopeSpans: [{ spans: [span('b7ad6b7169203331', 'partial.good'), span('not-hex', 'partial.bad')] }] }] },
@@ -133,7 +168,12 @@ describe('POST /otel/v1/traces under the ingest rate limit', () => {
 
   test('spans count as events against the per-key events/s limit: 429 with Retry-After past it', async () => {
     const { key } = await createTenantKey(server, 'acme');
-    const spans = ['1', '2', '3'].map((n) => ({ traceId: '0af7651916cd43dd8448eb211c80319c', spanId: n.repeat(16), name: 'limited', startTimeUnixNano: '1767225600000000000' }));
+    const spans = ['1', '2', '3'].map((n) => ({
+      traceId: '0af7651916cd43dd8448eb211c80319c',
+      spanId: n.repeat(16),
+      name: 'limited',
+      startTimeUnixNano: '1767225600000000000',
+    }));
     const body = { resourceSpans: [{ scopeSpans: [{ spans }] }] };
     assert.equal((await server.request('POST', '/otel/v1/traces', { key, body })).status, 200);
     const limited = await server.request('POST', '/otel/v1/traces', { key, body });

@@ -34,7 +34,10 @@ describe('every process a command starts is audited', { skip: runtime === null }
   before(async () => {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
     key = (await createTenantKey(server, 'process-audit')).key;
-    for (const [id, audit] of [['spawns', 'audit: {process_spawns: true}\n'], ['quiet', '']]) {
+    for (const [id, audit] of [
+      ['spawns', 'audit: {process_spawns: true}\n'],
+      ['quiet', ''],
+    ]) {
       const res = await server.request('POST', '/v1/specs', { key, body: SPEC(id, audit), headers: { 'content-type': 'application/x-yaml' } });
       assert.equal(res.status, 201, res.text);
     }
@@ -52,8 +55,14 @@ describe('every process a command starts is audited', { skip: runtime === null }
     const audit = await req('GET', `/v1/sandboxes/${sb.body.id}/files/.svc/audit.jsonl`);
     assert.equal(audit.status, 200, audit.text);
     await req('DELETE', `/v1/sandboxes/${sb.body.id}`);
-    const lines = audit.text.trim().split('\n').map((l) => JSON.parse(l));
-    return { records: lines.filter((l) => l.type === 'process_spawn').map((l) => l.details), warnings: lines.filter((l) => l.type === 'warning').map((l) => l.details.message) };
+    const lines = audit.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    return {
+      records: lines.filter((l) => l.type === 'process_spawn').map((l) => l.details),
+      warnings: lines.filter((l) => l.type === 'warning').map((l) => l.details.message),
+    };
   }
 
   test('children, grandchildren, a double fork, a quick exec and a self-kill are each a record with its tree', { timeout: 120_000 }, async () => {
@@ -66,7 +75,11 @@ describe('every process a command starts is audited', { skip: runtime === null }
       'sleep 0.5',
     ].join('; ');
     const { records, warnings } = await spawnsOf('spawns', script);
-    assert.deepEqual(warnings.filter((w) => /process/.test(w)), [], 'capture is on, nothing lost');
+    assert.deepEqual(
+      warnings.filter((w) => /process/.test(w)),
+      [],
+      'capture is on, nothing lost',
+    );
     const find = (re: RegExp) => records.find((r) => re.test(r.command));
     const top = records.find((r) => r.pid === undefined);
     assert.ok(top && top.command === script, 'the command itself is the commands API record');
@@ -79,12 +92,12 @@ describe('every process a command starts is audited', { skip: runtime === null }
     assert.equal(exit3.exit_code, 3);
     assert.equal(exit3.parent_pid, python.pid, 'the tree: python started sh');
     const execd = find(/^true from-python$/);
-    assert.ok(execd, 'the program python exec\'d into is a record of its own');
+    assert.ok(execd, "the program python exec'd into is a record of its own");
     assert.equal(execd.pid, python.pid);
     assert.equal(python.exit_code, null, 'python did not exit itself: it became true');
     assert.equal(execd.exit_code, 0);
     assert.ok(find(/^sleep 0\.2$/), 'the double-forked, detached grandchild is recorded');
-    assert.ok(find(/^\/bin\/echo quick$/), 'a program exec\'d at once is recorded');
+    assert.ok(find(/^\/bin\/echo quick$/), "a program exec'd at once is recorded");
     const killed = records.find((r) => r.signal === 9);
     assert.ok(killed, 'a process that killed itself is recorded with its signal');
     for (const r of records.filter((x) => x.pid !== undefined)) {
@@ -106,9 +119,14 @@ os.waitpid(pid, 0)'; true`;
     assert.equal(hidden.exit_code, 0);
   });
 
-  test('a burst of 500 short processes is 500 records, each once with its exit code (a process the kernel moves between CPUs at exec included)', { timeout: 120_000 }, async () => {
+  test('a burst of 500 short processes is 500 records, each once with its exit code (a process the kernel moves between CPUs at exec included)', {
+    timeout: 120_000,
+  }, async () => {
     const { records, warnings } = await spawnsOf('spawns', 'i=0; while [ $i -lt 500 ]; do /bin/sh -c "exit $((i % 7))" burst-$i; i=$((i+1)); done');
-    assert.deepEqual(warnings.filter((w) => /process/.test(w)), []);
+    assert.deepEqual(
+      warnings.filter((w) => /process/.test(w)),
+      [],
+    );
     const burst = records.filter((r) => / burst-\d+$/.test(r.command));
     assert.equal(burst.length, 500, `${burst.length} records`);
     const seen = new Map(burst.map((r) => [Number(/burst-(\d+)$/.exec(r.command)![1]), r.exit_code]));
@@ -118,24 +136,35 @@ os.waitpid(pid, 0)'; true`;
   test('a process cannot leave the traced pid namespace: a new one is refused, and what runs after is recorded', { timeout: 120_000 }, async () => {
     // The tracer reports the namespaces the runner put in its map; a child in a namespace of its
     // own would go unreported, so making one must fail.
-    const { records } = await spawnsOf('spawns', 'unshare -pf /bin/echo escaped > /dev/null 2>&1; echo "exit $?" > /dev/null; /bin/echo after > /dev/null; true');
+    const { records } = await spawnsOf(
+      'spawns',
+      'unshare -pf /bin/echo escaped > /dev/null 2>&1; echo "exit $?" > /dev/null; /bin/echo after > /dev/null; true',
+    );
     assert.ok(!records.some((r) => r.command === '/bin/echo escaped'), JSON.stringify(records));
     const unshare = records.find((r) => r.pid !== undefined && r.command.startsWith('unshare -pf'));
     assert.ok(unshare, JSON.stringify(records));
     assert.notEqual(unshare.exit_code, 0, 'unshare of a pid namespace is refused');
-    assert.ok(records.some((r) => r.command === '/bin/echo after'), JSON.stringify(records));
+    assert.ok(
+      records.some((r) => r.command === '/bin/echo after'),
+      JSON.stringify(records),
+    );
   });
 
   test('an argument holding a newline cannot forge a record', { timeout: 120_000 }, async () => {
-    const { records } = await spawnsOf('spawns', `/bin/echo "a
+    const { records } = await spawnsOf(
+      'spawns',
+      `/bin/echo "a
 ffff q 1 0 1
-b" > /dev/null; true`);
+b" > /dev/null; true`,
+    );
     const echo = records.find((r) => r.pid !== undefined && r.command.startsWith('/bin/echo'));
     assert.ok(echo, JSON.stringify(records));
     assert.equal(echo.command, '/bin/echo a\nffff q 1 0 1\nb');
   });
 
-  test('a command line is recorded byte for byte (escape-like text kept as written), and one over 3,200 bytes is cut and marked', { timeout: 120_000 }, async () => {
+  test('a command line is recorded byte for byte (escape-like text kept as written), and one over 3,200 bytes is cut and marked', {
+    timeout: 120_000,
+  }, async () => {
     const long = 'y'.repeat(5000);
     const { records } = await spawnsOf('spawns', `/bin/echo '\\x41' 'back\\slash' "two  spaces" > /dev/null; /bin/echo ${long} > /dev/null; true`);
     const [escaped, cut] = records.filter((r) => r.pid !== undefined && r.command.startsWith('/bin/echo'));
@@ -150,14 +179,20 @@ b" > /dev/null; true`);
     const dir = await mkdtemp(path.join(os.tmpdir(), 'svc-tracer-'));
     const dies = path.join(dir, 'bpftrace');
     await writeFile(dies, '#!/bin/sh\n[ "$1" = --version ] && exit 0\necho "no BPF here" >&2\nexit 3\n', { mode: 0o755 });
-    for (const [binary, reason] of [[path.join(dir, 'missing'), /does not run/], [dies, /bpftrace exited \(3\): no BPF here/]] as const) {
+    for (const [binary, reason] of [
+      [path.join(dir, 'missing'), /does not run/],
+      [dies, /bpftrace exited \(3\): no BPF here/],
+    ] as const) {
       const own = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_PROCESS_TRACER: binary });
       try {
         await own.request('POST', '/v1/specs', { body: SPEC('spawns', 'audit: {process_spawns: true}\n'), headers: { 'content-type': 'application/x-yaml' } });
         const sb = await own.request('POST', '/v1/sandboxes', { body: { spec_id: 'spawns' } });
         assert.equal(sb.status, 201, sb.text);
         assert.equal((await own.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, { body: { command: 'ls / > /dev/null; true' } })).body.exit_code, 0);
-        const lines = (await own.request('GET', `/v1/sandboxes/${sb.body.id}/files/.svc/audit.jsonl`)).text.trim().split('\n').map((l) => JSON.parse(l));
+        const lines = (await own.request('GET', `/v1/sandboxes/${sb.body.id}/files/.svc/audit.jsonl`)).text
+          .trim()
+          .split('\n')
+          .map((l) => JSON.parse(l));
         const warning = lines.find((l) => l.type === 'warning' && /process capture is off/.test(l.details.message));
         assert.ok(warning, JSON.stringify(lines));
         assert.match(warning.details.message, reason);
@@ -191,10 +226,19 @@ b" > /dev/null; true`);
       await own.request('POST', '/v1/specs', { body: SPEC('spawns', 'audit: {process_spawns: true}\n'), headers: { 'content-type': 'application/x-yaml' } });
       const sb = await own.request('POST', '/v1/sandboxes', { body: { spec_id: 'spawns' } });
       assert.equal(sb.status, 201, sb.text);
-      assert.equal((await own.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, { body: { command: '/bin/echo built > /dev/null; true' } })).body.exit_code, 0);
+      assert.equal(
+        (await own.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, { body: { command: '/bin/echo built > /dev/null; true' } })).body.exit_code,
+        0,
+      );
       await new Promise((r) => setTimeout(r, 300));
-      const lines = (await own.request('GET', `/v1/sandboxes/${sb.body.id}/files/.svc/audit.jsonl`)).text.trim().split('\n').map((l) => JSON.parse(l));
-      assert.ok(lines.some((l) => l.type === 'process_spawn' && l.details.command === '/bin/echo built'), JSON.stringify(lines));
+      const lines = (await own.request('GET', `/v1/sandboxes/${sb.body.id}/files/.svc/audit.jsonl`)).text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
+      assert.ok(
+        lines.some((l) => l.type === 'process_spawn' && l.details.command === '/bin/echo built'),
+        JSON.stringify(lines),
+      );
       const runner = await children(own.processes().map((p) => p.pid));
       const tracer = runner.find((c) => c.argv.some((a) => a.endsWith('tracer.bpf.o')));
       assert.ok(tracer, JSON.stringify(runner.map((c) => c.argv[0])));
@@ -203,7 +247,10 @@ b" > /dev/null; true`);
       let alive = true;
       for (let i = 0; i < 50 && alive; i++) {
         await new Promise((r) => setTimeout(r, 100));
-        alive = await readFile(`/proc/${tracer.pid}/stat`, 'utf8').then((stat) => !/^\d+ \(.*\) Z/.test(stat), () => false);
+        alive = await readFile(`/proc/${tracer.pid}/stat`, 'utf8').then(
+          (stat) => !/^\d+ \(.*\) Z/.test(stat),
+          () => false,
+        );
       }
       assert.equal(alive, false, 'the tracer outlived its runner');
     } finally {

@@ -89,7 +89,12 @@ if (brokers && runtime) {
     }
     const actorEnv = () => ({ SVC_SCHEMA_REGISTRY_URL: `${apiUrl}/schema-registry` });
     let apiPort: number;
-    const startApi = async () => start(['api', 'sink', 'scorer'], { SVC_API_KEY: ADMIN_KEY, SVC_PORT: String(apiPort), SVC_HOST: '127.0.0.1', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' }, await dirOf('api'));
+    const startApi = async () =>
+      start(
+        ['api', 'sink', 'scorer'],
+        { SVC_API_KEY: ADMIN_KEY, SVC_PORT: String(apiPort), SVC_HOST: '127.0.0.1', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' },
+        await dirOf('api'),
+      );
     const startAggregator = async () => start(['aggregator'], actorEnv(), await dirOf('aggregator'));
     /** Runner `id`, in a data dir of its own that it keeps across restarts. */
     async function startRunner(id: string): Promise<SvcProcess> {
@@ -102,7 +107,10 @@ if (brokers && runtime) {
     async function req(method: string, p: string, body?: unknown): Promise<{ status: number; body: any; text: string }> {
       const res = await fetch(`${apiUrl}${p}`, {
         method,
-        headers: { authorization: `Bearer ${ADMIN_KEY}`, ...(body === undefined ? {} : { 'content-type': typeof body === 'string' ? 'application/x-yaml' : 'application/json' }) },
+        headers: {
+          authorization: `Bearer ${ADMIN_KEY}`,
+          ...(body === undefined ? {} : { 'content-type': typeof body === 'string' ? 'application/x-yaml' : 'application/json' }),
+        },
         body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
       });
       const text = await res.text();
@@ -125,10 +133,17 @@ if (brokers && runtime) {
     }
     /** Rows of a query on the analysts' SQL endpoint. */
     async function sql(query: string): Promise<any[]> {
-      const res = await fetch(`${apiUrl}/v1/admin/sql/?default_format=JSONEachRow`, { method: 'POST', headers: { authorization: `Basic ${Buffer.from(`default:${ADMIN_KEY}`).toString('base64')}` }, body: query });
+      const res = await fetch(`${apiUrl}/v1/admin/sql/?default_format=JSONEachRow`, {
+        method: 'POST',
+        headers: { authorization: `Basic ${Buffer.from(`default:${ADMIN_KEY}`).toString('base64')}` },
+        body: query,
+      });
       const text = await res.text();
       assert.equal(res.status, 200, text);
-      return text.split('\n').filter(Boolean).map((line) => JSON.parse(line));
+      return text
+        .split('\n')
+        .filter(Boolean)
+        .map((line) => JSON.parse(line));
     }
     const create = async () => {
       const sb = await req('POST', '/v1/sandboxes', { spec_id: 'failover' });
@@ -218,7 +233,12 @@ if (brokers && runtime) {
     /** Starts an experiment of `runs` runs of a 2-second agent; resolves once runs are under way. */
     async function startExperiment(name: string, runs: number): Promise<string> {
       if (!agentUploaded) {
-        const agent = await uploadAgent({ url: apiUrl } as TestServer, ADMIN_KEY, { name: 'slow-writer', entrypoint: ['sh', 'run.sh'] }, await makeBundle({ 'run.sh': '#!/bin/sh\nsleep 2\necho done > "$SVC_WORKSPACE/out.txt"\n' }));
+        const agent = await uploadAgent(
+          { url: apiUrl } as TestServer,
+          ADMIN_KEY,
+          { name: 'slow-writer', entrypoint: ['sh', 'run.sh'] },
+          await makeBundle({ 'run.sh': '#!/bin/sh\nsleep 2\necho done > "$SVC_WORKSPACE/out.txt"\n' }),
+        );
         assert.equal(agent.status, 201, JSON.stringify(agent.body));
         agentUploaded = true;
       }
@@ -257,7 +277,10 @@ invariants:
       const all = done.scenarios.flatMap((s: any) => s.runs);
       assert.equal(all.length, runs, 'each run once');
       assert.equal(new Set(all.map((r: any) => r.run_id)).size, runs);
-      assert.ok(all.every((r: any) => r.verdict === 'pass'), JSON.stringify(all.map((r: any) => r.verdict)));
+      assert.ok(
+        all.every((r: any) => r.verdict === 'pass'),
+        JSON.stringify(all.map((r: any) => r.verdict)),
+      );
       assert.ok(ms < 60_000, `completed ${ms} ms after ${what}`);
       return ms;
     }

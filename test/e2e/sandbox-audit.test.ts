@@ -29,7 +29,11 @@ import { ADMIN_KEY, createTenantKey, freePort, startServer, type TestServer } fr
 
 const ISO_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
 const cursorOf = (key: unknown[]) => Buffer.from(JSON.stringify(key)).toString('base64url');
-const ndjsonLines = (text: string) => text.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+const ndjsonLines = (text: string) =>
+  text
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l));
 
 const runtime = backend('SVC_TEST_BWRAP', 'the audit endpoint on the local runtime');
 
@@ -96,18 +100,34 @@ describe('the audit endpoint on the local runtime', { skip: runtime === null }, 
       assert.equal(typeof item.details, 'object');
     }
     const spawns = items.filter((i) => i.type === 'process_spawn');
-    assert.deepEqual(spawns.map((s) => [s.details.command, s.details.exit_code]), [['echo one', 0], ['exit 3', 3]]);
+    assert.deepEqual(
+      spawns.map((s) => [s.details.command, s.details.exit_code]),
+      [
+        ['echo one', 0],
+        ['exit 3', 3],
+      ],
+    );
     for (const s of spawns) assert.ok(Number.isInteger(s.details.duration_ms), `duration_ms ${s.details.duration_ms}`);
-    assert.deepEqual(items.filter((i) => i.type === 'file_write').map((i) => i.details), [{ path: 'notes/a.txt', bytes: 5 }]);
+    assert.deepEqual(
+      items.filter((i) => i.type === 'file_write').map((i) => i.details),
+      [{ path: 'notes/a.txt', bytes: 5 }],
+    );
     const times = items.map((i) => Date.parse(i.ts));
-    assert.deepEqual(times, [...times].sort((a, b) => a - b), 'oldest first');
+    assert.deepEqual(
+      times,
+      [...times].sort((a, b) => a - b),
+      'oldest first',
+    );
 
     // The file, read through the files API: the endpoint serves the same records (and then the read's own).
     const file = await req('GET', `/v1/sandboxes/${id}/files/.svc/audit.jsonl`);
     const lines = ndjsonLines(file.text);
     const later = (await audit(id)).body.items as any[];
     assert.deepEqual(later.slice(0, lines.length), lines);
-    assert.deepEqual(later.slice(lines.length).map((i) => [i.type, i.details.path]), [['file_read', '.svc/audit.jsonl']]);
+    assert.deepEqual(
+      later.slice(lines.length).map((i) => [i.type, i.details.path]),
+      [['file_read', '.svc/audit.jsonl']],
+    );
 
     assert.equal((await req('DELETE', `/v1/sandboxes/${id}`)).status, 200);
     assert.equal((await req('GET', `/v1/sandboxes/${id}`)).status, 404);
@@ -150,19 +170,34 @@ describe('the audit endpoint on the local runtime', { skip: runtime === null }, 
     const all = (await audit(id)).body.items as any[];
 
     const spawns = (await audit(id, '?type=process_spawn')).body.items as any[];
-    assert.deepEqual(spawns, all.filter((i) => i.type === 'process_spawn'));
+    assert.deepEqual(
+      spawns,
+      all.filter((i) => i.type === 'process_spawn'),
+    );
     assert.equal(spawns.length, 2);
     const two = (await audit(id, '?type=file_write,process_spawn')).body.items as any[];
-    assert.deepEqual(two, all.filter((i) => i.type === 'file_write' || i.type === 'process_spawn'));
+    assert.deepEqual(
+      two,
+      all.filter((i) => i.type === 'file_write' || i.type === 'process_spawn'),
+    );
     assert.deepEqual(new Set(two.map((i) => i.type)), new Set(['file_write', 'process_spawn']));
     assert.deepEqual(await walk(id, 1, '&type=file_write,process_spawn'), two);
     assert.equal((await audit(id, '?type=db_write')).body.count, 0, 'a known type with no records');
 
     const since = (await audit(id, `?since=${encodeURIComponent(middle)}`)).body.items as any[];
-    assert.deepEqual(since, all.filter((i) => i.ts >= middle));
-    assert.deepEqual(since.map((i) => i.type), ['process_spawn', 'file_write', 'file_read']);
+    assert.deepEqual(
+      since,
+      all.filter((i) => i.ts >= middle),
+    );
+    assert.deepEqual(
+      since.map((i) => i.type),
+      ['process_spawn', 'file_write', 'file_read'],
+    );
     const sinceSpawns = (await audit(id, `?since=${encodeURIComponent(middle)}&type=process_spawn`)).body.items as any[];
-    assert.deepEqual(sinceSpawns.map((i) => i.details.command), ['echo b']);
+    assert.deepEqual(
+      sinceSpawns.map((i) => i.details.command),
+      ['echo b'],
+    );
     await req('DELETE', `/v1/sandboxes/${id}`);
   });
 
@@ -224,7 +259,10 @@ describe('the audit endpoint on the local runtime', { skip: runtime === null }, 
     assert.equal((await audit(b, '', token)).status, 403);
     assert.equal((await audit('sb-0123456789abcdef', '', token)).status, 403);
     // From inside the sandbox, as an agent would.
-    const inside = await run(a, 'curl -sf "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/audit?type=process_spawn&limit=1" -H "authorization: Bearer $SVC_API_KEY"');
+    const inside = await run(
+      a,
+      'curl -sf "$SVC_BASE_URL/v1/sandboxes/$SVC_SANDBOX_ID/audit?type=process_spawn&limit=1" -H "authorization: Bearer $SVC_API_KEY"',
+    );
     assert.equal(inside.exit_code, 0, inside.stderr);
     assert.equal(JSON.parse(inside.stdout).items[0].type, 'process_spawn');
     await req('DELETE', `/v1/sandboxes/${a}`);
@@ -256,7 +294,10 @@ invariants:
     const [runResult] = results.scenarios[0].runs;
     const sandbox = runResult.sandbox_id as string;
     const expected = (await audit(sandbox, '?limit=1000')).body.items as any[];
-    assert.ok(expected.some((i) => i.type === 'process_spawn' && i.details.command === 'echo done > out.txt'), JSON.stringify(expected));
+    assert.ok(
+      expected.some((i) => i.type === 'process_spawn' && i.details.command === 'echo done > out.txt'),
+      JSON.stringify(expected),
+    );
 
     const json = await req('GET', `/v1/experiments/${exp}/export`);
     assert.equal(json.status, 200, json.text);
@@ -268,7 +309,10 @@ invariants:
     const ndjson = await req('GET', `/v1/experiments/${exp}/export?format=ndjson`);
     assert.equal(ndjson.status, 200, ndjson.text);
     const lines = ndjsonLines(ndjson.text);
-    assert.deepEqual(lines.map((l) => l.type), ['experiment', 'spec', 'scenario', 'run', 'end']);
+    assert.deepEqual(
+      lines.map((l) => l.type),
+      ['experiment', 'spec', 'scenario', 'run', 'end'],
+    );
     assert.deepEqual(lines[3].audit, expected);
     assert.deepEqual(lines[3].outcome, run.outcome);
   });
@@ -301,10 +345,24 @@ describe('audit reads on chDB, without a runtime', () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'svc-audit-'));
     const port = await freePort();
     // A short reply timeout: a read that waited for the sink in vain fails fast.
-    config = loadConfig({ SVC_DATA_DIR: dir, SVC_PORT: String(port), SVC_HOST: '127.0.0.1', SVC_API_KEY: ADMIN_KEY, SVC_LOG_LEVEL: 'silent', SVC_LOG_FSYNC: 'never', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_REPLY_TIMEOUT: '5s' });
+    config = loadConfig({
+      SVC_DATA_DIR: dir,
+      SVC_PORT: String(port),
+      SVC_HOST: '127.0.0.1',
+      SVC_API_KEY: ADMIN_KEY,
+      SVC_LOG_LEVEL: 'silent',
+      SVC_LOG_FSYNC: 'never',
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_RATE_LIMIT_READS: '0',
+      SVC_REPLY_TIMEOUT: '5s',
+    });
     running = await startServices(config, ['sink', 'api']);
     url = `http://127.0.0.1:${port}`;
-    const res = await fetch(`${url}/v1/admin/keys`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ tenant: 'globex' }) });
+    const res = await fetch(`${url}/v1/admin/keys`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ tenant: 'globex' }),
+    });
     otherKey = ((await res.json()) as { key: string }).key;
   });
   after(async () => {
@@ -318,17 +376,44 @@ describe('audit reads on chDB, without a runtime', () => {
     const now = Date.now();
     // The row the sink would have written, stored without the log event: the api's view never saw it.
     const sandbox: SandboxChanged = {
-      tenant: 'default', event_id: newEventId(), ts: now, sandbox_id: id, spec_id: 'basic', spec_version: 1, state: 'stopped', path: '/gone',
-      created_at: now - 1000, expires_at: now + 1000, metadata: {}, services: '{}', network: 'null', runner_id: 'r', token_hash: 'h', error: null, secrets_sealed: null,
+      tenant: 'default',
+      event_id: newEventId(),
+      ts: now,
+      sandbox_id: id,
+      spec_id: 'basic',
+      spec_version: 1,
+      state: 'stopped',
+      path: '/gone',
+      created_at: now - 1000,
+      expires_at: now + 1000,
+      metadata: {},
+      services: '{}',
+      network: 'null',
+      runner_id: 'r',
+      token_hash: 'h',
+      error: null,
+      secrets_sealed: null,
     };
-    await kernel.store.insert('sandboxes', [sandboxRow(sandbox, { topic: TOPICS.sandboxes, partition: 0, offset: 0, key: id, value: null, headers: {}, timestamp: now } as never)]);
+    await kernel.store.insert('sandboxes', [
+      sandboxRow(sandbox, { topic: TOPICS.sandboxes, partition: 0, offset: 0, key: id, value: null, headers: {}, timestamp: now } as never),
+    ]);
     // Ten records of the same millisecond, one of a later one first on the log: time first, then log order.
-    const records = [record(id, now + 5, 'warning', { message: 'later' }), ...Array.from({ length: 10 }, (_, i) => record(id, now, 'process_spawn', { command: `c${i}`, exit_code: 0, duration_ms: i }))];
-    await publish(kernel, TOPICS.audit, records.map((value) => ({ key: id, tenant: 'default', value })));
+    const records = [
+      record(id, now + 5, 'warning', { message: 'later' }),
+      ...Array.from({ length: 10 }, (_, i) => record(id, now, 'process_spawn', { command: `c${i}`, exit_code: 0, duration_ms: i })),
+    ];
+    await publish(
+      kernel,
+      TOPICS.audit,
+      records.map((value) => ({ key: id, tenant: 'default', value })),
+    );
 
     const all = await get(`/v1/sandboxes/${id}/audit`);
     assert.equal(all.status, 200, JSON.stringify(all.body));
-    assert.deepEqual(all.body.items.map((i: any) => i.details.command ?? i.details.message), [...Array.from({ length: 10 }, (_, i) => `c${i}`), 'later']);
+    assert.deepEqual(
+      all.body.items.map((i: any) => i.details.command ?? i.details.message),
+      [...Array.from({ length: 10 }, (_, i) => `c${i}`), 'later'],
+    );
     assert.equal(all.body.items[0].ts, new Date(now).toISOString());
     const paged: any[] = [];
     let cursor = '';

@@ -135,11 +135,14 @@ describe('the sandbox network on the local runtime', { skip: runtime === null },
         return found.details;
       }
     }
-    assert.fail(`no ${type} record like ${JSON.stringify(match, (_k, v) => (v instanceof RegExp ? String(v) : v))} since ${since}; there are: ${JSON.stringify(items.map((i) => i.details))}`);
+    assert.fail(
+      `no ${type} record like ${JSON.stringify(match, (_k, v) => (v instanceof RegExp ? String(v) : v))} since ${since}; there are: ${JSON.stringify(items.map((i) => i.details))}`,
+    );
   };
 
   /** A refusal's record: protocol, host, port as given, a reason matching `reason`. */
-  const denied = (box: Box, since: string, match: Record<string, unknown>, reason: RegExp = POLICY) => record(box, 'network_denied', since, { ...match, reason });
+  const denied = (box: Box, since: string, match: Record<string, unknown>, reason: RegExp = POLICY) =>
+    record(box, 'network_denied', since, { ...match, reason });
 
   /**
    * Records are written in order: once a refusal made after `since` is on the log, every record of
@@ -153,7 +156,13 @@ describe('the sandbox network on the local runtime', { skip: runtime === null },
     return (await audit(box.id, `&type=${type}&since=${encodeURIComponent(since)}`)).map((i) => i.details);
   };
 
-  interface WorldMark { requests: number; tcp: number; udp: number; dot: number; dns: number }
+  interface WorldMark {
+    requests: number;
+    tcp: number;
+    udp: number;
+    dot: number;
+    dns: number;
+  }
   const worldMark = async (): Promise<WorldMark> => ({
     requests: (await world.requests()).length,
     tcp: await world.tcpConnections(),
@@ -198,13 +207,21 @@ describe('the sandbox network on the local runtime', { skip: runtime === null },
   const ours = async () => {
     const { names } = await countNetworkResources();
     const links = names.flatMap((n) => (n.startsWith(`link svh${tag}`) ? [n.slice('link '.length)] : [])).sort();
-    const netns = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }).split('\n').map((l) => l.split(' ')[0]!).filter((n) => n.startsWith(`svc-svh${tag}`)).sort();
+    const netns = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })
+      .split('\n')
+      .map((l) => l.split(' ')[0]!)
+      .filter((n) => n.startsWith(`svc-svh${tag}`))
+      .sort();
     const spares = links.filter((l) => netns.includes(`svc-${l}`));
     return { links, netns, spares, inUse: links.filter((l) => !spares.includes(l)), tables: names.filter((n) => n === `nft inet svc_${tag}`) };
   };
   /** At most one spare, and every named namespace is a spare with its link. */
   /** The host's named network namespaces. */
-  const namespaces = async () => execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }).split('\n').map((l) => l.split(' ')[0]!).filter(Boolean);
+  const namespaces = async () =>
+    execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })
+      .split('\n')
+      .map((l) => l.split(' ')[0]!)
+      .filter(Boolean);
   const tidy = (o: Awaited<ReturnType<typeof ours>>) => o.spares.length <= 1 && o.netns.length === o.spares.length;
 
   /** Waits up to `ms` for `check` to hold; the last value otherwise. */
@@ -219,7 +236,10 @@ describe('the sandbox network on the local runtime', { skip: runtime === null },
 
   /** Starts `python3 -m http.server port` in the background and waits until it answers inside. */
   const serve = async (box: Box, port: number) => {
-    const res = await req('POST', `/v1/sandboxes/${box.id}/commands`, { command: `exec python3 -m http.server ${port} --bind 0.0.0.0 >/dev/null 2>&1`, background: true });
+    const res = await req('POST', `/v1/sandboxes/${box.id}/commands`, {
+      command: `exec python3 -m http.server ${port} --bind 0.0.0.0 >/dev/null 2>&1`,
+      background: true,
+    });
     assert.equal(res.status, 202, res.text);
     const up = await sh(box, `for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:${port}/ && echo up && break; sleep 0.1; done`);
     assert.equal(up.stdout.trim(), 'up', `${box.name}: the server on ${port} did not start`);
@@ -234,7 +254,12 @@ describe('the sandbox network on the local runtime', { skip: runtime === null },
     servicePort = Number(new URL(server.url).port);
     key = (await createTenantKey(server, 'netco')).key;
 
-    await storeSpec(server, key, SPEC('net-plain', `network:
+    await storeSpec(
+      server,
+      key,
+      SPEC(
+        'net-plain',
+        `network:
   egress:
     default: deny
     allow: [api.allowed.test, "*.wild.allowed.test", "echo.allowed.test:7000"]
@@ -243,8 +268,15 @@ describe('the sandbox network on the local runtime', { skip: runtime === null },
   dns_overrides: {api.stripe.test: other.allowed.test}
 determinism:
   dns: {static.example.test: ${world.ip('other.allowed.test')}}
-`));
-    await storeSpec(server, key, SPEC('net-audited', `network:
+`,
+      ),
+    );
+    await storeSpec(
+      server,
+      key,
+      SPEC(
+        'net-audited',
+        `network:
   egress:
     default: deny
     allow: [api.allowed.test, other.allowed.test, "echo.allowed.test:7000"]
@@ -252,14 +284,23 @@ audit:
   http_calls: true
 secrets:
   STRIPE_KEY: {source: dashboard, inject: {hosts: [api.allowed.test], header: Authorization, format: "Bearer {value}"}}
-`));
-    await storeSpec(server, key, SPEC('net-open', `network:
+`,
+      ),
+    );
+    await storeSpec(
+      server,
+      key,
+      SPEC(
+        'net-open',
+        `network:
   egress:
     default: allow
     allow: ["*"]
   ingress:
     default: allow
-`));
+`,
+      ),
+    );
     [plain, audited, open] = await Promise.all([
       create('plain', 'net-plain'),
       create('audited', 'net-audited', { secrets: { STRIPE_KEY: REAL } }),
@@ -269,7 +310,10 @@ secrets:
 
     // This runner's tag: the link that holds the plain sandbox's host address is `svh<tag><slot>`,
     // and `svc_<tag>` is the one nft table whose tag starts its name.
-    const links = JSON.parse(execFileSync('ip', ['-j', '-4', 'addr', 'show'], { encoding: 'utf8' })) as Array<{ ifname: string; addr_info: Array<{ local: string }> }>;
+    const links = JSON.parse(execFileSync('ip', ['-j', '-4', 'addr', 'show'], { encoding: 'utf8' })) as Array<{
+      ifname: string;
+      addr_info: Array<{ local: string }>;
+    }>;
     const link = links.find((l) => l.addr_info.some((a) => a.local === plain.hostAddress))?.ifname ?? '';
     assert.match(link, /^svh/, `the host end of the plain sandbox's link holds ${plain.hostAddress}`);
     const tables = (await countNetworkResources()).names.flatMap((n) => (/^nft inet svc_/.test(n) ? [n.slice('nft inet svc_'.length)] : []));
@@ -303,8 +347,15 @@ secrets:
       }
 
       const since = now();
-      const names = await sh(plain, 'for n in api.allowed.test x.wild.allowed.test wild.allowed.test other.allowed.test denied.test; do getent hosts $n >/dev/null; echo "$n $?"; done');
-      assert.deepEqual(names.stdout.trim().split('\n'), ['api.allowed.test 0', 'x.wild.allowed.test 0', 'wild.allowed.test 2', 'other.allowed.test 2', 'denied.test 2'], 'getent: 2 is "not found"');
+      const names = await sh(
+        plain,
+        'for n in api.allowed.test x.wild.allowed.test wild.allowed.test other.allowed.test denied.test; do getent hosts $n >/dev/null; echo "$n $?"; done',
+      );
+      assert.deepEqual(
+        names.stdout.trim().split('\n'),
+        ['api.allowed.test 0', 'x.wild.allowed.test 0', 'wild.allowed.test 2', 'other.allowed.test 2', 'denied.test 2'],
+        'getent: 2 is "not found"',
+      );
       const ip = await sh(plain, 'getent hosts api.allowed.test');
       assert.equal(ip.stdout.trim().split(/\s+/)[0], world.ip('api.allowed.test'), 'an allowed name resolves to its real address');
       for (const host of ['wild.allowed.test', 'other.allowed.test', 'denied.test']) {
@@ -315,9 +366,14 @@ secrets:
       assert.equal(curl.exit_code, 6, `curl cannot resolve denied.test: ${curl.stderr}`);
 
       const seen = await worldSince(mark);
-      assert.deepEqual(seen.requests.map((r) => `${r.server} ${r.host}`).sort(), ['api.allowed.test api.allowed.test', 'other.allowed.test a.b.wild.allowed.test', 'other.allowed.test x.wild.allowed.test']);
+      assert.deepEqual(seen.requests.map((r) => `${r.server} ${r.host}`).sort(), [
+        'api.allowed.test api.allowed.test',
+        'other.allowed.test a.b.wild.allowed.test',
+        'other.allowed.test x.wild.allowed.test',
+      ]);
       const upstream = seen.dns.map((q) => q.name.replace(/\.$/, ''));
-      for (const host of ['denied.test', 'other.allowed.test', 'wild.allowed.test']) assert.ok(!upstream.includes(host), `the upstream resolver was never asked for ${host}: ${upstream}`);
+      for (const host of ['denied.test', 'other.allowed.test', 'wild.allowed.test'])
+        assert.ok(!upstream.includes(host), `the upstream resolver was never asked for ${host}: ${upstream}`);
     });
 
     test('a denied name sent to its real address is an HTTP 403 naming network.egress.allow, recorded, and never reaches the world', async () => {
@@ -327,7 +383,10 @@ secrets:
         const res = await sh(plain, `curl -sS -m 10 -D - --resolve ${host}:80:${world.ip(host)} http://${host}/nope`);
         assert.equal(res.exit_code, 0, res.stderr);
         assert.match(res.stdout, /^HTTP\/1\.1 403 /);
-        assert.match(res.stdout, new RegExp(`egress to ${host.replace(/\./g, '\\.')}:80 is denied: it matches no entry of network\\.egress\\.allow \\(default deny\\)`));
+        assert.match(
+          res.stdout,
+          new RegExp(`egress to ${host.replace(/\./g, '\\.')}:80 is denied: it matches no entry of network\\.egress\\.allow \\(default deny\\)`),
+        );
         await denied(plain, since, { protocol: 'http', host, port: 80, path: '/nope', method: 'GET' });
       }
       const seen = await worldSince(mark);
@@ -337,7 +396,9 @@ secrets:
     test('a port-limited entry allows that port only: echo.allowed.test:7000 answers, :7002 is reset and recorded', async () => {
       const mark = await worldMark();
       const since = now();
-      const res = await py(plain, String.raw`
+      const res = await py(
+        plain,
+        String.raw`
 import socket, time
 s = socket.create_connection(('echo.allowed.test', 7000), timeout=10)
 s.sendall(b'ping-7000\n'); print(s.recv(100).decode().strip())
@@ -345,12 +406,18 @@ t = time.time()
 try:
     s = socket.create_connection(('echo.allowed.test', 7002), timeout=10); s.sendall(b'x'); print('got', s.recv(10))
 except OSError as e:
-    print(type(e).__name__, round((time.time() - t) * 1000))`);
+    print(type(e).__name__, round((time.time() - t) * 1000))`,
+      );
       const [echoed, refused] = res.stdout.trim().split('\n');
       assert.equal(echoed, 'ping-7000', res.stderr);
       assert.match(refused!.split(' ')[0]!, RESET_ERRORS, res.stdout);
       assert.ok(Number(refused!.split(' ')[1]) < 3000, `refused at once: ${refused}`);
-      const d = await denied(plain, since, { protocol: 'tcp', host: 'echo.allowed.test', ip: world.ip('echo.allowed.test'), port: 7002 }, /"echo\.allowed\.test:7000" allows only port 7000/);
+      const d = await denied(
+        plain,
+        since,
+        { protocol: 'tcp', host: 'echo.allowed.test', ip: world.ip('echo.allowed.test'), port: 7002 },
+        /"echo\.allowed\.test:7000" allows only port 7000/,
+      );
       assert.ok(d);
       assert.equal((await worldSince(mark)).tcp, 1, 'only the allowed connection reached the echo server');
     });
@@ -362,13 +429,16 @@ except OSError as e:
       assert.equal(res.body.network, null);
       const box: Box = { name: 'none', id: res.body.id, address: '', hostAddress: '', outputs: [] };
       const mark = await worldMark();
-      const out = await py(box, `
+      const out = await py(
+        box,
+        `
 import socket
 for target in [('api.allowed.test', 80), ('${world.ip('echo.allowed.test')}', 7000)]:
     try:
         socket.create_connection(target, timeout=5); print('connected')
     except OSError as e:
-        print(type(e).__name__)`);
+        print(type(e).__name__)`,
+      );
       assert.deepEqual(out.stdout.trim().split('\n'), ['gaierror', 'OSError'], out.stderr);
       assert.equal((await sh(box, 'ip -4 route show default')).stdout.trim(), '', 'no default route');
       assert.deepEqual(await worldSince(mark), { requests: [], tcp: 0, udp: 0, dot: 0, dns: [] });
@@ -382,14 +452,19 @@ for target in [('api.allowed.test', 80), ('${world.ip('echo.allowed.test')}', 70
     test('a Host header naming a denied host, sent to an allowed name (also upper-cased with a trailing dot, and as the second request of a kept-alive connection)', async () => {
       const mark = await worldMark();
       const since = now();
-      for (const [host, path] of [['denied.test', '/front'], ['DENIED.TEST.', '/front-dot']]) {
+      for (const [host, path] of [
+        ['denied.test', '/front'],
+        ['DENIED.TEST.', '/front-dot'],
+      ]) {
         const res = await sh(plain, `curl -sS -m 10 -w '\\n%{http_code}' -H 'Host: ${host}' http://api.allowed.test${path}`);
         assert.equal(res.stdout, 'egress to denied.test:80 is denied: it matches no entry of network.egress.allow (default deny)\n\n403', `Host: ${host}`);
       }
       await denied(plain, since, { protocol: 'http', host: 'denied.test', port: 80, path: '/front', method: 'GET' });
       await denied(plain, since, { protocol: 'http', host: 'denied.test', port: 80, path: '/front-dot' });
 
-      const pipelined = await py(plain, String.raw`
+      const pipelined = await py(
+        plain,
+        String.raw`
 import socket
 s = socket.create_connection(('api.allowed.test', 80), timeout=10)
 s.sendall(b'GET /first HTTP/1.1\r\nHost: api.allowed.test\r\n\r\nGET /second HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n')
@@ -399,12 +474,17 @@ while True:
     if not d: break
     out += d
 import re
-print(re.findall(r'HTTP/1\.1 \d{3} [A-Za-z]+', out.decode(errors='replace')))`);
+print(re.findall(r'HTTP/1\.1 \d{3} [A-Za-z]+', out.decode(errors='replace')))`,
+      );
       assert.equal(pipelined.stdout.trim(), "['HTTP/1.1 200 OK', 'HTTP/1.1 403 Forbidden']", pipelined.stderr);
       await denied(plain, since, { protocol: 'http', host: 'denied.test', path: '/second' });
 
       const seen = await worldSince(mark);
-      assert.deepEqual(seen.requests.map((r) => `${r.server} ${r.host} ${r.path}`), ['api.allowed.test api.allowed.test /first'], 'only the allowed request arrived');
+      assert.deepEqual(
+        seen.requests.map((r) => `${r.server} ${r.host} ${r.path}`),
+        ['api.allowed.test api.allowed.test /first'],
+        'only the allowed request arrived',
+      );
     });
 
     test('an absolute-form proxy request for a denied host through an allowed name, and one whose URL and Host disagree', async () => {
@@ -415,15 +495,21 @@ print(re.findall(r'HTTP/1\.1 \d{3} [A-Za-z]+', out.decode(errors='replace')))`);
       assert.match(proxied.stdout, /egress to denied\.test:80 is denied: it matches no entry of network\.egress\.allow/);
       await denied(plain, since, { protocol: 'http', host: 'denied.test', port: 80, path: '/via-proxy' });
 
-      const disagree = await sh(plain, `curl -sS -m 10 -w '\\n%{http_code}' -x http://api.allowed.test:80 -H 'Host: denied.test' http://api.allowed.test/mismatch`);
+      const disagree = await sh(
+        plain,
+        `curl -sS -m 10 -w '\\n%{http_code}' -x http://api.allowed.test:80 -H 'Host: denied.test' http://api.allowed.test/mismatch`,
+      );
       assert.match(disagree.stdout, /the request's URL names api\.allowed\.test but its Host header denied\.test\n\n403$/);
       await denied(plain, since, { protocol: 'http', host: 'denied.test', port: 80 }, /URL names api\.allowed\.test but its Host header denied\.test/);
 
-      const noHost = await py(plain, String.raw`
+      const noHost = await py(
+        plain,
+        String.raw`
 import socket
 s = socket.create_connection(('api.allowed.test', 80), timeout=10)
 s.sendall(b'GET /no-host HTTP/1.0\r\n\r\n')
-print(s.recv(65536).decode().split('\r\n')[0])`);
+print(s.recv(65536).decode().split('\r\n')[0])`,
+      );
       assert.equal(noHost.stdout.trim(), 'HTTP/1.1 403 Forbidden', 'a request that names no host is refused');
       await denied(plain, since, { protocol: 'http', host: null, port: 80 }, /names no host/);
 
@@ -448,7 +534,10 @@ print(s.recv(65536).decode().split('\r\n')[0])`);
       await denied(plain, since, { protocol: 'connect', host: world.ip('denied.test'), port: 443 });
 
       // CONNECT api.allowed.test:443 is allowed, but the TLS inside names denied.test.
-      const fronted = await sh(plain, `curl -sS -m 10 --cacert /workspace/world-ca.pem -p -x http://api.allowed.test:80 --connect-to denied.test:443:api.allowed.test:443 https://denied.test/`);
+      const fronted = await sh(
+        plain,
+        `curl -sS -m 10 --cacert /workspace/world-ca.pem -p -x http://api.allowed.test:80 --connect-to denied.test:443:api.allowed.test:443 https://denied.test/`,
+      );
       assert.equal(fronted.exit_code, 35, `reset during the TLS handshake: ${fronted.stderr}`);
       await denied(plain, since, { protocol: 'tls', host: 'denied.test', port: 443 }, /not the tunnel's host api\.allowed\.test \(domain fronting\)/);
 
@@ -462,7 +551,9 @@ print(s.recv(65536).decode().split('\r\n')[0])`);
       const mark = await worldMark();
       const since = now();
       const ip = world.ip('echo.allowed.test');
-      const res = await py(fresh, String.raw`
+      const res = await py(
+        fresh,
+        String.raw`
 import socket, time
 t = time.time()
 try:
@@ -470,7 +561,8 @@ try:
     print('answered', d)
 except OSError as e:
     print(type(e).__name__)
-print(round((time.time() - t) * 1000))`);
+print(round((time.time() - t) * 1000))`,
+      );
       const [outcome, ms] = res.stdout.trim().split('\n');
       assert.match(outcome!, RESET_ERRORS, res.stdout);
       assert.ok(Number(ms) < 3000, `reset at once, not a hang: ${ms} ms`);
@@ -486,23 +578,28 @@ print(round((time.time() - t) * 1000))`);
       const ip = world.ip('echo.allowed.test');
       const res = await sh(plain, `bash -c 'echo hello > /dev/udp/${ip}/7001'; echo rc=$?`);
       assert.equal(res.stdout.trim(), 'rc=0', 'UDP has no handshake: the send itself succeeds');
-      const answered = await py(plain, `
+      const answered = await py(
+        plain,
+        `
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1.5)
 s.sendto(b'anyone?', ('${ip}', 7001))
 try: print('answered', s.recvfrom(100))
-except OSError as e: print(type(e).__name__)`);
+except OSError as e: print(type(e).__name__)`,
+      );
       assert.notEqual(answered.stdout.trim().split(' ')[0], 'answered', answered.stdout);
       await denied(plain, since, { protocol: 'udp', ip, port: 7001 }, /UDP leaves a sandbox only as DNS to its own resolver/);
       await sleep(300);
       assert.equal((await worldSince(mark)).udp, 0, 'udpPackets unchanged');
     });
 
-    test('DNS sent to another resolver is answered by the sandbox\'s own: a denied name is NXDOMAIN and the other resolver never hears of it', async () => {
+    test("DNS sent to another resolver is answered by the sandbox's own: a denied name is NXDOMAIN and the other resolver never hears of it", async () => {
       const mark = await worldMark();
       const since = now();
       const worldDns = world.dns.split(':')[0]!;
-      const res = await py(plain, String.raw`
+      const res = await py(
+        plain,
+        String.raw`
 import socket, struct
 def query(name):
     q = struct.pack('>HHHHHH', 0x4242, 0x0100, 1, 0, 0, 0) + b''.join(bytes([len(p)]) + p.encode() for p in name.split('.')) + b'\0' + struct.pack('>HH', 1, 1)
@@ -510,22 +607,29 @@ def query(name):
     s.sendto(q, ('${worldDns}', 53))
     d, _ = s.recvfrom(512)
     return d[3] & 15, struct.unpack('>H', d[6:8])[0]
-print(query('exfil.denied.test'), query('api.allowed.test'))`);
+print(query('exfil.denied.test'), query('api.allowed.test'))`,
+      );
       assert.equal(res.stdout.trim(), '(3, 0) (0, 1)', `NXDOMAIN for the denied name, one answer for the allowed one: ${res.stderr}`);
       await denied(plain, since, { protocol: 'dns', host: 'exfil.denied.test', port: 53 });
       const seen = await worldSince(mark);
       assert.ok(!seen.dns.some((q) => q.name.includes('denied.test')), `the world's resolver never heard of it: ${JSON.stringify(seen.dns)}`);
-      assert.ok(seen.dns.every((q) => q.source !== plain.address), 'the sandbox itself never reaches a resolver outside');
+      assert.ok(
+        seen.dns.every((q) => q.source !== plain.address),
+        'the sandbox itself never reaches a resolver outside',
+      );
     });
 
     test('IPv6 fails at once: a literal IPv6 address is unreachable, AAAA gets no answer', async () => {
-      const res = await py(plain, `
+      const res = await py(
+        plain,
+        `
 import socket, time
 t = time.time()
 try: socket.create_connection(('2001:db8::1', 80), timeout=10); print('connected')
 except OSError as e: print(type(e).__name__, e.errno)
 print(round((time.time() - t) * 1000))
-print(len([a for a in socket.getaddrinfo('api.allowed.test', 80, socket.AF_UNSPEC, socket.SOCK_STREAM) if a[0] == socket.AF_INET6]))`);
+print(len([a for a in socket.getaddrinfo('api.allowed.test', 80, socket.AF_UNSPEC, socket.SOCK_STREAM) if a[0] == socket.AF_INET6]))`,
+      );
       const [outcome, ms, v6] = res.stdout.trim().split('\n');
       assert.equal(outcome, 'OSError 101', `ENETUNREACH: ${res.stdout} ${res.stderr}`);
       assert.ok(Number(ms) < 1000, `at once: ${ms} ms`);
@@ -545,7 +649,9 @@ print(len([a for a in socket.getaddrinfo('api.allowed.test', 80, socket.AF_UNSPE
       assert.equal(viaDoh.exit_code, 35, `reset in the handshake: ${viaDoh.stderr}`);
       await denied(plain, since, { protocol: 'tls', host: 'doh.test', port: 443 });
 
-      const viaDot = await py(plain, String.raw`
+      const viaDot = await py(
+        plain,
+        String.raw`
 import socket, ssl, struct
 q = bytes.fromhex('000001000001000000000000') + b'\x06denied\x04test\x00\x00\x01\x00\x01'
 ctx = ssl.create_default_context(cafile='/workspace/world-ca.pem')
@@ -553,27 +659,43 @@ try:
     s = ctx.wrap_socket(socket.create_connection(('${doh}', 853), timeout=10), server_hostname='doh.test')
     s.sendall(struct.pack('>H', len(q)) + q); print('answered', s.recv(512))
 except OSError as e:
-    print(type(e).__name__)`);
+    print(type(e).__name__)`,
+      );
       assert.match(viaDot.stdout.trim(), /^(ConnectionResetError|SSLEOFError|SSLError|SSLZeroReturnError)$/, viaDot.stdout);
       await denied(plain, since, { protocol: 'tcp', ip: doh, port: 853 }, /was not resolved for an allowed name/);
 
       // An allowed SNI sent to doh.test's address goes where the name says, not where the sandbox sent it.
-      const redirected = await sh(plain, `curl -sS -m 10 --cacert /workspace/world-ca.pem --connect-to api.allowed.test:443:${doh}:443 'https://api.allowed.test/dns-query?dns=${query}'`);
+      const redirected = await sh(
+        plain,
+        `curl -sS -m 10 --cacert /workspace/world-ca.pem --connect-to api.allowed.test:443:${doh}:443 'https://api.allowed.test/dns-query?dns=${query}'`,
+      );
       assert.equal(redirected.exit_code, 0, redirected.stderr);
       assert.equal(JSON.parse(redirected.stdout).server, 'api.allowed.test');
 
       const seen = await worldSince(mark);
       assert.equal(seen.dot, 0, 'dotQueries unchanged');
-      assert.deepEqual(seen.requests.map((r) => `${r.server} ${r.path}`), [`api.allowed.test /dns-query?dns=${query}`], 'doh.test received nothing');
+      assert.deepEqual(
+        seen.requests.map((r) => `${r.server} ${r.path}`),
+        [`api.allowed.test /dns-query?dns=${query}`],
+        'doh.test received nothing',
+      );
     });
 
-    test('TLS naming a denied host (SNI) sent to an allowed host\'s address is reset and recorded; nothing arrives', async () => {
+    test("TLS naming a denied host (SNI) sent to an allowed host's address is reset and recorded; nothing arrives", async () => {
       const mark = await worldMark();
       const since = now();
-      const res = await sh(plain, `curl -sS -m 10 --cacert /workspace/world-ca.pem --resolve denied.test:443:${world.ip('api.allowed.test')} https://denied.test/sni`);
+      const res = await sh(
+        plain,
+        `curl -sS -m 10 --cacert /workspace/world-ca.pem --resolve denied.test:443:${world.ip('api.allowed.test')} https://denied.test/sni`,
+      );
       assert.equal(res.exit_code, 35, res.stderr);
       assert.ok(res.duration_ms < 3000, `${res.duration_ms} ms`);
-      await denied(plain, since, { protocol: 'tls', host: 'denied.test', port: 443 }, /egress to denied\.test:443 is denied: it matches no entry of network\.egress\.allow/);
+      await denied(
+        plain,
+        since,
+        { protocol: 'tls', host: 'denied.test', port: 443 },
+        /egress to denied\.test:443 is denied: it matches no entry of network\.egress\.allow/,
+      );
       const seen = await worldSince(mark);
       assert.deepEqual(seen.requests, [], describeRequests(seen.requests));
     });
@@ -589,7 +711,7 @@ except OSError as e:
       assert.deepEqual(seen.requests, [], describeRequests(seen.requests));
     });
 
-    test('the host\'s own services are out of reach: the service\'s port on the link\'s host address and on the host\'s other addresses, and through the gateway by Host or proxy URL', async () => {
+    test("the host's own services are out of reach: the service's port on the link's host address and on the host's other addresses, and through the gateway by Host or proxy URL", async () => {
       const since = now();
       const hostSide = world.ip('api.allowed.test').replace(/\.\d+$/, '.1');
       const attempt = (command: string) => sh(plain, `curl -sS -m 10 ${command}`);
@@ -600,7 +722,7 @@ except OSError as e:
         assert.equal(res.stdout, '');
       }
       const loopback = await attempt(`http://127.0.0.1:${servicePort}/health`);
-      assert.equal(loopback.exit_code, 7, 'the sandbox\'s own loopback has nothing there');
+      assert.equal(loopback.exit_code, 7, "the sandbox's own loopback has nothing there");
       for (const [command, host, port] of [
         [`http://${plain.hostAddress}/`, plain.hostAddress, 80],
         [`-x http://api.allowed.test:80 http://127.0.0.1:${servicePort}/health`, '127.0.0.1', servicePort],
@@ -629,7 +751,9 @@ except OSError as e:
       const mark = await worldMark();
       const since = now();
       const ports = Array.from({ length: 12 }, (_, i) => 41000 + i);
-      const res = await py(plain, String.raw`
+      const res = await py(
+        plain,
+        String.raw`
 import socket
 def bound(port):
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('', port)); s.settimeout(5); return s
@@ -641,10 +765,16 @@ for port in ${JSON.stringify(ports)}:
     except OSError:
         print('refused')
     b.close()
-`);
+`,
+      );
       assert.equal(res.exit_code, 0, res.stderr);
-      assert.deepEqual(res.stdout.trim().split('\n'), ports.map(() => 'refused'));
-      const refusals = (await settled(plain, 'network_denied', since)).filter((d) => d.ip === world.ip('denied.test') && d.port === 7000 && d.protocol === 'tcp');
+      assert.deepEqual(
+        res.stdout.trim().split('\n'),
+        ports.map(() => 'refused'),
+      );
+      const refusals = (await settled(plain, 'network_denied', since)).filter(
+        (d) => d.ip === world.ip('denied.test') && d.port === 7000 && d.protocol === 'tcp',
+      );
       assert.equal(refusals.length, ports.length, JSON.stringify(refusals));
       assert.equal((await worldSince(mark)).tcp, ports.length, 'only the allowed connections reached the world');
     });
@@ -653,11 +783,17 @@ for port in ${JSON.stringify(ports)}:
       const records = (await audit(plain.id, '&type=network_denied')).map((i) => i.details);
       assert.ok(records.length > 10, `${records.length} records`);
       const lacking = records.filter((d) => !['protocol', 'host', 'ip', 'port', 'reason'].every((k) => k in d));
-      assert.deepEqual(lacking.map((d) => `${d.protocol} ${d.host}:${d.port}`), [], 'records without one of the documented fields');
+      assert.deepEqual(
+        lacking.map((d) => `${d.protocol} ${d.host}:${d.port}`),
+        [],
+        'records without one of the documented fields',
+      );
     });
 
     test('a connected UDP socket to a refused destination learns it at once (port unreachable), never a silent wait', async () => {
-      const res = await py(plain, `
+      const res = await py(
+        plain,
+        `
 import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
 s.connect(('${world.ip('echo.allowed.test')}', 7001))
@@ -665,13 +801,16 @@ t = time.time()
 try:
     s.send(b'x'); s.recv(10); print('answered')
 except OSError as e:
-    print(type(e).__name__, round((time.time() - t) * 1000))`);
+    print(type(e).__name__, round((time.time() - t) * 1000))`,
+      );
       assert.match(res.stdout.trim(), /^ConnectionRefusedError \d+$/, res.stdout);
       assert.ok(Number(res.stdout.trim().split(' ')[1]) < 1000, res.stdout);
     });
     test('a sandbox holding connections open cannot exhaust the gateway: past its cap new ones are reset and recorded, and it is served again once it lets go', async () => {
       const since = now();
-      const res = await py(plain, String.raw`
+      const res = await py(
+        plain,
+        String.raw`
 import resource, socket
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
@@ -691,7 +830,8 @@ for s in held:
     except OSError:
         refused += 1
 print(len(held) + reset_at_once, refused)
-for s in held: s.close()`);
+for s in held: s.close()`,
+      );
       assert.equal(res.exit_code, 0, res.stderr);
       const [opened, refused] = res.stdout.trim().split(' ').map(Number);
       assert.equal(opened, 1300);
@@ -707,14 +847,17 @@ for s in held: s.close()`);
   describe('default allow', () => {
     test('under default allow a host the deny sandboxes cannot reach answers: denied.test by name over HTTP, HTTPS (not intercepted) and TCP to a literal address', async () => {
       const mark = await worldMark();
-      const res = await sh(open, [
-        'getent hosts denied.test',
-        'curl -sS -m 10 http://denied.test/open',
-        'echo',
-        'curl -sS -m 10 --cacert /workspace/world-ca.pem https://denied.test/open-tls',
-        'echo',
-        `timeout 10 bash -c 'exec 3<>/dev/tcp/${world.ip('echo.allowed.test')}/7000; echo literal >&3; head -1 <&3'`,
-      ].join(' && '));
+      const res = await sh(
+        open,
+        [
+          'getent hosts denied.test',
+          'curl -sS -m 10 http://denied.test/open',
+          'echo',
+          'curl -sS -m 10 --cacert /workspace/world-ca.pem https://denied.test/open-tls',
+          'echo',
+          `timeout 10 bash -c 'exec 3<>/dev/tcp/${world.ip('echo.allowed.test')}/7000; echo literal >&3; head -1 <&3'`,
+        ].join(' && '),
+      );
       assert.equal(res.exit_code, 0, res.stderr);
       const [resolved, http, tls, echo] = res.stdout.trim().split('\n');
       assert.equal(resolved!.split(/\s+/)[0], world.ip('denied.test'));
@@ -722,14 +865,22 @@ for s in held: s.close()`);
       assert.equal(JSON.parse(tls!).scheme, 'https');
       assert.equal(echo, 'literal');
       const seen = await worldSince(mark);
-      assert.deepEqual(seen.requests.map((r) => `${r.server} ${r.path}`), ['denied.test /open', 'denied.test /open-tls']);
+      assert.deepEqual(
+        seen.requests.map((r) => `${r.server} ${r.path}`),
+        ['denied.test /open', 'denied.test /open-tls'],
+      );
       assert.equal(seen.tcp, 1);
       assert.deepEqual(await audit(open.id, '&type=network_denied,http_call'), [], 'nothing refused, nothing inspected');
     });
 
     test('an entry as broad as *, *.com or *.co.uk is a 400 naming the field at upload under deny; * is accepted under allow', async () => {
-      const upload = (id: string, yaml: string) => server.request('POST', '/v1/specs', { key, body: SPEC(id, yaml), headers: { 'content-type': 'application/x-yaml' } });
-      for (const [entry, why] of [['"*"', /"\*" matches every host/], ['"*.com"', /"\*\.com" is too broad/], ['"*.co.uk"', /"\*\.co\.uk" is too broad: co\.uk is a public suffix/]] as const) {
+      const upload = (id: string, yaml: string) =>
+        server.request('POST', '/v1/specs', { key, body: SPEC(id, yaml), headers: { 'content-type': 'application/x-yaml' } });
+      for (const [entry, why] of [
+        ['"*"', /"\*" matches every host/],
+        ['"*.com"', /"\*\.com" is too broad/],
+        ['"*.co.uk"', /"\*\.co\.uk" is too broad: co\.uk is a public suffix/],
+      ] as const) {
         const res = await upload('too-broad', `network:\n  egress:\n    default: deny\n    allow: [api.allowed.test, ${entry}]\n`);
         assert.equal(res.status, 400, res.text);
         assert.equal(res.body.error, 'bad_request');
@@ -745,8 +896,18 @@ for s in held: s.close()`);
     test('default allow still keeps out the host itself, its loopback, link-local addresses and other sandboxes', async () => {
       const since = now();
       const refusals = [
-        [`-x http://api.allowed.test:80 http://127.0.0.1:${servicePort}/health`, '127.0.0.1', servicePort, /(the service host itself|loopback): never reachable from a sandbox/],
-        [`-H 'Host: 127.0.0.1:${servicePort}' http://api.allowed.test/health`, '127.0.0.1', servicePort, /(the service host itself|loopback): never reachable from a sandbox/],
+        [
+          `-x http://api.allowed.test:80 http://127.0.0.1:${servicePort}/health`,
+          '127.0.0.1',
+          servicePort,
+          /(the service host itself|loopback): never reachable from a sandbox/,
+        ],
+        [
+          `-H 'Host: 127.0.0.1:${servicePort}' http://api.allowed.test/health`,
+          '127.0.0.1',
+          servicePort,
+          /(the service host itself|loopback): never reachable from a sandbox/,
+        ],
         [`-H 'Host: 169.254.169.254' http://api.allowed.test/latest/meta-data/`, '169.254.169.254', 80, /link-local .*never reachable from a sandbox/],
         [`http://${open.hostAddress}/`, open.hostAddress, 80, /the service host itself: never reachable from a sandbox/],
         [`http://${plain.address}:8080/`, plain.address, 8080, /a sandbox network: never reachable from a sandbox/],
@@ -754,7 +915,10 @@ for s in held: s.close()`);
       for (const [command, host, port, why] of refusals) {
         const res = await sh(open, `curl -sS -m 10 -w '\\n%{http_code}' ${command}; echo " rc=$?"`);
         assert.doesNotMatch(res.stdout, /"status":"ok"/, `${command}: the service answered the sandbox`);
-        assert.ok(/\n403 rc=0$/.test(res.stdout.trim()) || / rc=(7|52|55|56)$/.test(res.stdout.trim()), `${command}: refused (403 or reset): ${res.stdout} ${res.stderr}`);
+        assert.ok(
+          /\n403 rc=0$/.test(res.stdout.trim()) || / rc=(7|52|55|56)$/.test(res.stdout.trim()),
+          `${command}: refused (403 or reset): ${res.stdout} ${res.stderr}`,
+        );
         const d = await record(open, 'network_denied', since, { port, reason: why });
         assert.ok(d.host === host || d.ip === host, `${command}: ${JSON.stringify(d)}`);
       }
@@ -767,12 +931,15 @@ for s in held: s.close()`);
   // --- 4. DNS overrides and static DNS ------------------------------------------------------
 
   describe('dns_overrides and determinism.dns', () => {
-    test('an override sends api.stripe.test to other.allowed.test\'s server, Host kept; static determinism.dns entries resolve from /etc/hosts without a query', async () => {
+    test("an override sends api.stripe.test to other.allowed.test's server, Host kept; static determinism.dns entries resolve from /etc/hosts without a query", async () => {
       const mark = await worldMark();
       const since = now();
       // ahostsv4: IPv4 only (`getent hosts` asks for AAAA first, which /etc/hosts cannot answer and DNS then refuses).
       const first = (name: string) => `getent ahostsv4 ${name} | awk 'NR==1 {print $1, $3}'`;
-      const res = await sh(plain, `${first('api.stripe.test')}; ${first('static.example.test')}; grep -c static.example.test /etc/hosts; curl -sS -m 10 http://api.stripe.test/charge`);
+      const res = await sh(
+        plain,
+        `${first('api.stripe.test')}; ${first('static.example.test')}; grep -c static.example.test /etc/hosts; curl -sS -m 10 http://api.stripe.test/charge`,
+      );
       assert.equal(res.exit_code, 0, res.stderr);
       const [override, fixed, inHosts, body] = res.stdout.trim().split('\n');
       assert.equal(override, `${world.ip('other.allowed.test')} api.stripe.test`);
@@ -783,10 +950,17 @@ for s in held: s.close()`);
       assert.equal(answer.host, 'api.stripe.test');
       assert.equal(answer.path, '/charge');
       const seen = await worldSince(mark);
-      assert.deepEqual(seen.requests.map((r) => `${r.server} ${r.host} ${r.path}`), ['other.allowed.test api.stripe.test /charge']);
+      assert.deepEqual(
+        seen.requests.map((r) => `${r.server} ${r.host} ${r.path}`),
+        ['other.allowed.test api.stripe.test /charge'],
+      );
       assert.ok(!seen.dns.some((q) => /stripe|static/.test(q.name)), `the upstream resolver was asked for the replacement only: ${JSON.stringify(seen.dns)}`);
       const refused = await settled(plain, 'network_denied', since);
-      assert.deepEqual(refused.filter((d) => /stripe|static/.test(String(d.host))), [], 'neither name was refused');
+      assert.deepEqual(
+        refused.filter((d) => /stripe|static/.test(String(d.host))),
+        [],
+        'neither name was refused',
+      );
     });
   });
 
@@ -797,21 +971,44 @@ for s in held: s.close()`);
 
     test('HTTP and HTTPS requests are http_call records: method, host, port, path, status, integer duration, body sizes, credential headers redacted', async () => {
       const since = now();
-      const res = await sh(audited, [
-        `head -c 5000 /dev/urandom > /tmp/body.bin`,
-        `curl -sS -m 10 -o /dev/null -w '%{http_code} %{size_download}\\n' -H 'Authorization: Bearer agent-token-1' -H 'Cookie: session=cookie-value-1' -H 'X-Api-Key: api-key-value-1' -H 'X-Trace: visible-1' 'http://other.allowed.test/big?bytes=12345'`,
-        `curl -sS -m 10 -o /tmp/post.json -w '%{http_code} %{size_download}\\n' -X POST --data-binary @/tmp/body.bin -H 'Cookie: c=cookie-value-2' 'http://other.allowed.test/upload?status=201'`,
-        `curl -sS -m 10 -o /dev/null -w '%{http_code} %{size_download}\\n' -H 'Authorization: Basic dXNlcjpwYXNz' -H 'Cookie: sid=cookie-value-3' 'https://other.allowed.test/big?bytes=70001'`,
-        `curl -sS -m 10 -o /dev/null -w '%{http_code} %{size_download}\\n' -X PUT --data-binary 'abc' 'https://other.allowed.test/missing?status=404'`,
-      ].join(' && '));
+      const res = await sh(
+        audited,
+        [
+          `head -c 5000 /dev/urandom > /tmp/body.bin`,
+          `curl -sS -m 10 -o /dev/null -w '%{http_code} %{size_download}\\n' -H 'Authorization: Bearer agent-token-1' -H 'Cookie: session=cookie-value-1' -H 'X-Api-Key: api-key-value-1' -H 'X-Trace: visible-1' 'http://other.allowed.test/big?bytes=12345'`,
+          `curl -sS -m 10 -o /tmp/post.json -w '%{http_code} %{size_download}\\n' -X POST --data-binary @/tmp/body.bin -H 'Cookie: c=cookie-value-2' 'http://other.allowed.test/upload?status=201'`,
+          `curl -sS -m 10 -o /dev/null -w '%{http_code} %{size_download}\\n' -H 'Authorization: Basic dXNlcjpwYXNz' -H 'Cookie: sid=cookie-value-3' 'https://other.allowed.test/big?bytes=70001'`,
+          `curl -sS -m 10 -o /dev/null -w '%{http_code} %{size_download}\\n' -X PUT --data-binary 'abc' 'https://other.allowed.test/missing?status=404'`,
+        ].join(' && '),
+      );
       assert.equal(res.exit_code, 0, res.stderr);
-      const sizes = res.stdout.trim().split('\n').map((l) => l.split(' ').map(Number));
-      assert.deepEqual(sizes.map(([code]) => code), [200, 201, 200, 404]);
+      const sizes = res.stdout
+        .trim()
+        .split('\n')
+        .map((l) => l.split(' ').map(Number));
+      assert.deepEqual(
+        sizes.map(([code]) => code),
+        [200, 201, 200, 404],
+      );
       assert.deepEqual([sizes[0]![1], sizes[2]![1]], [12345, 70001]);
 
       const get = await record(audited, 'http_call', since, { path: '/big?bytes=12345' });
       assert.deepEqual(Object.keys(get).sort(), RECORD_KEYS);
-      assert.deepEqual({ ...get, duration_ms: 0, headers: {} }, { method: 'GET', scheme: 'http', host: 'other.allowed.test', port: 80, path: '/big?bytes=12345', status: 200, duration_ms: 0, request_bytes: 0, response_bytes: 12345, headers: {} });
+      assert.deepEqual(
+        { ...get, duration_ms: 0, headers: {} },
+        {
+          method: 'GET',
+          scheme: 'http',
+          host: 'other.allowed.test',
+          port: 80,
+          path: '/big?bytes=12345',
+          status: 200,
+          duration_ms: 0,
+          request_bytes: 0,
+          response_bytes: 12345,
+          headers: {},
+        },
+      );
       assert.ok(Number.isInteger(get.duration_ms) && get.duration_ms >= 0, `duration_ms ${get.duration_ms}`);
       assert.equal(get.headers.authorization, '[REDACTED]');
       assert.equal(get.headers.cookie, '[REDACTED]');
@@ -820,37 +1017,83 @@ for s in held: s.close()`);
       assert.equal(get.headers.host, 'other.allowed.test');
 
       const post = await record(audited, 'http_call', since, { method: 'POST' });
-      assert.deepEqual({ ...post, duration_ms: 0, headers: {} }, { method: 'POST', scheme: 'http', host: 'other.allowed.test', port: 80, path: '/upload?status=201', status: 201, duration_ms: 0, request_bytes: 5000, response_bytes: sizes[1]![1], headers: {} });
+      assert.deepEqual(
+        { ...post, duration_ms: 0, headers: {} },
+        {
+          method: 'POST',
+          scheme: 'http',
+          host: 'other.allowed.test',
+          port: 80,
+          path: '/upload?status=201',
+          status: 201,
+          duration_ms: 0,
+          request_bytes: 5000,
+          response_bytes: sizes[1]![1],
+          headers: {},
+        },
+      );
       assert.equal(post.headers.cookie, '[REDACTED]');
 
       const tls = await record(audited, 'http_call', since, { path: '/big?bytes=70001' });
-      assert.deepEqual({ ...tls, duration_ms: 0, headers: {} }, { method: 'GET', scheme: 'https', host: 'other.allowed.test', port: 443, path: '/big?bytes=70001', status: 200, duration_ms: 0, request_bytes: 0, response_bytes: 70001, headers: {} });
+      assert.deepEqual(
+        { ...tls, duration_ms: 0, headers: {} },
+        {
+          method: 'GET',
+          scheme: 'https',
+          host: 'other.allowed.test',
+          port: 443,
+          path: '/big?bytes=70001',
+          status: 200,
+          duration_ms: 0,
+          request_bytes: 0,
+          response_bytes: 70001,
+          headers: {},
+        },
+      );
       assert.equal(tls.headers.authorization, '[REDACTED]');
       assert.equal(tls.headers.cookie, '[REDACTED]');
 
       const put = await record(audited, 'http_call', since, { method: 'PUT' });
-      assert.deepEqual({ ...put, duration_ms: 0, headers: {} }, { method: 'PUT', scheme: 'https', host: 'other.allowed.test', port: 443, path: '/missing?status=404', status: 404, duration_ms: 0, request_bytes: 3, response_bytes: sizes[3]![1], headers: {} });
+      assert.deepEqual(
+        { ...put, duration_ms: 0, headers: {} },
+        {
+          method: 'PUT',
+          scheme: 'https',
+          host: 'other.allowed.test',
+          port: 443,
+          path: '/missing?status=404',
+          status: 404,
+          duration_ms: 0,
+          request_bytes: 3,
+          response_bytes: sizes[3]![1],
+          headers: {},
+        },
+      );
 
       const all = await settled(audited, 'http_call', since);
       assert.equal(all.length, 4, `one record per request: ${JSON.stringify(all.map((d) => d.path))}`);
       const text = JSON.stringify(all);
-      for (const secret of ['agent-token-1', 'cookie-value-1', 'api-key-value-1', 'cookie-value-2', 'dXNlcjpwYXNz', 'cookie-value-3']) assert.ok(!text.includes(secret), `${secret} is not in the records`);
+      for (const secret of ['agent-token-1', 'cookie-value-1', 'api-key-value-1', 'cookie-value-2', 'dXNlcjpwYXNz', 'cookie-value-3'])
+        assert.ok(!text.includes(secret), `${secret} is not in the records`);
     });
 
-    test('with http_calls off (a network block only) nothing is recorded and TLS is not intercepted: the certificate is the world\'s own', async () => {
+    test("with http_calls off (a network block only) nothing is recorded and TLS is not intercepted: the certificate is the world's own", async () => {
       const since = now();
-      const res = await sh(plain, [
-        `curl -sS -m 10 -o /dev/null -v --cacert /workspace/world-ca.pem https://api.allowed.test/off 2>&1 | grep -i '^\\*  issuer:'`,
-        `curl -sS -m 10 -o /dev/null http://api.allowed.test/off-http`,
-        `curl -sS -m 10 -o /dev/null https://api.allowed.test/untrusted; echo "rc=$?"`,
-        `echo | openssl s_client -connect api.allowed.test:443 -servername api.allowed.test 2>/dev/null | grep '^issuer='`,
-      ].join('; '));
+      const res = await sh(
+        plain,
+        [
+          `curl -sS -m 10 -o /dev/null -v --cacert /workspace/world-ca.pem https://api.allowed.test/off 2>&1 | grep -i '^\\*  issuer:'`,
+          `curl -sS -m 10 -o /dev/null http://api.allowed.test/off-http`,
+          `curl -sS -m 10 -o /dev/null https://api.allowed.test/untrusted; echo "rc=$?"`,
+          `echo | openssl s_client -connect api.allowed.test:443 -servername api.allowed.test 2>/dev/null | grep '^issuer='`,
+        ].join('; '),
+      );
       const lines = res.stdout.trim().split('\n');
       assert.equal(lines[0], '*  issuer: CN=svc outside-world test CA', res.stdout);
-      assert.equal(lines[1], 'rc=60', 'the sandbox\'s trust store (the deployment\'s CA) does not vouch for the world\'s certificate: nothing re-signed it');
+      assert.equal(lines[1], 'rc=60', "the sandbox's trust store (the deployment's CA) does not vouch for the world's certificate: nothing re-signed it");
       assert.equal(lines[2], 'issuer=CN = svc outside-world test CA');
       const intercepted = await sh(audited, `curl -sS -m 10 -o /dev/null -v https://other.allowed.test/on 2>&1 | grep -i '^\\*  issuer:'`);
-      assert.equal(intercepted.stdout.trim(), '*  issuer: CN=svc sandbox egress CA', 'with http_calls on, the gateway presents the deployment\'s CA');
+      assert.equal(intercepted.stdout.trim(), '*  issuer: CN=svc sandbox egress CA', "with http_calls on, the gateway presents the deployment's CA");
       assert.deepEqual(await settled(plain, 'http_call', since), []);
       assert.deepEqual(await audit(plain.id, '&type=http_call'), [], 'no http_call record in the whole life of the plain sandbox');
     });
@@ -858,15 +1101,33 @@ for s in held: s.close()`);
     test('a request the agent abandons before the answer is still an http_call record, at once', async () => {
       const mark = await worldMark();
       const since = now();
-      await py(audited, String.raw`
+      await py(
+        audited,
+        String.raw`
 import socket
 s = socket.create_connection(('other.allowed.test', 80), timeout=10)
 s.sendall(b'POST /abandoned HTTP/1.1\r\nHost: other.allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n')
-import time; time.sleep(0.5); s.close()`);
-      await eventually(async () => (await worldSince(mark)).requests, (r) => r.length > 0, 5000);
-      assert.deepEqual((await worldSince(mark)).requests.map((r) => `${r.server} ${r.method} ${r.path}`), ['other.allowed.test POST /abandoned'], 'the request reached the world');
-      const calls = await eventually(() => audit(audited.id, `&type=http_call&since=${encodeURIComponent(since)}`), (items) => items.length > 0, 5000);
-      assert.deepEqual(calls.map((i) => `${i.details.method} ${i.details.path}`), ['POST /abandoned']);
+import time; time.sleep(0.5); s.close()`,
+      );
+      await eventually(
+        async () => (await worldSince(mark)).requests,
+        (r) => r.length > 0,
+        5000,
+      );
+      assert.deepEqual(
+        (await worldSince(mark)).requests.map((r) => `${r.server} ${r.method} ${r.path}`),
+        ['other.allowed.test POST /abandoned'],
+        'the request reached the world',
+      );
+      const calls = await eventually(
+        () => audit(audited.id, `&type=http_call&since=${encodeURIComponent(since)}`),
+        (items) => items.length > 0,
+        5000,
+      );
+      assert.deepEqual(
+        calls.map((i) => `${i.details.method} ${i.details.path}`),
+        ['POST /abandoned'],
+      );
     });
 
     test('a request with an Upgrade header is an http_call record too', async () => {
@@ -876,7 +1137,10 @@ import time; time.sleep(0.5); s.close()`);
       assert.equal(JSON.parse(res.stdout).path, '/upgraded', 'the request reached the world and was answered');
       assert.equal((await worldSince(mark)).requests.length, 1);
       const calls = await settled(audited, 'http_call', since);
-      assert.deepEqual(calls.map((d) => `${d.method} ${d.host} ${d.path}`), ['GET other.allowed.test /upgraded']);
+      assert.deepEqual(
+        calls.map((d) => `${d.method} ${d.host} ${d.path}`),
+        ['GET other.allowed.test /upgraded'],
+      );
     });
 
     test('an HTTP request to an allowed host on another port (echo.allowed.test:7000) is an http_call record too', async () => {
@@ -885,14 +1149,17 @@ import time; time.sleep(0.5); s.close()`);
       await sh(audited, 'curl -sS -m 5 http://echo.allowed.test:7000/odd-port || true');
       assert.equal((await worldSince(mark)).tcp, 1, 'the request left');
       const calls = await settled(audited, 'http_call', since);
-      assert.deepEqual(calls.map((d) => `${d.method} ${d.host}:${d.port} ${d.path}`), ['GET echo.allowed.test:7000 /odd-port']);
+      assert.deepEqual(
+        calls.map((d) => `${d.method} ${d.host}:${d.port} ${d.path}`),
+        ['GET echo.allowed.test:7000 /odd-port'],
+      );
     });
   });
 
   // --- 7. ingress ---------------------------------------------------------------------------
 
   describe('ingress', () => {
-    test('a published port answers on the host where the sandbox object says; another port at the sandbox\'s address is refused', async () => {
+    test("a published port answers on the host where the sandbox object says; another port at the sandbox's address is refused", async () => {
       await serve(plain, 8080);
       await serve(plain, 8081);
       const view = await req('GET', `/v1/sandboxes/${plain.id}`);
@@ -914,7 +1181,7 @@ import time; time.sleep(0.5); s.close()`);
       assert.match(await page.text(), /Directory listing/);
 
       const started = Date.now();
-      assert.equal(await probe(plain.address, 8081), 'ECONNREFUSED', 'the host cannot open 8081 at the sandbox\'s address');
+      assert.equal(await probe(plain.address, 8081), 'ECONNREFUSED', "the host cannot open 8081 at the sandbox's address");
       assert.equal(await probe(plain.address, 22), 'ECONNREFUSED');
       assert.ok(Date.now() - started < 2000, 'refused at once');
     });
@@ -988,39 +1255,57 @@ for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != me]:
     except OSError: pass
 print(json.dumps({'hits': hits, 'placeholder_in': sorted(set(where_placeholder)), **seen}))`;
 
-    test('the upstream receives the real value for the secret\'s hosts only; inside, the value is nowhere: env, /proc/*/environ, files, readable memory, audit log, events', async () => {
+    test("the upstream receives the real value for the secret's hosts only; inside, the value is nowhere: env, /proc/*/environ, files, readable memory, audit log, events", async () => {
       const mark = await worldMark();
-      const env = await sh(audited, 'printenv STRIPE_KEY; env | grep -c "^STRIPE_KEY=svc-brokered-STRIPE_KEY$"; cat /proc/*/environ 2>/dev/null | tr "\\0" "\\n" | grep "^STRIPE_KEY=" | sort -u');
+      const env = await sh(
+        audited,
+        'printenv STRIPE_KEY; env | grep -c "^STRIPE_KEY=svc-brokered-STRIPE_KEY$"; cat /proc/*/environ 2>/dev/null | tr "\\0" "\\n" | grep "^STRIPE_KEY=" | sort -u',
+      );
       assert.equal(env.stdout, 'svc-brokered-STRIPE_KEY\n1\nSTRIPE_KEY=svc-brokered-STRIPE_KEY\n', 'the placeholder is what the env shows');
 
-      const calls = await sh(audited, [
-        `curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' -H "Authorization: Bearer $STRIPE_KEY" 'https://api.allowed.test/big?bytes=16&via=https'`,
-        `curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' -H 'Authorization: Bearer agent-made-up' 'http://api.allowed.test/big?bytes=16&via=http'`,
-        `curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' 'https://api.allowed.test/big?bytes=16&via=none'`,
-        `curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' -H "Authorization: Bearer $STRIPE_KEY" 'https://other.allowed.test/big?bytes=16&via=other'`,
-      ].join(' && '));
+      const calls = await sh(
+        audited,
+        [
+          `curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' -H "Authorization: Bearer $STRIPE_KEY" 'https://api.allowed.test/big?bytes=16&via=https'`,
+          `curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' -H 'Authorization: Bearer agent-made-up' 'http://api.allowed.test/big?bytes=16&via=http'`,
+          `curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' 'https://api.allowed.test/big?bytes=16&via=none'`,
+          `curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' -H "Authorization: Bearer $STRIPE_KEY" 'https://other.allowed.test/big?bytes=16&via=other'`,
+        ].join(' && '),
+      );
       assert.equal(calls.stdout, '200\n200\n200\n200\n', calls.stderr);
       const seen = (await worldSince(mark)).requests;
       const auth = Object.fromEntries(seen.map((r) => [`${r.server} ${new URL(r.path, 'http://x').searchParams.get('via')}`, r.headers.authorization]));
-      assert.deepEqual(auth, {
-        'api.allowed.test https': `Bearer ${REAL}`,
-        'api.allowed.test http': `Bearer ${REAL}`,
-        'api.allowed.test none': `Bearer ${REAL}`,
-        'other.allowed.test other': 'Bearer svc-brokered-STRIPE_KEY',
-      }, 'the gateway sets the header on every request to the secret\'s hosts (replacing the agent\'s), and on no other');
+      assert.deepEqual(
+        auth,
+        {
+          'api.allowed.test https': `Bearer ${REAL}`,
+          'api.allowed.test http': `Bearer ${REAL}`,
+          'api.allowed.test none': `Bearer ${REAL}`,
+          'other.allowed.test other': 'Bearer svc-brokered-STRIPE_KEY',
+        },
+        "the gateway sets the header on every request to the secret's hosts (replacing the agent's), and on no other",
+      );
 
       const scan = await py(audited, SCAN(Buffer.from(REAL).toString('hex')));
       assert.equal(scan.exit_code, 0, scan.stderr);
       const found = JSON.parse(scan.stdout);
       assert.deepEqual(found.hits, [], `the real value is inside the sandbox: ${scan.stdout}`);
       assert.ok(found.files > 3 && found.proc_files > 3 && found.mem_bytes > 1_000_000, `the scan read something: ${scan.stdout}`);
-      assert.ok(found.placeholder_in.some((w: string) => /^\/proc\/\d+\/environ$/.test(w)), `control: the scan finds the placeholder in the environments: ${scan.stdout}`);
+      assert.ok(
+        found.placeholder_in.some((w: string) => /^\/proc\/\d+\/environ$/.test(w)),
+        `control: the scan finds the placeholder in the environments: ${scan.stdout}`,
+      );
 
       // The audit log, from the API and as the file in the workspace: the calls are there, the value is not.
       const records = await audit(audited.id, '');
       const brokered = records.filter((i) => i.type === 'http_call' && i.details.host === 'api.allowed.test' && /via=/.test(i.details.path));
       assert.equal(brokered.length, 3, JSON.stringify(brokered.map((i) => i.details.path)));
-      for (const r of brokered) assert.equal(r.details.headers.authorization, /via=none/.test(r.details.path) ? undefined : '[REDACTED]', 'the record shows what the agent sent, redacted');
+      for (const r of brokered)
+        assert.equal(
+          r.details.headers.authorization,
+          /via=none/.test(r.details.path) ? undefined : '[REDACTED]',
+          'the record shows what the agent sent, redacted',
+        );
       assert.ok(!JSON.stringify(records).includes(REAL), 'GET audit');
       const file = await req('GET', `/v1/sandboxes/${audited.id}/files/.svc/audit.jsonl`);
       assert.equal(file.status, 200);
@@ -1028,36 +1313,63 @@ print(json.dumps({'hits': hits, 'placeholder_in': sorted(set(where_placeholder))
       const trace = await req('GET', `/v1/sandboxes/${audited.id}/trace`);
       assert.ok(!trace.text.includes(REAL), 'trace');
       // Had the value ever reached a command's output, the service would have shown it as [REDACTED:STRIPE_KEY].
-      assert.deepEqual(audited.outputs.filter((o) => o.includes(REAL) || o.includes('[REDACTED:STRIPE_KEY]')), [], 'no command output of the sandbox\'s life held it');
+      assert.deepEqual(
+        audited.outputs.filter((o) => o.includes(REAL) || o.includes('[REDACTED:STRIPE_KEY]')),
+        [],
+        "no command output of the sandbox's life held it",
+      );
 
       assert.equal((await req('DELETE', `/v1/sandboxes/${audited.id}`)).status, 200);
       const events = await sse(`${server.url}/v1/sandboxes/${audited.id}/events`, key);
-      assert.ok(events.some((e) => e.event_type === 'status' && e.data.step === 'network_configured'), 'the stream is the sandbox\'s whole life');
+      assert.ok(
+        events.some((e) => e.event_type === 'status' && e.data.step === 'network_configured'),
+        "the stream is the sandbox's whole life",
+      );
       assert.ok(events.some((e) => e.event_type === 'audit' && e.data.type === 'http_call'));
       assert.ok(!JSON.stringify(events).includes(REAL), 'SSE events');
       assert.ok(!JSON.stringify(await audit(audited.id, '')).includes(REAL), 'GET audit after the destroy');
     });
 
-    test('without audit.http_calls the header is still set over HTTPS (intercepted for the secret\'s hosts only) and no http_call is recorded', async () => {
+    test("without audit.http_calls the header is still set over HTTPS (intercepted for the secret's hosts only) and no http_call is recorded", async () => {
       const secret = `sk_test_${randomBytes(10).toString('hex')}`;
-      await storeSpec(server, key, SPEC('net-brokered', `network:
+      await storeSpec(
+        server,
+        key,
+        SPEC(
+          'net-brokered',
+          `network:
   egress:
     default: deny
     allow: [api.allowed.test, "*.wild.allowed.test"]
 secrets:
   STRIPE_KEY: {source: dashboard, inject: {hosts: [api.allowed.test], header: X-Api-Key}}
-`));
+`,
+        ),
+      );
       const box = await create('brokered', 'net-brokered', { secrets: { STRIPE_KEY: secret } });
       await putFile(box, 'world-ca.pem', worldCa);
       const mark = await worldMark();
       const since = now();
-      const res = await sh(box, [
-        `curl -sS -m 10 -o /dev/null -v 'https://api.allowed.test/big?bytes=1&k=1' 2>&1 | grep -i '^\\*  issuer:'`,
-        `curl -sS -m 10 -o /dev/null -v --cacert /workspace/world-ca.pem 'https://x.wild.allowed.test/big?bytes=1&k=2' 2>&1 | grep -i '^\\*  issuer:'`,
-      ].join('; '));
-      assert.deepEqual(res.stdout.trim().split('\n'), ['*  issuer: CN=svc sandbox egress CA', '*  issuer: CN=svc outside-world test CA'], 'intercepted for the secret\'s host, passed through for another');
+      const res = await sh(
+        box,
+        [
+          `curl -sS -m 10 -o /dev/null -v 'https://api.allowed.test/big?bytes=1&k=1' 2>&1 | grep -i '^\\*  issuer:'`,
+          `curl -sS -m 10 -o /dev/null -v --cacert /workspace/world-ca.pem 'https://x.wild.allowed.test/big?bytes=1&k=2' 2>&1 | grep -i '^\\*  issuer:'`,
+        ].join('; '),
+      );
+      assert.deepEqual(
+        res.stdout.trim().split('\n'),
+        ['*  issuer: CN=svc sandbox egress CA', '*  issuer: CN=svc outside-world test CA'],
+        "intercepted for the secret's host, passed through for another",
+      );
       const seen = (await worldSince(mark)).requests;
-      assert.deepEqual(seen.map((r) => [r.server, r.headers['x-api-key'] ?? null]), [['api.allowed.test', secret], ['other.allowed.test', null]]);
+      assert.deepEqual(
+        seen.map((r) => [r.server, r.headers['x-api-key'] ?? null]),
+        [
+          ['api.allowed.test', secret],
+          ['other.allowed.test', null],
+        ],
+      );
       assert.deepEqual(await settled(box, 'http_call', since), [], 'no http_call record without audit.http_calls');
       assert.equal((await req('DELETE', `/v1/sandboxes/${box.id}`)).status, 200);
     });
@@ -1079,12 +1391,22 @@ invariants:
 `;
     /** The run's http_call records, and the record a violation points at (seq: its line in the audit log, from 1). */
     const runAudit = async (run: any) => {
-      const all = await eventually(() => audit(run.sandbox_id, ''), (items) => items.some((i) => i.type === 'http_call'), 10_000);
+      const all = await eventually(
+        () => audit(run.sandbox_id, ''),
+        (items) => items.some((i) => i.type === 'http_call'),
+        10_000,
+      );
       return { all, calls: all.filter((i) => i.type === 'http_call').map((i) => i.details) };
     };
 
     test('a call to a host outside http_except fails the run with a violation naming the host and pointing at its record', async () => {
-      const run = await runOnce(server, key, 'except-fails', 'curl -sS -o /dev/null http://other.allowed.test/not-listed && curl -sS -o /dev/null https://api.allowed.test/listed', BODY('[api.allowed.test]'));
+      const run = await runOnce(
+        server,
+        key,
+        'except-fails',
+        'curl -sS -o /dev/null http://other.allowed.test/not-listed && curl -sS -o /dev/null https://api.allowed.test/listed',
+        BODY('[api.allowed.test]'),
+      );
       assert.equal(run.verdict, 'fail', JSON.stringify(run).slice(0, 1500));
       assert.equal(run.agent_exit_code, 0);
       assert.equal(run.violations.length, 1, JSON.stringify(run.violations));
@@ -1097,33 +1419,57 @@ invariants:
       assert.equal(pointed.type, 'http_call');
       assert.equal(pointed.ts, violation.audit.ts);
       assert.deepEqual([pointed.details.host, pointed.details.path], ['other.allowed.test', '/not-listed']);
-      assert.deepEqual(calls.map((d) => `${d.scheme} ${d.host} ${d.path}`), ['http other.allowed.test /not-listed', 'https api.allowed.test /listed']);
+      assert.deepEqual(
+        calls.map((d) => `${d.scheme} ${d.host} ${d.path}`),
+        ['http other.allowed.test /not-listed', 'https api.allowed.test /listed'],
+      );
     });
 
     test('calls only to the listed host pass (and were recorded, over HTTP and HTTPS)', async () => {
-      const run = await runOnce(server, key, 'except-passes', 'curl -sS -o /dev/null http://api.allowed.test/a && curl -sS -o /dev/null https://api.allowed.test/b', BODY('[api.allowed.test]'));
+      const run = await runOnce(
+        server,
+        key,
+        'except-passes',
+        'curl -sS -o /dev/null http://api.allowed.test/a && curl -sS -o /dev/null https://api.allowed.test/b',
+        BODY('[api.allowed.test]'),
+      );
       assert.equal(run.verdict, 'pass', JSON.stringify(run).slice(0, 1500));
       assert.deepEqual(run.violations, []);
       const { calls } = await runAudit(run);
-      assert.deepEqual(calls.map((d) => `${d.scheme} ${d.host} ${d.path} ${d.status}`), ['http api.allowed.test /a 200', 'https api.allowed.test /b 200']);
+      assert.deepEqual(
+        calls.map((d) => `${d.scheme} ${d.host} ${d.path} ${d.status}`),
+        ['http api.allowed.test /a 200', 'https api.allowed.test /b 200'],
+      );
     });
 
     test('http_except: [] fails a run on any HTTP call', async () => {
       const run = await runOnce(server, key, 'except-empty', 'curl -sS -o /dev/null https://api.allowed.test/anything', BODY('[]'));
       assert.equal(run.verdict, 'fail', JSON.stringify(run).slice(0, 1500));
-      assert.deepEqual(run.violations.map((v: any) => [v.rule, v.audit.host, v.audit.path]), [['http_except', 'api.allowed.test', '/anything']]);
+      assert.deepEqual(
+        run.violations.map((v: any) => [v.rule, v.audit.host, v.audit.path]),
+        [['http_except', 'api.allowed.test', '/anything']],
+      );
       assert.match(run.violations[0].message, /empty: no HTTP is allowed/);
     });
 
     test('an Upgrade header does not take a call out of http_except', async () => {
-      const run = await runOnce(server, key, 'except-upgrade', `curl -sS -o /dev/null -H 'Connection: Upgrade' -H 'Upgrade: websocket' http://other.allowed.test/sneaky`, BODY('[api.allowed.test]'));
+      const run = await runOnce(
+        server,
+        key,
+        'except-upgrade',
+        `curl -sS -o /dev/null -H 'Connection: Upgrade' -H 'Upgrade: websocket' http://other.allowed.test/sneaky`,
+        BODY('[api.allowed.test]'),
+      );
       assert.equal(run.verdict, 'fail', `the call reached other.allowed.test, yet: ${JSON.stringify(run.violations)}`);
     });
 
     test('a call the agent abandons before its answer still counts', async () => {
       const agent = `python3 -c "import socket,time; s=socket.create_connection(('other.allowed.test',80)); s.sendall(b'POST /abandoned HTTP/1.1\\\\r\\\\nHost: other.allowed.test\\\\r\\\\nTransfer-Encoding: chunked\\\\r\\\\n\\\\r\\\\n'); time.sleep(0.5)"`;
       const run = await runOnce(server, key, 'except-abandoned', agent, BODY('[api.allowed.test]'));
-      assert.ok((await world.requests()).some((r) => r.path === '/abandoned' && r.method === 'POST' && r.server === 'other.allowed.test'), 'the call reached the world');
+      assert.ok(
+        (await world.requests()).some((r) => r.path === '/abandoned' && r.method === 'POST' && r.server === 'other.allowed.test'),
+        'the call reached the world',
+      );
       assert.equal(run.verdict, 'fail', JSON.stringify(run.violations));
     });
   });
@@ -1140,29 +1486,62 @@ invariants:
       assert.equal(before.tables.length, 1, JSON.stringify(before));
 
       const created = await Promise.all(Array.from({ length: 20 }, () => req('POST', '/v1/sandboxes', { spec_id: 'net-many' })));
-      assert.deepEqual(created.map((r) => r.status), Array(20).fill(201), created.filter((r) => r.status !== 201).map((r) => r.text).join('\n'));
+      assert.deepEqual(
+        created.map((r) => r.status),
+        Array(20).fill(201),
+        created
+          .filter((r) => r.status !== 201)
+          .map((r) => r.text)
+          .join('\n'),
+      );
       const boxes: Box[] = created.map((r, i) => ({ name: `many-${i}`, id: r.body.id, address: r.body.network.address, hostAddress: '', outputs: [] }));
       assert.equal(new Set([...boxes.map((b) => b.address), plain.address, open.address]).size, 22, 'every sandbox has its own address');
       const during = await ours();
       assert.equal(during.inUse.length, 22, JSON.stringify(during.inUse));
       // Each network is named after its sandbox, as the spec's boot pipeline says.
-      assert.deepEqual(created.map((r) => r.body.network.name), boxes.map((b) => `svc-${b.id}`));
-      const named = await eventually(async () => namespaces(), (names) => boxes.every((b) => names.includes(`svc-${b.id}`)), 10_000);
-      assert.deepEqual(boxes.filter((b) => !named.includes(`svc-${b.id}`)).map((b) => b.id), [], 'every sandbox\'s namespace is svc-<its id>');
+      assert.deepEqual(
+        created.map((r) => r.body.network.name),
+        boxes.map((b) => `svc-${b.id}`),
+      );
+      const named = await eventually(
+        async () => namespaces(),
+        (names) => boxes.every((b) => names.includes(`svc-${b.id}`)),
+        10_000,
+      );
+      assert.deepEqual(
+        boxes.filter((b) => !named.includes(`svc-${b.id}`)).map((b) => b.id),
+        [],
+        "every sandbox's namespace is svc-<its id>",
+      );
 
       const answers = await Promise.all(boxes.map((b) => sh(b, `curl -sS -m 20 -o /dev/null -w '%{http_code}' http://api.allowed.test/many`)));
-      assert.deepEqual(answers.map((a) => a.stdout), Array(20).fill('200'), JSON.stringify(answers.map((a) => a.stderr)));
+      assert.deepEqual(
+        answers.map((a) => a.stdout),
+        Array(20).fill('200'),
+        JSON.stringify(answers.map((a) => a.stderr)),
+      );
 
       const deleted = await Promise.all(boxes.map((b) => req('DELETE', `/v1/sandboxes/${b.id}`)));
-      assert.deepEqual(deleted.map((r) => r.status), Array(20).fill(200));
+      assert.deepEqual(
+        deleted.map((r) => r.status),
+        Array(20).fill(200),
+      );
       const afterwards = await eventually(ours, (o) => o.inUse.join() === before.inUse.join() && tidy(o), 10_000);
       assert.deepEqual(afterwards.inUse, before.inUse, 'the same sandbox links as before the 20');
       assert.ok(tidy(afterwards), `no namespace left but the spare: ${JSON.stringify(afterwards)}`);
       assert.deepEqual(afterwards.tables, before.tables);
-      const leftover = await eventually(async () => boxes.flatMap((b) => sandboxPids(b.id)), (pids) => pids.length === 0, 10_000);
+      const leftover = await eventually(
+        async () => boxes.flatMap((b) => sandboxPids(b.id)),
+        (pids) => pids.length === 0,
+        10_000,
+      );
       assert.deepEqual(leftover, [], 'the 20 left no process');
       const names = await namespaces();
-      assert.deepEqual(boxes.filter((b) => names.includes(`svc-${b.id}`)).map((b) => b.id), [], 'no svc-<id> namespace is left');
+      assert.deepEqual(
+        boxes.filter((b) => names.includes(`svc-${b.id}`)).map((b) => b.id),
+        [],
+        'no svc-<id> namespace is left',
+      );
     });
 
     test('after a SIGKILL of the service with networked sandboxes alive, the restart leaves no link, namespace or process, and one table; a clean stop removes it', async () => {
@@ -1179,10 +1558,18 @@ invariants:
       const swept = await eventually(ours, (o) => o.links.length === 0 && o.netns.length === 0, 20_000);
       assert.deepEqual([swept.links, swept.netns], [[], []], `no svh${tag} link and no namespace left: ${JSON.stringify(swept)}`);
       const names = await namespaces();
-      assert.deepEqual(alive.filter((b) => names.includes(`svc-${b.id}`)).map((b) => b.id), [], 'the killed runner\'s launcher removed its sandboxes\' namespace names');
+      assert.deepEqual(
+        alive.filter((b) => names.includes(`svc-${b.id}`)).map((b) => b.id),
+        [],
+        "the killed runner's launcher removed its sandboxes' namespace names",
+      );
       assert.ok(swept.tables.length <= 1, JSON.stringify(swept.tables));
       for (const b of [...alive, plain, open]) {
-        const pids = await eventually(async () => sandboxPids(b.id), (p) => p.length === 0, 10_000);
+        const pids = await eventually(
+          async () => sandboxPids(b.id),
+          (p) => p.length === 0,
+          10_000,
+        );
         assert.deepEqual(pids, [], `${b.name} left no process`);
       }
       assert.equal(await probe(published.host, published.port), 'ECONNREFUSED', 'the published port went with the service');
@@ -1190,12 +1577,20 @@ invariants:
       // The restarted service runs networked sandboxes again, under one table, with the policy in force.
       const again = await create('after-restart', 'net-many');
       const mark = await worldMark();
-      const res = await sh(again, `curl -sS -m 20 -o /dev/null -w '%{http_code}' http://api.allowed.test/again; echo; curl -sS -m 10 -o /dev/null -w '%{http_code}' --resolve denied.test:80:${world.ip('denied.test')} http://denied.test/again`);
+      const res = await sh(
+        again,
+        `curl -sS -m 20 -o /dev/null -w '%{http_code}' http://api.allowed.test/again; echo; curl -sS -m 10 -o /dev/null -w '%{http_code}' --resolve denied.test:80:${world.ip('denied.test')} http://denied.test/again`,
+      );
       assert.equal(res.stdout, '200\n403');
-      assert.deepEqual((await worldSince(mark)).requests.map((r) => `${r.server} ${r.path}`), ['api.allowed.test /again']);
+      assert.deepEqual(
+        (await worldSince(mark)).requests.map((r) => `${r.server} ${r.path}`),
+        ['api.allowed.test /again'],
+      );
       const running = await ours();
-      assert.deepEqual(running.tables, [`nft inet svc_${tag}`], 'the runner\'s table, exactly once');
-      const listed = execFileSync('nft', ['list', 'tables'], { encoding: 'utf8' }).split('\n').filter((l) => l.trim() === `table inet svc_${tag}`);
+      assert.deepEqual(running.tables, [`nft inet svc_${tag}`], "the runner's table, exactly once");
+      const listed = execFileSync('nft', ['list', 'tables'], { encoding: 'utf8' })
+        .split('\n')
+        .filter((l) => l.trim() === `table inet svc_${tag}`);
       assert.equal(listed.length, 1, 'nft list tables shows it once');
 
       await server.stop();

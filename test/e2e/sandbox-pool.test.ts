@@ -35,7 +35,10 @@ describe('warm sandboxes', { skip: runtime === null }, () => {
   /** The data of the sandbox's `container_started` event, read from its live event stream. */
   const containerStarted = async (id: string): Promise<Record<string, unknown>> => {
     const controller = new AbortController();
-    const res = await fetch(`${server.url}/v1/sandboxes/${id}/events`, { headers: { authorization: `Bearer ${key}`, accept: 'text/event-stream' }, signal: controller.signal });
+    const res = await fetch(`${server.url}/v1/sandboxes/${id}/events`, {
+      headers: { authorization: `Bearer ${key}`, accept: 'text/event-stream' },
+      signal: controller.signal,
+    });
     let text = '';
     try {
       for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
@@ -63,7 +66,10 @@ describe('warm sandboxes', { skip: runtime === null }, () => {
     assert.equal(first.warm, false, 'a class seen once gets no warm sandbox');
     const second = await create('pool-a');
     // A sandbox that leaves traces everywhere it can, and a process behind.
-    await sh(second.id, 'echo secret-a > /workspace/left.txt; echo secret-a > /tmp/left.txt; echo secret-a > /dev/shm/left.txt; setsid sleep 1000 </dev/null >/dev/null 2>&1 &');
+    await sh(
+      second.id,
+      'echo secret-a > /workspace/left.txt; echo secret-a > /tmp/left.txt; echo secret-a > /dev/shm/left.txt; setsid sleep 1000 </dev/null >/dev/null 2>&1 &',
+    );
     await req('DELETE', `/v1/sandboxes/${second.id}`);
     await req('DELETE', `/v1/sandboxes/${first.id}`);
 
@@ -90,7 +96,10 @@ describe('warm sandboxes', { skip: runtime === null }, () => {
     assert.equal(await sh(warm.id, 'cat hello.txt'), 'hi\n');
     assert.equal(fs.readFileSync(path.join(warm.path, 'hello.txt'), 'utf8'), 'hi\n');
     const audit = await req('GET', `/v1/sandboxes/${warm.id}/audit?type=file_write`);
-    assert.ok(audit.body.items.some((r: { details: { path: string } }) => r.details.path === 'hello.txt'), audit.text);
+    assert.ok(
+      audit.body.items.some((r: { details: { path: string } }) => r.details.path === 'hello.txt'),
+      audit.text,
+    );
     await req('DELETE', `/v1/sandboxes/${warm.id}`);
     assert.equal(fs.existsSync(warm.path), false, 'its workspace goes with it');
   });
@@ -126,7 +135,13 @@ describe('warm sandboxes past the number of classes kept', { skip: runtime === n
   };
 
   before(async () => {
-    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_SANDBOX_POOL_SIZE: '1', SVC_SANDBOX_POOL_CLASSES: '1', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    server = await startServer({
+      SVC_SANDBOX_HOST_ROOTFS: 'true',
+      SVC_SANDBOX_POOL_SIZE: '1',
+      SVC_SANDBOX_POOL_CLASSES: '1',
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_RATE_LIMIT_READS: '0',
+    });
     key = (await createTenantKey(server, 'pool-classes')).key;
     await storeSpec(server, key, SPEC('class-a'));
     await storeSpec(server, key, SPEC('class-b', 'resources: {memory: 256Mi}\n'));

@@ -64,7 +64,8 @@ if (runtime) {
       assert.equal(res.status, 201, res.text);
       return res.body.id as string;
     };
-    const run = async (id: string, command: string) => (await server.request('POST', `/v1/sandboxes/${id}/commands`, { key, body: { command } })).body as { stdout: string; exit_code: number };
+    const run = async (id: string, command: string) =>
+      (await server.request('POST', `/v1/sandboxes/${id}/commands`, { key, body: { command } })).body as { stdout: string; exit_code: number };
     /** The upgrade's answer when the service refuses it. */
     const refused = (url: string, k = key) =>
       new Promise<{ status: number; body: any }>((resolve, reject) => {
@@ -91,7 +92,8 @@ if (runtime) {
           controls,
           closed: new Promise((done) => ws.on('close', (code, reason) => done({ code, reason: String(reason) }))),
           type: (input) => ws.send(Buffer.from(input)),
-          waitFor: (pattern, timeoutMs) => until(`the terminal showing ${pattern} (it shows ${JSON.stringify(text.slice(-300))})`, () => pattern.test(text), timeoutMs),
+          waitFor: (pattern, timeoutMs) =>
+            until(`the terminal showing ${pattern} (it shows ${JSON.stringify(text.slice(-300))})`, () => pattern.test(text), timeoutMs),
           waitControl: async (type, timeoutMs) => {
             await until(`a ${type} frame (got ${JSON.stringify(controls)})`, () => controls.some((c) => c.type === type), timeoutMs);
             return controls.find((c) => c.type === type)!;
@@ -112,7 +114,8 @@ if (runtime) {
         ws.on('unexpected-response', (_req, res) => reject(new Error(`refused: ${res.statusCode}`)));
         ws.on('error', reject);
       });
-    const processesOf = async (id: string) => (await run(id, 'ps -eo args=')).stdout.split('\n').filter((l) => l && !/^(bwrap|\/run\/svc\/supervisor|sh -c ps|ps -eo)/.test(l));
+    const processesOf = async (id: string) =>
+      (await run(id, 'ps -eo args=')).stdout.split('\n').filter((l) => l && !/^(bwrap|\/run\/svc\/supervisor|sh -c ps|ps -eo)/.test(l));
     const rss = () => server.processes().reduce((sum, p) => sum + Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${p.pid}/status`, 'utf8'))![1]) * 1024, 0);
 
     before(async () => {
@@ -129,7 +132,7 @@ if (runtime) {
       assert.match(token, /^svc_sb_/);
       const cases: Array<[string, string, number, string, RegExp]> = [
         ['another tenant', '', 403, 'forbidden', /belongs to another tenant/],
-        ['the sandbox\'s own token', '', 403, 'forbidden', /a sandbox token cannot open a shell/],
+        ["the sandbox's own token", '', 403, 'forbidden', /a sandbox token cannot open a shell/],
         ['cols 0', '?cols=0', 400, 'bad_request', /^cols: "0" is not a whole number of characters from 1 to 1000$/],
         ['rows past the most', '?rows=5000', 400, 'bad_request', /^rows: /],
         ['cols not a number', '?cols=wide', 400, 'bad_request', /^cols: /],
@@ -138,7 +141,7 @@ if (runtime) {
         ['an unknown parameter', '?mode=line', 400, 'bad_request', /^mode: unknown query parameter/],
       ];
       for (const [what, query, status, error, message] of cases) {
-        const k = what === 'another tenant' ? other : what === 'the sandbox\'s own token' ? token : key;
+        const k = what === 'another tenant' ? other : what === "the sandbox's own token" ? token : key;
         const answer = await refused(wsUrl(id, query), k);
         assert.equal(answer.status, status, what);
         assert.equal(answer.body.error, error, what);
@@ -151,22 +154,26 @@ if (runtime) {
       assert.equal((await refused(wsUrl(id))).status, 404, 'a destroyed sandbox has no shell');
     });
 
-    test('the shell is the sandbox\'s: its user in /workspace with its files, its own terminal and processes, its seccomp, none of the host', async () => {
+    test("the shell is the sandbox's: its user in /workspace with its files, its own terminal and processes, its seccomp, none of the host", async () => {
       const id = await create();
       await server.request('POST', `/v1/sandboxes/${id}/files`, { key, body: { path: 'notes/todo.txt', content: 'from the files api\n' } });
       const hostFile = path.join(os.tmpdir(), `svc-shell-host-${randomBytes(4).toString('hex')}`);
-      writeFileSync(hostFile, 'the host\'s\n');
+      writeFileSync(hostFile, "the host's\n");
       try {
         const shell = await open(id);
         assert.equal(shell.controls[0].sandbox_id, id);
         assert.match(shell.controls[0].session_id, /^term-[0-9a-f]{24}$/);
         assert.match(shell.controls[0].shell, /^\/bin\/(ba)?sh$/);
-        shell.type('echo "[$(id -un) $(id -u) $PWD $TERM]"; cat notes/todo.txt; ls -l $(tty) | cut -d" " -f1,3; echo "[host: $(cat ' + hostFile + ' 2>&1 | cut -d: -f3)]"; echo "[end-$((2+3))]"\r');
+        shell.type(
+          'echo "[$(id -un) $(id -u) $PWD $TERM]"; cat notes/todo.txt; ls -l $(tty) | cut -d" " -f1,3; echo "[host: $(cat ' +
+            hostFile +
+            ' 2>&1 | cut -d: -f3)]"; echo "[end-$((2+3))]"\r',
+        );
         // What is typed is echoed: wait for what only the output shows.
         await shell.waitFor(/\[end-5\]/);
         assert.match(shell.screen(), /\[nobody 65534 \/workspace xterm-256color\]/);
         assert.match(shell.screen(), /from the files api/);
-        assert.match(shell.screen(), /crw--w---- nobody/, 'the terminal is the sandbox user\'s');
+        assert.match(shell.screen(), /crw--w---- nobody/, "the terminal is the sandbox user's");
         assert.match(shell.screen(), /\[host: {2}No such file or directory\]/);
         // Only the sandbox's processes; new namespaces are refused as for any command.
         shell.type('ps -eo user=,args= | grep -vc "^root .*\\(bwrap\\|supervisor\\)"; unshare -r true 2>/dev/null; echo "[unshare $?]"\r');
@@ -230,7 +237,11 @@ if (runtime) {
       await server.request('DELETE', `/v1/sandboxes/${id}`, { key });
       const events = await sse(`${server.url}/v1/sandboxes/${id}/events`, key);
       const terminal = events.filter((e) => e.event_type === 'terminal');
-      assert.deepEqual(terminal.map((e) => e.data.phase), ['opened', 'closed'], JSON.stringify(events));
+      assert.deepEqual(
+        terminal.map((e) => e.data.phase),
+        ['opened', 'closed'],
+        JSON.stringify(events),
+      );
       assert.equal(terminal[1].data.session_id, session);
       assert.equal(terminal[1].data.reason, 'the client closed the connection');
       assert.ok(terminal[1].data.input_bytes > marker.length);
@@ -249,7 +260,7 @@ if (runtime) {
       await until('nothing of the session left', async () => (await processesOf(id)).length === 0, 40_000);
     });
 
-    test('destroying the sandbox ends its sessions with an error frame; a session\'s timeout ends it too', async () => {
+    test("destroying the sandbox ends its sessions with an error frame; a session's timeout ends it too", async () => {
       const id = await create();
       const [a, b] = await Promise.all([open(id), open(id)]);
       a.type('sleep 1000\r');
@@ -269,7 +280,7 @@ if (runtime) {
       await timed.closed;
     });
 
-    test('the shell ends with its exit code, and a size given at the start and changed later is its terminal\'s', async () => {
+    test("the shell ends with its exit code, and a size given at the start and changed later is its terminal's", async () => {
       const shell = await open(await create(), '?cols=132&rows=43&term=vt100');
       shell.type('echo "[$(stty size) $TERM]"\r');
       await shell.waitFor(/\[43 132 vt100\]/);
@@ -281,7 +292,7 @@ if (runtime) {
       assert.ok(!shell.controls.some((c) => c.type === 'error'));
     });
 
-    test('a flood of output holds the shell while the client does not read, and the server\'s memory stays flat', async () => {
+    test("a flood of output holds the shell while the client does not read, and the server's memory stays flat", async () => {
       const id = await create();
       const shell = await open(id);
       const before = rss();

@@ -51,13 +51,24 @@ if (runtime) {
       assert.equal((await server.request('GET', '/health', { key: null })).status, 200);
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
       const warnings = (await events).filter((e) => e.event_type === 'warning').map((e) => e.data.message);
-      assert.ok(warnings.some((m: string) => /process limit/.test(m)), warnings.join('; '));
-      assert.ok(warnings.some((m: string) => /out of memory/.test(m)), warnings.join('; '));
+      assert.ok(
+        warnings.some((m: string) => /process limit/.test(m)),
+        warnings.join('; '),
+      );
+      assert.ok(
+        warnings.some((m: string) => /out of memory/.test(m)),
+        warnings.join('; '),
+      );
     });
 
     test('another tenant gets 403 on a sandbox id', async () => {
       const sb = await create('basic');
-      for (const [method, p] of [['GET', ''], ['POST', '/commands'], ['GET', '/state'], ['DELETE', '']] as const) {
+      for (const [method, p] of [
+        ['GET', ''],
+        ['POST', '/commands'],
+        ['GET', '/state'],
+        ['DELETE', ''],
+      ] as const) {
         const res = await req(method, `/v1/sandboxes/${sb.id}${p}`, method === 'POST' ? { command: 'true' } : undefined, other);
         assert.equal(res.status, 403, `${method} ${p}`);
       }
@@ -92,11 +103,16 @@ if (runtime) {
     });
 
     test('teardown exports the audit log to the artifact store', async () => {
-      await putSpec(SPEC('exporting', `teardown:
+      await putSpec(
+        SPEC(
+          'exporting',
+          `teardown:
   export:
     - {type: audit_log, to: "runs/{{ run_id }}/{{ scenario_id }}/audit.jsonl"}
     - {type: snapshot, to: "runs/{{ run_id }}/state.json"}
-`));
+`,
+        ),
+      );
       const sb = await create('exporting');
       await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'echo x > x.txt' });
       await req('DELETE', `/v1/sandboxes/${sb.id}`);

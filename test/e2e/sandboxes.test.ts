@@ -65,7 +65,10 @@ if (runtime) {
       assert.equal((await req('GET', `/v1/sandboxes/${sb.id}/files/by-agent.txt`)).status, 404);
 
       const audit = await req('GET', `/v1/sandboxes/${sb.id}/files/.svc/audit.jsonl`);
-      const types = audit.text.trim().split('\n').map((l) => JSON.parse(l).type);
+      const types = audit.text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).type);
       for (const t of ['process_spawn', 'file_write', 'file_read', 'file_delete']) assert.ok(types.includes(t), `audit has ${t}: ${types}`);
 
       const del = await req('DELETE', `/v1/sandboxes/${sb.id}`);
@@ -84,23 +87,53 @@ if (runtime) {
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
       const events = await streaming;
       const steps = events.filter((e) => e.event_type === 'status' && e.data.step).map((e) => e.data.step);
-      assert.deepEqual(steps, ['secrets_resolved', 'container_started', 'services_started', 'fixtures_applied', 'setup_applied', 'network_configured', 'audit_started', 'snapshot_taken', 'ready']);
+      assert.deepEqual(steps, [
+        'secrets_resolved',
+        'container_started',
+        'services_started',
+        'fixtures_applied',
+        'setup_applied',
+        'network_configured',
+        'audit_started',
+        'snapshot_taken',
+        'ready',
+      ]);
       assert.equal(events.find((e) => e.data.step === 'secrets_resolved')!.data.count, 0);
       assert.equal(events.find((e) => e.data.step === 'container_started')!.data.runtime, 'local');
-      assert.ok(events.some((e) => e.event_type === 'warning'), 'the host rootfs fallback is a warning');
-      assert.deepEqual(events.find((e) => e.event_type === 'command')!.data, { command: 'true', exit_code: 0, duration_ms: events.find((e) => e.event_type === 'command')!.data.duration_ms });
+      assert.ok(
+        events.some((e) => e.event_type === 'warning'),
+        'the host rootfs fallback is a warning',
+      );
+      assert.deepEqual(events.find((e) => e.event_type === 'command')!.data, {
+        command: 'true',
+        exit_code: 0,
+        duration_ms: events.find((e) => e.event_type === 'command')!.data.duration_ms,
+      });
       assert.ok(events.some((e) => e.event_type === 'audit' && e.data.type === 'process_spawn'));
-      assert.deepEqual(events[events.length - 1], { id: events[events.length - 1].id, event_type: 'status', data: { state: 'destroyed', reason: 'destroyed' } });
+      assert.deepEqual(events[events.length - 1], {
+        id: events[events.length - 1].id,
+        event_type: 'status',
+        data: { state: 'destroyed', reason: 'destroyed' },
+      });
       const ids = events.map((e) => Number(e.id));
-      assert.deepEqual(ids, [...ids].sort((a, b) => a - b));
+      assert.deepEqual(
+        ids,
+        [...ids].sort((a, b) => a - b),
+      );
       // Resuming with Last-Event-ID gives exactly the rest.
       const rest = await sse(url, key, { 'last-event-id': String(ids[4]) });
-      assert.deepEqual(rest.map((e) => Number(e.id)), ids.slice(5));
+      assert.deepEqual(
+        rest.map((e) => Number(e.id)),
+        ids.slice(5),
+      );
     });
 
     test('setup files, commands and env, secrets from request and dashboard, redacted, and the injected variables', async () => {
       assert.equal((await req('PUT', '/v1/secrets/STORED_TOKEN', { value: 'stored-secret-value' })).status, 200);
-      await putSpec(SPEC('setup', `secrets:
+      await putSpec(
+        SPEC(
+          'setup',
+          `secrets:
   STORED_TOKEN: dashboard
 setup:
   files:
@@ -111,9 +144,14 @@ setup:
     APP_MODE: test
 determinism:
   seed: 42
-`));
+`,
+        ),
+      );
       const sb = await create('setup', { secrets: { REQUEST_TOKEN: 'request-secret-value' } });
-      const out = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'cat config/app.ini built/flag; echo $APP_MODE $SVC_SANDBOX_ID $SVC_RANDOM_SEED; echo $SVC_BASE_URL; echo $SVC_API_KEY | cut -c1-7; echo $STORED_TOKEN $REQUEST_TOKEN' });
+      const out = await req('POST', `/v1/sandboxes/${sb.id}/commands`, {
+        command:
+          'cat config/app.ini built/flag; echo $APP_MODE $SVC_SANDBOX_ID $SVC_RANDOM_SEED; echo $SVC_BASE_URL; echo $SVC_API_KEY | cut -c1-7; echo $STORED_TOKEN $REQUEST_TOKEN',
+      });
       const lines = out.body.stdout.trim().split('\n');
       assert.deepEqual(lines.slice(0, 3), ['debug=1', 'ok', `test ${sb.id} 42`]);
       assert.match(lines[3], /^http:\/\/127\.0\.0\.1:\d+$/);
@@ -143,7 +181,12 @@ determinism:
       assert.equal((await req('GET', `/v1/sandboxes/${a.id}`, undefined, sbKey)).status, 200);
       assert.equal((await req('GET', `/v1/sandboxes/${b.id}`, undefined, sbKey)).status, 403);
       assert.equal((await req('GET', '/v1/traces', undefined, sbKey)).status, 403);
-      const traced = await req('POST', `/v1/sandboxes/${a.id}/trace`, { events: [traceEvent({ tool: 'bash' }), traceEvent({ tool: 'bash', status: 'error' })] }, sbKey);
+      const traced = await req(
+        'POST',
+        `/v1/sandboxes/${a.id}/trace`,
+        { events: [traceEvent({ tool: 'bash' }), traceEvent({ tool: 'bash', status: 'error' })] },
+        sbKey,
+      );
       assert.deepEqual(traced.body, { ingested: 2 });
       const trace = await req('GET', `/v1/sandboxes/${a.id}/trace`, undefined, sbKey);
       assert.equal(trace.body.events.length, 2);
@@ -161,7 +204,12 @@ determinism:
 
     test('secret values are redacted from the traces a sandbox ingests', async () => {
       const sb = await create('basic', { secrets: { API_TOKEN: 'tok-very-secret-1234' } });
-      const event = traceEvent({ tool: 'http', input: 'curl -H "auth: tok-very-secret-1234"', output: 'ok', metadata: { header: 'Bearer tok-very-secret-1234' } });
+      const event = traceEvent({
+        tool: 'http',
+        input: 'curl -H "auth: tok-very-secret-1234"',
+        output: 'ok',
+        metadata: { header: 'Bearer tok-very-secret-1234' },
+      });
       assert.equal((await req('POST', `/v1/sandboxes/${sb.id}/trace`, [event])).status, 200);
       const trace = await req('GET', `/v1/sandboxes/${sb.id}/trace`);
       assert.equal(trace.body.events[0].input, 'curl -H "auth: [REDACTED:API_TOKEN]"');
@@ -181,12 +229,16 @@ determinism:
       assert.match(url, /^http:\/\/127\.0\.0\.1:\d+$/);
       assert.deepEqual(JSON.parse(answer), { ingested: 1 });
       const trace = await req('GET', `/v1/sandboxes/${sb.id}/trace`);
-      assert.deepEqual(trace.body.events.map((e: { tool: string; sandbox_id: string }) => [e.tool, e.sandbox_id]), [['from-inside', sb.id]]);
+      assert.deepEqual(
+        trace.body.events.map((e: { tool: string; sandbox_id: string }) => [e.tool, e.sandbox_id]),
+        [['from-inside', sb.id]],
+      );
       // The service's real address is not reachable from inside: the sandbox has no network.
       const direct = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: `curl -sS -m 2 ${server.url}/health` });
       assert.notEqual(direct.body.exit_code, 0, direct.text);
       await req('DELETE', `/v1/sandboxes/${sb.id}`);
-      const forwarders = () => readdirSync('/proc').filter((pid) => /^\d+$/.test(pid) && (readFileSafe(`/proc/${pid}/cmdline`) ?? '').includes(`${sb.id}/service.sock`));
+      const forwarders = () =>
+        readdirSync('/proc').filter((pid) => /^\d+$/.test(pid) && (readFileSafe(`/proc/${pid}/cmdline`) ?? '').includes(`${sb.id}/service.sock`));
       for (let i = 0; i < 50 && forwarders().length > 0; i++) await new Promise((r) => setTimeout(r, 20));
       assert.deepEqual(forwarders(), [], 'the bridge is gone with its sandbox');
     });
@@ -217,19 +269,29 @@ determinism:
     });
 
     test("the agent's own file activity under watched paths is audited; checkpoints per action; a frozen clock", async () => {
-      await putSpec(SPEC('watched', `audit:
+      await putSpec(
+        SPEC(
+          'watched',
+          `audit:
   file_system: {watch: ["/"], track: [writes, reads, deletes]}
 snapshots:
   checkpoints: per_action
 determinism:
   frozen_time: "2030-06-15T12:00:00Z"
-`));
+`,
+        ),
+      );
       const sb = await create('watched');
-      const out = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'echo hi > note.txt && cat note.txt > /dev/null && rm note.txt; date -u +%Y-%m-%d' });
+      const out = await req('POST', `/v1/sandboxes/${sb.id}/commands`, {
+        command: 'echo hi > note.txt && cat note.txt > /dev/null && rm note.txt; date -u +%Y-%m-%d',
+      });
       assert.equal(out.body.stdout, '2030-06-15\n', 'libfaketime froze the clock');
       const events = sse(`${server.url}/v1/sandboxes/${sb.id}/events`, key);
       await new Promise((r) => setTimeout(r, 500));
-      const audit = (await req('GET', `/v1/sandboxes/${sb.id}/files/.svc/audit.jsonl`)).text.trim().split('\n').map((l) => JSON.parse(l));
+      const audit = (await req('GET', `/v1/sandboxes/${sb.id}/files/.svc/audit.jsonl`)).text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
       const mine = audit.filter((r) => r.details.path === 'note.txt').map((r) => r.type);
       assert.deepEqual([...new Set(mine)].sort(), ['file_delete', 'file_read', 'file_write'], JSON.stringify(audit));
       await req('DELETE', `/v1/sandboxes/${sb.id}`);

@@ -25,7 +25,8 @@ describe('score rules', () => {
   let key: string;
   let other: string;
   const req = (method: string, path: string, body?: unknown, k = key) => server.request(method, path, { key: k, ...(body !== undefined && { body }) });
-  const putSpec = async (yaml: string, k = key) => assert.equal((await server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': 'application/x-yaml' } })).status, 201);
+  const putSpec = async (yaml: string, k = key) =>
+    assert.equal((await server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': 'application/x-yaml' } })).status, 201);
   const rule = async (body: Record<string, unknown>, k = key) => {
     const res = await req('POST', '/v1/score-rules', body, k);
     assert.equal(res.status, 201, res.text);
@@ -41,7 +42,13 @@ describe('score rules', () => {
 
   before(async () => {
     judge = await judgeServer(() => ({ status: judgeState.status, body: judgeAnswer(judgeState.score, 'states the answer') }));
-    server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_JUDGE_URL: judge.url, SVC_JUDGE_MODEL: 'judge-default' });
+    server = await startServer({
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_RATE_LIMIT_READS: '0',
+      SVC_SANDBOX_HOST_ROOTFS: 'true',
+      SVC_JUDGE_URL: judge.url,
+      SVC_JUDGE_MODEL: 'judge-default',
+    });
     key = (await createTenantKey(server, 'acme')).key;
     other = (await createTenantKey(server, 'globex')).key;
     await putSpec(SPEC('checkout'));
@@ -56,7 +63,16 @@ describe('score rules', () => {
     assert.match(judged.id, /^rule_[0-9a-f]+$/);
     assert.deepEqual(
       { ...judged, id: undefined, created_at: undefined },
-      { id: undefined, created_at: undefined, name: 'concise', type: 'llm_as_judge', rubric: 'Is the answer concise?', input: 'agent_output', threshold: 0.6, eval_id: 'checkout' },
+      {
+        id: undefined,
+        created_at: undefined,
+        name: 'concise',
+        type: 'llm_as_judge',
+        rubric: 'Is the answer concise?',
+        input: 'agent_output',
+        threshold: 0.6,
+        eval_id: 'checkout',
+      },
     );
     assert.ok(!Number.isNaN(Date.parse(judged.created_at)));
     const withModel = await rule({ name: 'minimal diff', type: 'llm_as_judge', rubric: 'Minimal?', input: 'diff', threshold: 0.5, model: 'gpt-4o' });
@@ -74,7 +90,10 @@ describe('score rules', () => {
       'oldest first',
     );
     assert.equal(list.body.count, 4);
-    assert.deepEqual((await req('GET', '/v1/score-rules?eval_id=checkout')).body.items.map((r: any) => r.id), [judged.id]);
+    assert.deepEqual(
+      (await req('GET', '/v1/score-rules?eval_id=checkout')).body.items.map((r: any) => r.id),
+      [judged.id],
+    );
     assert.deepEqual((await req('GET', `/v1/score-rules/${fast.id}`)).body, fast);
 
     const deleted = await req('DELETE', `/v1/score-rules/${withModel.id}`);
@@ -95,9 +114,19 @@ describe('score rules', () => {
     await bad('POST', '/v1/score-rules', { name: '', type: 'rescore', colour: 'red' }, 'name', 'colour');
     await bad('POST', '/v1/score-rules', { name: 'x', type: 'rescore', rubric: 'why?' }, 'rubric');
     await bad('POST', '/v1/score-rules', { name: 'x', type: 'llm_as_judge' }, 'rubric', 'threshold');
-    await bad('POST', '/v1/score-rules', { name: 'x', type: 'llm_as_judge', rubric: 'ok?', threshold: 1.5, input: 'file:out.txt', model: '' }, 'threshold', 'input', 'model');
+    await bad(
+      'POST',
+      '/v1/score-rules',
+      { name: 'x', type: 'llm_as_judge', rubric: 'ok?', threshold: 1.5, input: 'file:out.txt', model: '' },
+      'threshold',
+      'input',
+      'model',
+    );
     await bad('POST', '/v1/score-rules', { name: 'x', type: 'llm_as_judge', rubric: 'ok?', threshold: '0.5' }, 'threshold');
-    assert.match(await bad('POST', '/v1/score-rules', { name: 'x', type: 'threshold', condition: 'speed > 3' }, 'condition'), /unknown metric "speed"; one of wall_ms/);
+    assert.match(
+      await bad('POST', '/v1/score-rules', { name: 'x', type: 'threshold', condition: 'speed > 3' }, 'condition'),
+      /unknown metric "speed"; one of wall_ms/,
+    );
     await bad('POST', '/v1/score-rules', { name: 'x', type: 'threshold', condition: 'wall_ms is small' }, 'condition');
     await bad('POST', '/v1/score-rules', { name: 'x', type: 'threshold' }, 'condition');
     await bad('POST', '/v1/score-rules', { name: 'x', type: 'rescore', eval_id: 42 }, 'eval_id');
@@ -121,7 +150,7 @@ describe('score rules', () => {
     assert.equal((await req('DELETE', `/v1/score-rules/${mine.id}`)).status, 200);
   });
 
-  test('POST /v1/experiments/:id/score: 404 unknown, 403 another tenant\'s, 409 not completed, 400 bad body or rules; the score lists check their parameters', async () => {
+  test("POST /v1/experiments/:id/score: 404 unknown, 403 another tenant's, 409 not completed, 400 bad body or rules; the score lists check their parameters", async () => {
     const created = await req('POST', '/v1/experiments', { name: 'not yet', spec_id: 'checkout' });
     assert.equal(created.status, 201, created.text);
     const id = created.body.id as string;
@@ -214,7 +243,11 @@ invariants:
       const queued = await req('POST', `/v1/experiments/${id}/score`, {});
       assert.equal(queued.status, 202, queued.text);
       assert.deepEqual([queued.body.experiment_id, queued.body.runs, queued.body.status], [id, 2, 'queued']);
-      assert.deepEqual(queued.body.rule_ids.sort(), [again.id, fast.id, states.id].sort(), 'every rule of the spec and every global rule, not the other spec\'s');
+      assert.deepEqual(
+        queued.body.rule_ids.sort(),
+        [again.id, fast.id, states.id].sort(),
+        "every rule of the spec and every global rule, not the other spec's",
+      );
       assert.match(queued.body.request_id, /^req_/);
 
       const scores = await until('six score records', async () => {
@@ -265,7 +298,10 @@ invariants:
         assert.match(s.error, /^judge call failed: the judge answered 503/);
       }
       assert.equal((await req('GET', `/v1/experiments/${id}/scores`)).body.count, 6, 'replaced, not added');
-      assert.ok((await runs(id)).every((r: any) => r.verdict === 'pass'), 'no rescore this time: the verdicts stay');
+      assert.ok(
+        (await runs(id)).every((r: any) => r.verdict === 'pass'),
+        'no rescore this time: the verdicts stay',
+      );
       judgeState.status = 200;
 
       // Grades that are all 0 are stored as 0 and false, not as missing.

@@ -36,8 +36,16 @@ if (runtime) {
     after(async () => server?.cleanup());
 
     test('from SVC_BASE_URL, SVC_API_KEY and SVC_SANDBOX_ID alone, its spans and events reach the sandbox trace', async () => {
-      const bundled = await build({ stdin: { contents: AGENT, loader: 'ts', resolveDir: REPO }, bundle: true, platform: 'node', format: 'esm', target: 'node20', write: false });
-      const spec = 'version: 1\nid: sdk-agent\nbase: debian:bookworm\ntask: {prompt: trace}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n';
+      const bundled = await build({
+        stdin: { contents: AGENT, loader: 'ts', resolveDir: REPO },
+        bundle: true,
+        platform: 'node',
+        format: 'esm',
+        target: 'node20',
+        write: false,
+      });
+      const spec =
+        'version: 1\nid: sdk-agent\nbase: debian:bookworm\ntask: {prompt: trace}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n';
       assert.equal((await server.request('POST', '/v1/specs', { key, body: spec, headers: { 'content-type': 'application/x-yaml' } })).status, 201);
       const sb = (await server.request('POST', '/v1/sandboxes', { key, body: { spec_id: 'sdk-agent' } })).body;
       const written = await server.request('POST', `/v1/sandboxes/${sb.id}/files`, { key, body: { path: 'agent.mjs', content: bundled.outputFiles[0].text } });

@@ -15,7 +15,9 @@ import { createClient, SvcError, Tracer, wrapAnthropic, wrapOpenAI, type StoredT
 import { makeBundle, sha256 } from '../helpers/bundles.ts';
 import { createTenantKey, freePort, startServer, type TestServer } from '../helpers/server.ts';
 
-const WEATHER_TOOL_OPENAI = [{ type: 'function' as const, function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+const WEATHER_TOOL_OPENAI = [
+  { type: 'function' as const, function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } },
+];
 const WEATHER_TOOL_ANTHROPIC = [{ name: 'get_weather', input_schema: { type: 'object' as const, properties: { city: { type: 'string' } } } }];
 
 function sse(res: http.ServerResponse, frames: string[]): void {
@@ -30,7 +32,14 @@ function openaiHandler(body: any, res: http.ServerResponse): void {
   const withTools = Array.isArray(body.tools) && body.tools.length > 0;
   if (!body.stream) {
     const message = withTools
-      ? { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }, { id: 'call_2', type: 'function', function: { name: 'get_time', arguments: '{"tz":"CET"}' } }] }
+      ? {
+          role: 'assistant',
+          content: null,
+          tool_calls: [
+            { id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } },
+            { id: 'call_2', type: 'function', function: { name: 'get_time', arguments: '{"tz":"CET"}' } },
+          ],
+        }
       : { role: 'assistant', content: 'Hello there' };
     res.writeHead(200, { 'content-type': 'application/json' });
     res.end(
@@ -40,7 +49,13 @@ function openaiHandler(body: any, res: http.ServerResponse): void {
         created: 1_700_000_000,
         model,
         choices: [{ index: 0, message, finish_reason: withTools ? 'tool_calls' : 'stop', logprobs: null }],
-        usage: { prompt_tokens: 100, completion_tokens: 20, total_tokens: 120, prompt_tokens_details: { cached_tokens: 40 }, completion_tokens_details: { reasoning_tokens: 0 } },
+        usage: {
+          prompt_tokens: 100,
+          completion_tokens: 20,
+          total_tokens: 120,
+          prompt_tokens_details: { cached_tokens: 40 },
+          completion_tokens_details: { reasoning_tokens: 0 },
+        },
       }),
     );
     return;
@@ -48,7 +63,17 @@ function openaiHandler(body: any, res: http.ServerResponse): void {
   const chunk = (choices: unknown[], usage: unknown = null) =>
     `data: ${JSON.stringify({ id: 'chatcmpl-2', object: 'chat.completion.chunk', created: 1_700_000_000, model, choices, usage })}\n\n`;
   sse(res, [
-    chunk([{ index: 0, delta: { role: 'assistant', content: null, tool_calls: [{ index: 0, id: 'call_9', type: 'function', function: { name: 'get_weather', arguments: '' } }] }, finish_reason: null }]),
+    chunk([
+      {
+        index: 0,
+        delta: {
+          role: 'assistant',
+          content: null,
+          tool_calls: [{ index: 0, id: 'call_9', type: 'function', function: { name: 'get_weather', arguments: '' } }],
+        },
+        finish_reason: null,
+      },
+    ]),
     chunk([{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: '{"city":' } }] }, finish_reason: null }]),
     chunk([{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: '"Oslo"}' } }] }, finish_reason: null }]),
     chunk([{ index: 0, delta: {}, finish_reason: 'tool_calls' }]),
@@ -69,7 +94,10 @@ function anthropicHandler(body: any, res: http.ServerResponse): void {
         type: 'message',
         role: 'assistant',
         model,
-        content: [{ type: 'text', text: 'Let me check.' }, ...(withTools ? [{ type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] : [])],
+        content: [
+          { type: 'text', text: 'Let me check.' },
+          ...(withTools ? [{ type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] : []),
+        ],
         stop_reason: withTools ? 'tool_use' : 'end_turn',
         stop_sequence: null,
         usage: { input_tokens: 200, output_tokens: 30, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 },
@@ -79,7 +107,18 @@ function anthropicHandler(body: any, res: http.ServerResponse): void {
   }
   const ev = (type: string, data: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
   sse(res, [
-    ev('message_start', { message: { id: 'msg_2', type: 'message', role: 'assistant', model, content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 200, output_tokens: 1 } } }),
+    ev('message_start', {
+      message: {
+        id: 'msg_2',
+        type: 'message',
+        role: 'assistant',
+        model,
+        content: [],
+        stop_reason: null,
+        stop_sequence: null,
+        usage: { input_tokens: 200, output_tokens: 1 },
+      },
+    }),
     ev('content_block_start', { index: 0, content_block: { type: 'text', text: '' } }),
     ev('ping', {}),
     ev('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'Checking' } }),
@@ -155,7 +194,11 @@ describe('client SDK', () => {
     const client = openai(tracer);
     const plain = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
     assert.equal(plain.choices[0].message.content, 'Hello there', 'the wrapper returns what the client returns');
-    const withTools = await client.chat.completions.create({ model: 'my-local-model', messages: [{ role: 'user', content: 'weather?' }], tools: WEATHER_TOOL_OPENAI });
+    const withTools = await client.chat.completions.create({
+      model: 'my-local-model',
+      messages: [{ role: 'user', content: 'weather?' }],
+      tools: WEATHER_TOOL_OPENAI,
+    });
     assert.equal(withTools.choices[0].message.tool_calls?.length, 2);
     await tracer.shutdown();
 
@@ -193,7 +236,13 @@ describe('client SDK', () => {
   test('wrapped OpenAI, streamed: reported when the stream ends, with usage and tool-call arguments accumulated from chunks', async () => {
     const { tracer, events } = await tenant();
     const client = openai(tracer);
-    const stream = await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'weather?' }], tools: WEATHER_TOOL_OPENAI, stream: true, stream_options: { include_usage: true } });
+    const stream = await client.chat.completions.create({
+      model: 'gpt-4o-mini',
+      messages: [{ role: 'user', content: 'weather?' }],
+      tools: WEATHER_TOOL_OPENAI,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     let chunks = 0;
     for await (const _ of stream) {
       chunks++;
@@ -217,9 +266,20 @@ describe('client SDK', () => {
   test('wrapped Anthropic, plain and streamed: tokens, cost, tool_use under its llm_call', async () => {
     const { tracer, events } = await tenant();
     const client = anthropic(tracer);
-    const message = await client.messages.create({ model: 'claude-sonnet-4-20250514', max_tokens: 100, messages: [{ role: 'user', content: 'weather?' }], tools: WEATHER_TOOL_ANTHROPIC });
+    const message = await client.messages.create({
+      model: 'claude-sonnet-4-20250514',
+      max_tokens: 100,
+      messages: [{ role: 'user', content: 'weather?' }],
+      tools: WEATHER_TOOL_ANTHROPIC,
+    });
     assert.equal(message.content[1].type, 'tool_use');
-    const stream = await client.messages.create({ model: 'claude-sonnet-4-20250514', max_tokens: 100, messages: [{ role: 'user', content: 'weather?' }], tools: WEATHER_TOOL_ANTHROPIC, stream: true });
+    const stream = await client.messages.create({
+      model: 'claude-sonnet-4-20250514',
+      max_tokens: 100,
+      messages: [{ role: 'user', content: 'weather?' }],
+      tools: WEATHER_TOOL_ANTHROPIC,
+      stream: true,
+    });
     const types: string[] = [];
     for await (const event of stream) types.push(event.type);
     assert.equal(types.at(-1), 'message_stop');
@@ -289,7 +349,19 @@ describe('client SDK', () => {
 
   test('a resent batch counts once (client-made event ids)', async () => {
     const { client, events } = await tenant();
-    const batch = [{ event_id: 'evt-fixed-1', ts: new Date().toISOString(), event_type: 'tool_call' as const, tool: 'resent', phase: 'complete' as const, span_id: 'r1', trace_id: 'r1', duration_ms: 1, status: 'ok' as const }];
+    const batch = [
+      {
+        event_id: 'evt-fixed-1',
+        ts: new Date().toISOString(),
+        event_type: 'tool_call' as const,
+        tool: 'resent',
+        phase: 'complete' as const,
+        span_id: 'r1',
+        trace_id: 'r1',
+        duration_ms: 1,
+        status: 'ok' as const,
+      },
+    ];
     assert.deepEqual(await client.traces.ingest(batch), { ingested: 1 });
     await client.traces.ingest(batch);
     assert.equal((await events()).filter((e) => e.tool === 'resent').length, 1);
@@ -346,15 +418,21 @@ describe('client SDK', () => {
     const v1 = await client.agents.upload(bundle, { name: 'coder', entrypoint: ['python', 'main.py'], tag: 'stable' });
     assert.equal(v1.version, 1);
     assert.equal(v1.digest, sha256(bundle));
-    const v2 = await client.agents.upload((async function* () {
-      yield bundle.subarray(0, 10);
-      yield bundle.subarray(10);
-    })(), { name: 'coder', entrypoint: ['python', 'main.py'] });
+    const v2 = await client.agents.upload(
+      (async function* () {
+        yield bundle.subarray(0, 10);
+        yield bundle.subarray(10);
+      })(),
+      { name: 'coder', entrypoint: ['python', 'main.py'] },
+    );
     assert.equal(v2.version, 2, 'a streamed bundle uploads too');
     assert.equal((await client.agents.latest('coder')).version, 2);
     assert.equal((await client.agents.byTag('coder', 'stable')).version, 1);
     assert.equal((await client.agents.version('coder', 1)).id, v1.id);
-    assert.deepEqual((await client.agents.versions('coder')).items.map((s) => s.version), [1, 2]);
+    assert.deepEqual(
+      (await client.agents.versions('coder')).items.map((s) => s.version),
+      [1, 2],
+    );
     assert.equal((await client.agents.list()).items.length, 1);
     assert.equal((await client.agents.snapshot(v1.id)).name, 'coder');
 

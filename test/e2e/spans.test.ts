@@ -28,11 +28,32 @@ describe('spans and trace reads, end to end', () => {
     const at = (ms: number) => new Date(t0 + ms).toISOString();
     await post(acme, [
       traceEvent({ ts: at(0), span_id: 'root-1', phase: 'start', event_type: 'tool_call', tool: 'agent', input: 'task', duration_ms: 0, metadata: { a: '1' } }),
-      traceEvent({ ts: at(10), span_id: 'llm-1', parent_span_id: 'root-1', phase: 'complete', event_type: 'llm_call', tool: 'openai.create', duration_ms: 40, cost: { model: 'gpt-4o', input_tokens: 10, output_tokens: 2 } }),
+      traceEvent({
+        ts: at(10),
+        span_id: 'llm-1',
+        parent_span_id: 'root-1',
+        phase: 'complete',
+        event_type: 'llm_call',
+        tool: 'openai.create',
+        duration_ms: 40,
+        cost: { model: 'gpt-4o', input_tokens: 10, output_tokens: 2 },
+      }),
       traceEvent({ ts: at(20), span_id: 'open-1', parent_span_id: 'root-1', phase: 'start', tool: 'bash' }),
     ]);
     // The end arrives in a later request.
-    await post(acme, [traceEvent({ ts: at(500), span_id: 'root-1', phase: 'end', event_type: 'tool_call', tool: 'agent', output: 'done', duration_ms: 500, status: 'error', metadata: { b: '2' } })]);
+    await post(acme, [
+      traceEvent({
+        ts: at(500),
+        span_id: 'root-1',
+        phase: 'end',
+        event_type: 'tool_call',
+        tool: 'agent',
+        output: 'done',
+        duration_ms: 500,
+        status: 'error',
+        metadata: { b: '2' },
+      }),
+    ]);
     const res = await get(acme, '/v1/traces/root-1');
     assert.equal(res.status, 200, res.text);
     assert.equal(res.body.count, 3);
@@ -76,7 +97,10 @@ describe('spans and trace reads, end to end', () => {
     const spans = await get(acme, '/v1/spans?trace_id=chain-root');
     assert.equal(spans.body.count, 4);
     // An explicit trace id is kept, and its root is the parentless span.
-    await post(acme, [traceEvent({ span_id: 'otel-root', trace_id: 'T-1' }), traceEvent({ span_id: 'otel-kid', parent_span_id: 'otel-root', trace_id: 'T-1' })]);
+    await post(acme, [
+      traceEvent({ span_id: 'otel-root', trace_id: 'T-1' }),
+      traceEvent({ span_id: 'otel-kid', parent_span_id: 'otel-root', trace_id: 'T-1' }),
+    ]);
     const otel = await get(acme, '/v1/traces/T-1');
     assert.equal(otel.body.count, 2);
     for (const s of otel.body.items) assert.deepEqual([s.trace_id, s.root_span_id], ['T-1', 'otel-root']);
@@ -108,7 +132,9 @@ describe('spans and trace reads, end to end', () => {
 
   test('walking every page yields every span once while new events arrive; NDJSON streams them all', async () => {
     const base = Date.now() - 60_000;
-    const events = Array.from({ length: 25 }, (_, i) => traceEvent({ ts: new Date(base + i).toISOString(), span_id: `w-${i}`, tool: 'walk', phase: i % 2 ? 'start' : 'complete' }));
+    const events = Array.from({ length: 25 }, (_, i) =>
+      traceEvent({ ts: new Date(base + i).toISOString(), span_id: `w-${i}`, tool: 'walk', phase: i % 2 ? 'start' : 'complete' }),
+    );
     await post(acme, events);
     const seen: string[] = [];
     let cursor: string | undefined;
@@ -128,7 +154,10 @@ describe('spans and trace reads, end to end', () => {
     const nd = await get(acme, '/v1/spans?tool=walk', { accept: 'application/x-ndjson' });
     assert.equal(nd.status, 200);
     assert.match(nd.headers.get('content-type') ?? '', /application\/x-ndjson/);
-    const lines = nd.text.trim().split('\n').map((l) => JSON.parse(l));
+    const lines = nd.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     assert.equal(lines.length, 25 + round);
     assert.equal(lines.filter((s) => s.status === 'in_progress').length, 12 - Math.min(round, 12));
     const limited = await get(acme, '/v1/traces/root-1?format=ndjson&limit=2');
@@ -165,7 +194,10 @@ describe('spans and trace reads, end to end', () => {
     assert.equal((await get(globex, '/v1/spans?root_span_id=otel-root')).body.count, 0);
     await post(globex, [traceEvent({ span_id: 'root-1', tool: 'globex-tool' })]);
     const mine = await get(globex, '/v1/traces/root-1');
-    assert.deepEqual(mine.body.items.map((s: any) => s.tool), ['globex-tool']);
+    assert.deepEqual(
+      mine.body.items.map((s: any) => s.tool),
+      ['globex-tool'],
+    );
     const theirs = await get(acme, '/v1/spans?tool=globex-tool');
     assert.equal(theirs.body.count, 0);
     assert.equal((await get(acme, '/v1/traces/unknown-trace')).status, 404);
@@ -176,7 +208,11 @@ describe('spans and trace reads, end to end', () => {
     for (let i = 0; i < 2; i++) assert.equal((await uploadAgent(server, acme, { name: 'helper', entrypoint: ['sh', 'run.sh'] }, bundle)).status, 201);
     const res = await get(acme, '/v1/agents/helper/traces');
     assert.equal(res.status, 200, res.text);
-    assert.deepEqual(res.body, { items: [], count: 0, metrics: { total_tool_calls: 0, tool_success_rate: 1, p50_duration_ms: 0, p95_duration_ms: 0, tool_breakdown: {} } });
+    assert.deepEqual(res.body, {
+      items: [],
+      count: 0,
+      metrics: { total_tool_calls: 0, tool_success_rate: 1, p50_duration_ms: 0, p95_duration_ms: 0, tool_breakdown: {} },
+    });
     assert.equal((await get(acme, '/v1/agents/helper/traces?version=2&limit=5')).status, 200);
     assert.equal((await get(acme, '/v1/agents/helper/traces?version=3')).status, 404);
     for (const q of ['version=abc', 'version=0', 'limit=1001', 'nope=1']) assert.equal((await get(acme, `/v1/agents/helper/traces?${q}`)).status, 400, q);
@@ -194,7 +230,8 @@ if (runtime) {
     let key: string;
     const req = (method: string, p: string, body?: unknown, headers?: Record<string, string>) => server.request(method, p, { key, body, headers });
     // Hands its sandbox token to the test, waits for the go, then succeeds.
-    const script = 'echo "$SVC_API_KEY" > "$SVC_WORKSPACE/token.txt"; i=0; while [ ! -f "$SVC_WORKSPACE/go.txt" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done';
+    const script =
+      'echo "$SVC_API_KEY" > "$SVC_WORKSPACE/token.txt"; i=0; while [ ! -f "$SVC_WORKSPACE/go.txt" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done';
 
     before(async () => {
       server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });

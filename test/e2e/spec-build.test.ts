@@ -33,12 +33,23 @@ describe('a spec built from its Dockerfile', { skip: runtime === null || !exists
 
   const dockerfile = (run: string) => `build:\n  dockerfile: |\n    FROM ${registry.host}/shell:1\n    ${run}\n`;
 
-  test('base is built at boot (its RUN over the FROM image) and booted; a second sandbox boots from the cached steps; the image\'s ENV reaches its commands', { timeout: 120_000 }, async () => {
-    await storeSpec(server, key, SPEC('built', dockerfile('RUN echo built > /etc/built\n    ENV GREETING=hello PATH=/opt/tool/bin:/usr/bin:/bin')).replace('base: debian:bookworm', 'base: tools/built:1'));
+  test("base is built at boot (its RUN over the FROM image) and booted; a second sandbox boots from the cached steps; the image's ENV reaches its commands", {
+    timeout: 120_000,
+  }, async () => {
+    await storeSpec(
+      server,
+      key,
+      SPEC('built', dockerfile('RUN echo built > /etc/built\n    ENV GREETING=hello PATH=/opt/tool/bin:/usr/bin:/bin')).replace(
+        'base: debian:bookworm',
+        'base: tools/built:1',
+      ),
+    );
     for (const round of [1, 2]) {
       const box = await req('POST', '/v1/sandboxes', { spec_id: 'built' });
       assert.equal(box.status, 201, box.text);
-      const ran = await req('POST', `/v1/sandboxes/${box.body.id}/commands`, { command: 'read line < /etc/built; echo "$line"; read line < /etc/base-only; echo "$line"; echo "$GREETING $PATH"' });
+      const ran = await req('POST', `/v1/sandboxes/${box.body.id}/commands`, {
+        command: 'read line < /etc/built; echo "$line"; read line < /etc/base-only; echo "$line"; echo "$GREETING $PATH"',
+      });
       assert.equal(ran.body.stdout, 'built\nfrom the base\nhello /opt/tool/bin:/usr/bin:/bin\n', `round ${round}: ${ran.text}`);
       await req('DELETE', `/v1/sandboxes/${box.body.id}`);
     }

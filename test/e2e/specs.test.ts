@@ -11,14 +11,16 @@ import { Ajv } from 'ajv';
 import { parse as parseYaml } from 'yaml';
 import { createTenantKey, REPO, startServer, type TestServer } from '../helpers/server.ts';
 
-const MINIMAL = (id: string, extra = '') => `version: 1\nid: ${id}\nbase: debian:bookworm\ntask: {prompt: go}\ninvariants:\n  ok: {check: {type: file_exists, path: out.txt}}\n${extra}`;
+const MINIMAL = (id: string, extra = '') =>
+  `version: 1\nid: ${id}\nbase: debian:bookworm\ntask: {prompt: go}\ninvariants:\n  ok: {check: {type: file_exists, path: out.txt}}\n${extra}`;
 
 describe('specs', () => {
   let server: TestServer;
   let key: string;
   let other: string;
   let full: string;
-  const put = (yaml: string, k = key, type = 'application/x-yaml') => server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': type } });
+  const put = (yaml: string, k = key, type = 'application/x-yaml') =>
+    server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': type } });
   const get = (p: string, k = key) => server.request('GET', p, { key: k });
 
   before(async () => {
@@ -31,7 +33,28 @@ describe('specs', () => {
 
   test('a document using every block round-trips: record, parsed document and original YAML', async () => {
     const parsed = parseYaml(full) as Record<string, unknown>;
-    for (const block of ['version', 'id', 'base', 'task', 'agent', 'services', 'fixtures', 'setup', 'secrets', 'network', 'audit', 'invariants', 'forbidden', 'scoring', 'parallelism', 'determinism', 'resources', 'snapshots', 'teardown', 'alerts']) {
+    for (const block of [
+      'version',
+      'id',
+      'base',
+      'task',
+      'agent',
+      'services',
+      'fixtures',
+      'setup',
+      'secrets',
+      'network',
+      'audit',
+      'invariants',
+      'forbidden',
+      'scoring',
+      'parallelism',
+      'determinism',
+      'resources',
+      'snapshots',
+      'teardown',
+      'alerts',
+    ]) {
       assert.ok(block in parsed, `the documented example uses ${block}`);
     }
     const res = await put(full);
@@ -88,7 +111,10 @@ describe('specs', () => {
       [MINIMAL('x', 'network: {egress: {allow: ["bad host!"]}}\n'), /network\.egress\.allow\[0\]: /],
       [MINIMAL('x', 'parallelism: {matrix: [1, 2]}\n'), /parallelism\.matrix\[0\]: /],
       [MINIMAL('x', 'parallelism: {matrix: {a: 1}}\n'), /parallelism\.matrix: /],
-      [MINIMAL('x').replace('{check: {type: file_exists, path: out.txt}}', '{check: {type: file_exists, path: out.txt}, weight: 500}'), /invariants\.ok\.weight: /],
+      [
+        MINIMAL('x').replace('{check: {type: file_exists, path: out.txt}}', '{check: {type: file_exists, path: out.txt}, weight: 500}'),
+        /invariants\.ok\.weight: /,
+      ],
       [MINIMAL('x', 'agent: {type: snapshot, snapshot: coder, tag: v1}\n'), /agent\.tag: /],
       [MINIMAL('x', 'surprise: true\n'), /surprise: unknown field/],
     ];
@@ -99,7 +125,8 @@ describe('specs', () => {
       assert.match(res.body.message, message, yaml);
     }
     const many = await put(MINIMAL('x', 'resources: {timeout: soon, memory: lots}\nscoring: {pass_threshold: 2}\n'));
-    for (const field of ['resources.timeout', 'resources.memory', 'scoring.pass_threshold']) assert.ok(many.body.message.includes(`${field}: `), many.body.message);
+    for (const field of ['resources.timeout', 'resources.memory', 'scoring.pass_threshold'])
+      assert.ok(many.body.message.includes(`${field}: `), many.body.message);
   });
 
   test('the body must be YAML: other media types are 415, an empty body 400', async () => {

@@ -206,7 +206,11 @@ describe('the SQL endpoint, end to end', () => {
     const bad = await get('query=SELECT%201', { authorization: basic('default', 'not-the-key-0123456789') });
     assert.equal(bad.status, 401);
     assert.match(bad.text, /^Code: 516\. DB::Exception: .*\(AUTHENTICATION_FAILED\)/);
-    const tenantStyles: Array<Record<string, string>> = [{ authorization: basic('default', tenantKey) }, { authorization: `Bearer ${tenantKey}` }, { 'x-clickhouse-user': 'default', 'x-clickhouse-key': tenantKey }];
+    const tenantStyles: Array<Record<string, string>> = [
+      { authorization: basic('default', tenantKey) },
+      { authorization: `Bearer ${tenantKey}` },
+      { 'x-clickhouse-user': 'default', 'x-clickhouse-key': tenantKey },
+    ];
     for (const headers of tenantStyles) {
       const res = await get('query=SELECT%201', headers);
       assert.equal(res.status, 403, JSON.stringify(headers));
@@ -239,7 +243,10 @@ describe('the SQL endpoint, end to end', () => {
     const sb = await server.request('POST', '/v1/sandboxes', { key: tenantKey, body: { spec_id: 'sql-probe' } });
     assert.equal(sb.status, 201, sb.text);
     try {
-      const out = await server.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, { key: tenantKey, body: { command: 'printf %s "$SVC_API_KEY" | base64' } });
+      const out = await server.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, {
+        key: tenantKey,
+        body: { command: 'printf %s "$SVC_API_KEY" | base64' },
+      });
       const token = Buffer.from(out.body.stdout, 'base64').toString();
       assert.match(token, /^svc_sb_/);
       for (const headers of [{ authorization: `Bearer ${token}` }, { authorization: basic('default', token) }] as Array<Record<string, string>>) {
@@ -325,7 +332,10 @@ describe('the SQL endpoint, end to end', () => {
     const full = await post(`${sql} FORMAT JSON`);
     assert.equal(full.headers.get('x-clickhouse-format'), 'JSON');
     const doc = JSON.parse(full.text);
-    assert.deepEqual(doc.meta.map((m: { name: string }) => m.name), ['n', 's', 'a', 'm']);
+    assert.deepEqual(
+      doc.meta.map((m: { name: string }) => m.name),
+      ['n', 's', 'a', 'm'],
+    );
     assert.equal(doc.rows, 3);
     // Binary formats: the engine's bytes, untouched.
     const dir = mkdtempSync(join(tmpdir(), 'svc-sql-chdb-'));
@@ -374,7 +384,10 @@ describe('the SQL endpoint, end to end', () => {
     const joined = await post('number > 0', 'query=SELECT%20number%20FROM%20numbers(3)%20WHERE');
     assert.equal(joined.status, 200, joined.text);
     assert.equal(joined.text, '1\n2\n');
-    const bound = await post('SELECT {x:UInt32} + 1 AS y, {arr:Array(String)} AS a, {s:String} AS s FORMAT JSONEachRow', `param_x=41&param_arr=${encodeURIComponent("['a','b']")}&param_s=${encodeURIComponent("it's")}`);
+    const bound = await post(
+      'SELECT {x:UInt32} + 1 AS y, {arr:Array(String)} AS a, {s:String} AS s FORMAT JSONEachRow',
+      `param_x=41&param_arr=${encodeURIComponent("['a','b']")}&param_s=${encodeURIComponent("it's")}`,
+    );
     assert.equal(bound.status, 200, bound.text);
     assert.deepEqual(JSON.parse(bound.text), { y: '42', a: ['a', 'b'], s: "it's" });
     const missing = await post('SELECT {x:UInt32}');
@@ -448,7 +461,7 @@ describe('the SQL endpoint, end to end', () => {
       ['SELECT * FROM no_such_table', 404, /^Code: 60\. .*\(UNKNOWN_TABLE\)/],
       ['SELECT no_such_function(1)', 404, /^Code: 46\./],
       ['SELECT 1 FORMAT NoSuchFormat', 404, /\(UNKNOWN_FORMAT\)/],
-      ['SELECT toUInt8(\'x\')', 400, /^Code: \d+\./],
+      ["SELECT toUInt8('x')", 400, /^Code: \d+\./],
       ['\u0000\u0001binary', 400, /^Code: 62\./],
     ];
     for (const [sql, status, message] of cases) {
@@ -469,7 +482,13 @@ describe('the SQL endpoint, end to end', () => {
   });
 
   test('@clickhouse/client connects with url and pathname and queries the tables', async () => {
-    const client = createClient({ url: server.url, pathname: '/v1/admin/sql', username: 'default', password: ADMIN_KEY, log: { level: ClickHouseLogLevel.OFF } });
+    const client = createClient({
+      url: server.url,
+      pathname: '/v1/admin/sql',
+      username: 'default',
+      password: ADMIN_KEY,
+      log: { level: ClickHouseLogLevel.OFF },
+    });
     try {
       assert.equal((await client.ping()).success, true);
       const rows = await (
@@ -483,10 +502,26 @@ describe('the SQL endpoint, end to end', () => {
       assert.equal(rows[0].TenantId, 'acme');
       assert.ok(Number(rows[0].n) >= 1);
       const tables = await (await client.query({ query: 'SHOW TABLES', format: 'JSONEachRow' })).json<{ name: string }>();
-      for (const t of ['trace_events', 'otel_traces', 'otel_traces_trace_id_ts', 'sandboxes', 'experiments', 'run_scores', 'scores', 'agent_snapshots', 'dead_letters']) {
-        assert.ok(tables.some((r) => r.name === t), `${t} is listed`);
+      for (const t of [
+        'trace_events',
+        'otel_traces',
+        'otel_traces_trace_id_ts',
+        'sandboxes',
+        'experiments',
+        'run_scores',
+        'scores',
+        'agent_snapshots',
+        'dead_letters',
+      ]) {
+        assert.ok(
+          tables.some((r) => r.name === t),
+          `${t} is listed`,
+        );
       }
-      await assert.rejects(client.command({ query: 'DROP TABLE trace_events' }), (err: Error & { code?: string; type?: string }) => err.code === '164' && err.type === 'READONLY');
+      await assert.rejects(
+        client.command({ query: 'DROP TABLE trace_events' }),
+        (err: Error & { code?: string; type?: string }) => err.code === '164' && err.type === 'READONLY',
+      );
       await assert.rejects(client.query({ query: 'SELECT * FROM nope', format: 'JSONEachRow' }), (err: Error & { code?: string }) => err.code === '60');
     } finally {
       await client.close();
@@ -502,8 +537,27 @@ describe('the SQL endpoint, end to end', () => {
       body: {
         events: [
           traceEvent({ trace_id: trace, span_id: 'root', ts: at(0), phase: 'start', tool: 'agent', duration_ms: 0, metadata: { task: 'fix' } }),
-          traceEvent({ trace_id: trace, span_id: 'llm', parent_span_id: 'root', ts: at(10), phase: 'complete', event_type: 'llm_call', tool: 'openai.create', duration_ms: 40, metadata: { model: 'gpt-4o' } }),
-          traceEvent({ trace_id: trace, span_id: 'bash', parent_span_id: 'root', ts: at(60), phase: 'complete', tool: 'bash', duration_ms: 25, status: 'error' }),
+          traceEvent({
+            trace_id: trace,
+            span_id: 'llm',
+            parent_span_id: 'root',
+            ts: at(10),
+            phase: 'complete',
+            event_type: 'llm_call',
+            tool: 'openai.create',
+            duration_ms: 40,
+            metadata: { model: 'gpt-4o' },
+          }),
+          traceEvent({
+            trace_id: trace,
+            span_id: 'bash',
+            parent_span_id: 'root',
+            ts: at(60),
+            phase: 'complete',
+            tool: 'bash',
+            duration_ms: 25,
+            status: 'error',
+          }),
           traceEvent({ trace_id: trace, span_id: 'open', parent_span_id: 'bash', ts: at(70), phase: 'start', tool: 'grep', duration_ms: 0 }),
           // another trace: not in the result
           traceEvent({ trace_id: 'other', span_id: 'x', ts: at(5) }),
@@ -511,7 +565,23 @@ describe('the SQL endpoint, end to end', () => {
       },
     });
     assert.equal(res.status, 200, res.text);
-    const end = await server.request('POST', '/v1/traces', { key: tenantKey, body: { events: [traceEvent({ trace_id: trace, span_id: 'root', ts: at(500), phase: 'end', tool: 'agent', duration_ms: 500, status: 'ok', metadata: { outcome: 'done' } })] } });
+    const end = await server.request('POST', '/v1/traces', {
+      key: tenantKey,
+      body: {
+        events: [
+          traceEvent({
+            trace_id: trace,
+            span_id: 'root',
+            ts: at(500),
+            phase: 'end',
+            tool: 'agent',
+            duration_ms: 500,
+            status: 'ok',
+            metadata: { outcome: 'done' },
+          }),
+        ],
+      },
+    });
     assert.equal(end.status, 200, end.text);
 
     // clickhouse-go (conn_http.go): POST to the path with default_format=Native and
@@ -520,7 +590,11 @@ describe('the SQL endpoint, end to end', () => {
     const goRequest = async (sql: string) => {
       const r = await fetch(`${sqlUrl()}?database=default&default_format=Native&client_protocol_version=${CLICKHOUSE_GO_REVISION}`, {
         method: 'POST',
-        headers: { authorization: basic('default', ADMIN_KEY), 'accept-encoding': 'gzip', 'user-agent': 'clickhouse-go/2 (lv:go/1.24; os:linux) grafana-datasource' },
+        headers: {
+          authorization: basic('default', ADMIN_KEY),
+          'accept-encoding': 'gzip',
+          'user-agent': 'clickhouse-go/2 (lv:go/1.24; os:linux) grafana-datasource',
+        },
         body: sql,
       });
       const body = Buffer.from(await r.arrayBuffer());
@@ -536,7 +610,18 @@ describe('the SQL endpoint, end to end', () => {
     assert.deepEqual(ping.names, ['1']);
 
     const native = decodeNative(await goRequest(GRAFANA_TRACE_QUERY), revision);
-    assert.deepEqual(native.names, ['traceID', 'spanID', 'parentSpanID', 'serviceName', 'operationName', 'startTime', 'duration', 'tags', 'serviceTags', 'statusCode']);
+    assert.deepEqual(native.names, [
+      'traceID',
+      'spanID',
+      'parentSpanID',
+      'serviceName',
+      'operationName',
+      'startTime',
+      'duration',
+      'tags',
+      'serviceTags',
+      'statusCode',
+    ]);
     const bySpan = Object.fromEntries(native.rows.map((r) => [r.spanID, r]));
     assert.deepEqual(Object.keys(bySpan).sort(), ['bash', 'llm', 'open', 'root']);
     const tags = (pairs: Record<string, string>) => Object.entries(pairs).map(([key, value]) => ({ key, value }));
@@ -586,14 +671,16 @@ describe("analyst queries on libuv's default pool (a process started without bin
   });
   after(async () => server?.cleanup());
 
-  test('as many analyst queries as may run at once (4, the pool\'s threads) do not hold up the log: a durable ingest is answered while they sleep', async () => {
+  test("as many analyst queries as may run at once (4, the pool's threads) do not hold up the log: a durable ingest is answered while they sleep", async () => {
     const key = (await createTenantKey(server, 'acme')).key;
     const settled: string[] = [];
     const sleeping = Array.from({ length: 4 }, (_, i) =>
-      fetch(`${server.url}/v1/admin/sql/`, { method: 'POST', headers: { authorization: basic('default', ADMIN_KEY) }, body: 'SELECT sleep(3)' }).then(async (res) => {
-        settled.push(`query ${i}: ${res.status}`);
-        return res.text();
-      }),
+      fetch(`${server.url}/v1/admin/sql/`, { method: 'POST', headers: { authorization: basic('default', ADMIN_KEY) }, body: 'SELECT sleep(3)' }).then(
+        async (res) => {
+          settled.push(`query ${i}: ${res.status}`);
+          return res.text();
+        },
+      ),
     );
     await new Promise((resolve) => setTimeout(resolve, 500)); // the four are in the engine or queued for it
     // Answered once the log holds the events: needs the file system (append, fsync), not the engine.
@@ -601,15 +688,25 @@ describe("analyst queries on libuv's default pool (a process started without bin
     settled.push(`ingest: ${ingest.status}`);
     await Promise.all(sleeping);
     assert.equal(settled[0], 'ingest: 202', `the durable ingest waited behind the analysts' queries: ${settled.join(', ')}`);
-    assert.deepEqual(settled.slice(1).map((s) => s.replace(/^query \d/, 'query')), ['query: 200', 'query: 200', 'query: 200', 'query: 200']);
+    assert.deepEqual(
+      settled.slice(1).map((s) => s.replace(/^query \d/, 'query')),
+      ['query: 200', 'query: 200', 'query: 200', 'query: 200'],
+    );
   });
 });
 
 describe('the SQL path proxied to a ClickHouse server (SVC_STORE=clickhouse)', () => {
   const url = process.env.SVC_TEST_CLICKHOUSE_URL;
-  test('the engine bytes in the asked format, readonly and the limits enforced by the server', { skip: url ? false : 'SVC_TEST_CLICKHOUSE_URL is unset (npm test starts a ClickHouse server)' }, async () => {
+  test('the engine bytes in the asked format, readonly and the limits enforced by the server', {
+    skip: url ? false : 'SVC_TEST_CLICKHOUSE_URL is unset (npm test starts a ClickHouse server)',
+  }, async () => {
     const store = new ClickHouseStore({ url: url! });
-    const enforced: Array<[string, string]> = [['readonly', '1'], ['max_execution_time', '2'], ['max_memory_usage', '200000000'], ['max_result_bytes', '1000000']];
+    const enforced: Array<[string, string]> = [
+      ['readonly', '1'],
+      ['max_execution_time', '2'],
+      ['max_memory_usage', '200000000'],
+      ['max_result_bytes', '1000000'],
+    ];
     const run = (sql: string, format = 'TabSeparated', extra: Array<[string, string]> = []) =>
       store.rawQuery({ sql, format, settings: [...extra, ...enforced], params: {}, queryId: `q-${Math.random()}` });
     try {
@@ -617,14 +714,27 @@ describe('the SQL path proxied to a ClickHouse server (SVC_STORE=clickhouse)', (
       assert.equal(Buffer.from((await run('SELECT 1 AS x FORMAT JSONEachRow', 'TabSeparated')).bytes).toString(), '{"x":1}\n');
       const native = Buffer.from((await run('SELECT 1 AS x', 'Native')).bytes);
       assert.deepEqual(decodeNative(native, 0).rows, [{ x: 1 }]);
-      assert.equal(Buffer.from((await run("SELECT name, value FROM system.settings WHERE name IN ('readonly', 'max_threads') ORDER BY name", 'TabSeparated', [['max_threads', '1']])).bytes).toString(), 'max_threads\t1\nreadonly\t1\n');
+      assert.equal(
+        Buffer.from(
+          (await run("SELECT name, value FROM system.settings WHERE name IN ('readonly', 'max_threads') ORDER BY name", 'TabSeparated', [['max_threads', '1']]))
+            .bytes,
+        ).toString(),
+        'max_threads\t1\nreadonly\t1\n',
+      );
       for (const sql of ['CREATE TABLE sql_probe (a UInt8) ENGINE = Memory', 'SELECT 1 SETTINGS readonly = 0', 'SELECT 1 SETTINGS max_execution_time = 1000']) {
-        await assert.rejects(run(sql), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 164 && /^Code: 164\. DB::Exception: /.test(err.message), sql);
+        await assert.rejects(
+          run(sql),
+          (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 164 && /^Code: 164\. DB::Exception: /.test(err.message),
+          sql,
+        );
       }
       await assert.rejects(run('SELECT count() FROM system.numbers'), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 159);
       await assert.rejects(run('SELECT * FROM nope'), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 60);
       await assert.rejects(run('SELECT no_such_function()'), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 46);
-      await assert.rejects(store.rawQuery({ sql: 'SELECT 1', format: 'TabSeparated', settings: enforced, params: {}, queryId: 'q', database: 'another_db' }), (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 81);
+      await assert.rejects(
+        store.rawQuery({ sql: 'SELECT 1', format: 'TabSeparated', settings: enforced, params: {}, queryId: 'q', database: 'another_db' }),
+        (err: unknown) => err instanceof StoreQueryError && err.clickhouseCode === 81,
+      );
     } finally {
       await store.close();
     }

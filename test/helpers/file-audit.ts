@@ -37,5 +37,7 @@ export async function sandboxFileRecords(
   assert.equal(audit.status, 200, audit.text);
   const warnings = audit.body.items.filter((i: any) => i.type === 'warning' && !options.tolerated.test(i.details.message));
   assert.deepEqual(warnings, [], `no capture was degraded: ${JSON.stringify(warnings)}`);
-  return audit.body.items.filter((i: any) => i.type !== 'warning').map((i: any) => [i.type, i.details.path, ...(i.details.found_by ? [i.details.found_by] : [])]);
+  return audit.body.items
+    .filter((i: any) => i.type !== 'warning')
+    .map((i: any) => [i.type, i.details.path, ...(i.details.found_by ? [i.details.found_by] : [])]);
 }

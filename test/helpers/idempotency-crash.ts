@@ -19,10 +19,17 @@ const BATCH = 300;
 
 /** Rows of `trace_events` through the SQL endpoint (admin key). */
 async function sql(server: TestServer, query: string): Promise<Array<Record<string, unknown>>> {
-  const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: query });
+  const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${ADMIN_KEY}` },
+    body: query,
+  });
   const text = await res.text();
   assert.equal(res.status, 200, text);
-  return text.split('\n').filter(Boolean).map((line) => JSON.parse(line));
+  return text
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => JSON.parse(line));
 }
 
 async function waitForOutput(server: TestServer, pattern: RegExp, ms = 30_000): Promise<void> {
@@ -111,7 +118,9 @@ export function crashDrill(name: string, env: Record<string, string>, cases: Cra
 
     caseOf('specs', 'kill -9 between storing a spec version and the recorded response, then the retry: one new version', async () => {
       const spec = `crash-version-${randomBytes(4).toString('hex')}`;
-      const retry = await crashAndRetry(() => server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml', 'idempotency-key': `spec-${spec}` } }));
+      const retry = await crashAndRetry(() =>
+        server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml', 'idempotency-key': `spec-${spec}` } }),
+      );
       assert.equal(retry.status, 201, retry.text);
       assert.equal(retry.body.version, 1);
       assert.equal((await server.request('GET', `/v1/specs/${spec}`, { key })).body.version, 1);
@@ -121,29 +130,55 @@ export function crashDrill(name: string, env: Record<string, string>, cases: Cra
     caseOf('agents', 'kill -9 between storing an agent snapshot and the recorded response, then the retry: one new version', async () => {
       const name = `crash-agent-${randomBytes(4).toString('hex')}`;
       const bundle = await makeBundle({ 'run.sh': '#!/bin/sh\necho hi\n' });
-      const retry = await crashAndRetry(() => uploadAgent(server, key, { name, entrypoint: ['sh', 'run.sh'] }, bundle, { 'idempotency-key': `agent-${name}` }) as Promise<{ status: number; body: any; text: string }>);
+      const retry = await crashAndRetry(
+        () =>
+          uploadAgent(server, key, { name, entrypoint: ['sh', 'run.sh'] }, bundle, { 'idempotency-key': `agent-${name}` }) as Promise<{
+            status: number;
+            body: any;
+            text: string;
+          }>,
+      );
       assert.equal(retry.status, 201, JSON.stringify(retry.body));
       assert.equal(retry.body.version, 1);
       const versions = await server.request('GET', `/v1/agents/${name}/versions`, { key });
       assert.equal(versions.status, 200, versions.text);
-      assert.deepEqual((versions.body.items ?? versions.body).map((v: any) => v.version), [1], 'one version, the one the first try stored');
+      assert.deepEqual(
+        (versions.body.items ?? versions.body).map((v: any) => v.version),
+        [1],
+        'one version, the one the first try stored',
+      );
     });
 
     caseOf('keys-and-rules', 'kill -9 between making an API key or a score rule and the recorded response: no second one', async () => {
       const name = `crash-key-${randomBytes(4).toString('hex')}`;
-      const keyRetry = await crashAndRetry(() => server.request('POST', '/v1/admin/keys', { body: { tenant: 'acme', name }, headers: { 'idempotency-key': name } }));
+      const keyRetry = await crashAndRetry(() =>
+        server.request('POST', '/v1/admin/keys', { body: { tenant: 'acme', name }, headers: { 'idempotency-key': name } }),
+      );
       // Its secret was in the lost answer: the retry says which key to rotate instead of making another.
       assert.equal(keyRetry.status, 409, keyRetry.text);
       const made = /the key this request made, (key_[0-9a-f]{16}), exists/.exec(keyRetry.body.message);
       assert.ok(made, keyRetry.body.message);
       const keys = (await server.request('GET', '/v1/admin/keys?tenant=acme')).body.items.filter((k: any) => k.name === name);
-      assert.deepEqual(keys.map((k: any) => k.id), [made[1]]);
+      assert.deepEqual(
+        keys.map((k: any) => k.id),
+        [made[1]],
+      );
 
       const rule = `crash-rule-${randomBytes(4).toString('hex')}`;
-      const ruleRetry = await crashAndRetry(() => server.request('POST', '/v1/score-rules', { key, body: { name: rule, type: 'threshold', condition: 'wall_ms < 60000' }, headers: { 'idempotency-key': rule } }));
+      const ruleRetry = await crashAndRetry(() =>
+        server.request('POST', '/v1/score-rules', {
+          key,
+          body: { name: rule, type: 'threshold', condition: 'wall_ms < 60000' },
+          headers: { 'idempotency-key': rule },
+        }),
+      );
       assert.equal(ruleRetry.status, 201, ruleRetry.text);
       const rules = (await server.request('GET', '/v1/score-rules', { key })).body.items.filter((r: any) => r.name === rule);
-      assert.deepEqual(rules.map((r: any) => r.id), [ruleRetry.body.id], 'one rule, the one the first try made');
+      assert.deepEqual(
+        rules.map((r: any) => r.id),
+        [ruleRetry.body.id],
+        'one rule, the one the first try made',
+      );
     });
 
     caseOf('experiments', 'kill -9 between making an experiment and the recorded response, then the retry: the same experiment, once', async () => {
@@ -151,7 +186,9 @@ export function crashDrill(name: string, env: Record<string, string>, cases: Cra
       const put = await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } });
       assert.equal(put.status, 201, put.text);
       const name = `crash-${randomBytes(4).toString('hex')}`;
-      const retry = await crashAndRetry(() => server.request('POST', '/v1/experiments', { key, body: { name, spec_id: spec }, headers: { 'idempotency-key': `exp-${name}` } }));
+      const retry = await crashAndRetry(() =>
+        server.request('POST', '/v1/experiments', { key, body: { name, spec_id: spec }, headers: { 'idempotency-key': `exp-${name}` } }),
+      );
       assert.equal(retry.status, 201, retry.text);
       // The list reads the store, which the sink fills a moment later.
       let listed: any[] = [];
@@ -159,19 +196,29 @@ export function crashDrill(name: string, env: Record<string, string>, cases: Cra
         listed = (await server.request('GET', '/v1/experiments?limit=1000', { key })).body.items.filter((e: any) => e.name === name);
         if (listed.length === 0) await new Promise((r) => setTimeout(r, 100));
       }
-      assert.deepEqual(listed.map((e: any) => e.id), [retry.body.id], 'one experiment, the one the first try made');
+      assert.deepEqual(
+        listed.map((e: any) => e.id),
+        [retry.body.id],
+        'one experiment, the one the first try made',
+      );
     });
 
     if (process.env.SVC_TEST_BWRAP) {
-      caseOf('sandboxes', 'kill -9 between making a sandbox and the recorded response: the retry makes no second sandbox and says what became of the first', async () => {
-        const spec = `crash-sb-${randomBytes(4).toString('hex')}`;
-        assert.equal((await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } })).status, 201);
-        const retry = await crashAndRetry(() => server.request('POST', '/v1/sandboxes', { key, body: { spec_id: spec }, headers: { 'idempotency-key': `sb-${spec}` } }));
-        // The sandbox died with the process (its runner); the retry says so instead of making another.
-        assert.equal(retry.status, 409, retry.text);
-        assert.match(retry.body.message, /the sandbox this request made, sb-[0-9a-f]{16}, has ended .*runner restarted/);
-        assert.equal((await server.request('GET', '/v1/sandboxes', { key })).body.length, 0, 'no second sandbox');
-      });
+      caseOf(
+        'sandboxes',
+        'kill -9 between making a sandbox and the recorded response: the retry makes no second sandbox and says what became of the first',
+        async () => {
+          const spec = `crash-sb-${randomBytes(4).toString('hex')}`;
+          assert.equal((await server.request('POST', '/v1/specs', { key, body: SPEC(spec), headers: { 'content-type': 'application/x-yaml' } })).status, 201);
+          const retry = await crashAndRetry(() =>
+            server.request('POST', '/v1/sandboxes', { key, body: { spec_id: spec }, headers: { 'idempotency-key': `sb-${spec}` } }),
+          );
+          // The sandbox died with the process (its runner); the retry says so instead of making another.
+          assert.equal(retry.status, 409, retry.text);
+          assert.match(retry.body.message, /the sandbox this request made, sb-[0-9a-f]{16}, has ended .*runner restarted/);
+          assert.equal((await server.request('GET', '/v1/sandboxes', { key })).body.length, 0, 'no second sandbox');
+        },
+      );
     }
 
     caseOf('other-keys', 'the same key with another body, or another key, makes other events', async () => {

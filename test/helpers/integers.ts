@@ -5,7 +5,23 @@
  */
 
 /** Field names the contract types as integers (aggregates such as `mean_duration_ms` are not). */
-const INTEGER_FIELDS = new Set(['duration_ms', 'exit_code', 'row_count', 'status', 'size', 'count', 'wall_ms', 'seq', 'version', 'attempt', 'replica', 'total_runs', 'scored_runs', 'pid', 'ppid']);
+const INTEGER_FIELDS = new Set([
+  'duration_ms',
+  'exit_code',
+  'row_count',
+  'status',
+  'size',
+  'count',
+  'wall_ms',
+  'seq',
+  'version',
+  'attempt',
+  'replica',
+  'total_runs',
+  'scored_runs',
+  'pid',
+  'ppid',
+]);
 const isIntegerField = (key: string) => INTEGER_FIELDS.has(key) || key.endsWith('_bytes');
 
 /** Paths (`a.b[2].duration_ms = 1.5`) of integer fields whose value is a number but not an integer. */

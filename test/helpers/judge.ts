@@ -28,5 +28,9 @@ export async function judgeServer(answer: () => { status: number; body: unknown 
 
 /** A chat-completions answer whose message is the judge's verdict JSON. */
 export function judgeAnswer(score: number, reason = 'graded'): unknown {
-  return { id: 'x', object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: JSON.stringify({ score, reason }) }, finish_reason: 'stop' }] };
+  return {
+    id: 'x',
+    object: 'chat.completion',
+    choices: [{ index: 0, message: { role: 'assistant', content: JSON.stringify({ score, reason }) }, finish_reason: 'stop' }],
+  };
 }

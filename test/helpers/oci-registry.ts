@@ -28,7 +28,9 @@ export interface TestRegistry {
 
 /** A bcrypt hash for htpasswd (the registry reads only bcrypt), made by python3's crypt (libxcrypt). */
 function bcrypt(password: string): string {
-  return execFileSync('python3', ['-W', 'ignore', '-c', 'import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))', password], { encoding: 'utf8' }).trim();
+  return execFileSync('python3', ['-W', 'ignore', '-c', 'import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))', password], {
+    encoding: 'utf8',
+  }).trim();
 }
 
 /**
@@ -56,7 +58,10 @@ export async function startRegistry(auth: { basic?: { name: string; password: st
   child.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString('utf8')));
   const host = `127.0.0.1:${port}`;
   for (let waited = 0; ; waited += 100) {
-    const up = await fetch(`http://${host}/v2/`).then((r) => r.status === 200 || r.status === 401, () => false);
+    const up = await fetch(`http://${host}/v2/`).then(
+      (r) => r.status === 200 || r.status === 401,
+      () => false,
+    );
     if (up) break;
     if (waited > 15_000 || child.exitCode !== null) throw new Error(`docker-registry did not start: ${output}`);
     await new Promise((r) => setTimeout(r, 100));
@@ -98,7 +103,11 @@ export async function startTokenService(user: { name: string; password: string }
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-token-'));
   const keyFile = path.join(dir, 'key.pem');
   const certificate = path.join(dir, 'cert.pem');
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', keyFile, '-out', certificate, '-days', '1', '-subj', '/CN=svc-test-token'], { stdio: 'ignore' });
+  execFileSync(
+    'openssl',
+    ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', keyFile, '-out', certificate, '-days', '1', '-subj', '/CN=svc-test-token'],
+    { stdio: 'ignore' },
+  );
   const key = createPrivateKey(fs.readFileSync(keyFile));
   const der = new X509Certificate(fs.readFileSync(certificate)).raw.toString('base64');
   const b64url = (value: object | Buffer): string => (Buffer.isBuffer(value) ? value : Buffer.from(JSON.stringify(value))).toString('base64url');
@@ -222,13 +231,24 @@ export function buildIndex(manifests: Array<{ manifest: Buffer; arch: string }>)
     JSON.stringify({
       schemaVersion: 2,
       mediaType: 'application/vnd.oci.image.index.v1+json',
-      manifests: manifests.map((m) => ({ mediaType: 'application/vnd.oci.image.manifest.v1+json', digest: sha256(m.manifest), size: m.manifest.length, platform: { os: 'linux', architecture: m.arch } })),
+      manifests: manifests.map((m) => ({
+        mediaType: 'application/vnd.oci.image.manifest.v1+json',
+        digest: sha256(m.manifest),
+        size: m.manifest.length,
+        platform: { os: 'linux', architecture: m.arch },
+      })),
     }),
   );
 }
 
 /** Pushes blobs (a monolithic upload each: POST, then PUT with the digest) and a manifest under `reference` (a tag or a digest). */
-export async function push(registry: TestRegistry, repository: string, reference: string, parts: { blobs: Map<string, Buffer>; manifest: Buffer; mediaType?: string }, authorization?: string): Promise<string> {
+export async function push(
+  registry: TestRegistry,
+  repository: string,
+  reference: string,
+  parts: { blobs: Map<string, Buffer>; manifest: Buffer; mediaType?: string },
+  authorization?: string,
+): Promise<string> {
   const base = `http://${registry.host}/v2/${repository}`;
   const headers: Record<string, string> = authorization ? { authorization } : {};
   for (const [digest, bytes] of parts.blobs) {
@@ -240,7 +260,11 @@ export async function push(registry: TestRegistry, repository: string, reference
     if (put.status !== 201) throw new Error(`blob ${digest} of ${repository}: ${put.status} ${await put.text()}`);
   }
   const mediaType = parts.mediaType ?? (JSON.parse(parts.manifest.toString('utf8')) as { mediaType: string }).mediaType;
-  const res = await fetch(`${base}/manifests/${reference}`, { method: 'PUT', headers: { ...headers, 'content-type': mediaType }, body: new Uint8Array(parts.manifest) });
+  const res = await fetch(`${base}/manifests/${reference}`, {
+    method: 'PUT',
+    headers: { ...headers, 'content-type': mediaType },
+    body: new Uint8Array(parts.manifest),
+  });
   if (res.status !== 201) throw new Error(`manifest ${repository}:${reference}: ${res.status} ${await res.text()}`);
   return sha256(parts.manifest);
 }
@@ -253,7 +277,10 @@ export function storedBlob(registry: TestRegistry, digest: string): string {
 
 /** How many times the registry served GET requests for this blob (from its access log). */
 export function blobGets(registry: TestRegistry, digest: string): number {
-  return registry.log().split('\n').filter((line) => line.includes(`"GET /v2/`) && line.includes(`/blobs/${digest} `) && / 200 /.test(line)).length;
+  return registry
+    .log()
+    .split('\n')
+    .filter((line) => line.includes(`"GET /v2/`) && line.includes(`/blobs/${digest} `) && / 200 /.test(line)).length;
 }
 
 /** /bin/sh and the libraries it links, with their directories: enough of a root filesystem to boot and run a command. */

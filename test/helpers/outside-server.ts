@@ -117,7 +117,15 @@ function webHandler(server: string, scheme: 'http' | 'https') {
         return;
       }
       const status = Number(url.searchParams.get('status') ?? 200);
-      const body = JSON.stringify({ server, method: record.method, host: record.host, path: record.path, headers: record.headers, body_bytes: record.body_bytes, scheme });
+      const body = JSON.stringify({
+        server,
+        method: record.method,
+        host: record.host,
+        path: record.path,
+        headers: record.headers,
+        body_bytes: record.body_bytes,
+        scheme,
+      });
       res.writeHead(status >= 200 && status <= 599 ? status : 200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body);
     });
   };
@@ -126,7 +134,15 @@ function webHandler(server: string, scheme: 'http' | 'https') {
 /** `CONNECT host:port`: recorded, then relayed (so a test can show when one got through). */
 function connectHandler(server: string, scheme: 'http' | 'https') {
   return (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => {
-    requests.push({ server, scheme, method: 'CONNECT', host: req.headers.host ?? req.url ?? '', path: req.url ?? '', headers: flatHeaders(req.headers), body_bytes: 0 });
+    requests.push({
+      server,
+      scheme,
+      method: 'CONNECT',
+      host: req.headers.host ?? req.url ?? '',
+      path: req.url ?? '',
+      headers: flatHeaders(req.headers),
+      body_bytes: 0,
+    });
     socket.on('error', () => undefined);
     const to = target(req.url ?? '');
     if (!to) {

@@ -137,7 +137,11 @@ function run(cmd: string, args: string[], input?: string): Promise<string> {
 }
 
 const ip = (...args: string[]) => run('ip', args);
-const quiet = (p: Promise<unknown>) => p.then(() => undefined, () => undefined);
+const quiet = (p: Promise<unknown>) =>
+  p.then(
+    () => undefined,
+    () => undefined,
+  );
 
 /** The owner tag we put on a world's host link: pid and its start time (pids are reused). */
 function ownerTag(pid: number): string | null {
@@ -220,7 +224,7 @@ async function subnetTaken(k: number): Promise<boolean> {
     if (!c || c.bits < 8) return false;
     const bits = Math.min(c.bits, 24);
     const mask = bits === 0 ? 0 : (~0 << (32 - bits)) >>> 0;
-    return ((c.base & mask) >>> 0) === ((ours.base & mask) >>> 0);
+    return (c.base & mask) >>> 0 === (ours.base & mask) >>> 0;
   });
 }
 
@@ -232,19 +236,53 @@ async function makeCertificates(dir: string): Promise<{ caFile: string; certFile
   const certFile = path.join(dir, 'server.pem');
   const ext = path.join(dir, 'server.ext');
   const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'];
-  await run('openssl', ['req', '-x509', ...ec, '-keyout', caKey, '-out', caFile, '-days', '2', '-subj', '/CN=svc outside-world test CA',
-    '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign']);
+  await run('openssl', [
+    'req',
+    '-x509',
+    ...ec,
+    '-keyout',
+    caKey,
+    '-out',
+    caFile,
+    '-days',
+    '2',
+    '-subj',
+    '/CN=svc outside-world test CA',
+    '-addext',
+    'basicConstraints=critical,CA:TRUE',
+    '-addext',
+    'keyUsage=critical,keyCertSign,cRLSign',
+  ]);
   await run('openssl', ['req', '-new', ...ec, '-keyout', keyFile, '-out', csr, '-subj', '/CN=api.allowed.test']);
   const names = [...Object.keys(WORLD_HOSTS), `*${WILDCARD_SUFFIX}`].map((n) => `DNS:${n}`).join(',');
-  await writeFile(ext, [
-    'basicConstraints=critical,CA:FALSE',
-    'keyUsage=critical,digitalSignature,keyEncipherment',
-    'extendedKeyUsage=serverAuth',
-    `subjectAltName=${names}`,
-    '',
-  ].join('\n'));
-  await run('openssl', ['x509', '-req', '-in', csr, '-CA', caFile, '-CAkey', caKey, '-set_serial', `0x${randomBytes(8).toString('hex')}`,
-    '-days', '2', '-extfile', ext, '-out', certFile]);
+  await writeFile(
+    ext,
+    [
+      'basicConstraints=critical,CA:FALSE',
+      'keyUsage=critical,digitalSignature,keyEncipherment',
+      'extendedKeyUsage=serverAuth',
+      `subjectAltName=${names}`,
+      '',
+    ].join('\n'),
+  );
+  await run('openssl', [
+    'x509',
+    '-req',
+    '-in',
+    csr,
+    '-CA',
+    caFile,
+    '-CAkey',
+    caKey,
+    '-set_serial',
+    `0x${randomBytes(8).toString('hex')}`,
+    '-days',
+    '2',
+    '-extfile',
+    ext,
+    '-out',
+    certFile,
+  ]);
   return { caFile, certFile, keyFile };
 }
 
@@ -264,7 +302,10 @@ export async function startOutsideWorld(options: { files?: string } = {}): Promi
     } catch {
       // gone
     }
-    for (const args of [['link', 'del', hostLink], ['netns', 'del', namespace]]) {
+    for (const args of [
+      ['link', 'del', hostLink],
+      ['netns', 'del', namespace],
+    ]) {
       try {
         execFileSync('ip', args, { stdio: 'ignore' });
       } catch {
@@ -319,33 +360,44 @@ export async function startOutsideWorld(options: { files?: string } = {}): Promi
     if (!k) throw new Error('outside world: no free 10.98.<k>.0/24');
     const prefix = `10.98.${k}`;
     const octets = [...new Set([...Object.values(WORLD_HOSTS), DNS_OCTET])];
-    await run('ip', ['-n', namespace, '-batch', '-'], [
-      'link set lo up',
-      ...octets.map((o) => `addr add ${prefix}.${o}/24 dev world0`),
-      'link set world0 up',
-      `route add default via ${prefix}.1 dev world0`,
-      '',
-    ].join('\n'));
+    await run(
+      'ip',
+      ['-n', namespace, '-batch', '-'],
+      [
+        'link set lo up',
+        ...octets.map((o) => `addr add ${prefix}.${o}/24 dev world0`),
+        'link set world0 up',
+        `route add default via ${prefix}.1 dev world0`,
+        '',
+      ].join('\n'),
+    );
 
     // Counters of what reaches each address, any port (arrivals()).
     const counted = octets.map((o) => ({ o, address: `${prefix}.${o}` }));
-    await run('ip', ['netns', 'exec', namespace, 'nft', '-f', '-'], [
-      'table inet world {',
-      ...counted.flatMap(({ o }) => [`  counter tcp_${o} {}`, `  counter udp_${o} {}`]),
-      '  chain input {',
-      '    type filter hook input priority filter; policy accept;',
-      ...counted.flatMap(({ o, address }) => [
-        `    ip daddr ${address} tcp flags & (syn | ack) == syn counter name tcp_${o}`,
-        `    ip daddr ${address} meta l4proto udp counter name udp_${o}`,
-      ]),
-      '  }',
-      '}',
-      '',
-    ].join('\n'));
+    await run(
+      'ip',
+      ['netns', 'exec', namespace, 'nft', '-f', '-'],
+      [
+        'table inet world {',
+        ...counted.flatMap(({ o }) => [`  counter tcp_${o} {}`, `  counter udp_${o} {}`]),
+        '  chain input {',
+        '    type filter hook input priority filter; policy accept;',
+        ...counted.flatMap(({ o, address }) => [
+          `    ip daddr ${address} tcp flags & (syn | ack) == syn counter name tcp_${o}`,
+          `    ip daddr ${address} meta l4proto udp counter name udp_${o}`,
+        ]),
+        '  }',
+        '}',
+        '',
+      ].join('\n'),
+    );
     const nft = (...args: string[]) => run('ip', ['netns', 'exec', namespace, 'nft', ...args]);
 
     const certs = await certsPromise;
-    const env: NodeJS.ProcessEnv = { ...process.env, SVCO_CONFIG: JSON.stringify({ prefix, certFile: certs.certFile, keyFile: certs.keyFile, filesDir: options.files }) };
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      SVCO_CONFIG: JSON.stringify({ prefix, certFile: certs.certFile, keyFile: certs.keyFile, filesDir: options.files }),
+    };
     delete env.NODE_TEST_CONTEXT;
     child = own(
       spawn('ip', ['netns', 'exec', namespace, process.execPath, '--import', 'tsx', path.join(HERE, 'outside-server.ts')], {
@@ -432,7 +484,9 @@ export async function startOutsideWorld(options: { files?: string } = {}): Promi
       async arrivals(name: string) {
         const octet = worldOctet(name);
         if (octet === null) throw new Error(`the outside world has no host named ${name}`);
-        const listed = JSON.parse(await nft('-j', 'list', 'counters', 'table', 'inet', 'world')) as { nftables: Array<{ counter?: { name: string; packets: number } }> };
+        const listed = JSON.parse(await nft('-j', 'list', 'counters', 'table', 'inet', 'world')) as {
+          nftables: Array<{ counter?: { name: string; packets: number } }>;
+        };
         const packets = (counter: string) => listed.nftables.find((e) => e.counter?.name === counter)?.counter?.packets ?? 0;
         return { tcp: packets(`tcp_${octet}`), udp: packets(`udp_${octet}`) };
       },
@@ -478,4 +532,3 @@ export async function countNetworkResources(): Promise<{ links: number; netns: n
     names: [...links.map((n) => `link ${n}`), ...netns.map((n) => `netns ${n}`), ...tables.map((t) => `nft ${t}`)],
   };
 }
-

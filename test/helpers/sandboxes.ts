@@ -19,7 +19,12 @@ invariants:
 ${extra}`;
 
 /** The events of a sandbox's SSE stream until it ends (or `limitMs` passes). */
-export async function sse(url: string, key: string, headers: Record<string, string> = {}, limitMs = 20_000): Promise<Array<{ id?: string; event_type: string; data: any }>> {
+export async function sse(
+  url: string,
+  key: string,
+  headers: Record<string, string> = {},
+  limitMs = 20_000,
+): Promise<Array<{ id?: string; event_type: string; data: any }>> {
   const res = await fetch(url, { headers: { authorization: `Bearer ${key}`, accept: 'text/event-stream', ...headers }, signal: AbortSignal.timeout(limitMs) });
   assert.equal(res.status, 200);
   const text = await res.text();

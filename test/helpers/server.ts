@@ -17,7 +17,6 @@ export { freePort };
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const ADMIN_KEY = 'test-admin-key-0123456789';
 
-
 export interface TestServer {
   url: string;
   dataDir: string;
@@ -28,7 +27,11 @@ export interface TestServer {
   /** The deployment's processes (one, embedded): what each runs, its runner id, pid and output. */
   processes(): Array<{ services: string[]; runnerId: string | null; pid: number; output(): string }>;
   /** Raw request with the admin key unless headers say otherwise. */
-  request(method: string, p: string, options?: { body?: unknown; headers?: Record<string, string>; key?: string | null }): Promise<{ status: number; headers: Headers; body: any; text: string }>;
+  request(
+    method: string,
+    p: string,
+    options?: { body?: unknown; headers?: Record<string, string>; key?: string | null },
+  ): Promise<{ status: number; headers: Headers; body: any; text: string }>;
   /** SIGTERM and wait for a clean exit; returns the exit code. */
   stop(): Promise<number | null>;
   /** SIGKILL: the process dies where it stands. */
@@ -60,9 +63,17 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
   // Several runners share the data dir's parent, each with a workspace dir of its own.
   const runnerCount = split ? (split.runners ?? 1) : 0;
   // The first runner shares the data dir (suites look at its workspaces there); others have their own.
-  const runnerAt = (i: number) => ({ services: ['sandbox-runner'], env: { SVC_RUNNER_ID: `runner-${i + 1}`, ...(i === 0 ? {} : { SVC_DATA_DIR: path.join(dataDir, `runner-${i + 1}`) }) } });
+  const runnerAt = (i: number) => ({
+    services: ['sandbox-runner'],
+    env: { SVC_RUNNER_ID: `runner-${i + 1}`, ...(i === 0 ? {} : { SVC_DATA_DIR: path.join(dataDir, `runner-${i + 1}`) }) },
+  });
   const PROCESSES: Array<{ services: string[]; env: Record<string, string> }> = SPLIT
-    ? [{ services: ['api', 'sink', 'scorer'], env: {} }, ...Array.from({ length: runnerCount }, (_, i) => runnerAt(i)), { services: ['aggregator'], env: {} }, { services: ['alerter'], env: {} }]
+    ? [
+        { services: ['api', 'sink', 'scorer'], env: {} },
+        ...Array.from({ length: runnerCount }, (_, i) => runnerAt(i)),
+        { services: ['aggregator'], env: {} },
+        { services: ['alerter'], env: {} },
+      ]
     : [{ services: [], env: {} }];
   const fullEnv: Record<string, string> = {
     SVC_PORT: String(port),
@@ -99,7 +110,15 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
     const child = own(
       spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'services', 'main.ts'), ...args], {
         cwd: REPO,
-        env: Object.fromEntries(Object.entries({ ...process.env, ...fullEnv, ...registry, ...extra, ...(services.includes('api') || !SPLIT ? {} : { SVC_LOG_LEVEL: 'info' }) }).filter(([, v]) => v !== '')),
+        env: Object.fromEntries(
+          Object.entries({
+            ...process.env,
+            ...fullEnv,
+            ...registry,
+            ...extra,
+            ...(services.includes('api') || !SPLIT ? {} : { SVC_LOG_LEVEL: 'info' }),
+          }).filter(([, v]) => v !== ''),
+        ),
         stdio: ['ignore', 'pipe', 'pipe'],
       }),
     );
@@ -109,7 +128,14 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
     const keep = (d: Buffer) => {
       mine += d;
       // Only warnings and worse go to output(): what the embedded process would have logged.
-      out += services.includes('api') || !SPLIT ? d : String(d).split('\n').filter((l) => l && !/"level":(10|20|30),/.test(l)).map((l) => `${l}\n`).join('');
+      out +=
+        services.includes('api') || !SPLIT
+          ? d
+          : String(d)
+              .split('\n')
+              .filter((l) => l && !/"level":(10|20|30),/.test(l))
+              .map((l) => `${l}\n`)
+              .join('');
     };
     child.stdout!.on('data', keep);
     child.stderr!.on('data', keep);
@@ -131,7 +157,8 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
     throw new Error(`${args.join(' ') || 'the service'} did not start in 60 s:\n${mine}`);
   };
   const exited = (child: ChildProcess) => child.exitCode !== null || child.signalCode !== null;
-  const waitExit = (child: ChildProcess) => new Promise<number | null>((resolve) => (exited(child) ? resolve(child.exitCode) : child.once('exit', (code) => resolve(code))));
+  const waitExit = (child: ChildProcess) =>
+    new Promise<number | null>((resolve) => (exited(child) ? resolve(child.exitCode) : child.once('exit', (code) => resolve(code))));
   const launch = async () => {
     children.length = 0;
     launched.length = 0;
@@ -186,7 +213,14 @@ export async function startServer(env: Record<string, string> = {}, options: Ser
         parsed = text ? JSON.parse(text) : null;
       } catch {
         // not JSON (NDJSON, metrics)
-        if ((res.headers.get('content-type') ?? '').includes('ndjson')) assertIntegers(text.split('\n').filter(Boolean).map((line) => JSON.parse(line)), `${method} ${p}`);
+        if ((res.headers.get('content-type') ?? '').includes('ndjson'))
+          assertIntegers(
+            text
+              .split('\n')
+              .filter(Boolean)
+              .map((line) => JSON.parse(line)),
+            `${method} ${p}`,
+          );
       }
       assertIntegers(parsed, `${method} ${p}`);
       return { status: res.status, headers: res.headers, body: parsed, text };

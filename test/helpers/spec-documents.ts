@@ -10,17 +10,41 @@ export const everyBlock = (): Doc => ({
   task: { prompt: 'Fix the {{ params.lang }} build' },
   agent: { type: 'cli', command: ['python', 'agent.py'], timeout: '90s', env: { LEVEL: 3, VERBOSE: true } },
   services: [
-    { name: 'payments', type: 'http_mock', routes: [{ method: 'POST', path: '/charges', response: { status: 201, headers: { 'X-Mock': 'yes' }, body: { ok: true } } }], record: true },
+    {
+      name: 'payments',
+      type: 'http_mock',
+      routes: [{ method: 'POST', path: '/charges', response: { status: 201, headers: { 'X-Mock': 'yes' }, body: { ok: true } } }],
+      record: true,
+    },
     { name: 'db', type: 'postgres', wait_for: { timeout: 45, query: 'select 1 from orders' } },
   ],
   fixtures: [
     { type: 'copy', from: '/opt/repo', to: 'repo' },
     { type: 'sql', service: 'db', sql: 'CREATE TABLE orders (id int)' },
     { type: 'git', url: 'git@github.com:example/app.git', to: 'app' },
-    { type: 'drift', files: [{ path: 'repo/x.cfg', content: 'x=1', mode: '0600' }], delete: ['repo/tmp'], sql: [{ service: 'db', sql: 'DELETE FROM orders' }], routes: [{ service: 'payments', method: 'GET', path: '/charges/:id', response: { status: 404 } }], pick: 2 },
+    {
+      type: 'drift',
+      files: [{ path: 'repo/x.cfg', content: 'x=1', mode: '0600' }],
+      delete: ['repo/tmp'],
+      sql: [{ service: 'db', sql: 'DELETE FROM orders' }],
+      routes: [{ service: 'payments', method: 'GET', path: '/charges/:id', response: { status: 404 } }],
+      pick: 2,
+    },
   ],
-  setup: { files: [{ path: '/workspace/a.sh', content: 'echo hi', mode: '0755' }, { path: 'b.txt', content: '' }], bundles: [{ digest: 'sha256:' + 'a'.repeat(64), to: 'vendor' }, { digest: 'sha256:' + 'b'.repeat(64) }], commands: ['make deps'], env: { PORT: 8080, DEBUG: false } },
-  secrets: { API_TOKEN: 'dashboard', OTHER: 'env:HOST_TOKEN', OPENAI_KEY: { source: 'dashboard', inject: { hosts: ['API.openai.com', '*.example.com'], header: 'Authorization', format: 'Bearer {value}' } } },
+  setup: {
+    files: [
+      { path: '/workspace/a.sh', content: 'echo hi', mode: '0755' },
+      { path: 'b.txt', content: '' },
+    ],
+    bundles: [{ digest: 'sha256:' + 'a'.repeat(64), to: 'vendor' }, { digest: 'sha256:' + 'b'.repeat(64) }],
+    commands: ['make deps'],
+    env: { PORT: 8080, DEBUG: false },
+  },
+  secrets: {
+    API_TOKEN: 'dashboard',
+    OTHER: 'env:HOST_TOKEN',
+    OPENAI_KEY: { source: 'dashboard', inject: { hosts: ['API.openai.com', '*.example.com'], header: 'Authorization', format: 'Bearer {value}' } },
+  },
   network: {
     egress: { default: 'deny', allow: ['pypi.org', '*.example.com'] },
     ingress: { default: 'allow', allow: [{ from: 'host', to_port: 3000 }] },
@@ -41,11 +65,23 @@ export const everyBlock = (): Doc => ({
   },
   forbidden: { db_writes_outside: ['orders', 'public.audit'], http_except: [], secrets_in_logs: 'deny', file_writes_outside: ['src', '/tmp'] },
   scoring: { pass_threshold: 0.75, replica_aggregation: { strategy: 'percentage', min_pass_rate: 0.5 } },
-  parallelism: { replicas: 5, matrix: [{ lang: 'python', strict: true }, { lang: 'go', strict: false }] },
+  parallelism: {
+    replicas: 5,
+    matrix: [
+      { lang: 'python', strict: true },
+      { lang: 'go', strict: false },
+    ],
+  },
   determinism: { frozen_time: '2026-03-01T12:00:00+01:00', seed: 7, dns: { 'db.internal': '10.1.2.3', 'v6.internal': '::1' } },
   resources: { timeout: '20m', concurrency_limit: 2, cpus: 0.5, memory: '256Mi', disk: '1G', pids: 64 },
   snapshots: { checkpoints: 'per_action' },
-  teardown: { always_run: true, export: [{ type: 'db_dump', service: 'db', to: 'runs/{{ run_id }}/db.sql' }, { type: 'snapshot', to: 'state.json' }] },
+  teardown: {
+    always_run: true,
+    export: [
+      { type: 'db_dump', service: 'db', to: 'runs/{{ run_id }}/db.sql' },
+      { type: 'snapshot', to: 'state.json' },
+    ],
+  },
   alerts: [
     { name: 'pass rate', condition: 'pass_rate < 0.9', window: 'last_24h', notify: 'webhook', webhook_url: 'https://hooks.example.com/x' },
     { name: 'slow', condition: 'p95_wall_ms >= 60000', window: 'last_5_runs', notify: 'slack', slack_channel: '#evals' },

@@ -37,7 +37,8 @@ export function runSvc(services: string[], env: Record<string, string>): SvcProc
   child.stderr!.on('data', (d) => (out += d));
   const exit = () => child.exitCode ?? child.signalCode;
   const exitPromise = new Promise<number | string>((resolve) => child.once('exit', (code, signal) => resolve(code ?? signal ?? -1)));
-  const deadline = (ms: number, what: string) => new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`${what} within ${ms} ms; output:\n${out.slice(-4000)}`)), ms).unref());
+  const deadline = (ms: number, what: string) =>
+    new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`${what} within ${ms} ms; output:\n${out.slice(-4000)}`)), ms).unref());
   return {
     pid: child.pid!,
     output: () => out,

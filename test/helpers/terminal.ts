@@ -43,11 +43,15 @@ const EXIT_MARKER = /\[svc-test exit (\d+)\]/;
 export function terminal(command: string, options: { env?: Record<string, string>; cwd?: string } = {}): Terminal {
   const socket = `svc-test-${randomBytes(4).toString('hex')}`;
   const tmux = (...args: string[]) => execFileSync('tmux', ['-L', socket, ...args], { encoding: 'utf8' });
-  const env = Object.entries(options.env ?? {}).map(([k, v]) => `${k}=${shellQuote(v)}`).join(' ');
+  const env = Object.entries(options.env ?? {})
+    .map(([k, v]) => `${k}=${shellQuote(v)}`)
+    .join(' ');
   // Ctrl-C reaches the whole foreground group: the wrapping shell traps it (a handler, which its
   // child does not inherit, unlike an ignored signal) to live on and print the exit code.
   const line = `trap true INT; cd ${shellQuote(options.cwd ?? process.cwd())} && env ${env} ${command}; echo "[svc-test exit $?]"; sleep 600`;
-  execFileSync('tmux', ['-L', socket, '-f', '/dev/null', 'new-session', '-d', '-s', 'main', '-x', '200', '-y', '50', 'sh', '-c', line], { env: { ...process.env, TERM: 'xterm-256color' } });
+  execFileSync('tmux', ['-L', socket, '-f', '/dev/null', 'new-session', '-d', '-s', 'main', '-x', '200', '-y', '50', 'sh', '-c', line], {
+    env: { ...process.env, TERM: 'xterm-256color' },
+  });
   tmux('set-option', '-g', 'history-limit', '20000');
   const screen = () => tmux('capture-pane', '-p', '-J', '-S', '-20000', '-t', 'main');
   const waitFor = async (pattern: RegExp, timeoutMs = 60_000) => {

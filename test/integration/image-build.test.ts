@@ -18,7 +18,8 @@ import { copyWithLibraries } from '../helpers/debian-image.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-image-build-'));
 const runtime = new LocalRuntime({ stateDir: path.join(root, 'runtime') });
-const unavailable = (await runtime.available()) ?? (fs.existsSync(REGISTRY_BINARY) ? null : `${REGISTRY_BINARY} is not installed (apt-get install docker-registry)`);
+const unavailable =
+  (await runtime.available()) ?? (fs.existsSync(REGISTRY_BINARY) ? null : `${REGISTRY_BINARY} is not installed (apt-get install docker-registry)`);
 const imagesDir = path.join(root, 'data', 'images');
 const store = new ImageStore(imagesDir);
 const context = path.join(root, 'context');
@@ -29,7 +30,10 @@ let settings: PullSettings;
 function baseRootfs(dir: string): string {
   // Real paths: /bin may be a link to /usr/bin on the host, while this image has its own /bin.
   const programs = ['/bin/sh', '/usr/bin/rm', '/usr/bin/mkdir', '/usr/bin/cat', '/usr/bin/ls', '/usr/bin/ln'];
-  copyWithLibraries(dir, programs.map((p) => fs.realpathSync(p)));
+  copyWithLibraries(
+    dir,
+    programs.map((p) => fs.realpathSync(p)),
+  );
   for (const program of programs) {
     const at = path.join(dir, program);
     if (!fs.existsSync(at)) {
@@ -39,7 +43,13 @@ function baseRootfs(dir: string): string {
   }
   fs.mkdirSync(path.join(dir, 'etc'), { recursive: true });
   fs.mkdirSync(path.join(dir, 'opt/dir'), { recursive: true });
-  for (const [file, text] of [['etc/remove-me', 'old\n'], ['etc/keep', 'kept\n'], ['opt/dir/a', 'a\n'], ['opt/dir/b', 'b\n']]) fs.writeFileSync(path.join(dir, file!), text!);
+  for (const [file, text] of [
+    ['etc/remove-me', 'old\n'],
+    ['etc/keep', 'kept\n'],
+    ['opt/dir/a', 'a\n'],
+    ['opt/dir/b', 'b\n'],
+  ])
+    fs.writeFileSync(path.join(dir, file!), text!);
   return dir;
 }
 
@@ -63,12 +73,23 @@ EXPOSE 80
 `;
 
 function build(overrides: Partial<BuildImageOptions> = {}): ReturnType<typeof buildImage> {
-  return buildImage({ imagesDir, runtime, settings, dockerfile: DOCKERFILE, context, name: 'built:1', resources: { memoryBytes: 256 * 1024 ** 2, cpus: 1, pids: 256, diskBytes: null }, ...overrides });
+  return buildImage({
+    imagesDir,
+    runtime,
+    settings,
+    dockerfile: DOCKERFILE,
+    context,
+    name: 'built:1',
+    resources: { memoryBytes: 256 * 1024 ** 2, cpus: 1, pids: 256, diskBytes: null },
+    ...overrides,
+  });
 }
 
 /** Names in a layer blob (an uncompressed tar). */
 function layerNames(digest: string): string[] {
-  return execFileSync('tar', ['-tf', store.blobs.pathOf(digest)], { encoding: 'utf8' }).split('\n').filter(Boolean);
+  return execFileSync('tar', ['-tf', store.blobs.pathOf(digest)], { encoding: 'utf8' })
+    .split('\n')
+    .filter(Boolean);
 }
 
 async function diffIds(id: string): Promise<string[]> {
@@ -100,7 +121,10 @@ if (unavailable) {
     test('RUN, COPY, ENV, WORKDIR, USER, ENTRYPOINT and CMD make the image; the layers hold whiteouts', { timeout: 120_000 }, async () => {
       const { image, steps, ignored, upToDate } = await build();
       assert.equal(upToDate, false);
-      assert.deepEqual(steps.filter((s) => s.cached !== null).map((s) => s.cached), [false, false, false, false, false]);
+      assert.deepEqual(
+        steps.filter((s) => s.cached !== null).map((s) => s.cached),
+        [false, false, false, false, false],
+      );
       assert.equal(ignored.length, 2, ignored.join('\n'));
       const at = (p: string): string => path.join(image.rootfs, p);
       assert.equal(fs.readFileSync(at('etc/x'), 'utf8'), 'hello\n');
@@ -113,7 +137,13 @@ if (unavailable) {
       assert.equal(fs.lstatSync(at('app/escape')).isSymbolicLink(), true, 'a link of the context is copied as a link');
       assert.equal(fs.readlinkSync(at('app/escape')), '/etc/passwd');
       assert.equal(fs.statSync(at('etc/x')).uid, 0, 'what root wrote inside is root-owned in the image');
-      assert.deepEqual(image.config, { env: ['APP_HOME=/app', 'GREETING2=hello there'], entrypoint: ['/bin/sh', '/app/main.sh'], cmd: ['--flag'], workdir: '/app', user: '1000:1000' });
+      assert.deepEqual(image.config, {
+        env: ['APP_HOME=/app', 'GREETING2=hello there'],
+        entrypoint: ['/bin/sh', '/app/main.sh'],
+        cmd: ['--flag'],
+        workdir: '/app',
+        user: '1000:1000',
+      });
       assert.deepEqual(image.entrypoint, ['/bin/sh', '/app/main.sh', '--flag']);
       assert.equal(store.resolveImage('built:1'), image.rootfs);
       const layers = await diffIds(image.id!);
@@ -138,25 +168,37 @@ if (unavailable) {
       assert.equal(fs.readFileSync(path.join(remade.image.rootfs, 'etc/x'), 'utf8'), 'hello\n');
       fs.writeFileSync(path.join(context, 'app/data.txt'), 'two\n');
       const changed = await build();
-      assert.deepEqual(changed.steps.filter((s) => s.cached !== null).map((s) => s.cached), [true, false, false, false, false]);
+      assert.deepEqual(
+        changed.steps.filter((s) => s.cached !== null).map((s) => s.cached),
+        [true, false, false, false, false],
+      );
       assert.equal(fs.readFileSync(path.join(changed.image.rootfs, 'app/data.txt'), 'utf8'), 'two\n');
       assert.notEqual(changed.image.id, again.image.id);
       const withArg = await build({ buildArgs: { GREETING: 'hi' }, name: 'built:2' });
       assert.equal(fs.readFileSync(path.join(withArg.image.rootfs, 'etc/x'), 'utf8'), 'hi\n');
-      assert.deepEqual(withArg.steps.filter((s) => s.cached !== null).map((s) => s.cached), [false, false, false, false, false], 'an ARG value is part of every key after it');
+      assert.deepEqual(
+        withArg.steps.filter((s) => s.cached !== null).map((s) => s.cached),
+        [false, false, false, false, false],
+        'an ARG value is part of every key after it',
+      );
     });
 
     test('FROM an image of a registry, pulled into the store', { timeout: 120_000 }, async () => {
       const parts = ociImage([tarOf([...shellLayer(), { path: 'etc/from', body: 'registry\n' }])], { Env: ['PATH=/bin:/usr/bin'] });
       await push(registry, 'builder-base', '1', parts);
-      const { image } = await build({ dockerfile: `FROM ${registry.host}/builder-base:1\nRUN read line < /etc/from; echo "$line again" > /etc/twice\n`, name: undefined });
+      const { image } = await build({
+        dockerfile: `FROM ${registry.host}/builder-base:1\nRUN read line < /etc/from; echo "$line again" > /etc/twice\n`,
+        name: undefined,
+      });
       assert.match(image.name, /^build:[0-9a-f]{16}$/);
       assert.equal(fs.readFileSync(path.join(image.rootfs, 'etc/twice'), 'utf8'), 'registry again\n');
       assert.deepEqual(image.config?.env, ['PATH=/bin:/usr/bin']);
       assert.equal(image.layers?.length, 2, 'the base layer and the RUN layer');
     });
 
-    test('multi-stage: a later stage copies an earlier one\'s files (by name and by index, through the image\'s own links) and builds FROM it; only the last stage is the image; a rebuild is all cache hits', { timeout: 120_000 }, async () => {
+    test("multi-stage: a later stage copies an earlier one's files (by name and by index, through the image's own links) and builds FROM it; only the last stage is the image; a rebuild is all cache hits", {
+      timeout: 120_000,
+    }, async () => {
       const dockerfile = [
         'FROM base:1 AS tools',
         'RUN mkdir -p /opt/real && echo compiled > /opt/real/tool && ln -s real /opt/link && echo scratch > /etc/only-in-tools',
@@ -171,25 +213,37 @@ if (unavailable) {
       const at = (p: string): string => path.join(first.image.rootfs, p);
       assert.equal(fs.readFileSync(at('usr/local/bin/tool'), 'utf8'), 'compiled\n');
       assert.equal(fs.readFileSync(at('etc/from-index'), 'utf8'), 'more\n');
-      assert.equal(fs.existsSync(at('etc/only-in-tools')), false, 'an earlier stage\'s other files are not in the image');
+      assert.equal(fs.existsSync(at('etc/only-in-tools')), false, "an earlier stage's other files are not in the image");
       assert.equal(store.resolveImage('staged:1'), first.image.rootfs);
       const again = await build({ dockerfile, name: 'staged:1' });
-      assert.deepEqual(again.steps.filter((s) => s.cached !== null).map((s) => s.cached), [true, true, true, true]);
+      assert.deepEqual(
+        again.steps.filter((s) => s.cached !== null).map((s) => s.cached),
+        [true, true, true, true],
+      );
       assert.equal(again.upToDate, true);
     });
 
     test('a failing RUN fails the build naming the line and the exit code', { timeout: 60_000 }, async () => {
-      await assert.rejects(build({ dockerfile: 'FROM base:1\n\nRUN echo nope >&2; exit 3\n', name: 'failing:1' }), /Dockerfile line 3: RUN failed with exit code 3:\nnope/);
+      await assert.rejects(
+        build({ dockerfile: 'FROM base:1\n\nRUN echo nope >&2; exit 3\n', name: 'failing:1' }),
+        /Dockerfile line 3: RUN failed with exit code 3:\nnope/,
+      );
       assert.equal(store.resolveImage('failing:1'), null);
     });
 
     test('bad instructions and context paths out of the context are clear errors', async () => {
       await assert.rejects(build({ dockerfile: 'FROM base:1\nFOO bar\n' }), /Dockerfile line 2: unknown instruction "FOO"/);
       await assert.rejects(build({ dockerfile: 'RUN true\n' }), /the first instruction \(besides ARG\) must be FROM \(line 1 is RUN\)/);
-      await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY outside/etc/passwd /x\n' }), /line 2: outside\/etc\/passwd goes through the symbolic link outside of the build context; refused/);
+      await assert.rejects(
+        build({ dockerfile: 'FROM base:1\nCOPY outside/etc/passwd /x\n' }),
+        /line 2: outside\/etc\/passwd goes through the symbolic link outside of the build context; refused/,
+      );
       await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY ../x /x\n' }), /line 2: \.\.\/x is outside the build context/);
       await assert.rejects(build({ dockerfile: 'FROM base:1\nADD https://example.com/x /x\n' }), /line 2: ADD of a URL/);
-      await assert.rejects(build({ dockerfile: 'FROM base:1\nCOPY --from=nowhere a b\n' }), /line 2: COPY --from=nowhere: no earlier stage of that name or index, and no such image/);
+      await assert.rejects(
+        build({ dockerfile: 'FROM base:1\nCOPY --from=nowhere a b\n' }),
+        /line 2: COPY --from=nowhere: no earlier stage of that name or index, and no such image/,
+      );
       await assert.rejects(build({ dockerfile: 'FROM base:1\nADD --from=0 a b\n' }), /line 2: ADD --from=0 is not supported/);
       await assert.rejects(build({ dockerfile: 'FROM base:1 AS one\nFROM base:1 AS ONE\n' }), /line 2: a second stage named one/);
       await assert.rejects(build({ dockerfile: 'FROM base:1 AS\n' }), /line 1: FROM takes an image and optionally AS and a stage name/);

@@ -14,14 +14,33 @@ import { gzipSync } from 'node:zlib';
 import { ensureImage, imagesCommand, ImageStore, type PullSettings } from '../../services/sandbox-runner/images/images.ts';
 import { LocalRuntime } from '../../services/sandbox-runner/runtimes/local/local-runtime.ts';
 import { hostPlatform } from '../../services/sandbox-runner/images/oci.ts';
-import { blobGets, buildImage, buildIndex, push, REGISTRY_BINARY, sha256, shellLayer, startRegistry, startTokenService, storedBlob, type TarEntry, tarOf, type TestRegistry } from '../helpers/oci-registry.ts';
+import {
+  blobGets,
+  buildImage,
+  buildIndex,
+  push,
+  REGISTRY_BINARY,
+  sha256,
+  shellLayer,
+  startRegistry,
+  startTokenService,
+  storedBlob,
+  type TarEntry,
+  tarOf,
+  type TestRegistry,
+} from '../helpers/oci-registry.ts';
 import { freePort } from '../helpers/ports.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-image-pull-'));
-const unavailable = fs.existsSync(REGISTRY_BINARY) ? null : `${REGISTRY_BINARY} is not installed (apt-get install docker-registry; npm test installs it as root)`;
+const unavailable = fs.existsSync(REGISTRY_BINARY)
+  ? null
+  : `${REGISTRY_BINARY} is not installed (apt-get install docker-registry; npm test installs it as root)`;
 const ARCH = hostPlatform().architecture;
 const OTHER_ARCH = ARCH === 's390x' ? 'riscv64' : 's390x';
-const SH: TarEntry[] = [{ path: 'bin/', type: 'dir' }, { path: 'bin/sh', body: '#!fake shell\n', mode: 0o755 }];
+const SH: TarEntry[] = [
+  { path: 'bin/', type: 'dir' },
+  { path: 'bin/sh', body: '#!fake shell\n', mode: 0o755 },
+];
 
 let registry: TestRegistry;
 let settings: PullSettings;
@@ -40,7 +59,12 @@ function leftovers(store: ImageStore): string[] {
   return [...staged, ...(fs.existsSync(blobs) ? fs.readdirSync(blobs).filter((f) => f.startsWith('.')) : [])];
 }
 
-async function pushImage(repository: string, tag: string, layers: TarEntry[][], run: Record<string, unknown> = {}): Promise<{ manifest: string; layers: string[] }> {
+async function pushImage(
+  repository: string,
+  tag: string,
+  layers: TarEntry[][],
+  run: Record<string, unknown> = {},
+): Promise<{ manifest: string; layers: string[] }> {
   const image = buildImage(layers.map(tarOf), run);
   const manifest = await push(registry, repository, tag, image);
   return { manifest, layers: [...image.blobs.keys()].slice(1) };
@@ -74,7 +98,10 @@ if (unavailable) {
       { path: 'app/fifo', type: 'fifo' },
       { path: 'app/big', body: big },
     ];
-    const upper: TarEntry[] = [{ path: 'etc/msg', body: 'hello again\n' }, { path: 'app/extra', body: 'extra\n' }];
+    const upper: TarEntry[] = [
+      { path: 'etc/msg', body: 'hello again\n' },
+      { path: 'app/extra', body: 'extra\n' },
+    ];
     let index: string;
     let hostManifest: string;
     let layerDigests: string[];
@@ -88,7 +115,10 @@ if (unavailable) {
       const mine = buildImage([tarOf(base), tarOf(upper), Buffer.alloc(1024)], run, ['gzip', 'zstd', 'none'], ARCH);
       hostManifest = await push(registry, 'pulled', ARCH, mine);
       layerDigests = [...mine.blobs.keys()].slice(1);
-      const indexBytes = buildIndex([{ manifest: other.manifest, arch: OTHER_ARCH }, { manifest: mine.manifest, arch: ARCH }]);
+      const indexBytes = buildIndex([
+        { manifest: other.manifest, arch: OTHER_ARCH },
+        { manifest: mine.manifest, arch: ARCH },
+      ]);
       index = await push(registry, 'pulled', '1', { blobs: new Map(), manifest: indexBytes });
     });
 
@@ -145,7 +175,10 @@ if (unavailable) {
     test('two pulls of one image at once: the second waits for the first', { timeout: 60_000 }, async () => {
       const { store } = newStore();
       const { layers } = await pushImage('together', '1', [[...SH, { path: 'x', body: 'x' }]]);
-      const [a, b] = await Promise.all([ensureImage(store.dir, `${registry.host}/together:1`, settings), store.pullImage(`${registry.host}/together:1`, settings)]);
+      const [a, b] = await Promise.all([
+        ensureImage(store.dir, `${registry.host}/together:1`, settings),
+        store.pullImage(`${registry.host}/together:1`, settings),
+      ]);
       assert.equal(a.rootfs, b.image.rootfs);
       assert.equal(blobGets(registry, layers[0]!), 1);
     });
@@ -168,8 +201,28 @@ if (unavailable) {
   describe('layers', () => {
     test('a whiteout removes a lower entry, an opaque directory hides all of its lower ones', { timeout: 60_000 }, async () => {
       const { store } = newStore();
-      const lower: TarEntry[] = [...SH, { path: 'a/', type: 'dir' }, { path: 'a/x', body: 'x' }, { path: 'a/y', body: 'y' }, { path: 'f', body: 'f' }, { path: 'd/', type: 'dir' }, { path: 'd/sub/', type: 'dir' }, { path: 'd/sub/deep', body: 'deep' }, { path: 'o/', type: 'dir' }, { path: 'o/p', body: 'p' }, { path: 'o/q/', type: 'dir' }, { path: 'o/q/r', body: 'r' }];
-      const upper: TarEntry[] = [{ path: 'a/.wh.x', body: '' }, { path: '.wh.f', body: '' }, { path: '.wh.d', body: '' }, { path: 'o/', type: 'dir' }, { path: 'o/.wh..wh..opq', body: '' }, { path: 'o/new', body: 'new' }];
+      const lower: TarEntry[] = [
+        ...SH,
+        { path: 'a/', type: 'dir' },
+        { path: 'a/x', body: 'x' },
+        { path: 'a/y', body: 'y' },
+        { path: 'f', body: 'f' },
+        { path: 'd/', type: 'dir' },
+        { path: 'd/sub/', type: 'dir' },
+        { path: 'd/sub/deep', body: 'deep' },
+        { path: 'o/', type: 'dir' },
+        { path: 'o/p', body: 'p' },
+        { path: 'o/q/', type: 'dir' },
+        { path: 'o/q/r', body: 'r' },
+      ];
+      const upper: TarEntry[] = [
+        { path: 'a/.wh.x', body: '' },
+        { path: '.wh.f', body: '' },
+        { path: '.wh.d', body: '' },
+        { path: 'o/', type: 'dir' },
+        { path: 'o/.wh..wh..opq', body: '' },
+        { path: 'o/new', body: 'new' },
+      ];
       await pushImage('whiteouts', '1', [lower, upper]);
       const { image } = await store.pullImage(`${registry.host}/whiteouts:1`, settings);
       const ls = (p: string): string[] => fs.readdirSync(path.join(image.rootfs, p)).sort();
@@ -184,14 +237,34 @@ if (unavailable) {
       const outside = fs.mkdtempSync(path.join(root, 'outside-'));
       const stray = `stray-${randomBytes(4).toString('hex')}`;
       const cases: Array<{ name: string; layers: TarEntry[][]; error: RegExp }> = [
-        { name: 'a file through a symlink of the same layer', layers: [[...SH, { path: 'evil', type: 'symlink', linkpath: outside }, { path: 'evil/pwned', body: 'pwned' }]], error: /goes through the symbolic link "evil"; refused/ },
-        { name: 'a file through a symlink of a lower layer', layers: [[...SH, { path: 'evil', type: 'symlink', linkpath: `../../../../../../../..${outside}` }], [{ path: 'evil/pwned', body: 'pwned' }]], error: /goes through the symbolic link "evil"/ },
-        { name: 'a directory through a symlink', layers: [[...SH, { path: 'evil', type: 'symlink', linkpath: outside }], [{ path: 'evil/sub/', type: 'dir' }]], error: /symbolic link "evil"/ },
-        { name: 'a whiteout through a symlink', layers: [[...SH, { path: 'evil', type: 'symlink', linkpath: outside }], [{ path: 'evil/.wh.keep', body: '' }]], error: /symbolic link "evil"/ },
+        {
+          name: 'a file through a symlink of the same layer',
+          layers: [[...SH, { path: 'evil', type: 'symlink', linkpath: outside }, { path: 'evil/pwned', body: 'pwned' }]],
+          error: /goes through the symbolic link "evil"; refused/,
+        },
+        {
+          name: 'a file through a symlink of a lower layer',
+          layers: [[...SH, { path: 'evil', type: 'symlink', linkpath: `../../../../../../../..${outside}` }], [{ path: 'evil/pwned', body: 'pwned' }]],
+          error: /goes through the symbolic link "evil"/,
+        },
+        {
+          name: 'a directory through a symlink',
+          layers: [[...SH, { path: 'evil', type: 'symlink', linkpath: outside }], [{ path: 'evil/sub/', type: 'dir' }]],
+          error: /symbolic link "evil"/,
+        },
+        {
+          name: 'a whiteout through a symlink',
+          layers: [[...SH, { path: 'evil', type: 'symlink', linkpath: outside }], [{ path: 'evil/.wh.keep', body: '' }]],
+          error: /symbolic link "evil"/,
+        },
         { name: 'a ../ entry', layers: [[...SH, { path: `../../../${stray}`, body: 'out' }]], error: /has a "\.\." component/ },
         { name: 'a whiteout of ..', layers: [[...SH, { path: 'bin/.wh..', body: '' }]], error: /names no entry/ },
         { name: 'a hard link to ../', layers: [[...SH, { path: 'hl', type: 'link', linkpath: '../../../../../etc/passwd' }]], error: /has a "\.\." component/ },
-        { name: 'a hard link to an absolute path', layers: [[...SH, { path: 'hl', type: 'link', linkpath: '/etc/passwd' }]], error: /no such file inside the image/ },
+        {
+          name: 'a hard link to an absolute path',
+          layers: [[...SH, { path: 'hl', type: 'link', linkpath: '/etc/passwd' }]],
+          error: /no such file inside the image/,
+        },
       ];
       fs.writeFileSync(path.join(outside, 'keep'), 'kept');
       for (const [i, c] of cases.entries()) {
@@ -215,7 +288,10 @@ if (unavailable) {
     test('an image larger than SVC_IMAGE_MAX_BYTES fails with a message saying so', { timeout: 60_000 }, async () => {
       const { store } = newStore();
       await pushImage('large', '1', [[...SH, { path: 'big', body: Buffer.alloc(600_000) }], [{ path: 'big2', body: Buffer.alloc(600_000) }]]);
-      await assert.rejects(store.pullImage(`${registry.host}/large:1`, { ...settings, imageMaxBytes: 1_000_000 }), /unpacks to more than 1000000 bytes \(SVC_IMAGE_MAX_BYTES\), past it at "big2"/);
+      await assert.rejects(
+        store.pullImage(`${registry.host}/large:1`, { ...settings, imageMaxBytes: 1_000_000 }),
+        /unpacks to more than 1000000 bytes \(SVC_IMAGE_MAX_BYTES\), past it at "big2"/,
+      );
       assert.deepEqual(leftovers(store), []);
     });
   });
@@ -228,7 +304,9 @@ if (unavailable) {
       const bytes = fs.readFileSync(file);
       bytes[bytes.length - 5] ^= 0xff;
       fs.writeFileSync(file, bytes);
-      await assert.rejects(store.pullImage(`${registry.host}/corrupt:1`, settings), (err: Error) => err.message.includes(`wrong digest: expected ${layers[0]}`));
+      await assert.rejects(store.pullImage(`${registry.host}/corrupt:1`, settings), (err: Error) =>
+        err.message.includes(`wrong digest: expected ${layers[0]}`),
+      );
       assert.equal(store.blobs.has(layers[0]!), false);
       assert.deepEqual(leftovers(store), []);
     });
@@ -244,10 +322,16 @@ if (unavailable) {
 
     test('an unknown image, an unknown tag, an unreachable or a plain-HTTP registry not allowed', { timeout: 60_000 }, async () => {
       const { store } = newStore();
-      await assert.rejects(store.pullImage(`${registry.host}/nothing-here:1`, settings), new RegExp(`${registry.host}/nothing-here:1: no such image in ${registry.host} \\((NAME|MANIFEST)_UNKNOWN`));
+      await assert.rejects(
+        store.pullImage(`${registry.host}/nothing-here:1`, settings),
+        new RegExp(`${registry.host}/nothing-here:1: no such image in ${registry.host} \\((NAME|MANIFEST)_UNKNOWN`),
+      );
       await assert.rejects(store.pullImage(`${registry.host}/pulled:nope`, settings), /pulled:nope: no such image .*MANIFEST_UNKNOWN/);
       const closed = `127.0.0.1:${await freePort()}`;
-      await assert.rejects(store.pullImage(`${closed}/x:1`, { ...settings, registryInsecure: [closed] }), new RegExp(`cannot reach registry ${closed}: .*ECONNREFUSED`));
+      await assert.rejects(
+        store.pullImage(`${closed}/x:1`, { ...settings, registryInsecure: [closed] }),
+        new RegExp(`cannot reach registry ${closed}: .*ECONNREFUSED`),
+      );
       await assert.rejects(store.pullImage(`${registry.host}/pulled:1`, { ...settings, registryInsecure: null }), /must be listed in SVC_REGISTRY_INSECURE/);
       // The sandbox's boot path: ensureImage, whose error the boot reports as "image could not be pulled: ...".
       await assert.rejects(ensureImage(store.dir, `${registry.host}/nothing-here:2`, settings), /no such image/);
@@ -260,9 +344,18 @@ if (unavailable) {
         const login = `Basic ${Buffer.from('alice:open sesame').toString('base64')}`;
         await push(locked, 'private', '1', buildImage([tarOf([...SH, { path: 'secret', body: 'private' }])]), login);
         const base = { ...settings, registryInsecure: [locked.host] };
-        await assert.rejects(store.pullImage(`${locked.host}/private:1`, base), new RegExp(`${locked.host} refused access to private without credentials \\(SVC_REGISTRY_AUTH has none for ${locked.host}`));
-        await assert.rejects(store.pullImage(`${locked.host}/private:1`, { ...base, registryAuth: { [locked.host]: { username: 'alice', password: 'wrong' } } }), new RegExp(`${locked.host} refused the credentials SVC_REGISTRY_AUTH gives for it`));
-        const { image } = await store.pullImage(`${locked.host}/private:1`, { ...base, registryAuth: { [locked.host]: { username: 'alice', password: 'open sesame' } } });
+        await assert.rejects(
+          store.pullImage(`${locked.host}/private:1`, base),
+          new RegExp(`${locked.host} refused access to private without credentials \\(SVC_REGISTRY_AUTH has none for ${locked.host}`),
+        );
+        await assert.rejects(
+          store.pullImage(`${locked.host}/private:1`, { ...base, registryAuth: { [locked.host]: { username: 'alice', password: 'wrong' } } }),
+          new RegExp(`${locked.host} refused the credentials SVC_REGISTRY_AUTH gives for it`),
+        );
+        const { image } = await store.pullImage(`${locked.host}/private:1`, {
+          ...base,
+          registryAuth: { [locked.host]: { username: 'alice', password: 'open sesame' } },
+        });
         assert.equal(fs.readFileSync(path.join(image.rootfs, 'secret'), 'utf8'), 'private');
       } finally {
         await locked.stop();
@@ -276,14 +369,26 @@ if (unavailable) {
       const locked = await startRegistry({ token: tokens });
       try {
         const { store } = newStore();
-        await push(locked, 'team/tool', '1', buildImage([tarOf([...SH, { path: 'tool', body: 'behind a token' }])]), `Bearer ${tokens.token('repository:team/tool:pull,push')}`);
+        await push(
+          locked,
+          'team/tool',
+          '1',
+          buildImage([tarOf([...SH, { path: 'tool', body: 'behind a token' }])]),
+          `Bearer ${tokens.token('repository:team/tool:pull,push')}`,
+        );
         const tokenHost = new URL(tokens.realm).host;
         const base = { ...settings, registryInsecure: [locked.host, tokenHost] };
         const ref = `${locked.host}/team/tool:1`;
         await assert.rejects(store.pullImage(ref, base), new RegExp(`${locked.host} refused access to team/tool without credentials`));
-        await assert.rejects(store.pullImage(ref, { ...base, registryAuth: { [locked.host]: { username: 'bob', password: 'nope' } } }), new RegExp(`${locked.host} refused the credentials SVC_REGISTRY_AUTH gives for it`));
+        await assert.rejects(
+          store.pullImage(ref, { ...base, registryAuth: { [locked.host]: { username: 'bob', password: 'nope' } } }),
+          new RegExp(`${locked.host} refused the credentials SVC_REGISTRY_AUTH gives for it`),
+        );
         const bob = { registryAuth: { [locked.host]: { username: 'bob', password: 'hunter22' } } };
-        await assert.rejects(store.pullImage(ref, { ...base, ...bob, registryInsecure: [locked.host] }), new RegExp(`token service http://${tokenHost} is not HTTPS`));
+        await assert.rejects(
+          store.pullImage(ref, { ...base, ...bob, registryInsecure: [locked.host] }),
+          new RegExp(`token service http://${tokenHost} is not HTTPS`),
+        );
         const { image } = await store.pullImage(ref, { ...base, ...bob });
         assert.equal(fs.readFileSync(path.join(image.rootfs, 'tool'), 'utf8'), 'behind a token');
       } finally {
@@ -295,12 +400,17 @@ if (unavailable) {
 
   describe('image archives', () => {
     const layerA = tarOf([...SH, { path: 'etc/', type: 'dir' }, { path: 'etc/msg', body: 'saved\n' }, { path: 'gone', body: 'x' }]);
-    const layerB = tarOf([{ path: '.wh.gone', body: '' }, { path: 'etc/more', body: 'more\n', mode: 0o600, uid: 7 }]);
+    const layerB = tarOf([
+      { path: '.wh.gone', body: '' },
+      { path: 'etc/more', body: 'more\n', mode: 0o600, uid: 7 },
+    ]);
     const run = { Entrypoint: ['/bin/sh', '-c'], Cmd: ['echo hi'], WorkingDir: '/srv' };
 
     /** A `docker save` archive (the format before Docker 25: <id>/layer.tar, <config>.json, manifest.json). */
     function dockerSave(dir: string, tags: string[]): string {
-      const config = Buffer.from(JSON.stringify({ architecture: ARCH, os: 'linux', config: run, rootfs: { type: 'layers', diff_ids: [sha256(layerA), sha256(layerB)] } }));
+      const config = Buffer.from(
+        JSON.stringify({ architecture: ARCH, os: 'linux', config: run, rootfs: { type: 'layers', diff_ids: [sha256(layerA), sha256(layerB)] } }),
+      );
       const configName = `${sha256(config).slice(7)}.json`;
       const ids = [layerA, layerB].map((l) => sha256(Buffer.concat([l, Buffer.from('id')])).slice(7));
       fs.mkdirSync(dir, { recursive: true });
@@ -338,7 +448,9 @@ if (unavailable) {
       // a layer changed after the config was written: its diff_id no longer matches
       const tampered = path.join(root, 'tampered');
       dockerSave(tampered, ['tampered:1']);
-      const layerDir = fs.readdirSync(tampered).find((f) => fs.existsSync(path.join(tampered, f, 'layer.tar')) && fs.readFileSync(path.join(tampered, f, 'layer.tar')).equals(layerB))!;
+      const layerDir = fs
+        .readdirSync(tampered)
+        .find((f) => fs.existsSync(path.join(tampered, f, 'layer.tar')) && fs.readFileSync(path.join(tampered, f, 'layer.tar')).equals(layerB))!;
       fs.writeFileSync(path.join(tampered, layerDir, 'layer.tar'), tarOf([{ path: 'etc/more', body: 'evil\n' }]));
       const { store: other } = newStore();
       await assert.rejects(other.importImage('tampered:1', tampered), /wrong digest/);
@@ -354,11 +466,15 @@ if (unavailable) {
       const image = buildImage([layerA, layerB], run, ['gzip', 'none'], ARCH);
       const layout = path.join(root, 'oci-layout');
       fs.mkdirSync(path.join(layout, 'blobs', 'sha256'), { recursive: true });
-      for (const [digest, bytes] of [...image.blobs, [sha256(image.manifest), image.manifest] as const]) fs.writeFileSync(path.join(layout, 'blobs', 'sha256', digest.slice(7)), bytes);
+      for (const [digest, bytes] of [...image.blobs, [sha256(image.manifest), image.manifest] as const])
+        fs.writeFileSync(path.join(layout, 'blobs', 'sha256', digest.slice(7)), bytes);
       fs.writeFileSync(path.join(layout, 'oci-layout'), '{"imageLayoutVersion": "1.0.0"}');
       const descriptor = { mediaType: 'application/vnd.oci.image.manifest.v1+json', digest: sha256(image.manifest), size: image.manifest.length };
       const other = { ...descriptor, annotations: { 'org.opencontainers.image.ref.name': 'other' } };
-      fs.writeFileSync(path.join(layout, 'index.json'), JSON.stringify({ schemaVersion: 2, manifests: [other, { ...descriptor, annotations: { 'org.opencontainers.image.ref.name': '1' } }] }));
+      fs.writeFileSync(
+        path.join(layout, 'index.json'),
+        JSON.stringify({ schemaVersion: 2, manifests: [other, { ...descriptor, annotations: { 'org.opencontainers.image.ref.name': '1' } }] }),
+      );
       const fromDir = await store.importImage('oci:1', layout);
       assert.equal(fromDir.digest, sha256(image.manifest));
       assert.equal(fs.readFileSync(path.join(fromDir.rootfs, 'etc/more'), 'utf8'), 'more\n');
@@ -387,7 +503,13 @@ if (unavailable) {
       await pushImage('bootable', '1', [layer]);
       const image = await ensureImage(path.join(root, 'boot', 'images'), `${registry.host}/bootable:1`, settings);
       const workspace = fs.mkdtempSync(path.join(root, 'ws-'));
-      const sb = await runtime.create({ id: `sb-${randomBytes(4).toString('hex')}`, workspace, rootfs: image.rootfs, env: {}, resources: { memoryBytes: 256 * 1024 * 1024, cpus: 1, pids: 64, diskBytes: null } });
+      const sb = await runtime.create({
+        id: `sb-${randomBytes(4).toString('hex')}`,
+        workspace,
+        rootfs: image.rootfs,
+        env: {},
+        resources: { memoryBytes: 256 * 1024 * 1024, cpus: 1, pids: 64, diskBytes: null },
+      });
       try {
         const r = await sb.exec({ command: 'read line < /etc/msg; echo $line' });
         assert.equal(r.stdout, 'from the registry\n', r.stderr);

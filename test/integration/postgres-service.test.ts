@@ -157,7 +157,7 @@ function observe(conversation: Array<['client' | 'server', Buffer]>, split = 0):
   const observer = new PgWireObserver((write) => reported.push(write));
   for (const [side, bytes] of conversation) {
     const pieces = split ? Array.from({ length: Math.ceil(bytes.length / split) }, (_, i) => bytes.subarray(i * split, (i + 1) * split)) : [bytes];
-    for (const piece of pieces) (side === 'client' ? observer.fromClient(piece) : observer.fromServer(piece));
+    for (const piece of pieces) side === 'client' ? observer.fromClient(piece) : observer.fromServer(piece);
   }
   observer.close();
   return reported;
@@ -295,9 +295,20 @@ if (problem) {
       for (const delayMs of [0, 5, 20, 40]) {
         const controller = new AbortController();
         const dir = path.join(root, `aborted-${delayMs}`);
-        const starting = PostgresService.start({ name: 'db', database: 'shop', user: 'agent', root: dir, cacheDir, auditWrites: true, signal: controller.signal });
+        const starting = PostgresService.start({
+          name: 'db',
+          database: 'shop',
+          user: 'agent',
+          root: dir,
+          cacheDir,
+          auditWrites: true,
+          signal: controller.signal,
+        });
         setTimeout(() => controller.abort(), delayMs);
-        const outcome = await starting.then((service) => service, (err: Error) => err);
+        const outcome = await starting.then(
+          (service) => service,
+          (err: Error) => err,
+        );
         if (outcome instanceof PostgresService) {
           await outcome.stop(); // it won the race
         } else {
@@ -323,8 +334,14 @@ if (problem) {
     test('a fixture runs as the agent’s role; an invalid one rejects with the database’s message and line', { timeout: 30_000 }, async () => {
       await service.runSql(`CREATE TABLE items (id int PRIMARY KEY, name text);\nINSERT INTO items VALUES (1, 'one'), (2, 'two');`);
       assert.equal(await service.queryFirst(`SELECT tableowner FROM pg_tables WHERE tablename = 'items'`), 'postgres');
-      await assert.rejects(service.runSql(`SELECT 1;\nINSERT INTO items VALUES (3, 'three');\nSELEC name FROM items`), /^Error: db: syntax error at or near "SELEC" \(line 3, column 1\)$/);
-      await assert.rejects(service.runSql(`INSERT INTO items VALUES (1, 'again')`), /duplicate key value violates unique constraint "items_pkey": Key \(id\)=\(1\) already exists/);
+      await assert.rejects(
+        service.runSql(`SELECT 1;\nINSERT INTO items VALUES (3, 'three');\nSELEC name FROM items`),
+        /^Error: db: syntax error at or near "SELEC" \(line 3, column 1\)$/,
+      );
+      await assert.rejects(
+        service.runSql(`INSERT INTO items VALUES (1, 'again')`),
+        /duplicate key value violates unique constraint "items_pkey": Key \(id\)=\(1\) already exists/,
+      );
       assert.equal(await service.queryFirst(`SELECT count(*) FROM items`), '2', 'the failed fixture wrote nothing');
     });
 
@@ -365,7 +382,9 @@ if (problem) {
       }
     });
 
-    test('even the runner’s superuser is jailed: a program it runs is the postgres user, sees the host\'s system read-only and none of its data, no network', { timeout: 30_000 }, async () => {
+    test("even the runner’s superuser is jailed: a program it runs is the postgres user, sees the host's system read-only and none of its data, no network", {
+      timeout: 30_000,
+    }, async () => {
       // The superuser's password is private to the service (it never runs tenant SQL); read here to test the jail.
       const password = (service as unknown as { superuserPassword: string }).superuserPassword;
       const client = new pg.Client({ host: path.dirname(service.socketPath), port: 5432, user: 'svc_superuser', password, database: 'app' });
@@ -376,12 +395,18 @@ if (problem) {
       fs.writeFileSync(hostData, 'host data\n', { mode: 0o644 });
       try {
         await client.query(`CREATE TEMP TABLE out (line text)`);
-        await client.query(`COPY out FROM PROGRAM 'id -un; touch ${marker} 2>&1 || true; cat ${hostData} 2>&1 || true; tail -n +3 /proc/net/dev | cut -d: -f1'`);
+        await client.query(
+          `COPY out FROM PROGRAM 'id -un; touch ${marker} 2>&1 || true; cat ${hostData} 2>&1 || true; tail -n +3 /proc/net/dev | cut -d: -f1'`,
+        );
         const lines = (await client.query(`SELECT line FROM out`)).rows.map((r: { line: string }) => r.line);
         assert.equal(lines[0], 'postgres');
         assert.match(lines[1]!, /Read-only file system/);
-        assert.match(lines[2]!, /No such file or directory/, 'the host\'s data is not in the jail');
-        assert.deepEqual(lines.slice(3).map((l) => l.trim()), ['lo'], 'its own network namespace: loopback only');
+        assert.match(lines[2]!, /No such file or directory/, "the host's data is not in the jail");
+        assert.deepEqual(
+          lines.slice(3).map((l) => l.trim()),
+          ['lo'],
+          'its own network namespace: loopback only',
+        );
         assert.equal(fs.existsSync(marker), false);
       } finally {
         await client.end();
@@ -438,8 +463,20 @@ if (problem) {
       return writes.slice(from).map(({ ts: _ts, ...rest }) => rest);
     }
 
-    const committed = (table: string, operation: DbWrite['operation'], row_count: number, transactions = 1) => ({ table, operation, row_count, transactions, rolled_back: false });
-    const rolledBack = (table: string, operation: DbWrite['operation'], row_count: number) => ({ table, operation, row_count, transactions: 1, rolled_back: true });
+    const committed = (table: string, operation: DbWrite['operation'], row_count: number, transactions = 1) => ({
+      table,
+      operation,
+      row_count,
+      transactions,
+      rolled_back: false,
+    });
+    const rolledBack = (table: string, operation: DbWrite['operation'], row_count: number) => ({
+      table,
+      operation,
+      row_count,
+      transactions: 1,
+      rolled_back: true,
+    });
     const agent = (sql: string, stdin?: string) => async () => {
       const result = await psql(service, sql, { port: proxy.port, stdin });
       return result;
@@ -451,7 +488,10 @@ if (problem) {
     });
 
     test('insert, update, delete, with the rows a trigger wrote', { timeout: 30_000 }, async () => {
-      assert.deepEqual(await writesOf(agent(`INSERT INTO orders (v) VALUES ('a'), ('b'), ('c')`)), [committed('orders', 'insert', 3), committed('order_log', 'insert', 3)]);
+      assert.deepEqual(await writesOf(agent(`INSERT INTO orders (v) VALUES ('a'), ('b'), ('c')`)), [
+        committed('orders', 'insert', 3),
+        committed('order_log', 'insert', 3),
+      ]);
       assert.deepEqual(await writesOf(agent(`UPDATE orders SET v = 'z' WHERE v IN ('a', 'b')`)), [committed('orders', 'update', 2)]);
       assert.deepEqual(await writesOf(agent(`DELETE FROM orders WHERE v = 'c'`)), [committed('orders', 'delete', 1)]);
     });
@@ -469,14 +509,30 @@ if (problem) {
         await client.end();
       });
       // one record for both when one read of the slot found both, else one each
-      assert.ok(records.every((w) => w.table === 'sales.Big Orders' && w.operation === 'insert' && !w.rolled_back), JSON.stringify(records));
-      assert.equal(records.reduce((sum, w) => sum + w.row_count, 0), 2);
-      assert.equal(records.reduce((sum, w) => sum + w.transactions, 0), 2);
+      assert.ok(
+        records.every((w) => w.table === 'sales.Big Orders' && w.operation === 'insert' && !w.rolled_back),
+        JSON.stringify(records),
+      );
+      assert.equal(
+        records.reduce((sum, w) => sum + w.row_count, 0),
+        2,
+      );
+      assert.equal(
+        records.reduce((sum, w) => sum + w.transactions, 0),
+        2,
+      );
     });
 
     test('a multi-statement query is one transaction with a record per table and operation', { timeout: 30_000 }, async () => {
-      const records = await writesOf(agent(`INSERT INTO orders (v) VALUES ('m1'); UPDATE orders SET v = 'm2' WHERE v = 'm1'; DELETE FROM orders WHERE v = 'm2'`));
-      assert.deepEqual(records, [committed('orders', 'insert', 1), committed('order_log', 'insert', 1), committed('orders', 'update', 1), committed('orders', 'delete', 1)]);
+      const records = await writesOf(
+        agent(`INSERT INTO orders (v) VALUES ('m1'); UPDATE orders SET v = 'm2' WHERE v = 'm1'; DELETE FROM orders WHERE v = 'm2'`),
+      );
+      assert.deepEqual(records, [
+        committed('orders', 'insert', 1),
+        committed('order_log', 'insert', 1),
+        committed('orders', 'update', 1),
+        committed('orders', 'delete', 1),
+      ]);
     });
 
     test('rolled-back writes are reported as such (from the wire), never as committed', { timeout: 30_000 }, async () => {
@@ -489,7 +545,11 @@ if (problem) {
         assert.match(result.stderr, /division by zero/);
       });
       assert.deepEqual(failed, [rolledBack('orders', 'insert', 1)]);
-      const savepoint = await writesOf(agent(`BEGIN; INSERT INTO orders (v) VALUES ('s'); SAVEPOINT before_delete; DELETE FROM orders WHERE v = 's'; ROLLBACK TO SAVEPOINT before_delete; COMMIT`));
+      const savepoint = await writesOf(
+        agent(
+          `BEGIN; INSERT INTO orders (v) VALUES ('s'); SAVEPOINT before_delete; DELETE FROM orders WHERE v = 's'; ROLLBACK TO SAVEPOINT before_delete; COMMIT`,
+        ),
+      );
       assert.deepEqual(savepoint, [rolledBack('orders', 'delete', 1), committed('orders', 'insert', 1), committed('order_log', 'insert', 1)]);
       const failedCommit = await writesOf(async () => {
         const client = new pg.Client({ host: '127.0.0.1', port: proxy.port, ...service.credentials });
@@ -505,7 +565,10 @@ if (problem) {
     });
 
     test('TRUNCATE is recorded per table', { timeout: 30_000 }, async () => {
-      assert.deepEqual(await writesOf(agent(`TRUNCATE order_log, sales."Big Orders"`)), [committed('order_log', 'truncate', 0), committed('sales.Big Orders', 'truncate', 0)]);
+      assert.deepEqual(await writesOf(agent(`TRUNCATE order_log, sales."Big Orders"`)), [
+        committed('order_log', 'truncate', 0),
+        committed('sales.Big Orders', 'truncate', 0),
+      ]);
     });
 
     test('10,000 autocommit inserts make a handful of records; a 200,000-row transaction one', { timeout: 120_000 }, async () => {
@@ -517,8 +580,14 @@ if (problem) {
       });
       assert.ok(many.length >= 1 && many.length <= 100, `${many.length} records`);
       assert.ok(many.every((w) => w.table === 'bulk' && w.operation === 'insert' && !w.rolled_back));
-      assert.equal(many.reduce((sum, w) => sum + w.row_count, 0), 10_000);
-      assert.equal(many.reduce((sum, w) => sum + w.transactions, 0), 10_000);
+      assert.equal(
+        many.reduce((sum, w) => sum + w.row_count, 0),
+        10_000,
+      );
+      assert.equal(
+        many.reduce((sum, w) => sum + w.transactions, 0),
+        10_000,
+      );
       const big = await writesOf(agent(`INSERT INTO bulk SELECT generate_series(1, 200000)`));
       assert.deepEqual(big, [committed('bulk', 'insert', 200_000)]);
     });

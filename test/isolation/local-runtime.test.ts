@@ -80,7 +80,9 @@ if (unavailable) {
       const sb = await sandbox();
       const places = Object.fromEntries(sb.writablePlaces.map((p) => [p.at, p.host]));
       assert.deepEqual(Object.keys(places).sort(), ['/dev/shm', '/tmp']);
-      const r = await sb.exec({ command: 'echo t > /tmp/t; echo s > /dev/shm/s; ln /tmp/t /dev/shm/link; stat -f -c "%T %b %S" /tmp; stat -c %a /tmp /dev/shm' });
+      const r = await sb.exec({
+        command: 'echo t > /tmp/t; echo s > /dev/shm/s; ln /tmp/t /dev/shm/link; stat -f -c "%T %b %S" /tmp; stat -c %a /tmp /dev/shm',
+      });
       assert.match(r.stderr, /Invalid cross-device link/, 'a hard link between /tmp and /dev/shm fails as between two filesystems');
       const [fsLine, ...modes] = r.stdout.trim().split('\n');
       const [type, blocks, blockSize] = fsLine!.split(' ');
@@ -115,8 +117,17 @@ if (unavailable) {
       const audit = path.join(root, 'audit-' + randomBytes(4).toString('hex'));
       fs.mkdirSync(audit);
       fs.writeFileSync(path.join(audit, 'log.jsonl'), '{"ok":true}\n');
-      const sb = await sandbox({ readOnlyMounts: [{ host: audit, sandbox: '/workspace/.svc' }, { host: audit, sandbox: '/agent' }], hosts: { 'judge.internal': '10.1.2.3' } });
-      const r = await sb.exec({ command: 'cat /workspace/.svc/log.jsonl /agent/log.jsonl; echo x >> /workspace/.svc/log.jsonl; rm -f /agent/log.jsonl; mv /workspace/.svc /workspace/moved; getent hosts judge.internal' });
+      const sb = await sandbox({
+        readOnlyMounts: [
+          { host: audit, sandbox: '/workspace/.svc' },
+          { host: audit, sandbox: '/agent' },
+        ],
+        hosts: { 'judge.internal': '10.1.2.3' },
+      });
+      const r = await sb.exec({
+        command:
+          'cat /workspace/.svc/log.jsonl /agent/log.jsonl; echo x >> /workspace/.svc/log.jsonl; rm -f /agent/log.jsonl; mv /workspace/.svc /workspace/moved; getent hosts judge.internal',
+      });
       assert.equal(r.stdout, '{"ok":true}\n{"ok":true}\n10.1.2.3        judge.internal\n');
       assert.match(r.stderr, /Read-only file system/);
       assert.equal(fs.readFileSync(path.join(audit, 'log.jsonl'), 'utf8'), '{"ok":true}\n');
@@ -160,7 +171,10 @@ if (unavailable) {
     test('commands run unprivileged: own uid, no capabilities, no_new_privs, seccomp', async () => {
       const sb = await sandbox();
       const r = await sb.exec({ command: 'id -u; id -G; grep -E "^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):" /proc/self/status' });
-      assert.equal(r.stdout, '65534\n65534\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n');
+      assert.equal(
+        r.stdout,
+        '65534\n65534\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n',
+      );
     });
 
     test('denied syscalls fail: new namespaces, mount, ptrace', async () => {
@@ -262,11 +276,23 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       const sb = await sandbox();
       // A multi-threaded process too: python's threads start inside, after the join.
       await sb.spawnBackground({ command: 'sleep 1002' });
-      await sb.exec({ command: 'python3 -c "import threading,time; [threading.Thread(target=time.sleep, args=(1003,), daemon=True).start() for _ in range(3)]; time.sleep(1003)" > /dev/null 2>&1 &' });
+      await sb.exec({
+        command:
+          'python3 -c "import threading,time; [threading.Thread(target=time.sleep, args=(1003,), daemon=True).start() for _ in range(3)]; time.sleep(1003)" > /dev/null 2>&1 &',
+      });
       // Per task: the group of each v1 controller the runtime limits, else (v2 only) its one group.
       const groupsOf = (pid: string, tid: string): Map<string, string> => {
-        const lines = fs.readFileSync(`/proc/${pid}/task/${tid}/cgroup`, 'utf8').trim().split('\n').map((line) => line.split(':'));
-        const v1 = lines.flatMap(([, controllers, group]) => controllers!.split(',').filter((c) => ['memory', 'pids', 'cpu'].includes(c)).map((c) => [c, group!] as const));
+        const lines = fs
+          .readFileSync(`/proc/${pid}/task/${tid}/cgroup`, 'utf8')
+          .trim()
+          .split('\n')
+          .map((line) => line.split(':'));
+        const v1 = lines.flatMap(([, controllers, group]) =>
+          controllers!
+            .split(',')
+            .filter((c) => ['memory', 'pids', 'cpu'].includes(c))
+            .map((c) => [c, group!] as const),
+        );
         return new Map(v1.length > 0 ? v1 : lines.filter(([, controllers]) => controllers === '').map(([, , group]) => ['v2', group!] as const));
       };
       const mine = `/svc/${sb.id}`;
@@ -288,9 +314,17 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
         if (!(python && sleeping)) await new Promise((r) => setTimeout(r, 50));
       }
       const inside = tasks.filter((t) => [...t.groups.values()].includes(mine));
-      for (const t of inside) assert.ok([...t.groups.values()].every((g) => g === mine), `${t.cmd} (task ${t.tid}) is only partly in the sandbox's groups: ${[...t.groups]}`);
+      for (const t of inside)
+        assert.ok(
+          [...t.groups.values()].every((g) => g === mine),
+          `${t.cmd} (task ${t.tid}) is only partly in the sandbox's groups: ${[...t.groups]}`,
+        );
       const commands = inside.map((t) => t.cmd);
-      for (const expected of ['bwrap', '/run/svc/supervisor serve', 'sleep 1002']) assert.ok(commands.some((c) => c.startsWith(expected)), `${expected} is in the groups: ${commands}`);
+      for (const expected of ['bwrap', '/run/svc/supervisor serve', 'sleep 1002'])
+        assert.ok(
+          commands.some((c) => c.startsWith(expected)),
+          `${expected} is in the groups: ${commands}`,
+        );
       assert.ok(python, `the python process's 4 threads are in the groups: ${commands}`);
       const reaper = tasks.filter((t) => t.cmd.includes(' launch ') && t.cmd.includes(sb.id));
       assert.ok(reaper.length > 0, 'the launch process is there');
@@ -315,7 +349,11 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
     });
 
     test('the workspace is a filesystem of diskBytes, with what it held kept; destroy unmounts it; a new runtime sweeps what a dead one left', async () => {
-      const mounted = (dir: string) => fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === dir);
+      const mounted = (dir: string) =>
+        fs
+          .readFileSync('/proc/self/mountinfo', 'utf8')
+          .split('\n')
+          .some((l) => l.split(' ')[4] === dir);
       const create = async () => {
         const id = `sb-${randomBytes(6).toString('hex')}`;
         const workspace = path.join(root, 'workspaces', id);
@@ -349,7 +387,11 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
     });
 
     test('the spare disk the launch moves into place keeps what the workspace held; a create that fails after the move leaves nothing mounted', async () => {
-      const mountedAt = () => fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]);
+      const mountedAt = () =>
+        fs
+          .readFileSync('/proc/self/mountinfo', 'utf8')
+          .split('\n')
+          .map((l) => l.split(' ')[4]);
       const disks = path.join(root, 'state', 'disks');
       const staging = () => (fs.existsSync(disks) ? fs.readdirSync(disks) : []).filter((n) => n.endsWith('.mnt')).map((n) => path.join(disks, n));
       const prepared = () => {
@@ -373,25 +415,39 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       assert.ok(mountedAt().includes(workspace));
       const r = await sb.exec({ command: 'cat kept/f.txt; echo; ls -A; stat -c %U kept/f.txt' });
       assert.equal(r.stdout, 'before\nkept\nnobody\n');
-      assert.equal(fs.existsSync(spare), false, 'the spare\'s staging place went with the move');
+      assert.equal(fs.existsSync(spare), false, "the spare's staging place went with the move");
       await sb.destroy();
       assert.equal(mountedAt().includes(workspace), false, 'unmounted at destroy');
 
       // bwrap fails (a bind of a missing host path) after the launch moved the disk.
       const failing = prepared();
-      await assert.rejects(runtime.create({ id: failing.id, workspace: failing.workspace, rootfs: null, env: {}, resources: RESOURCES, readOnlyMounts: [{ host: path.join(root, 'missing'), sandbox: '/opt/missing' }] }));
-      assert.equal(mountedAt().includes(failing.workspace), false, 'the failed sandbox\'s workspace is not left mounted');
+      await assert.rejects(
+        runtime.create({
+          id: failing.id,
+          workspace: failing.workspace,
+          rootfs: null,
+          env: {},
+          resources: RESOURCES,
+          readOnlyMounts: [{ host: path.join(root, 'missing'), sandbox: '/opt/missing' }],
+        }),
+      );
+      assert.equal(mountedAt().includes(failing.workspace), false, "the failed sandbox's workspace is not left mounted");
       assert.equal(fs.readFileSync(path.join(failing.workspace, 'kept', 'f.txt'), 'utf8'), 'before', 'the directory below is as it was');
     });
 
     test('the launch moves the disk onto the workspace directory, never through a symlink swapped in for it', async () => {
       const supervisor = await runtime.supervisorBinary();
-      const mountedAt = () => fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]);
+      const mountedAt = () =>
+        fs
+          .readFileSync('/proc/self/mountinfo', 'utf8')
+          .split('\n')
+          .map((l) => l.split(' ')[4]);
       const dir = fs.mkdtempSync(path.join(root, 'move-'));
       const [from, workspace, elsewhere] = ['from', 'workspace', 'elsewhere'].map((n) => path.join(dir, n));
       for (const d of [from, workspace, elsewhere]) fs.mkdirSync(d);
       // No cgroup to join: the launch fails after the move, which is all this looks at.
-      const launch = (to: string) => spawnSync(supervisor, ['launch', path.join(dir, 'no-such-group', 'tasks'), '--move', from, to, '--', '/bin/true'], { encoding: 'utf8' });
+      const launch = (to: string) =>
+        spawnSync(supervisor, ['launch', path.join(dir, 'no-such-group', 'tasks'), '--move', from, to, '--', '/bin/true'], { encoding: 'utf8' });
       execFileSync('mount', ['-t', 'tmpfs', 'tmpfs', from]);
       try {
         // The workspace replaced by a symlink to a host directory after the runner looked at it.
@@ -417,7 +473,10 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
     test('20 sandboxes created concurrently all come up', async () => {
       const all = await Promise.all(Array.from({ length: 20 }, () => sandbox()));
       const names = await Promise.all(all.map(async (sb) => (await sb.exec({ command: 'hostname' })).stdout.trim()));
-      assert.deepEqual(names, all.map((sb) => sb.id));
+      assert.deepEqual(
+        names,
+        all.map((sb) => sb.id),
+      );
       await Promise.all(all.map((sb) => sb.destroy()));
     });
   });
@@ -455,7 +514,10 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       assert.equal(store.resolveImage('mini:1'), null);
       await store.importImage('mini:1', src);
       await store.importImage('docker.io/library/mini:2', tarball);
-      assert.deepEqual((await store.listImages()).map((i) => i.name), ['mini:1', 'mini:2']);
+      assert.deepEqual(
+        (await store.listImages()).map((i) => i.name),
+        ['mini:1', 'mini:2'],
+      );
       for (const ref of ['mini:1', 'mini:2']) {
         const rootfs = store.resolveImage(ref);
         assert.ok(rootfs);
@@ -467,7 +529,11 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       }
       // An image may carry the command of an `image` agent.
       const said: string[] = [];
-      assert.equal(await imagesCommand(['import', 'mini:3', src, '--entrypoint', '["python3", "agent.py"]'], path.join(root, 'data'), (l) => said.push(l)), 0, said.join('\n'));
+      assert.equal(
+        await imagesCommand(['import', 'mini:3', src, '--entrypoint', '["python3", "agent.py"]'], path.join(root, 'data'), (l) => said.push(l)),
+        0,
+        said.join('\n'),
+      );
       assert.deepEqual((await store.listImages()).find((i) => i.name === 'mini:3')?.entrypoint, ['python3', 'agent.py']);
       assert.equal(await imagesCommand(['import', 'mini:4', src, '--entrypoint', '[]'], path.join(root, 'data'), (l) => said.push(l)), 1);
       assert.match(said.at(-1)!, /--entrypoint must be a JSON list/);

@@ -33,7 +33,14 @@ async function sandbox(overrides: Partial<CreateSandboxOptions> = {}): Promise<S
   const id = `sb-${randomBytes(6).toString('hex')}`;
   const workspace = path.join(root, 'workspaces', id);
   fs.mkdirSync(workspace, { recursive: true });
-  const sb = await runtime.create({ id, workspace, rootfs: null, env: { HOME: '/workspace' }, resources: { memoryBytes: 256 * 1024 * 1024, cpus: 1, pids: 256, diskBytes: null }, ...overrides });
+  const sb = await runtime.create({
+    id,
+    workspace,
+    rootfs: null,
+    env: { HOME: '/workspace' },
+    resources: { memoryBytes: 256 * 1024 * 1024, cpus: 1, pids: 256, diskBytes: null },
+    ...overrides,
+  });
   live.push(sb);
   return sb;
 }
@@ -72,7 +79,11 @@ async function terminal(sb: SandboxHandle, options: Partial<TerminalOptions> & {
   return { t: opened, waitFor, bytes: () => bytes, type: (s: string) => opened.write(Buffer.from(s)) };
 }
 
-const lines = (text: string) => text.trim().split('\n').map((l) => l.replace(/\s+/g, ' '));
+const lines = (text: string) =>
+  text
+    .trim()
+    .split('\n')
+    .map((l) => l.replace(/\s+/g, ' '));
 
 if (unavailable) {
   if (process.env.CI === 'true') test('local runtime terminals', () => assert.fail(`${unavailable}; under CI=true the local runtime is mandatory`));
@@ -91,7 +102,7 @@ if (unavailable) {
       assert.equal(sid, pid, 'the shell leads its session');
       assert.match(rest, /^\/dev\/pts\/\d+ nobody \/workspace xterm$/);
       const shells = sandboxPids(sb.id).filter((p) => fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith(`${path.basename(t.shell)}\0-i`));
-      assert.equal(shells.length, 1, 'the shell is in the sandbox\'s cgroups');
+      assert.equal(shells.length, 1, "the shell is in the sandbox's cgroups");
       t.close();
       assert.equal((await t.exited).exitCode, 129, 'hung up');
     });
@@ -115,7 +126,7 @@ if (unavailable) {
       assert.equal((await t.exited).exitCode, 5);
     });
 
-    test('as root inside, the shell is root of the sandbox\'s user namespace and owns its pty', async () => {
+    test("as root inside, the shell is root of the sandbox's user namespace and owns its pty", async () => {
       const { t, waitFor, type } = await terminal(await sandbox({ user: 'root' }));
       type('echo "[$(id -u) $(stat -c %U $(tty)) $(grep ^CapEff /proc/$$/status | cut -f2)]"\n');
       await waitFor(/\[0 root 00000000800001fb\]/);
@@ -160,7 +171,7 @@ if (unavailable) {
       await t.exited;
     });
 
-    test('killAll and destroy end every terminal with the sandbox\'s processes', async () => {
+    test("killAll and destroy end every terminal with the sandbox's processes", async () => {
       const sb = await sandbox();
       const a = await terminal(sb);
       const b = await terminal(sb);

@@ -68,30 +68,42 @@ if (unavailable) {
     test('uid 0 of its own user namespace (host ids of the range), capabilities there only, no_new_privs, seccomp; its files are host ids of the range', async () => {
       const sb = await sandbox();
       assert.deepEqual(sb.user, { inside: 'root', uid: ROOT_UID, gid: ROOT_UID });
-      const r = await sb.exec({ command: 'id -u; id -G; cat /proc/self/uid_map /proc/self/gid_map; grep -E "^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):" /proc/self/status; echo made > made.txt' });
+      const r = await sb.exec({
+        command:
+          'id -u; id -G; cat /proc/self/uid_map /proc/self/gid_map; grep -E "^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):" /proc/self/status; echo made > made.txt',
+      });
       const map = `0 ${ROOT_UID} 65536`;
-      assert.equal(r.stdout.replace(/[ \t]+/g, ' ').replace(/^ /gm, ''), `0\n0\n${map}\n${map}\nCapInh: 0000000000000000\nCapPrm: ${ROOT_CAPS}\nCapEff: ${ROOT_CAPS}\nCapBnd: ${ROOT_CAPS}\nCapAmb: 0000000000000000\nNoNewPrivs: 1\nSeccomp: 2\n`, r.stderr);
+      assert.equal(
+        r.stdout.replace(/[ \t]+/g, ' ').replace(/^ /gm, ''),
+        `0\n0\n${map}\n${map}\nCapInh: 0000000000000000\nCapPrm: ${ROOT_CAPS}\nCapEff: ${ROOT_CAPS}\nCapBnd: ${ROOT_CAPS}\nCapAmb: 0000000000000000\nNoNewPrivs: 1\nSeccomp: 2\n`,
+        r.stderr,
+      );
       const made = fs.statSync(path.join(sb.workspace, 'made.txt'));
       assert.deepEqual([made.uid, made.gid], [ROOT_UID, ROOT_UID]);
       // a running command of root inside is a host process of the range's first uid
       await sb.exec({ command: 'sleep 30 > /dev/null 2>&1 &' });
-      const sleeper = fs.readdirSync('/proc').filter((n) => /^\d+$/.test(n)).find((pid) => {
-        try {
-          return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8') === 'sleep\x0030\x00' && fs.readFileSync(`/proc/${pid}/cgroup`, 'utf8').includes(sb.id);
-        } catch {
-          return false;
-        }
-      });
+      const sleeper = fs
+        .readdirSync('/proc')
+        .filter((n) => /^\d+$/.test(n))
+        .find((pid) => {
+          try {
+            return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8') === 'sleep\x0030\x00' && fs.readFileSync(`/proc/${pid}/cgroup`, 'utf8').includes(sb.id);
+          } catch {
+            return false;
+          }
+        });
       assert.ok(sleeper, 'the sleep is found on the host');
       assert.match(fs.readFileSync(`/proc/${sleeper}/status`, 'utf8'), new RegExp(`^Uid:\\t${ROOT_UID}\\t${ROOT_UID}\\t${ROOT_UID}\\t${ROOT_UID}$`, 'm'));
     });
 
-    test('a file the service writes for the sandbox user (its host ids) is root\'s inside; one of the host\'s root is nobody\'s, readable, not writable', async () => {
+    test("a file the service writes for the sandbox user (its host ids) is root's inside; one of the host's root is nobody's, readable, not writable", async () => {
       const sb = await sandbox();
       fs.writeFileSync(path.join(sb.workspace, 'given.txt'), 'given\n');
       fs.chownSync(path.join(sb.workspace, 'given.txt'), sb.user.uid, sb.user.gid);
       fs.writeFileSync(path.join(sb.workspace, 'hosts-own.txt'), 'host\n', { mode: 0o644 });
-      const r = await sb.exec({ command: 'stat -c "%u %g %n" given.txt hosts-own.txt; echo more >> given.txt && echo appended; cat hosts-own.txt; echo more >> hosts-own.txt' });
+      const r = await sb.exec({
+        command: 'stat -c "%u %g %n" given.txt hosts-own.txt; echo more >> given.txt && echo appended; cat hosts-own.txt; echo more >> hosts-own.txt',
+      });
       assert.equal(r.stdout, '0 0 given.txt\n65534 65534 hosts-own.txt\nappended\nhost\n');
       assert.match(r.stderr, /hosts-own.txt: Permission denied/);
       assert.equal(fs.readFileSync(path.join(sb.workspace, 'given.txt'), 'utf8'), 'given\nmore\n');
@@ -101,7 +113,10 @@ if (unavailable) {
   describe('root inside: isolation', () => {
     test('sees only its own processes; cannot signal the supervisor or look into pid 1', async () => {
       const sb = await sandbox();
-      const r = await sb.exec({ command: 'ls /proc | grep -c "^[0-9]"; ps -eo comm=; kill -9 2 2>/dev/null || echo denied; ls /proc/1/root /proc/2/root; cat /proc/1/environ /proc/2/environ; kill -9 -1' });
+      const r = await sb.exec({
+        command:
+          'ls /proc | grep -c "^[0-9]"; ps -eo comm=; kill -9 2 2>/dev/null || echo denied; ls /proc/1/root /proc/2/root; cat /proc/1/environ /proc/2/environ; kill -9 -1',
+      });
       const [count, ...ps] = r.stdout.trim().split('\n');
       assert.ok(Number(count) <= 6, `pids in /proc: ${count}`);
       assert.ok(!ps.some((l) => /node|systemd|init$/.test(l)), ps.join('\n'));
@@ -116,7 +131,9 @@ if (unavailable) {
       const r = await sb.exec({ command: 'find / -path /proc -prune -o \\( -type d -o -type f \\) -writable -print 2>/dev/null', timeoutMs: 120_000 });
       const written = r.stdout.split('\n').filter(Boolean);
       // (find takes a bound device node for the regular file under it: those every user may write)
-      const foreign = written.filter((p) => p !== '/' && !/^\/(run|workspace|tmp|dev\/shm)(\/|$)/.test(p) && !/^\/dev\/(null|zero|full|random|urandom|tty)$/.test(p));
+      const foreign = written.filter(
+        (p) => p !== '/' && !/^\/(run|workspace|tmp|dev\/shm)(\/|$)/.test(p) && !/^\/dev\/(null|zero|full|random|urandom|tty)$/.test(p),
+      );
       assert.deepEqual(foreign, []);
       assert.ok(written.includes('/') && written.includes('/run') && written.includes('/workspace'), written.join('\n'));
       // and it is written where it may, the host's directories are read-only binds or not its own
@@ -138,7 +155,19 @@ if (unavailable) {
 
     test('mount tricks fail: mount, remount, bind, umount, new namespaces, chroot, the new mount API', async () => {
       const sb = await sandbox();
-      const tries = ['mount -t tmpfs none /opt', 'mount -o remount,rw /usr', 'mount --bind /workspace /usr', 'umount /etc/hosts', 'umount -l /usr', 'unshare -m true', 'unshare -U true', 'unshare -r -n true', 'chroot / true', 'mount -t proc proc /opt', 'mount -t cgroup2 none /opt'];
+      const tries = [
+        'mount -t tmpfs none /opt',
+        'mount -o remount,rw /usr',
+        'mount --bind /workspace /usr',
+        'umount /etc/hosts',
+        'umount -l /usr',
+        'unshare -m true',
+        'unshare -U true',
+        'unshare -r -n true',
+        'chroot / true',
+        'mount -t proc proc /opt',
+        'mount -t cgroup2 none /opt',
+      ];
       for (const command of tries) {
         const r = await sb.exec({ command });
         assert.notEqual(r.exitCode, 0, `${command} succeeded: ${r.stdout}`);
@@ -158,7 +187,17 @@ for nr, args in ((428, (-100, b"/", 1)), (430, (b"tmpfs", 0)), (165, (b"none", b
 
     test('the kernel is out of reach: modules, sysctls, devices, the clock, the hostname', async () => {
       const sb = await sandbox();
-      const tries = ['echo 1 > /proc/sys/kernel/sysrq', 'echo 1 > /proc/sys/net/ipv4/ip_forward', 'echo 3 > /proc/sys/vm/drop_caches', 'echo b > /proc/sysrq-trigger', 'mknod /tmp/null c 1 3', 'hostname elsewhere', 'date -s "2000-01-01"', 'ip link add d0 type dummy', 'cat /proc/kcore | head -c 1 | grep -q .'];
+      const tries = [
+        'echo 1 > /proc/sys/kernel/sysrq',
+        'echo 1 > /proc/sys/net/ipv4/ip_forward',
+        'echo 3 > /proc/sys/vm/drop_caches',
+        'echo b > /proc/sysrq-trigger',
+        'mknod /tmp/null c 1 3',
+        'hostname elsewhere',
+        'date -s "2000-01-01"',
+        'ip link add d0 type dummy',
+        'cat /proc/kcore | head -c 1 | grep -q .',
+      ];
       for (const command of tries) {
         const r = await sb.exec({ command });
         assert.notEqual(r.exitCode, 0, `${command} succeeded: ${r.stdout}`);
@@ -218,7 +257,10 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
       });
       await new Promise<void>((resolve) => gateway.listen(0, '0.0.0.0', resolve));
       const port = (gateway.address() as net.AddressInfo).port;
-      const networked = new LocalRuntime({ stateDir: path.join(root, 'state-net'), network: { runnerId: `root-inside-${randomBytes(4).toString('hex')}`, range: '100.64.0.0/10', ports: { http: port, tls: port, tcp: port, dns: port } } });
+      const networked = new LocalRuntime({
+        stateDir: path.join(root, 'state-net'),
+        network: { runnerId: `root-inside-${randomBytes(4).toString('hex')}`, range: '100.64.0.0/10', ports: { http: port, tls: port, tcp: port, dns: port } },
+      });
       try {
         assert.equal(await networked.available(), null);
         const sb = await sandbox({ network: { trust: '' } }, networked);
@@ -228,11 +270,17 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
         });
         assert.equal(r.stdout, 'gateway\ngateway\n', r.stderr);
         assert.equal(r.stderr.match(/Operation not permitted/g)?.length, 3, r.stderr);
-        assert.deepEqual(seen.map((a) => a.replace(/^::ffff:/, '')), [sb.address, sb.address]);
+        assert.deepEqual(
+          seen.map((a) => a.replace(/^::ffff:/, '')),
+          [sb.address, sb.address],
+        );
         await sb.destroy();
         // A writable root has the deployment's CA in its own trust store, which root may rebuild (update-ca-certificates replaces it).
         const overImage = await sandbox({ rootfs: image, network: { trust: 'TEST-CA' } }, networked);
-        const t = await overImage.exec({ command: 'cat /etc/ssl/certs/ca-certificates.crt /usr/local/share/ca-certificates/svc-egress-ca.crt; stat -c "%u %a" /etc/ssl /etc/ssl/certs; echo rebuilt > /tmp/b && mv /tmp/b /etc/ssl/certs/ca-certificates.crt && cat /etc/ssl/certs/ca-certificates.crt' });
+        const t = await overImage.exec({
+          command:
+            'cat /etc/ssl/certs/ca-certificates.crt /usr/local/share/ca-certificates/svc-egress-ca.crt; stat -c "%u %a" /etc/ssl /etc/ssl/certs; echo rebuilt > /tmp/b && mv /tmp/b /etc/ssl/certs/ca-certificates.crt && cat /etc/ssl/certs/ca-certificates.crt',
+        });
         assert.equal(t.stdout, 'SYSTEM-CA\nTEST-CA\nTEST-CA\n0 755\n0 755\nrebuilt\n', t.stderr);
         await overImage.destroy();
       } finally {
@@ -243,7 +291,10 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
 
     test('setuid binaries give nothing (nosuid, no_new_privs), wherever root puts them', async () => {
       const sb = await sandbox();
-      const r = await sb.exec({ command: 'for d in / /tmp /workspace /run; do cp /usr/bin/id $d/suid-id && chmod 4755 $d/suid-id && setpriv --reuid=1000 --regid=1000 --clear-groups $d/suid-id -u; done; setpriv --reuid=1000 --regid=1000 --clear-groups su -c "id -u" root </dev/null' });
+      const r = await sb.exec({
+        command:
+          'for d in / /tmp /workspace /run; do cp /usr/bin/id $d/suid-id && chmod 4755 $d/suid-id && setpriv --reuid=1000 --regid=1000 --clear-groups $d/suid-id -u; done; setpriv --reuid=1000 --regid=1000 --clear-groups su -c "id -u" root </dev/null',
+      });
       assert.equal(r.stdout, '1000\n1000\n1000\n1000\n', r.stderr);
     });
   });
@@ -255,7 +306,7 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
     fs.mkdirSync(path.join(auditImage, 'var/tmp'), { recursive: true, mode: 0o1777 });
     fs.chmodSync(path.join(auditImage, 'var/tmp'), 0o1777);
     const cases: Record<string, Partial<CreateSandboxOptions>> = {
-      'root over the host\'s system directories': {},
+      "root over the host's system directories": {},
       'root over an image': { rootfs: auditImage },
       'root on a read-only root': { writableRoot: false },
       nobody: { user: 'nobody' },
@@ -266,13 +317,26 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
         const sb = await sandbox(options);
         const watched = ['/workspace', ...sb.writablePlaces.map((p) => p.at)];
         // The filesystems of the watched places, then every directory `find -writable` (access(2): mounts, modes, capabilities) finds.
-        const r = await sb.exec({ command: `stat -c '%d' ${watched.join(' ')}; echo --; find / \\( -path /proc -o -path /sys \\) -prune -o -type d -writable -printf '%D %p\\n' 2>/dev/null; true` });
+        const r = await sb.exec({
+          command: `stat -c '%d' ${watched.join(' ')}; echo --; find / \\( -path /proc -o -path /sys \\) -prune -o -type d -writable -printf '%D %p\\n' 2>/dev/null; true`,
+        });
         const [places, found] = r.stdout.split('--\n');
         const devices = new Set(places!.trim().split('\n'));
         const writable = found!.trim().split('\n').filter(Boolean);
-        assert.ok(writable.some((line) => line.endsWith(' /tmp')), r.stdout);
-        assert.deepEqual(writable.filter((line) => !devices.has(line.split(' ')[0]!)), [], `watched: ${watched.join(', ')}`);
-        if (sb.user.inside === 'root' && options.writableRoot !== false) assert.ok(writable.some((line) => line.endsWith(' /')), 'root writes /');
+        assert.ok(
+          writable.some((line) => line.endsWith(' /tmp')),
+          r.stdout,
+        );
+        assert.deepEqual(
+          writable.filter((line) => !devices.has(line.split(' ')[0]!)),
+          [],
+          `watched: ${watched.join(', ')}`,
+        );
+        if (sb.user.inside === 'root' && options.writableRoot !== false)
+          assert.ok(
+            writable.some((line) => line.endsWith(' /')),
+            'root writes /',
+          );
         // Gone before the next tests, which count the overlays left on the host.
         await sb.destroy();
       });
@@ -283,20 +347,26 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
     test('a package install writes /usr and /etc (chowned to _apt, a drop to _apt as apt does); the image is untouched; it is all gone at destroy', async () => {
       const a = await sandbox({ rootfs: image });
       fs.copyFileSync(deb, path.join(a.workspace, 'svc-hello.deb'));
-      const install = await a.exec({ command: 'dpkg -i svc-hello.deb >/dev/null && svc-hello && stat -c "%U %u:%g" /etc/svc-hello.conf /usr/bin/svc-hello / && dpkg-query -W -f "\\${Status}\\n" svc-hello && setpriv --reuid=_apt --regid=nogroup --clear-groups id -u' });
+      const install = await a.exec({
+        command:
+          'dpkg -i svc-hello.deb >/dev/null && svc-hello && stat -c "%U %u:%g" /etc/svc-hello.conf /usr/bin/svc-hello / && dpkg-query -W -f "\\${Status}\\n" svc-hello && setpriv --reuid=_apt --regid=nogroup --clear-groups id -u',
+      });
       assert.equal(install.stdout, 'hello from the package\n_apt 42:65534\nroot 0:0\nroot 0:0\ninstall ok installed\n42\n', install.stderr);
       assert.equal(fs.existsSync(path.join(image, 'usr/bin/svc-hello')), false, 'the image is not written');
       assert.equal(fs.readFileSync(path.join(image, 'var/lib/dpkg/status'), 'utf8'), '');
       // Its overlay is in the sandbox's mount namespace only (the boot mounts are off the host once it runs).
       assert.ok(!fs.readFileSync('/proc/self/mountinfo', 'utf8').includes(path.join(stateDir, 'sandboxes', a.id)));
-      const overlays = () => allMountInfo().split('\n').filter((line) => line.includes(' - overlay ') && line.includes(stateDir));
+      const overlays = () =>
+        allMountInfo()
+          .split('\n')
+          .filter((line) => line.includes(' - overlay ') && line.includes(stateDir));
       const upper = /upperdir=([^,\s]+)/.exec(overlays()[0] ?? '')?.[1] ?? '';
       assert.ok(upper.endsWith('.mnt/upper'), overlays().join('\n'));
       const layerDisk = upper.replace(/\.mnt\/upper$/, '.img');
       assert.ok(fs.existsSync(layerDisk));
       await a.destroy();
       assert.deepEqual(overlays(), [], 'no overlay of it is left anywhere');
-      assert.equal(fs.existsSync(layerDisk), false, 'its layer\'s disk is deleted');
+      assert.equal(fs.existsSync(layerDisk), false, "its layer's disk is deleted");
       assert.equal(fs.existsSync(path.dirname(upper)), false);
       const b = await sandbox({ rootfs: image });
       const r = await b.exec({ command: 'ls /usr/bin/svc-hello /etc/svc-hello.conf; dpkg-query -W svc-hello' });
@@ -326,11 +396,14 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
       const all = await Promise.all(Array.from({ length: 10 }, () => sandbox({ rootfs: image })));
       await Promise.all(all.map((sb) => sb.exec({ command: `echo ${sb.id} >> /etc/mine` })));
       const seen = await Promise.all(all.map(async (sb) => (await sb.exec({ command: 'cat /etc/mine' })).stdout));
-      assert.deepEqual(seen, all.map((sb) => `${sb.id}\n`));
+      assert.deepEqual(
+        seen,
+        all.map((sb) => `${sb.id}\n`),
+      );
       await Promise.all(all.map((sb) => sb.destroy()));
     });
 
-    test('a killed runner\'s leftovers are swept by the next runtime on its state directory', async () => {
+    test("a killed runner's leftovers are swept by the next runtime on its state directory", async () => {
       const left = await sandbox({ rootfs: image });
       const layers = fs.readdirSync(path.join(stateDir, 'root-disks')).filter((n) => n.endsWith('.img'));
       assert.ok(layers.length > 0);
@@ -343,7 +416,11 @@ print(libc.syscall(176, b"loop", 0), ctypes.get_errno())'`,
       const mounted = fs.readFileSync('/proc/self/mountinfo', 'utf8');
       assert.ok(!mounted.includes(bootMount), 'the boot mount is swept');
       // (the old runtime, alive here, may be making its next spare meanwhile: only those that were there count)
-      assert.deepEqual(layers.filter((n) => fs.existsSync(path.join(stateDir, 'root-disks', n))), [], 'the layers\' disks are swept');
+      assert.deepEqual(
+        layers.filter((n) => fs.existsSync(path.join(stateDir, 'root-disks', n))),
+        [],
+        "the layers' disks are swept",
+      );
       await left.destroy();
       await next.close();
     });

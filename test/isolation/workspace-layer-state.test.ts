@@ -16,7 +16,7 @@ import { diffStates } from '../../services/sandbox-runner/workspace/state.ts';
 
 const asRoot = process.getuid?.() === 0 ? false : 'mounting an overlay needs root';
 
-test('an overlay\'s state: writes, whiteouts, removed and remade directories of the image, links never followed', { skip: asRoot }, async () => {
+test("an overlay's state: writes, whiteouts, removed and remade directories of the image, links never followed", { skip: asRoot }, async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'layer-'));
   const [lower, upper, work, merged] = ['lower', 'upper', 'work', 'merged'].map((d) => path.join(dir, d)) as [string, string, string, string];
   for (const d of [lower, upper, work, merged]) fs.mkdirSync(d);

@@ -31,7 +31,7 @@ test('writes belong to the owner of the root they are written beneath, parents m
     const old = process.umask(0o077);
     try {
       await writeFile(root, 'deep/er/bin.dat', Buffer.from([0x00, 0x01, 0xff]), { mode: 0o777 });
-      await writeFile(root, 'old.txt', 'now the sandbox user\'s');
+      await writeFile(root, 'old.txt', "now the sandbox user's");
     } finally {
       process.umask(old);
     }
@@ -66,7 +66,7 @@ test('makeDirectory: a new directory with exactly its mode and owner; a name alr
     assert.throws(() => makeDirectory(root, 'home', { mode: 0o700 }), /exists already/);
     await symlink(outside, path.join(root, 'planted'));
     assert.throws(() => makeDirectory(root, 'planted', { mode: 0o700, owner: SANDBOX_USER }), /exists already/);
-    assert.equal((await stat(outside)).uid, 0, 'the link\'s target is untouched');
+    assert.equal((await stat(outside)).uid, 0, "the link's target is untouched");
     assert.ok((await lstat(path.join(root, 'planted'))).isSymbolicLink());
   } finally {
     await rm(root, { recursive: true, force: true });

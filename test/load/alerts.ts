@@ -31,11 +31,22 @@ function rules(specId: string, url: string): Array<Record<string, unknown>> {
     { condition: 'pass_rate < 0.5', window: 'last_3_runs' },
     { condition: 'pass_rate <= 0', window: 'last_1h' },
   ];
-  return Array.from({ length: RULES }, (_, i) => ({ name: `bench ${i}`, eval_id: specId, ...kinds[i % kinds.length]!, webhook_url: `${url}/hook/${specId}/${i}` }));
+  return Array.from({ length: RULES }, (_, i) => ({
+    name: `bench ${i}`,
+    eval_id: specId,
+    ...kinds[i % kinds.length]!,
+    webhook_url: `${url}/hook/${specId}/${i}`,
+  }));
 }
 
 /** Runs `EXPERIMENTS` failing experiments of the spec; each notification's delay after its experiment's completion, and the slowest of each. */
-async function measure(server: TestServer, key: string, hooks: HttpReceiver, specId: string, expected: (n: number) => number): Promise<{ each: number[]; last: number[] }> {
+async function measure(
+  server: TestServer,
+  key: string,
+  hooks: HttpReceiver,
+  specId: string,
+  expected: (n: number) => number,
+): Promise<{ each: number[]; last: number[] }> {
   const each: number[] = [];
   const last: number[] = [];
   for (let n = 1; n <= EXPERIMENTS; n++) {
@@ -67,7 +78,12 @@ export async function benchAlerts(): Promise<string[]> {
   const hooks = await httpReceiver();
   let server: TestServer | null = null;
   try {
-    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_WEBHOOK_ALLOW_PRIVATE: '127.0.0.1' });
+    server = await startServer({
+      SVC_SANDBOX_HOST_ROOTFS: 'true',
+      SVC_RATE_LIMIT_READS: '0',
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_WEBHOOK_ALLOW_PRIVATE: '127.0.0.1',
+    });
     const s = server;
     // A tenant each: 50 rules is a tenant's limit.
     const { key } = await createTenantKey(s, 'bench');

@@ -43,7 +43,13 @@ export function otlpBodies(count: number): Uint8Array[] {
                   endTimeUnixNano: String(now + BigInt(b * 1000 + i) + 5_000_000n),
                   attributes:
                     i % 2
-                      ? [attr('gen_ai.operation.name', 'chat'), attr('gen_ai.request.model', 'gpt-4o'), attr('gen_ai.usage.input_tokens', 900), attr('gen_ai.usage.output_tokens', 120), attr('gen_ai.prompt', 'p'.repeat(200))]
+                      ? [
+                          attr('gen_ai.operation.name', 'chat'),
+                          attr('gen_ai.request.model', 'gpt-4o'),
+                          attr('gen_ai.usage.input_tokens', 900),
+                          attr('gen_ai.usage.output_tokens', 120),
+                          attr('gen_ai.prompt', 'p'.repeat(200)),
+                        ]
                       : [attr('tool.args', 'a'.repeat(200))],
                   status: { code: 1 },
                 })),

@@ -110,8 +110,22 @@ async function ceiling([kind, eventsArg, format = 'rows', keepIn, batchArg = '20
     for (let i = 0; count < batchRows; i++) {
       const source = perBody[(b * 20 + i) % perBody.length];
       // A fresh event id per copy, as ingest gives every accepted event its own.
-      const value: TraceEventsIngested = { tenant: 'bench', event_id: `r${b}-${i}`, ts: Date.now(), ...UNTAGGED, events: source.map((e, k) => ({ ...e, event_id: `${b}-${i}-${k}` })) };
-      const record = { topic: TOPICS.traces, partition: offset % 6, offset: offset++, key: null, value: serde.encode(TOPICS.traces, value), headers: {}, timestamp: Date.now() } satisfies LogRecord;
+      const value: TraceEventsIngested = {
+        tenant: 'bench',
+        event_id: `r${b}-${i}`,
+        ts: Date.now(),
+        ...UNTAGGED,
+        events: source.map((e, k) => ({ ...e, event_id: `${b}-${i}-${k}` })),
+      };
+      const record = {
+        topic: TOPICS.traces,
+        partition: offset % 6,
+        offset: offset++,
+        key: null,
+        value: serde.encode(TOPICS.traces, value),
+        headers: {},
+        timestamp: Date.now(),
+      } satisfies LogRecord;
       if (format === 'native') records.push({ partition: record.partition, offset: record.offset, body: await serde.currentBody(TOPICS.traces, record.value) });
       else rows.push(...traceEventRows(value, record));
       count += source.length;
@@ -158,9 +172,15 @@ async function fill([dataDir, eventsArg]: Args): Promise<void> {
     // SVC_BENCH_QUERY_FILL_BLOCK_ROWS: parts of this many rows, as the sink's inserts make them
     // (about 3,300 under the bench's load), instead of the engine's million-row blocks.
     const blockRows = Number(process.env.SVC_BENCH_QUERY_FILL_BLOCK_ROWS ?? 0);
-    if (!Number.isSafeInteger(blockRows) || blockRows < 0) throw new Error(`SVC_BENCH_QUERY_FILL_BLOCK_ROWS: ${process.env.SVC_BENCH_QUERY_FILL_BLOCK_ROWS} is not a row count`);
+    if (!Number.isSafeInteger(blockRows) || blockRows < 0)
+      throw new Error(`SVC_BENCH_QUERY_FILL_BLOCK_ROWS: ${process.env.SVC_BENCH_QUERY_FILL_BLOCK_ROWS} is not a row count`);
     const started = performance.now();
-    await store.command(blockRows ? `${FILL} SETTINGS max_block_size = ${blockRows}, max_insert_block_size = ${blockRows}, min_insert_block_size_rows = ${blockRows}, min_insert_block_size_bytes = 0` : FILL, { tenant: 'default', start_us: start, step_us: (end - start) / events, events });
+    await store.command(
+      blockRows
+        ? `${FILL} SETTINGS max_block_size = ${blockRows}, max_insert_block_size = ${blockRows}, min_insert_block_size_rows = ${blockRows}, min_insert_block_size_bytes = 0`
+        : FILL,
+      { tenant: 'default', start_us: start, step_us: (end - start) / events, events },
+    );
     const fillSeconds = (performance.now() - started) / 1000;
     const sample = async (sql: string) => (await store.query<{ v: string }>(sql)).map((r) => r.v);
     const out = {

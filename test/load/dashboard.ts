@@ -20,15 +20,20 @@ const LOADS = 10;
 
 export async function benchDashboard(): Promise<string[]> {
   const executablePath = CHROMIUM;
-  if (!executablePath) return ['| skipped: Debian\'s chromium is not installed (apt-get install chromium) | | | |'];
+  if (!executablePath) return ["| skipped: Debian's chromium is not installed (apt-get install chromium) | | | |"];
   execFileSync(process.execPath, [path.join(REPO, 'packages', 'dashboard', 'build.mjs')], { stdio: 'inherit' });
   const server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' }, { split: false });
   const browser = await chromium.launch({ executablePath, headless: true, args: CHROMIUM_ARGS });
   try {
     const key = (await createTenantKey(server, 'bench')).key;
     const client = createClient({ baseUrl: server.url, apiKey: key, sandboxId: '' });
-    await client.agents.upload(await makeBundle({ 'run.sh': '#!/bin/sh\necho ok > "$SVC_WORKSPACE/out.txt"\n' }), { name: 'bench-ui', entrypoint: ['sh', 'run.sh'] });
-    await client.specs.put('version: 1\nid: bench-ui\nbase: debian:bookworm\ntask: {prompt: p}\nagent: {type: snapshot, snapshot: bench-ui}\ninvariants:\n  out: {check: {type: file_exists, path: out.txt}}\n');
+    await client.agents.upload(await makeBundle({ 'run.sh': '#!/bin/sh\necho ok > "$SVC_WORKSPACE/out.txt"\n' }), {
+      name: 'bench-ui',
+      entrypoint: ['sh', 'run.sh'],
+    });
+    await client.specs.put(
+      'version: 1\nid: bench-ui\nbase: debian:bookworm\ntask: {prompt: p}\nagent: {type: snapshot, snapshot: bench-ui}\ninvariants:\n  out: {check: {type: file_exists, path: out.txt}}\n',
+    );
     const matrix = Array.from({ length: SCENARIOS }, (_, i) => ({ case: i }));
     const { id } = await client.experiments.create({ name: 'bench 200 scenarios', spec_id: 'bench-ui', matrix, replicas: 1, run: true });
     for (;;) {

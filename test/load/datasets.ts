@@ -18,7 +18,11 @@ const TAGS = 10;
 
 function record(i: number) {
   return {
-    input: { question: `What is the status of order ${i}?`, customer: { id: `c-${i % 997}`, tier: i % 3 === 0 ? 'gold' : 'standard' }, history: [i, i + 1, i + 2] },
+    input: {
+      question: `What is the status of order ${i}?`,
+      customer: { id: `c-${i % 997}`, tier: i % 3 === 0 ? 'gold' : 'standard' },
+      history: [i, i + 1, i + 2],
+    },
     expected: { answer: `order ${i} shipped`, route: i % 2 === 0 ? 'billing' : 'logistics' },
     metadata: { source: 'bench', batch: Math.floor(i / (RECORDS / BATCHES)) },
     tags: [`tag-${i % TAGS}`],
@@ -63,7 +67,9 @@ export async function benchDatasets(): Promise<string[]> {
       if (value.status !== 200 || value.body.count !== 100) throw new Error(`read: ${value.status} ${value.text.slice(0, 200)}`);
       if (i >= 20) pageMs.push(ms);
     }
-    lines.push(`| read one version with a tag filter: a page of 100 (GET .../records?version=6&tags=tag-3&limit=100, of 5,000 records) | p50 ${f(pct(pageMs, 0.5))} ms | p95 ${f(pct(pageMs, 0.95))} ms | |`);
+    lines.push(
+      `| read one version with a tag filter: a page of 100 (GET .../records?version=6&tags=tag-3&limit=100, of 5,000 records) | p50 ${f(pct(pageMs, 0.5))} ms | p95 ${f(pct(pageMs, 0.95))} ms | |`,
+    );
     const streamMs: number[] = [];
     let streamed = 0;
     for (let i = 0; i < 55; i++) {
@@ -72,18 +78,25 @@ export async function benchDatasets(): Promise<string[]> {
       if (value.status !== 200 || streamed !== RECORDS / TAGS) throw new Error(`stream: ${value.status} ${streamed} lines`);
       if (i >= 5) streamMs.push(ms);
     }
-    lines.push(`| read one version with a tag filter, whole, as NDJSON (${streamed.toLocaleString('en-US')} of ${RECORDS.toLocaleString('en-US')} records) | p50 ${f(pct(streamMs, 0.5))} ms | p95 ${f(pct(streamMs, 0.95))} ms | |`);
+    lines.push(
+      `| read one version with a tag filter, whole, as NDJSON (${streamed.toLocaleString('en-US')} of ${RECORDS.toLocaleString('en-US')} records) | p50 ${f(pct(streamMs, 0.5))} ms | p95 ${f(pct(streamMs, 0.95))} ms | |`,
+    );
 
-    const spec = 'version: 1\nid: bench-ds\nbase: debian:bookworm\ntask: {prompt: "{{ input.question }}"}\ninvariants:\n  ok: {check: {type: command_exit, command: \'test {{ expected.route | shell }} != x\'}}\n';
+    const spec =
+      'version: 1\nid: bench-ds\nbase: debian:bookworm\ntask: {prompt: "{{ input.question }}"}\ninvariants:\n  ok: {check: {type: command_exit, command: \'test {{ expected.route | shell }} != x\'}}\n';
     const stored = await server.request('POST', '/v1/specs', { body: spec, headers: { 'content-type': 'application/x-yaml' } });
     if (stored.status !== 201) throw new Error(`spec: ${stored.text}`);
     const createMs: number[] = [];
     for (let i = 0; i < 5; i++) {
-      const { ms, value } = await timed(() => server.request('POST', '/v1/experiments', { body: { name: `bench ${i}`, spec_id: 'bench-ds', dataset: { id, version: 2 } } }));
+      const { ms, value } = await timed(() =>
+        server.request('POST', '/v1/experiments', { body: { name: `bench ${i}`, spec_id: 'bench-ds', dataset: { id, version: 2 } } }),
+      );
       if (value.status !== 201) throw new Error(`experiment: ${value.status} ${value.text}`);
       createMs.push(ms);
     }
-    lines.push(`| create an experiment over 1,000 records (POST /v1/experiments with \`dataset\`: resolved, its 1,000 scenarios written and readable) | p50 ${f(pct(createMs, 0.5))} ms | max ${f(Math.max(...createMs))} ms | |`);
+    lines.push(
+      `| create an experiment over 1,000 records (POST /v1/experiments with \`dataset\`: resolved, its 1,000 scenarios written and readable) | p50 ${f(pct(createMs, 0.5))} ms | max ${f(Math.max(...createMs))} ms | |`,
+    );
   } finally {
     await server.cleanup();
   }

@@ -13,7 +13,10 @@ export interface Reply {
 }
 
 /** A keep-alive client of one server: at most `connections` requests at once each on its own connection. */
-export function httpClient(baseUrl: string, connections: number): { post: (path: string, headers: Record<string, string>, body: Uint8Array) => Promise<Reply>; close: () => void } {
+export function httpClient(
+  baseUrl: string,
+  connections: number,
+): { post: (path: string, headers: Record<string, string>, body: Uint8Array) => Promise<Reply>; close: () => void } {
   const agent = new http.Agent({ keepAlive: true, maxSockets: connections });
   const post = (path: string, headers: Record<string, string>, body: Uint8Array) =>
     new Promise<Reply>((resolve, reject) => {

@@ -19,7 +19,12 @@ import { interleavedCreates, timedSandboxes } from './sandbox-timing.ts';
 const BASE = 'base: BASE\ntask: {prompt: bench}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n';
 
 /** A first build of a small Dockerfile over `from`, then the same build again, every step cached. */
-async function dockerfileBuilds(imagesDir: string, from: string, settings: PullSettings, stateDir: string): Promise<{ firstMs: number; cachedMs: number; cachedSteps: number }> {
+async function dockerfileBuilds(
+  imagesDir: string,
+  from: string,
+  settings: PullSettings,
+  stateDir: string,
+): Promise<{ firstMs: number; cachedMs: number; cachedSteps: number }> {
   const runtime = new LocalRuntime({ stateDir });
   const reason = await runtime.available();
   if (reason) throw new Error(`the local runtime cannot build images here: ${reason}`);
@@ -42,7 +47,12 @@ export async function benchImages(): Promise<string[]> {
   let server: TestServer | null = null;
   try {
     // Four layers of 25 MB that do not compress, over the shell.
-    const data = Array.from({ length: 4 }, (_, i) => tarOf([{ path: 'data/', type: 'dir' }, { path: `data/blob-${i}`, body: randomBytes(25 * 1024 * 1024) }]));
+    const data = Array.from({ length: 4 }, (_, i) =>
+      tarOf([
+        { path: 'data/', type: 'dir' },
+        { path: `data/blob-${i}`, body: randomBytes(25 * 1024 * 1024) },
+      ]),
+    );
     const parts = buildImage([tarOf(shellLayer()), ...data]);
     await push(registry, 'big', '1', parts);
     const bytes = [...parts.blobs.values()].reduce((sum, b) => sum + b.length, 0);
@@ -57,8 +67,16 @@ export async function benchImages(): Promise<string[]> {
 
     const build = await dockerfileBuilds(store.dir, `${registry.host}/big:1`, settings, path.join(dir, 'runtime'));
 
-    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_REGISTRY_INSECURE: registry.host, SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
-    const timed = await timedSandboxes(server, [`version: 1\nid: minimal\n${BASE.replace('BASE', 'debian:bookworm')}`, `version: 1\nid: pulled\n${BASE.replace('BASE', `${registry.host}/big:1`)}`]);
+    server = await startServer({
+      SVC_SANDBOX_HOST_ROOTFS: 'true',
+      SVC_REGISTRY_INSECURE: registry.host,
+      SVC_RATE_LIMIT_READS: '0',
+      SVC_RATE_LIMIT_WRITES: '0',
+    });
+    const timed = await timedSandboxes(server, [
+      `version: 1\nid: minimal\n${BASE.replace('BASE', 'debian:bookworm')}`,
+      `version: 1\nid: pulled\n${BASE.replace('BASE', `${registry.host}/big:1`)}`,
+    ]);
     // The first create pulls it into the service's store; the rest find it there.
     await timed.destroy((await timed.create('pulled')).id);
     const creates = await interleavedCreates(timed, ['minimal', 'pulled'] as const, 3, 20);

@@ -59,8 +59,22 @@ const nodeOptions: Record<string, string> = process.env.SVC_PROFILE_NODE_OPTIONS
 // SVC_PROFILE_KAFKA=1: the service on a Kafka broker (infra/kafka) instead of the embedded log; the broker's CPU is reported too.
 const kafka = process.env.SVC_PROFILE_KAFKA ? await startKafka({ workDir: await mkdtemp(path.join(os.tmpdir(), 'svc-profile-kafka-')) }) : null;
 const backend: Record<string, string> = kafka ? { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: kafka.brokers } : {};
-const server = await startServer({ SVC_RATE_LIMIT_INGEST_EVENTS: '0', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_LOG_FSYNC: 'always', ...backend, ...nodeOptions });
-const brokerPid = kafka ? Number(execFileSync('pgrep', ['-f', `kafka.Kafka.*${path.basename(kafka.workDir)}`]).toString().trim().split('\n')[0]) : null;
+const server = await startServer({
+  SVC_RATE_LIMIT_INGEST_EVENTS: '0',
+  SVC_RATE_LIMIT_READS: '0',
+  SVC_RATE_LIMIT_WRITES: '0',
+  SVC_LOG_FSYNC: 'always',
+  ...backend,
+  ...nodeOptions,
+});
+const brokerPid = kafka
+  ? Number(
+      execFileSync('pgrep', ['-f', `kafka.Kafka.*${path.basename(kafka.workDir)}`])
+        .toString()
+        .trim()
+        .split('\n')[0],
+    )
+  : null;
 try {
   const { key } = await createTenantKey(server, 'bench');
   const requests = Math.ceil(events / 1000);
@@ -74,15 +88,19 @@ try {
   for (let i = 0; i < warmup; i += CLIENTS) await Promise.all(Array.from({ length: CLIENTS }, (_, j) => post(i + j)));
   const pid = server.pid();
   // SVC_PROFILE_PERF=FILE: `perf record` of the service during the measured run, into FILE.
-  const perf = process.env.SVC_PROFILE_PERF ? spawn('perf', ['record', '-F', '999', '-g', '-o', process.env.SVC_PROFILE_PERF, '-p', String(pid)], { stdio: 'ignore' }) : null;
+  const perf = process.env.SVC_PROFILE_PERF
+    ? spawn('perf', ['record', '-F', '999', '-g', '-o', process.env.SVC_PROFILE_PERF, '-p', String(pid)], { stdio: 'ignore' })
+    : null;
   const before = threadTimes(pid);
   const brokerBefore = brokerPid ? processTime(brokerPid) : 0;
   const clientBefore = process.cpuUsage();
   const started = performance.now();
   let next = warmup;
-  await Promise.all(Array.from({ length: CLIENTS }, async () => {
-    while (next < warmup + requests) await post(next++);
-  }));
+  await Promise.all(
+    Array.from({ length: CLIENTS }, async () => {
+      while (next < warmup + requests) await post(next++);
+    }),
+  );
   const seconds = (performance.now() - started) / 1000;
   client.close();
   if (perf) {
@@ -92,7 +110,10 @@ try {
   const after = threadTimes(pid);
   const clientCpu = process.cpuUsage(clientBefore);
   const n = requests * 1000;
-  const rows = [...after].map(([name, us]) => [name, (us - (before.get(name) ?? 0)) / n] as const).filter(([, v]) => v > 0.05).sort((a, b) => b[1] - a[1]);
+  const rows = [...after]
+    .map(([name, us]) => [name, (us - (before.get(name) ?? 0)) / n] as const)
+    .filter(([, v]) => v > 0.05)
+    .sort((a, b) => b[1] - a[1]);
   const total = rows.reduce((s, [, v]) => s + v, 0);
   console.log(`${kind}: ${n} events in ${seconds.toFixed(2)} s, ${Math.round(n / seconds)} events/s`);
   console.log('| thread | µs per event |\n|---|---:|');
@@ -104,9 +125,14 @@ try {
   const metrics = (await server.request('GET', '/metrics')).text;
   const read = (name: string, label = 'table="trace_events"') => Number(new RegExp(`^${name}\\{${label}\\} (\\S+)`, 'm').exec(metrics)?.[1] ?? NaN);
   const inserts = read('svc_sink_batch_items_count');
-  console.log(`sink: ${inserts} inserts of trace_events, ${(read('svc_sink_batch_items_sum') / inserts).toFixed(1)} log records (1,000 events each) and ${((read('svc_sink_insert_duration_seconds_sum') / inserts) * 1000).toFixed(1)} ms each on average`);
+  console.log(
+    `sink: ${inserts} inserts of trace_events, ${(read('svc_sink_batch_items_sum') / inserts).toFixed(1)} log records (1,000 events each) and ${((read('svc_sink_insert_duration_seconds_sum') / inserts) * 1000).toFixed(1)} ms each on average`,
+  );
   // Where a request's time went (svc_ingest_stage_duration_seconds, warm-up included).
-  const stages = ['decode', 'append', 'visible'].map((stage) => `${stage} ${((read('svc_ingest_stage_duration_seconds_sum', `stage="${stage}"`) / read('svc_ingest_stage_duration_seconds_count', `stage="${stage}"`)) * 1000).toFixed(1)} ms`);
+  const stages = ['decode', 'append', 'visible'].map(
+    (stage) =>
+      `${stage} ${((read('svc_ingest_stage_duration_seconds_sum', `stage="${stage}"`) / read('svc_ingest_stage_duration_seconds_count', `stage="${stage}"`)) * 1000).toFixed(1)} ms`,
+  );
   console.log(`a request's stages, mean: ${stages.join(', ')}`);
 } finally {
   await server.cleanup();

@@ -57,7 +57,14 @@ export async function benchNetwork(): Promise<string[]> {
   try {
     // No warm pool: a networked sandbox is never taken from it, so both kinds are made at the
     // create (a warm plain one, and the pool refilling beside the next create, measure the pool).
-    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0', SVC_DNS_UPSTREAM: world.dns, SVC_EGRESS_TRUST: world.caFile, SVC_SANDBOX_POOL_SIZE: '0' });
+    server = await startServer({
+      SVC_SANDBOX_HOST_ROOTFS: 'true',
+      SVC_RATE_LIMIT_READS: '0',
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_DNS_UPSTREAM: world.dns,
+      SVC_EGRESS_TRUST: world.caFile,
+      SVC_SANDBOX_POOL_SIZE: '0',
+    });
     const s = server;
     const base = 'version: 1\nbase: debian:bookworm\ntask: {prompt: bench}\ninvariants: {ok: {check: {type: command_exit, command: "true"}}}\n';
     const { create, destroy } = await timedSandboxes(s, [
@@ -74,9 +81,15 @@ export async function benchNetwork(): Promise<string[]> {
     const inside = async (spec: string, scheme: 'http' | 'https') => {
       const { id } = await create(spec);
       try {
-        for (const [file, content] of [['client.py', CLIENT], ['world-ca.pem', worldCa]]) await s.request('POST', `/v1/sandboxes/${id}/files`, { body: { path: file, content } });
+        for (const [file, content] of [
+          ['client.py', CLIENT],
+          ['world-ca.pem', worldCa],
+        ])
+          await s.request('POST', `/v1/sandboxes/${id}/files`, { body: { path: file, content } });
         const ca = spec === 'inspected' ? '/run/svc/ca-certificates.crt' : 'world-ca.pem';
-        const res = await s.request('POST', `/v1/sandboxes/${id}/commands`, { body: { command: `python3 client.py ${ip} ${scheme === 'https' ? 443 : 80} ${scheme} api.allowed.test 300 4 ${ca}` } });
+        const res = await s.request('POST', `/v1/sandboxes/${id}/commands`, {
+          body: { command: `python3 client.py ${ip} ${scheme === 'https' ? 443 : 80} ${scheme} api.allowed.test 300 4 ${ca}` },
+        });
         if (res.body.exit_code !== 0) throw new Error(`inside: ${res.text}`);
         return JSON.parse(res.body.stdout) as { p50: number; p95: number; rps: number };
       } finally {

@@ -44,11 +44,23 @@ function kinds(f: Filled): Kind[] {
   return [
     { name: 'GET /v1/traces?limit=100 (unfiltered), 5 pages', paths: many(6, () => '/v1/traces?limit=100'), pages: 5 },
     { name: 'GET /v1/traces?experiment_id=X&limit=100, 5 pages', paths: many(20, (p) => `/v1/traces?experiment_id=${p(f.experiments)}&limit=100`), pages: 5 },
-    { name: 'GET /v1/traces?sandbox_id=X&limit=100, to the end (3 pages)', paths: many(20, (p) => `/v1/traces?sandbox_id=${p(f.sandboxes)}&limit=100`), pages: 5 },
+    {
+      name: 'GET /v1/traces?sandbox_id=X&limit=100, to the end (3 pages)',
+      paths: many(20, (p) => `/v1/traces?sandbox_id=${p(f.sandboxes)}&limit=100`),
+      pages: 5,
+    },
     { name: 'GET /v1/traces?event_type=llm_call&limit=100, 5 pages', paths: many(4, () => '/v1/traces?event_type=llm_call&limit=100'), pages: 5 },
-    { name: 'GET /v1/traces?tool=X&limit=100, 5 pages', paths: many(6, (p) => `/v1/traces?tool=${p(['bash', 'grep', 'pytest', 'sql_query'])}&limit=100`), pages: 5 },
+    {
+      name: 'GET /v1/traces?tool=X&limit=100, 5 pages',
+      paths: many(6, (p) => `/v1/traces?tool=${p(['bash', 'grep', 'pytest', 'sql_query'])}&limit=100`),
+      pages: 5,
+    },
     { name: 'GET /v1/traces?agent=X&limit=100, 5 pages', paths: many(6, (p) => `/v1/traces?agent=${p(f.agents)}&limit=100`), pages: 5 },
-    { name: 'GET /v1/traces?experiment_id=X&event_type=tool_call&tool=bash&limit=100, to the end', paths: many(20, (p) => `/v1/traces?experiment_id=${p(f.experiments)}&event_type=tool_call&tool=bash&limit=100`), pages: 5 },
+    {
+      name: 'GET /v1/traces?experiment_id=X&event_type=tool_call&tool=bash&limit=100, to the end',
+      paths: many(20, (p) => `/v1/traces?experiment_id=${p(f.experiments)}&event_type=tool_call&tool=bash&limit=100`),
+      pages: 5,
+    },
     { name: 'GET /v1/traces/:id (one trace of 30 spans)', paths: many(60, (p) => `/v1/traces/${p(f.traces)}`), pages: 1 },
   ];
 }
@@ -98,7 +110,9 @@ export async function benchQueries(events: number, chdbDirect: <T>(...args: stri
       await server.cleanup();
     }
     const gb = (b: number) => `${(b / 1024 ** 3).toFixed(2)} GiB`;
-    lines.push(`| ${events.toLocaleString('en-US')} events filled in ${f(filled.fill_seconds)} s (one tenant, ${filled.parts.partitions} daily partitions, ${gb(filled.parts.bytes)}) | as filled: ${optimized.before.parts} parts | merged (OPTIMIZE FINAL, ${f(optimized.seconds)} s): ${optimized.after.parts} parts | target |`);
+    lines.push(
+      `| ${events.toLocaleString('en-US')} events filled in ${f(filled.fill_seconds)} s (one tenant, ${filled.parts.partitions} daily partitions, ${gb(filled.parts.bytes)}) | as filled: ${optimized.before.parts} parts | merged (OPTIMIZE FINAL, ${f(optimized.seconds)} s): ${optimized.after.parts} parts | target |`,
+    );
     const all = (m: Map<string, number[]>, pick: (name: string) => boolean) => [...m].filter(([k]) => pick(k)).flatMap(([, v]) => v);
     const cell = (ms: number[]) => `p50 ${f(pct(ms, 0.5))} / p95 ${f(pct(ms, 0.95))} ms (n ${ms.length})`;
     for (const kind of list) lines.push(`| ${kind.name} | ${cell(asFilled.get(kind.name)!)} | ${cell(merged.get(kind.name)!)} | p95 < 100 ms |`);

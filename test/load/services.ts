@@ -27,7 +27,11 @@ export async function benchServices(): Promise<string[]> {
   try {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_READS: '0', SVC_RATE_LIMIT_WRITES: '0' });
     const s = server;
-    const { create, destroy } = await timedSandboxes(s, [`id: plain\n${BASE}`, `id: backed\n${BASE}${SERVICES}`, `id: audited\n${BASE}${SERVICES}audit: {db_writes: true}\n`]);
+    const { create, destroy } = await timedSandboxes(s, [
+      `id: plain\n${BASE}`,
+      `id: backed\n${BASE}${SERVICES}`,
+      `id: audited\n${BASE}${SERVICES}audit: {db_writes: true}\n`,
+    ]);
     const command = async (id: string, text: string) => {
       const res = await s.request('POST', `/v1/sandboxes/${id}/commands`, { body: { command: text, timeout: '5m' } });
       if (res.body.exit_code !== 0) throw new Error(`command: ${res.text.slice(0, 500)}`);
@@ -39,7 +43,10 @@ export async function benchServices(): Promise<string[]> {
 
     const writes: Record<'off' | 'on', number[]> = { off: [], on: [] };
     for (let i = 0; i < 3; i++) {
-      for (const [audit, spec] of [['off', 'backed'], ['on', 'audited']] as const) {
+      for (const [audit, spec] of [
+        ['off', 'backed'],
+        ['on', 'audited'],
+      ] as const) {
         const { id } = await create(spec);
         writes[audit].push(await command(id, WRITER));
         await destroy(id);
@@ -48,12 +55,14 @@ export async function benchServices(): Promise<string[]> {
 
     // 20 at once: create, write, destroy.
     const started = performance.now();
-    const together = await Promise.all(Array.from({ length: 20 }, async () => {
-      const { id, ms } = await create('audited');
-      const wrote = await command(id, WRITER);
-      await destroy(id);
-      return { ms, wrote };
-    }));
+    const together = await Promise.all(
+      Array.from({ length: 20 }, async () => {
+        const { id, ms } = await create('audited');
+        const wrote = await command(id, WRITER);
+        await destroy(id);
+        return { ms, wrote };
+      }),
+    );
     const allMs = performance.now() - started;
 
     const f = (n: number) => n.toFixed(1);
@@ -63,7 +72,22 @@ export async function benchServices(): Promise<string[]> {
       `| sandbox create to ready: one postgres + one http_mock vs no services (interleaved, 20 each) | p50 ${f(pct(creates.backed, 0.5))} ms, p95 ${f(pct(creates.backed, 0.95))} ms | p50 ${f(pct(creates.plain, 0.5))} ms, p95 ${f(pct(creates.plain, 0.95))} ms | target p50 < 400 ms |`,
       `| its shares: the database's own start (template copy, server start, roles; 10 starts) / the rest | p50 ${f(database.p50)} ms, p95 ${f(database.p95)} ms | sandbox and services' wait p50 ${f(pct(creates.backed, 0.5) - database.p50)} ms | the database starts while the runtime does; the mock is in-process (< 1 ms) |`,
       `| write-heavy agent: 10,000 single-row inserts through the gateway, audit.db_writes on vs off (3 each, median) | ${f(median(writes.on))} ms | ${f(median(writes.off))} ms | ${slower >= 0 ? '+' : ''}${(slower * 100).toFixed(1)}% (target <= +20%) |`,
-      `| 20 such sandboxes at once (audited; create, 10,000 inserts, destroy) | all done in ${f(allMs / 1000)} s | create p50 ${f(pct(together.map((t) => t.ms), 0.5))} ms, p95 ${f(pct(together.map((t) => t.ms), 0.95))} ms; inserts p50 ${f(pct(together.map((t) => t.wrote), 0.5))} ms | |`,
+      `| 20 such sandboxes at once (audited; create, 10,000 inserts, destroy) | all done in ${f(allMs / 1000)} s | create p50 ${f(
+        pct(
+          together.map((t) => t.ms),
+          0.5,
+        ),
+      )} ms, p95 ${f(
+        pct(
+          together.map((t) => t.ms),
+          0.95,
+        ),
+      )} ms; inserts p50 ${f(
+        pct(
+          together.map((t) => t.wrote),
+          0.5,
+        ),
+      )} ms | |`,
     ];
   } finally {
     await server?.cleanup();
@@ -77,7 +101,14 @@ async function postgresStarts(dir: string, n: number): Promise<{ p50: number; p9
   const times: number[] = [];
   for (let i = 0; i < n + 1; i++) {
     const started = performance.now();
-    const service = await PostgresService.start({ name: 'bench', database: 'app', user: 'app', root: path.join(dir, `pg-${i}`), cacheDir: path.join(dir, 'templates'), auditWrites: true });
+    const service = await PostgresService.start({
+      name: 'bench',
+      database: 'app',
+      user: 'app',
+      root: path.join(dir, `pg-${i}`),
+      cacheDir: path.join(dir, 'templates'),
+      auditWrites: true,
+    });
     if (i > 0) times.push(performance.now() - started);
     await service.stop();
   }

@@ -66,7 +66,12 @@ describe('red team: archive bombs cannot freeze the api or grow without bound', 
   let otherKey: string;
 
   before(async () => {
-    server = await startServer({ SVC_BUNDLES_MAX_SIZE: String(LIMIT), SVC_AGENTS_MAX_SIZE: String(LIMIT), SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    server = await startServer({
+      SVC_BUNDLES_MAX_SIZE: String(LIMIT),
+      SVC_AGENTS_MAX_SIZE: String(LIMIT),
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_RATE_LIMIT_READS: '0',
+    });
     key = (await createTenantKey(server, 'acme')).key;
     otherKey = (await createTenantKey(server, 'globex')).key;
   });
@@ -121,7 +126,10 @@ describe('red team: archive bombs cannot freeze the api or grow without bound', 
     const bomb = await gzipWithZeros(Buffer.alloc(0), 200e6);
     assert.ok(bomb.length < MiB, `${bomb.length} bytes compressed`);
     const started = performance.now();
-    const { results, worstMs } = await whilePolling([uploadTaskFiles(server, key, bomb), uploadAgent(server, key, { name: 'bomb', entrypoint: ['python3', 'main.py'] }, bomb)]);
+    const { results, worstMs } = await whilePolling([
+      uploadTaskFiles(server, key, bomb),
+      uploadAgent(server, key, { name: 'bomb', entrypoint: ['python3', 'main.py'] }, bomb),
+    ]);
     for (const res of results) refused(res, 400, /^bundle: has more than 1048576 bytes after the end of its tar archive/);
     assert.ok(worstMs < RESPONSIVE_MS, `the largest latency of /health and another tenant during the bombs was ${Math.round(worstMs)} ms`);
     assert.ok(performance.now() - started < 20_000, 'refused in seconds');
@@ -130,8 +138,12 @@ describe('red team: archive bombs cannot freeze the api or grow without bound', 
   test('a bundle whose headers declare a few bytes but that inflates to 200 MB (a pax record of zeros) is a 413 at 10 times the limit', async () => {
     // node-tar skips a pax record over 1 MiB without an entry: only the inflated bytes count it.
     const bomb = await gzipWithZeros(header('PaxHeader/x', 200 * MiB, 'ExtendedHeader'), 200 * MiB, Buffer.concat([header('main.py', 0), Buffer.alloc(1024)]));
-    const { results, worstMs } = await whilePolling([uploadTaskFiles(server, key, bomb), uploadAgent(server, key, { name: 'paxbomb', entrypoint: ['python3', 'main.py'] }, bomb)]);
-    for (const res of results) refused(res, 413, new RegExp(`^bundle: expands to more than ${10 * LIMIT} bytes unpacked \\(10 times (bundles|agents)\\.max_size\\)`));
+    const { results, worstMs } = await whilePolling([
+      uploadTaskFiles(server, key, bomb),
+      uploadAgent(server, key, { name: 'paxbomb', entrypoint: ['python3', 'main.py'] }, bomb),
+    ]);
+    for (const res of results)
+      refused(res, 413, new RegExp(`^bundle: expands to more than ${10 * LIMIT} bytes unpacked \\(10 times (bundles|agents)\\.max_size\\)`));
     assert.ok(worstMs < RESPONSIVE_MS, `largest latency ${Math.round(worstMs)} ms`);
   });
 
@@ -153,8 +165,18 @@ describe('red team: archive bombs cannot freeze the api or grow without bound', 
       ['a tar cut inside an entry', gzipSync(tar.subarray(0, 600)), 400, /^bundle: is not a valid \.tar\.gz archive/],
       ['a .tar.gz compressed again', gzipSync(good), 400, /^bundle: is compressed twice/],
       ['a header declaring an 8 GiB file and nothing after it', gzipSync(header('huge.bin', 8 * 1024 * MiB)), 413, /^bundle: expands to more than/],
-      ['a path 3,000 directories deep (a pax record)', gzipSync(Buffer.concat([new Pax({ path: `${'d/'.repeat(3000)}f` }).encode(), header('f', 0), Buffer.alloc(1024)])), 400, /^bundle: entry .* over 4096 bytes/],
-      ['a pax record declaring a size of 10^15 bytes', gzipSync(Buffer.concat([new Pax({ size: 1e15 }).encode(), header('f', 0), Buffer.alloc(1024)])), 413, /^bundle: expands to more than/],
+      [
+        'a path 3,000 directories deep (a pax record)',
+        gzipSync(Buffer.concat([new Pax({ path: `${'d/'.repeat(3000)}f` }).encode(), header('f', 0), Buffer.alloc(1024)])),
+        400,
+        /^bundle: entry .* over 4096 bytes/,
+      ],
+      [
+        'a pax record declaring a size of 10^15 bytes',
+        gzipSync(Buffer.concat([new Pax({ size: 1e15 }).encode(), header('f', 0), Buffer.alloc(1024)])),
+        413,
+        /^bundle: expands to more than/,
+      ],
       ['bytes that are not gzip', Buffer.from('PK\u0003\u0004 a zip file'), 400, /^bundle: is not gzip-compressed/],
     ];
     for (const [what, body, status, message] of cases) {
@@ -191,7 +213,13 @@ function imageOf(layer: Buffer, diffId: string, compression: 'gzip' | 'zstd' = '
       layers: [{ mediaType: `application/vnd.oci.image.layer.v1.tar+${compression}`, digest: sha256(layer), size: layer.length }],
     }),
   );
-  return { blobs: new Map([[sha256(config), config], [sha256(layer), layer]]), manifest };
+  return {
+    blobs: new Map([
+      [sha256(config), config],
+      [sha256(layer), layer],
+    ]),
+    manifest,
+  };
 }
 
 const noRegistry = fs.existsSync(REGISTRY_BINARY) ? null : `${REGISTRY_BINARY} is not installed (npm test installs it as root)`;
@@ -212,7 +240,10 @@ describe('red team: image layer bombs from a registry', { skip: noRegistry ?? fa
   });
 
   /** Pulls `reference` into a fresh store (or runs `work` on it), measuring the event loop's largest stall meanwhile (this process is the runner). */
-  async function pullTimed(reference: string, work: (store: ImageStore) => Promise<unknown> = (store) => store.pullImage(reference, settings)): Promise<{ error: Error | null; stallMs: number; tookMs: number }> {
+  async function pullTimed(
+    reference: string,
+    work: (store: ImageStore) => Promise<unknown> = (store) => store.pullImage(reference, settings),
+  ): Promise<{ error: Error | null; stallMs: number; tookMs: number }> {
     const store = new ImageStore(path.join(fs.mkdtempSync(path.join(root, 'store-')), 'images'));
     let last = performance.now();
     let stallMs = 0;
@@ -224,7 +255,13 @@ describe('red team: image layer bombs from a registry', { skip: noRegistry ?? fa
     let timer: NodeJS.Timeout | undefined;
     const deadline = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error('the pull did not end within 60 s')), 60_000)));
     try {
-      const error = await Promise.race([work(store).then(() => null, (err: Error) => err), deadline]);
+      const error = await Promise.race([
+        work(store).then(
+          () => null,
+          (err: Error) => err,
+        ),
+        deadline,
+      ]);
       return { error, stallMs, tookMs: performance.now() - started };
     } finally {
       clearTimeout(timer);
@@ -233,7 +270,10 @@ describe('red team: image layer bombs from a registry', { skip: noRegistry ?? fa
   }
 
   test('a layer of a small tar and 200 MB of zeros after its end is refused at twice SVC_IMAGE_MAX_BYTES, the event loop never stalled', async () => {
-    const tar = tarOf([{ path: 'bin/', type: 'dir' }, { path: 'bin/sh', body: '#!fake\n', mode: 0o755 }]);
+    const tar = tarOf([
+      { path: 'bin/', type: 'dir' },
+      { path: 'bin/sh', body: '#!fake\n', mode: 0o755 },
+    ]);
     const layer = await gzipWithZeros(tar, 200e6);
     await push(registry, 'bomb', 'trailing', imageOf(layer, diffIdOf(tar, 200e6)));
     const { error, stallMs, tookMs } = await pullTimed(`${registry.host}/bomb:trailing`);
@@ -243,7 +283,10 @@ describe('red team: image layer bombs from a registry', { skip: noRegistry ?? fa
   });
 
   test('the same as zstd (the `zstd` command inflates it): refused at the same bound, the event loop never stalled', async () => {
-    const tar = tarOf([{ path: 'bin/', type: 'dir' }, { path: 'bin/sh', body: '#!fake\n', mode: 0o755 }]);
+    const tar = tarOf([
+      { path: 'bin/', type: 'dir' },
+      { path: 'bin/sh', body: '#!fake\n', mode: 0o755 },
+    ]);
     const head = path.join(root, 'head.tar');
     fs.writeFileSync(head, tar);
     const layer = execFileSync('sh', ['-c', `{ cat "$0"; head -c 200000000 /dev/zero; } | zstd -q -c`, head], { maxBuffer: 64 * MiB });
@@ -265,7 +308,11 @@ describe('red team: image layer bombs from a registry', { skip: noRegistry ?? fa
   });
 
   test('svc images import of a gzip tarball that starts as an OCI layout and goes on with 200 MB of zeros: refused in seconds, the event loop never stalled', async () => {
-    const head = tarOf([{ path: 'oci-layout', body: '{"imageLayoutVersion":"1.0.0"}' }, { path: 'index.json', body: '{"schemaVersion":2,"manifests":[]}' }, { path: 'blobs/', type: 'dir' }]);
+    const head = tarOf([
+      { path: 'oci-layout', body: '{"imageLayoutVersion":"1.0.0"}' },
+      { path: 'index.json', body: '{"schemaVersion":2,"manifests":[]}' },
+      { path: 'blobs/', type: 'dir' },
+    ]);
     const archive = path.join(root, 'bomb.tar.gz');
     fs.writeFileSync(archive, await gzipWithZeros(head, 200e6));
     const { error, stallMs, tookMs } = await pullTimed('', (store) => store.importImage('bomb:import', archive, { maxBytes: MAX_BYTES }));

@@ -18,13 +18,22 @@ const deepObject = (depth: number) => `${'{"a":'.repeat(depth)}1${'}'.repeat(dep
 /** A trace batch whose one event carries `metadata` nested `depth` levels. */
 function deepTraceBatch(depth: number): string {
   const event = JSON.stringify(traceEvent({ metadata: '__DEEP__' }));
-  return JSON.stringify({ events: ['__EVENT__'] }).replace('"__EVENT__"', event).replace('"__DEEP__"', deepObject(depth));
+  return JSON.stringify({ events: ['__EVENT__'] })
+    .replace('"__EVENT__"', event)
+    .replace('"__DEEP__"', deepObject(depth));
 }
 
 /** An OTLP/JSON request whose one span has an attribute of kvlists nested `levels` deep (4 JSON levels each). */
 function deepOtlpJson(levels: number): string {
   const value = `${'{"kvlistValue":{"values":[{"key":"a","value":'.repeat(levels)}{"stringValue":"x"}${'}]}}'.repeat(levels)}`;
-  const span = { traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', name: 'tool', startTimeUnixNano: '1700000000000000000', endTimeUnixNano: '1700000000500000000', attributes: ['__ATTR__'] };
+  const span = {
+    traceId: '0af7651916cd43dd8448eb211c80319c',
+    spanId: 'b7ad6b7169203331',
+    name: 'tool',
+    startTimeUnixNano: '1700000000000000000',
+    endTimeUnixNano: '1700000000500000000',
+    attributes: ['__ATTR__'],
+  };
   return JSON.stringify({ resourceSpans: [{ scopeSpans: [{ spans: [span] }] }] }).replace('"__ATTR__"', `{"key":"deep","value":${value}}`);
 }
 
@@ -41,7 +50,9 @@ describe('red team: deep JSON bodies are a 400 naming where, never a crash', () 
   let server: TestServer;
   let key: string;
   const post = (p: string, body: string | Uint8Array<ArrayBuffer>, headers: Record<string, string> = {}, k = key) =>
-    fetch(`${server.url}${p}`, { method: 'POST', headers: { authorization: `Bearer ${k}`, 'content-type': 'application/json', ...headers }, body }).then(async (res) => ({ status: res.status, body: (await res.json()) as { message: string; error: string } }));
+    fetch(`${server.url}${p}`, { method: 'POST', headers: { authorization: `Bearer ${k}`, 'content-type': 'application/json', ...headers }, body }).then(
+      async (res) => ({ status: res.status, body: (await res.json()) as { message: string; error: string } }),
+    );
 
   before(async () => {
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
@@ -51,7 +62,10 @@ describe('red team: deep JSON bodies are a 400 naming where, never a crash', () 
 
   test('POST /v1/traces with 50,000-deep metadata: 400 naming the field, plain and gzipped, and nothing stored', async () => {
     const body = deepTraceBatch(DEPTH);
-    for (const [name, sent, headers] of [['plain', body, {}], ['gzip', new Uint8Array(gzipSync(body)), { 'content-encoding': 'gzip' }]] as const) {
+    for (const [name, sent, headers] of [
+      ['plain', body, {}],
+      ['gzip', new Uint8Array(gzipSync(body)), { 'content-encoding': 'gzip' }],
+    ] as const) {
       const res = await post('/v1/traces', sent, headers);
       assert.equal(res.status, 400, `${name}: ${JSON.stringify(res.body)}`);
       assert.match(res.body.message, /^events\[0\]\.metadata\.a\.a/);
@@ -76,8 +90,12 @@ describe('red team: deep JSON bodies are a 400 naming where, never a crash', () 
     assert.match(res.body.message, TOO_DEEP);
   });
 
-  test('OTLP protobuf nested past the decoder\'s limit: 400 (held before; keeps holding)', async () => {
-    const res = await fetch(`${server.url}/otel/v1/traces`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/x-protobuf' }, body: new Uint8Array(deepOtlpProtobuf(5_000)) });
+  test("OTLP protobuf nested past the decoder's limit: 400 (held before; keeps holding)", async () => {
+    const res = await fetch(`${server.url}/otel/v1/traces`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/x-protobuf' },
+      body: new Uint8Array(deepOtlpProtobuf(5_000)),
+    });
     assert.equal(res.status, 400, await res.clone().text());
     assert.match(((await res.json()) as { message: string }).message, /^body: .*depth/);
   });
@@ -99,12 +117,15 @@ describe('red team: deep JSON bodies are a 400 naming where, never a crash', () 
     assert.equal((await server.request('GET', '/health', { key: null })).status, 200, 'the service is fine');
   });
 
-  test("a sandbox's trace endpoint with 50,000-deep metadata: 400 naming the field", { skip: process.env.SVC_TEST_BWRAP ? false : 'SVC_TEST_BWRAP is unset (npm test sets it when bubblewrap runs here)' }, async () => {
+  test("a sandbox's trace endpoint with 50,000-deep metadata: 400 naming the field", {
+    skip: process.env.SVC_TEST_BWRAP ? false : 'SVC_TEST_BWRAP is unset (npm test sets it when bubblewrap runs here)',
+  }, async () => {
     const spec = `version: 1\nid: basic\nbase: debian:bookworm\ntask:\n  prompt: p\ninvariants:\n  t:\n    check: {type: command_exit, command: "true"}\n`;
     assert.equal((await server.request('POST', '/v1/specs', { key, body: spec, headers: { 'content-type': 'application/x-yaml' } })).status, 201);
     const sb = await server.request('POST', '/v1/sandboxes', { key, body: { spec_id: 'basic' } });
     assert.equal(sb.status, 201, sb.text);
-    const token = (await server.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, { key, body: { command: 'printf %s "$SVC_API_KEY"' } })).body.stdout as string;
+    const token = (await server.request('POST', `/v1/sandboxes/${sb.body.id}/commands`, { key, body: { command: 'printf %s "$SVC_API_KEY"' } })).body
+      .stdout as string;
     for (const k of [key, token]) {
       const res = await post(`/v1/sandboxes/${sb.body.id}/trace`, deepTraceBatch(DEPTH), {}, k);
       assert.equal(res.status, 400, JSON.stringify(res.body));

@@ -27,10 +27,15 @@ const MAX_ANSWER_BYTES = 256 * 1024 * 1024;
 const KEY = 'svc_live_hostile-test-key-0123456789';
 
 /** Every kind of sequence a terminal obeys, in one name. */
-const PAYLOAD = 'evil\x1b]52;c;cm0gLXJmIH4=\x07\x1b]8;;http://evil.test/\x1b\\link\x1b]8;;\x1b\\\x1b[2J\x1b[H\x1b]0;pwned-title\x07\x9b31m\x1b[8mhidden\x07\x7fend';
+const PAYLOAD =
+  'evil\x1b]52;c;cm0gLXJmIH4=\x07\x1b]8;;http://evil.test/\x1b\\link\x1b]8;;\x1b\\\x1b[2J\x1b[H\x1b]0;pwned-title\x07\x9b31m\x1b[8mhidden\x07\x7fend';
 /** What may remain: colour (SGR) and CRLF; anything else is a control character that got through. */
 const OBEYED = /[\x00-\x08\x0b-\x1f\x7f-\x9f]/;
-const withoutAllowed = (text: string) => text.replace(/\x1b\[[0-9;]*m/g, '').replace(/\r\n/g, '\n').replace(/\t/g, ' ');
+const withoutAllowed = (text: string) =>
+  text
+    .replace(/\x1b\[[0-9;]*m/g, '')
+    .replace(/\r\n/g, '\n')
+    .replace(/\t/g, ' ');
 
 interface Ran {
   code: number | null;
@@ -45,16 +50,28 @@ function listen(handler: http.RequestListener, host = '127.0.0.1'): Promise<{ se
 
 /** `svc ARGS` against `url`, on a pty (script(1)) or through pipes; stdout and stderr together. */
 function svc(url: string, args: string[], options: { tty?: boolean; input?: string; timeoutMs?: number } = {}): Promise<Ran> {
-  const env = { ...Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SVC_') && k !== 'NO_COLOR')), SVC_BASE_URL: url, SVC_API_KEY: KEY, XDG_CONFIG_HOME: '/nonexistent' };
+  const env = {
+    ...Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SVC_') && k !== 'NO_COLOR')),
+    SVC_BASE_URL: url,
+    SVC_API_KEY: KEY,
+    XDG_CONFIG_HOME: '/nonexistent',
+  };
   const command = [process.execPath, SVC, ...args];
-  const [file, argv] = options.tty ? ['script', ['-qefc', command.map((a) => `'${a.replace(/'/g, `'\\''`)}'`).join(' '), '/dev/null']] : [command[0]!, command.slice(1)];
+  const [file, argv] = options.tty
+    ? ['script', ['-qefc', command.map((a) => `'${a.replace(/'/g, `'\\''`)}'`).join(' '), '/dev/null']]
+    : [command[0]!, command.slice(1)];
   const started = Date.now();
   return new Promise((resolve) => {
-    const child = execFile(file, argv as string[], { env, timeout: options.timeoutMs ?? 60_000, maxBuffer: 64 * 1024 * 1024, encoding: 'latin1' }, (err, stdout, stderr) => {
-      // latin1 keeps each byte, so a UTF-8 C1 (C2 9B) shows as the byte 0x9b it carries
-      const out = Buffer.from(stdout + stderr, 'latin1').toString('utf8');
-      resolve({ code: err ? ((err as { code?: number }).code ?? null) : 0, out, ms: Date.now() - started });
-    });
+    const child = execFile(
+      file,
+      argv as string[],
+      { env, timeout: options.timeoutMs ?? 60_000, maxBuffer: 64 * 1024 * 1024, encoding: 'latin1' },
+      (err, stdout, stderr) => {
+        // latin1 keeps each byte, so a UTF-8 C1 (C2 9B) shows as the byte 0x9b it carries
+        const out = Buffer.from(stdout + stderr, 'latin1').toString('utf8');
+        resolve({ code: err ? ((err as { code?: number }).code ?? null) : 0, out, ms: Date.now() - started });
+      },
+    );
     child.stdin!.end(options.input ?? '');
   });
 }
@@ -83,9 +100,13 @@ describe('red team: the CLI against a hostile server', () => {
       };
       if (url.pathname === '/v1/specs') return json(200, { items: [{ id: PAYLOAD, version: 1, created_at: PAYLOAD }], count: 1 });
       if (url.pathname === '/v1/specs/hostile-error') return json(404, { error: `not_found${PAYLOAD}`, message: `no spec ${PAYLOAD}` });
-      if (url.pathname === '/v1/sandboxes/sb-1/commands') return json(200, { exit_code: 0, stdout: `out ${PAYLOAD}\n`, stderr: `err ${PAYLOAD}\n`, duration_ms: 1 });
+      if (url.pathname === '/v1/sandboxes/sb-1/commands')
+        return json(200, { exit_code: 0, stdout: `out ${PAYLOAD}\n`, stderr: `err ${PAYLOAD}\n`, duration_ms: 1 });
       if (url.pathname.startsWith('/v1/traces/')) {
-        return json(200, { items: [{ span_id: PAYLOAD, parent_span_id: null, tool: PAYLOAD, event_type: 'tool_call', status: PAYLOAD, duration_ms: 1 }], count: 1 });
+        return json(200, {
+          items: [{ span_id: PAYLOAD, parent_span_id: null, tool: PAYLOAD, event_type: 'tool_call', status: PAYLOAD, duration_ms: 1 }],
+          count: 1,
+        });
       }
       if (url.pathname === '/v1/experiments/endless') {
         // An answer with no end: a JSON string that goes on and on, as fast as the client reads.
@@ -187,7 +208,10 @@ describe('red team: the CLI against a hostile server', () => {
         const ran = await svc(hostile.url, args, { tty });
         assert.match(ran.out, /evil/, `the hostile text is shown: ${JSON.stringify(ran.out)}`);
         assert.doesNotMatch(withoutAllowed(ran.out), OBEYED, `no control character reached the terminal: ${JSON.stringify(ran.out)}`);
-        assert.ok(ran.out.includes('\\u001b]52;c;cm0gLXJmIH4=\\u0007') && ran.out.includes('\\u009b31m'), `the sequences show as escapes: ${JSON.stringify(ran.out)}`);
+        assert.ok(
+          ran.out.includes('\\u001b]52;c;cm0gLXJmIH4=\\u0007') && ran.out.includes('\\u009b31m'),
+          `the sequences show as escapes: ${JSON.stringify(ran.out)}`,
+        );
         if (args.includes('--json')) {
           const json = JSON.parse(ran.out.replace(/\r\n/g, '\n'));
           assert.equal(json[0].id, PAYLOAD, 'the JSON still carries the exact value');
@@ -243,7 +267,7 @@ describe('red team: the CLI against a hostile server', () => {
     for (const ran of [garbage, after, refused, big]) assert.doesNotMatch(ran.out, /^\s+at .+:\d+:\d+\)?$/m, 'no stack trace');
   });
 
-  test('a redirect to another host is not followed: neither the key nor a secret\'s value goes there', async () => {
+  test("a redirect to another host is not followed: neither the key nor a secret's value goes there", async () => {
     const ran = await svc(hostile.url, ['secrets', 'set', 'TOKEN'], { input: 'the-secret-value\n' });
     assert.equal(ran.code, 2, ran.out);
     assert.match(ran.out, /^svc: .*redirect/m);

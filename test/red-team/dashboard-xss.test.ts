@@ -90,9 +90,11 @@ describe('red team: stored XSS in the dashboard', { skip: !runtime ? 'no runtime
   async function shownNotRun(hash: string, expected: string, then?: () => Promise<void>): Promise<void> {
     await page.goto(`${server.url}/ui/#/${hash}`);
     await then?.();
-    await page.waitForFunction((text) => document.body.innerText.includes(text), expected, { timeout: 20_000 }).catch(async (err) => {
-      throw new Error(`#/${hash} never showed ${expected}: ${await page.locator('body').innerText()}`, { cause: err });
-    });
+    await page
+      .waitForFunction((text) => document.body.innerText.includes(text), expected, { timeout: 20_000 })
+      .catch(async (err) => {
+        throw new Error(`#/${hash} never showed ${expected}: ${await page.locator('body').innerText()}`, { cause: err });
+      });
     await page.waitForTimeout(300); // an onerror or onload would have fired by now
     assert.equal(await pwned(), undefined, `a script of the markup ran on #/${hash}`);
     assert.equal(await page.locator('img[src="x"], svg[onload], iframe, script:not([src])').count(), 0, `markup became elements on #/${hash}`);
@@ -129,7 +131,18 @@ describe('red team: stored XSS in the dashboard', { skip: !runtime ? 'no runtime
   });
 
   test('no path under /ui leaves the built files: traversal, encoded, doubled, in assets/', async () => {
-    const paths = ['/ui/../package.json', '/ui/%2e%2e/%2e%2e/%2e%2e/package.json', '/ui/..%2f..%2f..%2fpackage.json', '/ui/assets/..%2f..%2f..%2f..%2fpackage.json', '/ui/assets/%2e%2e/%2e%2e/%2e%2e/%2e%2e/package.json', '/ui/assets/..%252f..%252fpackage.json', '/ui/assets/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2fetc%2fpasswd', '/ui//etc/passwd', '/ui/assets//etc/passwd', '/ui/%00../package.json'];
+    const paths = [
+      '/ui/../package.json',
+      '/ui/%2e%2e/%2e%2e/%2e%2e/package.json',
+      '/ui/..%2f..%2f..%2fpackage.json',
+      '/ui/assets/..%2f..%2f..%2f..%2fpackage.json',
+      '/ui/assets/%2e%2e/%2e%2e/%2e%2e/%2e%2e/package.json',
+      '/ui/assets/..%252f..%252fpackage.json',
+      '/ui/assets/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2fetc%2fpasswd',
+      '/ui//etc/passwd',
+      '/ui/assets//etc/passwd',
+      '/ui/%00../package.json',
+    ];
     for (const p of paths) {
       const res = await fetch(`${server.url}${p}`);
       const text = await res.text();
@@ -157,7 +170,10 @@ describe('red team: stored XSS in the dashboard', { skip: !runtime ? 'no runtime
       return violations;
     }, PAYLOAD);
     assert.equal(await pwned(), undefined, 'an inline handler ran');
-    assert.ok(blocked.some((d) => d.startsWith('script-src')), `the policy blocked the inline script: ${blocked.join(', ')}`);
+    assert.ok(
+      blocked.some((d) => d.startsWith('script-src')),
+      `the policy blocked the inline script: ${blocked.join(', ')}`,
+    );
     assert.ok(await page.evaluate(() => sessionStorage.getItem('svc.apiKey')), 'the key was there to steal');
   });
 });

@@ -84,34 +84,60 @@ if (runtime) {
       // raw() over TLS offers h2 first and prints the ALPN chosen
       // The pipelining case ends up to 1024 requests upstream at once, each an http_call: under
       // the default of 1000 records a second, a later case's record could be dropped with them.
-      lab = await startEgressLab({ tenant: 'reviewer', offerH2: true, env: { SVC_AUDIT_RECORDS_PER_SECOND: '100000' }, specExtra: `network:
+      lab = await startEgressLab({
+        tenant: 'reviewer',
+        offerH2: true,
+        env: { SVC_AUDIT_RECORDS_PER_SECOND: '100000' },
+        specExtra: `network:
   egress:
     default: deny
     allow: [api.allowed.test]
 audit:
   http_calls: true
-` });
-      await lab.worldServers('api.allowed.test', WORLD_SERVERS, [[HTTP_PORT, 'web'], [WS_PORT, 'always101'], [SILENT_PORT, 'silent']], (line) => {
-        if (line.startsWith('REQUEST') || line.startsWith('RAW')) printed.push(line);
-        if (line === 'ACCEPT') accepted++;
+`,
       });
+      await lab.worldServers(
+        'api.allowed.test',
+        WORLD_SERVERS,
+        [
+          [HTTP_PORT, 'web'],
+          [WS_PORT, 'always101'],
+          [SILENT_PORT, 'silent'],
+        ],
+        (line) => {
+          if (line.startsWith('REQUEST') || line.startsWith('RAW')) printed.push(line);
+          if (line === 'ACCEPT') accepted++;
+        },
+      );
     });
 
     after(async () => {
       await lab?.close();
     });
 
-    for (const [scheme, port, mode] of [['http', 80, 'plain'], ['https', 443, 'tls']] as const) {
+    for (const [scheme, port, mode] of [
+      ['http', 80, 'plain'],
+      ['https', 443, 'tls'],
+    ] as const) {
       test(`${scheme}: a proxy-style request whose Host is not host[:port] is refused, not sent on with that Host`, async () => {
         const mark = (await lab.world.requests()).length;
         const since = now();
-        const out = await lab.raw('api.allowed.test', port, mode, 'api.allowed.test', `GET ${scheme}://api.allowed.test/fronted HTTP/1.1\r\nHost: denied.test:\r\nConnection: close\r\n\r\n`);
+        const out = await lab.raw(
+          'api.allowed.test',
+          port,
+          mode,
+          'api.allowed.test',
+          `GET ${scheme}://api.allowed.test/fronted HTTP/1.1\r\nHost: denied.test:\r\nConnection: close\r\n\r\n`,
+        );
         assert.match(out, /HTTP\/1\.1 403 [\s\S]*Host header "denied\.test:" is not host\[:port\]/, out);
         const arrived = await lab.arrivedSince(mark);
         noneAtDenied(arrived);
         assert.deepEqual(show(arrived), []);
         const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-        assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port]), [[scheme, 'denied.test:', port]]);
+        assert.deepEqual(
+          denials.map((d) => [d.protocol, d.host, d.port]),
+          [[scheme, 'denied.test:', port]],
+        );
       });
     }
 
@@ -130,7 +156,11 @@ audit:
         await sleep(200);
         assert.deepEqual(printed.slice(before), [], `${name}: nothing arrived`);
         const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-        assert.deepEqual(denials.map((d) => [d.protocol, d.port]), [['http', HTTP_PORT]], name);
+        assert.deepEqual(
+          denials.map((d) => [d.protocol, d.port]),
+          [['http', HTTP_PORT]],
+          name,
+        );
       }
     });
 
@@ -138,7 +168,8 @@ audit:
       const mark = (await lab.world.requests()).length;
       const since = now();
       // 70 ALPN names of 250 bytes: a 17.6 KB hello, spread over two records; OpenSSL servers take hellos up to 128 KiB.
-      const out = (await lab.sh(`python3 - <<'PY'
+      const out = (
+        await lab.sh(`python3 - <<'PY'
 import socket, ssl
 ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
 ctx.set_alpn_protocols(['p%03d' % i + 'x' * 246 for i in range(70)] + ['http/1.1'])
@@ -148,7 +179,8 @@ try:
     print(s.recv(65536).decode('latin1'))
 except Exception as e:
     print('[' + type(e).__name__ + ']')
-PY`)).stdout;
+PY`)
+      ).stdout;
       assert.match(out, /^\[(SSLError|ConnectionResetError|SSLEOFError)\]/, out);
       const arrived = await lab.arrivedSince(mark);
       noneAtDenied(arrived);
@@ -157,7 +189,9 @@ PY`)).stdout;
     });
 
     test('a connection that sends nothing, or a header byte every 9 s, holds no slot past the headers timeout', async () => {
-      const out = (await lab.sh(`python3 - <<'PY'
+      const out = (
+        await lab.sh(
+          `python3 - <<'PY'
 import socket, threading, time
 def hold(name, drip):
     s = socket.create_connection(('api.allowed.test', 80), timeout=90); start = time.time()
@@ -177,8 +211,17 @@ def hold(name, drip):
     print(name, int(time.time() - start), flush=True)
 threads = [threading.Thread(target=hold, args=(n, d)) for n, d in (('silent', False), ('drip', True))]
 [t.start() for t in threads]; [t.join() for t in threads]
-PY`, 120)).stdout;
-      const held = Object.fromEntries(out.trim().split('\n').map((line) => line.split(' ')).map(([name, seconds]) => [name, Number(seconds)]));
+PY`,
+          120,
+        )
+      ).stdout;
+      const held = Object.fromEntries(
+        out
+          .trim()
+          .split('\n')
+          .map((line) => line.split(' '))
+          .map(([name, seconds]) => [name, Number(seconds)]),
+      );
       assert.ok(held.silent! >= 55 && held.silent! <= 75, out);
       assert.ok(held.drip! >= 55 && held.drip! <= 75, out);
     });
@@ -186,30 +229,43 @@ PY`, 120)).stdout;
     test('requests pipelined on one connection open no more connections upstream than the sandbox may hold', async () => {
       const before = accepted;
       const since = now();
-      const out = (await lab.sh(`python3 - <<'PY'
+      const out = (
+        await lab.sh(`python3 - <<'PY'
 import socket, time
 s = socket.create_connection(('api.allowed.test', ${SILENT_PORT}), timeout=10)
 s.sendall(b'GET /pipelined HTTP/1.1\\r\\nHost: api.allowed.test:${SILENT_PORT}\\r\\n\\r\\n' * 1500)
 time.sleep(6)
 print('sent')
-PY`)).stdout;
+PY`)
+      ).stdout;
       assert.match(out, /sent/, out);
       const opened = accepted - before;
       assert.ok(opened <= 1024, `${opened} connections were opened upstream for one sandbox`);
       const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
       assert.match(denials[0].reason, /1024/);
       // Its slots come back: the answers queued behind the first (which its upstream never gives) go once it times out, with the connection and its requests upstream.
-      const after = await lab.sh('for i in $(seq 45); do c=$(curl -s -m 3 -o /dev/null -w %{http_code} http://api.allowed.test/after); [ "$c" = 200 ] && echo back && exit; sleep 1; done; echo "still $c"');
+      const after = await lab.sh(
+        'for i in $(seq 45); do c=$(curl -s -m 3 -o /dev/null -w %{http_code} http://api.allowed.test/after); [ "$c" = 200 ] && echo back && exit; sleep 1; done; echo "still $c"',
+      );
       assert.equal(after.stdout.trim(), 'back', after.stderr);
     });
 
     test('the answer to a WebSocket handshake the upstream declines is read whole up to 1 MiB only: past it, a 502, recorded', async () => {
       const since = now();
-      const out = await lab.raw('api.allowed.test', 80, 'plain', '', `GET /big?bytes=${2 * 1024 * 1024} HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`);
+      const out = await lab.raw(
+        'api.allowed.test',
+        80,
+        'plain',
+        '',
+        `GET /big?bytes=${2 * 1024 * 1024} HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`,
+      );
       assert.match(out, /^HTTP\/1\.1 502 [\s\S]*over 1048576 bytes/, out.slice(0, 300));
       assert.ok(out.length < 4096, `${out.length} bytes came back`);
       const calls = await lab.records('http_call', since, (items) => items.length >= 1);
-      assert.deepEqual(calls.map((c) => [c.path, c.status, c.upgrade]), [[`/big?bytes=${2 * 1024 * 1024}`, 200, 'websocket']]);
+      assert.deepEqual(
+        calls.map((c) => [c.path, c.status, c.upgrade]),
+        [[`/big?bytes=${2 * 1024 * 1024}`, 200, 'websocket']],
+      );
       assert.match(calls[0].error, /over 1048576 bytes/);
     });
 
@@ -241,13 +297,27 @@ PY`)).stdout;
     test('a 101 to a request that did not ask to upgrade joins nothing: what follows is parsed and checked', async () => {
       const before = printed.length;
       const since = now();
-      const out = await lab.raw('api.allowed.test', WS_PORT, 'plain', '', `GET /not-an-upgrade HTTP/1.1\r\nHost: api.allowed.test:${WS_PORT}\r\nUpgrade: websocket\r\n\r\n`, 'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
+      const out = await lab.raw(
+        'api.allowed.test',
+        WS_PORT,
+        'plain',
+        '',
+        `GET /not-an-upgrade HTTP/1.1\r\nHost: api.allowed.test:${WS_PORT}\r\nUpgrade: websocket\r\n\r\n`,
+        'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\nConnection: close\r\n\r\n',
+      );
       assert.doesNotMatch(out, /HTTP\/1\.1 101/, out);
-      assert.deepEqual([...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]), ['502', '403'], out);
+      assert.deepEqual(
+        [...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]),
+        ['502', '403'],
+        out,
+      );
       await sleep(200);
       assert.deepEqual(printed.slice(before), [`REQUEST 'GET /not-an-upgrade HTTP/1.1' | 101`]);
       const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-      assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.path]), [['http', 'denied.test', '/smuggled']]);
+      assert.deepEqual(
+        denials.map((d) => [d.protocol, d.host, d.path]),
+        [['http', 'denied.test', '/smuggled']],
+      );
     });
   });
 }

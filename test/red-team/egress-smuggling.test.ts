@@ -81,7 +81,9 @@ if (runtime) {
     const printed: string[] = [];
 
     before(async () => {
-      lab = await startEgressLab({ tenant: 'smuggler', specExtra: `services:
+      lab = await startEgressLab({
+        tenant: 'smuggler',
+        specExtra: `services:
   - {name: db, type: postgres}
   - {name: recorder, type: http_mock, record: true, routes: []}
 network:
@@ -91,10 +93,20 @@ network:
   dns_overrides: {api.stripe.test: other.allowed.test, rec.wild.allowed.test: recorder}
 audit:
   http_calls: true
-` });
-      await lab.worldServers('api.allowed.test', WORLD_SERVERS, [[WS_PORT, 'ws'], [HTTP_PORT, 'web'], [GREETER_PORT, 'greeter']], (line) => {
-        if (line.startsWith('REQUEST')) printed.push(line);
+`,
       });
+      await lab.worldServers(
+        'api.allowed.test',
+        WORLD_SERVERS,
+        [
+          [WS_PORT, 'ws'],
+          [HTTP_PORT, 'web'],
+          [GREETER_PORT, 'greeter'],
+        ],
+        (line) => {
+          if (line.startsWith('REQUEST')) printed.push(line);
+        },
+      );
     });
 
     after(async () => {
@@ -108,38 +120,69 @@ audit:
         const mark = (await lab.world.requests()).length;
         const since = now();
         const body = 'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\n\r\n';
-        const out = await lab.raw('api.allowed.test', port, mode, 'api.allowed.test', `GET /carrier HTTP/1.1\r\nHost: api.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
+        const out = await lab.raw(
+          'api.allowed.test',
+          port,
+          mode,
+          'api.allowed.test',
+          `GET /carrier HTTP/1.1\r\nHost: api.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`,
+        );
         assert.match(out, /^HTTP\/1\.1 200 /, out);
         const arrived = await lab.arrivedSince(mark);
         noneAtDenied(arrived);
-        assert.deepEqual(arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]), [['api.allowed.test', 'GET', 'api.allowed.test', '/carrier', body.length]]);
+        assert.deepEqual(
+          arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]),
+          [['api.allowed.test', 'GET', 'api.allowed.test', '/carrier', body.length]],
+        );
         const calls = await lab.records('http_call', since, (items) => items.length >= 1);
-        assert.deepEqual(calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.request_bytes]), [['GET', scheme, 'api.allowed.test', '/carrier', 200, body.length]]);
+        assert.deepEqual(
+          calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.request_bytes]),
+          [['GET', scheme, 'api.allowed.test', '/carrier', 200, body.length]],
+        );
       });
 
       test(`${scheme}: a chunked GET a recording mock sends on to the real host goes as one request too`, async () => {
         const mark = (await lab.world.requests()).length;
         const body = 'GET /smuggled HTTP/1.1\r\nHost: denied.test\r\n\r\n';
-        const out = await lab.raw('rec.wild.allowed.test', port, mode, 'rec.wild.allowed.test', `GET /recorded-${scheme} HTTP/1.1\r\nHost: rec.wild.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
+        const out = await lab.raw(
+          'rec.wild.allowed.test',
+          port,
+          mode,
+          'rec.wild.allowed.test',
+          `GET /recorded-${scheme} HTTP/1.1\r\nHost: rec.wild.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`,
+        );
         assert.match(out, /^HTTP\/1\.1 200 /, out);
         const arrived = await lab.arrivedSince(mark);
         noneAtDenied(arrived);
-        assert.deepEqual(arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]), [['other.allowed.test', 'GET', 'rec.wild.allowed.test', `/recorded-${scheme}`, body.length]]);
+        assert.deepEqual(
+          arrived.map((r) => [r.server, r.method, r.host, r.path, r.body_bytes]),
+          [['other.allowed.test', 'GET', 'rec.wild.allowed.test', `/recorded-${scheme}`, body.length]],
+        );
       });
 
       test(`${scheme}: a WebSocket handshake the upstream does not accept is answered, and what follows it is parsed and checked, not piped`, async () => {
         const mark = (await lab.world.requests()).length;
         const since = now();
         const out = await lab.raw('api.allowed.test', port, mode, 'api.allowed.test', WS_HANDSHAKE('api.allowed.test', '/ws') + SMUGGLED);
-        assert.deepEqual([...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]), ['200', '403'], out);
+        assert.deepEqual(
+          [...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]),
+          ['200', '403'],
+          out,
+        );
         assert.match(out, /egress to denied\.test:80 is denied/, out);
         const arrived = await lab.arrivedSince(mark);
         noneAtDenied(arrived);
         assert.deepEqual(show(arrived), ['api.allowed.test GET api.allowed.test /ws']);
         const calls = await lab.records('http_call', since, (items) => items.length >= 1);
-        assert.deepEqual(calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.upgrade]), [['GET', scheme, 'api.allowed.test', '/ws', 200, 'websocket']]);
+        assert.deepEqual(
+          calls.map((c) => [c.method, c.scheme, c.host, c.path, c.status, c.upgrade]),
+          [['GET', scheme, 'api.allowed.test', '/ws', 200, 'websocket']],
+        );
         const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-        assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port]), [['connect', 'denied.test', 80]]);
+        assert.deepEqual(
+          denials.map((d) => [d.protocol, d.host, d.port]),
+          [['connect', 'denied.test', 80]],
+        );
       });
 
       test(`${scheme}: an upgrade to anything but a WebSocket is a 403, recorded; nothing leaves`, async () => {
@@ -150,7 +193,10 @@ audit:
         noneAtDenied(await lab.arrivedSince(mark));
         assert.deepEqual(show(await lab.arrivedSince(mark)), []);
         const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-        assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port, d.path, d.upgrade]), [[scheme, 'api.allowed.test', port, '/h2c', 'h2c']]);
+        assert.deepEqual(
+          denials.map((d) => [d.protocol, d.host, d.port, d.path, d.upgrade]),
+          [[scheme, 'api.allowed.test', port, '/h2c', 'h2c']],
+        );
         assert.match(denials[0].reason, /only to a WebSocket/);
       });
     }
@@ -160,7 +206,10 @@ audit:
       const out = await lab.raw('api.allowed.test', WS_PORT, 'plain', '', `${WS_HANDSHAKE(`api.allowed.test:${WS_PORT}`, '/chat')}frame-bytes`);
       assert.match(out, /^HTTP\/1\.1 101 [\s\S]*Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK\+xOo=\r\n\r\nframe-bytes/i, out);
       const calls = await lab.records('http_call', since, (items) => items.length >= 1);
-      assert.deepEqual(calls.map((c) => [c.method, c.host, c.port, c.path, c.status, c.upgrade, c.request_bytes, c.response_bytes]), [['GET', 'api.allowed.test', WS_PORT, '/chat', 101, 'websocket', 11, 11]]);
+      assert.deepEqual(
+        calls.map((c) => [c.method, c.host, c.port, c.path, c.status, c.upgrade, c.request_bytes, c.response_bytes]),
+        [['GET', 'api.allowed.test', WS_PORT, '/chat', 101, 'websocket', 11, 11]],
+      );
     });
 
     test('requests framed two ways (Content-Length and Transfer-Encoding, two lengths, a folded header) are a 400, recorded; two Host headers a 403; nothing leaves', async () => {
@@ -177,11 +226,21 @@ audit:
         assert.match(out, /^HTTP\/1\.1 400 [\s\S]*not well-formed HTTP\/1\.1/, `${name}: ${out}`);
         assert.deepEqual(show(await lab.arrivedSince(mark)), [], name);
         const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-        assert.deepEqual(denials.map((d) => [d.protocol, d.port]), [['http', 80]], name);
+        assert.deepEqual(
+          denials.map((d) => [d.protocol, d.port]),
+          [['http', 80]],
+          name,
+        );
       }
       const mark = (await lab.world.requests()).length;
       const since = now();
-      const out = await lab.raw('api.allowed.test', 80, 'plain', '', 'GET /two HTTP/1.1\r\nHost: api.allowed.test\r\nHost: denied.test\r\nConnection: close\r\n\r\n');
+      const out = await lab.raw(
+        'api.allowed.test',
+        80,
+        'plain',
+        '',
+        'GET /two HTTP/1.1\r\nHost: api.allowed.test\r\nHost: denied.test\r\nConnection: close\r\n\r\n',
+      );
       assert.match(out, /^HTTP\/1\.1 403 [\s\S]*more than one Host header/, out);
       assert.deepEqual(show(await lab.arrivedSince(mark)), []);
       await lab.records('network_denied', since, (items) => items.some((d) => /more than one Host/.test(d.reason)));
@@ -191,15 +250,28 @@ audit:
       const mark = (await lab.world.requests()).length;
       const since = now();
       const host = (h: string, p: string, close = '') => `GET ${p} HTTP/1.1\r\nHost: ${h}\r\n${close}\r\n`;
-      const out = await lab.raw('api.allowed.test', 80, 'plain', '', host('api.allowed.test', '/p1') + host('denied.test', '/p2') + host('api.allowed.test', '/p3', 'Connection: close\r\n'));
-      assert.deepEqual([...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]), ['200', '403', '200'], out);
+      const out = await lab.raw(
+        'api.allowed.test',
+        80,
+        'plain',
+        '',
+        host('api.allowed.test', '/p1') + host('denied.test', '/p2') + host('api.allowed.test', '/p3', 'Connection: close\r\n'),
+      );
+      assert.deepEqual(
+        [...out.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => m[1]),
+        ['200', '403', '200'],
+        out,
+      );
       const arrived = await lab.arrivedSince(mark);
       noneAtDenied(arrived);
       assert.deepEqual(show(arrived).sort(), ['api.allowed.test GET api.allowed.test /p1', 'api.allowed.test GET api.allowed.test /p3']);
       const calls = await lab.records('http_call', since, (items) => items.length >= 2);
       assert.deepEqual(calls.map((c) => c.path).sort(), ['/p1', '/p3']);
       const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-      assert.deepEqual(denials.map((d) => [d.host, d.path]), [['denied.test', '/p2']]);
+      assert.deepEqual(
+        denials.map((d) => [d.host, d.path]),
+        [['denied.test', '/p2']],
+      );
     });
 
     test('HTTP on another port is read as HTTP however it is sent: a request line split over packets, after a silence, after empty lines; on the TLS port', async () => {
@@ -216,16 +288,30 @@ audit:
         const out = await lab.raw('api.allowed.test', port, 'plain', '', ...parts);
         assert.match(out, /^HTTP\/1\.1 403 [\s\S]*denied\.test:\d+ is denied/, `${name}: ${out}`);
         const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-        assert.deepEqual(denials.map((d) => [d.protocol, d.host, d.port]), [['http', 'denied.test', port]], name);
+        assert.deepEqual(
+          denials.map((d) => [d.protocol, d.host, d.port]),
+          [['http', 'denied.test', port]],
+          name,
+        );
         assert.deepEqual(printed.slice(before), [], `${name}: nothing arrived`);
       }
       // An allowed request on that port still arrives, and is recorded.
       const since = now();
-      const out = await lab.raw('api.allowed.test', HTTP_PORT, 'plain', '', 'GE', `T /fine HTTP/1.1\r\nHost: api.allowed.test:${HTTP_PORT}\r\nConnection: close\r\n\r\n`);
+      const out = await lab.raw(
+        'api.allowed.test',
+        HTTP_PORT,
+        'plain',
+        '',
+        'GE',
+        `T /fine HTTP/1.1\r\nHost: api.allowed.test:${HTTP_PORT}\r\nConnection: close\r\n\r\n`,
+      );
       assert.match(out, /^HTTP\/1\.1 200 /, out);
       assert.equal(printed.at(-1), `REQUEST GET /fine HTTP/1.1 | api.allowed.test:${HTTP_PORT}`);
       const calls = await lab.records('http_call', since, (items) => items.length >= 1);
-      assert.deepEqual(calls.map((c) => [c.host, c.port, c.path, c.status]), [['api.allowed.test', HTTP_PORT, '/fine', 200]]);
+      assert.deepEqual(
+        calls.map((c) => [c.host, c.port, c.path, c.status]),
+        [['api.allowed.test', HTTP_PORT, '/fine', 200]],
+      );
     });
 
     test('a server that speaks first is still piped: its greeting reaches a silent sandbox, then bytes both ways', async () => {
@@ -244,15 +330,27 @@ audit:
       noneAtDenied(arrived);
       assert.deepEqual(show(arrived), ['api.allowed.test GET api.allowed.test /nameless']);
       const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-      assert.deepEqual(denials.map((d) => [d.protocol, d.host]), [['https', 'denied.test']]);
+      assert.deepEqual(
+        denials.map((d) => [d.protocol, d.host]),
+        [['https', 'denied.test']],
+      );
       const calls = await lab.records('http_call', since, (items) => items.length >= 1);
-      assert.deepEqual(calls.map((c) => [c.scheme, c.host, c.path, c.status]), [['https', 'api.allowed.test', '/nameless', 200]]);
+      assert.deepEqual(
+        calls.map((c) => [c.scheme, c.host, c.path, c.status]),
+        [['https', 'api.allowed.test', '/nameless', 200]],
+      );
     });
 
     test("CONNECT db:5432 reaches the sandbox's database, not its address outside", async () => {
       // PostgreSQL's SSLRequest: the server answers one byte, S or N.
       const sslRequest = Buffer.from([0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]);
-      const out = await lab.raw('api.allowed.test', 80, 'plain', '', Buffer.concat([Buffer.from('CONNECT db:5432 HTTP/1.1\r\nHost: db:5432\r\n\r\n'), sslRequest]));
+      const out = await lab.raw(
+        'api.allowed.test',
+        80,
+        'plain',
+        '',
+        Buffer.concat([Buffer.from('CONNECT db:5432 HTTP/1.1\r\nHost: db:5432\r\n\r\n'), sslRequest]),
+      );
       assert.match(out, /^HTTP\/1\.1 200 Connection Established\r\n\r\n[SN]/, JSON.stringify(out));
     });
 
@@ -265,7 +363,10 @@ audit:
       assert.doesNotMatch(other, /^HTTP/, other);
       assert.deepEqual(show(await lab.arrivedSince(mark)), ['other.allowed.test GET api.stripe.test /charge']);
       const denials = await lab.records('network_denied', since, (items) => items.length >= 1);
-      assert.deepEqual(denials.map((d) => [d.host, d.port]), [['api.stripe.test', 8080]]);
+      assert.deepEqual(
+        denials.map((d) => [d.host, d.port]),
+        [['api.stripe.test', 8080]],
+      );
       assert.match(denials[0].reason, /network\.dns_overrides sends api\.stripe\.test to other\.allowed\.test, reached on ports 80 and 443/);
     });
   });

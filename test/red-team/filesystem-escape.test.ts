@@ -62,7 +62,10 @@ if (runtime) {
       await chmod(hostDir, 0o700);
       await putSpec(SPEC('basic'));
       await putSpec(
-        SPEC('watched', 'audit:\n  file_system: {watch: ["/"], track: [writes, reads, deletes]}\nteardown:\n  export:\n    - {type: audit_log, to: "watched/{{ run_id }}.jsonl"}\n'),
+        SPEC(
+          'watched',
+          'audit:\n  file_system: {watch: ["/"], track: [writes, reads, deletes]}\nteardown:\n  export:\n    - {type: audit_log, to: "watched/{{ run_id }}.jsonl"}\n',
+        ),
       );
     });
     after(async () => {
@@ -70,10 +73,14 @@ if (runtime) {
       await rm(hostDir, { recursive: true, force: true });
     });
 
-    test('setup.files cannot follow a link a copy fixture brought in (/usr/lib/ssl/certs -> /etc/ssl/certs)', { skip: existsSync('/usr/lib/ssl/certs') ? false : 'no /usr/lib/ssl/certs on this host' }, async () => {
+    test('setup.files cannot follow a link a copy fixture brought in (/usr/lib/ssl/certs -> /etc/ssl/certs)', {
+      skip: existsSync('/usr/lib/ssl/certs') ? false : 'no /usr/lib/ssl/certs on this host',
+    }, async () => {
       const name = `svc-red-team-${process.pid}.txt`;
       const planted = path.join('/etc/ssl/certs', name);
-      await putSpec(SPEC('ssl-attack', `fixtures:\n  - {type: copy, from: /usr/lib/ssl, to: ssl}\nsetup:\n  files:\n    - {path: ssl/certs/${name}, content: pwned}\n`));
+      await putSpec(
+        SPEC('ssl-attack', `fixtures:\n  - {type: copy, from: /usr/lib/ssl, to: ssl}\nsetup:\n  files:\n    - {path: ssl/certs/${name}, content: pwned}\n`),
+      );
       try {
         const res = await req('POST', '/v1/sandboxes', { spec_id: 'ssl-attack' });
         assert.equal(res.status, 400, res.text);
@@ -99,7 +106,8 @@ if (runtime) {
 
     test('a bundle whose link target is megabytes long (a pax header, tiny compressed) is refused, not checked for minutes', async () => {
       // No filesystem holds such a link, so python's tarfile writes the entry itself.
-      const script = "import io,sys,tarfile\nb=io.BytesIO()\nt=tarfile.open(fileobj=b,mode='w:gz',format=tarfile.PAX_FORMAT)\nm=tarfile.TarInfo('main.py');m.size=8;t.addfile(m,io.BytesIO(b'print(1)'))\nl=tarfile.TarInfo('deep');l.type=tarfile.SYMTYPE;l.linkname='a/'*500000+'x';t.addfile(l)\nt.close();sys.stdout.buffer.write(b.getvalue())";
+      const script =
+        "import io,sys,tarfile\nb=io.BytesIO()\nt=tarfile.open(fileobj=b,mode='w:gz',format=tarfile.PAX_FORMAT)\nm=tarfile.TarInfo('main.py');m.size=8;t.addfile(m,io.BytesIO(b'print(1)'))\nl=tarfile.TarInfo('deep');l.type=tarfile.SYMTYPE;l.linkname='a/'*500000+'x';t.addfile(l)\nt.close();sys.stdout.buffer.write(b.getvalue())";
       const bundle = execFileSync('python3', ['-c', script], { maxBuffer: 64 * 1024 * 1024 });
       assert.ok(bundle.length < 64 * 1024, `${bundle.length} bytes compressed`);
       const res = await uploadAgent(server, key, { name: 'longlink', entrypoint: ['python3', 'main.py'] }, bundle);

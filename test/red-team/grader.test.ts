@@ -72,7 +72,13 @@ describe('red team: an agent cannot rewrite its own grade', { skip: runtime === 
   before(async () => {
     // A judge that grades whatever it is shown as excellent: only what it is shown matters here.
     judge = await judgeServer(() => ({ status: 200, body: judgeAnswer(0.9) }));
-    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_JUDGE_URL: judge.url, SVC_JUDGE_API_KEY: 'judge-key' });
+    server = await startServer({
+      SVC_SANDBOX_HOST_ROOTFS: 'true',
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_RATE_LIMIT_READS: '0',
+      SVC_JUDGE_URL: judge.url,
+      SVC_JUDGE_API_KEY: 'judge-key',
+    });
     key = (await createTenantKey(server, 'grader-red-team')).key;
   });
   after(async () => {
@@ -82,7 +88,8 @@ describe('red team: an agent cannot rewrite its own grade', { skip: runtime === 
   });
 
   /** Runs an agent against a spec of one check; returns the one run's result. */
-  const attack = (name: string, { agent, check }: { agent: string; check: string }) => runOnce(server, key, name, agent, `invariants:\n  honest: {check: ${check}}\n`);
+  const attack = (name: string, { agent, check }: { agent: string; check: string }) =>
+    runOnce(server, key, name, agent, `invariants:\n  honest: {check: ${check}}\n`);
 
   for (const name of Object.keys(ATTACKS)) {
     test(`${name}: the check's verdict is its own`, async () => {
@@ -93,12 +100,18 @@ describe('red team: an agent cannot rewrite its own grade', { skip: runtime === 
   }
 
   test("a link where the judge's input file is shows the judge nothing of the system", async () => {
-    const run = await runOnce(server, key, 'judge-input-link', 'ln -s /etc/os-release "$SVC_WORKSPACE/answer.txt"; ln -s ../../../../../etc/passwd "$SVC_WORKSPACE/relative.txt"', [
-      'invariants:',
-      '  absolute: {check: {type: llm_as_judge, rubric: "Is the answer right?", input: "file:answer.txt", threshold: 0.5}}',
-      '  relative: {check: {type: llm_as_judge, rubric: "Is it right?", input: "file:relative.txt", threshold: 0.5}}',
-      '',
-    ].join('\n'));
+    const run = await runOnce(
+      server,
+      key,
+      'judge-input-link',
+      'ln -s /etc/os-release "$SVC_WORKSPACE/answer.txt"; ln -s ../../../../../etc/passwd "$SVC_WORKSPACE/relative.txt"',
+      [
+        'invariants:',
+        '  absolute: {check: {type: llm_as_judge, rubric: "Is the answer right?", input: "file:answer.txt", threshold: 0.5}}',
+        '  relative: {check: {type: llm_as_judge, rubric: "Is it right?", input: "file:relative.txt", threshold: 0.5}}',
+        '',
+      ].join('\n'),
+    );
     assert.equal(run.invariants.length, 2, JSON.stringify(run).slice(0, 800));
     assert.equal(judge.calls.length, 2, 'the judge was asked about both');
     for (const call of judge.calls) {
@@ -111,14 +124,20 @@ describe('red team: an agent cannot rewrite its own grade', { skip: runtime === 
     // The sandbox's clock keeps its start in /dev/shm, where the agent writes: set to the epoch,
     // the agent's clock reads 2030 plus 56 years. A check that the frozen 2030 fails must still fail.
     const tamper = `python3 -c "import struct; f = open('/dev/shm/svc-clock-shm', 'r+b'); f.seek(16); f.write(struct.pack('<qq', 0, 0))" && date -u +%Y > "$SVC_WORKSPACE/agent-year"`;
-    const run = await runOnce(server, key, 'clock-tamper', tamper, [
-      'determinism: {frozen_time: "2030-06-15T12:00:00Z"}',
-      'invariants:',
-      `  tampered: {check: {type: command_exit, command: 'test "$(cat agent-year)" -gt 2050'}}`,
-      `  honest: {check: {type: command_exit, command: 'test "$(date -u +%Y)" -gt 2050'}}`,
-      `  frozen: {check: {type: custom, script: "import json, time\\nprint(json.dumps({'passed': time.gmtime().tm_year == 2030}))\\n"}}`,
-      '',
-    ].join('\n'));
+    const run = await runOnce(
+      server,
+      key,
+      'clock-tamper',
+      tamper,
+      [
+        'determinism: {frozen_time: "2030-06-15T12:00:00Z"}',
+        'invariants:',
+        `  tampered: {check: {type: command_exit, command: 'test "$(cat agent-year)" -gt 2050'}}`,
+        `  honest: {check: {type: command_exit, command: 'test "$(date -u +%Y)" -gt 2050'}}`,
+        `  frozen: {check: {type: custom, script: "import json, time\\nprint(json.dumps({'passed': time.gmtime().tm_year == 2030}))\\n"}}`,
+        '',
+      ].join('\n'),
+    );
     const passed = Object.fromEntries(run.invariants.map((i: any) => [i.name, i.passed]));
     assert.deepEqual(passed, { tampered: true, honest: false, frozen: true }, JSON.stringify(run).slice(0, 1500));
   });
@@ -129,15 +148,25 @@ describe('red team: an agent cannot rewrite its own grade', { skip: runtime === 
     const agent = `cat > "$SVC_WORKSPACE/swap.sh" <<'END'
 for name in $FAKETIME_SHARED; do f=/dev/shm\${name}; [ -e "$f" ] || f=/dev/shm/sem.\${name#/}; rm -f "$f"; mkdir -p "$f/deeper" && touch "$f/deeper/x"; done
 END`;
-    const run = await runOnce(server, key, 'check-clock-swap', agent, [
-      'determinism: {frozen_time: "2030-06-15T12:00:00Z"}',
-      'invariants:',
-      `  runs-agent-code: {check: {type: command_exit, command: 'sh swap.sh && test "$(date -u +%Y)" = 2030'}}`,
-      `  later: {check: {type: command_exit, command: 'test "$(date -u +%Y)" = 2030'}}`,
-      '',
-    ].join('\n'));
+    const run = await runOnce(
+      server,
+      key,
+      'check-clock-swap',
+      agent,
+      [
+        'determinism: {frozen_time: "2030-06-15T12:00:00Z"}',
+        'invariants:',
+        `  runs-agent-code: {check: {type: command_exit, command: 'sh swap.sh && test "$(date -u +%Y)" = 2030'}}`,
+        `  later: {check: {type: command_exit, command: 'test "$(date -u +%Y)" = 2030'}}`,
+        '',
+      ].join('\n'),
+    );
     assert.equal(run.status, 'completed', JSON.stringify(run).slice(0, 1500));
-    assert.deepEqual(Object.fromEntries(run.invariants.map((i: any) => [i.name, i.passed])), { 'runs-agent-code': true, later: true }, JSON.stringify(run).slice(0, 1500));
+    assert.deepEqual(
+      Object.fromEntries(run.invariants.map((i: any) => [i.name, i.passed])),
+      { 'runs-agent-code': true, later: true },
+      JSON.stringify(run).slice(0, 1500),
+    );
   });
 
   test('the checker is not crippled: a check that should pass still passes, and sees a HOME of its own', async () => {

@@ -66,19 +66,27 @@ describe("red team: reaching another tenant's published port", { skip: !runtime 
   test("tenant B's agent, egress open, reaches A's server by no road", async () => {
     const port = a.published.port;
     const loopbacks = ['127.0.0.1', '127.1', '2130706433', '0x7f000001', 'localhost', '0.0.0.0', '[::1]', '[::ffff:127.0.0.1]', '[::ffff:7f00:1]'];
-    const hostAddresses = Object.values(os.networkInterfaces()).flatMap((l) => l ?? []).filter((i) => i.family === 'IPv4' && !i.internal).map((i) => i.address);
+    const hostAddresses = Object.values(os.networkInterfaces())
+      .flatMap((l) => l ?? [])
+      .filter((i) => i.family === 'IPv4' && !i.internal)
+      .map((i) => i.address);
     const c = (args: string) => `curl -sS -m 5 ${args} 2>&1; echo " [exit $?]"`;
     const roads: Array<[string, string]> = [
       ["A's address, TCP", c(`http://${a.address}:8080/marker`)],
       ["A's address, Host header on port 80", c(`-H 'Host: ${a.address}:8080' http://192.0.2.1/marker`)],
       ["A's address, absolute-form proxy request", c(`-x http://192.0.2.1:80 http://${a.address}:8080/marker`)],
       ["A's address, CONNECT", c(`-p -x http://192.0.2.1:80 http://${a.address}:8080/marker`)],
-      ...loopbacks.flatMap((host): Array<[string, string]> => [
-        [`${host}, Host header`, c(`-H 'Host: ${host}:${port}' http://192.0.2.1/marker`)],
-        [`${host}, absolute-form proxy request`, c(`-x http://192.0.2.1:80 'http://${host}:${port}/marker'`)],
-        [`${host}, CONNECT`, c(`-p -x http://192.0.2.1:80 'http://${host}:${port}/marker'`)],
+      ...loopbacks.flatMap(
+        (host): Array<[string, string]> => [
+          [`${host}, Host header`, c(`-H 'Host: ${host}:${port}' http://192.0.2.1/marker`)],
+          [`${host}, absolute-form proxy request`, c(`-x http://192.0.2.1:80 'http://${host}:${port}/marker'`)],
+          [`${host}, CONNECT`, c(`-p -x http://192.0.2.1:80 'http://${host}:${port}/marker'`)],
+        ],
+      ),
+      ...[...hostAddresses, b.address.replace(/\.\d+$/, (last) => `.${Number(last.slice(1)) - 1}`)].map((ip): [string, string] => [
+        `the host at ${ip}, TCP`,
+        c(`http://${ip}:${port}/marker`),
       ]),
-      ...[...hostAddresses, b.address.replace(/\.\d+$/, (last) => `.${Number(last.slice(1)) - 1}`)].map((ip): [string, string] => [`the host at ${ip}, TCP`, c(`http://${ip}:${port}/marker`)]),
     ];
     const tried = await run(keyB, b.id, roads.map(([what, command]) => `echo "== ${what}"; ${command}`).join('\n'));
     assert.ok(!tried.stdout.includes(MARKER), `a road reached A's server:\n${tried.stdout}`);

@@ -28,8 +28,10 @@ if (runtime) {
       assert.equal(res.status, 201, res.text);
       return res.body;
     };
-    const tokenOf = async (id: string, k = key) => (await req('POST', `/v1/sandboxes/${id}/commands`, { command: 'printf %s "$SVC_API_KEY"' }, k)).body.stdout as string;
-    const putSpec = async (yaml: string, k = key) => server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
+    const tokenOf = async (id: string, k = key) =>
+      (await req('POST', `/v1/sandboxes/${id}/commands`, { command: 'printf %s "$SVC_API_KEY"' }, k)).body.stdout as string;
+    const putSpec = async (yaml: string, k = key) =>
+      server.request('POST', '/v1/specs', { key: k, body: yaml, headers: { 'content-type': 'application/x-yaml' } });
 
     before(async () => {
       server = await startServer({

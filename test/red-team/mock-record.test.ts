@@ -41,14 +41,28 @@ describe('red team: a mock in record mode', { skip: runtime === null }, () => {
   before(async () => {
     world = await startOutsideWorld();
     artifacts = mkdtempSync(path.join(os.tmpdir(), 'svc-mock-red-'));
-    server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_DNS_UPSTREAM: world.dns, SVC_EGRESS_TRUST: world.caFile, SVC_ARTIFACTS_DIR: artifacts, SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
+    server = await startServer({
+      SVC_SANDBOX_HOST_ROOTFS: 'true',
+      SVC_DNS_UPSTREAM: world.dns,
+      SVC_EGRESS_TRUST: world.caFile,
+      SVC_ARTIFACTS_DIR: artifacts,
+      SVC_RATE_LIMIT_WRITES: '0',
+      SVC_RATE_LIMIT_READS: '0',
+    });
     key = (await createTenantKey(server, 'mock-red-team')).key;
-    await storeSpec(server, key, SPEC('recorder', `services: [{name: api, type: http_mock, record: true, routes: []}]
+    await storeSpec(
+      server,
+      key,
+      SPEC(
+        'recorder',
+        `services: [{name: api, type: http_mock, record: true, routes: []}]
 network:
   egress: {default: deny, allow: [api.allowed.test]}
   dns_overrides: {api.allowed.test: api, denied.test: api}
 audit: {http_calls: true}
-`));
+`,
+      ),
+    );
   });
   after(async () => {
     await server?.cleanup();
@@ -64,7 +78,7 @@ audit: {http_calls: true}
     const hosted = await sh(box.id, `curl -sS -o /dev/null -w '%{http_code}' -H 'Host: denied.test' http://api/v1/secret-plans`);
     assert.equal(hosted.stdout, '403', hosted.stderr);
     const byName = await sh(box.id, `curl -sS -o /dev/null -w '%{http_code}' http://api/v1/by-its-own-name`);
-    assert.notEqual(byName.stdout, '200', 'the mock\'s own name is no real host');
+    assert.notEqual(byName.stdout, '200', "the mock's own name is no real host");
     assert.deepEqual(await world.arrivals('denied.test'), before, 'nothing arrived at the denied host');
     const recording = await req('GET', `/v1/sandboxes/${box.id}/services/api/recording`);
     assert.deepEqual(recording.body.routes, [], 'a refused answer is not recorded');
@@ -76,11 +90,14 @@ audit: {http_calls: true}
     assert.equal(created.status, 201, created.text);
     const box = created.body;
     // The real host (the world's echo) answers with the request's headers and path in its body.
-    const live = await sh(box.id, `curl -sS -H "Authorization: Bearer $STRIPE_KEY" -H "X-Stripe-Key: $STRIPE_KEY" "https://api.allowed.test/v1/charges?key=$STRIPE_KEY"`);
+    const live = await sh(
+      box.id,
+      `curl -sS -H "Authorization: Bearer $STRIPE_KEY" -H "X-Stripe-Key: $STRIPE_KEY" "https://api.allowed.test/v1/charges?key=$STRIPE_KEY"`,
+    );
     const echoed = JSON.parse(live.stdout);
     assert.equal(echoed.server, 'api.allowed.test', live.stderr);
     // (the command's output is redacted: the value was there)
-    assert.equal(echoed.headers['x-stripe-key'], '[REDACTED:STRIPE_KEY]', 'the agent\'s own call carried its secret');
+    assert.equal(echoed.headers['x-stripe-key'], '[REDACTED:STRIPE_KEY]', "the agent's own call carried its secret");
 
     const journal = await req('GET', `/v1/sandboxes/${box.id}/services/api/requests`);
     assert.equal(journal.status, 200, journal.text);

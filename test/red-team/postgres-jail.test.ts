@@ -67,7 +67,15 @@ CREATE FUNCTION has_code(varchar) RETURNS boolean LANGUAGE sql STABLE AS 'SELECT
 /** A fresh server with the fixture applied and the audit started, its records, and the agent's connection. */
 async function attacked(): Promise<{ service: PostgresService; writes: DbWrite[]; agent: (sql: string) => Promise<unknown> }> {
   const writes: DbWrite[] = [];
-  const service = await PostgresService.start({ name: 'db', database: 'shop', user: 'agent', root: path.join(root, randomBytes(4).toString('hex')), cacheDir: path.join(root, 'cache'), auditWrites: true, onWrite: (w) => writes.push(w) });
+  const service = await PostgresService.start({
+    name: 'db',
+    database: 'shop',
+    user: 'agent',
+    root: path.join(root, randomBytes(4).toString('hex')),
+    cacheDir: path.join(root, 'cache'),
+    auditWrites: true,
+    onWrite: (w) => writes.push(w),
+  });
   live.push(service);
   await service.runSql(FIXTURE);
   await service.startAudit();
@@ -98,7 +106,10 @@ if (problem) {
       await agent(`CREATE VIEW orders AS SELECT 12 AS total`);
       await service.flushWrites();
       assert.deepEqual(ddl(writes), ['ALTER TABLE orders', 'ALTER TABLE orders_old', 'CREATE VIEW orders']);
-      assert.ok(writes.every((w) => w.row_count === 0 && w.transactions === 1), JSON.stringify(writes));
+      assert.ok(
+        writes.every((w) => w.row_count === 0 && w.transactions === 1),
+        JSON.stringify(writes),
+      );
     });
 
     test('REFRESH MATERIALIZED VIEW (rows the slot does not show), DROP, an index on a table, TRUNCATE', { timeout: 60_000 }, async () => {
@@ -110,17 +121,26 @@ if (problem) {
       await agent(`TRUNCATE orders CASCADE`);
       await service.flushWrites();
       assert.deepEqual(ddl(writes), ['REFRESH MATERIALIZED VIEW counted', 'CREATE INDEX scratch', 'DROP TABLE scratch']);
-      assert.deepEqual(writes.filter((w) => w.operation !== 'ddl').map((w) => `${w.operation} ${w.table}`), ['update orders', 'truncate orders']);
+      assert.deepEqual(
+        writes.filter((w) => w.operation !== 'ddl').map((w) => `${w.operation} ${w.table}`),
+        ['update orders', 'truncate orders'],
+      );
     });
 
     test('a rolled-back DDL is no record; a forged one cannot be made, nor the event triggers switched off', { timeout: 60_000 }, async () => {
       const { service, writes, agent } = await attacked();
       await agent(`BEGIN; CREATE TABLE never (a int); ROLLBACK`);
       for (const [sql, refused] of [
-        [`SELECT pg_logical_emit_message(true, 'svc_ddl', '{"command": "CREATE TABLE", "table": "decoy"}')`, /permission denied for function pg_logical_emit_message/],
+        [
+          `SELECT pg_logical_emit_message(true, 'svc_ddl', '{"command": "CREATE TABLE", "table": "decoy"}')`,
+          /permission denied for function pg_logical_emit_message/,
+        ],
         [`ALTER EVENT TRIGGER svc_record_ddl DISABLE`, /must be owner of event trigger/],
         [`DROP EVENT TRIGGER svc_record_drops`, /must be owner of event trigger/],
-        [`CREATE EVENT TRIGGER mine ON ddl_command_start EXECUTE FUNCTION pg_catalog.pg_event_trigger_ddl_commands()`, /permission denied to create event trigger/],
+        [
+          `CREATE EVENT TRIGGER mine ON ddl_command_start EXECUTE FUNCTION pg_catalog.pg_event_trigger_ddl_commands()`,
+          /permission denied to create event trigger/,
+        ],
         [`CREATE OR REPLACE FUNCTION svc_internal.emit_ddl(text, text, text) RETURNS void LANGUAGE sql AS ''`, /permission denied for schema svc_internal/],
         [`SET session_replication_role = replica`, /permission denied to set parameter/],
         // a large object's bytes are in a catalog the slot does not decode: none can be made
@@ -140,7 +160,10 @@ if (problem) {
     test('a view named like the table, after a rename: refused, naming it', { timeout: 60_000 }, async () => {
       const { service, agent } = await attacked();
       await agent(`ALTER TABLE orders RENAME TO orders_old; CREATE VIEW orders AS SELECT 12 AS total, 'x'::text AS note`);
-      await assert.rejects(service.queryFirst(`SELECT total FROM orders`), /db: the query reads public\.orders, a view, no longer the table it was, since the sandbox became ready/);
+      await assert.rejects(
+        service.queryFirst(`SELECT total FROM orders`),
+        /db: the query reads public\.orders, a view, no longer the table it was, since the sandbox became ready/,
+      );
       await assert.rejects(service.queryFirst(`SELECT total FROM "orders"`), /reads public\.orders/);
       // what is not named still reads: the view of ready follows the renamed table, as it was made to
       assert.equal(await service.queryFirst(`SELECT count(*) FROM noted`), '1');
@@ -150,8 +173,14 @@ if (problem) {
       const { service, agent } = await attacked();
       assert.equal(await service.queryFirst(`SELECT total_of(1)`), '5');
       await agent(`ALTER TABLE orders RENAME TO orders_old; CREATE VIEW orders AS SELECT 1 AS id, 12::numeric AS total`);
-      await assert.rejects(service.queryFirst(`SELECT total_of(1)`), /the query runs total_of, the database's own code, which may read public\.orders by its name: a view, no longer the table it was/);
-      await assert.rejects(service.queryFirst(`SELECT total FROM first_total`), /the query runs first_total, the database's own code, which may read public\.orders/);
+      await assert.rejects(
+        service.queryFirst(`SELECT total_of(1)`),
+        /the query runs total_of, the database's own code, which may read public\.orders by its name: a view, no longer the table it was/,
+      );
+      await assert.rejects(
+        service.queryFirst(`SELECT total FROM first_total`),
+        /the query runs first_total, the database's own code, which may read public\.orders/,
+      );
       // a view reads its tables by oid: it follows the renamed table, as it was made to
       assert.equal(await service.queryFirst(`SELECT count(*) FROM noted`), '1');
     });
@@ -162,7 +191,9 @@ if (problem) {
       await assert.rejects(service.queryFirst(`SELECT a FROM scratch`), /reads public\.scratch, a view, no longer the table it was/);
     });
 
-    test('another table (or a sequence swapped for a view) of the same name: refused; a view redefined reads as redefined, and is a ddl record', { timeout: 60_000 }, async () => {
+    test('another table (or a sequence swapped for a view) of the same name: refused; a view redefined reads as redefined, and is a ddl record', {
+      timeout: 60_000,
+    }, async () => {
       const { service, writes, agent } = await attacked();
       // Redefining a view may be the task itself: it is the audit's to say it happened.
       await agent(`CREATE OR REPLACE VIEW noted AS SELECT id, 'twelve'::text AS note FROM orders`);
@@ -180,13 +211,16 @@ if (problem) {
       const { service, agent } = await attacked();
       assert.equal(await service.queryFirst(`SELECT count(id) FROM orders`), '2');
       await agent(`CREATE FUNCTION public.count(integer) RETURNS bigint LANGUAGE sql AS 'SELECT 12::bigint'`);
-      await assert.rejects(service.queryFirst(`SELECT count(id) FROM orders`), /the query calls count, a function named like a built-in made or changed since the sandbox became ready/);
+      await assert.rejects(
+        service.queryFirst(`SELECT count(id) FROM orders`),
+        /the query calls count, a function named like a built-in made or changed since the sandbox became ready/,
+      );
       await agent(`DROP FUNCTION public.count(integer); CREATE DOMAIN cents AS integer; CREATE FUNCTION public.eq(cents, integer) RETURNS boolean LANGUAGE sql AS 'SELECT true';
         CREATE OPERATOR public.= (LEFTARG = cents, RIGHTARG = integer, FUNCTION = public.eq)`);
       await assert.rejects(service.queryFirst(`SELECT count(*) FROM orders WHERE id = 1`), /the query may use the operator =, made or changed since/);
     });
 
-    test('an operator SQL syntax uses without spelling it (IN, CASE, NULLIF, LIKE), or a fixture\'s function does: refused', { timeout: 60_000 }, async () => {
+    test("an operator SQL syntax uses without spelling it (IN, CASE, NULLIF, LIKE), or a fixture's function does: refused", { timeout: 60_000 }, async () => {
       const { service, agent } = await attacked();
       // pg_catalog has no varchar = varchar (varchar borrows text's): the agent's is an exact match and wins
       await agent(`CREATE FUNCTION public.yes(varchar, varchar) RETURNS boolean LANGUAGE sql AS 'SELECT true';
@@ -198,20 +232,30 @@ if (problem) {
         [`SELECT count(*) FROM customers WHERE nullif(code, 'zzz') IS NULL`, '='],
         [`SELECT count(*) FROM customers WHERE code LIKE 'zzz'`, '~~'],
       ]) {
-        await assert.rejects(service.queryFirst(query!), (err: Error) => err.message.includes(`the query may use the operator ${symbol}, made or changed since`), query);
+        await assert.rejects(
+          service.queryFirst(query!),
+          (err: Error) => err.message.includes(`the query may use the operator ${symbol}, made or changed since`),
+          query,
+        );
       }
       // nor in the body of a function of the fixture's the query calls
       await assert.rejects(service.queryFirst(`SELECT has_code('zzz')`), /the query may use the operator =, made or changed since/);
     });
 
-    test('a child table whose rows a read of the fixture\'s table (or a view over it) takes in, or a child cut off: refused', { timeout: 60_000 }, async () => {
+    test("a child table whose rows a read of the fixture's table (or a view over it) takes in, or a child cut off: refused", { timeout: 60_000 }, async () => {
       const { service, writes, agent } = await attacked();
       await agent(`CREATE TABLE more_orders () INHERITS (orders); INSERT INTO more_orders VALUES (3, 12, 'third')`);
-      await assert.rejects(service.queryFirst(`SELECT sum(total) FROM orders`), /the query may read public\.orders, a table with inheritance children \(rows read through it\) made or changed since/);
+      await assert.rejects(
+        service.queryFirst(`SELECT sum(total) FROM orders`),
+        /the query may read public\.orders, a table with inheritance children \(rows read through it\) made or changed since/,
+      );
       await assert.rejects(service.queryFirst(`SELECT count(*) FROM noted`), /may read public\.orders, a table with inheritance children/);
       await service.flushWrites();
       // the audit names the child alone: nothing says orders reads otherwise
-      assert.deepEqual(writes.map((w) => `${w.operation} ${w.table}`), ['ddl more_orders', 'insert more_orders']);
+      assert.deepEqual(
+        writes.map((w) => `${w.operation} ${w.table}`),
+        ['ddl more_orders', 'insert more_orders'],
+      );
       // a child of the fixture's cut off: its rows are gone from the parent's reads, no row deleted
       const other = await attacked();
       assert.equal(await other.service.queryFirst(`SELECT count(*) FROM events`), '1');
@@ -219,13 +263,13 @@ if (problem) {
       await assert.rejects(other.service.queryFirst(`SELECT count(*) FROM events`), /may read public\.events, a table with inheritance children/);
     });
 
-    test('a name PostgreSQL does not fold (Äpfel): its view in the table\'s place is refused', { timeout: 60_000 }, async () => {
+    test("a name PostgreSQL does not fold (Äpfel): its view in the table's place is refused", { timeout: 60_000 }, async () => {
       const { service, agent } = await attacked();
       await agent(`ALTER TABLE Äpfel RENAME TO apfel_old; CREATE VIEW Äpfel AS SELECT 12 AS n`);
       await assert.rejects(service.queryFirst(`SELECT n FROM Äpfel`), /reads public\.Äpfel, a view, no longer the table it was/);
     });
 
-    test('database-wide settings for every session (transform_null_equals) cannot be made: the database is not the agent\'s', { timeout: 60_000 }, async () => {
+    test("database-wide settings for every session (transform_null_equals) cannot be made: the database is not the agent's", { timeout: 60_000 }, async () => {
       const { service, agent } = await attacked();
       await assert.rejects(agent(`ALTER DATABASE shop SET transform_null_equals = on`), /must be owner of database shop/);
       await assert.rejects(agent(`ALTER DATABASE shop SET search_path = evil, public`), /must be owner of database shop/);
@@ -247,7 +291,7 @@ if (problem) {
     });
   });
 
-  describe('red team: the jail of the agent\'s database', () => {
+  describe("red team: the jail of the agent's database", () => {
     test('no superuser, no program, no host file, no untrusted extension, no ALTER SYSTEM, no way to another server', { timeout: 60_000 }, async () => {
       const { service, agent } = await attacked();
       const attempts: Array<[string, RegExp]> = [
@@ -308,7 +352,14 @@ forbidden:
       const check = run.invariants.find((i: any) => i.name === 'total_is_12');
       assert.equal(check.passed, false);
       assert.match(check.message, /reads public\.orders, a view, no longer the table it was/);
-      assert.deepEqual(run.violations.map((v: any) => [v.rule, v.audit.table]), [['db_writes_outside', 'orders'], ['db_writes_outside', 'orders_old'], ['db_writes_outside', 'orders']]);
+      assert.deepEqual(
+        run.violations.map((v: any) => [v.rule, v.audit.table]),
+        [
+          ['db_writes_outside', 'orders'],
+          ['db_writes_outside', 'orders_old'],
+          ['db_writes_outside', 'orders'],
+        ],
+      );
       assert.match(run.violations[0].message, /ALTER TABLE of orders \(db\), not in db_writes_outside/);
       assert.match(run.violations[2].message, /CREATE VIEW of orders \(db\)/);
     });

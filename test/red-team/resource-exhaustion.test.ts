@@ -72,13 +72,24 @@ if (runtime) {
     const auditOf = async (id: string) => {
       const res = await req('GET', `/v1/sandboxes/${id}/files/.svc/audit.jsonl`);
       assert.equal(res.status, 200, res.text);
-      return res.text.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as { type: string; details: Record<string, any> });
+      return res.text
+        .trim()
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as { type: string; details: Record<string, any> });
     };
     const sql = async (query: string) => {
-      const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, { method: 'POST', headers: { authorization: `Basic ${Buffer.from(`default:${ADMIN_KEY}`).toString('base64')}` }, body: query });
+      const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, {
+        method: 'POST',
+        headers: { authorization: `Basic ${Buffer.from(`default:${ADMIN_KEY}`).toString('base64')}` },
+        body: query,
+      });
       const text = await res.text();
       assert.equal(res.status, 200, text);
-      return text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, string>);
+      return text
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as Record<string, string>);
     };
 
     before(async () => {
@@ -134,12 +145,21 @@ if (runtime) {
       const summaries = records.filter((r) => r.type === 'warning' && r.details.dropped);
       assert.ok(summaries.length > 0, 'a warning counts what was dropped');
       const dropped = summaries.flatMap((w) => Object.entries(w.details.dropped as Record<string, number>));
-      assert.ok(dropped.some(([type, n]) => (type === 'file_write' || type === 'file_delete') && n > 0), JSON.stringify(summaries));
+      assert.ok(
+        dropped.some(([type, n]) => (type === 'file_write' || type === 'file_delete') && n > 0),
+        JSON.stringify(summaries),
+      );
       assert.match(summaries[0]!.details.message, new RegExp(`audit records dropped: more than ${PER_SECOND} in one second`));
-      assert.ok(records.some((r) => r.type === 'warning' && /the audit log is full/.test(r.details.message)), 'the cap is said');
+      assert.ok(
+        records.some((r) => r.type === 'warning' && /the audit log is full/.test(r.details.message)),
+        'the cap is said',
+      );
 
       // The event stream (the log) holds no more of them than the file.
-      const events = fetch(`${server.url}/v1/sandboxes/${sb.id}/events`, { headers: { authorization: `Bearer ${key}` }, signal: AbortSignal.timeout(30_000) }).then((r) => r.text());
+      const events = fetch(`${server.url}/v1/sandboxes/${sb.id}/events`, {
+        headers: { authorization: `Bearer ${key}` },
+        signal: AbortSignal.timeout(30_000),
+      }).then((r) => r.text());
       await new Promise((r) => setTimeout(r, 300));
       assert.equal((await req('DELETE', `/v1/sandboxes/${sb.id}`)).status, 200);
       const audits = (await events).split('\n').filter((l) => l.startsWith('data: ') && JSON.parse(l.slice(6)).event_type === 'audit');
@@ -200,7 +220,10 @@ if (runtime) {
         const refused = frames.find((f) => f.id === 1);
         assert.equal(refused?.type, 15, 'ERROR for the oversize request');
         assert.match(refused!.payload.toString(), /over the supervisor's limit of 8388608 bytes/);
-        assert.ok(frames.some((f) => f.id === 2 && f.type === 11), 'STARTED for the next one');
+        assert.ok(
+          frames.some((f) => f.id === 2 && f.type === 11),
+          'STARTED for the next one',
+        );
         assert.equal(child.exitCode, null, 'the supervisor is still serving');
       } finally {
         requests.end();
@@ -213,7 +236,9 @@ if (runtime) {
       const pid = supervisorPid(sb.id);
       assert.ok(pid, 'found the supervisor');
       process.kill(pid, 'SIGKILL');
-      const row = await until('the sandbox to be `error`', async () => (await sql(`SELECT State, Error FROM sandboxes FINAL WHERE SandboxId = '${sb.id}'`)).find((r) => r.State === 'error'));
+      const row = await until('the sandbox to be `error`', async () =>
+        (await sql(`SELECT State, Error FROM sandboxes FINAL WHERE SandboxId = '${sb.id}'`)).find((r) => r.State === 'error'),
+      );
       assert.match(row.Error, /supervisor exited/);
       const cmd = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: 'true' });
       assert.ok([404, 409, 410].includes(cmd.status), `${cmd.status} ${cmd.text}`);
@@ -222,7 +247,7 @@ if (runtime) {
       assert.equal((await req('DELETE', `/v1/sandboxes/${sb.id}`)).status, 200);
     });
 
-    test('writing past resources.disk fails inside with ENOSPC; the reserved blocks stay root\'s; the host holds at most the disk', async () => {
+    test("writing past resources.disk fails inside with ENOSPC; the reserved blocks stay root's; the host holds at most the disk", async () => {
       const sb = await create('small-disk');
       const fill = await run(sb.id, 'dd if=/dev/zero of=big bs=1M count=100 2>&1; echo "exit=$?"; stat -f -c "%b %f %a %S" /workspace');
       assert.match(fill.stdout, /No space left on device/);
@@ -262,7 +287,10 @@ if (runtime) {
     test('a runner killed with sandboxes up leaves no workspace mounted on the host', async () => {
       const sandboxes = [await create('basic'), await create('small-disk')];
       // Each workspace's mount point is the sandbox's `path` (a warm one stays where it was made).
-      const mounted = () => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => sandboxes.some((sb) => l.includes(` ${sb.path} `)));
+      const mounted = () =>
+        readFileSync('/proc/self/mountinfo', 'utf8')
+          .split('\n')
+          .filter((l) => sandboxes.some((sb) => l.includes(` ${sb.path} `)));
       assert.equal(mounted().length, 2);
       await server.kill9();
       await until('the workspaces to be unmounted', async () => mounted().length === 0, 10_000).catch((err: Error) => {

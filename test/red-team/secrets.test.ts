@@ -70,7 +70,13 @@ if (runtime) {
     };
 
     before(async () => {
-      server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0', SVC_STDOUT_CHUNK_BYTES: String(CHUNK), SVC_TRACE_FIELD_BYTES: String(FIELD) });
+      server = await startServer({
+        SVC_SANDBOX_HOST_ROOTFS: 'true',
+        SVC_RATE_LIMIT_WRITES: '0',
+        SVC_RATE_LIMIT_READS: '0',
+        SVC_STDOUT_CHUNK_BYTES: String(CHUNK),
+        SVC_TRACE_FIELD_BYTES: String(FIELD),
+      });
       key = (await createTenantKey(server, 'acme')).key;
       const spec = await server.request('POST', '/v1/specs', { key, body: SPEC, headers: { 'content-type': 'application/x-yaml' } });
       assert.equal(spec.status, 201, spec.text);
@@ -114,7 +120,12 @@ if (runtime) {
           { key: 'input.value', value: { stringValue: 'o'.repeat(FIELD - HALF.length) + SECRET } },
         ],
       };
-      const res = await req('POST', '/otel/v1/traces', { resourceSpans: [{ resource: { attributes: [{ key: `r-${SECRET}`, value: { stringValue: SECRET } }] }, scopeSpans: [{ spans: [span] }] }] }, sbKey);
+      const res = await req(
+        'POST',
+        '/otel/v1/traces',
+        { resourceSpans: [{ resource: { attributes: [{ key: `r-${SECRET}`, value: { stringValue: SECRET } }] }, scopeSpans: [{ spans: [span] }] }] },
+        sbKey,
+      );
       assert.equal(res.status, 200, res.text);
       const trace = await req('GET', `/v1/sandboxes/${sandboxId}/trace`);
       const otel = trace.body.events.find((e: { span_id: string }) => e.span_id === 'eee19b7ec3c1b174');
@@ -137,13 +148,16 @@ if (runtime) {
 
       const audit = await req('GET', `/v1/sandboxes/${sandboxId}/files/.svc/audit.jsonl`);
       assert.equal(audit.status, 200);
-      const records = audit.text.trim().split('\n').map((l) => JSON.parse(l));
+      const records = audit.text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
       assert.ok(records.filter((r) => r.type === 'stdout').length >= 2, 'stdout is in chunks');
       auditRecords = records.length;
       assert.deepEqual(leaks(audit.text), []);
     });
 
-    test('the files API returns the agent\'s file as it is', async () => {
+    test("the files API returns the agent's file as it is", async () => {
       await run('printf %s "$LEAKY_TOKEN" > note.txt');
       assert.equal((await req('GET', `/v1/sandboxes/${sandboxId}/files/note.txt`)).text, SECRET);
       assert.equal((await req('POST', `/v1/sandboxes/${sandboxId}/files`, { path: 'config.env', content: `TOKEN=${SECRET}\n` })).status, 201);
@@ -161,23 +175,37 @@ if (runtime) {
 
       // Every row of every table, as ClickHouse decodes it (the parts on disk are compressed).
       const sql = async (query: string) => {
-        const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow&param_h=${HALF}&param_id=${sandboxId}`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: query });
+        const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow&param_h=${HALF}&param_id=${sandboxId}`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${ADMIN_KEY}` },
+          body: query,
+        });
         const text = await res.text();
         assert.equal(res.status, 200, text);
-        return text.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+        return text
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => JSON.parse(l));
       };
       // The sink is behind the log: wait until the sandbox's last event and its audit are in the store.
       const count = async (query: string) => Number((await sql(query))[0].n);
       for (let i = 0; i < 200; i++) {
-        const ended = await count("SELECT count() AS n FROM sandbox_events WHERE SandboxId = {id:String} AND position(Data, '\"destroyed\"') > 0");
+        const ended = await count('SELECT count() AS n FROM sandbox_events WHERE SandboxId = {id:String} AND position(Data, \'"destroyed"\') > 0');
         if (ended > 0 && (await count('SELECT count() AS n FROM audit_events WHERE SandboxId = {id:String}')) >= auditRecords) break;
         await new Promise((r) => setTimeout(r, 100));
       }
-      assert.ok(auditRecords > 10 && (await count('SELECT count() AS n FROM audit_events WHERE SandboxId = {id:String}')) >= auditRecords, 'the audit rows are there to search');
+      assert.ok(
+        auditRecords > 10 && (await count('SELECT count() AS n FROM audit_events WHERE SandboxId = {id:String}')) >= auditRecords,
+        'the audit rows are there to search',
+      );
       const tables = (await sql("SELECT name FROM system.tables WHERE database = currentDatabase() AND engine LIKE '%MergeTree'")).map((t) => t.name as string);
       assert.ok(tables.includes('trace_events') && tables.includes('audit_events') && tables.includes('sandbox_events'), `${tables}`);
       for (const table of tables) {
-        assert.equal(await count(`SELECT count() AS n FROM ${table} WHERE position(formatRow('TSV', *), {h:String}) > 0`), 0, `rows of ${table} hold the value or its first half`);
+        assert.equal(
+          await count(`SELECT count() AS n FROM ${table} WHERE position(formatRow('TSV', *), {h:String}) > 0`),
+          0,
+          `rows of ${table} hold the value or its first half`,
+        );
       }
 
       // And the bytes on disk: the log's segments, the chDB directory, everything.

@@ -57,7 +57,8 @@ describe('red team: the shell relay against a hostile client', { skip: !runtime 
         controls,
         closed: new Promise((done) => ws.on('close', (code) => done(code))),
         type: (input) => ws.send(Buffer.from(input)),
-        waitFor: (pattern, timeoutMs) => until(`the terminal showing ${pattern} (it shows ${JSON.stringify(text.slice(-300))})`, () => pattern.test(text), timeoutMs),
+        waitFor: (pattern, timeoutMs) =>
+          until(`the terminal showing ${pattern} (it shows ${JSON.stringify(text.slice(-300))})`, () => pattern.test(text), timeoutMs),
       };
       ws.on('message', (data, isBinary) => {
         if (!isBinary) {
@@ -76,7 +77,8 @@ describe('red team: the shell relay against a hostile client', { skip: !runtime 
     for (const frame of frames) {
       if (ws.readyState !== ws.OPEN || stopWhen()) return;
       ws.send(frame);
-      if (ws.bufferedAmount > 4 * 1024 * 1024) await until('the socket taking the flood', () => ws.bufferedAmount < 1024 * 1024 || ws.readyState !== ws.OPEN || stopWhen(), 60_000).catch(() => {});
+      if (ws.bufferedAmount > 4 * 1024 * 1024)
+        await until('the socket taking the flood', () => ws.bufferedAmount < 1024 * 1024 || ws.readyState !== ws.OPEN || stopWhen(), 60_000).catch(() => {});
     }
   };
 
@@ -115,7 +117,20 @@ describe('red team: the shell relay against a hostile client', { skip: !runtime 
 
   test('a storm of resizes, valid and absurd: each absurd one refused, the session goes on, the last valid size wins', async () => {
     const shell = await open(await create());
-    const absurd: unknown[][] = [[0, 0], [65535, 65535], [-1, 24], [80, -24], [80.5, 24], [1e308, 24], [80, Number.MAX_SAFE_INTEGER + 2], ['80', 24], [null, null], [[80], 24], [{}, 24], [true, 24]];
+    const absurd: unknown[][] = [
+      [0, 0],
+      [65535, 65535],
+      [-1, 24],
+      [80, -24],
+      [80.5, 24],
+      [1e308, 24],
+      [80, Number.MAX_SAFE_INTEGER + 2],
+      ['80', 24],
+      [null, null],
+      [[80], 24],
+      [{}, 24],
+      [true, 24],
+    ];
     const frames = function* () {
       for (let i = 0; i < 20_000; i++) yield JSON.stringify({ type: 'resize', cols: 20 + (i % 900), rows: 5 + (i % 300) });
       for (const [cols, rows] of absurd) yield JSON.stringify({ type: 'resize', cols, rows });
@@ -126,12 +141,19 @@ describe('red team: the shell relay against a hostile client', { skip: !runtime 
     await until('an error frame for each absurd size', () => shell.controls.filter((c) => c.type === 'error').length >= absurd.length, 30_000);
     const errors = shell.controls.filter((c) => c.type === 'error');
     assert.equal(errors.length, absurd.length, JSON.stringify(errors.slice(0, 5)));
-    assert.ok(errors.every((e) => e.error === 'bad_request'), JSON.stringify(errors));
-    await until('the last size applied', async () => {
-      shell.type('stty size\r');
-      await new Promise((r) => setTimeout(r, 300));
-      return /\b45 123\b/.test(shell.screen());
-    }, 30_000);
+    assert.ok(
+      errors.every((e) => e.error === 'bad_request'),
+      JSON.stringify(errors),
+    );
+    await until(
+      'the last size applied',
+      async () => {
+        shell.type('stty size\r');
+        await new Promise((r) => setTimeout(r, 300));
+        return /\b45 123\b/.test(shell.screen());
+      },
+      30_000,
+    );
     assert.ok(Date.now() - started < 60_000, `the storm took ${Date.now() - started} ms`);
     shell.type('echo "alive $((6*7))"\r');
     await shell.waitFor(/alive 42/);

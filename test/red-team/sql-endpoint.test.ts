@@ -50,7 +50,10 @@ describe("red team: SQL that reaches another tenant's rows", { skip: !runtime },
     server = await startServer({ SVC_SANDBOX_HOST_ROOTFS: 'true', SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
     const keyA = (await createTenantKey(server, 'tenant-a')).key;
     keyB = (await createTenantKey(server, 'tenant-b')).key;
-    const ingested = await server.request('POST', '/v1/traces', { key: keyA, body: { events: [traceEvent({ tool: MARKER, input: MARKER, metadata: { note: MARKER } })] } });
+    const ingested = await server.request('POST', '/v1/traces', {
+      key: keyA,
+      body: { events: [traceEvent({ tool: MARKER, input: MARKER, metadata: { note: MARKER } })] },
+    });
     assert.equal(ingested.status, 200, ingested.text);
     await storeSpec(server, keyB, SPEC('sql-red'));
     const sb = await server.request('POST', '/v1/sandboxes', { key: keyB, body: { spec_id: 'sql-red' } });
@@ -69,7 +72,10 @@ describe("red team: SQL that reaches another tenant's rows", { skip: !runtime },
   after(async () => server?.cleanup());
 
   test("tenant B's key and B's sandbox token, in every credential style: 403 for every query, nothing of A", async () => {
-    for (const [who, secret] of [['tenant key', keyB], ['sandbox token', tokenB]] as const) {
+    for (const [who, secret] of [
+      ['tenant key', keyB],
+      ['sandbox token', tokenB],
+    ] as const) {
       const styles: Array<[Record<string, string>, string]> = [
         [{ authorization: `Bearer ${secret}` }, ''],
         [{ authorization: basic('default', secret) }, ''],

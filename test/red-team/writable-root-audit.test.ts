@@ -29,17 +29,28 @@ const runtime = backend('SVC_TEST_BWRAP', 'the file audit of a writable root on 
 
 /** Runs `commands` as root in a new sandbox of a spec watching `/` (after `setup`), destroys it, returns its file records. */
 function rootRecords(server: TestServer, key: string, name: string, commands: string[], setup: string[] = []): Promise<FileRecord[]> {
-  return sandboxFileRecords(server, key, name, `sandbox: {user: root}\nsetup: {commands: ${JSON.stringify(setup)}}\naudit:\n  file_system: {watch: ["/"], track: [writes, deletes]}\n`, commands, {
-    types: ['file_write', 'file_delete'],
-    tolerated: /image store|kept in memory/,
-  });
+  return sandboxFileRecords(
+    server,
+    key,
+    name,
+    `sandbox: {user: root}\nsetup: {commands: ${JSON.stringify(setup)}}\naudit:\n  file_system: {watch: ["/"], track: [writes, deletes]}\n`,
+    commands,
+    {
+      types: ['file_write', 'file_delete'],
+      tolerated: /image store|kept in memory/,
+    },
+  );
 }
 
 function assertHas(records: FileRecord[], expected: Array<[string, string]>): void {
-  for (const [type, p] of expected) assert.ok(records.some((r) => r[0] === type && r[1] === p), `${type} ${p} in ${JSON.stringify(records)}`);
+  for (const [type, p] of expected)
+    assert.ok(
+      records.some((r) => r[0] === type && r[1] === p),
+      `${type} ${p} in ${JSON.stringify(records)}`,
+    );
 }
 
-describe('red team: root writes to a writable root over the host\'s system directories', { skip: runtime === null }, () => {
+describe("red team: root writes to a writable root over the host's system directories", { skip: runtime === null }, () => {
   let server: TestServer;
   let key: string;
 
@@ -71,7 +82,13 @@ describe('red team: root writes to a writable root over the host\'s system direc
   });
 
   test('a chmod (setuid) or chown of a file made at setup is a write', async () => {
-    const records = await rootRecords(server, key, 'root-chmod', ['chmod 4755 /setup-tool', 'chown 1000 /setup-conf'], ['echo tool > /setup-tool && echo conf > /setup-conf']);
+    const records = await rootRecords(
+      server,
+      key,
+      'root-chmod',
+      ['chmod 4755 /setup-tool', 'chown 1000 /setup-conf'],
+      ['echo tool > /setup-tool && echo conf > /setup-conf'],
+    );
     assertHas(records, [
       ['file_write', '/setup-tool'],
       ['file_write', '/setup-conf'],
@@ -86,7 +103,9 @@ describe('red team: root writes to a writable root over the host\'s system direc
     assert.deepEqual(records.sort(), made.map((f) => ['file_write', f, 'reconciliation']).sort());
   });
 
-  test('a hostile layer (fifo, sparse 8 GiB file, links to the host and to /, a deep tree) is audited without following or hanging', { timeout: 60_000 }, async () => {
+  test('a hostile layer (fifo, sparse 8 GiB file, links to the host and to /, a deep tree) is audited without following or hanging', {
+    timeout: 60_000,
+  }, async () => {
     const records = await rootRecords(server, key, 'root-hostile', [
       'mkfifo /fifo && truncate -s 8G /huge && ln -s / /loop && ln -s /etc /etc-link && mkdir /d && ln -s /etc/shadow /d/shadow',
       'p=/deep; for i in $(seq 1 300); do p=$p/d; done; mkdir -p $p && echo deep > $p/f',
@@ -103,16 +122,25 @@ describe('red team: root writes to a writable root over the host\'s system direc
   });
 
   test('a tree deeper than a path can name (nothing in it watched nor reconciled) is a write of its directory', async () => {
-    const records = await rootRecords(server, key, 'root-too-deep', [`python3 -c "import os; os.chdir('/'); [(os.mkdir(d), os.chdir(d)) for d in ['deep'] + ['dddd'] * 1100]; open('evil', 'w').write('hidden')"`]);
-    assert.ok(records.some((r) => r[0] === 'file_write' && /^\/deep(\/dddd)*$/.test(r[1])), `the deep tree is a write: ${JSON.stringify(records).slice(0, 2000)}`);
+    const records = await rootRecords(server, key, 'root-too-deep', [
+      `python3 -c "import os; os.chdir('/'); [(os.mkdir(d), os.chdir(d)) for d in ['deep'] + ['dddd'] * 1100]; open('evil', 'w').write('hidden')"`,
+    ]);
+    assert.ok(
+      records.some((r) => r[0] === 'file_write' && /^\/deep(\/dddd)*$/.test(r[1])),
+      `the deep tree is a write: ${JSON.stringify(records).slice(0, 2000)}`,
+    );
   });
 
   test('file_writes_outside [/workspace] fails an agent that writes /; allowing / passes it', async () => {
-    const body = (allowed: string) => `sandbox: {user: root}\naudit:\n  file_system: {watch: ["/"], track: [writes]}\nforbidden:\n  file_writes_outside: ${allowed}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n`;
+    const body = (allowed: string) =>
+      `sandbox: {user: root}\naudit:\n  file_system: {watch: ["/"], track: [writes]}\nforbidden:\n  file_writes_outside: ${allowed}\ninvariants:\n  ok: {check: {type: command_exit, command: "true"}}\n`;
     const agent = 'echo pwned > /rt-x; echo in > "$SVC_WORKSPACE/inside.txt"';
     const failed = await runOnce(server, key, 'root-writes-outside', agent, body('[/workspace]'));
     assert.equal(failed.verdict, 'fail', JSON.stringify(failed).slice(0, 1000));
-    assert.deepEqual(failed.violations.map((v: any) => [v.rule, v.audit.path]), [['file_writes_outside', '/rt-x']]);
+    assert.deepEqual(
+      failed.violations.map((v: any) => [v.rule, v.audit.path]),
+      [['file_writes_outside', '/rt-x']],
+    );
     const allowed = await runOnce(server, key, 'root-writes-allowed', agent, body('[/workspace, /rt-x]'));
     assert.equal(allowed.verdict, 'pass', JSON.stringify(allowed).slice(0, 1000));
   });
@@ -132,7 +160,10 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
     fs.writeFileSync(path.join(rootfs, 'etc/untouched'), 'same\n');
     fs.writeFileSync(path.join(rootfs, 'etc/transient'), 'of the image\n');
     // a write no inotify event shows (mmap): only the reconciliation finds it
-    fs.writeFileSync(path.join(scratch, 'mmapw.c'), '#include <fcntl.h>\n#include <sys/mman.h>\nint main(int c, char **v) { int f = open(v[1], O_RDWR); char *m = f < 0 ? MAP_FAILED : mmap(0, 1, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0); if (m == MAP_FAILED) return 1; m[0] = 88; return msync(m, 1, MS_SYNC) ? 2 : 0; }\n');
+    fs.writeFileSync(
+      path.join(scratch, 'mmapw.c'),
+      '#include <fcntl.h>\n#include <sys/mman.h>\nint main(int c, char **v) { int f = open(v[1], O_RDWR); char *m = f < 0 ? MAP_FAILED : mmap(0, 1, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0); if (m == MAP_FAILED) return 1; m[0] = 88; return msync(m, 1, MS_SYNC) ? 2 : 0; }\n',
+    );
     execFileSync('cc', ['-static', '-O', '-o', path.join(rootfs, 'usr/bin/mmapw'), path.join(scratch, 'mmapw.c')]);
     server = await startServer({ SVC_RATE_LIMIT_WRITES: '0', SVC_RATE_LIMIT_READS: '0' });
     key = (await createTenantKey(server, 'root-audit-image')).key;
@@ -143,7 +174,7 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
     fs.rmSync(scratch, { recursive: true, force: true });
   });
 
-  test('writes to the image\'s /etc and /usr are records; deleting the image\'s files is a delete, never a write', async () => {
+  test("writes to the image's /etc and /usr are records; deleting the image's files is a delete, never a write", async () => {
     const records = await rootRecords(server, key, 'image-writes', [
       'echo agent > /etc/agent-was-here && echo more >> /etc/nsswitch.conf',
       'mkdir -p /usr/local/new/dir && echo n > /usr/local/new/dir/f',
@@ -167,7 +198,7 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
     }
   });
 
-  test('a file renamed over the image\'s and deleted at once is still a write there (its whiteout comes before the watch looks)', async () => {
+  test("a file renamed over the image's and deleted at once is still a write there (its whiteout comes before the watch looks)", async () => {
     const records = await rootRecords(server, key, 'image-transient', ['echo evil > /opt/a && mv /opt/a /etc/transient && rm /etc/transient']);
     assertHas(records, [
       ['file_write', '/etc/transient'],
@@ -175,10 +206,16 @@ describe('red team: root writes over an image (an overlay)', { skip: runtime ===
     ]);
   });
 
-  test('a write no event shows, in a directory named like one the workspace\'s diff skips (node_modules, .git, __pycache__): found', async () => {
+  test("a write no event shows, in a directory named like one the workspace's diff skips (node_modules, .git, __pycache__): found", async () => {
     const made = ['/usr/lib/node_modules/tool/index.js', '/etc/.git/config', '/usr/lib/python3/__pycache__/m.pyc', '/etc/plain'];
     const setup = made.map((f) => `mkdir -p ${path.dirname(f)} && echo original > ${f}`);
-    const records = await rootRecords(server, key, 'image-mmap-skipped', made.map((f) => `mmapw ${f}`), setup);
+    const records = await rootRecords(
+      server,
+      key,
+      'image-mmap-skipped',
+      made.map((f) => `mmapw ${f}`),
+      setup,
+    );
     assert.deepEqual(records.sort(), made.map((f) => ['file_write', f, 'reconciliation']).sort());
   });
 

@@ -123,7 +123,10 @@ const SPECS = {
   limited: SPEC('rt-limited', 'resources:\n  memory: 64Mi\n  pids: 48\n  disk: 32Mi\n'),
   // A twentieth of a core: well below what 16 busy processes get even on a machine loaded 45 deep (2 cores).
   throttled: SPEC('rt-throttled', 'resources:\n  cpus: 0.05\n'),
-  networked: SPEC('rt-networked', 'network:\n  egress:\n    default: deny\n    allow: [api.allowed.test]\n  ingress:\n    allow: [{from: host, to_port: 8080}]\n'),
+  networked: SPEC(
+    'rt-networked',
+    'network:\n  egress:\n    default: deny\n    allow: [api.allowed.test]\n  ingress:\n    allow: [{from: host, to_port: 8080}]\n',
+  ),
 };
 
 /** The suite: one describe whose cases share one service and the helpers at its top (long as a suite is, like test/egress/conformance.ts). */
@@ -159,10 +162,17 @@ export function runtimeConformance(runtime: RuntimeUnderTest): void {
     };
     /** Rows of the analysts' SQL endpoint (the sandboxes' last states, also of ended ones). */
     const sql = async (query: string): Promise<Array<Record<string, string>>> => {
-      const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, { method: 'POST', headers: { authorization: `Basic ${Buffer.from(`default:${ADMIN_KEY}`).toString('base64')}` }, body: query });
+      const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, {
+        method: 'POST',
+        headers: { authorization: `Basic ${Buffer.from(`default:${ADMIN_KEY}`).toString('base64')}` },
+        body: query,
+      });
       const text = await res.text();
       assert.equal(res.status, 200, text);
-      return text.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+      return text
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l));
     };
     const lastState = async (id: string) => (await sql(`SELECT State, Error FROM sandboxes FINAL WHERE SandboxId = '${id}'`))[0];
     /** Waits (up to 20 s: teardown may finish after its answer) until the runtime reports nothing (of `kinds`) left of `sandbox`. */
@@ -187,12 +197,15 @@ export function runtimeConformance(runtime: RuntimeUnderTest): void {
       await world?.close();
     });
 
-    test('create: ready on this runtime, with the spec\'s image, /workspace as the working directory and the documented environment', async () => {
+    test("create: ready on this runtime, with the spec's image, /workspace as the working directory and the documented environment", async () => {
       const sb = await create('rt-plain');
       assert.equal(sb.state, 'ready');
       assert.match(sb.id, /^sb-[0-9a-f]+$/);
       const events = sse(`${server.url}/v1/sandboxes/${sb.id}/events`, key);
-      const ran = await sh(sb.id, '. /etc/os-release; echo "$VERSION_CODENAME"; pwd; id -u; echo "$HOME"; echo "$CONFORMANCE_VAR"; echo "$SVC_SANDBOX_ID"; echo "$SVC_BASE_URL"; printf %s "$SVC_API_KEY" | cut -c1-7');
+      const ran = await sh(
+        sb.id,
+        '. /etc/os-release; echo "$VERSION_CODENAME"; pwd; id -u; echo "$HOME"; echo "$CONFORMANCE_VAR"; echo "$SVC_SANDBOX_ID"; echo "$SVC_BASE_URL"; printf %s "$SVC_API_KEY" | cut -c1-7',
+      );
       const [codename, cwd, uid, home, specVar, sandboxId, baseUrl, token] = ran.stdout.split('\n');
       // base: debian:bookworm (the local runtime's root is the host's, bookworm too: see local.test.ts).
       assert.equal(codename, 'bookworm', ran.stderr);
@@ -209,7 +222,7 @@ export function runtimeConformance(runtime: RuntimeUnderTest): void {
       assert.equal(started?.data.runtime, runtime.name, 'the configuration chose the runtime under test');
     });
 
-    test('exec: stdout and stderr apart, the exit code, `sh -c` in /workspace with the sandbox\'s env; a failing command leaves the sandbox usable', async () => {
+    test("exec: stdout and stderr apart, the exit code, `sh -c` in /workspace with the sandbox's env; a failing command leaves the sandbox usable", async () => {
       const sb = await create('rt-plain');
       const ran = await sh(sb.id, 'echo out; echo err >&2; cd sub 2>/dev/null || mkdir sub; cat /proc/$$/cmdline | tr "\\0" " "; echo; pwd; exit 7');
       assert.equal(ran.exit_code, 7);
@@ -226,7 +239,7 @@ export function runtimeConformance(runtime: RuntimeUnderTest): void {
       await destroy(sb.id);
     });
 
-    test('a command\'s timeout kills it and everything it started (its own session too): exit 124, timed_out, the output so far kept', async () => {
+    test("a command's timeout kills it and everything it started (its own session too): exit 124, timed_out, the output so far kept", async () => {
       const sb = await create('rt-plain');
       const started = Date.now();
       const ran = await sh(sb.id, 'sleep 301 & setsid sleep 302 & (sleep 303 &); echo before-the-kill; sleep 304', '2s');
@@ -245,7 +258,7 @@ export function runtimeConformance(runtime: RuntimeUnderTest): void {
       await destroy(sb.id);
     });
 
-    test('the sandbox\'s own timeout destroys it: the stream ends destroyed (timeout), GET is 404, it ends stopped, nothing left on the host', async () => {
+    test("the sandbox's own timeout destroys it: the stream ends destroyed (timeout), GET is 404, it ends stopped, nothing left on the host", async () => {
       const sb = await create('rt-plain', { timeout: '3s' });
       const events = sse(`${server.url}/v1/sandboxes/${sb.id}/events`, key, {}, 30_000);
       await sh(sb.id, 'nohup sleep 600 > /dev/null 2>&1 & echo started');
@@ -298,7 +311,9 @@ for p in procs: p.kill()
       // Sixteen busy processes for 3 s of wall time under cpus: 0.05 get about 0.15 s of CPU together;
       // unlimited, on 2 cores under a load of 45, they would still get over a second.
       const throttled = await create('rt-throttled');
-      const cpu = await sh(throttled.id, `python3 -c '
+      const cpu = await sh(
+        throttled.id,
+        `python3 -c '
 import os, time
 pids = []
 for i in range(16):
@@ -312,7 +327,8 @@ start = time.time()
 for p in pids: os.waitpid(p, 0)
 t = os.times()
 print(t.children_user + t.children_system, time.time() - start)
-'`);
+'`,
+      );
       const [cpuSeconds, wallSeconds] = cpu.stdout.trim().split(' ').map(Number) as [number, number];
       assert.ok(wallSeconds >= 2.9, `wall ${wallSeconds} s (${cpu.stderr.slice(0, 300)})`);
       assert.ok(cpuSeconds <= 0.05 * wallSeconds * 1.5 + 0.1, `${cpuSeconds} s of CPU in ${wallSeconds} s under cpus: 0.05`);
@@ -326,8 +342,14 @@ print(t.children_user + t.children_system, time.time() - start)
       assert.equal((await settled('rm big; echo still here')).stdout, 'still here\n');
       await destroy(sb.id);
       const warnings = (await events).filter((e) => e.event_type === 'warning').map((e) => String(e.data.message));
-      assert.ok(warnings.some((m) => /process limit/.test(m)), `a warning says the process limit was hit: ${warnings.join('; ')}`);
-      assert.ok(warnings.some((m) => /out of memory/.test(m)), `a warning says a process ran out of memory: ${warnings.join('; ')}`);
+      assert.ok(
+        warnings.some((m) => /process limit/.test(m)),
+        `a warning says the process limit was hit: ${warnings.join('; ')}`,
+      );
+      assert.ok(
+        warnings.some((m) => /out of memory/.test(m)),
+        `a warning says a process ran out of memory: ${warnings.join('; ')}`,
+      );
     });
 
     test('files: write, read (also from inside), delete round trip; `..` and a symlink out of the workspace are refused', async () => {
@@ -337,7 +359,7 @@ print(t.children_user + t.children_system, time.time() - start)
       assert.equal(wrote.status, 201, wrote.text);
       assert.equal(wrote.body.bytes, Buffer.byteLength(text));
       const inside = await sh(sb.id, 'cat deep/dir/note.txt; stat -c "%a %u" deep/dir/note.txt; echo from-inside > made-inside.txt');
-      assert.equal(inside.stdout, `${text}644 65534\n`, 'the sandbox sees the file, 0644, its own user\'s');
+      assert.equal(inside.stdout, `${text}644 65534\n`, "the sandbox sees the file, 0644, its own user's");
       const read = await req('GET', `/v1/sandboxes/${sb.id}/files/deep/dir/note.txt`);
       assert.equal(read.status, 200);
       assert.equal(read.text, text);
@@ -360,7 +382,9 @@ print(t.children_user + t.children_system, time.time() - start)
 
     test('a terminal: open, type, read the output, exit with a code', async () => {
       const sb = await create('rt-plain');
-      const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/sandboxes/${sb.id}/shell?cols=100&rows=30`, { headers: { authorization: `Bearer ${key}` } });
+      const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/sandboxes/${sb.id}/shell?cols=100&rows=30`, {
+        headers: { authorization: `Bearer ${key}` },
+      });
       let screen = '';
       const controls: any[] = [];
       ws.on('message', (data, isBinary) => {
@@ -371,7 +395,10 @@ print(t.children_user + t.children_system, time.time() - start)
       try {
         await until('the shell is ready', async () => controls.find((c) => c.type === 'ready'));
         ws.send(Buffer.from('echo "sum=$((6*7))"; pwd; stty size; tty\r'));
-        await until(() => `the shell's answer (the screen shows ${JSON.stringify(screen.slice(-300))})`, async () => /sum=42[\s\S]*\/workspace[\s\S]*30 100[\s\S]*\/dev\/pts\//.test(screen));
+        await until(
+          () => `the shell's answer (the screen shows ${JSON.stringify(screen.slice(-300))})`,
+          async () => /sum=42[\s\S]*\/workspace[\s\S]*30 100[\s\S]*\/dev\/pts\//.test(screen),
+        );
         ws.send(Buffer.from('exit 3\r'));
         const exit = await until('an exit frame', async () => controls.find((c) => c.type === 'exit'));
         assert.equal(exit.exit_code, 3);
@@ -379,7 +406,11 @@ print(t.children_user + t.children_system, time.time() - start)
       } finally {
         ws.terminate();
       }
-      assert.deepEqual((await processesInside(sb.id)).filter((l) => /bash|sh -i/.test(l)), [], 'the shell is gone');
+      assert.deepEqual(
+        (await processesInside(sb.id)).filter((l) => /bash|sh -i/.test(l)),
+        [],
+        'the shell is gone',
+      );
       await destroy(sb.id);
     });
 
@@ -387,7 +418,10 @@ print(t.children_user + t.children_system, time.time() - start)
       const sb = await create('rt-networked');
       const arrivedBefore = (await world.requests()).length;
       // No retry, no wait: the network carries packets once the sandbox is ready.
-      const ran = await sh(sb.id, 'curl -sS -m 10 http://api.allowed.test/first; echo; curl -sS -m 10 -o /dev/null -w "%{http_code}" http://denied.test/denied; echo " rc=$?"');
+      const ran = await sh(
+        sb.id,
+        'curl -sS -m 10 http://api.allowed.test/first; echo; curl -sS -m 10 -o /dev/null -w "%{http_code}" http://denied.test/denied; echo " rc=$?"',
+      );
       const [allowed, denied] = ran.stdout.split('\n');
       assert.equal(JSON.parse(allowed!).server, 'api.allowed.test', ran.stderr);
       assert.doesNotMatch(denied!, /^200/, `denied.test answered: ${ran.stdout}`);
@@ -396,21 +430,27 @@ print(t.children_user + t.children_system, time.time() - start)
       await destroy(sb.id);
     });
 
-    test('ingress: the listed port is published on the host\'s loopback and reachable; an unlisted port is not reachable from the host', async () => {
+    test("ingress: the listed port is published on the host's loopback and reachable; an unlisted port is not reachable from the host", async () => {
       const sb = await create('rt-networked');
       const published = sb.network.ingress[0] as { to_port: number; host: string; port: number };
       assert.equal(published.to_port, 8080);
       const marker = `ingress-${sb.id}`;
       for (const port of [8080, 8081]) {
-        const bg = await req('POST', `/v1/sandboxes/${sb.id}/commands`, { command: `mkdir -p /tmp/www${port} && echo ${marker}-${port} > /tmp/www${port}/marker && exec python3 -m http.server ${port} --bind 0.0.0.0 --directory /tmp/www${port}`, background: true });
+        const bg = await req('POST', `/v1/sandboxes/${sb.id}/commands`, {
+          command: `mkdir -p /tmp/www${port} && echo ${marker}-${port} > /tmp/www${port}/marker && exec python3 -m http.server ${port} --bind 0.0.0.0 --directory /tmp/www${port}`,
+          background: true,
+        });
         assert.equal(bg.status, 202, bg.text);
       }
-      const up = await sh(sb.id, 'for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8080/ && curl -s -o /dev/null http://127.0.0.1:8081/ && echo up && break; sleep 0.1; done');
+      const up = await sh(
+        sb.id,
+        'for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8080/ && curl -s -o /dev/null http://127.0.0.1:8081/ && echo up && break; sleep 0.1; done',
+      );
       assert.equal(up.stdout.trim(), 'up', 'the servers inside started');
       const page = await fetch(`http://${published.host}:${published.port}/marker`);
       assert.equal(page.status, 200);
       assert.equal((await page.text()).trim(), `${marker}-8080`);
-      assert.equal(await connects(sb.network.address, 8080), 'open', 'the listed port at the sandbox\'s address (the probe can tell)');
+      assert.equal(await connects(sb.network.address, 8080), 'open', "the listed port at the sandbox's address (the probe can tell)");
       assert.notEqual(await connects(sb.network.address, 8081), 'open', 'the unlisted port is not reachable');
       await destroy(sb.id);
       assert.notEqual(await connects(published.host, published.port), 'open', 'the published port went with the sandbox');
@@ -421,7 +461,10 @@ print(t.children_user + t.children_system, time.time() - start)
       for (const sb of [plain, networked]) {
         assert.equal((await sh(sb.id, 'nohup sleep 600 > /dev/null 2>&1 & setsid sleep 601 > /dev/null 2>&1 & echo started')).stdout, 'started\n');
         const live = await runtime.leftovers(sb);
-        assert.ok(live.processes.length > 0 && live.resources.length > 0, `${sb.id} is on the host while it lives (the probe can tell): ${JSON.stringify(live)}`);
+        assert.ok(
+          live.processes.length > 0 && live.resources.length > 0,
+          `${sb.id} is on the host while it lives (the probe can tell): ${JSON.stringify(live)}`,
+        );
       }
       for (const sb of [plain, networked]) {
         const events = sse(`${server.url}/v1/sandboxes/${sb.id}/events`, key);
@@ -441,7 +484,8 @@ print(t.children_user + t.children_system, time.time() - start)
 
     test('kill -9 of the runner with sandboxes live: on restart they are ended (error: the runner restarted), no process of theirs is left, new ones run', async () => {
       killed = await Promise.all([create('rt-plain'), create('rt-networked'), create('rt-limited')]);
-      for (const sb of killed) assert.equal((await sh(sb.id, 'nohup sleep 600 > /dev/null 2>&1 & setsid sleep 601 > /dev/null 2>&1 & echo started')).stdout, 'started\n');
+      for (const sb of killed)
+        assert.equal((await sh(sb.id, 'nohup sleep 600 > /dev/null 2>&1 & setsid sleep 601 > /dev/null 2>&1 & echo started')).stdout, 'started\n');
       await server.kill9();
       await server.restart();
       for (const sb of killed) {
@@ -458,7 +502,9 @@ print(t.children_user + t.children_system, time.time() - start)
     });
 
     const gap = runtime.gaps?.['resources left after the runner was killed'];
-    test('kill -9 of the runner: the restart releases everything else the killed sandboxes held (cgroups, mounts, networks, workspaces)', { todo: gap ?? false }, async () => {
+    test('kill -9 of the runner: the restart releases everything else the killed sandboxes held (cgroups, mounts, networks, workspaces)', {
+      todo: gap ?? false,
+    }, async () => {
       assert.ok(killed.length > 0, 'the kill -9 case ran');
       for (const sb of killed) await nothingLeft(sb, 'after the runner was killed and restarted', ['resources']);
     });

@@ -50,8 +50,13 @@ const commandLine = (pid: number) => {
 };
 
 async function leftovers({ id, path: workspace }: SandboxOnHost): Promise<Leftovers> {
-  const mounts = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.includes(id) || l.split(' ')[4] === workspace);
-  const namespaces = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }).split('\n').map((l) => l.split(' ')[0]!).filter((n) => n === `svc-${id}`);
+  const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .filter((l) => l.includes(id) || l.split(' ')[4] === workspace);
+  const namespaces = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })
+    .split('\n')
+    .map((l) => l.split(' ')[0]!)
+    .filter((n) => n === `svc-${id}`);
   return {
     processes: sandboxPids(id).map((pid) => `process ${pid}: ${commandLine(pid)}`),
     resources: [

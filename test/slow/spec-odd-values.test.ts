@@ -11,7 +11,22 @@ import { everyBlock } from '../helpers/spec-documents.ts';
 
 test('odd values at every path of a full document are 400s or valid, never a crash', () => {
   // JSON is YAML (and much faster to write); .nan and .inf are YAML only.
-  const oddValues: string[] = ['null', '[]', '{}', '42', '-1', '1.5', '""', '"str"', 'true', '.nan', '.inf', '[[[[[[]]]]]]', '{"a": {"b": {}}}', '"{{ params.nope }}"'];
+  const oddValues: string[] = [
+    'null',
+    '[]',
+    '{}',
+    '42',
+    '-1',
+    '1.5',
+    '""',
+    '"str"',
+    'true',
+    '.nan',
+    '.inf',
+    '[[[[[[]]]]]]',
+    '{"a": {"b": {}}}',
+    '"{{ params.nope }}"',
+  ];
   const paths: Array<Array<string | number>> = [];
   const collect = (value: unknown, path: Array<string | number>) => {
     paths.push(path);

@@ -136,7 +136,9 @@ for i in range(rounds):
         f.write('host activity')
 `;
 
-test('audit watcher: new directories swapped for a host symlink never yield host names', { skip: haveInotify ? false : 'inotifywait (inotify-tools) is not installed' }, async () => {
+test('audit watcher: new directories swapped for a host symlink never yield host names', {
+  skip: haveInotify ? false : 'inotifywait (inotify-tools) is not installed',
+}, async () => {
   const log = new AuditLog({ workspace: ws, sandboxId: 'sb-race' });
   const w = new FsWatcher({ workspace: ws, watch: ['/'], track: ['writes', 'reads', 'deletes'], audit: log });
   await w.start();
@@ -207,7 +209,10 @@ test('copyTreeIn never writes through a planted link out of the workspace; remov
     // Planted: the bundle's top directory, and the `to` directory, as links out.
     await symlink(outside, path.join(workspace, 'gt'));
     await symlink(outside, path.join(workspace, 'to'));
-    await assert.rejects(copyTreeIn(workspace, bundle, '', { field: 'grader.bundles[0].to' }), (err: unknown) => err instanceof AppError && /grader\.bundles\[0\]\.to/.test(err.message));
+    await assert.rejects(
+      copyTreeIn(workspace, bundle, '', { field: 'grader.bundles[0].to' }),
+      (err: unknown) => err instanceof AppError && /grader\.bundles\[0\]\.to/.test(err.message),
+    );
     await assert.rejects(copyTreeIn(workspace, bundle, 'to', { field: 'grader.bundles[0].to' }), (err: unknown) => err instanceof AppError);
     assert.deepEqual((await readdir(outside)).sort(), ['keep.txt'], 'nothing was written outside');
     // After the checks: the names are removed as they are, links included; the host directory stays.

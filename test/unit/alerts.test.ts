@@ -6,33 +6,65 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { AlertHistory } from '../../services/domain/alert-history.ts';
-import { duplicateOf, evaluateRule, formatValue, parseAlertCondition, parseAlertWindow, pooledMetrics, type CompletedExperiment, type EvaluableRule } from '../../services/domain/alerts.ts';
+import {
+  duplicateOf,
+  evaluateRule,
+  formatValue,
+  parseAlertCondition,
+  parseAlertWindow,
+  pooledMetrics,
+  type CompletedExperiment,
+  type EvaluableRule,
+} from '../../services/domain/alerts.ts';
 import { computeMetrics, NO_TRACES, type RunFact } from '../../services/domain/experiment-metrics.ts';
 
 const DAY = 86_400_000;
 
 describe('condition grammar', () => {
   test('a threshold: each metric, each operator, integers, decimals and negatives, spaces optional', () => {
-    assert.deepEqual(parseAlertCondition('pass_rate < 0.8'), { condition: { kind: 'threshold', text: 'pass_rate < 0.8', metric: 'pass_rate', operator: '<', value: 0.8 } });
-    assert.deepEqual(parseAlertCondition('  mean_wall_ms>=1500 '), { condition: { kind: 'threshold', text: 'mean_wall_ms>=1500', metric: 'mean_wall_ms', operator: '>=', value: 1500 } });
-    for (const metric of ['pass_rate', 'mean_wall_ms', 'p95_wall_ms', 'total_cost_usd', 'mean_cost_per_run_usd', 'tool_success_rate', 'side_effect_violations', 'mean_tool_calls']) {
+    assert.deepEqual(parseAlertCondition('pass_rate < 0.8'), {
+      condition: { kind: 'threshold', text: 'pass_rate < 0.8', metric: 'pass_rate', operator: '<', value: 0.8 },
+    });
+    assert.deepEqual(parseAlertCondition('  mean_wall_ms>=1500 '), {
+      condition: { kind: 'threshold', text: 'mean_wall_ms>=1500', metric: 'mean_wall_ms', operator: '>=', value: 1500 },
+    });
+    for (const metric of [
+      'pass_rate',
+      'mean_wall_ms',
+      'p95_wall_ms',
+      'total_cost_usd',
+      'mean_cost_per_run_usd',
+      'tool_success_rate',
+      'side_effect_violations',
+      'mean_tool_calls',
+    ]) {
       for (const op of ['<', '<=', '>', '>=', '==', '!=']) {
         const parsed = parseAlertCondition(`${metric} ${op} -2.5`);
         assert.ok('condition' in parsed, `${metric} ${op}: ${JSON.stringify(parsed)}`);
-        assert.deepEqual([parsed.condition.metric, parsed.condition.kind === 'threshold' && parsed.condition.operator, parsed.condition.kind === 'threshold' && parsed.condition.value], [metric, op, -2.5]);
+        assert.deepEqual(
+          [
+            parsed.condition.metric,
+            parsed.condition.kind === 'threshold' && parsed.condition.operator,
+            parsed.condition.kind === 'threshold' && parsed.condition.value,
+          ],
+          [metric, op, -2.5],
+        );
       }
     }
   });
 
   test('a regression: only the metrics compare tests', () => {
     assert.deepEqual(parseAlertCondition('pass_rate regressed'), { condition: { kind: 'regression', text: 'pass_rate regressed', metric: 'pass_rate' } });
-    for (const metric of ['mean_wall_ms', 'mean_cost_per_run_usd', 'side_effect_violations', 'mean_tool_calls']) assert.ok('condition' in parseAlertCondition(`${metric} regressed`));
+    for (const metric of ['mean_wall_ms', 'mean_cost_per_run_usd', 'side_effect_violations', 'mean_tool_calls'])
+      assert.ok('condition' in parseAlertCondition(`${metric} regressed`));
     for (const metric of ['p95_wall_ms', 'total_cost_usd', 'tool_success_rate']) {
       const parsed = parseAlertCondition(`${metric} regressed`);
       assert.ok('problems' in parsed);
       assert.match(parsed.problems[0]!, new RegExp(`compare has no significance test for ${metric}`));
     }
-    assert.deepEqual(parseAlertCondition('pass_rate regressed badly'), { problems: ['nothing may follow "regressed", e.g. "pass_rate < 0.8" or "pass_rate regressed"'] });
+    assert.deepEqual(parseAlertCondition('pass_rate regressed badly'), {
+      problems: ['nothing may follow "regressed", e.g. "pass_rate < 0.8" or "pass_rate regressed"'],
+    });
   });
 
   test('every problem is named: unknown metric, bad operator, a value that is not a number, no grammar at all', () => {
@@ -41,7 +73,9 @@ describe('condition grammar', () => {
       assert.ok('problems' in parsed, `${text} parsed`);
       return parsed.problems;
     };
-    assert.deepEqual(problems('happiness > 3'), ['unknown metric "happiness"; one of pass_rate, mean_wall_ms, p95_wall_ms, total_cost_usd, mean_cost_per_run_usd, tool_success_rate, side_effect_violations, mean_tool_calls']);
+    assert.deepEqual(problems('happiness > 3'), [
+      'unknown metric "happiness"; one of pass_rate, mean_wall_ms, p95_wall_ms, total_cost_usd, mean_cost_per_run_usd, tool_success_rate, side_effect_violations, mean_tool_calls',
+    ]);
     assert.equal(problems('happiness ~ 3').length, 2, 'the metric and the operator');
     assert.match(problems('pass_rate = 0.5')[0]!, /^"=" is not an operator; one of <, <=, >, >=, ==, !=, or "regressed"$/);
     assert.match(problems('pass_rate is 0.5')[0]!, /^"is" is not an operator/);
@@ -76,9 +110,24 @@ function historyOf(outcomes: Array<{ spec?: string; verdicts: string; at?: numbe
   const experiments: CompletedExperiment[] = [];
   outcomes.forEach((o, i) => {
     const id = `exp-${i}`;
-    const runs: RunFact[] = [...o.verdicts].map((v, r) => ({ run_id: `run-${i}-${r}`, scenario_index: 0, params: '{}', verdict: v === 'P' ? 'pass' : v === 'F' ? 'fail' : 'error', wall_ms: o.wall ?? 100 + r, violations: 0 }));
+    const runs: RunFact[] = [...o.verdicts].map((v, r) => ({
+      run_id: `run-${i}-${r}`,
+      scenario_index: 0,
+      params: '{}',
+      verdict: v === 'P' ? 'pass' : v === 'F' ? 'fail' : 'error',
+      wall_ms: o.wall ?? 100 + r,
+      violations: 0,
+    }));
     const metrics = computeMetrics(id, runs, new Map(), { strategy: 'majority' });
-    const e: CompletedExperiment = { tenant: 't', experiment_id: id, name: `run ${i}`, spec_id: o.spec ?? 's', completed_at: o.at ?? start + i * 60_000, metrics, aggregation: { strategy: 'majority' } };
+    const e: CompletedExperiment = {
+      tenant: 't',
+      experiment_id: id,
+      name: `run ${i}`,
+      spec_id: o.spec ?? 's',
+      completed_at: o.at ?? start + i * 60_000,
+      metrics,
+      aggregation: { strategy: 'majority' },
+    };
     history.complete(e);
     for (const r of runs) history.score(id, r, { ...NO_TRACES }, 1);
     experiments.push(e);
@@ -89,7 +138,15 @@ function historyOf(outcomes: Array<{ spec?: string; verdicts: string; at?: numbe
 const threshold = (text: string, window: string | null = null, evalId: string | null = 's'): EvaluableRule => {
   const parsed = parseAlertCondition(text);
   if (!('condition' in parsed)) throw new Error(parsed.problems.join());
-  return { id: 'alert_x', name: 'x', source: 'api', eval_id: evalId, condition: parsed.condition, window: parseAlertWindow(window, 30 * DAY), windowText: window };
+  return {
+    id: 'alert_x',
+    name: 'x',
+    source: 'api',
+    eval_id: evalId,
+    condition: parsed.condition,
+    window: parseAlertWindow(window, 30 * DAY),
+    windowText: window,
+  };
 };
 
 describe('evaluation', () => {
@@ -105,19 +162,32 @@ describe('evaluation', () => {
   });
 
   test('last_3_runs: each of the last 3 completed experiments of the scope crossed; fewer than 3 never fires', () => {
-    const { history, experiments } = historyOf([{ verdicts: 'F' }, { verdicts: 'F' }, { spec: 'other', verdicts: 'P' }, { verdicts: 'F' }, { verdicts: 'P' }, { verdicts: 'F' }]);
+    const { history, experiments } = historyOf([
+      { verdicts: 'F' },
+      { verdicts: 'F' },
+      { spec: 'other', verdicts: 'P' },
+      { verdicts: 'F' },
+      { verdicts: 'P' },
+      { verdicts: 'F' },
+    ]);
     const rule = threshold('pass_rate < 0.5', 'last_3_runs');
     const at = (i: number) => evaluateRule(rule, experiments[i]!, history);
     assert.deepEqual([at(0).fires, at(1).fires], [false, false]);
     assert.match(at(1).reason, /^only 2 completed experiments of spec s so far; last_3_runs needs 3$/);
     // The other spec's experiment is outside the rule's scope.
     assert.equal(at(3).fires, true);
-    assert.deepEqual(at(3).details.experiments!.map((e) => e.experiment_id), ['exp-0', 'exp-1', 'exp-3']);
+    assert.deepEqual(
+      at(3).details.experiments!.map((e) => e.experiment_id),
+      ['exp-0', 'exp-1', 'exp-3'],
+    );
     assert.equal(at(5).fires, false, 'F, P, F');
     // A global rule's scope is every spec of the tenant: exp-2 (other, passing) breaks the streak.
     assert.equal(evaluateRule(threshold('pass_rate < 0.5', 'last_3_runs', null), experiments[3]!, history).fires, false);
     // As of a past completion: later experiments do not count.
-    assert.deepEqual(at(1).details.experiments!.map((e) => e.experiment_id), ['exp-0', 'exp-1']);
+    assert.deepEqual(
+      at(1).details.experiments!.map((e) => e.experiment_id),
+      ['exp-0', 'exp-1'],
+    );
   });
 
   test('last_<duration>: the metric pooled over every run of the experiments completed within it', () => {
@@ -137,7 +207,14 @@ describe('evaluation', () => {
   });
 
   test('a regression: against the previous completed experiment of the spec, significant only', () => {
-    const { history, experiments } = historyOf([{ verdicts: 'PPPPP' }, { spec: 'other', verdicts: 'FFFFF' }, { verdicts: 'FFFFF' }, { verdicts: 'FFFFP' }, { verdicts: 'P' }, { verdicts: 'F' }]);
+    const { history, experiments } = historyOf([
+      { verdicts: 'PPPPP' },
+      { spec: 'other', verdicts: 'FFFFF' },
+      { verdicts: 'FFFFF' },
+      { verdicts: 'FFFFP' },
+      { verdicts: 'P' },
+      { verdicts: 'F' },
+    ]);
     const rule = threshold('pass_rate regressed');
     const first = evaluateRule(rule, experiments[0]!, history);
     assert.deepEqual([first.fires, first.reason], [false, 'no earlier completed experiment of spec s to compare with']);
@@ -157,13 +234,28 @@ describe('evaluation', () => {
   });
 });
 
-test('pooled metrics keep each experiment\'s scenarios and replica aggregation apart', () => {
-  const run = (id: string, index: number, verdict: RunFact['verdict']): RunFact => ({ run_id: id, scenario_index: index, params: '{}', verdict, wall_ms: 10, violations: verdict === 'fail' ? 1 : 0 });
+test("pooled metrics keep each experiment's scenarios and replica aggregation apart", () => {
+  const run = (id: string, index: number, verdict: RunFact['verdict']): RunFact => ({
+    run_id: id,
+    scenario_index: index,
+    params: '{}',
+    verdict,
+    wall_ms: 10,
+    violations: verdict === 'fail' ? 1 : 0,
+  });
   const pooled = pooledMetrics([
     // Two scenarios, majority: index 0 passes (2 of 3), index 1 fails.
-    { runs: [run('a1', 0, 'pass'), run('a2', 0, 'pass'), run('a3', 0, 'fail'), run('a4', 1, 'fail')], traces: new Map(), aggregation: { strategy: 'majority' } },
+    {
+      runs: [run('a1', 0, 'pass'), run('a2', 0, 'pass'), run('a3', 0, 'fail'), run('a4', 1, 'fail')],
+      traces: new Map(),
+      aggregation: { strategy: 'majority' },
+    },
     // The same index 0 in another experiment, all_must_pass: 2 of 3 does not pass.
-    { runs: [run('b1', 0, 'pass'), run('b2', 0, 'pass'), run('b3', 0, 'fail')], traces: new Map([['b1', { ...NO_TRACES, cost_usd: 0.5, tool_calls: 2 }]]), aggregation: { strategy: 'all_must_pass' } },
+    {
+      runs: [run('b1', 0, 'pass'), run('b2', 0, 'pass'), run('b3', 0, 'fail')],
+      traces: new Map([['b1', { ...NO_TRACES, cost_usd: 0.5, tool_calls: 2 }]]),
+      aggregation: { strategy: 'all_must_pass' },
+    },
   ]);
   assert.equal(pooled.pass_rate, 1 / 3);
   assert.deepEqual(pooled.counts, { pass: 0, fail: 1, flaky: 2, error: 0 });

@@ -51,7 +51,10 @@ test('the maximum sandbox lifetime bounds the default timeouts and Node timers',
   assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '30d' }), /SVC_SANDBOX_MAX_LIFETIME: expected a duration from 1s to 24d/);
   assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '0' }), /SVC_SANDBOX_MAX_LIFETIME/);
   assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '5m' }), /SVC_SANDBOX_TIMEOUT: must be at most SVC_SANDBOX_MAX_LIFETIME/);
-  assert.throws(() => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '1m', SVC_SANDBOX_TIMEOUT: '1m' }), /SVC_AGENT_TIMEOUT: must be at most SVC_SANDBOX_MAX_LIFETIME/);
+  assert.throws(
+    () => loadConfig({ ...base, SVC_SANDBOX_MAX_LIFETIME: '1m', SVC_SANDBOX_TIMEOUT: '1m' }),
+    /SVC_AGENT_TIMEOUT: must be at most SVC_SANDBOX_MAX_LIFETIME/,
+  );
 });
 
 test('a process without the api needs no admin key; the service key is long and not the admin key', () => {
@@ -65,13 +68,17 @@ test('svc run of some services says which settings the split needs, naming each'
   const kafka = { SVC_LOG_BACKEND: 'kafka', SVC_KAFKA_BROKERS: 'k:9092' };
   const secrets = { SVC_SECRETS_KEY: 'ab'.repeat(32) };
   const registry = { SVC_SCHEMA_REGISTRY_URL: 'http://api:8080/schema-registry' };
-  const check = (env: Record<string, string>, names: ServiceName[]) => () => checkSplitSettings(loadConfig(env, {}, { requireAdminKey: names.includes('api') }), names);
+  const check = (env: Record<string, string>, names: ServiceName[]) => () =>
+    checkSplitSettings(loadConfig(env, {}, { requireAdminKey: names.includes('api') }), names);
   assert.throws(check({ ...base }, ['api', 'sink']), /SVC_LOG_BACKEND: svc run <service...> splits the services over processes and needs kafka/);
   assert.throws(check({ ...base, ...kafka }, ['api', 'sink']), /SVC_SECRETS_KEY: required when the api and the sandbox runners run in different processes/);
   check({ ...base, ...kafka, ...secrets }, ['api', 'sink'])();
   assert.throws(check({ ...kafka }, ['aggregator']), /SVC_SCHEMA_REGISTRY_URL: required in a process without the api/);
   check({ ...kafka, ...registry }, ['aggregator'])();
-  assert.throws(check({ ...kafka, ...registry }, ['sandbox-runner']), (err: Error) => /SVC_SECRETS_KEY/.test(err.message) && !/SVC_SCHEMA_REGISTRY_URL/.test(err.message));
+  assert.throws(
+    check({ ...kafka, ...registry }, ['sandbox-runner']),
+    (err: Error) => /SVC_SECRETS_KEY/.test(err.message) && !/SVC_SCHEMA_REGISTRY_URL/.test(err.message),
+  );
   check({ ...kafka, ...registry, ...secrets }, ['sandbox-runner'])();
 });
 
@@ -80,7 +87,8 @@ test('svc run of the api or the scorer without the sink needs the shared ClickHo
   const secrets = { SVC_SECRETS_KEY: 'ab'.repeat(32) };
   const registry = { SVC_SCHEMA_REGISTRY_URL: 'http://api:8080/schema-registry' };
   const server = { SVC_STORE: 'clickhouse', SVC_CLICKHOUSE_URL: 'http://default:@clickhouse:8123/default' };
-  const check = (env: Record<string, string>, names: ServiceName[]) => () => checkSplitSettings(loadConfig(env, {}, { requireAdminKey: names.includes('api') }), names);
+  const check = (env: Record<string, string>, names: ServiceName[]) => () =>
+    checkSplitSettings(loadConfig(env, {}, { requireAdminKey: names.includes('api') }), names);
   // The scorer alone on chDB would read its own empty store.
   assert.throws(check({ ...kafka, ...registry }, ['scorer']), (err: Error) => {
     assert.match(err.message, /^Bad configuration for svc run scorer:/);

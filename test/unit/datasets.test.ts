@@ -9,7 +9,18 @@ import { test } from 'node:test';
 import { parseRecords, parseTagsFilter } from '../../services/api/datasets/dataset-request.ts';
 import { datasetScenarios, datasetView, nextVersion, recordBytes, recordsAt, scenarioCount } from '../../services/domain/datasets.ts';
 import type { DatasetChanged } from '../../services/domain/events/dataset-events.ts';
-import { applyParams, matrixPart, paramsEnv, RECORD_PARAM, recordReferences, recordTemplateProblems, renderRecordValue, scenarioRecord, type ScenarioRecord, withRecord } from '../../services/domain/params.ts';
+import {
+  applyParams,
+  matrixPart,
+  paramsEnv,
+  RECORD_PARAM,
+  recordReferences,
+  recordTemplateProblems,
+  renderRecordValue,
+  scenarioRecord,
+  type ScenarioRecord,
+  withRecord,
+} from '../../services/domain/params.ts';
 import { specForRun } from '../../services/domain/run-plan.ts';
 import { AppError } from '../../services/kernel/errors.ts';
 
@@ -55,11 +66,16 @@ test('{{ expected }} stands only in invariants and grader files; malformed templ
   assert.deepEqual(recordTemplateProblems('invariants.ok.check.command', 'test {{ expected.answer | shell }} = x'), []);
   assert.deepEqual(recordTemplateProblems('grader.files[0].content', '{{ expected | json }}'), []);
   assert.deepEqual(recordTemplateProblems('task.prompt', '{{ input.q }} {{ params.x }} {{ path.id }} {{ inputs }}'), [], 'others are not record templates');
-  assert.deepEqual(recordTemplateProblems('task.prompt', 'cheat: {{ expected.answer }}'), ['{{ expected.answer }}: the expected answer may be named only in invariants and grader files, which the agent never sees']);
+  assert.deepEqual(recordTemplateProblems('task.prompt', 'cheat: {{ expected.answer }}'), [
+    '{{ expected.answer }}: the expected answer may be named only in invariants and grader files, which the agent never sees',
+  ]);
   assert.deepEqual(recordTemplateProblems('setup.env.X', '{{expected}}').length, 1);
   assert.deepEqual(recordTemplateProblems('task.prompt', '{{ input | upper }}'), ['{{ input | upper }}: unknown filter "upper"; one of json, shell']);
   assert.match(recordTemplateProblems('task.prompt', 'x {{ input. }} y')[0], /^\{\{ input\. \}\}: not a record template/);
-  assert.deepEqual(recordReferences({ task: { prompt: 'plain' }, invariants: { a: { check: { command: 'test {{ expected }}' } } }, setup: { env: { A: '{{ input.a }}' } } }), ['invariants.a.check.command', 'setup.env.A']);
+  assert.deepEqual(
+    recordReferences({ task: { prompt: 'plain' }, invariants: { a: { check: { command: 'test {{ expected }}' } } }, setup: { env: { A: '{{ input.a }}' } } }),
+    ['invariants.a.check.command', 'setup.env.A'],
+  );
 });
 
 test("a run's spec has its record's values in every string", () => {
@@ -141,9 +157,18 @@ test('an add body: records bare or wrapped, every problem named, sizes counted o
     }
     assert.fail('no 400');
   };
-  assert.equal(problems([{ input: 1 }, { tags: ['a,b'] }]), 'records[1].input: is required: any JSON value but null; records[1].tags[0]: must be a tag of 1 to 100 characters without commas, control characters or spaces at either end');
-  assert.match(problems([{ input: 'x'.repeat(60), metadata: 'y'.repeat(30) }]), /^records\[0\]: is 1\d\d bytes, over the record size limit of 100 bytes \(SVC_DATASET_RECORD_BYTES\)$/);
-  assert.match(problems([{ input: 1 }, { input: 2 }, { input: 3 }, { input: 4 }]), /^records: has 4 records, more than a dataset may hold \(3, SVC_DATASET_MAX_RECORDS\)$/);
+  assert.equal(
+    problems([{ input: 1 }, { tags: ['a,b'] }]),
+    'records[1].input: is required: any JSON value but null; records[1].tags[0]: must be a tag of 1 to 100 characters without commas, control characters or spaces at either end',
+  );
+  assert.match(
+    problems([{ input: 'x'.repeat(60), metadata: 'y'.repeat(30) }]),
+    /^records\[0\]: is 1\d\d bytes, over the record size limit of 100 bytes \(SVC_DATASET_RECORD_BYTES\)$/,
+  );
+  assert.match(
+    problems([{ input: 1 }, { input: 2 }, { input: 3 }, { input: 4 }]),
+    /^records: has 4 records, more than a dataset may hold \(3, SVC_DATASET_MAX_RECORDS\)$/,
+  );
   assert.equal(recordBytes({ input: 'ab', tags: [] }), JSON.stringify({ input: 'ab', tags: [] }).length);
   assert.deepEqual(parseTagsFilter('a, b ,,c'), ['a', 'b', 'c']);
   assert.equal(parseTagsFilter(undefined), null);

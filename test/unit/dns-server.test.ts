@@ -129,12 +129,18 @@ test('TCP: length-prefixed queries, pipelined on one connection', async () => {
   const replies = await overTcp(server.port, [query('api.example.test', 'A', 1), query('nope.test', 'A', 2), query('mixed.test', 'AAAA', 3)], 3);
   assert.equal(replies.length, 3);
   const byId = new Map(replies.map((p) => [p.id, p as dnsPacket.DecodedPacket & { rcode: string }]));
-  assert.deepEqual(byId.get(1)?.answers?.map((a) => [a.type, (a as dnsPacket.StringAnswer).data]), [
-    ['A', '10.0.0.7'],
-    ['A', '10.0.0.8'],
-  ]);
+  assert.deepEqual(
+    byId.get(1)?.answers?.map((a) => [a.type, (a as dnsPacket.StringAnswer).data]),
+    [
+      ['A', '10.0.0.7'],
+      ['A', '10.0.0.8'],
+    ],
+  );
   assert.equal(byId.get(2)?.rcode, 'NXDOMAIN');
-  assert.deepEqual(byId.get(3)?.answers?.map((a) => (a as dnsPacket.StringAnswer).data), ['fd00::7']);
+  assert.deepEqual(
+    byId.get(3)?.answers?.map((a) => (a as dnsPacket.StringAnswer).data),
+    ['fd00::7'],
+  );
 });
 
 test('a reply too big for UDP is truncated and the resolver gets it whole over TCP', async () => {

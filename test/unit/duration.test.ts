@@ -20,7 +20,8 @@ describe('lenient grammar (the default)', () => {
   });
 
   test('anything else is an error saying what is expected', () => {
-    for (const bad of ['', 'soon', '5 parsecs', '-5s', 's']) assert.throws(() => parseDuration(bad), /^Error: expected a duration such as 30s, 5m, 1h or an integer of seconds, got "/, bad);
+    for (const bad of ['', 'soon', '5 parsecs', '-5s', 's'])
+      assert.throws(() => parseDuration(bad), /^Error: expected a duration such as 30s, 5m, 1h or an integer of seconds, got "/, bad);
     for (const bad of [-1, 1.5]) assert.throws(() => parseDuration(bad), /^Error: expected a duration such as 30s, 5m or an integer of seconds, got -?1/);
   });
 });
@@ -37,7 +38,8 @@ describe('whole grammar', () => {
   });
 
   test('no bare numbers, decimals, long names or other cases', () => {
-    for (const bad of ['45', '1.5h', '7 days', '7D', 'forever', '']) assert.throws(() => parseDuration(bad, 'whole'), /^Error: expected a whole number and a unit \(ms, s, m, h, d or w\) such as 7d, got "/, bad);
+    for (const bad of ['45', '1.5h', '7 days', '7D', 'forever', ''])
+      assert.throws(() => parseDuration(bad, 'whole'), /^Error: expected a whole number and a unit \(ms, s, m, h, d or w\) such as 7d, got "/, bad);
     assert.throws(() => parseDuration(45, 'whole'), /got 45$/);
   });
 });

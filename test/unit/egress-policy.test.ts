@@ -4,7 +4,14 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { broadPatternProblem, EgressPolicy, egressPatternProblem, hostnameProblem, parseEgressEntry, patternMatchesHost } from '../../services/domain/egress-policy.ts';
+import {
+  broadPatternProblem,
+  EgressPolicy,
+  egressPatternProblem,
+  hostnameProblem,
+  parseEgressEntry,
+  patternMatchesHost,
+} from '../../services/domain/egress-policy.ts';
 
 const allowed = (policy: EgressPolicy, host: string, port = 443) => policy.decide(host, port).allowed;
 
@@ -106,7 +113,11 @@ describe('EgressPolicy.decide', () => {
   const policy = new EgressPolicy('deny', ['pypi.org', '*.example.com', 'api.stripe.com:443,8443', '10.0.0.7:5432', 'Files.Test.']);
 
   test('an exact entry matches that name only', () => {
-    assert.deepEqual(policy.decide('pypi.org', 443), { allowed: true, rule: 'pypi.org', reason: 'egress to pypi.org:443 is allowed by the network.egress.allow entry "pypi.org"' });
+    assert.deepEqual(policy.decide('pypi.org', 443), {
+      allowed: true,
+      rule: 'pypi.org',
+      reason: 'egress to pypi.org:443 is allowed by the network.egress.allow entry "pypi.org"',
+    });
     assert.equal(allowed(policy, 'www.pypi.org'), false);
     assert.equal(allowed(policy, 'pypi.org.evil.test'), false);
     assert.equal(allowed(policy, 'xpypi.org'), false);
@@ -142,7 +153,11 @@ describe('EgressPolicy.decide', () => {
   });
 
   test('IP literals match only an identical literal entry; never a name or a glob', () => {
-    assert.deepEqual(policy.decide('10.0.0.7', 5432), { allowed: true, rule: '10.0.0.7:5432', reason: 'egress to 10.0.0.7:5432 is allowed by the network.egress.allow entry "10.0.0.7:5432"' });
+    assert.deepEqual(policy.decide('10.0.0.7', 5432), {
+      allowed: true,
+      rule: '10.0.0.7:5432',
+      reason: 'egress to 10.0.0.7:5432 is allowed by the network.egress.allow entry "10.0.0.7:5432"',
+    });
     assert.equal(allowed(policy, '10.0.0.7', 22), false);
     assert.equal(allowed(policy, '10.0.0.8', 5432), false);
     assert.equal(allowed(policy, '::1'), false);
@@ -174,7 +189,11 @@ describe('EgressPolicy.decide', () => {
   test('default allow: everything goes, an entry still names the rule; broad entries are fine there', () => {
     const all = new EgressPolicy('allow', ['*.com', 'api.example.com']);
     assert.deepEqual(all.rejected, []);
-    assert.deepEqual(all.decide('anything.test', 443), { allowed: true, rule: null, reason: 'egress to anything.test:443 is allowed: it matches no entry of network.egress.allow (default allow)' });
+    assert.deepEqual(all.decide('anything.test', 443), {
+      allowed: true,
+      rule: null,
+      reason: 'egress to anything.test:443 is allowed: it matches no entry of network.egress.allow (default allow)',
+    });
     assert.equal(all.decide('api.example.com', 443).rule, '*.com');
     assert.equal(all.decide('1.2.3.4', 443).allowed, true);
     assert.equal(all.decide('::1', 443).allowed, true);

@@ -16,7 +16,14 @@ const spec = (replicas: number, matrix: Array<Record<string, string>>, seed: num
 const dataset: ExperimentDataset = { id: 'ds_1', name: 'tickets', version: 2, records: 5 };
 
 test("the spec's matrix, replicas and seed when the request overrides nothing", () => {
-  assert.deepEqual(experimentPlan({}, spec(3, [{ m: 'a' }, { m: 'b' }], 7)), { matrix: [{ m: 'a' }, { m: 'b' }], dataset: null, scenarios: 2, replicas: 3, totalRuns: 6, seed: 7 });
+  assert.deepEqual(experimentPlan({}, spec(3, [{ m: 'a' }, { m: 'b' }], 7)), {
+    matrix: [{ m: 'a' }, { m: 'b' }],
+    dataset: null,
+    scenarios: 2,
+    replicas: 3,
+    totalRuns: 6,
+    seed: 7,
+  });
   assert.equal(experimentPlan({}, spec(1, [{}])).seed, null);
 });
 
@@ -33,7 +40,14 @@ test('over a dataset, every matrix entry runs with every record', () => {
 test("a spec that is gone: the request's overrides, the default replicas, no matrix unless the request gave one", () => {
   assert.deepEqual(experimentPlan({}, null), { matrix: null, dataset: null, scenarios: null, replicas: SPEC_DEFAULTS.replicas, totalRuns: null, seed: null });
   assert.deepEqual(experimentPlan({ replicas: 2, dataset, seed: 3 }, null), { matrix: null, dataset, scenarios: null, replicas: 2, totalRuns: null, seed: 3 });
-  assert.deepEqual(experimentPlan({ matrix: [{}, {}] }, null), { matrix: [{}, {}], dataset: null, scenarios: 2, replicas: SPEC_DEFAULTS.replicas, totalRuns: 2, seed: null });
+  assert.deepEqual(experimentPlan({ matrix: [{}, {}] }, null), {
+    matrix: [{}, {}],
+    dataset: null,
+    scenarios: 2,
+    replicas: SPEC_DEFAULTS.replicas,
+    totalRuns: 2,
+    seed: null,
+  });
 });
 
 test("the runs: replica-major, each scenario's ids, the plan's seed", () => {
@@ -52,7 +66,10 @@ test("the runs: replica-major, each scenario's ids, the plan's seed", () => {
 test('without a seed, each run derives its own from its id: stable, distinct, a 31-bit integer', () => {
   const once = planRuns('exp-ab12', { replicas: 2, seed: null }, [{}, {}]);
   const again = planRuns('exp-ab12', { replicas: 2, seed: null }, [{}, {}]);
-  assert.deepEqual(once.map((r) => r.seed), again.map((r) => r.seed));
+  assert.deepEqual(
+    once.map((r) => r.seed),
+    again.map((r) => r.seed),
+  );
   assert.equal(new Set(once.map((r) => r.seed)).size, 4);
   for (const { seed } of once) assert.ok(Number.isInteger(seed) && seed >= 0 && seed < 2 ** 31, String(seed));
   assert.deepEqual(planRuns('exp-ab12', { replicas: 0, seed: null }, [{}]), []);

@@ -40,18 +40,25 @@ interface Reply {
 function call(base: string, options: { method?: string; path: string; headers?: Record<string, string>; body?: string | Buffer }): Promise<Reply> {
   const url = new URL(base);
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: url.hostname, port: url.port, method: options.method ?? 'GET', path: options.path, headers: options.headers, agent: false }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (chunk: Buffer) => chunks.push(chunk));
-      res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(chunks) }));
-    });
+    const req = http.request(
+      { host: url.hostname, port: url.port, method: options.method ?? 'GET', path: options.path, headers: options.headers, agent: false },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (chunk: Buffer) => chunks.push(chunk));
+        res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(chunks) }));
+      },
+    );
     req.on('error', reject);
     req.end(options.body);
   });
 }
 
 const json = (reply: Reply): unknown => JSON.parse(reply.body.toString());
-const route = (method: MockRoute['method'], path: string, body: unknown, status = 200, headers: Record<string, string> = {}): MockRoute => ({ method, path, response: { status, headers, body } });
+const route = (method: MockRoute['method'], path: string, body: unknown, status = 200, headers: Record<string, string> = {}): MockRoute => ({
+  method,
+  path,
+  response: { status, headers, body },
+});
 
 test('route patterns: literals, :params, *, **, trailing slash, query ignored', () => {
   const table: Array<[string, string, Record<string, string> | null]> = [
@@ -100,7 +107,13 @@ test('templates take path parameters in string bodies, JSON string values and he
       name: 'users',
       record: false,
       routes: [
-        route('GET', '/users/:id', { id: '{{ path.id }}', label: 'user {{path.id}}!', nested: [{ again: '{{ path.id }}' }], count: 3, unknown: '{{ path.nope }}' }, 200, { 'X-User': '{{ path.id }}' }),
+        route(
+          'GET',
+          '/users/:id',
+          { id: '{{ path.id }}', label: 'user {{path.id}}!', nested: [{ again: '{{ path.id }}' }], count: 3, unknown: '{{ path.nope }}' },
+          200,
+          { 'X-User': '{{ path.id }}' },
+        ),
         route('GET', '/greet/:name', 'hello {{ path.name }}'),
       ],
     }),
@@ -157,7 +170,13 @@ test('bodies: JSON as application/json, strings as text/plain, a route content-t
 });
 
 test('HEAD: a HEAD route first, else the GET route, headers without a body', async () => {
-  const base = await serve(new HttpMock({ name: 'head', record: false, routes: [route('GET', '/doc', { big: 'x'.repeat(100) }), route('GET', '/both', 'get'), route('HEAD', '/both', '', 299)] }));
+  const base = await serve(
+    new HttpMock({
+      name: 'head',
+      record: false,
+      routes: [route('GET', '/doc', { big: 'x'.repeat(100) }), route('GET', '/both', 'get'), route('HEAD', '/both', '', 299)],
+    }),
+  );
   const get = await call(base, { path: '/doc' });
   const head = await call(base, { method: 'HEAD', path: '/doc' });
   assert.equal(head.status, 200);
@@ -190,7 +209,10 @@ test('the journal: every request, headers redacted, body size, query, route inde
   assert.equal(uncounted, 0);
   assert.equal(entries.length, 3);
   const [first, second, third] = entries;
-  assert.deepEqual({ ...first, ts: undefined, headers: undefined }, { ts: undefined, headers: undefined, method: 'GET', path: '/a', query: 'x=1&y=2', body_bytes: 0, status: 200, route: 0, recorded: false });
+  assert.deepEqual(
+    { ...first, ts: undefined, headers: undefined },
+    { ts: undefined, headers: undefined, method: 'GET', path: '/a', query: 'x=1&y=2', body_bytes: 0, status: 200, route: 0, recorded: false },
+  );
   assert.equal(first!.headers.authorization, '[REDACTED]');
   assert.equal(first!.headers.cookie, '[REDACTED]');
   assert.equal(first!.headers['x-trace'], 't1');
@@ -210,7 +232,10 @@ test('the journal keeps the newest maxJournal entries and counts the dropped; re
   for (let i = 0; i < 5; i++) await call(base, { path: `/n/${i}` });
   const { entries, dropped } = mock.journal();
   assert.equal(dropped, 2);
-  assert.deepEqual(entries.map((e) => e.path), ['/n/2', '/n/3', '/n/4']);
+  assert.deepEqual(
+    entries.map((e) => e.path),
+    ['/n/2', '/n/3', '/n/4'],
+  );
   assert.equal(mock.requestCount('GET', '/n/:i'), 5);
   assert.equal(mock.requestCount('GET', '/n/0'), 1);
 });
@@ -255,11 +280,16 @@ async function realHost(): Promise<{ port: number; seen: Array<{ method: string;
     req.on('end', () => {
       seen.push({ method: req.method!, url: req.url!, headers: req.headers, body: Buffer.concat(chunks).toString() });
       const path = req.url!.split('?')[0];
-      if (path === '/v1/customers/cus_1') res.writeHead(200, { 'content-type': 'application/json', 'set-cookie': 'sid=real-session', 'x-request-id': 'req_1' }).end(JSON.stringify({ id: 'cus_1', version: ++version }));
-      else if (path === '/v1/customers' && req.method === 'POST') res.writeHead(201, { 'content-type': 'application/json' }).end(JSON.stringify({ created: Buffer.concat(chunks).toString() }));
+      if (path === '/v1/customers/cus_1')
+        res
+          .writeHead(200, { 'content-type': 'application/json', 'set-cookie': 'sid=real-session', 'x-request-id': 'req_1' })
+          .end(JSON.stringify({ id: 'cus_1', version: ++version }));
+      else if (path === '/v1/customers' && req.method === 'POST')
+        res.writeHead(201, { 'content-type': 'application/json' }).end(JSON.stringify({ created: Buffer.concat(chunks).toString() }));
       else if (path === '/readme') res.writeHead(200, { 'content-type': 'text/markdown' }).end('# Hello\nworld');
       else if (path === '/logo.png') res.writeHead(200, { 'content-type': 'image/png' }).end(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x00, 0xff, 0x10]));
-      else if (path === '/zipped') res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' }).end(zlib.gzipSync(JSON.stringify({ zipped: true })));
+      else if (path === '/zipped')
+        res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' }).end(zlib.gzipSync(JSON.stringify({ zipped: true })));
       else if (path === '/big') res.writeHead(200, { 'content-type': 'text/plain' }).end('b'.repeat(3000));
       else if (path === '/quoted') res.writeHead(200, { 'content-type': 'application/json' }).end('"just a string"');
       else res.writeHead(404, { 'content-type': 'text/plain' }).end('real 404');
@@ -272,7 +302,8 @@ async function realHost(): Promise<{ port: number; seen: Array<{ method: string;
 function forwardTo(port: number, asked: string[]): Forward {
   return async ({ method, host, path, headers, body }) => {
     asked.push(host);
-    if (host === 'blocked.test') return { status: 403, headers: { 'content-type': 'text/plain' }, body: Buffer.from('egress policy: blocked.test is not allowed'), refused: true };
+    if (host === 'blocked.test')
+      return { status: 403, headers: { 'content-type': 'text/plain' }, body: Buffer.from('egress policy: blocked.test is not allowed'), refused: true };
     if (host !== 'real.test') throw new Error(`${host} does not resolve`);
     const reply = await call(`http://127.0.0.1:${port}`, { method, path, headers, body });
     const flat = Object.fromEntries(Object.entries(reply.headers).map(([name, value]) => [name, Array.isArray(value) ? value.join(', ') : String(value)]));
@@ -283,7 +314,13 @@ function forwardTo(port: number, asked: string[]): Forward {
 test('record mode: unmatched requests go to the real host, are answered and recorded; a recording replays', async () => {
   const real = await realHost();
   const asked: string[] = [];
-  const mock = new HttpMock({ name: 'stripe', record: true, routes: [route('GET', '/health', 'mocked')], forward: forwardTo(real.port, asked), maxBodyBytes: 2000 });
+  const mock = new HttpMock({
+    name: 'stripe',
+    record: true,
+    routes: [route('GET', '/health', 'mocked')],
+    forward: forwardTo(real.port, asked),
+    maxBodyBytes: 2000,
+  });
   const base = await serve(mock);
   const host = { host: 'real.test' };
   assert.equal((await call(base, { path: '/health', headers: host })).body.toString(), 'mocked');
@@ -300,13 +337,25 @@ test('record mode: unmatched requests go to the real host, are answered and reco
   assert.equal(created.status, 201);
   assert.equal(real.seen.at(-1)!.body, 'Ada');
   for (const path of ['/readme', '/logo.png', '/zipped', '/big', '/quoted', '/missing']) await call(base, { path, headers: host });
-  assert.equal(asked.every((h) => h === 'real.test'), true);
+  assert.equal(
+    asked.every((h) => h === 'real.test'),
+    true,
+  );
   assert.equal(mock.journal().entries.filter((e) => e.recorded).length, 9);
   assert.equal(mock.journal().entries[0]!.recorded, false);
 
   const recorded = mock.recording();
   const byPath = Object.fromEntries(recorded.map((r) => [`${r.method} ${r.path}`, r]));
-  assert.deepEqual(Object.keys(byPath), ['GET /v1/customers/cus_1', 'POST /v1/customers', 'GET /readme', 'GET /logo.png', 'GET /zipped', 'GET /big', 'GET /quoted', 'GET /missing']);
+  assert.deepEqual(Object.keys(byPath), [
+    'GET /v1/customers/cus_1',
+    'POST /v1/customers',
+    'GET /readme',
+    'GET /logo.png',
+    'GET /zipped',
+    'GET /big',
+    'GET /quoted',
+    'GET /missing',
+  ]);
   const customer = byPath['GET /v1/customers/cus_1']!.response;
   assert.deepEqual(customer.body, { id: 'cus_1', version: 2 });
   assert.equal(customer.headers['set-cookie'], undefined); // a real session never lands in a spec
@@ -348,11 +397,21 @@ test('record mode: a policy refusal is passed on but not recorded; a forward fai
   assert.equal(failed.status, 502);
   assert.deepEqual(json(failed), { error: 'forward_failed', message: 'mock ext could not get GET /y from nowhere.test: nowhere.test does not resolve' });
   assert.deepEqual(mock.recording(), []);
-  assert.deepEqual(mock.journal().entries.map((e) => [e.status, e.recorded, e.route]), [[403, false, null], [502, false, null]]);
+  assert.deepEqual(
+    mock.journal().entries.map((e) => [e.status, e.recorded, e.route]),
+    [
+      [403, false, null],
+      [502, false, null],
+    ],
+  );
 });
 
 test('addRoute: a drift route replaces the same method and pattern in place, or comes last', async () => {
-  const mock = new HttpMock({ name: 'drift', record: false, routes: [route('GET', '/price/:sku', { price: 10 }), route('GET', '/price/**', { price: 'any' })] });
+  const mock = new HttpMock({
+    name: 'drift',
+    record: false,
+    routes: [route('GET', '/price/:sku', { price: 10 }), route('GET', '/price/**', { price: 'any' })],
+  });
   const base = await serve(mock);
   assert.deepEqual(json(await call(base, { path: '/price/a' })), { price: 10 });
   mock.addRoute(route('GET', '/price/:sku/', { price: 12, sku: '{{ path.sku }}' }));
@@ -360,7 +419,10 @@ test('addRoute: a drift route replaces the same method and pattern in place, or 
   assert.deepEqual(json(await call(base, { path: '/price/a' })), { price: 12, sku: 'a' });
   assert.deepEqual(json(await call(base, { path: '/price/a/b' })), { price: 'any' });
   assert.equal((await call(base, { method: 'POST', path: '/price/a' })).status, 202);
-  assert.deepEqual(mock.journal().entries.map((e) => e.route), [0, 0, 1, 2]);
+  assert.deepEqual(
+    mock.journal().entries.map((e) => e.route),
+    [0, 0, 1, 2],
+  );
   assert.throws(() => mock.addRoute(route('GET', 'nope', {})), /does not start with/);
 });
 

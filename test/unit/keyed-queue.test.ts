@@ -11,13 +11,15 @@ const tick = () => new Promise((resolve) => setImmediate(resolve));
 test('tasks of one key run in order, one at a time, past a failure', async () => {
   const queue = new KeyedQueue();
   const steps: string[] = [];
-  const task = (name: string, fail = false) => async () => {
-    steps.push(`${name} start`);
-    await tick();
-    steps.push(`${name} end`);
-    if (fail) throw new Error(name);
-    return name;
-  };
+  const task =
+    (name: string, fail = false) =>
+    async () => {
+      steps.push(`${name} start`);
+      await tick();
+      steps.push(`${name} end`);
+      if (fail) throw new Error(name);
+      return name;
+    };
   const a = queue.run('k', task('a'));
   const b = queue.run('k', task('b', true));
   const c = queue.run('k', task('c'));
@@ -43,11 +45,13 @@ test('settled resolves once every task queued before it has finished', async () 
     await tick();
     done.push('a');
   });
-  void queue.run('b', async () => {
-    await tick();
-    await tick();
-    throw new Error('b');
-  }).catch(() => done.push('b'));
+  void queue
+    .run('b', async () => {
+      await tick();
+      await tick();
+      throw new Error('b');
+    })
+    .catch(() => done.push('b'));
   await queue.settled();
   assert.deepEqual(done.sort(), ['a', 'b']);
   await queue.settled(); // nothing queued: at once

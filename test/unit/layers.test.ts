@@ -67,9 +67,16 @@ test('every import under services/ points down the layer order', () => {
   assert.ok(files.size > 50, `only ${files.size} files under services/`);
   const edges = [...files].flatMap(([from, source]) => relativeImports(source).map((spec) => path.posix.join(path.posix.dirname(from), spec)));
   assert.ok(edges.length > 200, `only ${edges.length} relative imports under services/`);
-  for (const layer of Object.keys(RANK)) assert.ok(edges.some((to) => to.startsWith(`${layer}/`)), `no import into ${layer}/`);
+  for (const layer of Object.keys(RANK))
+    assert.ok(
+      edges.some((to) => to.startsWith(`${layer}/`)),
+      `no import into ${layer}/`,
+    );
 
-  assert.deepEqual(violations(files).map((v) => v.message), []);
+  assert.deepEqual(
+    violations(files).map((v) => v.message),
+    [],
+  );
 });
 
 test('the checker reports each kind of bad arrow, naming the file and the import', () => {
@@ -122,7 +129,8 @@ export function longFunctions(file: string, source: string): string[] {
     const line = /Statement|Declaration|Property|Method/.test(n.type) ? n.loc.start.line : statementLine;
     if (FUNCTIONS.has(n.type) && n.body?.type === 'BlockStatement') {
       const length = n.body.loc.end.line - n.body.loc.start.line + 1;
-      if (length > MAX_FUNCTION_LINES && !explained(line) && !explained(n.loc.start.line)) found.push(`services/${file}:${n.loc.start.line}: a function of ${length} lines`);
+      if (length > MAX_FUNCTION_LINES && !explained(line) && !explained(n.loc.start.line))
+        found.push(`services/${file}:${n.loc.start.line}: a function of ${length} lines`);
     }
     for (const [key, child] of Object.entries(n)) if (key !== 'loc' && key !== 'leadingComments' && key !== 'trailingComments') visit(child, line);
   };
@@ -132,7 +140,10 @@ export function longFunctions(file: string, source: string): string[] {
 
 test(`no function under services/ is over ${MAX_FUNCTION_LINES} lines without a reason`, () => {
   const files = [...servicesSources()].filter(([file]) => file.endsWith('.ts'));
-  assert.deepEqual(files.flatMap(([file, source]) => longFunctions(file, source)), []);
+  assert.deepEqual(
+    files.flatMap(([file, source]) => longFunctions(file, source)),
+    [],
+  );
 });
 
 test('the length check finds a long function and accepts one whose comment says why', () => {

@@ -144,7 +144,7 @@ describe('CertificateAuthority', () => {
     await writeFile(keyFile, keyPem);
 
     const ca = await CertificateAuthority.open({ dir, certFile, keyFile });
-    assert.equal(publicKeyOf(ca.certPem), publicKeyOf((await readFile(certFile, 'utf8'))));
+    assert.equal(publicKeyOf(ca.certPem), publicKeyOf(await readFile(certFile, 'utf8')));
     assert.deepEqual((await readdir(dir)).sort(), ['operator-key.pem', 'operator.pem'], 'nothing generated');
     const server = await sniServer(ca);
     try {
@@ -210,7 +210,13 @@ async function peekingServer(ca: CertificateAuthority, host: string): Promise<{ 
   return { port, close: () => closeServer(front) };
 }
 
-function httpsGet(options: { host?: string; port: number; servername?: string; ca?: string; checkName?: string }): Promise<{ body: string; cert: tls.DetailedPeerCertificate }> {
+function httpsGet(options: {
+  host?: string;
+  port: number;
+  servername?: string;
+  ca?: string;
+  checkName?: string;
+}): Promise<{ body: string; cert: tls.DetailedPeerCertificate }> {
   return new Promise((resolve, reject) => {
     const request = https.get(
       {
@@ -261,7 +267,9 @@ describe('secureContextFor', () => {
 
       // The leaf is only for its name, and only for clients trusting the CA.
       await assert.rejects(httpsGet({ port: server.port, servername: 'api.example.test', ca: ca.certPem, checkName: 'evil.example.test' }), /altnames/);
-      await assert.rejects(httpsGet({ port: server.port, servername: 'api.example.test' }), (err: NodeJS.ErrnoException) => /UNABLE_TO_GET_ISSUER|SELF_SIGNED|UNABLE_TO_VERIFY/.test(String(err.code)));
+      await assert.rejects(httpsGet({ port: server.port, servername: 'api.example.test' }), (err: NodeJS.ErrnoException) =>
+        /UNABLE_TO_GET_ISSUER|SELF_SIGNED|UNABLE_TO_VERIFY/.test(String(err.code)),
+      );
     } finally {
       await server.close();
     }
@@ -302,7 +310,22 @@ describe('secureContextFor', () => {
     assert.ok(await ca.secureContextFor('::1'));
     assert.ok(await ca.secureContextFor('under_score.example.test'));
     assert.equal(normalizeHostname('A.b.'), 'a.b');
-    const bad = ['', '*.example.com', 'a.*.com', '-a.example.com', 'a-.example.com', 'a..b', '.', 'a b', 'exämple.com', 'a/b', '1.2.3', 'fe80::1%eth0', `${'a'.repeat(64)}.com`, `${'a.'.repeat(127)}com`];
+    const bad = [
+      '',
+      '*.example.com',
+      'a.*.com',
+      '-a.example.com',
+      'a-.example.com',
+      'a..b',
+      '.',
+      'a b',
+      'exämple.com',
+      'a/b',
+      '1.2.3',
+      'fe80::1%eth0',
+      `${'a'.repeat(64)}.com`,
+      `${'a.'.repeat(127)}com`,
+    ];
     for (const name of bad) await assert.rejects(ca.secureContextFor(name), /invalid hostname|empty hostname/, name);
     assert.ok(await ca.secureContextFor(`${'a'.repeat(63)}.${'b'.repeat(63)}.${'c'.repeat(63)}.${'d'.repeat(57)}.com`));
   });

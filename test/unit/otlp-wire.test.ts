@@ -77,9 +77,19 @@ test('the wire decoder gives what the reflection decode and toObject give, unkno
               schemaUrl: 'u',
               spans: [
                 {
-                  traceId: randomBytes(16), spanId: randomBytes(8), parentSpanId: randomBytes(8), traceState: 'a=b', flags: 1, kind: 3, name: 'chat',
-                  startTimeUnixNano: '18446744073709551615', endTimeUnixNano: '1700000000373456789', attributes: attrs, droppedAttributesCount: 1,
-                  events: [{ timeUnixNano: '1', name: 'ev', attributes: attrs }], links: [{ traceId: randomBytes(16), spanId: randomBytes(8), attributes: attrs }],
+                  traceId: randomBytes(16),
+                  spanId: randomBytes(8),
+                  parentSpanId: randomBytes(8),
+                  traceState: 'a=b',
+                  flags: 1,
+                  kind: 3,
+                  name: 'chat',
+                  startTimeUnixNano: '18446744073709551615',
+                  endTimeUnixNano: '1700000000373456789',
+                  attributes: attrs,
+                  droppedAttributesCount: 1,
+                  events: [{ timeUnixNano: '1', name: 'ev', attributes: attrs }],
+                  links: [{ traceId: randomBytes(16), spanId: randomBytes(8), attributes: attrs }],
                   status: { code: 2, message: 'boom' },
                 },
                 { name: 'bare' },
@@ -104,7 +114,10 @@ test("an AnyValue's oneof keeps the last member read, as protobuf says", () => {
   const value = (members: number[]) => Buffer.concat([lengthField(1, Buffer.from('k')), lengthField(2, members)]);
   // Request{resource_spans: ResourceSpans{scope_spans: ScopeSpans{spans: Span{attributes: kv}}}}
   const request = (kv: Buffer) => lengthField(1, lengthField(2, lengthField(2, lengthField(9, kv))));
-  for (const members of [[0x0a, 0x01, 0x61, 0x18, 0x05], [0x18, 0x05, 0x0a, 0x01, 0x61]]) {
+  for (const members of [
+    [0x0a, 0x01, 0x61, 0x18, 0x05],
+    [0x18, 0x05, 0x0a, 0x01, 0x61],
+  ]) {
     const body = request(value(members));
     const ours = readTraceRequest(body, 1000).request as any;
     assert.deepEqual(ours, reference(body));
@@ -113,7 +126,11 @@ test("an AnyValue's oneof keeps the last member read, as protobuf says", () => {
 });
 
 test('bytes that are not a request are a 400, whatever they hold: cut, mangled, runaway lengths, deep nesting', () => {
-  const good = Request.encode(Request.fromObject({ resourceSpans: [{ resource: { attributes: attrs }, scopeSpans: [{ spans: [{ name: 'n', traceId: randomBytes(16), attributes: attrs }] }] }] })).finish();
+  const good = Request.encode(
+    Request.fromObject({
+      resourceSpans: [{ resource: { attributes: attrs }, scopeSpans: [{ spans: [{ name: 'n', traceId: randomBytes(16), attributes: attrs }] }] }],
+    }),
+  ).finish();
   const isBadRequest = (e: any) => e.status === 400 && /^body: not an OTLP ExportTraceServiceRequest protobuf/.test(e.message);
   for (let cut = 1; cut < good.length; cut += 7) {
     try {
@@ -132,13 +149,17 @@ test('bytes that are not a request are a 400, whatever they hold: cut, mangled, 
     }
   }
   // A length past the end, field number 0, and an end-group tag with no group.
-  for (const bytes of [[0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01], [0x02, 0x00], [0x0c]]) assert.throws(() => decodeOtlpProtobuf(Buffer.from(bytes), 1000), isBadRequest);
+  for (const bytes of [[0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01], [0x02, 0x00], [0x0c]])
+    assert.throws(() => decodeOtlpProtobuf(Buffer.from(bytes), 1000), isBadRequest);
   // 10,000 arrays in arrays: refused at protoc's depth, not a stack overflow.
   let inner = Buffer.alloc(0);
   for (let d = 0; d < 10_000; d++) inner = lengthField(5, lengthField(1, inner)); // AnyValue{array_value: ArrayValue{values}}
   // Request{resource_spans: ResourceSpans{scope_spans: ScopeSpans{spans: Span{attributes: KeyValue{value}}}}}
   const deep = lengthField(1, lengthField(2, lengthField(2, lengthField(9, lengthField(2, inner)))));
-  assert.throws(() => decodeOtlpProtobuf(deep, 1000), (e: any) => isBadRequest(e) && /max depth exceeded/.test(e.message));
+  assert.throws(
+    () => decodeOtlpProtobuf(deep, 1000),
+    (e: any) => isBadRequest(e) && /max depth exceeded/.test(e.message),
+  );
 });
 
 test('spans past the request limit are counted, not built: a 15 MiB body of empty spans is a 400 naming the count', () => {
@@ -149,7 +170,13 @@ test('spans past the request limit are counted, not built: a 15 MiB body of empt
   const total = empty.length / 2 + 1;
   const read = readTraceRequest(body, 5);
   assert.equal(read.spans, total);
-  assert.deepEqual((read.request as any).resourceSpans.map((rs: any) => rs.scopeSpans[0].spans.length), [5, 0]);
-  assert.throws(() => decodeOtlpProtobuf(body, 1000), (e: any) => e.status === 400 && e.message === `resourceSpans: at most 1000 spans per request, got ${total}`);
+  assert.deepEqual(
+    (read.request as any).resourceSpans.map((rs: any) => rs.scopeSpans[0].spans.length),
+    [5, 0],
+  );
+  assert.throws(
+    () => decodeOtlpProtobuf(body, 1000),
+    (e: any) => e.status === 400 && e.message === `resourceSpans: at most 1000 spans per request, got ${total}`,
+  );
   assert.equal(readTraceRequest(body.subarray(0, 0), 5).spans, 0);
 });

@@ -10,14 +10,30 @@ const str = (key: string, value: string) => ({ key, value: { stringValue: value 
 const int = (key: string, value: number | string) => ({ key, value: { intValue: value } });
 
 function span(extra: Record<string, unknown>) {
-  return { traceId: TRACE, spanId: 'eee19b7ec3c1b174', name: 'work', startTimeUnixNano: '1700000000123456789', endTimeUnixNano: '1700000000373456789', ...extra };
+  return {
+    traceId: TRACE,
+    spanId: 'eee19b7ec3c1b174',
+    name: 'work',
+    startTimeUnixNano: '1700000000123456789',
+    endTimeUnixNano: '1700000000373456789',
+    ...extra,
+  };
 }
 function request(spans: unknown[], resourceAttributes: unknown[] = []) {
   return { resourceSpans: [{ resource: { attributes: resourceAttributes }, scopeSpans: [{ scope: { name: 't' }, spans }] }] };
 }
 
 test('a gen_ai chat span is an llm_call with tokens, model and gen_ai attributes in metadata', () => {
-  const attrs = [str('gen_ai.operation.name', 'chat'), str('gen_ai.request.model', 'gpt-4o'), str('gen_ai.response.model', 'gpt-4o-2024'), int('gen_ai.usage.input_tokens', '120'), int('gen_ai.usage.output_tokens', 30), str('gen_ai.prompt', 'p'.repeat(100)), str('gen_ai.completion', 'ok'), { key: 'svc.cost_usd', value: { doubleValue: 0.5 } }];
+  const attrs = [
+    str('gen_ai.operation.name', 'chat'),
+    str('gen_ai.request.model', 'gpt-4o'),
+    str('gen_ai.response.model', 'gpt-4o-2024'),
+    int('gen_ai.usage.input_tokens', '120'),
+    int('gen_ai.usage.output_tokens', 30),
+    str('gen_ai.prompt', 'p'.repeat(100)),
+    str('gen_ai.completion', 'ok'),
+    { key: 'svc.cost_usd', value: { doubleValue: 0.5 } },
+  ];
   const { events, rejected } = otlpToTraceEvents(request([span({ parentSpanId: 'aaaaaaaaaaaaaaaa', attributes: attrs, kind: 3 })]), LIMITS);
   assert.equal(rejected, 0);
   const [e] = events;
@@ -44,7 +60,13 @@ test('gen_ai.system alone marks an llm_call; tokens without a usd attribute cost
 });
 
 test('execute_tool is a tool_use named by gen_ai.tool.name; a plain span is a tool_call without cost', () => {
-  const { events } = otlpToTraceEvents(request([span({ attributes: [str('gen_ai.operation.name', 'execute_tool'), str('gen_ai.tool.name', 'search')] }), span({ spanId: '1111111111111111', name: 'db.query', attributes: [str('input.value', 'select 1')] })]), LIMITS);
+  const { events } = otlpToTraceEvents(
+    request([
+      span({ attributes: [str('gen_ai.operation.name', 'execute_tool'), str('gen_ai.tool.name', 'search')] }),
+      span({ spanId: '1111111111111111', name: 'db.query', attributes: [str('input.value', 'select 1')] }),
+    ]),
+    LIMITS,
+  );
   assert.equal(events[0].event_type, 'tool_use');
   assert.equal(events[0].tool, 'search');
   assert.equal(events[1].event_type, 'tool_call');
@@ -55,13 +77,27 @@ test('execute_tool is a tool_use named by gen_ai.tool.name; a plain span is a to
 });
 
 test('ERROR status (number or enum name) is an error with its message kept', () => {
-  const { events } = otlpToTraceEvents(request([span({ status: { code: 2, message: 'boom' } }), span({ spanId: '2222222222222222', status: { code: 'STATUS_CODE_ERROR' } }), span({ spanId: '3333333333333333', status: { code: 1 } })]), LIMITS);
-  assert.deepEqual(events.map((e) => e.status), ['error', 'error', 'ok']);
+  const { events } = otlpToTraceEvents(
+    request([
+      span({ status: { code: 2, message: 'boom' } }),
+      span({ spanId: '2222222222222222', status: { code: 'STATUS_CODE_ERROR' } }),
+      span({ spanId: '3333333333333333', status: { code: 1 } }),
+    ]),
+    LIMITS,
+  );
+  assert.deepEqual(
+    events.map((e) => e.status),
+    ['error', 'error', 'ok'],
+  );
   assert.equal(events[0].metadata['otel.status_message'], 'boom');
 });
 
 test('resource attributes are prefixed resource.; arrays, bools and maps are flattened to strings', () => {
-  const attrs = [{ key: 'tags', value: { arrayValue: { values: [{ stringValue: 'a' }, { intValue: '2' }] } } }, { key: 'flag', value: { boolValue: true } }, { key: 'm', value: { kvlistValue: { values: [str('k', 'v')] } } }];
+  const attrs = [
+    { key: 'tags', value: { arrayValue: { values: [{ stringValue: 'a' }, { intValue: '2' }] } } },
+    { key: 'flag', value: { boolValue: true } },
+    { key: 'm', value: { kvlistValue: { values: [str('k', 'v')] } } },
+  ];
   const [e] = otlpToTraceEvents(request([span({ attributes: attrs })], [str('service.name', 'my-agent')]), LIMITS).events;
   assert.deepEqual(e.metadata, { 'resource.service.name': 'my-agent', tags: '["a","2"]', flag: 'true', m: '{"k":"v"}' });
 });
@@ -90,8 +126,14 @@ test('protobuf ids (bytes) are hex; bad ids are rejected per span while the rest
 
 test('more spans than the limit is a 400 naming the count; a wrong shape is a 400 naming the field', () => {
   const spans = Array.from({ length: 3 }, (_, i) => span({ spanId: `${i}`.padStart(16, 'a') }));
-  assert.throws(() => otlpToTraceEvents(request(spans), { ...LIMITS, maxEvents: 2 }), (e: any) => e.status === 400 && /at most 2 spans per request, got 3/.test(e.message));
-  assert.throws(() => otlpToTraceEvents({ resourceSpans: {} }, LIMITS), (e: any) => e.status === 400 && /^resourceSpans: must be an array/.test(e.message));
+  assert.throws(
+    () => otlpToTraceEvents(request(spans), { ...LIMITS, maxEvents: 2 }),
+    (e: any) => e.status === 400 && /at most 2 spans per request, got 3/.test(e.message),
+  );
+  assert.throws(
+    () => otlpToTraceEvents({ resourceSpans: {} }, LIMITS),
+    (e: any) => e.status === 400 && /^resourceSpans: must be an array/.test(e.message),
+  );
   assert.deepEqual(otlpToTraceEvents({}, LIMITS), { events: [], rejected: 0, errors: [] });
 });
 
@@ -105,7 +147,13 @@ test('protobuf 64-bit integers are exact: nanoseconds past 2^53, int64 attribute
   const body = Request.encode(
     Request.fromObject(
       request([
-        { ...ids, name: 'a', startTimeUnixNano: '1700000000123456789', endTimeUnixNano: '1700000000373456789', attributes: [int('min', '-9223372036854775808'), int('max', '9223372036854775807'), int('n', 900)] },
+        {
+          ...ids,
+          name: 'a',
+          startTimeUnixNano: '1700000000123456789',
+          endTimeUnixNano: '1700000000373456789',
+          attributes: [int('min', '-9223372036854775808'), int('max', '9223372036854775807'), int('n', 900)],
+        },
         { ...ids, name: 'b', startTimeUnixNano: '18446744073709551615' },
         { ...ids, name: 'c', startTimeUnixNano: '0' },
       ]),
@@ -126,7 +174,10 @@ test('protobuf 64-bit integers are exact: nanoseconds past 2^53, int64 attribute
 });
 
 test('garbage protobuf is a 400; responses encode partial success', () => {
-  assert.throws(() => decodeOtlpProtobuf(Buffer.from([0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01]), 1000), (e: any) => e.status === 400 && /^body: not an OTLP/.test(e.message));
+  assert.throws(
+    () => decodeOtlpProtobuf(Buffer.from([0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01]), 1000),
+    (e: any) => e.status === 400 && /^body: not an OTLP/.test(e.message),
+  );
   assert.equal(encodeOtlpResponse(null).length, 0);
   assert.ok(encodeOtlpResponse({ rejectedSpans: 1, errorMessage: 'x' }).length > 0);
   assert.deepEqual(otlpJsonResponse({ rejectedSpans: 2, errorMessage: 'bad' }), { partialSuccess: { rejectedSpans: '2', errorMessage: 'bad' } });

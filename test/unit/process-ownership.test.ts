@@ -27,25 +27,33 @@ function alive(pid: number): boolean {
 
 /** Pids of live processes whose environment holds `entry` (NAME=value). */
 function carrying(entry: string): number[] {
-  return fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p)).filter((p) => {
-    try {
-      return fs.readFileSync(`/proc/${p}/environ`, 'latin1').split('\0').includes(entry);
-    } catch {
-      return false;
-    }
-  }).map(Number);
+  return fs
+    .readdirSync('/proc')
+    .filter((p) => /^\d+$/.test(p))
+    .filter((p) => {
+      try {
+        return fs.readFileSync(`/proc/${p}/environ`, 'latin1').split('\0').includes(entry);
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
 }
 
 test('a test file cancelled at its timeout leaves no process running after the run', { skip: process.platform !== 'linux' && 'reads /proc' }, async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-ownership-'));
   const probe = path.join(dir, 'probe.json');
   try {
-    const run = spawn(process.execPath, [path.join(REPO, 'test', 'run.mjs'), '--test-timeout=3000', '--test-reporter=tap', path.join(REPO, 'test', 'fixtures', 'cancelled-with-children.ts')], {
-      cwd: REPO,
-      // Without NODE_TEST_CONTEXT: the nested runner would take itself for a test file and run nothing.
-      env: { ...Object.fromEntries(Object.entries(process.env).filter(([name]) => name !== 'NODE_TEST_CONTEXT')), OWNERSHIP_PROBE: probe, CI: '' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const run = spawn(
+      process.execPath,
+      [path.join(REPO, 'test', 'run.mjs'), '--test-timeout=3000', '--test-reporter=tap', path.join(REPO, 'test', 'fixtures', 'cancelled-with-children.ts')],
+      {
+        cwd: REPO,
+        // Without NODE_TEST_CONTEXT: the nested runner would take itself for a test file and run nothing.
+        env: { ...Object.fromEntries(Object.entries(process.env).filter(([name]) => name !== 'NODE_TEST_CONTEXT')), OWNERSHIP_PROBE: probe, CI: '' },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     let output = '';
     run.stdout!.on('data', (d) => (output += d));
     run.stderr!.on('data', (d) => (output += d));
@@ -56,7 +64,7 @@ test('a test file cancelled at its timeout leaves no process running after the r
 
     assert.equal(alive(owned), false, `the owned process ${owned} outlived the run:\n${output}`);
     assert.equal(alive(stray), false, `the detached process ${stray} outlived the run:\n${output}`);
-    assert.deepEqual(carrying(`SVC_TEST_RUN=${mark}`), [], 'nothing carries the run\'s mark');
+    assert.deepEqual(carrying(`SVC_TEST_RUN=${mark}`), [], "nothing carries the run's mark");
     // The file stopped its own process; only the one no helper knew about was left for the run.
     assert.match(output, new RegExp(`^  ${stray} `, 'm'), `the run names the process it stopped:\n${output}`);
     assert.doesNotMatch(output, new RegExp(`^  ${owned} `, 'm'), `the owned process was stopped by its file, not by the run:\n${output}`);

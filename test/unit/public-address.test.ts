@@ -11,7 +11,22 @@ import { privateAllowance, publicDispatcher, refusedAddress, refusedUrl } from '
 const none = privateAllowance([]);
 
 test('private, loopback, link-local, reserved and mapped addresses are refused; public ones pass; an allowance lets its hosts and ranges through', () => {
-  for (const address of ['127.0.0.1', '10.1.2.3', '172.16.0.1', '192.168.1.1', '169.254.169.254', '100.64.0.1', '0.0.0.0', '::1', '::', 'fe80::1', 'fd00::1', '::ffff:127.0.0.1', '::ffff:169.254.169.254', '224.0.0.1']) {
+  for (const address of [
+    '127.0.0.1',
+    '10.1.2.3',
+    '172.16.0.1',
+    '192.168.1.1',
+    '169.254.169.254',
+    '100.64.0.1',
+    '0.0.0.0',
+    '::1',
+    '::',
+    'fe80::1',
+    'fd00::1',
+    '::ffff:127.0.0.1',
+    '::ffff:169.254.169.254',
+    '224.0.0.1',
+  ]) {
     assert.match(refusedAddress(address, address, none) ?? '', /private address/, address);
   }
   for (const address of ['8.8.8.8', '1.1.1.1', '2606:4700:4700::1111', '::ffff:8.8.8.8']) assert.equal(refusedAddress(address, address, none), null, address);

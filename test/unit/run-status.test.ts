@@ -11,7 +11,14 @@ const observed = (now: number, runnerStarts: Record<string, number> = {}): Obser
   const starts = new Map(Object.entries(runnerStarts));
   return { now, leaseMs: LEASE, runnerStarts: starts, latestRunnerStart: Math.max(0, ...starts.values()) };
 };
-const record = (facts: Partial<RunRecord>): RunRecord => ({ dispatched: new Map(), started: new Map(), rejected: new Set(), finished: false, scored: false, ...facts });
+const record = (facts: Partial<RunRecord>): RunRecord => ({
+  dispatched: new Map(),
+  started: new Map(),
+  rejected: new Set(),
+  finished: false,
+  scored: false,
+  ...facts,
+});
 
 test('nothing read, or never dispatched: due, attempt 1', () => {
   assert.deepEqual(runStatus(null, observed(0)), { kind: 'due', attempt: 1, reason: 'new' });
@@ -25,12 +32,24 @@ test('scored: done, whatever else was read; finished: waiting for its score', ()
 });
 
 test('dispatched, within its lease, its runner alive: in flight, at its latest attempt', () => {
-  const run = record({ dispatched: new Map([[1, 100], [2, 200]]), started: new Map([[2, { runner: 'r1', ts: 250 }]]) });
+  const run = record({
+    dispatched: new Map([
+      [1, 100],
+      [2, 200],
+    ]),
+    started: new Map([[2, { runner: 'r1', ts: 250 }]]),
+  });
   assert.deepEqual(runStatus(run, observed(200 + LEASE, { r1: 240, r2: 900 })), { kind: 'in_flight', attempt: 2 });
 });
 
 test('rejected at its latest attempt: due again', () => {
-  const run = record({ dispatched: new Map([[1, 100], [2, 200]]), rejected: new Set([1, 2]) });
+  const run = record({
+    dispatched: new Map([
+      [1, 100],
+      [2, 200],
+    ]),
+    rejected: new Set([1, 2]),
+  });
   assert.deepEqual(runStatus(run, observed(300)), { kind: 'due', attempt: 3, reason: 'rejected' });
   // An earlier attempt's rejection does not count against the latest one.
   assert.deepEqual(runStatus({ ...run, rejected: new Set([1]) }, observed(300)), { kind: 'in_flight', attempt: 2 });

@@ -52,7 +52,7 @@ test('a stop that fails, or throws at once, does not stop the ones after it', as
   assert.deepEqual(reported, ['closing the network', 'destroying the sandbox']);
 });
 
-test('unwinding again runs every stop again (a destroy during a failed boot\'s teardown)', async () => {
+test("unwinding again runs every stop again (a destroy during a failed boot's teardown)", async () => {
   const stack = new TeardownStack();
   let runs = 0;
   stack.push('one', () => void runs++);
@@ -82,15 +82,31 @@ function sandbox(yaml = SPEC('parts')): LiveSandbox {
   const { kernel } = opened;
   const { config } = kernel;
   const runtime = new LocalRuntime({ stateDir: path.join(config.dataDir, 'runtime'), logger: kernel.logger });
-  const bundles = { agents: new ExtractedBundles(path.join(dir, 'agent-bundles'), new BundleStore(path.join(dir, 'blobs'))), taskFiles: new ExtractedBundles(path.join(dir, 'task-files'), new BundleStore(path.join(dir, 'task-blobs'))) };
+  const bundles = {
+    agents: new ExtractedBundles(path.join(dir, 'agent-bundles'), new BundleStore(path.join(dir, 'blobs'))),
+    taskFiles: new ExtractedBundles(path.join(dir, 'task-files'), new BundleStore(path.join(dir, 'task-blobs'))),
+  };
   const request: CreateRequest = { spec_id: 'parts', spec_version: 1, yaml, timeout_ms: null, metadata: {}, secrets: {} };
   const id = `sbx-parts-${++made}`;
-  return new LiveSandbox(kernel, runtime, null, 'not started', new TenantSecrets(kernel), new Sealer(secretsKey(config)), bundles, 'runner-1', 'tenant-1', id, request, () => gone.push(id));
+  return new LiveSandbox(
+    kernel,
+    runtime,
+    null,
+    'not started',
+    new TenantSecrets(kernel),
+    new Sealer(secretsKey(config)),
+    bundles,
+    'runner-1',
+    'tenant-1',
+    id,
+    request,
+    () => gone.push(id),
+  );
 }
 
 test('a sandbox tears down in the order destroy has always had: capture, records, network, log, exports, services, sandbox, workspace', () => {
   assert.deepEqual(sandbox().teardownOrder, [
-    'ending the capture of the agent\'s activity',
+    "ending the capture of the agent's activity",
     'recording the last database writes',
     'closing the network',
     'closing the audit log',
@@ -132,7 +148,7 @@ test('a sandbox still booting takes no operation: each is routed and refused as 
   }
 });
 
-test('an operation the contract does not have is refused, and a shell\'s request is checked before the sandbox', async () => {
+test("an operation the contract does not have is refused, and a shell's request is checked before the sandbox", async () => {
   const live = sandbox();
   live.state = 'ready';
   const shells = new TerminalSessions(opened.kernel, new Sealer(secretsKey(opened.kernel.config)));

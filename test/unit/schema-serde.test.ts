@@ -73,7 +73,10 @@ describe('EventSerde', () => {
   });
 
   it('registers every topic value schema under <topic>-value', () => {
-    const withSchemas = catalog.filter((t) => t.valueSchema !== null).map((t) => valueSubject(t.name)).sort();
+    const withSchemas = catalog
+      .filter((t) => t.valueSchema !== null)
+      .map((t) => valueSubject(t.name))
+      .sort();
     assert.deepEqual(registry.subjects(), withSchemas);
     assert.equal(registry.version(valueSubject(TOPICS.traces), 'latest').id, serde.schemaId(TOPICS.traces));
   });
@@ -84,7 +87,10 @@ describe('EventSerde', () => {
     assert.equal(namespaced.subject(TOPICS.traces), 'staging.svc.traces-value');
     assert.equal(registry.version('staging.svc.traces-value', 'latest').id, serde.schemaId(TOPICS.traces), 'one schema, one id');
     const staged = catalog.filter((t) => t.valueSchema !== null).map((t) => `staging.${t.name}-value`);
-    assert.deepEqual(registry.subjects().filter((s) => s.startsWith('staging.')), staged.sort());
+    assert.deepEqual(
+      registry.subjects().filter((s) => s.startsWith('staging.')),
+      staged.sort(),
+    );
   });
 
   it('round-trips a value', async () => {
@@ -104,7 +110,16 @@ describe('EventSerde', () => {
   it('fills defaults of omitted optional fields', async () => {
     const value = { tenant: 't', event_id: 'e', ts: 1, events: [] };
     const decoded = await serde.decode<Record<string, unknown>>(TOPICS.traces, serde.encode(TOPICS.traces, value));
-    assert.deepEqual(plain(decoded), { ...value, sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null });
+    assert.deepEqual(plain(decoded), {
+      ...value,
+      sandbox_id: null,
+      experiment_id: null,
+      agent: null,
+      agent_snapshot_id: null,
+      agent_version: null,
+      scenario_id: null,
+      run_id: null,
+    });
   });
 
   it('writes the Confluent wire format: magic byte 0, then the schema id big-endian', () => {
@@ -115,19 +130,27 @@ describe('EventSerde', () => {
     assert.equal(buf.readUInt32BE(1), id);
     // The rest is plain Avro binary of the topic's schema.
     assert.deepEqual(plain(serde.type(TOPICS.tenants).fromBuffer(buf.subarray(5))), {
-      tenant: 't1', event_id: 'e1', ts: 5, plan: 'pro', max_concurrent_sandboxes: null, created_at: 1,
+      tenant: 't1',
+      event_id: 'e1',
+      ts: 5,
+      plan: 'pro',
+      max_concurrent_sandboxes: null,
+      created_at: 1,
     });
   });
 
   it('names the first invalid field of a value', () => {
     const value = traceValue(3);
     (value.events as Array<Record<string, unknown>>)[0]!.duration_ms = 'slow';
-    assert.throws(() => serde.encode(TOPICS.traces, value), (err: unknown) => {
-      assert.ok(err instanceof SerdeError);
-      assert.equal(err.path, 'events[0].duration_ms');
-      assert.match(err.message, /svc\.traces: invalid value at events\[0\]\.duration_ms: expected long, got "slow"/);
-      return true;
-    });
+    assert.throws(
+      () => serde.encode(TOPICS.traces, value),
+      (err: unknown) => {
+        assert.ok(err instanceof SerdeError);
+        assert.equal(err.path, 'events[0].duration_ms');
+        assert.match(err.message, /svc\.traces: invalid value at events\[0\]\.duration_ms: expected long, got "slow"/);
+        return true;
+      },
+    );
     const missing = traceValue(4);
     delete missing.tenant;
     assert.throws(() => serde.encode(TOPICS.traces, missing), /invalid value at tenant: expected string, got nothing \(field missing\)/);
@@ -178,7 +201,13 @@ describe('topic catalog', () => {
     checkTopicConstants(catalog);
     const traces = catalog.find((t) => t.name === TOPICS.traces)!;
     assert.deepEqual(traces, {
-      name: 'svc.traces', partitions: 6, key: traces.key, valueSchema: 'trace-events-ingested', cleanupPolicy: 'delete', retentionMs: 7 * 86_400_000, table: 'trace_events',
+      name: 'svc.traces',
+      partitions: 6,
+      key: traces.key,
+      valueSchema: 'trace-events-ingested',
+      cleanupPolicy: 'delete',
+      retentionMs: 7 * 86_400_000,
+      table: 'trace_events',
     });
     assert.equal(catalog.find((t) => t.name === TOPICS.schemas)!.retentionMs, null);
     assert.equal(catalog.find((t) => t.name === TOPICS.schemas)!.valueSchema, null);
@@ -194,10 +223,21 @@ describe('topic catalog', () => {
   });
 
   it('names the entry and field of an invalid catalog', async () => {
-    assert.deepEqual((await load([entry]))[0], { name: 'a.b', partitions: 2, key: 'k', valueSchema: 'x', cleanupPolicy: 'delete', retentionMs: 604_800_000, table: null });
+    assert.deepEqual((await load([entry]))[0], {
+      name: 'a.b',
+      partitions: 2,
+      key: 'k',
+      valueSchema: 'x',
+      cleanupPolicy: 'delete',
+      retentionMs: 604_800_000,
+      table: null,
+    });
     assert.equal((await load([{ ...entry, table: 'facts' }]))[0].table, 'facts');
     assert.equal((await load([{ ...entry, table: 'facts', flush_interval: '250ms' }]))[0].flushIntervalMs, 250);
-    await assert.rejects(async () => load([{ ...entry, table: 'facts', flush_interval: 'forever' }]), /\(a\.b\)\.flush_interval: must be a duration such as 250ms/);
+    await assert.rejects(
+      async () => load([{ ...entry, table: 'facts', flush_interval: 'forever' }]),
+      /\(a\.b\)\.flush_interval: must be a duration such as 250ms/,
+    );
     await assert.rejects(async () => load([{ ...entry, flush_interval: '1s' }]), /\(a\.b\)\.flush_interval: only a topic with a table has one/);
     await assert.rejects(async () => load([{ ...entry, table: 'Drop Table' }]), /\(a\.b\)\.table: must be a ClickHouse table name/);
     await assert.rejects(async () => load([{ ...entry, partitions: 0 }]), /topics\[0\] \(a\.b\)\.partitions: must be a whole number >= 1/);

@@ -22,7 +22,13 @@ function spec(blocks: Doc): SpecDocument {
   return parseSpec(stringify({ version: 1, id: 'scored', base: 'debian:bookworm', task: { prompt: 'do it' }, ...blocks }));
 }
 
-const check = (type: string, passed: boolean | null, extra: Partial<RunOutcome['checks'][string]> = {}) => ({ type, passed, score: null, message: `${type} ${passed}`, ...extra });
+const check = (type: string, passed: boolean | null, extra: Partial<RunOutcome['checks'][string]> = {}) => ({
+  type,
+  passed,
+  score: null,
+  message: `${type} ${passed}`,
+  ...extra,
+});
 
 function outcome(checks: RunOutcome['checks'], overrides: Partial<RunOutcome> = {}): RunOutcome {
   return {
@@ -106,7 +112,12 @@ describe('composite, gates and thresholds', () => {
 
   test('a failed gate forces the composite to 0 and fails the run, even at pass_threshold 0', async () => {
     const invariants = { safe: { check: { type: 'command_exit', command: 'check' }, gate: true, weight: 1 }, ...files(3) };
-    const observed = outcome({ safe: check('command_exit', false), f0: check('file_exists', true), f1: check('file_exists', true), f2: check('file_exists', true) });
+    const observed = outcome({
+      safe: check('command_exit', false),
+      f0: check('file_exists', true),
+      f1: check('file_exists', true),
+      f2: check('file_exists', true),
+    });
     const strict = await scoreRun(spec({ invariants, scoring: { pass_threshold: 0.5 } }), observed, noJudge);
     assert.equal(strict.composite, 0);
     assert.equal(strict.verdict, 'fail');
@@ -114,7 +125,11 @@ describe('composite, gates and thresholds', () => {
     assert.equal(lenient.composite, 0);
     assert.equal(lenient.verdict, 'fail');
     // A gate that passes changes nothing.
-    const passed = await scoreRun(spec({ invariants, scoring: { pass_threshold: 0.5 } }), outcome({ ...observed.checks, safe: check('command_exit', true) }), noJudge);
+    const passed = await scoreRun(
+      spec({ invariants, scoring: { pass_threshold: 0.5 } }),
+      outcome({ ...observed.checks, safe: check('command_exit', true) }),
+      noJudge,
+    );
     assert.equal(passed.composite, 1);
     assert.equal(passed.verdict, 'pass');
   });
@@ -146,7 +161,10 @@ describe('forbidden rules', () => {
 
   test('file_writes_outside: every write outside the prefixes is a violation with its audit record, and fails a run whose invariants all pass', async () => {
     const doc = spec({ audit: audited, forbidden: { file_writes_outside: ['out/', '/workspace/logs'] }, invariants: files(1) });
-    const observed = outcome({ f0: check('file_exists', true) }, { audit: { file_writes: writes('out/a.txt', 'elsewhere.txt', 'logs/run.log', 'outside/b', 'out', 'logs2/x', 'out/deep/c'), secret_findings: [] } });
+    const observed = outcome(
+      { f0: check('file_exists', true) },
+      { audit: { file_writes: writes('out/a.txt', 'elsewhere.txt', 'logs/run.log', 'outside/b', 'out', 'logs2/x', 'out/deep/c'), secret_findings: [] } },
+    );
     const score = await scoreRun(doc, observed, noJudge);
     assert.ok(score.invariants.every((i) => i.passed));
     assert.equal(score.composite, 0);
@@ -172,11 +190,17 @@ describe('forbidden rules', () => {
     // not in the log, so the rule fails on what went unrecorded instead of passing.
     const flooded = { file_writes: [], secret_findings: [], dropped: { file_write: 3, secret_finding: 1 } };
     const unseen = forbiddenViolations({ file_writes_outside: ['/workspace'], secrets_in_logs: 'deny' }, flooded);
-    assert.deepEqual(unseen.map((v) => v.rule), ['file_writes_outside', 'secrets_in_logs']);
+    assert.deepEqual(
+      unseen.map((v) => v.rule),
+      ['file_writes_outside', 'secrets_in_logs'],
+    );
     assert.match(unseen[0].message, /3 file writes went unrecorded/);
     assert.deepEqual(forbiddenViolations({}, flooded), [], 'no rule, nothing to fail');
     assert.equal(forbiddenViolations({ file_writes_outside: [] }, facts).length, 2);
-    assert.deepEqual(forbiddenViolations({ file_writes_outside: ['./deep/'] }, facts).map((v) => v.audit.path), ['a.txt']);
+    assert.deepEqual(
+      forbiddenViolations({ file_writes_outside: ['./deep/'] }, facts).map((v) => v.audit.path),
+      ['a.txt'],
+    );
   });
 
   test('secrets_in_logs: each finding is a violation naming the secret (never its value)', async () => {
@@ -204,32 +228,85 @@ describe('forbidden rules', () => {
       forbidden: { secrets_in_logs: 'deny', http_except: [], db_writes_outside: ['orders'], file_writes_outside: ['out'] },
       invariants: files(1),
     });
-    const score = await scoreRun(doc, outcome({ f0: check('file_exists', true) }, { audit: { file_writes: writes('out/x'), secret_findings: [], http_calls: [], db_writes: [] } }), noJudge);
+    const score = await scoreRun(
+      doc,
+      outcome({ f0: check('file_exists', true) }, { audit: { file_writes: writes('out/x'), secret_findings: [], http_calls: [], db_writes: [] } }),
+      noJudge,
+    );
     assert.deepEqual(score.violations, []);
     assert.equal(score.verdict, 'pass');
   });
 
   describe('db_writes_outside', () => {
-    const write = (table: string, seq: number, extra: Partial<NonNullable<RunOutcome['audit']['db_writes']>[number]> = {}) => ({ service: 'db', table, operation: 'insert', row_count: 2, rolled_back: false, seq, ts: `t${seq}`, ...extra });
-    const doc = (allowed: string[]) => spec({ services: [{ name: 'db', type: 'postgres' }], audit: { db_writes: true }, forbidden: { db_writes_outside: allowed }, invariants: files(1) });
+    const write = (table: string, seq: number, extra: Partial<NonNullable<RunOutcome['audit']['db_writes']>[number]> = {}) => ({
+      service: 'db',
+      table,
+      operation: 'insert',
+      row_count: 2,
+      rolled_back: false,
+      seq,
+      ts: `t${seq}`,
+      ...extra,
+    });
+    const doc = (allowed: string[]) =>
+      spec({ services: [{ name: 'db', type: 'postgres' }], audit: { db_writes: true }, forbidden: { db_writes_outside: allowed }, invariants: files(1) });
     const violations = async (allowed: string[], writes: NonNullable<RunOutcome['audit']['db_writes']> | undefined) =>
-      (await scoreRun(doc(allowed), outcome({ f0: check('file_exists', true) }, { audit: { file_writes: [], secret_findings: [], http_calls: [], db_writes: writes } }), noJudge)).violations;
+      (
+        await scoreRun(
+          doc(allowed),
+          outcome({ f0: check('file_exists', true) }, { audit: { file_writes: [], secret_findings: [], http_calls: [], db_writes: writes } }),
+          noJudge,
+        )
+      ).violations;
 
     test('a committed write to a table not listed is a violation naming it; `orders` names public.orders; rolled-back writes count for nothing', async () => {
-      const found = await violations(['orders', 'audit.log'], [write('orders', 1), write('public.orders', 2), write('audit.log', 3), write('secrets', 4, { operation: 'update', row_count: 1 }), write('users', 5, { rolled_back: true })]);
-      assert.deepEqual(found.map((v) => [v.rule, v.message, v.audit]), [['db_writes_outside', 'update of 1 row in secrets (db), not in db_writes_outside (orders, audit.log)', { seq: 4, ts: 't4', service: 'db', table: 'secrets' }]]);
+      const found = await violations(
+        ['orders', 'audit.log'],
+        [
+          write('orders', 1),
+          write('public.orders', 2),
+          write('audit.log', 3),
+          write('secrets', 4, { operation: 'update', row_count: 1 }),
+          write('users', 5, { rolled_back: true }),
+        ],
+      );
+      assert.deepEqual(
+        found.map((v) => [v.rule, v.message, v.audit]),
+        [
+          [
+            'db_writes_outside',
+            'update of 1 row in secrets (db), not in db_writes_outside (orders, audit.log)',
+            { seq: 4, ts: 't4', service: 'db', table: 'secrets' },
+          ],
+        ],
+      );
     });
 
     test('an empty list forbids every write; an outcome without the records, or with dropped ones, fails the rule rather than pass it', async () => {
       assert.match((await violations([], [write('orders', 1)]))[0]!.message, /empty: no write is allowed/);
       assert.match((await violations(['orders'], undefined))[0]!.message, /recorded no database writes/);
-      const dropped = await scoreRun(doc(['orders']), outcome({ f0: check('file_exists', true) }, { audit: { file_writes: [], secret_findings: [], http_calls: [], db_writes: [], dropped: { db_write: 3 } } }), noJudge);
+      const dropped = await scoreRun(
+        doc(['orders']),
+        outcome(
+          { f0: check('file_exists', true) },
+          { audit: { file_writes: [], secret_findings: [], http_calls: [], db_writes: [], dropped: { db_write: 3 } } },
+        ),
+        noJudge,
+      );
       assert.match(dropped.violations[0]!.message, /3 database writes went unrecorded/);
     });
   });
 
   describe('http_except', () => {
-    const call = (host: string, seq: number, extra: Partial<NonNullable<RunOutcome['audit']['http_calls']>[number]> = {}) => ({ method: 'GET', host, path: '/path', status: 200, seq, ts: `t${seq}`, ...extra });
+    const call = (host: string, seq: number, extra: Partial<NonNullable<RunOutcome['audit']['http_calls']>[number]> = {}) => ({
+      method: 'GET',
+      host,
+      path: '/path',
+      status: 200,
+      seq,
+      ts: `t${seq}`,
+      ...extra,
+    });
     const calls = [
       call('mock-api', 3),
       call('api.evil.test', 5),
@@ -241,28 +318,47 @@ describe('forbidden rules', () => {
     const facts = (http_calls: RunOutcome['audit']['http_calls']) => ({ file_writes: [], secret_findings: [], http_calls });
 
     test('a call to a host no entry matches is a violation with its record; services, hostnames and globs pass', async () => {
-      const doc = spec({ services: [{ name: 'mock-api', type: 'http_mock' }], audit: { http_calls: true }, forbidden: { http_except: ['mock-api', '*.example.com', 'api.partner.test'] }, invariants: files(1) });
+      const doc = spec({
+        services: [{ name: 'mock-api', type: 'http_mock' }],
+        audit: { http_calls: true },
+        forbidden: { http_except: ['mock-api', '*.example.com', 'api.partner.test'] },
+        invariants: files(1),
+      });
       const score = await scoreRun(doc, outcome({ f0: check('file_exists', true) }, { audit: facts(calls) }), noJudge);
       assert.equal(score.verdict, 'fail');
       assert.equal(score.composite, 0);
       assert.deepEqual(
         score.violations.map((v) => [v.rule, v.message, v.audit]),
         [
-          ['http_except', 'HTTP GET api.evil.test/path, not in http_except (mock-api, *.example.com, api.partner.test)', { seq: 5, ts: 't5', host: 'api.evil.test', method: 'GET', path: '/path' }],
-          ['http_except', 'HTTP GET example.com:8080/path, not in http_except (mock-api, *.example.com, api.partner.test)', { seq: 11, ts: 't11', host: 'example.com', method: 'GET', path: '/path' }],
+          [
+            'http_except',
+            'HTTP GET api.evil.test/path, not in http_except (mock-api, *.example.com, api.partner.test)',
+            { seq: 5, ts: 't5', host: 'api.evil.test', method: 'GET', path: '/path' },
+          ],
+          [
+            'http_except',
+            'HTTP GET example.com:8080/path, not in http_except (mock-api, *.example.com, api.partner.test)',
+            { seq: 11, ts: 't11', host: 'example.com', method: 'GET', path: '/path' },
+          ],
         ],
         'a glob matches subdomains at any depth, not its apex; case and a trailing dot do not matter',
       );
     });
 
     test('every call allowed: the rule holds', () => {
-      assert.deepEqual(forbiddenViolations({ http_except: ['mock-api', '*.example.com', 'api.evil.test', 'example.com', 'api.partner.test'] }, facts(calls)), []);
+      assert.deepEqual(
+        forbiddenViolations({ http_except: ['mock-api', '*.example.com', 'api.evil.test', 'example.com', 'api.partner.test'] }, facts(calls)),
+        [],
+      );
       assert.deepEqual(forbiddenViolations({ http_except: [] }, facts([])), [], 'no call, nothing to forbid');
     });
 
     test('an empty list forbids every call', () => {
       const found = forbiddenViolations({ http_except: [] }, facts(calls));
-      assert.deepEqual(found.map((v) => v.audit.seq), [3, 5, 8, 9, 11, 12]);
+      assert.deepEqual(
+        found.map((v) => v.audit.seq),
+        [3, 5, 8, 9, 11, 12],
+      );
       assert.equal(found[0]!.message, 'HTTP GET mock-api/path, not in http_except (empty: no HTTP is allowed)');
       assert.equal(found[2]!.message, 'HTTP POST files.example.com/upload, not in http_except (empty: no HTTP is allowed)');
     });
@@ -270,7 +366,10 @@ describe('forbidden rules', () => {
     test('dropped http_call records, or an outcome without the list, fail the rule rather than pass it', () => {
       const flooded = { ...facts([call('mock-api', 2)]), dropped: { http_call: 4 } };
       const unseen = forbiddenViolations({ http_except: ['mock-api'] }, flooded);
-      assert.deepEqual(unseen.map((v) => [v.rule, v.audit]), [['http_except', { seq: 0, ts: '' }]]);
+      assert.deepEqual(
+        unseen.map((v) => [v.rule, v.audit]),
+        [['http_except', { seq: 0, ts: '' }]],
+      );
       assert.match(unseen[0]!.message, /4 HTTP calls went unrecorded/);
       assert.deepEqual(forbiddenViolations({}, flooded), [], 'no rule, nothing to fail');
       const older = forbiddenViolations({ http_except: ['mock-api'] }, { file_writes: [], secret_findings: [] });
@@ -281,7 +380,11 @@ describe('forbidden rules', () => {
 
   test('a run that did not complete still reports the violations its audit shows', async () => {
     const doc = spec({ audit: audited, forbidden: { secrets_in_logs: 'deny' }, invariants: files(1) });
-    const score = await scoreRun(doc, outcome({}, { status: 'agent_timeout', error: 'slow', audit: { file_writes: [], secret_findings: [{ name: 'K', seq: 1, ts: 't' }] } }), noJudge);
+    const score = await scoreRun(
+      doc,
+      outcome({}, { status: 'agent_timeout', error: 'slow', audit: { file_writes: [], secret_findings: [{ name: 'K', seq: 1, ts: 't' }] } }),
+      noJudge,
+    );
     assert.equal(score.verdict, 'error');
     assert.equal(score.violations.length, 1);
   });
@@ -308,7 +411,12 @@ async function judgeServer() {
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const completion = (content: string) => ({ id: 'chatcmpl-1', object: 'chat.completion', model: 'm', choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: 'stop' }] });
+  const completion = (content: string) => ({
+    id: 'chatcmpl-1',
+    object: 'chat.completion',
+    model: 'm',
+    choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: 'stop' }],
+  });
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
     calls,
@@ -335,7 +443,13 @@ describe('llm_as_judge', () => {
   let server: Awaited<ReturnType<typeof judgeServer>>;
   let judge: Judge;
   const judged = (extra: Doc = {}) =>
-    spec({ invariants: { quality: { check: { type: 'llm_as_judge', rubric: 'Is the summary accurate?', input: 'agent_output', threshold: 0.7, ...extra } }, ...files(1) }, scoring: { pass_threshold: 0.8 } });
+    spec({
+      invariants: {
+        quality: { check: { type: 'llm_as_judge', rubric: 'Is the summary accurate?', input: 'agent_output', threshold: 0.7, ...extra } },
+        ...files(1),
+      },
+      scoring: { pass_threshold: 0.8 },
+    });
   const observed = () => outcome({ quality: check('llm_as_judge', null, { judge_input: 'The summary: all tests pass.' }), f0: check('file_exists', true) });
 
   before(async () => {
@@ -361,7 +475,10 @@ describe('llm_as_judge', () => {
     assert.equal(call!.auth, 'Bearer judge-secret');
     assert.equal(call!.body.model, 'default-model');
     assert.equal(call!.body.temperature, 0);
-    assert.deepEqual(call!.body.messages.map((m: any) => m.role), ['system', 'user']);
+    assert.deepEqual(
+      call!.body.messages.map((m: any) => m.role),
+      ['system', 'user'],
+    );
     assert.match(call!.body.messages[0].content, /"score"/);
     assert.match(call!.body.messages[1].content, /Is the summary accurate\?/);
     assert.match(call!.body.messages[1].content, /The summary: all tests pass\./);
@@ -440,7 +557,10 @@ test('parseGrade refuses what is not a grade', () => {
 
 describe('score rules on a stored run', () => {
   const rule = (id: string, fields: Doc): ScoreRule => ({ id, name: id, eval_id: null, created_at: '2026-01-01T00:00:00.000Z', ...fields }) as ScoreRule;
-  const doc = spec({ invariants: { quality: { check: { type: 'llm_as_judge', rubric: 'good?', threshold: 0.5 } }, ...files(1) }, scoring: { pass_threshold: 0.9 } });
+  const doc = spec({
+    invariants: { quality: { check: { type: 'llm_as_judge', rubric: 'good?', threshold: 0.5 } }, ...files(1) },
+    scoring: { pass_threshold: 0.9 },
+  });
   const stored = (o: RunOutcome, overrides: Partial<StoredRun> = {}): StoredRun => ({
     run_id: 'run-1-1-1',
     scenario_id: 'scn-1-1',
@@ -520,7 +640,11 @@ describe('score rules on a stored run', () => {
   });
 
   test("rescore applies the spec's scoring again to the stored checks: a run in error after a judge outage gets its verdict", async () => {
-    const { grades, rescored } = await gradeRun([rule('rule_again', { type: 'rescore' })], stored(judgedOutcome), doc, async () => ({ score: 0.9, reason: 'good', model: 'm' }));
+    const { grades, rescored } = await gradeRun([rule('rule_again', { type: 'rescore' })], stored(judgedOutcome), doc, async () => ({
+      score: 0.9,
+      reason: 'good',
+      model: 'm',
+    }));
     assert.equal(rescored!.verdict, 'pass');
     assert.equal(rescored!.composite, 0.95);
     assert.deepEqual([grades[0]!.score, grades[0]!.passed, grades[0]!.reason], [0.95, true, 'verdict error -> pass']);
@@ -531,7 +655,12 @@ describe('score rules on a stored run', () => {
   });
 
   test('a stored outcome that cannot be read leaves every rule ungraded, saying so', async () => {
-    const { grades } = await gradeRun([rule('rule_wall', { type: 'threshold', condition: 'wall_ms < 1' })], stored(judgedOutcome, { outcome: '{not json' }), doc, noJudge);
+    const { grades } = await gradeRun(
+      [rule('rule_wall', { type: 'threshold', condition: 'wall_ms < 1' })],
+      stored(judgedOutcome, { outcome: '{not json' }),
+      doc,
+      noJudge,
+    );
     assert.equal(grades[0]!.score, null);
     assert.match(grades[0]!.error!, /stored outcome cannot be read/);
   });

@@ -40,7 +40,13 @@ test('a document using every block parses to the normalised values', () => {
   assert.deepEqual(doc.task, { prompt: 'Fix the {{ params.lang }} build' });
   assert.deepEqual(doc.agent, { type: 'cli', timeoutMs: 90_000, env: { LEVEL: '3', VERBOSE: 'true' }, command: ['python', 'agent.py'] });
   assert.deepEqual(doc.services, [
-    { type: 'http_mock', name: 'payments', wait_for: { timeoutMs: 30_000 }, routes: [{ method: 'POST', path: '/charges', response: { status: 201, headers: { 'X-Mock': 'yes' }, body: { ok: true } } }], record: true },
+    {
+      type: 'http_mock',
+      name: 'payments',
+      wait_for: { timeoutMs: 30_000 },
+      routes: [{ method: 'POST', path: '/charges', response: { status: 201, headers: { 'X-Mock': 'yes' }, body: { ok: true } } }],
+      record: true,
+    },
     { type: 'postgres', name: 'db', wait_for: { timeoutMs: 45_000, query: 'select 1 from orders' }, version: null, database: 'app', user: 'app' },
   ]);
   assert.deepEqual(doc.fixtures, [
@@ -57,8 +63,14 @@ test('a document using every block parses to the normalised values', () => {
     },
   ]);
   assert.deepEqual(doc.setup, {
-    files: [{ path: '/workspace/a.sh', content: 'echo hi', mode: 0o755 }, { path: 'b.txt', content: '', mode: 0o644 }],
-    bundles: [{ digest: 'sha256:' + 'a'.repeat(64), to: 'vendor' }, { digest: 'sha256:' + 'b'.repeat(64), to: '' }],
+    files: [
+      { path: '/workspace/a.sh', content: 'echo hi', mode: 0o755 },
+      { path: 'b.txt', content: '', mode: 0o644 },
+    ],
+    bundles: [
+      { digest: 'sha256:' + 'a'.repeat(64), to: 'vendor' },
+      { digest: 'sha256:' + 'b'.repeat(64), to: '' },
+    ],
     commands: ['make deps'],
     env: { PORT: '8080', DEBUG: 'false' },
   });
@@ -69,7 +81,13 @@ test('a document using every block parses to the normalised values', () => {
     ingress: { default: 'allow', allow: [{ from: 'host', toPort: 3000 }] },
     dnsOverrides: { 'api.stripe.com': 'payments' },
   });
-  assert.deepEqual(doc.audit, { db_writes: true, http_calls: true, process_spawns: true, stdout_capture: true, file_system: { watch: ['/', 'src'], track: ['reads'] } });
+  assert.deepEqual(doc.audit, {
+    db_writes: true,
+    http_calls: true,
+    process_spawns: true,
+    stdout_capture: true,
+    file_system: { watch: ['/', 'src'], track: ['reads'] },
+  });
   assert.deepEqual(doc.invariants, {
     exits: { check: { type: 'command_exit', command: 'make test', expect_exit: 2, timeoutMs: 60_000 }, weight: 3, gate: true },
     exists: { check: { type: 'file_exists', path: 'out/report.txt' }, weight: 0, gate: false },
@@ -78,24 +96,61 @@ test('a document using every block parses to the normalised values', () => {
     matches: { check: { type: 'file_content', path: 'README.md', regex: '^# \\w+' }, weight: 1, gate: false },
     rows: { check: { type: 'sql', service: 'db', query: 'SELECT count(*) FROM orders', expected: '0' }, weight: 1, gate: false },
     mock: {
-      check: { type: 'http_mock_assertions', service: 'payments', assertions: [{ method: 'POST', path: '/charges', condition: { text: 'request_count>=2', metric: 'request_count', operator: '>=', value: 2 } }] },
+      check: {
+        type: 'http_mock_assertions',
+        service: 'payments',
+        assertions: [{ method: 'POST', path: '/charges', condition: { text: 'request_count>=2', metric: 'request_count', operator: '>=', value: 2 } }],
+      },
       weight: 1,
       gate: false,
     },
-    inline: { check: { type: 'custom', script: 'import json\nprint(json.dumps({"passed": True}))\n', form: 'inline', timeoutMs: 300_000 }, weight: 1, gate: false },
+    inline: {
+      check: { type: 'custom', script: 'import json\nprint(json.dumps({"passed": True}))\n', form: 'inline', timeoutMs: 300_000 },
+      weight: 1,
+      gate: false,
+    },
     script: { check: { type: 'custom', script: 'checks/verify.py', form: 'file', timeoutMs: 30_000 }, weight: 1, gate: false },
     judge: { check: { type: 'llm_as_judge', rubric: 'Is it tidy?', input: 'file:out/report.txt', threshold: 0.5, model: 'judge-1' }, weight: 1, gate: false },
   });
-  assert.deepEqual(doc.forbidden, { db_writes_outside: ['orders', 'public.audit'], http_except: [], secrets_in_logs: 'deny', file_writes_outside: ['src', '/tmp'] });
+  assert.deepEqual(doc.forbidden, {
+    db_writes_outside: ['orders', 'public.audit'],
+    http_except: [],
+    secrets_in_logs: 'deny',
+    file_writes_outside: ['src', '/tmp'],
+  });
   assert.deepEqual(doc.scoring, { pass_threshold: 0.75, replica_aggregation: { strategy: 'percentage', min_pass_rate: 0.5 } });
-  assert.deepEqual(doc.parallelism, { replicas: 5, matrix: [{ lang: 'python', strict: true }, { lang: 'go', strict: false }] });
+  assert.deepEqual(doc.parallelism, {
+    replicas: 5,
+    matrix: [
+      { lang: 'python', strict: true },
+      { lang: 'go', strict: false },
+    ],
+  });
   assert.deepEqual(doc.determinism, { frozenTime: '2026-03-01T11:00:00.000Z', seed: 7, dns: { 'db.internal': '10.1.2.3', 'v6.internal': '::1' } });
   assert.deepEqual(doc.resources, { timeoutMs: 20 * 60_000, memoryBytes: 256 * 1024 ** 2, cpus: 0.5, pids: 64, diskBytes: 1e9, concurrencyLimit: 2 });
   assert.deepEqual(doc.snapshots, { checkpoints: 'per_action' });
-  assert.deepEqual(doc.teardown, { always_run: true, export: [{ type: 'db_dump', service: 'db', to: 'runs/{{ run_id }}/db.sql' }, { type: 'snapshot', to: 'state.json' }] });
+  assert.deepEqual(doc.teardown, {
+    always_run: true,
+    export: [
+      { type: 'db_dump', service: 'db', to: 'runs/{{ run_id }}/db.sql' },
+      { type: 'snapshot', to: 'state.json' },
+    ],
+  });
   assert.deepEqual(doc.alerts, [
-    { name: 'pass rate', condition: { text: 'pass_rate < 0.9', metric: 'pass_rate', operator: '<', value: 0.9 }, window: 'last_24h', notify: 'webhook', webhook_url: 'https://hooks.example.com/x' },
-    { name: 'slow', condition: { text: 'p95_wall_ms >= 60000', metric: 'p95_wall_ms', operator: '>=', value: 60000 }, window: 'last_5_runs', notify: 'slack', slack_channel: '#evals' },
+    {
+      name: 'pass rate',
+      condition: { text: 'pass_rate < 0.9', metric: 'pass_rate', operator: '<', value: 0.9 },
+      window: 'last_24h',
+      notify: 'webhook',
+      webhook_url: 'https://hooks.example.com/x',
+    },
+    {
+      name: 'slow',
+      condition: { text: 'p95_wall_ms >= 60000', metric: 'p95_wall_ms', operator: '>=', value: 60000 },
+      window: 'last_5_runs',
+      notify: 'slack',
+      slack_channel: '#evals',
+    },
   ]);
   assert.deepEqual(doc.raw, everyBlock(), 'raw is the document as uploaded');
 });
@@ -103,13 +158,21 @@ test('a document using every block parses to the normalised values', () => {
 test('a minimal document gets every default', () => {
   const doc = parseSpec(withBlocks({}));
   assert.equal(doc.agent, null);
-  assert.deepEqual(doc.invariants, { tests_pass: { check: { type: 'command_exit', command: 'pytest -q', expect_exit: 0, timeoutMs: SPEC_DEFAULTS.checkTimeoutMs }, weight: 1, gate: false } });
+  assert.deepEqual(doc.invariants, {
+    tests_pass: { check: { type: 'command_exit', command: 'pytest -q', expect_exit: 0, timeoutMs: SPEC_DEFAULTS.checkTimeoutMs }, weight: 1, gate: false },
+  });
   assert.deepEqual(doc.forbidden, {});
   assert.deepEqual(doc.scoring, { pass_threshold: 1, replica_aggregation: { strategy: 'majority' } });
   assert.deepEqual(doc.parallelism, { replicas: 1, matrix: [{}] });
   assert.deepEqual(doc.resources, { timeoutMs: null, memoryBytes: 512 * 1024 ** 2, cpus: 1, pids: 256, diskBytes: null, concurrencyLimit: null });
   assert.deepEqual(doc.determinism, { frozenTime: null, seed: null, dns: {} });
-  assert.deepEqual(doc.audit, { db_writes: false, http_calls: false, process_spawns: false, stdout_capture: false, file_system: { watch: [], track: ['writes', 'deletes'] } });
+  assert.deepEqual(doc.audit, {
+    db_writes: false,
+    http_calls: false,
+    process_spawns: false,
+    stdout_capture: false,
+    file_system: { watch: [], track: ['writes', 'deletes'] },
+  });
   assert.deepEqual(doc.network, { egress: { default: 'deny', allow: [] }, ingress: { default: 'deny', allow: [] }, dnsOverrides: {} });
   assert.deepEqual([doc.secrets, doc.brokered, doc.fixtures, doc.services, doc.alerts], [{}, {}, [], [], []]);
   assert.deepEqual(doc.setup, { files: [], bundles: [], commands: [], env: {} });
@@ -120,14 +183,48 @@ test('a minimal document gets every default', () => {
 test('each agent type normalises with its own fields', () => {
   const agent = (a: Doc) => parseSpec(withBlocks({ agent: a })).agent;
   assert.deepEqual(agent({ type: 'snapshot', snapshot: 'my-agent' }), { type: 'snapshot', timeoutMs: null, env: {}, snapshot: 'my-agent' });
-  assert.deepEqual(agent({ type: 'snapshot', snapshot_id: `snap_${'0a1b'.repeat(8)}`, entrypoint: ['node', 'main.js'] }), { type: 'snapshot', timeoutMs: null, env: {}, snapshot_id: `snap_${'0a1b'.repeat(8)}`, entrypoint: ['node', 'main.js'] });
-  assert.deepEqual(agent({ type: 'cli', command: 'python agent.py "$TASK"', timeout: 600 }), { type: 'cli', timeoutMs: 600_000, env: {}, command: 'python agent.py "$TASK"' });
+  assert.deepEqual(agent({ type: 'snapshot', snapshot_id: `snap_${'0a1b'.repeat(8)}`, entrypoint: ['node', 'main.js'] }), {
+    type: 'snapshot',
+    timeoutMs: null,
+    env: {},
+    snapshot_id: `snap_${'0a1b'.repeat(8)}`,
+    entrypoint: ['node', 'main.js'],
+  });
+  assert.deepEqual(agent({ type: 'cli', command: 'python agent.py "$TASK"', timeout: 600 }), {
+    type: 'cli',
+    timeoutMs: 600_000,
+    env: {},
+    command: 'python agent.py "$TASK"',
+  });
   assert.deepEqual(agent({ type: 'image' }), { type: 'image', timeoutMs: null, env: {} });
   assert.deepEqual(agent({ type: 'image', entrypoint: ['/bin/agent'] }), { type: 'image', timeoutMs: null, env: {}, entrypoint: ['/bin/agent'] });
-  assert.deepEqual(agent({ type: 'hosted', url: 'https://agent.example.com/run' }), { type: 'hosted', timeoutMs: null, env: {}, url: 'https://agent.example.com/run', method: 'POST', headers: {}, send_env: [] });
+  assert.deepEqual(agent({ type: 'hosted', url: 'https://agent.example.com/run' }), {
+    type: 'hosted',
+    timeoutMs: null,
+    env: {},
+    url: 'https://agent.example.com/run',
+    method: 'POST',
+    headers: {},
+    send_env: [],
+  });
   assert.deepEqual(
-    agent({ type: 'hosted', url: 'http://10.0.0.2:8000/', method: 'PUT', headers: { Authorization: 'Bearer {{secrets.AGENT_KEY}}' }, send_env: ['APP_MODE'], env: { A: 'b' } }),
-    { type: 'hosted', timeoutMs: null, env: { A: 'b' }, url: 'http://10.0.0.2:8000/', method: 'PUT', headers: { Authorization: 'Bearer {{secrets.AGENT_KEY}}' }, send_env: ['APP_MODE'] },
+    agent({
+      type: 'hosted',
+      url: 'http://10.0.0.2:8000/',
+      method: 'PUT',
+      headers: { Authorization: 'Bearer {{secrets.AGENT_KEY}}' },
+      send_env: ['APP_MODE'],
+      env: { A: 'b' },
+    }),
+    {
+      type: 'hosted',
+      timeoutMs: null,
+      env: { A: 'b' },
+      url: 'http://10.0.0.2:8000/',
+      method: 'PUT',
+      headers: { Authorization: 'Bearer {{secrets.AGENT_KEY}}' },
+      send_env: ['APP_MODE'],
+    },
   );
 });
 
@@ -147,7 +244,7 @@ test('malformed YAML and documents that are not mappings are 400s with line and 
   rejects('a: 1\na: 2\n', 'malformed YAML at line 2, column 1: Map keys must be unique');
   rejects('a: 1\n---\nb: 2\n', 'malformed YAML at line 2');
   rejects('a: !custom 1\n', 'malformed YAML at line 1, column 4: Unresolved tag: !custom');
-  rejects('', 'spec: the document must be a YAML mapping of the spec\'s fields, got an empty document');
+  rejects('', "spec: the document must be a YAML mapping of the spec's fields, got an empty document");
   rejects('- 1\n- 2\n', 'got a list');
   rejects('42', 'got a number');
   rejects('"text"', 'got a string');
@@ -167,31 +264,61 @@ test('missing required fields name their path', () => {
 
 test('an unknown invariant type lists the types, and nothing else about that check', () => {
   const message = rejects(withBlocks({ invariants: { tests_pass: { check: { type: 'foo', command: 'x' } } } }));
-  assert.equal(message, 'spec: invariants.tests_pass.check.type: unknown type "foo"; one of command_exit, file_exists, file_absent, file_content, sql, http_mock_assertions, custom, llm_as_judge');
+  assert.equal(
+    message,
+    'spec: invariants.tests_pass.check.type: unknown type "foo"; one of command_exit, file_exists, file_absent, file_content, sql, http_mock_assertions, custom, llm_as_judge',
+  );
 });
 
 test('a check reports only the errors of its own type', () => {
   const message = rejects(withBlocks({ invariants: { t: { check: { type: 'file_exists', command: 'ls' } } } }));
-  assert.equal(message, 'spec: invariants.t.check.path: is required for type: file_exists; invariants.t.check.command: is not a field for type: file_exists; the fields are type, path');
+  assert.equal(
+    message,
+    'spec: invariants.t.check.path: is required for type: file_exists; invariants.t.check.command: is not a field for type: file_exists; the fields are type, path',
+  );
   rejects(withBlocks({ invariants: { t: { check: { type: 'file_content', path: 'a' } } } }), 'invariants.t.check: needs contains or regex');
-  rejects(withBlocks({ invariants: { t: { check: { type: 'file_content', path: 'a', contains: 'x', regex: 'y' } } } }), 'invariants.t.check: takes contains or regex, not both');
-  rejects(withBlocks({ invariants: { t: { check: { type: 'file_content', path: 'a', regex: '(unclosed' } } } }), 'invariants.t.check.regex: must be a valid regular expression');
-  rejects(withBlocks({ invariants: { t: { check: { type: 'llm_as_judge', rubric: 'r', threshold: 1.5 } } } }), 'invariants.t.check.threshold: must be a number from 0 to 1');
+  rejects(
+    withBlocks({ invariants: { t: { check: { type: 'file_content', path: 'a', contains: 'x', regex: 'y' } } } }),
+    'invariants.t.check: takes contains or regex, not both',
+  );
+  rejects(
+    withBlocks({ invariants: { t: { check: { type: 'file_content', path: 'a', regex: '(unclosed' } } } }),
+    'invariants.t.check.regex: must be a valid regular expression',
+  );
+  rejects(
+    withBlocks({ invariants: { t: { check: { type: 'llm_as_judge', rubric: 'r', threshold: 1.5 } } } }),
+    'invariants.t.check.threshold: must be a number from 0 to 1',
+  );
   rejects(withBlocks({ invariants: { t: { check: { type: 'custom', script: '../outside.py' } } } }), 'invariants.t.check.script: names a script file');
   rejects(
-    withBlocks({ services: [{ name: 'm', type: 'http_mock' }], invariants: { t: { check: { type: 'http_mock_assertions', service: 'm', assertions: [{ method: 'GET', path: '/', condition: 'calls > 1' }] } } } }),
+    withBlocks({
+      services: [{ name: 'm', type: 'http_mock' }],
+      invariants: { t: { check: { type: 'http_mock_assertions', service: 'm', assertions: [{ method: 'GET', path: '/', condition: 'calls > 1' }] } } },
+    }),
     'invariants.t.check.assertions[0].condition: must be "request_count <operator> <n>"',
   );
 });
 
 test('forbidden: unknown keys, and each rule without its audit toggle', () => {
-  rejects(withBlocks({ forbidden: { network_calls: [] } }), 'forbidden.network_calls: unknown field; the fields are db_writes_outside, http_except, secrets_in_logs, file_writes_outside');
+  rejects(
+    withBlocks({ forbidden: { network_calls: [] } }),
+    'forbidden.network_calls: unknown field; the fields are db_writes_outside, http_except, secrets_in_logs, file_writes_outside',
+  );
   rejects(withBlocks({ forbidden: { db_writes_outside: ['orders'] } }), 'forbidden.db_writes_outside: needs audit.db_writes: true');
   rejects(withBlocks({ forbidden: { http_except: [] }, audit: { http_calls: false } }), 'forbidden.http_except: needs audit.http_calls: true');
-  rejects(withBlocks({ forbidden: { secrets_in_logs: 'deny' }, audit: { process_spawns: true } }), 'forbidden.secrets_in_logs: needs audit.stdout_capture: true');
-  rejects(withBlocks({ forbidden: { file_writes_outside: ['src'] }, audit: { file_system: { watch: [] } } }), 'forbidden.file_writes_outside: needs a non-empty audit.file_system.watch');
+  rejects(
+    withBlocks({ forbidden: { secrets_in_logs: 'deny' }, audit: { process_spawns: true } }),
+    'forbidden.secrets_in_logs: needs audit.stdout_capture: true',
+  );
+  rejects(
+    withBlocks({ forbidden: { file_writes_outside: ['src'] }, audit: { file_system: { watch: [] } } }),
+    'forbidden.file_writes_outside: needs a non-empty audit.file_system.watch',
+  );
   rejects(withBlocks({ forbidden: { secrets_in_logs: 'allow' }, audit: { stdout_capture: true } }), 'forbidden.secrets_in_logs: must be deny');
-  rejects(withBlocks({ forbidden: { file_writes_outside: ['../up'] }, audit: { file_system: { watch: ['/'] } } }), 'forbidden.file_writes_outside[0]: must be a path prefix');
+  rejects(
+    withBlocks({ forbidden: { file_writes_outside: ['../up'] }, audit: { file_system: { watch: ['/'] } } }),
+    'forbidden.file_writes_outside[0]: must be a path prefix',
+  );
   parseSpec(withBlocks({ forbidden: { file_writes_outside: ['src'] }, audit: { file_system: { watch: ['/'] } } }));
 });
 
@@ -202,12 +329,19 @@ test('durations, sizes, hostnames and globs report at their path', () => {
   rejects(withBlocks({ services: [{ name: 'db', type: 'postgres', wait_for: { timeout: true } }] }), 'services[0].wait_for.timeout: must be a duration');
   rejects(withBlocks({ resources: { memory: 'lots' } }), 'resources.memory: must be a size such as 512Mi');
   rejects(withBlocks({ resources: { disk: 0 } }), 'resources.disk: must be a size');
-  rejects(withBlocks({ network: { egress: { allow: ['ok.example.com', 'api.*.com', 'no spaces'] } } }), 'network.egress.allow[1]: "api.*.com" has * inside; * may only be the whole first label', 'network.egress.allow[2]: "no spaces" has " "');
+  rejects(
+    withBlocks({ network: { egress: { allow: ['ok.example.com', 'api.*.com', 'no spaces'] } } }),
+    'network.egress.allow[1]: "api.*.com" has * inside; * may only be the whole first label',
+    'network.egress.allow[2]: "no spaces" has " "',
+  );
   rejects(withBlocks({ network: { dns_overrides: { 'api.example.com': 'not a host' } } }), 'network.dns_overrides["api.example.com"]: must be a hostname');
   rejects(withBlocks({ network: { dns_overrides: { 'bad_host!': 'mock' } } }), 'network.dns_overrides["bad_host!"]: is not a hostname');
   rejects(withBlocks({ determinism: { dns: { 'db.internal': '10.0.0.999' } } }), 'determinism.dns["db.internal"]: must be an IPv4 or IPv6 address');
   rejects(withBlocks({ determinism: { frozen_time: '2026-01-01T00:00:00' } }), 'determinism.frozen_time: must be an ISO 8601 time');
-  rejects(withBlocks({ alerts: [{ name: 'a', condition: 'pass_rate < 0.5', window: 'last_week', notify: 'email', email_to: ['a@example.com'] }] }), 'alerts[0].window: must be last_<n>_runs or last_<n><s|m|h|d|w>');
+  rejects(
+    withBlocks({ alerts: [{ name: 'a', condition: 'pass_rate < 0.5', window: 'last_week', notify: 'email', email_to: ['a@example.com'] }] }),
+    'alerts[0].window: must be last_<n>_runs or last_<n><s|m|h|d|w>',
+  );
 });
 
 test('parallelism: a matrix that is not a list of maps, replicas out of range', () => {
@@ -223,29 +357,51 @@ test('parallelism: a matrix that is not a list of maps, replicas out of range', 
 
 test('matrix parameters referenced in strings must exist in every entry', () => {
   rejects(withBlocks({ task: { prompt: 'Use {{ params.lang }}' } }), 'task.prompt: refers to params.lang, which parallelism.matrix does not define');
-  rejects(withBlocks({ task: { prompt: 'x' }, setup: { commands: ['echo {{params.lang}}'] }, parallelism: { matrix: [{ lang: 'a' }, { other: 1 }] } }), 'setup.commands[0]: refers to params.lang, which parallelism.matrix[1] does not define');
+  rejects(
+    withBlocks({ task: { prompt: 'x' }, setup: { commands: ['echo {{params.lang}}'] }, parallelism: { matrix: [{ lang: 'a' }, { other: 1 }] } }),
+    'setup.commands[0]: refers to params.lang, which parallelism.matrix[1] does not define',
+  );
   parseSpec(withBlocks({ task: { prompt: 'Use {{ params.lang }} and {{ not_a_param }}' }, parallelism: { matrix: [{ lang: 'go' }] } }));
 });
 
 test('weights and scoring', () => {
   rejects(withBlocks({ invariants: { t: { check: { type: 'file_exists', path: 'a' }, weight: 101 } } }), 'invariants.t.weight: must be a number from 0 to 100');
   rejects(withBlocks({ invariants: { t: { check: { type: 'file_exists', path: 'a' }, weight: -1 } } }), 'invariants.t.weight: must be a number from 0 to 100');
-  rejects(withBlocks({ invariants: { t: { check: { type: 'file_exists', path: 'a' }, weight: 'heavy' } } }), 'invariants.t.weight: must be a number from 0 to 100');
+  rejects(
+    withBlocks({ invariants: { t: { check: { type: 'file_exists', path: 'a' }, weight: 'heavy' } } }),
+    'invariants.t.weight: must be a number from 0 to 100',
+  );
   rejects(
     withBlocks({ invariants: { a: { check: { type: 'file_exists', path: 'a' }, weight: 0 }, b: { check: { type: 'file_absent', path: 'b' }, weight: 0 } } }),
     'invariants: the weights add up to 0; at least one invariant needs a weight above 0',
   );
-  rejects(withBlocks({ scoring: { replica_aggregation: { strategy: 'percentage' } } }), 'scoring.replica_aggregation.min_pass_rate: is required for strategy: percentage');
-  rejects(withBlocks({ scoring: { replica_aggregation: { strategy: 'majority', min_pass_rate: 0.5 } } }), 'scoring.replica_aggregation.min_pass_rate: is used only with strategy: percentage');
-  rejects(withBlocks({ scoring: { replica_aggregation: { strategy: 'percentage', min_pass_rate: 50 } } }), 'scoring.replica_aggregation.min_pass_rate: must be a number from 0 to 1');
-  rejects(withBlocks({ scoring: { pass_threshold: 1.1, replica_aggregation: { strategy: 'best_of' } } }), 'scoring.pass_threshold: must be a number from 0 to 1', 'scoring.replica_aggregation.strategy: must be one of majority, all_must_pass, percentage');
+  rejects(
+    withBlocks({ scoring: { replica_aggregation: { strategy: 'percentage' } } }),
+    'scoring.replica_aggregation.min_pass_rate: is required for strategy: percentage',
+  );
+  rejects(
+    withBlocks({ scoring: { replica_aggregation: { strategy: 'majority', min_pass_rate: 0.5 } } }),
+    'scoring.replica_aggregation.min_pass_rate: is used only with strategy: percentage',
+  );
+  rejects(
+    withBlocks({ scoring: { replica_aggregation: { strategy: 'percentage', min_pass_rate: 50 } } }),
+    'scoring.replica_aggregation.min_pass_rate: must be a number from 0 to 1',
+  );
+  rejects(
+    withBlocks({ scoring: { pass_threshold: 1.1, replica_aggregation: { strategy: 'best_of' } } }),
+    'scoring.pass_threshold: must be a number from 0 to 1',
+    'scoring.replica_aggregation.strategy: must be one of majority, all_must_pass, percentage',
+  );
 });
 
 test('agent: snapshot takes exactly one of snapshot and snapshot_id, and no tag; fields of another type are errors', () => {
   rejects(withBlocks({ agent: { type: 'snapshot', snapshot: 'a', snapshot_id: `snap_${'0f'.repeat(16)}` } }), 'agent: takes snapshot or snapshot_id, not both');
   const neither = rejects(withBlocks({ agent: { type: 'snapshot' } }), 'agent: needs snapshot (an agent name) or snapshot_id (snap_<hex>)');
   assert.ok(!neither.includes('is required'), 'the anyOf branches are not reported one by one');
-  rejects(withBlocks({ agent: { type: 'snapshot', snapshot: 'a', tag: 'stable' } }), 'agent.tag: is not a field for type: snapshot; the fields are type, timeout, env, snapshot, snapshot_id, entrypoint');
+  rejects(
+    withBlocks({ agent: { type: 'snapshot', snapshot: 'a', tag: 'stable' } }),
+    'agent.tag: is not a field for type: snapshot; the fields are type, timeout, env, snapshot, snapshot_id, entrypoint',
+  );
   rejects(withBlocks({ agent: { type: 'snapshot', snapshot_id: 'snap_0f' } }), 'agent.snapshot_id: must be a snapshot id: snap_ and 32 lowercase hex digits');
   rejects(withBlocks({ agent: { type: 'snapshot', snapshot: 'a', entrypoint: [] } }), 'agent.entrypoint: must be a non-empty list of strings');
   rejects(withBlocks({ agent: { type: 'cli', snapshot: 'a' } }), 'agent.command: is required for type: cli', 'agent.snapshot: is not a field for type: cli');
@@ -258,29 +414,78 @@ test('agent: snapshot takes exactly one of snapshot and snapshot_id, and no tag;
 });
 
 test('services, fixtures and exports refer to declared services of the right type', () => {
-  rejects(withBlocks({ services: [{ name: 'db', type: 'postgres' }, { name: 'db', type: 'http_mock' }] }), 'services[1].name: "db" is already the name of services[0]');
-  rejects(withBlocks({ services: [{ type: 'postgres' }, { name: 'db', type: 'postgres' }, { name: 'db', type: 'postgres' }] }), 'services[0].name: is required', 'services[2].name: "db" is already the name of services[1]');
+  rejects(
+    withBlocks({
+      services: [
+        { name: 'db', type: 'postgres' },
+        { name: 'db', type: 'http_mock' },
+      ],
+    }),
+    'services[1].name: "db" is already the name of services[0]',
+  );
+  rejects(
+    withBlocks({ services: [{ type: 'postgres' }, { name: 'db', type: 'postgres' }, { name: 'db', type: 'postgres' }] }),
+    'services[0].name: is required',
+    'services[2].name: "db" is already the name of services[1]',
+  );
   rejects(withBlocks({ services: [{ name: 'DB', type: 'postgres' }] }), 'services[0].name: must be a service name');
   rejects(withBlocks({ services: [{ name: 'db', type: 'redis' }] }), 'services[0].type: unknown type "redis"; one of http_mock, postgres');
   rejects(withBlocks({ services: [{ name: 'db', type: 'postgres', routes: [] }] }), 'services[0].routes: is not a field for type: postgres');
-  rejects(withBlocks({ fixtures: [{ type: 'sql', service: 'db', sql: 'SELECT 1' }] }), 'fixtures[0].service: no postgres service "db" is declared under services');
-  rejects(withBlocks({ services: [{ name: 'db', type: 'http_mock' }], fixtures: [{ type: 'sql', service: 'db', sql: 'SELECT 1' }] }), 'fixtures[0].service: service "db" is http_mock, not postgres');
+  rejects(
+    withBlocks({ fixtures: [{ type: 'sql', service: 'db', sql: 'SELECT 1' }] }),
+    'fixtures[0].service: no postgres service "db" is declared under services',
+  );
+  rejects(
+    withBlocks({ services: [{ name: 'db', type: 'http_mock' }], fixtures: [{ type: 'sql', service: 'db', sql: 'SELECT 1' }] }),
+    'fixtures[0].service: service "db" is http_mock, not postgres',
+  );
   rejects(withBlocks({ fixtures: [{ type: 'drift' }] }), 'fixtures[0]: a drift fixture needs files, delete, sql or routes');
-  rejects(withBlocks({ services: [{ name: 'db', type: 'postgres' }], fixtures: [{ type: 'drift', routes: [{ service: 'db', method: 'GET', path: '/x', response: { status: 200 } }] }] }), 'fixtures[0].routes[0].service: service "db" is postgres, not http_mock');
-  rejects(withBlocks({ fixtures: [{ type: 'drift', files: [{ path: 'a', content: '' }], pick: 0 }] }), 'fixtures[0].pick: must be a whole number of changes, at least 1');
+  rejects(
+    withBlocks({
+      services: [{ name: 'db', type: 'postgres' }],
+      fixtures: [{ type: 'drift', routes: [{ service: 'db', method: 'GET', path: '/x', response: { status: 200 } }] }],
+    }),
+    'fixtures[0].routes[0].service: service "db" is postgres, not http_mock',
+  );
+  rejects(
+    withBlocks({ fixtures: [{ type: 'drift', files: [{ path: 'a', content: '' }], pick: 0 }] }),
+    'fixtures[0].pick: must be a whole number of changes, at least 1',
+  );
   // An override named like a service would send the service's traffic (under its name, allowed) to a real host.
-  rejects(withBlocks({ services: [{ name: 'db', type: 'postgres' }], network: { dns_overrides: { db: 'evil.example.com' } } }), 'network.dns_overrides.db: is the name of services[0]: a service is always reached by its name, which no override may send elsewhere');
+  rejects(
+    withBlocks({ services: [{ name: 'db', type: 'postgres' }], network: { dns_overrides: { db: 'evil.example.com' } } }),
+    'network.dns_overrides.db: is the name of services[0]: a service is always reached by its name, which no override may send elsewhere',
+  );
   rejects(withBlocks({ fixtures: [{ type: 'copy', from: 'relative', to: 'x' }] }), 'fixtures[0].from: must be an absolute path of the image');
   rejects(withBlocks({ teardown: { export: [{ type: 'db_dump', to: 'x.sql' }] } }), 'teardown.export[0].service: is required for type: db_dump');
-  rejects(withBlocks({ teardown: { export: [{ type: 'audit_log', service: 'db', to: 'a' }] } }), 'teardown.export[0].service: is not a field for type: audit_log');
-  rejects(withBlocks({ teardown: { export: [{ type: 'db_dump', service: 'db', to: '../x' }] } }), 'teardown.export[0].service: no postgres service "db"', 'teardown.export[0].to: must be a relative path without ".." segments');
-  rejects(withBlocks({ forbidden: { http_except: ['stripe'] }, audit: { http_calls: true } }), 'forbidden.http_except[0]: no service "stripe" is declared under services');
-  rejects(withBlocks({ invariants: { q: { check: { type: 'sql', service: 'db', query: 'SELECT 1', expected: 1 } } } }), 'invariants.q.check.service: no postgres service "db"');
+  rejects(
+    withBlocks({ teardown: { export: [{ type: 'audit_log', service: 'db', to: 'a' }] } }),
+    'teardown.export[0].service: is not a field for type: audit_log',
+  );
+  rejects(
+    withBlocks({ teardown: { export: [{ type: 'db_dump', service: 'db', to: '../x' }] } }),
+    'teardown.export[0].service: no postgres service "db"',
+    'teardown.export[0].to: must be a relative path without ".." segments',
+  );
+  rejects(
+    withBlocks({ forbidden: { http_except: ['stripe'] }, audit: { http_calls: true } }),
+    'forbidden.http_except[0]: no service "stripe" is declared under services',
+  );
+  rejects(
+    withBlocks({ invariants: { q: { check: { type: 'sql', service: 'db', query: 'SELECT 1', expected: 1 } } } }),
+    'invariants.q.check.service: no postgres service "db"',
+  );
 });
 
 test('network: egress entries by the egress grammar, broad ones only under allow; ingress ports; dns_overrides', () => {
   const egress = (allow: unknown[], def?: string) => withBlocks({ network: { egress: { ...(def && { default: def }), allow } } });
-  assert.deepEqual(parseSpec(egress(['pypi.org', '*.Example.com', 'api.stripe.com:443,8443', '10.0.0.7:5432', 'files.test:8000-8100'])).network.egress.allow, ['pypi.org', '*.Example.com', 'api.stripe.com:443,8443', '10.0.0.7:5432', 'files.test:8000-8100']);
+  assert.deepEqual(parseSpec(egress(['pypi.org', '*.Example.com', 'api.stripe.com:443,8443', '10.0.0.7:5432', 'files.test:8000-8100'])).network.egress.allow, [
+    'pypi.org',
+    '*.Example.com',
+    'api.stripe.com:443,8443',
+    '10.0.0.7:5432',
+    'files.test:8000-8100',
+  ]);
   const message = rejects(
     egress(['*', '*.*', '*.com', '*.co.uk', 'ok.example.com', 'api.*.com', 'a..b.com', 'x.example.com:0', 'x.example.com:70000', '1.2.3', '[::1]:443', 42]),
     'network.egress.allow[0]: "*" matches every host; under egress.default: deny, name the hosts (or set egress.default: allow)',
@@ -302,17 +507,49 @@ test('network: egress entries by the egress grammar, broad ones only under allow
   rejects(egress(['api.*.com'], 'allow'), 'network.egress.allow[0]: "api.*.com" has * inside');
 
   rejects(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 0 }] } } }), 'network.ingress.allow[0].to_port: must be a port from 1 to 65535');
-  rejects(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 65536 }] } } }), 'network.ingress.allow[0].to_port: must be a port from 1 to 65535');
-  rejects(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 80.5 }] } } }), 'network.ingress.allow[0].to_port: must be a port from 1 to 65535');
+  rejects(
+    withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 65536 }] } } }),
+    'network.ingress.allow[0].to_port: must be a port from 1 to 65535',
+  );
+  rejects(
+    withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 80.5 }] } } }),
+    'network.ingress.allow[0].to_port: must be a port from 1 to 65535',
+  );
   rejects(withBlocks({ network: { ingress: { allow: [{ from: 'internet', to_port: 80 }] } } }), 'network.ingress.allow[0].from: must be host');
   rejects(withBlocks({ network: { ingress: { allow: [{ to_port: 80 }] } } }), 'network.ingress.allow[0].from: is required');
-  rejects(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 80 }, { from: 'host', to_port: 80 }] } } }), 'network.ingress.allow[1].to_port: port 80 is already published by network.ingress.allow[0]');
-  assert.deepEqual(parseSpec(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 65535 }] } } })).network.ingress, { default: 'deny', allow: [{ from: 'host', toPort: 65535 }] });
+  rejects(
+    withBlocks({
+      network: {
+        ingress: {
+          allow: [
+            { from: 'host', to_port: 80 },
+            { from: 'host', to_port: 80 },
+          ],
+        },
+      },
+    }),
+    'network.ingress.allow[1].to_port: port 80 is already published by network.ingress.allow[0]',
+  );
+  assert.deepEqual(parseSpec(withBlocks({ network: { ingress: { allow: [{ from: 'host', to_port: 65535 }] } } })).network.ingress, {
+    default: 'deny',
+    allow: [{ from: 'host', toPort: 65535 }],
+  });
 
-  rejects(withBlocks({ network: { dns_overrides: { '10.0.0.1': 'payments' } } }), 'network.dns_overrides["10.0.0.1"]: the name "10.0.0.1" is not a valid IPv4 address');
-  rejects(withBlocks({ network: { dns_overrides: { 'api.example.com': '10.0.0.1' } } }), 'network.dns_overrides["api.example.com"]: the replacement "10.0.0.1" is not a valid IPv4 address');
-  rejects(withBlocks({ network: { dns_overrides: { 'api.example.com': 'payments', 'API.example.com': 'other' } } }), 'network.dns_overrides["API.example.com"]: is the same name as "api.example.com"');
-  assert.deepEqual(parseSpec(withBlocks({ network: { dns_overrides: { 'API.Stripe.com': 'Payments' } } })).network.dnsOverrides, { 'api.stripe.com': 'payments' });
+  rejects(
+    withBlocks({ network: { dns_overrides: { '10.0.0.1': 'payments' } } }),
+    'network.dns_overrides["10.0.0.1"]: the name "10.0.0.1" is not a valid IPv4 address',
+  );
+  rejects(
+    withBlocks({ network: { dns_overrides: { 'api.example.com': '10.0.0.1' } } }),
+    'network.dns_overrides["api.example.com"]: the replacement "10.0.0.1" is not a valid IPv4 address',
+  );
+  rejects(
+    withBlocks({ network: { dns_overrides: { 'api.example.com': 'payments', 'API.example.com': 'other' } } }),
+    'network.dns_overrides["API.example.com"]: is the same name as "api.example.com"',
+  );
+  assert.deepEqual(parseSpec(withBlocks({ network: { dns_overrides: { 'API.Stripe.com': 'Payments' } } })).network.dnsOverrides, {
+    'api.stripe.com': 'payments',
+  });
 });
 
 test('secrets: a brokered secret {source, inject: {hosts, header, format?}}', () => {
@@ -320,13 +557,23 @@ test('secrets: a brokered secret {source, inject: {hosts, header, format?}}', ()
   const doc = parseSpec(brokered({ hosts: ['api.example.com', '*.Example.org'], header: 'X-Api-Key' }, 'env:HOST_KEY'));
   assert.deepEqual(doc.secrets, { KEY: 'env:HOST_KEY' }, 'secrets keeps name -> source for every secret');
   assert.deepEqual(doc.brokered, { KEY: { hosts: ['api.example.com', '*.example.org'], header: 'X-Api-Key', format: '{value}' } });
-  assert.deepEqual(parseSpec(brokered({ hosts: ['10.0.0.7'], header: 'Authorization', format: 'Bearer {value}' })).brokered.KEY, { hosts: ['10.0.0.7'], header: 'Authorization', format: 'Bearer {value}' });
+  assert.deepEqual(parseSpec(brokered({ hosts: ['10.0.0.7'], header: 'Authorization', format: 'Bearer {value}' })).brokered.KEY, {
+    hosts: ['10.0.0.7'],
+    header: 'Authorization',
+    format: 'Bearer {value}',
+  });
 
   rejects(brokered({ hosts: ['api.example.com'], header: 'Authorization' }, 'vault:x'), 'secrets.KEY.source: must be dashboard, env, env:<NAME>');
   rejects(withBlocks({ secrets: { KEY: { source: 'dashboard' } } }), 'secrets.KEY.inject: is required');
   rejects(withBlocks({ secrets: { KEY: { inject: { hosts: ['a.example.com'], header: 'A' } } } }), 'secrets.KEY.source: is required');
-  rejects(withBlocks({ secrets: { KEY: { source: 'dashboard', inject: { hosts: ['a.example.com'], header: 'A' }, extra: 1 } } }), 'secrets.KEY.extra: unknown field; the fields are source, inject');
-  rejects(withBlocks({ secrets: { KEY: 42 } }), 'secrets.KEY: must be a source (dashboard, env, env:<NAME>, file:<absolute path>, command:<cmd>) or a mapping {source, inject');
+  rejects(
+    withBlocks({ secrets: { KEY: { source: 'dashboard', inject: { hosts: ['a.example.com'], header: 'A' }, extra: 1 } } }),
+    'secrets.KEY.extra: unknown field; the fields are source, inject',
+  );
+  rejects(
+    withBlocks({ secrets: { KEY: 42 } }),
+    'secrets.KEY: must be a source (dashboard, env, env:<NAME>, file:<absolute path>, command:<cmd>) or a mapping {source, inject',
+  );
   rejects(brokered({ header: 'Authorization' }), 'secrets.KEY.inject.hosts: is required');
   rejects(brokered({ hosts: [], header: 'Authorization' }), 'secrets.KEY.inject.hosts: must be a non-empty list of hostnames or *.example.com globs');
   rejects(brokered({ hosts: ['api.example.com'] }), 'secrets.KEY.inject.header: is required');
@@ -335,7 +582,10 @@ test('secrets: a brokered secret {source, inject: {hosts, header, format?}}', ()
   rejects(brokered({ hosts: ['*.co.uk'], header: 'A' }), 'secrets.KEY.inject.hosts[0]: "*.co.uk" is too broad: co.uk is a public suffix');
   rejects(brokered({ hosts: ['api.*.com'], header: 'A' }), 'secrets.KEY.inject.hosts[0]: "api.*.com" has * inside');
   // Broad hosts stay refused for a credential even when egress is open.
-  rejects(withBlocks({ secrets: { KEY: { source: 'dashboard', inject: { hosts: ['*.com'], header: 'A' } } }, network: { egress: { default: 'allow' } } }), 'secrets.KEY.inject.hosts[0]: "*.com" is too broad');
+  rejects(
+    withBlocks({ secrets: { KEY: { source: 'dashboard', inject: { hosts: ['*.com'], header: 'A' } } }, network: { egress: { default: 'allow' } } }),
+    'secrets.KEY.inject.hosts[0]: "*.com" is too broad',
+  );
   rejects(brokered({ hosts: ['api.example.com'], header: 'Bad Header' }), 'secrets.KEY.inject.header: must be an HTTP header name such as Authorization');
   rejects(brokered({ hosts: ['api.example.com'], header: 'Authorization:' }), 'secrets.KEY.inject.header: must be an HTTP header name');
   for (const header of ['Host', 'content-length', 'Transfer-Encoding', 'Connection', 'Proxy-Authorization']) {
@@ -344,13 +594,19 @@ test('secrets: a brokered secret {source, inject: {hosts, header, format?}}', ()
   for (const format of ['Bearer', 'Bearer {value} {value}', '{value}\r\nX-Injected: 1', '', 'Bearer {VALUE}']) {
     rejects(brokered({ hosts: ['api.example.com'], header: 'Authorization', format }), 'secrets.KEY.inject.format: must contain {value} exactly once');
   }
-  assert.equal(parseSpec(brokered({ hosts: ['api.example.com'], header: 'Authorization', format: 'token={value};\tv=1' })).brokered.KEY!.format, 'token={value};\tv=1');
+  assert.equal(
+    parseSpec(brokered({ hosts: ['api.example.com'], header: 'Authorization', format: 'token={value};\tv=1' })).brokered.KEY!.format,
+    'token={value};\tv=1',
+  );
 });
 
 test('forbidden.http_except: declared services, hostnames and globs', () => {
   const except = (list: unknown[], extra: Doc = {}) => withBlocks({ forbidden: { http_except: list }, audit: { http_calls: true }, ...extra });
   assert.deepEqual(parseSpec(except(['api.example.com', '*.example.org', '10.0.0.7'])).forbidden.http_except, ['api.example.com', '*.example.org', '10.0.0.7']);
-  assert.deepEqual(parseSpec(except(['payments', 'api.example.com'], { services: [{ name: 'payments', type: 'http_mock' }] })).forbidden.http_except, ['payments', 'api.example.com']);
+  assert.deepEqual(parseSpec(except(['payments', 'api.example.com'], { services: [{ name: 'payments', type: 'http_mock' }] })).forbidden.http_except, [
+    'payments',
+    'api.example.com',
+  ]);
   rejects(except(['stripe']), 'forbidden.http_except[0]: no service "stripe" is declared under services');
   rejects(except(['api.*.com']), 'forbidden.http_except[0]: must be a service name of the spec, a hostname such as api.example.com or a glob');
   rejects(except(['api.example.com:443']), 'forbidden.http_except[0]: must be a service name of the spec');
@@ -363,12 +619,29 @@ test('setup, secrets and alerts', () => {
   rejects(withBlocks({ setup: { files: [{ path: 'a', content: 'x', mode: 644 }] } }), 'setup.files[0].mode: must be an octal file mode in quotes');
   rejects(withBlocks({ setup: { files: [{ path: 'a' }] } }), 'setup.files[0].content: is required');
   rejects(withBlocks({ setup: { commands: 'make' } }), 'setup.commands: must be a list of command strings');
-  rejects(withBlocks({ secrets: { 'BAD-NAME': 'dashboard', OK: 'vault:x' } }), 'secrets.BAD-NAME: is not a valid secret name', 'secrets.OK: must be dashboard, env, env:<NAME>');
+  rejects(
+    withBlocks({ secrets: { 'BAD-NAME': 'dashboard', OK: 'vault:x' } }),
+    'secrets.BAD-NAME: is not a valid secret name',
+    'secrets.OK: must be dashboard, env, env:<NAME>',
+  );
   rejects(withBlocks({ alerts: [{ name: 'a', condition: 'pass_rate < 0.5', notify: 'slack' }] }), 'alerts[0].slack_channel: is required for notify: slack');
-  rejects(withBlocks({ alerts: [{ name: 'a', condition: 'pass_rate < 0.5', notify: 'webhook', webhook_url: 'https://x', slack_channel: '#a' }] }), 'alerts[0].slack_channel: is not a field for notify: webhook');
-  rejects(withBlocks({ alerts: [{ name: 'a', condition: 'happiness > 3', notify: 'email', email_to: ['x@example.com'] }] }), 'alerts[0].condition: must be "<metric> <operator> <number>"');
-  rejects(withBlocks({ alerts: [{ name: 'a', condition: 'pass_rate < 0.5', notify: 'email', email_to: [] }] }), 'alerts[0].email_to: must be a non-empty list of email addresses');
-  rejects(withBlocks({ alerts: [{ condition: 'pass_rate < 0.5', notify: 'pager' }] }), 'alerts[0].name: is required', 'alerts[0].notify: must be one of slack, webhook, email');
+  rejects(
+    withBlocks({ alerts: [{ name: 'a', condition: 'pass_rate < 0.5', notify: 'webhook', webhook_url: 'https://x', slack_channel: '#a' }] }),
+    'alerts[0].slack_channel: is not a field for notify: webhook',
+  );
+  rejects(
+    withBlocks({ alerts: [{ name: 'a', condition: 'happiness > 3', notify: 'email', email_to: ['x@example.com'] }] }),
+    'alerts[0].condition: must be "<metric> <operator> <number>"',
+  );
+  rejects(
+    withBlocks({ alerts: [{ name: 'a', condition: 'pass_rate < 0.5', notify: 'email', email_to: [] }] }),
+    'alerts[0].email_to: must be a non-empty list of email addresses',
+  );
+  rejects(
+    withBlocks({ alerts: [{ condition: 'pass_rate < 0.5', notify: 'pager' }] }),
+    'alerts[0].name: is required',
+    'alerts[0].notify: must be one of slack, webhook, email',
+  );
 });
 
 test('unknown fields are reported at every level', () => {
@@ -410,12 +683,41 @@ test('several problems in one document are all listed, once each', () => {
 test('odd YAML never fails with anything but a 400', () => {
   const deepList = `${'['.repeat(5000)}${']'.repeat(5000)}`;
   const deepMap = Array.from({ length: 2000 }, (_, i) => `${' '.repeat(i)}k:`).join('\n') + ' 1';
-  const laughs = ['a: &a [x, x, x, x, x, x, x, x, x]', ...Array.from({ length: 8 }, (_, i) => `${'bcdefghi'[i]}: &${'bcdefghi'[i]} [${Array(9).fill(`*${'abcdefgh'[i]}`).join(', ')}]`)].join('\n');
-  const texts = ['~', 'null', '[]', '{}', '42', '"str"', 'true', ':', '{', '\t', '\u0000', '\uFEFFversion: 1', '? [a, b]\n: 1', '&x [*x]', 'a: !!binary aGk=', deepList, deepMap, laughs, `task: ${'x'.repeat(100_000)}`];
+  const laughs = [
+    'a: &a [x, x, x, x, x, x, x, x, x]',
+    ...Array.from({ length: 8 }, (_, i) => `${'bcdefghi'[i]}: &${'bcdefghi'[i]} [${Array(9).fill(`*${'abcdefgh'[i]}`).join(', ')}]`),
+  ].join('\n');
+  const texts = [
+    '~',
+    'null',
+    '[]',
+    '{}',
+    '42',
+    '"str"',
+    'true',
+    ':',
+    '{',
+    '\t',
+    '\u0000',
+    '\uFEFFversion: 1',
+    '? [a, b]\n: 1',
+    '&x [*x]',
+    'a: !!binary aGk=',
+    deepList,
+    deepMap,
+    laughs,
+    `task: ${'x'.repeat(100_000)}`,
+  ];
   for (const text of texts) rejects(text);
   // An alias inside its own anchor is a loop, not a document: it alone is reported.
-  assert.equal(rejects(`${stringify(minimal())}setup: &s {files: [*s]}\n`), 'spec: setup.files[0]: refers to itself through a YAML alias; a spec must be a tree');
-  assert.equal(rejects(`${stringify(minimal())}parallelism: &p {matrix: [*p]}\n`), 'spec: parallelism.matrix[0]: refers to itself through a YAML alias; a spec must be a tree');
+  assert.equal(
+    rejects(`${stringify(minimal())}setup: &s {files: [*s]}\n`),
+    'spec: setup.files[0]: refers to itself through a YAML alias; a spec must be a tree',
+  );
+  assert.equal(
+    rejects(`${stringify(minimal())}parallelism: &p {matrix: [*p]}\n`),
+    'spec: parallelism.matrix[0]: refers to itself through a YAML alias; a spec must be a tree',
+  );
   // Aliases that do not loop are fine.
   assert.deepEqual(parseSpec(`${stringify(minimal())}setup: {env: &e {A: x}}\nagent: {type: image, env: *e}\n`).agent?.env, { A: 'x' });
 });
@@ -425,7 +727,8 @@ test('the schema: editors can use it, every field is described, and it agrees wi
   assert.equal(SPEC_JSON_SCHEMA.$id, 'https://svc.dev/schemas/spec/v1.json');
   assert.equal(SPEC_JSON_SCHEMA.$schema, 'http://json-schema.org/draft-07/schema#');
   const definitions = SPEC_JSON_SCHEMA.definitions as Record<string, Doc>;
-  const described = (node: Doc) => typeof node.description === 'string' || (typeof node.$ref === 'string' && typeof definitions[node.$ref.split('/').pop()!]?.description === 'string');
+  const described = (node: Doc) =>
+    typeof node.description === 'string' || (typeof node.$ref === 'string' && typeof definitions[node.$ref.split('/').pop()!]?.description === 'string');
   const undescribed: string[] = [];
   const open: string[] = [];
   const walk = (node: unknown, where: string) => {
@@ -438,7 +741,8 @@ test('the schema: editors can use it, every field is described, and it agrees wi
     if (schema.properties && !schema.allOf) {
       // Blocks with variants (allOf of if/then) close each variant instead.
       if (schema.additionalProperties !== false) open.push(where);
-      for (const [name, prop] of Object.entries(schema.properties as Record<string, Doc>)) if (!described(prop)) undescribed.push(`${where}/properties/${name}`);
+      for (const [name, prop] of Object.entries(schema.properties as Record<string, Doc>))
+        if (!described(prop)) undescribed.push(`${where}/properties/${name}`);
     }
     for (const [key, child] of Object.entries(schema)) if (key !== 'if' && key !== 'else' && key !== 'properties') walk(child, `${where}/${key}`);
     if (schema.properties) for (const [name, child] of Object.entries(schema.properties as Doc)) walk(child, `${where}/properties/${name}`);
@@ -449,7 +753,21 @@ test('the schema: editors can use it, every field is described, and it agrees wi
 
   // parseSpec and editors show a node's errorMessage when one of its value rules fails.
   const unexplained: string[] = [];
-  const VALUE_RULES = ['type', 'pattern', 'format', 'minimum', 'maximum', 'exclusiveMinimum', 'minLength', 'maxLength', 'minItems', 'maxItems', 'minProperties', 'not', 'anyOf'];
+  const VALUE_RULES = [
+    'type',
+    'pattern',
+    'format',
+    'minimum',
+    'maximum',
+    'exclusiveMinimum',
+    'minLength',
+    'maxLength',
+    'minItems',
+    'maxItems',
+    'minProperties',
+    'not',
+    'anyOf',
+  ];
   const explain = (node: unknown, where: string, inIf: boolean) => {
     if (Array.isArray(node)) {
       for (const [i, n] of node.entries()) explain(n, `${where}/${i}`, inIf);
@@ -483,13 +801,18 @@ test('the schema: editors can use it, every field is described, and it agrees wi
   const [, postgres] = variants(definitions.service);
   assert.equal(parseDuration(props(postgres.wait_for).timeout.default as string), SPEC_DEFAULTS.waitForTimeoutMs);
   // No default version: the runner's newest installed one.
-  assert.deepEqual([postgres.version.default, postgres.database.default, postgres.user.default], [undefined, SPEC_DEFAULTS.postgresDatabase, SPEC_DEFAULTS.postgresUser]);
+  assert.deepEqual(
+    [postgres.version.default, postgres.database.default, postgres.user.default],
+    [undefined, SPEC_DEFAULTS.postgresDatabase, SPEC_DEFAULTS.postgresUser],
+  );
   assert.equal(props(props(definitions.brokeredSecret).inject).format.default, SPEC_DEFAULTS.brokeredFormat);
 });
 
 test('YAML values round-trip as the document says', () => {
   // Quoted octal modes, flow and block styles, and a block-scalar script path all normalise.
-  const doc = parseSpec(`${stringify(minimal())}setup:\n  files:\n    - path: run.sh\n      content: |\n        #!/bin/sh\n        echo hi\n      mode: "755"\n`);
+  const doc = parseSpec(
+    `${stringify(minimal())}setup:\n  files:\n    - path: run.sh\n      content: |\n        #!/bin/sh\n        echo hi\n      mode: "755"\n`,
+  );
   assert.deepEqual(doc.setup.files, [{ path: 'run.sh', content: '#!/bin/sh\necho hi\n', mode: 0o755 }]);
   assert.deepEqual(parseYaml(stringify(doc.raw)), doc.raw);
 });
@@ -498,28 +821,62 @@ test('files take encoding: base64 (setup, drift, grader), decoded to their bytes
   const bytes = Buffer.from([0x00, 0x01, 0xff]);
   const doc = parseSpec(
     withBlocks({
-      setup: { files: [{ path: 'bin.dat', content: bytes.toString('base64'), encoding: 'base64', mode: '0777' }, { path: 'text.txt', content: 'AAH/', encoding: 'utf8' }] },
+      setup: {
+        files: [
+          { path: 'bin.dat', content: bytes.toString('base64'), encoding: 'base64', mode: '0777' },
+          { path: 'text.txt', content: 'AAH/', encoding: 'utf8' },
+        ],
+      },
       fixtures: [{ type: 'drift', files: [{ path: 'drift.dat', content: 'AA\n  H/\n', encoding: 'base64' }] }],
-      grader: { files: [{ path: '/workspace/tests/test_hidden.py', content: 'assert True\n' }, { path: 'tests/blob', content: '/w==', encoding: 'base64', mode: '0600' }] },
+      grader: {
+        files: [
+          { path: '/workspace/tests/test_hidden.py', content: 'assert True\n' },
+          { path: 'tests/blob', content: '/w==', encoding: 'base64', mode: '0600' },
+        ],
+      },
     }),
   );
-  assert.deepEqual(doc.setup.files, [{ path: 'bin.dat', content: bytes, mode: 0o777 }, { path: 'text.txt', content: 'AAH/', mode: 0o644 }]);
+  assert.deepEqual(doc.setup.files, [
+    { path: 'bin.dat', content: bytes, mode: 0o777 },
+    { path: 'text.txt', content: 'AAH/', mode: 0o644 },
+  ]);
   assert.deepEqual((doc.fixtures[0] as { files: unknown }).files, [{ path: 'drift.dat', content: bytes, mode: 0o644 }], 'whitespace in base64 is allowed');
-  assert.deepEqual(doc.grader, { files: [{ path: '/workspace/tests/test_hidden.py', content: 'assert True\n', mode: 0o644 }, { path: 'tests/blob', content: Buffer.from([0xff]), mode: 0o600 }], bundles: [] });
+  assert.deepEqual(doc.grader, {
+    files: [
+      { path: '/workspace/tests/test_hidden.py', content: 'assert True\n', mode: 0o644 },
+      { path: 'tests/blob', content: Buffer.from([0xff]), mode: 0o600 },
+    ],
+    bundles: [],
+  });
   assert.deepEqual(parseSpec(withBlocks({})).grader, { files: [], bundles: [] });
 
   rejects(withBlocks({ setup: { files: [{ path: 'a', content: 'not base64!', encoding: 'base64' }] } }), 'setup.files[0].content: is not valid base64');
   rejects(withBlocks({ setup: { files: [{ path: 'a', content: 'AAE', encoding: 'base64' }] } }), 'setup.files[0].content: is not valid base64');
   rejects(withBlocks({ grader: { files: [{ path: 'a', content: 'x', encoding: 'hex' }] } }), 'grader.files[0].encoding: must be one of utf8, base64');
-  rejects(withBlocks({ fixtures: [{ type: 'drift', files: [{ path: 'a', content: '***', encoding: 'base64' }] }] }), 'fixtures[0].files[0].content: is not valid base64');
+  rejects(
+    withBlocks({ fixtures: [{ type: 'drift', files: [{ path: 'a', content: '***', encoding: 'base64' }] }] }),
+    'fixtures[0].files[0].content: is not valid base64',
+  );
   rejects(withBlocks({ grader: { files: [{ path: '../x', content: 'x' }] } }), 'grader.files[0].path: must be a path in the workspace');
   rejects(withBlocks({ grader: { tests: [] } }), 'grader.tests: unknown field');
 });
 
 test('agent.workdir: an absolute directory for command agents, not a field of hosted ones', () => {
   const agent = (a: Doc) => parseSpec(withBlocks({ agent: a })).agent;
-  assert.deepEqual(agent({ type: 'cli', command: 'make', workdir: '/workspace/src' }), { type: 'cli', timeoutMs: null, env: {}, command: 'make', workdir: '/workspace/src' });
-  assert.deepEqual(agent({ type: 'snapshot', snapshot: 'a', workdir: '/workspace' }), { type: 'snapshot', timeoutMs: null, env: {}, snapshot: 'a', workdir: '/workspace' });
+  assert.deepEqual(agent({ type: 'cli', command: 'make', workdir: '/workspace/src' }), {
+    type: 'cli',
+    timeoutMs: null,
+    env: {},
+    command: 'make',
+    workdir: '/workspace/src',
+  });
+  assert.deepEqual(agent({ type: 'snapshot', snapshot: 'a', workdir: '/workspace' }), {
+    type: 'snapshot',
+    timeoutMs: null,
+    env: {},
+    snapshot: 'a',
+    workdir: '/workspace',
+  });
   assert.deepEqual(agent({ type: 'image', workdir: '/' }), { type: 'image', timeoutMs: null, env: {}, workdir: '/' });
   rejects(withBlocks({ agent: { type: 'cli', command: 'make', workdir: 'src' } }), 'agent.workdir: must be an absolute path in the sandbox');
   rejects(withBlocks({ agent: { type: 'cli', command: 'make', workdir: '/workspace/../etc' } }), 'agent.workdir: must be an absolute path in the sandbox');
@@ -540,8 +897,22 @@ test('commands and environment variables past 128 KiB are refused at upload, nam
 
 test('odd values at the paths of grader, encoding and workdir are 400s or valid, never a crash', () => {
   const odd = ['null', '[]', '{}', '42', '-1', '""', '"str"', 'true', '.nan', '"{{ params.nope }}"', '"/"', '"==="'];
-  const paths = ['grader', 'grader.files', 'grader.files.0', 'grader.files.0.content', 'grader.files.0.encoding', 'grader.files.0.mode', 'setup.files.0.encoding', 'agent.workdir'];
-  const base = () => ({ ...minimal(), agent: { type: 'cli', command: 'x', workdir: '/w' }, setup: { files: [{ path: 'a', content: 'AA==', encoding: 'base64' }] }, grader: { files: [{ path: 'g', content: '/w==', encoding: 'base64' }] } });
+  const paths = [
+    'grader',
+    'grader.files',
+    'grader.files.0',
+    'grader.files.0.content',
+    'grader.files.0.encoding',
+    'grader.files.0.mode',
+    'setup.files.0.encoding',
+    'agent.workdir',
+  ];
+  const base = () => ({
+    ...minimal(),
+    agent: { type: 'cli', command: 'x', workdir: '/w' },
+    setup: { files: [{ path: 'a', content: 'AA==', encoding: 'base64' }] },
+    grader: { files: [{ path: 'g', content: '/w==', encoding: 'base64' }] },
+  });
   for (const where of paths) {
     for (const value of odd) {
       const doc = base() as Record<string, any>;
@@ -561,7 +932,9 @@ test('odd values at the paths of grader, encoding and workdir are 400s or valid,
 test('task-file bundles (setup, grader) and build.context parse with their defaults; specBundles lists each with its path; bad digests, fields and a build with neither dockerfile nor context are 400s naming the field', () => {
   const a = 'sha256:' + 'a'.repeat(64);
   const b = 'sha256:' + 'b'.repeat(64);
-  const doc = parseSpec(withBlocks({ build: { context: a }, setup: { bundles: [{ digest: b, to: '/workspace/task' }] }, grader: { bundles: [{ digest: a, to: '.grader' }] } }));
+  const doc = parseSpec(
+    withBlocks({ build: { context: a }, setup: { bundles: [{ digest: b, to: '/workspace/task' }] }, grader: { bundles: [{ digest: a, to: '.grader' }] } }),
+  );
   assert.deepEqual(doc.build, { dockerfile: null, context: a, file: 'Dockerfile' });
   assert.deepEqual(doc.setup.bundles, [{ digest: b, to: '/workspace/task' }]);
   assert.deepEqual(doc.grader, { files: [], bundles: [{ digest: a, to: '.grader' }] });

@@ -10,7 +10,11 @@ import { SqlError, fromEngineError } from '../../services/api/sql/sql-errors.ts'
 import { nativeForRevision, parseType } from '../../services/api/sql/native.ts';
 
 const refusedWith = (sql: string, code: number) => () =>
-  assert.throws(() => checkQuery(sql), (err: unknown) => err instanceof SqlError && err.code === code, sql);
+  assert.throws(
+    () => checkQuery(sql),
+    (err: unknown) => err instanceof SqlError && err.code === code,
+    sql,
+  );
 
 test('reads are allowed; the FORMAT clause is found, not a column named format', () => {
   assert.deepEqual(checkQuery('SELECT 1'), { format: null });
@@ -22,14 +26,26 @@ test('reads are allowed; the FORMAT clause is found, not a column named format',
   for (const sql of ['SHOW TABLES', 'DESCRIBE TABLE trace_events', 'DESC otel_traces', 'EXPLAIN SELECT 1', 'EXISTS TABLE t']) checkQuery(sql);
   // Words in strings, quoted identifiers used as columns, and comments are not calls.
   checkQuery("SELECT 'file(x)', \"url\" FROM t -- file('/etc/passwd')\n");
-  checkQuery("SELECT 1 /* s3( /* nested */ remote( */");
+  checkQuery('SELECT 1 /* s3( /* nested */ remote( */');
   checkQuery("SELECT $$ file('/x') $$, $tag$it's$tag$");
   checkQuery("SELECT 1 # url('x')\n");
   checkQuery("SELECT 'it''s', 'a\\'b', numbers FROM numbers(10)");
 });
 
 test('writes, state changes, several statements, file and network access are refused', () => {
-  for (const sql of ['INSERT INTO t VALUES (1)', 'create table t (a UInt8) engine = Memory', 'DROP TABLE t', 'ALTER TABLE t DELETE WHERE 1', 'TRUNCATE t', 'SYSTEM FLUSH LOGS', 'KILL QUERY WHERE 1', 'OPTIMIZE TABLE t', 'SET readonly = 0', 'USE system', '(INSERT INTO t VALUES (1))']) {
+  for (const sql of [
+    'INSERT INTO t VALUES (1)',
+    'create table t (a UInt8) engine = Memory',
+    'DROP TABLE t',
+    'ALTER TABLE t DELETE WHERE 1',
+    'TRUNCATE t',
+    'SYSTEM FLUSH LOGS',
+    'KILL QUERY WHERE 1',
+    'OPTIMIZE TABLE t',
+    'SET readonly = 0',
+    'USE system',
+    '(INSERT INTO t VALUES (1))',
+  ]) {
     refusedWith(sql, 164)();
   }
   refusedWith('SELECT 1; DROP TABLE t', 62)();
@@ -38,7 +54,7 @@ test('writes, state changes, several statements, file and network access are ref
     "SELECT * FROM file('/etc/passwd')",
     "SELECT * FROM FILE ('/etc/passwd')",
     "SELECT * FROM `file`('/etc/passwd')",
-    "SELECT * FROM \"file\"('/etc/passwd')",
+    'SELECT * FROM "file"(\'/etc/passwd\')',
     "SELECT * FROM file/* c */('/etc/passwd')",
     "SELECT file('/etc/passwd')",
     "SELECT arrayMap(x -> file(x), ['/etc/passwd'])",
@@ -59,7 +75,10 @@ test('writes, state changes, several statements, file and network access are ref
 });
 
 test("engine errors lose chDB's nesting; the status follows ClickHouse's mapping", () => {
-  const err = fromEngineError(73, 'Code: 73. DB::Exception: Code: 73. DB::Exception: Unknown format Nope. (UNKNOWN_FORMAT) (version 26.7.2.1). (UNKNOWN_FORMAT)');
+  const err = fromEngineError(
+    73,
+    'Code: 73. DB::Exception: Code: 73. DB::Exception: Unknown format Nope. (UNKNOWN_FORMAT) (version 26.7.2.1). (UNKNOWN_FORMAT)',
+  );
   assert.equal(err.text(), 'Code: 73. DB::Exception: Unknown format Nope. (UNKNOWN_FORMAT)\n');
   assert.equal(err.status, 404);
   assert.equal(fromEngineError(159, 'Code: 159. DB::Exception: Timeout exceeded: elapsed 2000.1 ms, maximum: 2000 ms. (TIMEOUT_EXCEEDED)').status, 400);
@@ -67,7 +86,10 @@ test("engine errors lose chDB's nesting; the status follows ClickHouse's mapping
 });
 
 test('type names split at their top-level commas', () => {
-  assert.deepEqual(parseType("Map(LowCardinality(String), Array(Tuple(a String, b Enum8('x,y' = 1))))"), { name: 'Map', args: ['LowCardinality(String)', "Array(Tuple(a String, b Enum8('x,y' = 1)))"] });
+  assert.deepEqual(parseType("Map(LowCardinality(String), Array(Tuple(a String, b Enum8('x,y' = 1))))"), {
+    name: 'Map',
+    args: ['LowCardinality(String)', "Array(Tuple(a String, b Enum8('x,y' = 1)))"],
+  });
   assert.deepEqual(parseType('String'), { name: 'String', args: [] });
 });
 
@@ -94,8 +116,11 @@ test('Native framed for a client revision: block info and a flag byte per column
     const empty = Buffer.from((await session.queryAsync('SELECT 1 AS x WHERE 0', { format: 'Native' })).bytes());
     assert.equal(nativeForRevision(empty, 54460).length, empty.length === 0 ? 0 : empty.length + 8 + 1);
     // A type it cannot walk is a clear error.
-    const dynamic = Buffer.from((await session.queryAsync("SELECT 1::Dynamic AS x", { format: 'Native' })).bytes());
-    assert.throws(() => nativeForRevision(dynamic, 54460), (err: unknown) => err instanceof SqlError && err.code === 48 && /Dynamic/.test(err.message));
+    const dynamic = Buffer.from((await session.queryAsync('SELECT 1::Dynamic AS x', { format: 'Native' })).bytes());
+    assert.throws(
+      () => nativeForRevision(dynamic, 54460),
+      (err: unknown) => err instanceof SqlError && err.code === 48 && /Dynamic/.test(err.message),
+    );
   } finally {
     session.close();
     rmSync(dir, { recursive: true, force: true });

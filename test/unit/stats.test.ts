@@ -199,11 +199,19 @@ describe('compare', () => {
       wall_ms: wall(i),
       violations,
     }));
-  const side = (id: string, facts: RunFact[], traces = new Map<string, RunTraceStats>()): CompareSide => ({ experiment_id: id, runs: facts, traces, aggregation: { strategy: 'majority' } });
+  const side = (id: string, facts: RunFact[], traces = new Map<string, RunTraceStats>()): CompareSide => ({
+    experiment_id: id,
+    runs: facts,
+    traces,
+    aggregation: { strategy: 'majority' },
+  });
   const wobble = (base: number) => (i: number) => base + (i % 3) * 5;
 
   test('scenarios pair by parameters whatever their order; a regressed scenario and pass_rate are named; unpaired are apart', () => {
-    const baseline = side('exp-b', [...runs('b', 0, { lang: 'go', size: 1 }, 'PPPPPPPPPP', wobble(100)), ...runs('b', 1, { lang: 'py', size: 1 }, 'PPPPPPPPPP', wobble(100))]);
+    const baseline = side('exp-b', [
+      ...runs('b', 0, { lang: 'go', size: 1 }, 'PPPPPPPPPP', wobble(100)),
+      ...runs('b', 1, { lang: 'py', size: 1 }, 'PPPPPPPPPP', wobble(100)),
+    ]);
     const candidate = side('exp-c', [
       ...runs('c', 0, { size: 1, lang: 'py' }, 'PPPPPPPPPP', wobble(100)),
       ...runs('c', 1, { size: 1, lang: 'go' }, 'FFFFFFFFFF', wobble(100)),
@@ -253,7 +261,10 @@ describe('compare', () => {
     assert.deepEqual(three.regressions, ['pass_rate', 'scenario {}']);
     assert.deepEqual(three.untested_regressions, ['pass_rate', 'scenario {}']);
     // Equal wall times on both sides: tested, no regression.
-    assert.deepEqual(['mean_wall_ms'].map((n) => three.metrics.find((m) => m.name === n)!.regressed), [false]);
+    assert.deepEqual(
+      ['mean_wall_ms'].map((n) => three.metrics.find((m) => m.name === n)!.regressed),
+      [false],
+    );
   });
 
   test('one run against one: pass to fail is a regression marked untested; fail to pass and unchanged runs are not', () => {
@@ -265,12 +276,18 @@ describe('compare', () => {
     const pass = drop.metrics.find((m) => m.name === 'pass_rate')!;
     assert.deepEqual([pass.baseline, pass.candidate, pass.significance, pass.p_value, pass.min_p_value, pass.regressed], [1, 0, 'underpowered', null, 1, true]);
     const scenario = drop.scenarios[0]!;
-    assert.deepEqual([scenario.baseline.verdict, scenario.candidate.verdict, scenario.significance, scenario.p_value, scenario.regressed], ['pass', 'fail', 'underpowered', null, true]);
+    assert.deepEqual(
+      [scenario.baseline.verdict, scenario.candidate.verdict, scenario.significance, scenario.p_value, scenario.regressed],
+      ['pass', 'fail', 'underpowered', null, true],
+    );
     // Welch needs two runs a side: one each is underpowered, and equal walls are no regression.
     const wall = drop.metrics.find((m) => m.name === 'mean_wall_ms')!;
     assert.deepEqual([wall.significance, wall.p_value, wall.regressed], ['underpowered', null, false]);
     // p95 and total cost are shown without a test.
-    assert.deepEqual(['p95_wall_ms', 'total_cost_usd'].map((n) => drop.metrics.find((m) => m.name === n)!.significance), ['no_test', 'no_test']);
+    assert.deepEqual(
+      ['p95_wall_ms', 'total_cost_usd'].map((n) => drop.metrics.find((m) => m.name === n)!.significance),
+      ['no_test', 'no_test'],
+    );
     const slower = compareExperiments(side('exp-b', one('P', 100)), side('exp-c', one('P', 150)));
     assert.deepEqual(slower.regressions, ['mean_wall_ms']);
     assert.deepEqual(slower.untested_regressions, ['mean_wall_ms']);
@@ -284,12 +301,26 @@ describe('compare', () => {
     const cost = (facts: RunFact[], usd: (i: number) => number) => new Map(facts.map((r, i) => [r.run_id, { ...NO_TRACES, cost_usd: usd(i), tool_calls: 4 }]));
     const b = [...runs('b', 0, {}, 'PPPPPPPP', wobble(1000)), ...runs('b', 0, {}, 'E', () => 1)];
     const c = [...runs('c', 0, {}, 'PPPPPPPP', wobble(2000)), ...runs('c', 0, {}, 'E', () => 999_999)];
-    const result = compareExperiments(side('exp-b', b, cost(b, (i) => 0.01 + i * 0.001)), side('exp-c', c, cost(c, (i) => 0.01 + i * 0.001)));
+    const result = compareExperiments(
+      side(
+        'exp-b',
+        b,
+        cost(b, (i) => 0.01 + i * 0.001),
+      ),
+      side(
+        'exp-c',
+        c,
+        cost(c, (i) => 0.01 + i * 0.001),
+      ),
+    );
     assert.deepEqual(result.regressions, ['mean_wall_ms']);
     const wall = result.metrics.find((m) => m.name === 'mean_wall_ms')!;
     assert.equal(wall.baseline, computeMetrics('exp-b', b, new Map(), { strategy: 'majority' }).mean_wall_ms);
     close(wall.delta, 1000, 1e-9);
-    const expected = welchTTest(b.filter((r) => r.verdict !== 'error').map((r) => r.wall_ms), c.filter((r) => r.verdict !== 'error').map((r) => r.wall_ms))!;
+    const expected = welchTTest(
+      b.filter((r) => r.verdict !== 'error').map((r) => r.wall_ms),
+      c.filter((r) => r.verdict !== 'error').map((r) => r.wall_ms),
+    )!;
     close(wall.p_value, expected.p_value, 1e-12);
     assert.equal(result.metrics.find((m) => m.name === 'mean_cost_per_run_usd')!.regressed, false);
     assert.equal(result.metrics.find((m) => m.name === 'mean_tool_calls')!.p_value, 1);

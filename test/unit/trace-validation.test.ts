@@ -28,10 +28,20 @@ test('truncation keeps whole UTF-8 characters', () => {
 
 test('trace ids follow parent links to the root within a batch', () => {
   const events = validateTraceBatch(
-    [ev({ span_id: 'root' }), ev({ span_id: 'child', parent_span_id: 'root' }), ev({ span_id: 'grandchild', parent_span_id: 'child' }), ev({ span_id: 'orphan', parent_span_id: 'elsewhere' }), ev({ span_id: 'given', trace_id: 'T' }), ev({ span_id: 'under-given', parent_span_id: 'given' })],
+    [
+      ev({ span_id: 'root' }),
+      ev({ span_id: 'child', parent_span_id: 'root' }),
+      ev({ span_id: 'grandchild', parent_span_id: 'child' }),
+      ev({ span_id: 'orphan', parent_span_id: 'elsewhere' }),
+      ev({ span_id: 'given', trace_id: 'T' }),
+      ev({ span_id: 'under-given', parent_span_id: 'given' }),
+    ],
     limits,
   );
-  assert.deepEqual(events.map((e) => e.trace_id), ['root', 'root', 'root', 'elsewhere', 'T', 'T']);
+  assert.deepEqual(
+    events.map((e) => e.trace_id),
+    ['root', 'root', 'root', 'elsewhere', 'T', 'T'],
+  );
 });
 
 test('a parent cycle does not hang', () => {

@@ -20,7 +20,10 @@ test('without a local projection, a write waits for the sink group to commit pas
   try {
     await log.start([topic]);
     const visibility = new Visibility([topic], log);
-    const positions = await log.append('facts', [{ key: 'a', value: Buffer.from('1') }, { key: 'b', value: Buffer.from('2') }]);
+    const positions = await log.append('facts', [
+      { key: 'a', value: Buffer.from('1') },
+      { key: 'b', value: Buffer.from('2') },
+    ]);
     await assert.rejects(visibility.waitFor(positions, 150), (err: Error & { code?: string }) => err.code === 'timeout');
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));
@@ -40,7 +43,10 @@ test('without a local projection, a write waits for the sink group to commit pas
 });
 
 test('a local watermark answers without polling, and a topic with no table is an error', async () => {
-  const visibility = new Visibility([topic, { ...topic, name: 'plain', table: null }], { committedOffsets: async () => [-1, -1], endOffsets: async () => [0, 0] });
+  const visibility = new Visibility([topic, { ...topic, name: 'plain', table: null }], {
+    committedOffsets: async () => [-1, -1],
+    endOffsets: async () => [0, 0],
+  });
   const watermark = new Watermark('test');
   visibility.register('facts', watermark);
   const waiting = visibility.waitFor([{ topic: 'facts', partition: 1, offset: 4 }], 1000);

@@ -26,11 +26,17 @@ test('records are JSON lines {ts, sandbox_id, type, details} in .svc/audit.jsonl
   await log.close();
   const text = await readFile(path.join(ws, '.svc', 'audit.jsonl'), 'utf8');
   assert.ok(!text.includes('s3cr3t-value'));
-  const lines = text.trimEnd().split('\n').map((l) => JSON.parse(l));
+  const lines = text
+    .trimEnd()
+    .split('\n')
+    .map((l) => JSON.parse(l));
   assert.equal(lines.length, 4);
   assert.deepEqual(lines, records);
   assert.deepEqual(published, records);
-  assert.deepEqual(lines.map((l) => l.type), ['file_write', 'process_spawn', 'stdout', 'http_call']);
+  assert.deepEqual(
+    lines.map((l) => l.type),
+    ['file_write', 'process_spawn', 'stdout', 'http_call'],
+  );
   for (const l of lines) {
     assert.deepEqual(Object.keys(l), ['ts', 'sandbox_id', 'type', 'details']);
     assert.match(l.ts, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
@@ -44,7 +50,13 @@ test('records are JSON lines {ts, sandbox_id, type, details} in .svc/audit.jsonl
 });
 
 test('a second log appends; an onRecord failure does not break auditing; unknown types are refused', async () => {
-  const log = new AuditLog({ workspace: ws, sandboxId: 'sb-abc', onRecord: () => { throw new Error('listener'); } });
+  const log = new AuditLog({
+    workspace: ws,
+    sandboxId: 'sb-abc',
+    onRecord: () => {
+      throw new Error('listener');
+    },
+  });
   await log.record('warning', { message: 'x' }, { ts: new Date('2024-01-02T03:04:05.006Z') });
   await assert.rejects(log.record('bogus' as never, {}), /unknown audit type/);
   await log.close();
@@ -75,7 +87,10 @@ test('a flood is bounded: at most recordsPerSecond a second, the rest counted by
   try {
     const published: AuditRecord[] = [];
     const log = new AuditLog({ workspace: dir, sandboxId: 'sb-f', recordsPerSecond: 5, maxRecords: 12, onRecord: (r) => published.push(r) });
-    const first = await Promise.all([...Array.from({ length: 20 }, (_, i) => log.record('file_write', { path: `w${i}` })), ...Array.from({ length: 10 }, (_, i) => log.record('file_delete', { path: `d${i}` }))]);
+    const first = await Promise.all([
+      ...Array.from({ length: 20 }, (_, i) => log.record('file_write', { path: `w${i}` })),
+      ...Array.from({ length: 10 }, (_, i) => log.record('file_delete', { path: `d${i}` })),
+    ]);
     assert.equal(first.filter((r) => r !== null).length, 5, 'five of the first window are written');
     assert.deepEqual(log.dropped, { file_write: 15, file_delete: 10 }, 'what the forbidden rules cannot see');
     // The window's summary comes when it ends, with nothing more recorded.
@@ -94,7 +109,10 @@ test('a flood is bounded: at most recordsPerSecond a second, the rest counted by
     records = await AuditLog.read(dir);
     const warnings = records.filter((r) => r.type === 'warning');
     assert.ok(records.length <= 12 + 3, `${records.length} records`);
-    assert.ok(warnings.some((w) => /the audit log is full \(12 records\)/.test(String(w.details.message))), JSON.stringify(warnings));
+    assert.ok(
+      warnings.some((w) => /the audit log is full \(12 records\)/.test(String(w.details.message))),
+      JSON.stringify(warnings),
+    );
     const last = records.at(-1)!;
     assert.equal(last.type, 'warning');
     assert.match(String(last.details.message), /dropped after the log was full/);

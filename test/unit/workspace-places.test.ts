@@ -26,7 +26,11 @@ test('a root place: names are absolute paths, the deepest place wins, / watches 
     assert.deepEqual(view.locate('/'), { root: path.join(dir, 'layer'), rel: '' });
     assert.deepEqual(view.watchPrefixes('/etc', 'w'), ['/etc']);
     const all = view.watchPrefixes('/', 'w')!;
-    for (const name of ['/etc/x', '/tmp/a', 'src/a.py']) assert.ok(all.some((p) => underPrefix(name, p)), name);
+    for (const name of ['/etc/x', '/tmp/a', 'src/a.py'])
+      assert.ok(
+        all.some((p) => underPrefix(name, p)),
+        name,
+      );
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }

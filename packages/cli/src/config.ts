@@ -74,6 +74,12 @@ export function connection(flags: { url?: string; key?: string } = {}, env: Node
       : stored.base_url
         ? [stored.base_url, file]
         : [`http://127.0.0.1:${env.SVC_PORT || 8080}`, 'the default'];
-  const [apiKey, keyFrom] = flags.key ? [flags.key, '--key'] : env.SVC_API_KEY ? [env.SVC_API_KEY, 'SVC_API_KEY'] : stored.api_key ? [stored.api_key, file] : [undefined, 'nowhere'];
+  const [apiKey, keyFrom] = flags.key
+    ? [flags.key, '--key']
+    : env.SVC_API_KEY
+      ? [env.SVC_API_KEY, 'SVC_API_KEY']
+      : stored.api_key
+        ? [stored.api_key, file]
+        : [undefined, 'nowhere'];
   return { baseUrl: normaliseUrl(baseUrl), apiKey, from: { baseUrl: urlFrom, apiKey: keyFrom } };
 }

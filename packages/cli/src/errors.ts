@@ -37,7 +37,9 @@ export function describeError(err: unknown, baseUrl?: string): string {
   }
   const cause = (err as { cause?: { code?: string; message?: string } })?.cause;
   if (err instanceof TypeError && /fetch failed/i.test(err.message)) {
-    return line(`cannot reach the service${baseUrl ? ` at ${baseUrl}` : ''}: ${cause?.code ?? cause?.message ?? err.message} (is it running? \`svc login --url URL\` or SVC_BASE_URL points elsewhere)`);
+    return line(
+      `cannot reach the service${baseUrl ? ` at ${baseUrl}` : ''}: ${cause?.code ?? cause?.message ?? err.message} (is it running? \`svc login --url URL\` or SVC_BASE_URL points elsewhere)`,
+    );
   }
   if ((err as { code?: string })?.code === 'ENOENT' || (err as { code?: string })?.code === 'EACCES') return line((err as Error).message);
   return line(`internal error: ${(err as Error)?.message ?? String(err)} (SVC_DEBUG=1 shows the stack)`);

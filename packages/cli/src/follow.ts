@@ -27,12 +27,26 @@ function payload(r: RunResults) {
 /** Polls until the experiment is completed, failed or cancelled; resolves with its RunResults. */
 export async function followExperiment(client: SvcClient, id: string, options: FollowOptions): Promise<RunResults> {
   const tty = process.stderr.isTTY === true && !options.quiet;
-  const bar = tty ? new SingleBar({ format: FORMAT, stream: drawingStream(process.stderr) as NodeJS.WriteStream, hideCursor: true, etaBuffer: 20, fps: 10, barsize: 30, clearOnComplete: false, barCompleteChar: '█', barIncompleteChar: '░' }) : null;
+  const bar = tty
+    ? new SingleBar({
+        format: FORMAT,
+        stream: drawingStream(process.stderr) as NodeJS.WriteStream,
+        hideCursor: true,
+        etaBuffer: 20,
+        fps: 10,
+        barsize: 30,
+        clearOnComplete: false,
+        barCompleteChar: '█',
+        barIncompleteChar: '░',
+      })
+    : null;
   let started = false;
   let lastLine = '';
   const onInterrupt = () => {
     bar?.stop();
-    process.stderr.write(`\nexperiment ${id} keeps running on the service: \`svc experiments show ${id} --watch\` follows it again, \`svc experiments cancel ${id}\` stops it\n`);
+    process.stderr.write(
+      `\nexperiment ${id} keeps running on the service: \`svc experiments show ${id} --watch\` follows it again, \`svc experiments cancel ${id}\` stops it\n`,
+    );
     process.exit(EXIT.interrupted);
   };
   process.once('SIGINT', onInterrupt);

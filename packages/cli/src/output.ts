@@ -37,8 +37,7 @@ export function table(head: string[], rows: Array<Array<string | number | null |
  */
 const CONTROL = /\x1b\[[0-9;]*m|\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
 
-export const inert = (text: string): string =>
-  text.replace(CONTROL, (c) => (c.length > 1 ? c : `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`));
+export const inert = (text: string): string => text.replace(CONTROL, (c) => (c.length > 1 ? c : `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`));
 
 const rawWrites = new Map<NodeJS.WriteStream, NodeJS.WriteStream['write']>();
 
@@ -48,14 +47,21 @@ export function keepOutputInert(): void {
     if (rawWrites.has(stream)) continue;
     const write = stream.write.bind(stream) as NodeJS.WriteStream['write'];
     rawWrites.set(stream, write);
-    stream.write = ((chunk: unknown, ...rest: never[]) => write(typeof chunk === 'string' ? inert(chunk) : (chunk as Uint8Array), ...rest)) as NodeJS.WriteStream['write'];
+    stream.write = ((chunk: unknown, ...rest: never[]) =>
+      write(typeof chunk === 'string' ? inert(chunk) : (chunk as Uint8Array), ...rest)) as NodeJS.WriteStream['write'];
   }
 }
 
 /** `stream` for what the CLI draws itself (the progress bar's cursor moves): writes not made inert. */
 export function drawingStream(stream: NodeJS.WriteStream): Pick<NodeJS.WriteStream, 'write' | 'isTTY' | 'columns'> {
   const write = rawWrites.get(stream) ?? stream.write.bind(stream);
-  return { write, isTTY: stream.isTTY, get columns() { return stream.columns; } };
+  return {
+    write,
+    isTTY: stream.isTTY,
+    get columns() {
+      return stream.columns;
+    },
+  };
 }
 
 export function printJson(value: unknown): void {
@@ -69,4 +75,9 @@ export function note(line: string): void {
 export const pct = (x: number | null | undefined) => (x === null || x === undefined ? '—' : `${(x * 100).toFixed(1)}%`);
 export const usd = (x: number | null | undefined) => (x === null || x === undefined ? '—' : `$${x.toFixed(4)}`);
 export const ms = (x: number | null | undefined) => (x === null || x === undefined ? '—' : x >= 10_000 ? `${(x / 1000).toFixed(1)}s` : `${Math.round(x)}ms`);
-export const params = (p: Record<string, unknown> | null | undefined) => (p && Object.keys(p).length > 0 ? Object.entries(p).map(([k, v]) => `${k}=${String(v)}`).join(' ') : '(default)');
+export const params = (p: Record<string, unknown> | null | undefined) =>
+  p && Object.keys(p).length > 0
+    ? Object.entries(p)
+        .map(([k, v]) => `${k}=${String(v)}`)
+        .join(' ')
+    : '(default)';

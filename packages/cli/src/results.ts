@@ -17,7 +17,15 @@ export function summaryLine(r: RunResults): string {
 }
 
 export function scenarioTable(r: RunResults): string {
-  const rows = (r.scenarios ?? []).map((s) => [params(s.params), verdict(s.verdict), s.passing ? 'yes' : 'no', `${s.passed}/${s.failed}/${s.errored}`, pct(s.pass_rate), ms(s.mean_wall_ms), usd(s.cost_usd)]);
+  const rows = (r.scenarios ?? []).map((s) => [
+    params(s.params),
+    verdict(s.verdict),
+    s.passing ? 'yes' : 'no',
+    `${s.passed}/${s.failed}/${s.errored}`,
+    pct(s.pass_rate),
+    ms(s.mean_wall_ms),
+    usd(s.cost_usd),
+  ]);
   return table(['scenario', 'verdict', 'passing', 'pass/fail/error', 'pass rate', 'mean wall', 'cost'], rows);
 }
 
@@ -27,13 +35,19 @@ export function failureReport(r: RunResults): string {
   for (const s of r.scenarios ?? []) {
     for (const run of s.runs ?? []) {
       if (run.verdict === 'pass' || run.verdict === null) continue;
-      out.push(`${paint('bold', `✗ ${run.run_id}`)} ${params(s.params)} replica ${run.replica}: ${verdict(run.verdict)}${run.composite !== null && run.composite !== undefined ? ` (composite ${run.composite})` : ''}`);
+      out.push(
+        `${paint('bold', `✗ ${run.run_id}`)} ${params(s.params)} replica ${run.replica}: ${verdict(run.verdict)}${run.composite !== null && run.composite !== undefined ? ` (composite ${run.composite})` : ''}`,
+      );
       if (run.error) out.push(`    error: ${run.error}`);
       for (const inv of run.invariants ?? []) {
         if (!inv.passed) out.push(`    invariant ${inv.name}${inv.gate ? ' (gate)' : ''}: score ${inv.score}${inv.message ? ` — ${inv.message}` : ''}`);
       }
       for (const v of run.violations ?? []) {
-        const audit = v.audit ? ` [audit ${Object.entries(v.audit).map(([k, val]) => `${k}=${typeof val === 'object' ? JSON.stringify(val) : String(val)}`).join(' ')}]` : '';
+        const audit = v.audit
+          ? ` [audit ${Object.entries(v.audit)
+              .map(([k, val]) => `${k}=${typeof val === 'object' ? JSON.stringify(val) : String(val)}`)
+              .join(' ')}]`
+          : '';
         out.push(`    forbidden ${v.rule}: ${v.message}${audit}`);
       }
       if (run.reproducer) out.push(`    reproduce: ${run.reproducer}`);
@@ -47,12 +61,26 @@ export function comparisonTable(c: Comparison): string {
   const num = (x: number | null | undefined) => (x === null || x === undefined ? '—' : Number.isInteger(x) ? String(x) : x.toFixed(4));
   const metrics = table(
     ['metric', 'baseline', 'candidate', 'delta', 'direction', 'p', 'regressed'],
-    c.metrics.map((m) => [m.name, num(m.baseline), num(m.candidate), num(m.delta), arrow(m.direction), m.p_value === null || m.p_value === undefined ? '' : m.p_value.toFixed(3), m.regressed ? paint('red', 'yes') : '']),
+    c.metrics.map((m) => [
+      m.name,
+      num(m.baseline),
+      num(m.candidate),
+      num(m.delta),
+      arrow(m.direction),
+      m.p_value === null || m.p_value === undefined ? '' : m.p_value.toFixed(3),
+      m.regressed ? paint('red', 'yes') : '',
+    ]),
   );
   const scenarios = (c.scenarios ?? []).length
     ? `\n${table(
         ['scenario', 'baseline', 'candidate', 'p', 'regressed'],
-        (c.scenarios ?? []).map((s) => [params(s.params), `${verdict(s.baseline.verdict)} ${s.baseline.passed}/${s.baseline.passed + s.baseline.failed}`, `${verdict(s.candidate.verdict)} ${s.candidate.passed}/${s.candidate.passed + s.candidate.failed}`, s.p_value === null ? '' : s.p_value.toFixed(3), s.regressed ? paint('red', 'yes') : '']),
+        (c.scenarios ?? []).map((s) => [
+          params(s.params),
+          `${verdict(s.baseline.verdict)} ${s.baseline.passed}/${s.baseline.passed + s.baseline.failed}`,
+          `${verdict(s.candidate.verdict)} ${s.candidate.passed}/${s.candidate.passed + s.candidate.failed}`,
+          s.p_value === null ? '' : s.p_value.toFixed(3),
+          s.regressed ? paint('red', 'yes') : '',
+        ]),
       )}`
     : '';
   const verdictLine = c.regressed ? paint('red', `regressed: ${c.regressions.join(', ')}`) : 'no regression';

@@ -25,7 +25,10 @@ interface ShellOptions {
   timeout?: string;
 }
 
-type Control = { type: 'ready'; sandbox_id: string; session_id: string; shell: string } | { type: 'exit'; exit_code: number } | { type: 'error'; error: string; message: string };
+type Control =
+  | { type: 'ready'; sandbox_id: string; session_id: string; shell: string }
+  | { type: 'exit'; exit_code: number }
+  | { type: 'error'; error: string; message: string };
 
 /** Input waiting in the socket past this: stdin is read no more until it has gone. */
 const SEND_HIGH_WATER = 256 * 1024;
@@ -107,7 +110,9 @@ function connect(options: ShellOptions): Promise<{ ws: WebSocket; early: Message
         reject(new CliError(`${res.statusCode} ${body.error ?? 'http_error'}: ${body.message ?? (text || res.statusMessage)}`));
       });
     });
-    ws.once('error', (err) => reject(err.message.includes('ECONNREFUSED') ? new CliError(`cannot reach the service at ${options.baseUrl}: ${err.message}`) : err));
+    ws.once('error', (err) =>
+      reject(err.message.includes('ECONNREFUSED') ? new CliError(`cannot reach the service at ${options.baseUrl}: ${err.message}`) : err),
+    );
   });
 }
 
@@ -173,7 +178,8 @@ export async function openShell(options: ShellOptions): Promise<number> {
       stdin.off('end', onEnd);
       stdin.pause();
       restore();
-      if (exitCode === null && code !== 1000) process.stderr.write(`svc: the shell's connection closed (${code}${String(reason) ? `: ${String(reason)}` : ''})\n`);
+      if (exitCode === null && code !== 1000)
+        process.stderr.write(`svc: the shell's connection closed (${code}${String(reason) ? `: ${String(reason)}` : ''})\n`);
       resolve(exitCode ?? EXIT.failed);
     });
   });

@@ -98,7 +98,10 @@ function App() {
         </a>
         <nav>
           {NAV.map(([path, label]) => (
-            <a href={href(...(path ? [path] : []))} class={(route.parts[0] ?? '') === path || (path === '' && route.parts[0] === 'experiments') ? 'active' : ''}>
+            <a
+              href={href(...(path ? [path] : []))}
+              class={(route.parts[0] ?? '') === path || (path === '' && route.parts[0] === 'experiments') ? 'active' : ''}
+            >
               {label}
             </a>
           ))}

@@ -78,7 +78,14 @@ export function Trend({ values, width = 160, height = 36 }: { values: Array<numb
   const y = (v: number) => height - 4 - v * (height - 8);
   if (known.length === 0) return <span class="muted">no completed run</span>;
   return (
-    <svg class="trend" width={width} height={height} viewBox={`0 0 ${width} ${height}`} role="img" aria-label={`pass rate trend: ${known.map((p) => pct(p.v)).join(', ')}`}>
+    <svg
+      class="trend"
+      width={width}
+      height={height}
+      viewBox={`0 0 ${width} ${height}`}
+      role="img"
+      aria-label={`pass rate trend: ${known.map((p) => pct(p.v)).join(', ')}`}
+    >
       <line x1="0" x2={width} y1={y(1)} y2={y(1)} class="trend-grid" />
       <line x1="0" x2={width} y1={y(0)} y2={y(0)} class="trend-grid" />
       <polyline points={known.map((p) => `${p.x},${y(p.v)}`).join(' ')} class="trend-line" />

@@ -62,7 +62,8 @@ async function boundedText(res: Response, limit: number, what: string): Promise<
     size += value.byteLength;
     const ms = Date.now() - started;
     if (size > limit) throw await refuse('answer_too_large', `is over ${limit} bytes`);
-    if (ms > ANSWER_GRACE_MS && size < (ms / 1000) * ANSWER_MIN_RATE) throw await refuse('answer_too_slow', `came at ${Math.round(size / (ms / 1000))} bytes a second after ${Math.round(ms / 1000)} s`);
+    if (ms > ANSWER_GRACE_MS && size < (ms / 1000) * ANSWER_MIN_RATE)
+      throw await refuse('answer_too_slow', `came at ${Math.round(size / (ms / 1000))} bytes a second after ${Math.round(ms / 1000)} s`);
     text += decoder.decode(value, { stream: true });
   }
 }
@@ -227,10 +228,32 @@ export interface Comparison {
   /** those of `regressions` decided on the point estimate alone (underpowered) */
   untested_regressions?: string[];
   alpha?: number;
-  metrics: Array<{ name: string; baseline: number | null; candidate: number | null; delta: number | null; direction: string; better?: string; test?: string | null; p_value?: number | null; min_p_value?: number | null; significance?: string; regressed?: boolean }>;
+  metrics: Array<{
+    name: string;
+    baseline: number | null;
+    candidate: number | null;
+    delta: number | null;
+    direction: string;
+    better?: string;
+    test?: string | null;
+    p_value?: number | null;
+    min_p_value?: number | null;
+    significance?: string;
+    regressed?: boolean;
+  }>;
   not_comparable?: string[];
-  scenarios?: Array<{ params: Record<string, unknown>; baseline: ComparedSide; candidate: ComparedSide; p_value: number | null; significance?: string; regressed: boolean }>;
-  unpaired?: { baseline: Array<{ scenario_id: string; params: Record<string, unknown> }>; candidate: Array<{ scenario_id: string; params: Record<string, unknown> }> };
+  scenarios?: Array<{
+    params: Record<string, unknown>;
+    baseline: ComparedSide;
+    candidate: ComparedSide;
+    p_value: number | null;
+    significance?: string;
+    regressed: boolean;
+  }>;
+  unpaired?: {
+    baseline: Array<{ scenario_id: string; params: Record<string, unknown> }>;
+    candidate: Array<{ scenario_id: string; params: Record<string, unknown> }>;
+  };
 }
 
 /** A stored trace event, as GET /v1/traces returns it. */
@@ -336,12 +359,17 @@ export function createClient(options: ClientOptions = {}) {
       } catch {
         // not JSON: the raw text is the message
       }
-      throw new SvcError(res.status, typeof parsed.error === 'string' ? parsed.error : 'http_error', typeof parsed.message === 'string' ? parsed.message : text || res.statusText);
+      throw new SvcError(
+        res.status,
+        typeof parsed.error === 'string' ? parsed.error : 'http_error',
+        typeof parsed.message === 'string' ? parsed.message : text || res.statusText,
+      );
     }
     return res;
   }
 
-  const text = async (method: string, path: string, opts?: RequestOptions): Promise<string> => boundedText(await send(method, path, opts), MAX_ANSWER_BYTES, `${method} ${path}`);
+  const text = async (method: string, path: string, opts?: RequestOptions): Promise<string> =>
+    boundedText(await send(method, path, opts), MAX_ANSWER_BYTES, `${method} ${path}`);
   const json = async <T>(method: string, path: string, opts?: RequestOptions): Promise<T> => JSON.parse(await text(method, path, opts)) as T;
 
   const sandboxPath = (id: string) => `/v1/sandboxes/${seg(id)}`;
@@ -412,13 +440,16 @@ export function createClient(options: ClientOptions = {}) {
       get: (id: string) => json<RunResults>('GET', `/v1/experiments/${seg(id)}`),
       list: (query: PageQuery = {}) => json<Page<Experiment>>('GET', '/v1/experiments', { query }),
       cancel: (id: string) => json<unknown>('POST', `/v1/experiments/${seg(id)}/cancel`),
-      compare: (baselineId: string, candidateId: string) => json<Comparison>('POST', '/v1/experiments/compare', { json: { baseline_id: baselineId, candidate_id: candidateId } }),
+      compare: (baselineId: string, candidateId: string) =>
+        json<Comparison>('POST', '/v1/experiments/compare', { json: { baseline_id: baselineId, candidate_id: candidateId } }),
       metrics: (id: string) => json<Record<string, unknown>>('GET', `/v1/metrics/experiments/${seg(id)}`),
       scenarios: (experimentId: string, query: PageQuery & { status?: string; scenario_id?: string } = {}) =>
         json<Page<Record<string, unknown>>>('GET', '/v1/scenarios', { query: { experiment_id: experimentId, ...query } }),
       /** The full bundle: parsed JSON, or the NDJSON text. */
       export: (id: string, format: 'json' | 'ndjson' = 'json') =>
-        format === 'json' ? json<unknown>('GET', `/v1/experiments/${seg(id)}/export`, { query: { format } }) : text('GET', `/v1/experiments/${seg(id)}/export`, { query: { format } }),
+        format === 'json'
+          ? json<unknown>('GET', `/v1/experiments/${seg(id)}/export`, { query: { format } })
+          : text('GET', `/v1/experiments/${seg(id)}/export`, { query: { format } }),
       /** The completed experiments of a spec (an eval), oldest first. */
       history: (specId: string, query: PageQuery = {}) => json<Page<Record<string, unknown>>>('GET', `/v1/evals/${seg(specId)}/history`, { query }),
       score: (id: string, body: Record<string, unknown> = {}) => json<unknown>('POST', `/v1/experiments/${seg(id)}/score`, { json: body }),
@@ -436,7 +467,8 @@ export function createClient(options: ClientOptions = {}) {
     },
     bundles: {
       /** Uploads a task-file bundle (.tar.gz bytes); the same bytes again answer the same record. */
-      upload: async (bundle: Bytes) => json<TaskBundle>('POST', '/v1/bundles', { body: await toBytes(bundle), headers: { 'content-type': 'application/gzip' } }),
+      upload: async (bundle: Bytes) =>
+        json<TaskBundle>('POST', '/v1/bundles', { body: await toBytes(bundle), headers: { 'content-type': 'application/gzip' } }),
       list: (query: PageQuery = {}) => json<Page<TaskBundle>>('GET', '/v1/bundles', { query }),
       get: (digest: string) => json<TaskBundle>('GET', `/v1/bundles/${seg(digest)}`),
     },
@@ -445,14 +477,17 @@ export function createClient(options: ClientOptions = {}) {
       list: (query: PageQuery & { name?: string } = {}) => json<Page<Dataset>>('GET', '/v1/datasets', { query }),
       get: (id: string) => json<Dataset>('GET', `/v1/datasets/${seg(id)}`),
       delete: (id: string) => json<{ id: string; deleted: boolean }>('DELETE', `/v1/datasets/${seg(id)}`),
-      addRecords: (id: string, records: unknown[]) => json<{ added: number; [field: string]: unknown }>('POST', `/v1/datasets/${seg(id)}/records`, { json: records }),
-      records: (id: string, query: PageQuery & { version?: number; tags?: string } = {}) => json<Page<Record<string, unknown>>>('GET', `/v1/datasets/${seg(id)}/records`, { query }),
+      addRecords: (id: string, records: unknown[]) =>
+        json<{ added: number; [field: string]: unknown }>('POST', `/v1/datasets/${seg(id)}/records`, { json: records }),
+      records: (id: string, query: PageQuery & { version?: number; tags?: string } = {}) =>
+        json<Page<Record<string, unknown>>>('GET', `/v1/datasets/${seg(id)}/records`, { query }),
     },
     alerts: {
       create: (body: Record<string, unknown>) => json<Record<string, unknown>>('POST', '/v1/alerts', { json: body }),
       list: (query: { eval_id?: string } = {}) => json<Array<Record<string, unknown>>>('GET', '/v1/alerts', { query }),
       delete: (id: string) => json<unknown>('DELETE', `/v1/alerts/${seg(id)}`),
-      firings: (query: PageQuery & { rule_id?: string; experiment_id?: string; status?: string } = {}) => json<Page<Record<string, unknown>>>('GET', '/v1/alert-firings', { query }),
+      firings: (query: PageQuery & { rule_id?: string; experiment_id?: string; status?: string } = {}) =>
+        json<Page<Record<string, unknown>>>('GET', '/v1/alert-firings', { query }),
     },
     traces: {
       /** Posts events as they are (no batching; see Tracer for that). */
@@ -471,8 +506,9 @@ export function createClient(options: ClientOptions = {}) {
         } while (cursor && spans.length < max);
         return spans;
       },
-      spans: (filters: PageQuery & { trace_id?: string; span_id?: string; parent_span_id?: string; root_span_id?: string; tool?: string; event_type?: string } = {}) =>
-        json<Page<SpanRecord>>('GET', '/v1/spans', { query: filters }),
+      spans: (
+        filters: PageQuery & { trace_id?: string; span_id?: string; parent_span_id?: string; root_span_id?: string; tool?: string; event_type?: string } = {},
+      ) => json<Page<SpanRecord>>('GET', '/v1/spans', { query: filters }),
     },
   };
 }

@@ -24,7 +24,8 @@ export async function* sseMessages(body: ReadableStream<Uint8Array>): AsyncGener
     onEvent: (message) => queue.push(message),
     maxBufferSize: MAX_MESSAGE_CHARS,
     onError: (err) => {
-      if (err.type === 'max-buffer-size-exceeded') throw new SvcError(200, 'answer_too_large', `a message of the event stream is over ${MAX_MESSAGE_CHARS} characters; the client stopped reading it`);
+      if (err.type === 'max-buffer-size-exceeded')
+        throw new SvcError(200, 'answer_too_large', `a message of the event stream is over ${MAX_MESSAGE_CHARS} characters; the client stopped reading it`);
     },
   });
   const decoder = new TextDecoder();

@@ -105,7 +105,13 @@ export class Tracer {
     const baseUrl = (options.baseUrl ?? process.env.SVC_BASE_URL ?? '').replace(/\/+$/, '');
     this.apiKey = options.apiKey ?? process.env.SVC_API_KEY;
     const sandboxId = options.sandboxId ?? process.env.SVC_SANDBOX_ID;
-    this.endpoint = !baseUrl ? null : sandboxId ? `${baseUrl}/v1/sandboxes/${encodeURIComponent(sandboxId)}/trace` : this.apiKey ? `${baseUrl}/v1/traces` : null;
+    this.endpoint = !baseUrl
+      ? null
+      : sandboxId
+        ? `${baseUrl}/v1/sandboxes/${encodeURIComponent(sandboxId)}/trace`
+        : this.apiKey
+          ? `${baseUrl}/v1/traces`
+          : null;
     this.batchSize = options.batchSize ?? 100;
     this.maxQueue = options.maxQueue ?? 10_000;
     this.requestTimeoutMs = options.requestTimeoutMs ?? 10_000;
@@ -170,7 +176,13 @@ export class Tracer {
       this.emit({ ...base, phase: 'end', duration_ms: performance.now() - started, output: toField(result) });
       return result;
     } catch (err) {
-      this.emit({ ...base, phase: 'end', status: 'error', duration_ms: performance.now() - started, output: toField(err instanceof Error ? err.message : err) });
+      this.emit({
+        ...base,
+        phase: 'end',
+        status: 'error',
+        duration_ms: performance.now() - started,
+        output: toField(err instanceof Error ? err.message : err),
+      });
       throw err;
     }
   }
@@ -205,7 +217,10 @@ export class Tracer {
     if (!this.lastToken) return true;
     try {
       const url = `${this.baseUrl}/v1/traces/visibility?token=${encodeURIComponent(this.lastToken)}&wait=${Math.max(0, Math.round(waitMs))}ms`;
-      const res = await fetch(url, { headers: { ...(this.apiKey && { authorization: `Bearer ${this.apiKey}` }) }, signal: AbortSignal.timeout(waitMs + this.requestTimeoutMs) });
+      const res = await fetch(url, {
+        headers: { ...(this.apiKey && { authorization: `Bearer ${this.apiKey}` }) },
+        signal: AbortSignal.timeout(waitMs + this.requestTimeoutMs),
+      });
       return res.ok && ((await res.json()) as { visible?: boolean }).visible === true;
     } catch {
       return false;
@@ -252,7 +267,11 @@ export class Tracer {
     try {
       const res = await fetch(this.endpoint!, {
         method: 'POST',
-        headers: { 'content-type': 'application/json', ...(this.apiKey && { authorization: `Bearer ${this.apiKey}` }), ...(this.respondAsync && { prefer: 'respond-async' }) },
+        headers: {
+          'content-type': 'application/json',
+          ...(this.apiKey && { authorization: `Bearer ${this.apiKey}` }),
+          ...(this.respondAsync && { prefer: 'respond-async' }),
+        },
         body: JSON.stringify({ events: batch }),
         signal: AbortSignal.timeout(this.requestTimeoutMs),
       });

@@ -139,7 +139,13 @@ function observeStream(stream: AsyncIterable<unknown>, provider: Provider, repor
   });
 }
 
-function reportCall(tracer: Tracer, provider: Provider, call: { params: Obj; parent: Span | undefined; ts: string; started: number }, r: CallReport | null, error?: unknown): void {
+function reportCall(
+  tracer: Tracer,
+  provider: Provider,
+  call: { params: Obj; parent: Span | undefined; ts: string; started: number },
+  r: CallReport | null,
+  error?: unknown,
+): void {
   const requestModel = str(call.params.model);
   const model = r?.model || requestModel;
   const spanId = newSpanId();
@@ -241,7 +247,13 @@ const OPENAI: Provider = {
           }
         }
       },
-      report: () => openaiUsage(model, usage, text, [...calls.entries()].sort((a, b) => a[0] - b[0]).map(([, c]) => c)),
+      report: () =>
+        openaiUsage(
+          model,
+          usage,
+          text,
+          [...calls.entries()].sort((a, b) => a[0] - b[0]).map(([, c]) => c),
+        ),
     };
   },
 };
@@ -250,7 +262,16 @@ function anthropicUsage(model: string, usage: Obj, outputTokens: number, text: s
   // Anthropic's input_tokens already excludes cache reads and cache writes.
   const uncached = num(usage.input_tokens) + num(usage.cache_creation_input_tokens);
   const cacheRead = num(usage.cache_read_input_tokens);
-  return { model, inputTokens: uncached + cacheRead, uncachedInputTokens: uncached, outputTokens, cacheReadTokens: cacheRead, reasoningTokens: 0, text, toolCalls };
+  return {
+    model,
+    inputTokens: uncached + cacheRead,
+    uncachedInputTokens: uncached,
+    outputTokens,
+    cacheReadTokens: cacheRead,
+    reasoningTokens: 0,
+    text,
+    toolCalls,
+  };
 }
 
 const ANTHROPIC: Provider = {
@@ -258,7 +279,10 @@ const ANTHROPIC: Provider = {
   fromResponse(response) {
     const r = obj(response);
     const blocks = list(r.content).map(obj);
-    const text = blocks.filter((b) => b.type === 'text').map((b) => str(b.text)).join('');
+    const text = blocks
+      .filter((b) => b.type === 'text')
+      .map((b) => str(b.text))
+      .join('');
     const toolCalls = blocks.filter((b) => b.type === 'tool_use').map((b) => ({ name: str(b.name), arguments: JSON.stringify(b.input ?? {}) }));
     const usage = obj(r.usage);
     return anthropicUsage(str(r.model), usage, num(usage.output_tokens), text, toolCalls);

@@ -79,7 +79,8 @@ export function parseAlertRequest(b: Record<string, unknown>, config: Config): A
   for (const field of Object.keys(b)) if (!FIELDS.includes(field)) bad(field, `unknown field; accepted: ${FIELDS.join(', ')}`);
   if (typeof b.name !== 'string' || b.name.trim() === '') bad('name', 'is required: a non-empty string');
   else if (b.name.length > NAME_MAX) bad('name', `must be at most ${NAME_MAX} characters`);
-  if (given(b.eval_id) && (typeof b.eval_id !== 'string' || !SPEC_ID.test(b.eval_id))) bad('eval_id', 'must be a spec id, or null for a rule of every experiment');
+  if (given(b.eval_id) && (typeof b.eval_id !== 'string' || !SPEC_ID.test(b.eval_id)))
+    bad('eval_id', 'must be a spec id, or null for a rule of every experiment');
 
   let regression = false;
   if (typeof b.condition !== 'string' || b.condition.trim() === '') {
@@ -119,7 +120,9 @@ export function parseAlertRequest(b: Record<string, unknown>, config: Config): A
 export function newAlertRule(specs: SpecCatalog, tenant: string, request: AlertRequest, seed: string | null = null): AlertChanged {
   if (request.eval_id !== null) {
     const evalId = request.eval_id;
-    specOrElse(specs, tenant, evalId, undefined, () => badRequest('eval_id', `no spec "${evalId}" of yours exists (the rule is scoped to experiments of that spec)`));
+    specOrElse(specs, tenant, evalId, undefined, () =>
+      badRequest('eval_id', `no spec "${evalId}" of yours exists (the rule is scoped to experiments of that spec)`),
+    );
   }
   const now = Date.now();
   return { tenant, event_id: newEventId(), ts: now, alert_id: newAlertId(seed), ...request, created_at: now, deleted: false };

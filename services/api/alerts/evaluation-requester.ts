@@ -34,16 +34,19 @@ export class AlertEvaluator {
 
   /** The alerter's evaluation of `rule` on `experimentId`; its errors as the AppErrors they were. */
   async evaluate(rule: AlertChanged, experimentId: string, dryRun: boolean, seed: string | null): Promise<EvaluationAnswer> {
-    const reply = await this.requester.request({ key: rule.alert_id, tenant: rule.tenant, unanswered: 'the alerter did not evaluate the rule (is an alerter running?)' }, (correlationId) => ({
-      tenant: rule.tenant,
-      event_id: newEventId(),
-      ts: Date.now(),
-      correlation_id: correlationId,
-      alert_id: rule.alert_id,
-      experiment_id: experimentId,
-      dry_run: dryRun,
-      seed: seed ?? correlationId,
-    }));
+    const reply = await this.requester.request(
+      { key: rule.alert_id, tenant: rule.tenant, unanswered: 'the alerter did not evaluate the rule (is an alerter running?)' },
+      (correlationId) => ({
+        tenant: rule.tenant,
+        event_id: newEventId(),
+        ts: Date.now(),
+        correlation_id: correlationId,
+        alert_id: rule.alert_id,
+        experiment_id: experimentId,
+        dry_run: dryRun,
+        seed: seed ?? correlationId,
+      }),
+    );
     if (reply.error !== null || reply.answer === null) {
       const [code, ...message] = (reply.error ?? 'internal: no answer').split(': ');
       throw new AppError(Object.hasOwn(ERROR_CODES, code!) ? (code as ErrorCode) : 'internal', message.join(': '));

@@ -203,11 +203,13 @@ export class AgentCatalog extends EntityCatalog<AgentSnapshotChanged> {
     if (agent?.type !== 'snapshot') return null;
     let row: AgentSnapshotChanged;
     if (agent.snapshot_id !== undefined) {
-      if (!this.exists(tenant, agent.snapshot_id)) throw badRequest('agent.snapshot_id', `spec "${doc.id}" pins snapshot ${agent.snapshot_id}, which no longer exists`);
+      if (!this.exists(tenant, agent.snapshot_id))
+        throw badRequest('agent.snapshot_id', `spec "${doc.id}" pins snapshot ${agent.snapshot_id}, which no longer exists`);
       row = this.view.entities.get(agent.snapshot_id)!;
     } else {
       const live = this.rows(tenant, agent.snapshot!).filter((r) => !r.deleted);
-      if (live.length === 0) throw badRequest('agent.snapshot', `spec "${doc.id}" names agent "${agent.snapshot}", which has no stored snapshot (POST /v1/agents)`);
+      if (live.length === 0)
+        throw badRequest('agent.snapshot', `spec "${doc.id}" names agent "${agent.snapshot}", which has no stored snapshot (POST /v1/agents)`);
       row = live[live.length - 1];
     }
     return {

@@ -28,7 +28,9 @@ export class AlertCatalog extends EntityCatalog<AlertChanged> {
 
   /** The tenant's live rules, oldest first. */
   list(tenant: string): AlertChanged[] {
-    return [...this.view.entities.values()].filter((r) => r.tenant === tenant && !r.deleted).sort((a, b) => a.created_at - b.created_at || a.alert_id.localeCompare(b.alert_id));
+    return [...this.view.entities.values()]
+      .filter((r) => r.tenant === tenant && !r.deleted)
+      .sort((a, b) => a.created_at - b.created_at || a.alert_id.localeCompare(b.alert_id));
   }
 
   /** A rule of the caller's tenant: 404 when unknown or deleted, 403 when another tenant's (alert_ ids are global). */
@@ -46,7 +48,10 @@ export class AlertCatalog extends EntityCatalog<AlertChanged> {
       if (made) return made;
       const count = this.list(rule.tenant).length;
       if (count >= limit) {
-        throw new AppError('conflict', `alerts: you have ${count} alert rules, the most allowed (${limit}, SVC_ALERTS_PER_TENANT); delete one with DELETE /v1/alerts/:id first`);
+        throw new AppError(
+          'conflict',
+          `alerts: you have ${count} alert rules, the most allowed (${limit}, SVC_ALERTS_PER_TENANT); delete one with DELETE /v1/alerts/:id first`,
+        );
       }
       await this.append([{ key: rule.alert_id, tenant: rule.tenant, value: rule }]);
       return rule;

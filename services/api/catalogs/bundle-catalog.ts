@@ -53,7 +53,16 @@ export class BundleCatalog extends EntityCatalog<BundleStored> {
       }
       const storagePath = await this.store.commit(received);
       const now = Date.now();
-      const row: BundleStored = { tenant, event_id: eventIds(seed)('bundle'), ts: now, digest: received.digest, size_bytes: received.sizeBytes, entries: received.entries, storage_path: storagePath, created_at: now };
+      const row: BundleStored = {
+        tenant,
+        event_id: eventIds(seed)('bundle'),
+        ts: now,
+        digest: received.digest,
+        size_bytes: received.sizeBytes,
+        entries: received.entries,
+        storage_path: storagePath,
+        created_at: now,
+      };
       await this.append([{ key: key(tenant, row.digest), tenant, value: row }]);
       return { bundle: bundleView(row), created: true };
     });

@@ -90,7 +90,8 @@ export class DatasetCatalog extends EntityCatalog<DatasetChanged> {
       const taken = this.named(tenant, request.name);
       if (taken) throw new AppError('conflict', `name: a dataset named ${JSON.stringify(request.name)} already exists (${taken.dataset_id})`);
       const live = this.byName.get(tenant)?.size ?? 0;
-      if (live >= datasetsPerTenant) throw new AppError('conflict', `the tenant has ${live} datasets, the limit (SVC_DATASETS_PER_TENANT = ${datasetsPerTenant}); delete one first`);
+      if (live >= datasetsPerTenant)
+        throw new AppError('conflict', `the tenant has ${live} datasets, the limit (SVC_DATASETS_PER_TENANT = ${datasetsPerTenant}); delete one first`);
       const now = Date.now();
       const dataset: DatasetChanged = {
         tenant,
@@ -126,23 +127,31 @@ export class DatasetCatalog extends EntityCatalog<DatasetChanged> {
       const version = nextVersion(dataset, records.length, addId, now);
       const base = recordsAt(dataset, dataset.version);
       const ids = eventIds(seed);
-      const events = records.map((r, i): DatasetRecordAdded => ({
-        tenant: dataset.tenant,
-        event_id: ids(`record ${i}`),
-        ts: now,
-        dataset_id: id,
-        record_id: newRecordId(seed, i),
-        version: version.version,
-        seq: base + i + 1,
-        input: JSON.stringify(r.input),
-        expected: r.expected === undefined ? null : JSON.stringify(r.expected),
-        metadata: r.metadata === undefined ? null : JSON.stringify(r.metadata),
-        tags: r.tags,
-        created_at: now,
-        deleted: false,
-      }));
+      const events = records.map(
+        (r, i): DatasetRecordAdded => ({
+          tenant: dataset.tenant,
+          event_id: ids(`record ${i}`),
+          ts: now,
+          dataset_id: id,
+          record_id: newRecordId(seed, i),
+          version: version.version,
+          seq: base + i + 1,
+          input: JSON.stringify(r.input),
+          expected: r.expected === undefined ? null : JSON.stringify(r.expected),
+          metadata: r.metadata === undefined ? null : JSON.stringify(r.metadata),
+          tags: r.tags,
+          created_at: now,
+          deleted: false,
+        }),
+      );
       await this.appendRecords(events);
-      await this.put({ ...dataset, event_id: newEventId(), ts: Math.max(now, dataset.ts + 1), version: version.version, versions: [...dataset.versions, version] });
+      await this.put({
+        ...dataset,
+        event_id: newEventId(),
+        ts: Math.max(now, dataset.ts + 1),
+        version: version.version,
+        versions: [...dataset.versions, version],
+      });
       return { dataset_id: id, added: records.length, version: version.version, records: version.records };
     });
   }
@@ -154,7 +163,21 @@ export class DatasetCatalog extends EntityCatalog<DatasetChanged> {
       const now = Date.now();
       const stored = await storedRecordKeys(this.kernel.store, dataset.tenant, id);
       const markers = stored.map(
-        (r): DatasetRecordAdded => ({ tenant: dataset.tenant, event_id: newEventId(), ts: now, dataset_id: id, record_id: r.id, version: r.version, seq: r.seq, input: '', expected: null, metadata: null, tags: [], created_at: now, deleted: true }),
+        (r): DatasetRecordAdded => ({
+          tenant: dataset.tenant,
+          event_id: newEventId(),
+          ts: now,
+          dataset_id: id,
+          record_id: r.id,
+          version: r.version,
+          seq: r.seq,
+          input: '',
+          expected: null,
+          metadata: null,
+          tags: [],
+          created_at: now,
+          deleted: true,
+        }),
       );
       await this.appendRecords(markers);
       await this.put({ ...dataset, event_id: newEventId(), ts: Math.max(now, dataset.ts + 1), deleted: true });
@@ -164,11 +187,17 @@ export class DatasetCatalog extends EntityCatalog<DatasetChanged> {
   private checkLimits(dataset: DatasetChanged, adding: number): void {
     const { datasetMaxVersions, datasetMaxRecords } = this.kernel.config;
     if (dataset.version >= datasetMaxVersions) {
-      throw new AppError('conflict', `dataset ${dataset.dataset_id} has ${dataset.version} versions, the limit (SVC_DATASET_MAX_VERSIONS = ${datasetMaxVersions}); an add of records would make another`);
+      throw new AppError(
+        'conflict',
+        `dataset ${dataset.dataset_id} has ${dataset.version} versions, the limit (SVC_DATASET_MAX_VERSIONS = ${datasetMaxVersions}); an add of records would make another`,
+      );
     }
     const have = recordsAt(dataset, dataset.version);
     if (have + adding > datasetMaxRecords) {
-      throw new AppError('conflict', `dataset ${dataset.dataset_id} has ${have} records; ${adding} more would pass the limit of ${datasetMaxRecords} records per dataset (SVC_DATASET_MAX_RECORDS)`);
+      throw new AppError(
+        'conflict',
+        `dataset ${dataset.dataset_id} has ${have} records; ${adding} more would pass the limit of ${datasetMaxRecords} records per dataset (SVC_DATASET_MAX_RECORDS)`,
+      );
     }
   }
 

@@ -42,7 +42,10 @@ export class RunnerRoster extends EntityCatalog<RunnerHeartbeat> {
     const now = Date.now();
     const beats = [...this.view.entities.values()];
     const best = pickRunner(beats, now, runnerDeadAfter) ?? beats.find((b) => isLive(b, now, runnerDeadAfter));
-    if (!best) throw new AppError('unavailable', `no sandbox runner is alive (none has sent a heartbeat in the last ${Math.round(runnerDeadAfter / 1000)} s)`, { retryAfter: 5 });
+    if (!best)
+      throw new AppError('unavailable', `no sandbox runner is alive (none has sent a heartbeat in the last ${Math.round(runnerDeadAfter / 1000)} s)`, {
+        retryAfter: 5,
+      });
     return best.runner_id;
   }
 
@@ -67,6 +70,8 @@ export class RunnerRoster extends EntityCatalog<RunnerHeartbeat> {
   /** Why a dead runner's sandboxes are gone, for their `error`. */
   static reason(beat: RunnerHeartbeat, deadAfterMs: number): string {
     const at = new Date(goneAt(beat, deadAfterMs)).toISOString();
-    return beat.stopping ? `its sandbox runner ${beat.runner_id} stopped at ${at}` : `its sandbox runner ${beat.runner_id} stopped answering (no heartbeat for ${Math.round(deadAfterMs / 1000)} s, since ${new Date(beat.ts).toISOString()}); declared dead at ${at}`;
+    return beat.stopping
+      ? `its sandbox runner ${beat.runner_id} stopped at ${at}`
+      : `its sandbox runner ${beat.runner_id} stopped answering (no heartbeat for ${Math.round(deadAfterMs / 1000)} s, since ${new Date(beat.ts).toISOString()}); declared dead at ${at}`;
   }
 }

@@ -140,10 +140,19 @@ export class SandboxCatalog extends EntityCatalog<SandboxChanged> {
    */
   async endOwnedBy(runnerId: string, lastBeat: number, reason: string, only?: string): Promise<void> {
     const ids = eventIds(`runner-dead/${runnerId}/${lastBeat}`);
-    const ended = [...this.view.entities.values()].filter((s) => s.runner_id === runnerId && (only === undefined || s.sandbox_id === only) && (s.state === 'creating' || s.state === 'ready' || s.state === 'running'));
+    const ended = [...this.view.entities.values()].filter(
+      (s) =>
+        s.runner_id === runnerId && (only === undefined || s.sandbox_id === only) && (s.state === 'creating' || s.state === 'ready' || s.state === 'running'),
+    );
     if (ended.length === 0) return;
     this.kernel.logger.warn({ runner_id: runnerId, sandboxes: ended.length }, 'ending the sandboxes of a dead runner');
-    await this.append(ended.map((s) => ({ key: s.sandbox_id, tenant: s.tenant, value: { ...s, event_id: ids(s.sandbox_id), ts: Math.max(Date.now(), s.ts + 1), state: 'error', error: reason } })));
+    await this.append(
+      ended.map((s) => ({
+        key: s.sandbox_id,
+        tenant: s.tenant,
+        value: { ...s, event_id: ids(s.sandbox_id), ts: Math.max(Date.now(), s.ts + 1), state: 'error', error: reason },
+      })),
+    );
   }
 
   /** Whether the view holds sandbox `id`, in any state. */
@@ -197,6 +206,11 @@ export function sandboxView(s: SandboxChanged, baseUrl: string) {
     expires_at: new Date(s.expires_at).toISOString(),
     metadata: s.metadata,
     services: JSON.parse(s.services) as Record<string, { host: string; port: number; ready: boolean }>,
-    network: JSON.parse(s.network ?? 'null') as { name: string; address: string; egress: string; ingress: Array<{ to_port: number; host: string; port: number }> } | null,
+    network: JSON.parse(s.network ?? 'null') as {
+      name: string;
+      address: string;
+      egress: string;
+      ingress: Array<{ to_port: number; host: string; port: number }>;
+    } | null,
   };
 }

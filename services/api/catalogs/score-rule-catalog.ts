@@ -20,7 +20,9 @@ export class ScoreRuleCatalog extends EntityCatalog<ScoreRuleChanged> {
 
   /** The tenant's rules, oldest first. */
   list(tenant: string): ScoreRuleChanged[] {
-    return [...this.view.entities.values()].filter((r) => r.tenant === tenant).sort((a, b) => a.created_at - b.created_at || a.rule_id.localeCompare(b.rule_id));
+    return [...this.view.entities.values()]
+      .filter((r) => r.tenant === tenant)
+      .sort((a, b) => a.created_at - b.created_at || a.rule_id.localeCompare(b.rule_id));
   }
 
   /** A rule of the caller's tenant: 404 when unknown, 403 when another tenant's (rule_ ids are global). */

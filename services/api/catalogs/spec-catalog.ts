@@ -58,7 +58,10 @@ export class SpecCatalog extends EntityCatalog<SpecStored> {
       return;
     }
     entities.set(record.key, value);
-    specs.set(id, [...(specs.get(id) ?? []).filter((v) => v.version !== value.version), value].sort((a, b) => a.version - b.version));
+    specs.set(
+      id,
+      [...(specs.get(id) ?? []).filter((v) => v.version !== value.version), value].sort((a, b) => a.version - b.version),
+    );
   }
 
   /**

@@ -38,18 +38,25 @@ function parseRecord(raw: unknown, where: string, maxBytes: number, bad: Bad): N
     valid = false;
     bad(field, problem);
   };
-  for (const field of Object.keys(raw)) if (!RECORD_FIELDS.includes(field)) invalid(`${where}.${field}`, `unknown field; accepted: ${RECORD_FIELDS.join(', ')}`);
+  for (const field of Object.keys(raw))
+    if (!RECORD_FIELDS.includes(field)) invalid(`${where}.${field}`, `unknown field; accepted: ${RECORD_FIELDS.join(', ')}`);
   if (raw.input === undefined || raw.input === null) invalid(`${where}.input`, 'is required: any JSON value but null');
   const tags = raw.tags ?? [];
   if (!Array.isArray(tags) || tags.length > TAGS_PER_RECORD_MAX) invalid(`${where}.tags`, `must be a list of at most ${TAGS_PER_RECORD_MAX} tags`);
   else {
     tags.forEach((tag: unknown, i: number) => {
-      if (typeof tag !== 'string' || !TAG.test(tag)) invalid(`${where}.tags[${i}]`, 'must be a tag of 1 to 100 characters without commas, control characters or spaces at either end');
+      if (typeof tag !== 'string' || !TAG.test(tag))
+        invalid(`${where}.tags[${i}]`, 'must be a tag of 1 to 100 characters without commas, control characters or spaces at either end');
     });
     if (new Set(tags).size !== tags.length) invalid(`${where}.tags`, 'lists a tag twice');
   }
   if (!valid) return undefined;
-  const record: NewRecord = { input: raw.input, tags: tags as string[], ...(raw.expected !== undefined && { expected: raw.expected }), ...(raw.metadata !== undefined && { metadata: raw.metadata }) };
+  const record: NewRecord = {
+    input: raw.input,
+    tags: tags as string[],
+    ...(raw.expected !== undefined && { expected: raw.expected }),
+    ...(raw.metadata !== undefined && { metadata: raw.metadata }),
+  };
   const bytes = recordBytes(record);
   if (bytes > maxBytes) return void bad(where, `is ${bytes} bytes, over the record size limit of ${maxBytes} bytes (SVC_DATASET_RECORD_BYTES)`);
   return record;
@@ -69,7 +76,8 @@ export function parseRecords(body: unknown, config: Pick<Config, 'datasetRecordB
     list = body.records;
   }
   if (!Array.isArray(list) || list.length === 0) bad('records', 'is required: a non-empty list of records {input, expected?, metadata?, tags?}');
-  else if (list.length > config.datasetMaxRecords) bad('records', `has ${list.length} records, more than a dataset may hold (${config.datasetMaxRecords}, SVC_DATASET_MAX_RECORDS)`);
+  else if (list.length > config.datasetMaxRecords)
+    bad('records', `has ${list.length} records, more than a dataset may hold (${config.datasetMaxRecords}, SVC_DATASET_MAX_RECORDS)`);
   problems.throwIfAny();
   const records = (list as unknown[]).map((r, i) => parseRecord(r, `records[${i}]`, config.datasetRecordBytes, bad));
   problems.throwIfAny();

@@ -52,7 +52,12 @@ function params(s: RecordSelection, after: number): Record<string, unknown> {
 }
 
 /** Up to `limit` records after seq `after`, and the cursor of the next page (null: the last page). */
-export async function recordPage(store: Store, s: RecordSelection, after: number, limit: number): Promise<{ items: DatasetRecord[]; next: string | null; lastSeq: number }> {
+export async function recordPage(
+  store: Store,
+  s: RecordSelection,
+  after: number,
+  limit: number,
+): Promise<{ items: DatasetRecord[]; next: string | null; lastSeq: number }> {
   const rows = await store.query<RecordRow>(
     `SELECT RecordId, Seq, Version, Input, Expected, Metadata, Tags, toUnixTimestamp64Milli(CreatedAt) AS created_ms
      FROM dataset_records FINAL WHERE ${where(s)} ORDER BY Seq LIMIT {limit:UInt32}`,

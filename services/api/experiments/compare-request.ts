@@ -11,11 +11,17 @@ import { runFacts, runTraceStats } from '../../queries/run-facts.ts';
 import type { ExperimentCatalog } from '../catalogs/experiment-catalog.ts';
 
 /** The experiment a field names, the caller's own and completed; checked one field after the other. */
-function completedSide(experiments: ExperimentCatalog, principal: Principal, b: Record<string, unknown>, field: 'baseline_id' | 'candidate_id'): ExperimentChanged {
+function completedSide(
+  experiments: ExperimentCatalog,
+  principal: Principal,
+  b: Record<string, unknown>,
+  field: 'baseline_id' | 'candidate_id',
+): ExperimentChanged {
   const id = b[field];
   if (typeof id !== 'string' || id === '') throw badRequest(field, 'is required: an experiment id');
   const experiment = experiments.owned(principal, id);
-  if (experiment.status !== 'completed') throw new AppError('conflict', `${field}: experiment ${id} is ${experiment.status}; only completed experiments compare`);
+  if (experiment.status !== 'completed')
+    throw new AppError('conflict', `${field}: experiment ${id} is ${experiment.status}; only completed experiments compare`);
   return experiment;
 }
 

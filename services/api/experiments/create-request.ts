@@ -87,7 +87,8 @@ function parseOptions(b: Record<string, unknown>, bad: Bad): ExperimentOptions {
     if (matrix) options.matrix = matrix;
   }
   if (b.replicas !== undefined) {
-    if (!Number.isInteger(b.replicas) || (b.replicas as number) < 1 || (b.replicas as number) > REPLICAS_MAX) bad('replicas', `must be a whole number from 1 to ${REPLICAS_MAX}`);
+    if (!Number.isInteger(b.replicas) || (b.replicas as number) < 1 || (b.replicas as number) > REPLICAS_MAX)
+      bad('replicas', `must be a whole number from 1 to ${REPLICAS_MAX}`);
     else options.replicas = b.replicas as number;
   }
   if (b.seed !== undefined) {
@@ -108,10 +109,13 @@ function parseDataset(raw: unknown, bad: Bad): DatasetRequest | null {
     valid = false;
     bad(field, problem);
   };
-  for (const field of Object.keys(raw)) if (!DATASET_FIELDS.includes(field)) invalid(`dataset.${field}`, `unknown field; accepted: ${DATASET_FIELDS.join(', ')}`);
+  for (const field of Object.keys(raw))
+    if (!DATASET_FIELDS.includes(field)) invalid(`dataset.${field}`, `unknown field; accepted: ${DATASET_FIELDS.join(', ')}`);
   if ((raw.id === undefined) === (raw.name === undefined)) invalid('dataset', 'needs exactly one of id (ds_...) and name');
-  if (raw.id !== undefined && (typeof raw.id !== 'string' || !/^ds_[0-9a-f]{16}$/.test(raw.id))) invalid('dataset.id', 'must be a dataset id, ds_ and 16 hex digits');
-  if (raw.name !== undefined && (typeof raw.name !== 'string' || !DATASET_NAME.test(raw.name))) invalid('dataset.name', 'must be a dataset name of 1 to 200 characters');
+  if (raw.id !== undefined && (typeof raw.id !== 'string' || !/^ds_[0-9a-f]{16}$/.test(raw.id)))
+    invalid('dataset.id', 'must be a dataset id, ds_ and 16 hex digits');
+  if (raw.name !== undefined && (typeof raw.name !== 'string' || !DATASET_NAME.test(raw.name)))
+    invalid('dataset.name', 'must be a dataset name of 1 to 200 characters');
   if (raw.version !== undefined && (!Number.isInteger(raw.version) || (raw.version as number) < 1)) invalid('dataset.version', 'must be a positive integer');
   const strings = (field: 'tags' | 'record_ids', max: number, accepts: (s: string) => boolean, what: string) => {
     const list = raw[field];
@@ -146,5 +150,7 @@ export function parseCreateRequest(b: Record<string, unknown>): CreateRequest {
 export function matrixProblems(doc: SpecDocument, matrix: Params[] | undefined): string[] {
   if (!matrix) return [];
   const referenced = [...referencedParams(doc.raw)];
-  return matrix.flatMap((entry, i) => referenced.filter((name) => !Object.hasOwn(entry, name)).map((name) => `matrix[${i}]: lacks ${name}, which the spec refers to as {{ params.${name} }}`));
+  return matrix.flatMap((entry, i) =>
+    referenced.filter((name) => !Object.hasOwn(entry, name)).map((name) => `matrix[${i}]: lacks ${name}, which the spec refers to as {{ params.${name} }}`),
+  );
 }

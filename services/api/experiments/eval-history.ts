@@ -25,7 +25,8 @@ export interface HistoryItem {
 type HistoryRow = ExperimentRow & { Metrics: string; Yaml: string };
 
 async function historyItem(store: Store, tenant: string, r: HistoryRow): Promise<HistoryItem> {
-  const metrics = r.Metrics !== '' ? (JSON.parse(r.Metrics) as ExperimentMetrics) : await experimentMetrics(store, tenant, r.ExperimentId, parsedSpec(r.Yaml).scoring);
+  const metrics =
+    r.Metrics !== '' ? (JSON.parse(r.Metrics) as ExperimentMetrics) : await experimentMetrics(store, tenant, r.ExperimentId, parsedSpec(r.Yaml).scoring);
   return {
     experiment_id: r.ExperimentId,
     name: r.Name,
@@ -38,10 +39,22 @@ async function historyItem(store: Store, tenant: string, r: HistoryRow): Promise
 }
 
 /** The page of the history after the cursor's experiment. A spec id the tenant never had is a 404; a deleted spec keeps its history. */
-export async function evalHistory(store: Store, specs: SpecCatalog, tenant: string, specId: string, after: [number, string] | null, limit: number): Promise<{ items: HistoryItem[]; next: string | null }> {
+export async function evalHistory(
+  store: Store,
+  specs: SpecCatalog,
+  tenant: string,
+  specId: string,
+  after: [number, string] | null,
+  limit: number,
+): Promise<{ items: HistoryItem[]; next: string | null }> {
   const { rows, next } = await experimentRows<HistoryRow>(
     store,
-    { where: ['TenantId = {tenant:String}', 'SpecId = {spec:String}', "Status = 'completed'"], params: { tenant, spec: specId }, extraColumns: ', Metrics, Yaml', newestFirst: false },
+    {
+      where: ['TenantId = {tenant:String}', 'SpecId = {spec:String}', "Status = 'completed'"],
+      params: { tenant, spec: specId },
+      extraColumns: ', Metrics, Yaml',
+      newestFirst: false,
+    },
     after,
     limit,
   );

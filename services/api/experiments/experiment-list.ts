@@ -23,8 +23,17 @@ function summaryOfRow(r: ExperimentRow, counts: VerdictCounts): ExperimentSummar
 }
 
 /** A tenant's experiments after the cursor's, newest first, and the cursor after them. */
-export async function listExperiments(store: Store, tenant: string, after: [number, string] | null, limit: number): Promise<{ items: ExperimentSummary[]; next: string | null }> {
+export async function listExperiments(
+  store: Store,
+  tenant: string,
+  after: [number, string] | null,
+  limit: number,
+): Promise<{ items: ExperimentSummary[]; next: string | null }> {
   const { rows, next } = await experimentRows(store, { where: ['TenantId = {tenant:String}'], params: { tenant }, newestFirst: true }, after, limit);
-  const counts = await countsOf(store, tenant, rows.map((r) => r.ExperimentId));
+  const counts = await countsOf(
+    store,
+    tenant,
+    rows.map((r) => r.ExperimentId),
+  );
   return { items: rows.map((r) => summaryOfRow(r, counts.get(r.ExperimentId)!)), next };
 }

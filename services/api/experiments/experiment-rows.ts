@@ -43,7 +43,12 @@ export interface RowsQuery {
 }
 
 /** One page of rows after `after` in (created_at, id) order, and the cursor after it (null on the last page). */
-export async function experimentRows<R extends ExperimentRow>(store: Store, query: RowsQuery, after: [number, string] | null, limit: number): Promise<{ rows: R[]; next: string | null }> {
+export async function experimentRows<R extends ExperimentRow>(
+  store: Store,
+  query: RowsQuery,
+  after: [number, string] | null,
+  limit: number,
+): Promise<{ rows: R[]; next: string | null }> {
   const conditions = [...query.where];
   const params: Record<string, unknown> = { ...query.params, page: limit + 1 };
   if (after) {

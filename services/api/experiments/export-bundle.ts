@@ -15,7 +15,16 @@ import { runFacts, runTraceStats } from '../../queries/run-facts.ts';
 import type { PinnedPlan } from '../catalogs/experiment-catalog.ts';
 import { allAuditRecords, auditStored, type AuditItem } from '../sandboxes/audit-reads.ts';
 import { ScenarioParamsWindow } from './scenario-params.ts';
-import { experimentDetail, RUN_COLUMNS, scenarioResult, type ExperimentDetail, type ResultContext, type RunResult, type RunRow, type ScenarioResult } from './run-results.ts';
+import {
+  experimentDetail,
+  RUN_COLUMNS,
+  scenarioResult,
+  type ExperimentDetail,
+  type ResultContext,
+  type RunResult,
+  type RunRow,
+  type ScenarioResult,
+} from './run-results.ts';
 
 const EXPORT_PAGE = 500;
 /** Audit records read at a time for a run's `audit`. */
@@ -202,7 +211,12 @@ async function* runText(run: RunLine | ({ type: 'run' } & RunLine)): AsyncGenera
  * The bundle as a download: its content type, file name and body. The first chunk is read
  * before answering, so a failing query is an error status, not a cut stream.
  */
-export async function exportDownload(kernel: Kernel, experiment: ExperimentChanged, plan: PinnedPlan, format: ExportFormat): Promise<{ type: string; filename: string; body: Readable }> {
+export async function exportDownload(
+  kernel: Kernel,
+  experiment: ExperimentChanged,
+  plan: PinnedPlan,
+  format: ExportFormat,
+): Promise<{ type: string; filename: string; body: Readable }> {
   const lines = exportLines(kernel, experiment, plan);
   const chunks = format === 'json' ? exportJson(lines) : ndjson(lines);
   const first = await chunks.next();

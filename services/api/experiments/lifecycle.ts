@@ -51,7 +51,9 @@ export class ExperimentLifecycle {
   async create(tenant: string, request: CreateRequest, seed: string | null = null): Promise<ExperimentSummary> {
     const version = request.options.spec_version;
     // An unknown spec is a 404 here (docs/decisions.md, "Unknown spec id"), unlike POST /v1/sandboxes.
-    const spec = specOrElse(this.deps.specs, tenant, request.spec_id, version, (notFound) => (version === undefined ? notFound : badRequest('spec_version', `spec "${request.spec_id}" has no version ${version}`)));
+    const spec = specOrElse(this.deps.specs, tenant, request.spec_id, version, (notFound) =>
+      version === undefined ? notFound : badRequest('spec_version', `spec "${request.spec_id}" has no version ${version}`),
+    );
     this.checkAgainstSpec(tenant, request, spec.doc);
     if (request.run) {
       this.resolveAgent(tenant, spec.doc, request.options.agent_snapshot_id);
@@ -81,7 +83,11 @@ export class ExperimentLifecycle {
       const current = this.deps.experiments.get(experiment.experiment_id)!;
       if (TERMINAL_STATUSES.includes(current.status)) throw new AppError('conflict', `experiment ${current.experiment_id} is already ${current.status}`);
       const command = this.command(current, 'cancel', { yaml: null, agent: null, total_runs: 0, concurrency: 0 });
-      return this.send(command, TERMINAL_STATUSES, `experiment ${current.experiment_id}: the cancel was requested but not applied within ${config.replyTimeout} ms`);
+      return this.send(
+        command,
+        TERMINAL_STATUSES,
+        `experiment ${current.experiment_id}: the cancel was requested but not applied within ${config.replyTimeout} ms`,
+      );
     });
     return experimentSummary(cancelled, (await countsOf(store, cancelled.tenant, [cancelled.experiment_id])).get(cancelled.experiment_id));
   }
@@ -91,8 +97,10 @@ export class ExperimentLifecycle {
     const problems = matrixProblems(doc, request.options.matrix);
     const snapshotId = request.options.agent_snapshot_id;
     if (snapshotId !== undefined) {
-      if (doc.agent?.type !== 'snapshot') problems.push(`agent_snapshot_id: spec "${doc.id}" does not run a snapshot agent (agent.type is ${doc.agent?.type ?? 'unset'})`);
-      else if (!this.deps.agents.exists(tenant, snapshotId)) problems.push(`agent_snapshot_id: no agent snapshot ${snapshotId} of yours exists (GET /v1/agents/:name/versions lists them)`);
+      if (doc.agent?.type !== 'snapshot')
+        problems.push(`agent_snapshot_id: spec "${doc.id}" does not run a snapshot agent (agent.type is ${doc.agent?.type ?? 'unset'})`);
+      else if (!this.deps.agents.exists(tenant, snapshotId))
+        problems.push(`agent_snapshot_id: no agent snapshot ${snapshotId} of yours exists (GET /v1/agents/:name/versions lists them)`);
     }
     if (problems.length > 0) throw new AppError('bad_request', problems.join('; '));
   }
@@ -141,7 +149,13 @@ export class ExperimentLifecycle {
   /** The run command: the pinned spec's yaml, the resolved agent, the number of runs and how many at once. */
   private runCommand(current: ExperimentChanged): ExperimentCommand {
     const options = JSON.parse(current.options) as ExperimentOptions;
-    const spec = specOrElse(this.deps.specs, current.tenant, current.spec_id, current.spec_version, () => new AppError('conflict', `spec "${current.spec_id}" version ${current.spec_version} was deleted; the experiment cannot run`));
+    const spec = specOrElse(
+      this.deps.specs,
+      current.tenant,
+      current.spec_id,
+      current.spec_version,
+      () => new AppError('conflict', `spec "${current.spec_id}" version ${current.spec_version} was deleted; the experiment cannot run`),
+    );
     const agent = this.resolveAgent(current.tenant, spec.doc, options.agent_snapshot_id);
     return this.command(current, 'run', {
       yaml: spec.stored.yaml,
@@ -151,7 +165,11 @@ export class ExperimentLifecycle {
     });
   }
 
-  private command(current: ExperimentChanged, command: ExperimentCommand['command'], fields: Pick<ExperimentCommand, 'yaml' | 'agent' | 'total_runs' | 'concurrency'>): ExperimentCommand {
+  private command(
+    current: ExperimentChanged,
+    command: ExperimentCommand['command'],
+    fields: Pick<ExperimentCommand, 'yaml' | 'agent' | 'total_runs' | 'concurrency'>,
+  ): ExperimentCommand {
     return { tenant: current.tenant, event_id: newEventId(), ts: Date.now(), experiment_id: current.experiment_id, command, ...fields };
   }
 

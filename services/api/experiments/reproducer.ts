@@ -12,7 +12,11 @@ import { shellQuote } from '../../kernel/shell.ts';
  * same dataset version. Request secrets are not carried (they are never returned); add them to
  * the body when the spec needs them.
  */
-export function reproducer(baseUrl: string, experiment: Pick<ExperimentChanged, 'spec_id' | 'spec_version' | 'options'>, run: { run_id: string; params: Params; seed: number; agent_snapshot_id: string | null }): string {
+export function reproducer(
+  baseUrl: string,
+  experiment: Pick<ExperimentChanged, 'spec_id' | 'spec_version' | 'options'>,
+  run: { run_id: string; params: Params; seed: number; agent_snapshot_id: string | null },
+): string {
   const record = scenarioRecord(run.params);
   const pinned = record === null ? undefined : (JSON.parse(experiment.options) as ExperimentOptions).dataset;
   const body = {

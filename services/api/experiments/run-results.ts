@@ -233,7 +233,14 @@ export function byIndex(rows: RunRow[]): Map<number, RunRow[]> {
 }
 
 function fact(row: RunRow): RunFact {
-  return { run_id: row.RunId, scenario_index: Number(row.ScenarioIndex), params: row.Params, verdict: row.Verdict, wall_ms: Number(row.WallMs), violations: (JSON.parse(row.Violations) as unknown[]).length };
+  return {
+    run_id: row.RunId,
+    scenario_index: Number(row.ScenarioIndex),
+    params: row.Params,
+    verdict: row.Verdict,
+    wall_ms: Number(row.WallMs),
+    violations: (JSON.parse(row.Violations) as unknown[]).length,
+  };
 }
 
 function agentSummary(experiment: ExperimentChanged) {
@@ -264,9 +271,16 @@ export type RunResults = ExperimentDetail & { scenarios: ScenarioResult[] };
 /** GET /v1/experiments/:id. */
 export async function runResults(store: Store, experiment: ExperimentChanged, plan: PinnedPlan, baseUrl: string): Promise<RunResults> {
   const { tenant, experiment_id: id } = experiment;
-  const [rows, traces, params] = await Promise.all([loadRuns(store, tenant, id, null), runTraceStats(store, tenant, id), plan.dataset ? scenarioParams(store, tenant, id, null) : undefined]);
+  const [rows, traces, params] = await Promise.all([
+    loadRuns(store, tenant, id, null),
+    runTraceStats(store, tenant, id),
+    plan.dataset ? scenarioParams(store, tenant, id, null) : undefined,
+  ]);
   const groups = byIndex(rows);
   const ctx = { experiment, plan, baseUrl, scenarioParams: params };
   const metrics = computeMetrics(id, rows.map(fact), traces, plan.scoring.replica_aggregation);
-  return { ...experimentDetail(experiment, plan, metrics), scenarios: scenarioIndices(plan, groups.keys()).map((i) => scenarioResult(ctx, i, groups.get(i) ?? [], traces)) };
+  return {
+    ...experimentDetail(experiment, plan, metrics),
+    scenarios: scenarioIndices(plan, groups.keys()).map((i) => scenarioResult(ctx, i, groups.get(i) ?? [], traces)),
+  };
 }

@@ -35,7 +35,8 @@ export interface ScenarioQuery {
 export function parseScenarioQuery(q: Record<string, unknown>, config: Config): ScenarioQuery {
   const { experiment_id: experimentId, status, scenario_id: scenarioId } = q as Record<string, string | undefined>;
   if (experimentId === undefined || experimentId === '') throw badRequest('experiment_id', 'is required: the experiment whose scenarios to list');
-  if (status !== undefined && !SCENARIO_STATUSES.includes(status as ScenarioStatus)) throw badRequest('status', `must be one of ${SCENARIO_STATUSES.join(', ')}`);
+  if (status !== undefined && !SCENARIO_STATUSES.includes(status as ScenarioStatus))
+    throw badRequest('status', `must be one of ${SCENARIO_STATUSES.join(', ')}`);
   if (scenarioId === '') throw badRequest('scenario_id', 'must not be empty');
   const limit = parseLimit(q.limit, config);
   const cursor = decodeCursor(q.cursor, 1);
@@ -67,7 +68,11 @@ export async function scenarioPage(
   );
   const page = matching.slice(0, limit);
   if (page.length === 0) return { items: [], next: null };
-  const [rows, traces, params] = await Promise.all([loadRuns(store, tenant, id, page), runTraceStats(store, tenant, id), plan.dataset ? scenarioParams(store, tenant, id, page) : undefined]);
+  const [rows, traces, params] = await Promise.all([
+    loadRuns(store, tenant, id, page),
+    runTraceStats(store, tenant, id),
+    plan.dataset ? scenarioParams(store, tenant, id, page) : undefined,
+  ]);
   const groups = byIndex(rows);
   const ctx = { experiment, plan, baseUrl, scenarioParams: params };
   return {

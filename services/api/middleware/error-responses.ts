@@ -47,7 +47,12 @@ function toAppError(err: unknown): AppError {
   if (typeof status === 'number' && HTTP_TO_CODE[status]) {
     const code = HTTP_TO_CODE[status];
     const raw = (err as Error).message;
-    const message = code === 'bad_request' && /JSON|Unexpected|token/i.test(raw) ? `body: invalid JSON (${raw})` : code === 'payload_too_large' ? `body: larger than the limit (${raw})` : raw;
+    const message =
+      code === 'bad_request' && /JSON|Unexpected|token/i.test(raw)
+        ? `body: invalid JSON (${raw})`
+        : code === 'payload_too_large'
+          ? `body: larger than the limit (${raw})`
+          : raw;
     return new AppError(code, message);
   }
   return new AppError('internal', 'internal error', { cause: err });

@@ -59,7 +59,10 @@ export class Idempotency extends EntityCatalog<RecordedResponse> {
       const body = (ctx.request as { body?: Record<symbol, unknown> }).body;
       // Ingest bodies are read raw (traces/ingest.ts), the others parsed by koa-body.
       const raw: unknown = ctx.state.rawBody ?? body?.[UNPARSED];
-      const fingerprint = createHash('sha256').update(`${ctx.method} ${ctx.url}\n`).update(Buffer.isBuffer(raw) || typeof raw === 'string' ? raw : JSON.stringify(body ?? null)).digest('hex');
+      const fingerprint = createHash('sha256')
+        .update(`${ctx.method} ${ctx.url}\n`)
+        .update(Buffer.isBuffer(raw) || typeof raw === 'string' ? raw : JSON.stringify(body ?? null))
+        .digest('hex');
 
       const recorded = this.view.entities.get(mapKey);
       if (recorded && recorded.ts + this.kernel.config.idempotencyTtl > Date.now()) {
@@ -83,7 +86,12 @@ export class Idempotency extends EntityCatalog<RecordedResponse> {
         }
         if (ctx.status >= 500 || ctx.status === 409 || ctx.status === 429 || ctx.status === 401) return;
         await this.testHold(idempotencyKey);
-        const payload = ctx.body === undefined || ctx.body === null ? Buffer.alloc(0) : Buffer.isBuffer(ctx.body) ? ctx.body : Buffer.from(typeof ctx.body === 'string' ? ctx.body : JSON.stringify(ctx.body));
+        const payload =
+          ctx.body === undefined || ctx.body === null
+            ? Buffer.alloc(0)
+            : Buffer.isBuffer(ctx.body)
+              ? ctx.body
+              : Buffer.from(typeof ctx.body === 'string' ? ctx.body : JSON.stringify(ctx.body));
         const record: RecordedResponse = {
           tenant: principal.tenant,
           event_id: newEventId(),

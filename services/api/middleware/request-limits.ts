@@ -26,7 +26,8 @@ export function requestLimits(config: Config) {
   return async (ctx: Context, next: Next) => {
     const principal = ctx.state.principal as Principal | undefined;
     if (!principal) return next();
-    const operatorCall = principal.kind === 'service' || (principal.kind === 'admin' && (ctx.path.startsWith('/v1/admin/') || ctx.path.startsWith(`${SCHEMA_REGISTRY_PREFIX}/`)));
+    const operatorCall =
+      principal.kind === 'service' || (principal.kind === 'admin' && (ctx.path.startsWith('/v1/admin/') || ctx.path.startsWith(`${SCHEMA_REGISTRY_PREFIX}/`)));
     ctx.state.ingest = ctx.method === 'POST' && INGEST_PATHS.some((p) => p.test(ctx.path));
     if (!ctx.state.ingest) {
       if (!operatorCall) (ctx.method === 'GET' || ctx.method === 'HEAD' ? reads : writes).take(principal.keyId);
@@ -36,7 +37,11 @@ export function requestLimits(config: Config) {
     // are queryable, so when the sink falls behind, requests pile up here and the next is refused
     // before its body is read. Accepted events are on the log already and are never dropped.
     if (ingestInFlight >= config.ingestMaxInFlight) {
-      throw new AppError('overloaded', `the service is behind on trace ingest (${config.ingestMaxInFlight} ingest requests in progress); retry after the Retry-After delay`, { retryAfter: 1 });
+      throw new AppError(
+        'overloaded',
+        `the service is behind on trace ingest (${config.ingestMaxInFlight} ingest requests in progress); retry after the Retry-After delay`,
+        { retryAfter: 1 },
+      );
     }
     ingestInFlight++;
     try {

@@ -18,7 +18,10 @@ export function requestLog({ metrics, logger }: Kernel) {
       const ms = performance.now() - started;
       metrics.httpRequests.inc({ route, method: ctx.method, status: String(ctx.status) });
       metrics.httpDuration.observe({ route, method: ctx.method }, ms / 1000);
-      logger.info({ request_id: ctx.state.requestId, tenant: ctx.state.principal?.tenant, method: ctx.method, route, status: ctx.status, ms: Math.round(ms) }, 'request');
+      logger.info(
+        { request_id: ctx.state.requestId, tenant: ctx.state.principal?.tenant, method: ctx.method, route, status: ctx.status, ms: Math.round(ms) },
+        'request',
+      );
     }
   };
 }

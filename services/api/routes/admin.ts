@@ -21,7 +21,6 @@ function keyView(k: ApiKeyRecord) {
   return { id: k.key_id, tenant: k.tenant, name: k.name, prefix: k.prefix, status: k.status, created_at: new Date(k.created_at).toISOString() };
 }
 
-
 export function adminRouter(kernel: Kernel, auth: Auth): Router {
   const router = new Router({ prefix: '/v1/admin' });
   router.use(requireAdmin);
@@ -51,7 +50,8 @@ export function adminRouter(kernel: Kernel, auth: Auth): Router {
   router.post('/keys', async (ctx) => {
     const b = jsonBody(ctx);
     if (typeof b.tenant !== 'string') throw badRequest('tenant', 'is required: the tenant the key belongs to');
-    if (b.name !== undefined && b.name !== null && (typeof b.name !== 'string' || b.name.length > 200)) throw badRequest('name', 'must be a string of at most 200 characters');
+    if (b.name !== undefined && b.name !== null && (typeof b.name !== 'string' || b.name.length > 200))
+      throw badRequest('name', 'must be a string of at most 200 characters');
     const { record, secret } = await auth.createKey(b.tenant, (b.name as string | undefined) ?? null, idempotencySeed(ctx));
     ctx.status = 201;
     ctx.body = { ...keyView(record), key: secret };

@@ -18,7 +18,11 @@ import type { AgentSnapshotChanged } from '../../domain/events/agent-events.ts';
 const METADATA_MAX_BYTES = 64 * 1024;
 
 /** Reads the multipart body: the metadata text and the bundle, streamed through the store's checks. */
-async function receiveUpload(ctx: Context, agents: AgentCatalog, config: Config): Promise<{ metadata: string | undefined; bundle: ReceivedBundle | undefined }> {
+async function receiveUpload(
+  ctx: Context,
+  agents: AgentCatalog,
+  config: Config,
+): Promise<{ metadata: string | undefined; bundle: ReceivedBundle | undefined }> {
   if (!ctx.is('multipart/form-data')) {
     throw new AppError('unsupported_media_type', 'body: send multipart/form-data with a `metadata` JSON field and a `bundle` .tar.gz file');
   }
@@ -37,7 +41,7 @@ async function receiveUpload(ctx: Context, agents: AgentCatalog, config: Config)
   }
   let metadata: string | undefined;
   let bundle: Promise<ReceivedBundle> | undefined;
-  let bundleStream: NodeJS.ReadableStream & { destroy(err?: Error): void } | undefined;
+  let bundleStream: (NodeJS.ReadableStream & { destroy(err?: Error): void }) | undefined;
   const problems: AppError[] = [];
   parser.on('field', (name, value, info) => {
     if (name !== 'metadata') problems.push(badRequest(name, 'unknown form field; send `metadata` and `bundle`'));

@@ -65,7 +65,8 @@ function ruleRoutes(router: Router, { kernel, specs, experiments, alerts, evalua
     const { experimentId, dryRun } = parseEvaluateBody(jsonBody(ctx));
     const rule = alerts.owned(principal(ctx), ctx.params.id);
     const experiment = experiments.owned(principal(ctx), experimentId);
-    if (experiment.status !== 'completed') throw new AppError('conflict', `experiment_id: experiment ${experimentId} is ${experiment.status}; rules are evaluated on completed experiments`);
+    if (experiment.status !== 'completed')
+      throw new AppError('conflict', `experiment_id: experiment ${experimentId} is ${experiment.status}; rules are evaluated on completed experiments`);
     if (rule.eval_id !== null && rule.eval_id !== experiment.spec_id) {
       throw badRequest('experiment_id', `experiment ${experimentId} is of spec ${experiment.spec_id}; the rule is scoped to spec ${rule.eval_id}`);
     }
@@ -75,8 +76,10 @@ function ruleRoutes(router: Router, { kernel, specs, experiments, alerts, evalua
 
 function parseEvaluateBody(b: Record<string, unknown>): { experimentId: string; dryRun: boolean } {
   const problems = new FieldProblems();
-  for (const field of Object.keys(b)) if (field !== 'experiment_id' && field !== 'dry_run') problems.bad(field, 'unknown field; accepted: experiment_id, dry_run');
-  if (typeof b.experiment_id !== 'string' || b.experiment_id === '') problems.bad('experiment_id', 'is required: the completed experiment to evaluate the rule on');
+  for (const field of Object.keys(b))
+    if (field !== 'experiment_id' && field !== 'dry_run') problems.bad(field, 'unknown field; accepted: experiment_id, dry_run');
+  if (typeof b.experiment_id !== 'string' || b.experiment_id === '')
+    problems.bad('experiment_id', 'is required: the completed experiment to evaluate the rule on');
   if (b.dry_run !== undefined && typeof b.dry_run !== 'boolean') problems.bad('dry_run', 'must be true or false');
   problems.throwIfAny();
   return { experimentId: b.experiment_id as string, dryRun: (b.dry_run as boolean | undefined) ?? false };

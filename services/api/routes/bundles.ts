@@ -43,7 +43,11 @@ export function bundlesRouter(bundles: BundleCatalog, config: Config): Router {
     const after = decodeCursor(ctx.query.cursor, 1)?.[0];
     const rest = bundles.list(tenant(ctx)).filter((r) => after === undefined || r.digest > after);
     const items = rest.slice(0, size);
-    ctx.body = { items: items.map(bundleView), ...(rest.length > size ? { next_cursor: encodeCursor([items[items.length - 1]!.digest]) } : {}), count: items.length };
+    ctx.body = {
+      items: items.map(bundleView),
+      ...(rest.length > size ? { next_cursor: encodeCursor([items[items.length - 1]!.digest]) } : {}),
+      count: items.length,
+    };
   });
 
   router.get('/v1/bundles/:digest', (ctx) => {

@@ -22,7 +22,8 @@ export const DASHBOARD_DIR = fileURLToPath(new URL('../../../packages/dashboard/
 
 const YEAR_MS = 365 * 24 * 3600 * 1000;
 const SECURITY_HEADERS: Record<string, string> = {
-  'Content-Security-Policy': "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'",
+  'Content-Security-Policy':
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'",
   'X-Content-Type-Options': 'nosniff',
   'Referrer-Policy': 'no-referrer',
 };
@@ -33,7 +34,8 @@ const isFile = (file: string) => statSync(file, { throwIfNoEntry: false })?.isFi
 export function dashboard(dir = DASHBOARD_DIR) {
   return async (ctx: Context, next: Next) => {
     if (ctx.path !== DASHBOARD_PREFIX && !ctx.path.startsWith(`${DASHBOARD_PREFIX}/`)) return next();
-    if (ctx.method !== 'GET' && ctx.method !== 'HEAD') throw new AppError('not_found', `no route ${ctx.method} ${ctx.path}: the dashboard's files are read with GET`);
+    if (ctx.method !== 'GET' && ctx.method !== 'HEAD')
+      throw new AppError('not_found', `no route ${ctx.method} ${ctx.path}: the dashboard's files are read with GET`);
     if (ctx.path === DASHBOARD_PREFIX) return ctx.redirect(`${DASHBOARD_PREFIX}/`);
     if (!existsSync(path.join(dir, 'index.html'))) {
       throw new AppError('unavailable', 'the dashboard is not built: run `npm run build:ui` (npm install and npm start do it when the build is missing)');

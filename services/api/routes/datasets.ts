@@ -75,11 +75,14 @@ export function datasetsRouter(kernel: Kernel, datasets: DatasetCatalog): Router
     if (wantsNdjson(ctx)) {
       let after = query.after;
       ctx.type = 'application/x-ndjson';
-      ctx.body = ndjsonStream(async () => {
-        const page = await recordPage(store, selection, after, config.maxPageSize);
-        after = page.lastSeq;
-        return page;
-      }, ctx.query.limit === undefined ? null : query.limit);
+      ctx.body = ndjsonStream(
+        async () => {
+          const page = await recordPage(store, selection, after, config.maxPageSize);
+          after = page.lastSeq;
+          return page;
+        },
+        ctx.query.limit === undefined ? null : query.limit,
+      );
       return;
     }
     const page = await recordPage(store, selection, query.after, query.limit);

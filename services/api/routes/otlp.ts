@@ -28,7 +28,14 @@ export function otlpRouter(ingest: TraceIngest, sandboxes: SandboxCatalog): Rout
     // A sandbox token posts as its sandbox (tagged, its secrets redacted), a key as its tenant.
     const source = principal.kind === 'sandbox' ? sandboxes.traceSource(sandboxes.owned(principal, principal.keyId)) : untagged(principal.tenant);
     const respondAsync = prefersRespondAsync(ctx);
-    const decoded = await ingest.ingest(postedBody(ctx), { endpoint: '/otel/v1/traces', format, maxBodyBytes: MAX_BODY_BYTES, keyId: principal.keyId, source, respondAsync });
+    const decoded = await ingest.ingest(postedBody(ctx), {
+      endpoint: '/otel/v1/traces',
+      format,
+      maxBodyBytes: MAX_BODY_BYTES,
+      keyId: principal.keyId,
+      source,
+      respondAsync,
+    });
     // OTLP/HTTP answers success with 200 only: the token is in the headers.
     if (respondAsync) markRespondedAsync(ctx, decoded.visibilityToken, 200);
 

@@ -88,9 +88,10 @@ export function sandboxShellRouter(deps: Deps): Router {
 
   router.get('/v1/sandboxes/:id/shell', async (ctx) => {
     const principal = ctx.state.principal as Principal;
-    if (principal.kind === 'sandbox') throw new AppError('forbidden', 'a sandbox token cannot open a shell; the owner\'s API key can');
+    if (principal.kind === 'sandbox') throw new AppError('forbidden', "a sandbox token cannot open a shell; the owner's API key can");
     const sandbox = deps.sandboxes.owned(principal, ctx.params.id);
-    if (sandbox.state !== 'ready' && sandbox.state !== 'running') throw new AppError('conflict', `sandbox ${sandbox.sandbox_id} is ${sandbox.state}; a shell needs a ready or running sandbox`);
+    if (sandbox.state !== 'ready' && sandbox.state !== 'running')
+      throw new AppError('conflict', `sandbox ${sandbox.sandbox_id} is ${sandbox.state}; a shell needs a ready or running sandbox`);
     const options = terminalOptions(ctx, config.sandboxMaxLifetime);
     const pending = handshake(ctx);
     const client = new ShellSocket(sandbox.sandbox_id);
@@ -212,7 +213,11 @@ class ShellSocket implements TerminalClient {
   private fromClient(data: RawData, isBinary: boolean): void {
     const bytes = Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data as Buffer);
     if (isBinary) {
-      if (bytes.length > TERMINAL.recordBytes) return this.refuse('payload_too_large', `a binary frame is terminal input of at most ${TERMINAL.recordBytes} bytes; this one had ${bytes.length} and was dropped`);
+      if (bytes.length > TERMINAL.recordBytes)
+        return this.refuse(
+          'payload_too_large',
+          `a binary frame is terminal input of at most ${TERMINAL.recordBytes} bytes; this one had ${bytes.length} and was dropped`,
+        );
       // The runner is a window behind: read no more of the socket until it catches up.
       if (!this.terminal!.input(bytes)) this.ws!.pause();
       return;

@@ -12,7 +12,10 @@ import { SPEC_JSON_SCHEMA, SPEC_SCHEMA_PATH } from '../../domain/spec.ts';
 /** The log and the store, each reachable or not; ok when both are. */
 async function health(kernel: Kernel): Promise<{ ok: boolean; body: object }> {
   const [log, store] = await Promise.all([
-    kernel.log.endOffsets('svc.tenants').then(() => true, () => false),
+    kernel.log.endOffsets('svc.tenants').then(
+      () => true,
+      () => false,
+    ),
     kernel.store.ping().catch(() => false),
   ]);
   return {

@@ -38,8 +38,15 @@ const SQL_PATH = '/v1/admin/sql';
 
 /** Refuses a handle or a method this endpoint does not have; `/ping` is answered before. */
 function checkHandle(handle: string, method: string): void {
-  if (handle !== '') throw new SqlError(1, 'UNSUPPORTED_METHOD', `There is no handle /${handle} here: queries go to ${SQL_PATH}/ (GET ?query= or POST) and ${SQL_PATH}/ping answers Ok.`, 404);
-  if (method !== 'GET' && method !== 'POST') throw new SqlError(1, 'UNSUPPORTED_METHOD', `${method} is not allowed: send the query with GET ?query= or POST`, 405);
+  if (handle !== '')
+    throw new SqlError(
+      1,
+      'UNSUPPORTED_METHOD',
+      `There is no handle /${handle} here: queries go to ${SQL_PATH}/ (GET ?query= or POST) and ${SQL_PATH}/ping answers Ok.`,
+      404,
+    );
+  if (method !== 'GET' && method !== 'POST')
+    throw new SqlError(1, 'UNSUPPORTED_METHOD', `${method} is not allowed: send the query with GET ?query= or POST`, 405);
 }
 
 /** As ClickHouse's /ping: no auth, for load balancers and clients' ping(). */

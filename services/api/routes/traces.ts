@@ -39,7 +39,14 @@ export function tracesRouter(kernel: Kernel, ingest: TraceIngest): Router {
     const principal = ctx.state.principal as Principal;
     requireJson(ctx);
     const respondAsync = prefersRespondAsync(ctx);
-    const decoded = await ingest.ingest(postedBody(ctx), { endpoint: '/v1/traces', format: 'trace-json', maxBodyBytes: MAX_INGEST_BODY_BYTES, keyId: principal.keyId, source: untagged(principal.tenant), respondAsync });
+    const decoded = await ingest.ingest(postedBody(ctx), {
+      endpoint: '/v1/traces',
+      format: 'trace-json',
+      maxBodyBytes: MAX_INGEST_BODY_BYTES,
+      keyId: principal.keyId,
+      source: untagged(principal.tenant),
+      respondAsync,
+    });
     ctx.body = ingestAnswer(ctx, decoded, respondAsync);
   });
 

@@ -61,9 +61,15 @@ interface AuditRow {
 export function auditFilters(q: Readonly<Record<string, unknown>>): AuditFilters {
   let types: string[] | null = null;
   if (q.type !== undefined) {
-    types = String(q.type).split(',').map((t) => t.trim());
+    types = String(q.type)
+      .split(',')
+      .map((t) => t.trim());
     const unknown = types.filter((t) => !(AUDIT_TYPES as readonly string[]).includes(t));
-    if (unknown.length > 0) throw badRequest('type', `${unknown.map((t) => JSON.stringify(t)).join(', ')} is not an audit type; one or more (comma-separated) of ${AUDIT_TYPES.join(', ')}`);
+    if (unknown.length > 0)
+      throw badRequest(
+        'type',
+        `${unknown.map((t) => JSON.stringify(t)).join(', ')} is not an audit type; one or more (comma-separated) of ${AUDIT_TYPES.join(', ')}`,
+      );
   }
   let sinceUs: number | null = null;
   if (q.since !== undefined) {
@@ -87,7 +93,10 @@ export async function auditSubject(store: Store, sandboxes: SandboxCatalog, prin
   } catch (err) {
     if (!(err instanceof AppError && err.code === 'not_found')) throw err;
   }
-  const mine = await store.query<{ n: string }>('SELECT count() AS n FROM sandboxes WHERE TenantId = {tenant:String} AND SandboxId = {id:String}', { tenant: principal.tenant, id });
+  const mine = await store.query<{ n: string }>('SELECT count() AS n FROM sandboxes WHERE TenantId = {tenant:String} AND SandboxId = {id:String}', {
+    tenant: principal.tenant,
+    id,
+  });
   const ownSandbox = principal.kind !== 'sandbox' || principal.keyId === id;
   if (Number(mine[0]?.n ?? 0) > 0 && ownSandbox) return { tenant: principal.tenant, sandboxId: id };
   // Whether the id exists at all (for anyone) decides between 403 and 404: sandbox ids are global.
@@ -147,7 +156,13 @@ function conditions(subject: AuditSubject, filters: AuditFilters, after: string[
  * order above; `next` is the key of the page's last record when more follow. A row stored twice
  * (an insert retried) has the same key as its twin, comes right after it, and is dropped.
  */
-export async function auditPage(store: Store, subject: AuditSubject, filters: AuditFilters, after: string[] | null, pageSize: number): Promise<{ items: AuditItem[]; next: string[] | null }> {
+export async function auditPage(
+  store: Store,
+  subject: AuditSubject,
+  filters: AuditFilters,
+  after: string[] | null,
+  pageSize: number,
+): Promise<{ items: AuditItem[]; next: string[] | null }> {
   if (after && !after.every((k) => /^\d{1,16}$/.test(k))) throw badRequest('cursor', 'is not a cursor returned by this endpoint');
   const want = pageSize + 1;
   const rows: AuditRow[] = [];

@@ -71,7 +71,8 @@ export function fileWriteInput(b: Body): { path: string; content: string; encodi
   const encoding = fileEncoding(b.encoding);
   if (typeof b.content !== 'string') throw badRequest('content', `is required: the file content as a string${encoding === 'base64' ? ' of base64' : ''}`);
   if (encoding === 'base64' && !isBase64(b.content)) throw badRequest('content', 'is not valid base64 (standard, padded: A-Z, a-z, 0-9, + and /)');
-  if (b.mode !== undefined && (typeof b.mode !== 'string' || !FILE_MODE_TEXT.test(b.mode))) throw badRequest('mode', 'must be an octal file mode as a string, such as "0644" or "0755"');
+  if (b.mode !== undefined && (typeof b.mode !== 'string' || !FILE_MODE_TEXT.test(b.mode)))
+    throw badRequest('mode', 'must be an octal file mode as a string, such as "0644" or "0755"');
   return { path: b.path, content: b.content, encoding, ...(b.mode !== undefined && { mode: parseInt(b.mode as string, 8) }) };
 }
 
@@ -92,7 +93,8 @@ export function filePath(raw: unknown): string {
 
 /** POST /v1/sandboxes/:id/timeout: `timeout_ms` (reset the timer) or `extend_ms` (add to it). */
 export function timeoutChange(b: Body, maxLifetimeMs: number): { timeout_ms?: number; extend_ms?: number } {
-  if ((b.timeout === undefined) === (b.extend === undefined)) throw badRequest('timeout', 'give either timeout (reset the timer to this long from now) or extend (add this much)');
+  if ((b.timeout === undefined) === (b.extend === undefined))
+    throw badRequest('timeout', 'give either timeout (reset the timer to this long from now) or extend (add this much)');
   const field = b.timeout !== undefined ? 'timeout' : 'extend';
   return { [`${field}_ms`]: sandboxDuration(b[field], field, maxLifetimeMs) };
 }

@@ -32,7 +32,11 @@ function answerOf<K extends SandboxOp>(reply: ReplyTo<K>): SandboxAnswer<Sandbox
     const parsed = JSON.parse(reply.body.toString('utf8')) as { message?: string };
     throw new AppError((reply.error ?? 'internal') as ErrorCode, parsed.message ?? 'sandbox operation failed');
   }
-  return { status: reply.status, type: reply.content_type, body: reply.content_type === 'application/json' ? JSON.parse(reply.body.toString('utf8')) : reply.body };
+  return {
+    status: reply.status,
+    type: reply.content_type,
+    body: reply.content_type === 'application/json' ? JSON.parse(reply.body.toString('utf8')) : reply.body,
+  };
 }
 
 export interface SandboxOperationsDeps {
@@ -60,12 +64,17 @@ export class SandboxOperations {
       await sandboxes.waitForState(id, ['ready', 'running', 'stopped', 'error']);
       const made = sandboxes.owned(p, id, { allowGone: true });
       // It died with the process that made it (the crash the retry follows): not made again under the same key.
-      if (made.state === 'stopped' || made.state === 'error') throw new AppError('conflict', `the sandbox this request made, ${id}, has ended (${made.error ?? made.state}); retry with a new Idempotency-Key for a new sandbox`);
+      if (made.state === 'stopped' || made.state === 'error')
+        throw new AppError(
+          'conflict',
+          `the sandbox this request made, ${id}, has ended (${made.error ?? made.state}); retry with a new Idempotency-Key for a new sandbox`,
+        );
       return { status: 201, body: sandboxView(made, config.baseUrl) };
     }
     const spec = this.storedSpec(p.tenant, input.specId);
     // A spec stored before the maximum was lowered: its lifetime is refused, not cut short.
-    const tooLong = input.timeoutMs === null && spec.doc.resources.timeoutMs !== null ? lifetimeProblem(spec.doc.resources.timeoutMs, config.sandboxMaxLifetime) : null;
+    const tooLong =
+      input.timeoutMs === null && spec.doc.resources.timeoutMs !== null ? lifetimeProblem(spec.doc.resources.timeoutMs, config.sandboxMaxLifetime) : null;
     if (tooLong) throw badRequest('spec_id', `the spec's resources.timeout ${tooLong}; give a shorter timeout`);
     const agent = agents.resolveForSpec(p.tenant, spec.doc);
     const { plan, quota } = auth.sandboxQuota(p.tenant);
@@ -108,8 +117,14 @@ export class SandboxOperations {
   /** Sends operation `op` (command, file_write, file_read, file_delete, state, diff, ...) to a live sandbox. */
   async send<K extends SandboxOp>(p: Principal, id: string, op: K, payload: SandboxPayload<K>): Promise<SandboxAnswer<SandboxReply<K>>> {
     const sandbox = this.deps.sandboxes.owned(p, id);
-    if (await this.endIfOrphaned(sandbox)) throw new AppError('not_found', `sandbox ${id} is gone: ${RunnerRoster.reason(this.deps.runners.dead(sandbox.runner_id)!, this.deps.config.runnerDeadAfter)}`);
-    return answerOf(await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, sandbox.runner_id, op, payload, this.answerWithin(sandbox, op, payload)));
+    if (await this.endIfOrphaned(sandbox))
+      throw new AppError(
+        'not_found',
+        `sandbox ${id} is gone: ${RunnerRoster.reason(this.deps.runners.dead(sandbox.runner_id)!, this.deps.config.runnerDeadAfter)}`,
+      );
+    return answerOf(
+      await this.deps.requester.request(sandbox.tenant, sandbox.sandbox_id, sandbox.runner_id, op, payload, this.answerWithin(sandbox, op, payload)),
+    );
   }
 
   /**

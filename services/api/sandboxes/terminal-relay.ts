@@ -25,7 +25,16 @@ import { Sealer, secretsKey } from '../../kernel/tenant-secrets.ts';
 import { TOPICS } from '../../kernel/topics.ts';
 import type { SandboxChanged } from '../../domain/events/sandbox-events.ts';
 import type { TerminalInput, TerminalOutput } from '../../domain/events/terminal-events.ts';
-import { mergeData, outputData, TERMINAL, terminalInput, type TerminalItem, type TerminalOpen, type TerminalOpened, type TerminalStream } from '../../domain/terminal-sessions.ts';
+import {
+  mergeData,
+  outputData,
+  TERMINAL,
+  terminalInput,
+  type TerminalItem,
+  type TerminalOpen,
+  type TerminalOpened,
+  type TerminalStream,
+} from '../../domain/terminal-sessions.ts';
 import type { SandboxCatalog } from '../catalogs/sandbox-catalog.ts';
 import type { SandboxOperations } from './sandbox-operations.ts';
 
@@ -89,7 +98,8 @@ export class TerminalRelay {
   async stop(): Promise<void> {
     if (this.heartbeat) clearInterval(this.heartbeat);
     this.stopListening?.();
-    for (const session of [...this.sessions.values()]) session.end({ exitCode: null, error: 'unavailable', reason: 'the service is stopping' }, 'the api stopped');
+    for (const session of [...this.sessions.values()])
+      session.end({ exitCode: null, error: 'unavailable', reason: 'the service is stopping' }, 'the api stopped');
     await this.appends?.idle();
     await this.consumer?.stop();
     this.consumer = null;
@@ -100,9 +110,21 @@ export class TerminalRelay {
    * before the client is attached goes to `client` as it comes (it holds it: nothing more than
    * the output window comes unacknowledged).
    */
-  async open(operations: SandboxOperations, principal: Principal, sandbox: SandboxChanged, options: Omit<TerminalOpen, 'session_id'>, client: TerminalClient): Promise<RelayedTerminal> {
+  async open(
+    operations: SandboxOperations,
+    principal: Principal,
+    sandbox: SandboxChanged,
+    options: Omit<TerminalOpen, 'session_id'>,
+    client: TerminalClient,
+  ): Promise<RelayedTerminal> {
     const stream: TerminalStream = { tenant: sandbox.tenant, session_id: newTerminalSessionId(), sandbox_id: sandbox.sandbox_id, seq: 0 };
-    const session = new RelayedTerminal(stream, client, this.sealer, (item) => this.push(item), () => this.sessions.delete(stream.session_id));
+    const session = new RelayedTerminal(
+      stream,
+      client,
+      this.sealer,
+      (item) => this.push(item),
+      () => this.sessions.delete(stream.session_id),
+    );
     // Before the request: the shell's first output may come before the reply does.
     this.sessions.set(stream.session_id, session);
     try {
@@ -116,12 +138,18 @@ export class TerminalRelay {
   }
 
   private sandboxEnded(sandbox: SandboxChanged): void {
-    const reason = sandbox.state === 'error' ? `sandbox ${sandbox.sandbox_id} ended: ${sandbox.error ?? 'error'}` : `sandbox ${sandbox.sandbox_id} was destroyed`;
-    for (const session of [...this.sessions.values()]) if (session.sandboxId === sandbox.sandbox_id) session.end({ exitCode: null, error: 'not_found', reason }, null);
+    const reason =
+      sandbox.state === 'error' ? `sandbox ${sandbox.sandbox_id} ended: ${sandbox.error ?? 'error'}` : `sandbox ${sandbox.sandbox_id} was destroyed`;
+    for (const session of [...this.sessions.values()])
+      if (session.sandboxId === sandbox.sandbox_id) session.end({ exitCode: null, error: 'not_found', reason }, null);
   }
 
   private push(item: InputItem): void {
-    this.appends.push(item).catch((err) => this.kernel.logger.error({ err, session_id: item.stream.session_id, sandbox_id: item.stream.sandbox_id }, 'terminal input did not reach the log'));
+    this.appends
+      .push(item)
+      .catch((err) =>
+        this.kernel.logger.error({ err, session_id: item.stream.session_id, sandbox_id: item.stream.sandbox_id }, 'terminal input did not reach the log'),
+      );
   }
 }
 
@@ -160,7 +188,8 @@ export class RelayedTerminal {
   input(data: Buffer): boolean {
     if (this.ended) return false;
     if (data.length === 0) return this.inFlight < TERMINAL.inputWindow;
-    for (let at = 0; at < data.length; at += TERMINAL.recordBytes) this.send({ stream: this.stream, kind: 'input', data: data.subarray(at, at + TERMINAL.recordBytes) });
+    for (let at = 0; at < data.length; at += TERMINAL.recordBytes)
+      this.send({ stream: this.stream, kind: 'input', data: data.subarray(at, at + TERMINAL.recordBytes) });
     this.inFlight += data.length;
     return this.inFlight < TERMINAL.inputWindow;
   }

@@ -19,7 +19,10 @@ export function parseRuleIds(b: Record<string, unknown>): string[] | undefined {
   for (const field of Object.keys(b)) if (field !== 'rule_ids') throw badRequest(field, 'unknown field; accepted: rule_ids');
   const ids = b.rule_ids;
   if (ids !== undefined && (!Array.isArray(ids) || ids.length === 0 || ids.length > RULE_IDS_MAX || !ids.every((id) => typeof id === 'string' && id !== ''))) {
-    throw badRequest('rule_ids', `must be a list of 1 to ${RULE_IDS_MAX} score rule ids (rule_...); leave it out to apply every rule of the experiment's spec and every global rule`);
+    throw badRequest(
+      'rule_ids',
+      `must be a list of 1 to ${RULE_IDS_MAX} score rule ids (rule_...); leave it out to apply every rule of the experiment's spec and every global rule`,
+    );
   }
   return ids as string[] | undefined;
 }
@@ -29,14 +32,22 @@ function chooseRules(rules: ScoreRuleCatalog, tenant: string, experiment: Experi
   const applies = (r: ScoreRuleChanged) => r.eval_id === null || r.eval_id === experiment.spec_id;
   if (ids === undefined) {
     const chosen = rules.list(tenant).filter(applies);
-    if (chosen.length === 0) throw badRequest('rule_ids', `no score rule applies to experiment ${experiment.experiment_id} (none is global or scoped to spec "${experiment.spec_id}"); create one with POST /v1/score-rules`);
+    if (chosen.length === 0)
+      throw badRequest(
+        'rule_ids',
+        `no score rule applies to experiment ${experiment.experiment_id} (none is global or scoped to spec "${experiment.spec_id}"); create one with POST /v1/score-rules`,
+      );
     return chosen;
   }
   return [...new Set(ids)].map((id, i) => {
     const rule = rules.get(id);
     if (!rule) throw badRequest(`rule_ids[${i}]`, `no score rule ${id} exists`);
     if (rule.tenant !== tenant) throw new AppError('forbidden', `rule_ids[${i}]: score rule ${id} belongs to another tenant`);
-    if (!applies(rule)) throw badRequest(`rule_ids[${i}]`, `score rule ${id} is scoped to spec "${rule.eval_id}", and experiment ${experiment.experiment_id} runs spec "${experiment.spec_id}"`);
+    if (!applies(rule))
+      throw badRequest(
+        `rule_ids[${i}]`,
+        `score rule ${id} is scoped to spec "${rule.eval_id}", and experiment ${experiment.experiment_id} runs spec "${experiment.spec_id}"`,
+      );
     return rule;
   });
 }
@@ -57,5 +68,11 @@ export async function requestScoring(kernel: Kernel, rules: ScoreRuleCatalog, ex
     run: null,
   };
   await publish(kernel, TOPICS.scoreRequests, [{ key: experiment.experiment_id, tenant: experiment.tenant, value: request }]);
-  return { request_id: request.request_id, experiment_id: experiment.experiment_id, rule_ids: chosen.map((r) => r.rule_id), runs: experiment.total_runs, status: 'queued' };
+  return {
+    request_id: request.request_id,
+    experiment_id: experiment.experiment_id,
+    rule_ids: chosen.map((r) => r.rule_id),
+    runs: experiment.total_runs,
+    status: 'queued',
+  };
 }

@@ -33,13 +33,19 @@ export interface SqlResult {
 function outputOptions(params: URLSearchParams): { defaultFormat: string; revision: number; database: string | undefined } {
   for (const flag of ['compress', 'decompress']) {
     if (params.has(flag) && params.get(flag) !== '0') {
-      throw new SqlError(48, 'NOT_IMPLEMENTED', `${flag}=1 (ClickHouse's native block compression) is not supported here: use HTTP compression (enable_http_compression=1 with Accept-Encoding: gzip)`, 400);
+      throw new SqlError(
+        48,
+        'NOT_IMPLEMENTED',
+        `${flag}=1 (ClickHouse's native block compression) is not supported here: use HTTP compression (enable_http_compression=1 with Accept-Encoding: gzip)`,
+        400,
+      );
     }
   }
   const defaultFormat = params.get('default_format') || 'TabSeparated';
   if (!/^[A-Za-z0-9_]+$/.test(defaultFormat)) throw new SqlError(73, 'UNKNOWN_FORMAT', `Unknown format ${JSON.stringify(defaultFormat)}`);
   const revision = params.get('client_protocol_version') ?? '0';
-  if (!/^\d{1,9}$/.test(revision)) throw new SqlError(27, 'CANNOT_PARSE_INPUT_ASSERTION_FAILED', `Cannot parse client_protocol_version ${JSON.stringify(revision)} as a number`);
+  if (!/^\d{1,9}$/.test(revision))
+    throw new SqlError(27, 'CANNOT_PARSE_INPUT_ASSERTION_FAILED', `Cannot parse client_protocol_version ${JSON.stringify(revision)} as a number`);
   return { defaultFormat, revision: Number(revision), database: params.get('database') || undefined };
 }
 
@@ -74,7 +80,12 @@ export class AnalystQueries {
 
   private async execute(query: RawQuery): Promise<RawResult> {
     if (this.inFlight >= MAX_CONCURRENT) {
-      throw new SqlError(202, 'TOO_MANY_SIMULTANEOUS_QUERIES', `Too many simultaneous queries: at most ${MAX_CONCURRENT} SQL queries run at once; retry shortly`, 429);
+      throw new SqlError(
+        202,
+        'TOO_MANY_SIMULTANEOUS_QUERIES',
+        `Too many simultaneous queries: at most ${MAX_CONCURRENT} SQL queries run at once; retry shortly`,
+        429,
+      );
     }
     this.inFlight++;
     try {

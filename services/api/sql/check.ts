@@ -29,9 +29,29 @@ interface Token {
 
 /** Table functions that read only generated data or the service's own tables. */
 const SAFE_TABLE_FUNCTIONS = new Set([
-  'numbers', 'numbers_mt', 'zeros', 'zeros_mt', 'generaterandom', 'generate_series', 'generateseries', 'primes', 'values',
-  'view', 'viewifpermitted', 'viewexplain', 'merge', 'null', 'loop', 'format', 'sqlstandardvalues', 'dictionary',
-  'mergetreeindex', 'mergetreeprojection', 'mergetreetextindex', 'mergetreeanalyzeindexes', 'mergetreeanalyzeindexesuuid',
+  'numbers',
+  'numbers_mt',
+  'zeros',
+  'zeros_mt',
+  'generaterandom',
+  'generate_series',
+  'generateseries',
+  'primes',
+  'values',
+  'view',
+  'viewifpermitted',
+  'viewexplain',
+  'merge',
+  'null',
+  'loop',
+  'format',
+  'sqlstandardvalues',
+  'dictionary',
+  'mergetreeindex',
+  'mergetreeprojection',
+  'mergetreetextindex',
+  'mergetreeanalyzeindexes',
+  'mergetreeanalyzeindexesuuid',
 ]);
 
 /**
@@ -39,14 +59,73 @@ const SAFE_TABLE_FUNCTIONS = new Set([
  * tables; the endpoint adds whatever the running engine lists beyond the safe set (denyTableFunctions).
  */
 const DENIED = new Set([
-  'file', 'filecluster', 'url', 'urlcluster', 's3', 's3cluster', 'gcs', 'oss', 'cosn', 'hdfs', 'hdfscluster', 'azureblobstorage',
-  'azureblobstoragecluster', 'remote', 'remotesecure', 'cluster', 'clusterallreplicas', 'mysql', 'postgresql', 'sqlite', 'mongodb',
-  'redis', 'jdbc', 'odbc', 'executable', 'input', 'iceberg', 'icebergs3', 'icebergazure', 'iceberghdfs', 'iceberglocal', 'icebergcluster',
-  'icebergs3cluster', 'icebergazurecluster', 'iceberghdfscluster', 'iceberglocalcluster', 'deltalake', 'deltalakes3', 'deltalakeazure',
-  'deltalakelocal', 'deltalakecluster', 'deltalakes3cluster', 'deltalakeazurecluster', 'hudi', 'hudicluster', 'paimon', 'paimons3',
-  'paimonazure', 'paimonhdfs', 'paimonlocal', 'paimoncluster', 'paimons3cluster', 'paimonazurecluster', 'paimonhdfscluster', 'ytsaurus',
-  'filesystem', 'arrowstream', 'eval', 'fuzzquery', 'fuzzjson', 'prometheusquery', 'prometheusqueryrange', 'timeseriesselector',
-  'timeseriesmetrics', 'timeseriestags', 'timeseriessamples', 'timeseriesdata',
+  'file',
+  'filecluster',
+  'url',
+  'urlcluster',
+  's3',
+  's3cluster',
+  'gcs',
+  'oss',
+  'cosn',
+  'hdfs',
+  'hdfscluster',
+  'azureblobstorage',
+  'azureblobstoragecluster',
+  'remote',
+  'remotesecure',
+  'cluster',
+  'clusterallreplicas',
+  'mysql',
+  'postgresql',
+  'sqlite',
+  'mongodb',
+  'redis',
+  'jdbc',
+  'odbc',
+  'executable',
+  'input',
+  'iceberg',
+  'icebergs3',
+  'icebergazure',
+  'iceberghdfs',
+  'iceberglocal',
+  'icebergcluster',
+  'icebergs3cluster',
+  'icebergazurecluster',
+  'iceberghdfscluster',
+  'iceberglocalcluster',
+  'deltalake',
+  'deltalakes3',
+  'deltalakeazure',
+  'deltalakelocal',
+  'deltalakecluster',
+  'deltalakes3cluster',
+  'deltalakeazurecluster',
+  'hudi',
+  'hudicluster',
+  'paimon',
+  'paimons3',
+  'paimonazure',
+  'paimonhdfs',
+  'paimonlocal',
+  'paimoncluster',
+  'paimons3cluster',
+  'paimonazurecluster',
+  'paimonhdfscluster',
+  'ytsaurus',
+  'filesystem',
+  'arrowstream',
+  'eval',
+  'fuzzquery',
+  'fuzzjson',
+  'prometheusquery',
+  'prometheusqueryrange',
+  'timeseriesselector',
+  'timeseriesmetrics',
+  'timeseriestags',
+  'timeseriessamples',
+  'timeseriesdata',
   // Scalar functions that read files.
   'catboostevaluate',
 ]);
@@ -59,9 +138,39 @@ export function denyTableFunctions(names: Iterable<string>): void {
 const STATEMENTS = new Set(['select', 'with', 'show', 'describe', 'desc', 'explain', 'exists']);
 /** ClickHouse statements that write or change state: refused as READONLY (anything else is a syntax error). */
 const WRITES = new Set([
-  'insert', 'create', 'drop', 'alter', 'truncate', 'system', 'kill', 'optimize', 'set', 'use', 'rename', 'attach', 'detach', 'grant',
-  'revoke', 'exchange', 'undrop', 'delete', 'update', 'backup', 'restore', 'watch', 'move', 'check', 'begin', 'commit', 'rollback',
-  'replace', 'execute', 'prepare', 'deallocate', 'copy', 'merge',
+  'insert',
+  'create',
+  'drop',
+  'alter',
+  'truncate',
+  'system',
+  'kill',
+  'optimize',
+  'set',
+  'use',
+  'rename',
+  'attach',
+  'detach',
+  'grant',
+  'revoke',
+  'exchange',
+  'undrop',
+  'delete',
+  'update',
+  'backup',
+  'restore',
+  'watch',
+  'move',
+  'check',
+  'begin',
+  'commit',
+  'rollback',
+  'replace',
+  'execute',
+  'prepare',
+  'deallocate',
+  'copy',
+  'merge',
 ]);
 
 function syntaxError(sql: string, pos: number, what: string): SqlError {
@@ -168,7 +277,12 @@ export function checkQuery(sql: string): CheckedQuery {
   const semicolon = tokens.findIndex((t) => t.kind === 'punct' && t.text === ';');
   if (semicolon >= 0 && semicolon < tokens.length - 1) {
     const next = tokens.slice(semicolon + 1).find((t) => !(t.kind === 'punct' && t.text === ';'));
-    if (next) throw new SqlError(62, 'SYNTAX_ERROR', `Syntax error (Multi-statements are not allowed): failed at position ${tokens[semicolon].pos + 1}: one statement per request`);
+    if (next)
+      throw new SqlError(
+        62,
+        'SYNTAX_ERROR',
+        `Syntax error (Multi-statements are not allowed): failed at position ${tokens[semicolon].pos + 1}: one statement per request`,
+      );
   }
   const body = semicolon >= 0 ? tokens.slice(0, semicolon) : tokens;
   const first = body.find((t) => !(t.kind === 'punct' && t.text === '('));
@@ -177,7 +291,11 @@ export function checkQuery(sql: string): CheckedQuery {
     throw syntaxError(sql, first.pos, 'expected one of SELECT, WITH, SHOW, DESCRIBE, EXPLAIN, EXISTS');
   }
   if (!STATEMENTS.has(first.text.toLowerCase())) {
-    throw new SqlError(164, 'READONLY', `${first.kind === 'word' ? first.text.toUpperCase() : 'This'} query is refused: this endpoint is read-only and runs only SELECT, WITH, SHOW, DESCRIBE, EXPLAIN and EXISTS`);
+    throw new SqlError(
+      164,
+      'READONLY',
+      `${first.kind === 'word' ? first.text.toUpperCase() : 'This'} query is refused: this endpoint is read-only and runs only SELECT, WITH, SHOW, DESCRIBE, EXPLAIN and EXISTS`,
+    );
   }
   let depth = 0;
   let format: string | null = null;
@@ -197,7 +315,13 @@ export function checkQuery(sql: string): CheckedQuery {
     }
     // FORMAT <name> at the end of the statement, or before its trailing SETTINGS clause.
     const after = body[i + 2];
-    if (depth === 0 && t.kind === 'word' && t.text.toUpperCase() === 'FORMAT' && (next?.kind === 'word' || next?.kind === 'quoted') && (after === undefined || (after.kind === 'word' && after.text.toUpperCase() === 'SETTINGS'))) {
+    if (
+      depth === 0 &&
+      t.kind === 'word' &&
+      t.text.toUpperCase() === 'FORMAT' &&
+      (next?.kind === 'word' || next?.kind === 'quoted') &&
+      (after === undefined || (after.kind === 'word' && after.text.toUpperCase() === 'SETTINGS'))
+    ) {
       format = next.text;
     }
   }

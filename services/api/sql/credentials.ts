@@ -37,18 +37,33 @@ function credentials(header: Header, params: URLSearchParams): Credentials {
 export function authenticate(header: Header, params: URLSearchParams, auth: Auth): void {
   const { token, how } = credentials(header, params);
   if (token === undefined) {
-    throw new SqlError(194, 'REQUIRED_PASSWORD', 'The SQL endpoint needs the admin key (SVC_API_KEY): as the password of Basic auth (any user name), X-ClickHouse-Key, the password URL parameter, or Authorization: Bearer', 401);
+    throw new SqlError(
+      194,
+      'REQUIRED_PASSWORD',
+      'The SQL endpoint needs the admin key (SVC_API_KEY): as the password of Basic auth (any user name), X-ClickHouse-Key, the password URL parameter, or Authorization: Bearer',
+      401,
+    );
   }
   let kind: string;
   try {
     kind = auth.authenticate(token === '' ? 'Bearer' : `Bearer ${token}`).kind;
   } catch (err) {
     if (err instanceof AppError && err.code === 'unauthorized') {
-      throw new SqlError(516, 'AUTHENTICATION_FAILED', how === 'malformed' ? 'Malformed Authorization header: expected Basic or Bearer' : 'Authentication failed: the password is not a valid key', 401);
+      throw new SqlError(
+        516,
+        'AUTHENTICATION_FAILED',
+        how === 'malformed' ? 'Malformed Authorization header: expected Basic or Bearer' : 'Authentication failed: the password is not a valid key',
+        401,
+      );
     }
     throw err;
   }
   if (kind !== 'admin') {
-    throw new SqlError(497, 'ACCESS_DENIED', 'The SQL endpoint needs the admin key (SVC_API_KEY): it reads every tenant\'s rows, so tenant keys and sandbox tokens are refused', 403);
+    throw new SqlError(
+      497,
+      'ACCESS_DENIED',
+      "The SQL endpoint needs the admin key (SVC_API_KEY): it reads every tenant's rows, so tenant keys and sandbox tokens are refused",
+      403,
+    );
   }
 }

@@ -98,12 +98,38 @@ function elementType(element: string): string {
 }
 
 const FIXED: Record<string, number> = {
-  UInt8: 1, Int8: 1, Bool: 1, Enum8: 1, Nothing: 1,
-  UInt16: 2, Int16: 2, Date: 2, Enum16: 2, BFloat16: 2,
-  UInt32: 4, Int32: 4, Float32: 4, DateTime: 4, Date32: 4, IPv4: 4, Decimal32: 4, Time: 4,
-  UInt64: 8, Int64: 8, Float64: 8, DateTime64: 8, Decimal64: 8, Time64: 8,
-  UInt128: 16, Int128: 16, UUID: 16, IPv6: 16, Decimal128: 16,
-  UInt256: 32, Int256: 32, Decimal256: 32,
+  UInt8: 1,
+  Int8: 1,
+  Bool: 1,
+  Enum8: 1,
+  Nothing: 1,
+  UInt16: 2,
+  Int16: 2,
+  Date: 2,
+  Enum16: 2,
+  BFloat16: 2,
+  UInt32: 4,
+  Int32: 4,
+  Float32: 4,
+  DateTime: 4,
+  Date32: 4,
+  IPv4: 4,
+  Decimal32: 4,
+  Time: 4,
+  UInt64: 8,
+  Int64: 8,
+  Float64: 8,
+  DateTime64: 8,
+  Decimal64: 8,
+  Time64: 8,
+  UInt128: 16,
+  Int128: 16,
+  UUID: 16,
+  IPv6: 16,
+  Decimal128: 16,
+  UInt256: 32,
+  Int256: 32,
+  Decimal256: 32,
 };
 
 const ALIASES: Record<string, string> = {
@@ -214,7 +240,12 @@ export function nativeForRevision(bytes: Uint8Array, revision: number): Uint8Arr
     }
   } catch (err) {
     if (err instanceof Unsupported) {
-      throw new SqlError(48, 'NOT_IMPLEMENTED', `Native output of type ${err.message} for client_protocol_version ${revision} is not supported here; use RowBinary or another format, or client_protocol_version=0`, 400);
+      throw new SqlError(
+        48,
+        'NOT_IMPLEMENTED',
+        `Native output of type ${err.message} for client_protocol_version ${revision} is not supported here; use RowBinary or another format, or client_protocol_version=0`,
+        400,
+      );
     }
     throw err;
   }

@@ -44,7 +44,8 @@ export async function readQueryBody(chunks: AsyncIterable<Buffer>, contentEncodi
 /** The query: the URL's and the body's text joined; too large or holding a NUL byte is a SqlError. */
 export function queryText(urlQuery: string, body: string): string {
   const sql = urlQuery && body ? `${urlQuery}\n${body}` : urlQuery || body;
-  if (Buffer.byteLength(sql) > MAX_QUERY_BYTES) throw new SqlError(62, 'SYNTAX_ERROR', `Max query size exceeded: the query is larger than ${MAX_QUERY_BYTES} bytes`, 413);
+  if (Buffer.byteLength(sql) > MAX_QUERY_BYTES)
+    throw new SqlError(62, 'SYNTAX_ERROR', `Max query size exceeded: the query is larger than ${MAX_QUERY_BYTES} bytes`, 413);
   if (sql.includes('\0')) throw new SqlError(62, 'SYNTAX_ERROR', 'The query contains a NUL byte', 400);
   return sql;
 }

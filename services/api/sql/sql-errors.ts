@@ -53,7 +53,8 @@ function statusOf(code: number): number {
  * (`Code: 73. DB::Exception: Code: 73. DB::Exception: ... (version 26.7.2.1)`) taken off.
  */
 export function fromEngineError(code: number, raw: string): SqlError {
-  const name = /\(([A-Z][A-Z0-9_]+)\)\s*$/.exec(raw.replace(/\s*\(version [^)]*\)\.?\s*$/, ''))?.[1] ?? /\(([A-Z][A-Z0-9_]+)\)/.exec(raw)?.[1] ?? 'UNKNOWN_EXCEPTION';
+  const name =
+    /\(([A-Z][A-Z0-9_]+)\)\s*$/.exec(raw.replace(/\s*\(version [^)]*\)\.?\s*$/, ''))?.[1] ?? /\(([A-Z][A-Z0-9_]+)\)/.exec(raw)?.[1] ?? 'UNKNOWN_EXCEPTION';
   let message = raw;
   for (;;) {
     const m = /^Code: \d+\. DB::Exception: /.exec(message);

@@ -18,7 +18,12 @@ const DISPLAY_NAME = hostname();
 
 function contentType(format: string): string {
   if (BINARY_FORMATS.test(format)) return 'application/octet-stream';
-  if (/^(JSON|JSONCompact|JSONStrings|JSONCompactStrings|JSONColumns|JSONCompactColumns|JSONColumnsWithMetadata|JSONObjectEachRow|PrettyJSONEachRow)$/i.test(format)) return 'application/json; charset=UTF-8';
+  if (
+    /^(JSON|JSONCompact|JSONStrings|JSONCompactStrings|JSONColumns|JSONCompactColumns|JSONColumnsWithMetadata|JSONObjectEachRow|PrettyJSONEachRow)$/i.test(
+      format,
+    )
+  )
+    return 'application/json; charset=UTF-8';
   if (/EachRow|^JSONLines$|^NDJSON$/i.test(format)) return 'application/x-ndjson; charset=UTF-8';
   if (/^(TabSeparated|TSV)/i.test(format)) return 'text/tab-separated-values; charset=UTF-8';
   if (/^CSV/i.test(format)) return 'text/csv; charset=UTF-8; header=absent';

@@ -32,7 +32,10 @@ export function postedBody(ctx: Context): IngestBody {
 
 /** Whether the client asked to be answered before its events are queryable (RFC 7240 `Prefer: respond-async`). */
 export function prefersRespondAsync(ctx: Context): boolean {
-  return ctx.get('Prefer').split(',').some((preference) => preference.split(';')[0]!.trim().toLowerCase() === 'respond-async');
+  return ctx
+    .get('Prefer')
+    .split(',')
+    .some((preference) => preference.split(';')[0]!.trim().toLowerCase() === 'respond-async');
 }
 
 /**
@@ -47,7 +50,11 @@ export function markRespondedAsync(ctx: Context, token: string | null, status: 2
 }
 
 /** The JSON answer of a trace-json ingest: `{ingested}`, and the visibility token of a respond-async one (202). */
-export function ingestAnswer(ctx: Context, result: { count: number; visibilityToken: string | null }, respondAsync: boolean): { ingested: number; visibility_token?: string } {
+export function ingestAnswer(
+  ctx: Context,
+  result: { count: number; visibilityToken: string | null },
+  respondAsync: boolean,
+): { ingested: number; visibility_token?: string } {
   if (!respondAsync) return { ingested: result.count };
   markRespondedAsync(ctx, result.visibilityToken, 202);
   return { ingested: result.count, ...(result.visibilityToken ? { visibility_token: result.visibilityToken } : {}) };

@@ -58,7 +58,8 @@ function inflate(task: IngestTask): Buffer {
   try {
     return zlib.gunzipSync(body, { maxOutputLength: task.maxBodyBytes });
   } catch (err) {
-    if ((err as { code?: string }).code === 'ERR_BUFFER_TOO_LARGE') throw new AppError('payload_too_large', `body: larger than the limit of ${task.maxBodyBytes} bytes`);
+    if ((err as { code?: string }).code === 'ERR_BUFFER_TOO_LARGE')
+      throw new AppError('payload_too_large', `body: larger than the limit of ${task.maxBodyBytes} bytes`);
     throw new AppError('bad_request', `body: not valid gzip (${(err as Error).message})`);
   }
 }

@@ -113,7 +113,12 @@ export class TraceIngest {
       this.lag = await this.kernel.visibility.lag(TOPICS.traces);
     }
     const max = this.kernel.config.ingestMaxLag;
-    if (this.lag > max) throw new AppError('overloaded', `the sink is ${this.lag} trace records behind (more than SVC_INGEST_MAX_LAG, ${max}); retry after the Retry-After delay`, { retryAfter: 1 });
+    if (this.lag > max)
+      throw new AppError(
+        'overloaded',
+        `the sink is ${this.lag} trace records behind (more than SVC_INGEST_MAX_LAG, ${max}); retry after the Retry-After delay`,
+        { retryAfter: 1 },
+      );
   }
 
   async start(): Promise<void> {
@@ -139,7 +144,8 @@ export class TraceIngest {
   /** Has a worker parse, validate, redact and encode the request body; a 4xx AppError for a bad body. */
   private async decode(posted: IngestBody, format: IngestFormat, maxBodyBytes: number, source: TraceSource): Promise<DecodedIngest> {
     const encoding = (posted.contentEncoding || 'identity').toLowerCase();
-    if (encoding !== 'identity' && encoding !== 'gzip') throw new AppError('unsupported_media_type', `Content-Encoding ${encoding} is not supported (gzip or none)`);
+    if (encoding !== 'identity' && encoding !== 'gzip')
+      throw new AppError('unsupported_media_type', `Content-Encoding ${encoding} is not supported (gzip or none)`);
     const body = posted.bytes;
     if (body.length > maxBodyBytes) throw tooLarge(maxBodyBytes);
     const { config } = this.kernel;
@@ -161,7 +167,8 @@ export class TraceIngest {
     try {
       outcome = await this.run(task, transferList);
     } catch (err) {
-      if ((err as Error).name === 'AbortError') throw new AppError('unavailable', `the ingest workers did not answer within ${config.replyTimeout} ms`, { retryAfter: 1 });
+      if ((err as Error).name === 'AbortError')
+        throw new AppError('unavailable', `the ingest workers did not answer within ${config.replyTimeout} ms`, { retryAfter: 1 });
       throw err;
     }
     if (!outcome.ok) throw new AppError(outcome.code, outcome.message);

@@ -55,7 +55,6 @@ export function otlpJsonResponse(partial: OtlpPartialSuccess | null): object {
 
 type Obj = Record<string, unknown>;
 
-
 function list(value: unknown, field: string): unknown[] {
   if (value === undefined || value === null) return [];
   if (!Array.isArray(value)) throw badRequest(field, 'must be an array');
@@ -118,7 +117,8 @@ function anyValueJson(value: unknown): unknown {
   if (isObject(value.arrayValue)) return (Array.isArray(value.arrayValue.values) ? value.arrayValue.values : []).map(anyValueJson);
   if (isObject(value.kvlistValue)) {
     const out: Obj = {};
-    for (const kv of Array.isArray(value.kvlistValue.values) ? value.kvlistValue.values : []) if (isObject(kv) && typeof kv.key === 'string') out[kv.key] = anyValueJson(kv.value);
+    for (const kv of Array.isArray(value.kvlistValue.values) ? value.kvlistValue.values : [])
+      if (isObject(kv) && typeof kv.key === 'string') out[kv.key] = anyValueJson(kv.value);
     return out;
   }
   return null;

@@ -137,7 +137,19 @@ export async function spanQuery(store: Store, tenant: string, q: Partial<Record<
 /** The columns of an end event that complete its span. */
 type EndRow = Pick<
   TraceRow,
-  'SpanId' | 'ts_us' | 'DurationMs' | 'StatusCode' | 'Output' | 'HasCost' | 'InputTokens' | 'OutputTokens' | 'CacheReadTokens' | 'ReasoningTokens' | 'CostModel' | 'EstimatedUsd' | 'SpanAttributes'
+  | 'SpanId'
+  | 'ts_us'
+  | 'DurationMs'
+  | 'StatusCode'
+  | 'Output'
+  | 'HasCost'
+  | 'InputTokens'
+  | 'OutputTokens'
+  | 'CacheReadTokens'
+  | 'ReasoningTokens'
+  | 'CostModel'
+  | 'EstimatedUsd'
+  | 'SpanAttributes'
 >;
 
 export type SpanItem = ReturnType<typeof spanItem>;
@@ -181,9 +193,22 @@ function spanItem(start: TraceRow, end: EndRow | undefined, traceId: string, roo
  * One page of spans after `after` ([ts_us, span_id] of the last span of the previous page),
  * oldest first. Returns up to `pageSize` items and the key of the last one when more follow.
  */
-export async function spansPage(store: Store, tenant: string, query: SpanQuery, after: string[] | null, pageSize: number): Promise<{ items: SpanItem[]; next: string[] | null }> {
+export async function spansPage(
+  store: Store,
+  tenant: string,
+  query: SpanQuery,
+  after: string[] | null,
+  pageSize: number,
+): Promise<{ items: SpanItem[]; next: string[] | null }> {
   // A span is listed by its first event; its end is joined below.
-  const { rows: page, next } = await traceEventsPage(store, { tenant, where: ["Phase != 'end'", ...query.where], params: query.params, after, pageSize, id: 'SpanId' });
+  const { rows: page, next } = await traceEventsPage(store, {
+    tenant,
+    where: ["Phase != 'end'", ...query.where],
+    params: query.params,
+    after,
+    pageSize,
+    id: 'SpanId',
+  });
   if (page.length === 0) return { items: [], next: null };
   const traceOf = (r: TraceRow) => query.traces?.get(r.TraceId) ?? r.TraceId;
   const started = page.filter((r) => r.Phase === 'start');
@@ -239,7 +264,13 @@ function agentEventsWhere(agent: string, snapshotIds: string[], byVersion: boole
  * GET /v1/agents/:name/traces: a page of the events tagged with an agent (its name, or one of
  * `snapshotIds`; only those when `byVersion`), and the metrics over all of them.
  */
-export async function agentTrace(store: Store, tenant: string, agent: { name: string; snapshotIds: string[]; byVersion: boolean }, after: string[] | null, pageSize: number) {
+export async function agentTrace(
+  store: Store,
+  tenant: string,
+  agent: { name: string; snapshotIds: string[]; byVersion: boolean },
+  after: string[] | null,
+  pageSize: number,
+) {
   const { where, params } = agentEventsWhere(agent.name, agent.snapshotIds, agent.byVersion);
   const [{ rows, next }, metrics] = await Promise.all([
     traceEventsPage(store, { tenant, where: [where], params, after, pageSize, id: 'EventId' }),

@@ -17,7 +17,10 @@ export async function sandboxTrace(store: Store, tenant: string, sandboxId: stri
   const where = 'TenantId = {tenant:String} AND SandboxId = {sandbox:String}';
   // One scan: a row per tool, and the total row (is_total) with the overall p95.
   const [rows, groups] = await Promise.all([
-    store.query<TraceRow>(`SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${where} ORDER BY Timestamp, EventId LIMIT 1 BY Timestamp, EventId LIMIT 10000`, params),
+    store.query<TraceRow>(
+      `SELECT ${SELECT_TRACE_EVENT} FROM trace_events WHERE ${where} ORDER BY Timestamp, EventId LIMIT 1 BY Timestamp, EventId LIMIT 10000`,
+      params,
+    ),
     store.query<{ tool: string; is_total: number; n: string; mean_ms: number; errors: string; p95_ms: number }>(
       `SELECT SpanName AS tool, toUInt8(grouping(SpanName)) AS is_total, count() AS n, avg(Duration) / 1e6 AS mean_ms,
               countIf(StatusCode = 'Error') AS errors, quantile(0.95)(Duration) / 1e6 AS p95_ms
@@ -165,7 +168,13 @@ export async function traceEventsPage(
 }
 
 /** A page of GET /v1/traces: the tenant's events that match `filters` (traceFilters), after the key `after`. */
-export async function traceEventItems(store: Store, tenant: string, filters: { where: string[]; params: Record<string, unknown> }, after: string[] | null, pageSize: number) {
+export async function traceEventItems(
+  store: Store,
+  tenant: string,
+  filters: { where: string[]; params: Record<string, unknown> },
+  after: string[] | null,
+  pageSize: number,
+) {
   const { rows, next } = await traceEventsPage(store, { tenant, where: filters.where, params: filters.params, after, pageSize, id: 'EventId' });
   return { items: rows.map(traceEventFromRow), next };
 }

@@ -14,7 +14,15 @@ const MAX_RECORD_BYTES = 900 * 1024;
 export type IngestContext = Omit<TraceEventsIngested, 'tenant' | 'event_id' | 'ts' | 'events'>;
 
 /** Trace events from no sandbox carry no tags. */
-export const UNTAGGED: IngestContext = { sandbox_id: null, experiment_id: null, agent: null, agent_snapshot_id: null, agent_version: null, scenario_id: null, run_id: null };
+export const UNTAGGED: IngestContext = {
+  sandbox_id: null,
+  experiment_id: null,
+  agent: null,
+  agent_snapshot_id: null,
+  agent_version: null,
+  scenario_id: null,
+  run_id: null,
+};
 
 /**
  * Secret values never reach the trace store (docs/decisions.md): replaced in every string of an event,
@@ -39,7 +47,13 @@ export function redactTraceEvents(events: TraceEvent[], secrets: Record<string, 
 }
 
 /** The record values of one tenant's events: a TraceEventsIngested per chunk, keyed by its id (`idOf('record <n>')`). */
-export function traceRecords(tenant: string, events: TraceEvent[], context: IngestContext, ts: number, idOf = eventIds(null)): Array<{ key: string; value: TraceEventsIngested }> {
+export function traceRecords(
+  tenant: string,
+  events: TraceEvent[],
+  context: IngestContext,
+  ts: number,
+  idOf = eventIds(null),
+): Array<{ key: string; value: TraceEventsIngested }> {
   const chunks: TraceEvent[][] = [[]];
   let bytes = 0;
   for (const event of events) {

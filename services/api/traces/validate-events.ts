@@ -52,7 +52,6 @@ export interface TraceLimits {
   secrets?: Record<string, string>;
 }
 
-
 function optionalString(event: Record<string, unknown>, field: string, at: string): string | null {
   const value = event[field];
   if (value === undefined || value === null) return null;
@@ -112,7 +111,8 @@ function validateEvent(raw: unknown, at: string, limits: TraceLimits, serverId: 
   const eventId = optionalString(raw, 'event_id', at);
   if (eventId !== null && !ID.test(eventId)) throw badRequest(`${at}.event_id`, 'must be a non-empty string of at most 128 visible characters');
   const tool = raw.tool;
-  if (typeof tool !== 'string' || tool.length === 0 || tool.length > 256) throw badRequest(`${at}.tool`, 'must be a non-empty string of at most 256 characters');
+  if (typeof tool !== 'string' || tool.length === 0 || tool.length > 256)
+    throw badRequest(`${at}.tool`, 'must be a non-empty string of at most 256 characters');
   const input = optionalString(raw, 'input', at);
   const output = optionalString(raw, 'output', at);
   return {

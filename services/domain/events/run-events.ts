@@ -116,7 +116,16 @@ export interface RunOutcome {
      * operation (`ddl`: a schema change, `command` its tag); `rolled_back` writes were undone and
      * count for no rule. Absent in outcomes of runners older than backing services.
      */
-    db_writes?: Array<{ service: string; table: string; operation: string; command?: string; row_count: number; rolled_back: boolean; seq: number; ts: string }>;
+    db_writes?: Array<{
+      service: string;
+      table: string;
+      operation: string;
+      command?: string;
+      row_count: number;
+      rolled_back: boolean;
+      seq: number;
+      ts: string;
+    }>;
     /** Records of these types the audit's limits dropped (absent in older outcomes): no rule reading them can hold. */
     dropped?: Record<string, number>;
   };

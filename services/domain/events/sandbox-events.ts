@@ -72,7 +72,18 @@ export interface SandboxEvent {
  * `http_call` is one HTTP(S) request through the egress proxy (`audit.http_calls`);
  * `network_denied` is traffic the egress policy refused (`{protocol, host, ip, port, reason, ...}`).
  */
-export const AUDIT_TYPES = ['file_write', 'file_read', 'file_delete', 'db_write', 'http_call', 'process_spawn', 'stdout', 'secret_finding', 'warning', 'network_denied'] as const;
+export const AUDIT_TYPES = [
+  'file_write',
+  'file_read',
+  'file_delete',
+  'db_write',
+  'http_call',
+  'process_spawn',
+  'stdout',
+  'secret_finding',
+  'warning',
+  'network_denied',
+] as const;
 
 /** A value of svc.audit (schemas/audit-recorded.avsc). */
 export interface AuditRecorded {

@@ -24,15 +24,7 @@ export interface SchemaRegistry {
   getSchema(id: number): Promise<string>;
 }
 
-export const COMPATIBILITY_LEVELS = [
-  'NONE',
-  'BACKWARD',
-  'BACKWARD_TRANSITIVE',
-  'FORWARD',
-  'FORWARD_TRANSITIVE',
-  'FULL',
-  'FULL_TRANSITIVE',
-] as const;
+export const COMPATIBILITY_LEVELS = ['NONE', 'BACKWARD', 'BACKWARD_TRANSITIVE', 'FORWARD', 'FORWARD_TRANSITIVE', 'FULL', 'FULL_TRANSITIVE'] as const;
 export type CompatibilityLevel = (typeof COMPATIBILITY_LEVELS)[number];
 
 const DEFAULT_COMPATIBILITY: CompatibilityLevel = 'BACKWARD';
@@ -265,7 +257,10 @@ export class BuiltInRegistry implements SchemaRegistry {
   /** Subjects that hold at least one version, sorted. */
   subjects(): string[] {
     this.assertStarted();
-    return [...this.subjectVersions.entries()].filter(([, v]) => v.size > 0).map(([s]) => s).sort();
+    return [...this.subjectVersions.entries()]
+      .filter(([, v]) => v.size > 0)
+      .map(([s]) => s)
+      .sort();
   }
 
   /** Versions of a subject, ascending; 40401 when the subject does not exist. */
@@ -374,7 +369,9 @@ export class BuiltInRegistry implements SchemaRegistry {
     try {
       await this.log.append(this.topic, [{ key, value: Buffer.from(JSON.stringify(value)) }]);
     } catch (err) {
-      throw new SchemaRegistryError(REGISTRY_ERRORS.storeError, 'unavailable', `schema registry could not write to ${this.topic}: ${(err as Error).message}`, { cause: err });
+      throw new SchemaRegistryError(REGISTRY_ERRORS.storeError, 'unavailable', `schema registry could not write to ${this.topic}: ${(err as Error).message}`, {
+        cause: err,
+      });
     }
   }
 
@@ -467,7 +464,11 @@ export class BuiltInRegistry implements SchemaRegistry {
 
 function checkSubject(subject: string): void {
   if (typeof subject !== 'string' || subject.length === 0 || subject.length > MAX_SUBJECT_LENGTH || /[\u0000-\u001f]/.test(subject)) {
-    throw new SchemaRegistryError(REGISTRY_ERRORS.invalidSchema, 'bad_request', `Invalid subject ${JSON.stringify(subject)}: 1 to ${MAX_SUBJECT_LENGTH} printable characters`);
+    throw new SchemaRegistryError(
+      REGISTRY_ERRORS.invalidSchema,
+      'bad_request',
+      `Invalid subject ${JSON.stringify(subject)}: 1 to ${MAX_SUBJECT_LENGTH} printable characters`,
+    );
   }
 }
 
@@ -559,7 +560,7 @@ export class HttpRegistry implements SchemaRegistry {
         throw new AppError('unavailable', `schema registry ${this.base} is unreachable (${method} ${path}): ${(err as Error).message}`, { cause: err });
       }
       const text = await response.text();
-      let parsed: unknown ;
+      let parsed: unknown;
       try {
         parsed = text === '' ? undefined : JSON.parse(text);
       } catch {

@@ -53,7 +53,9 @@ interface TopicCodec {
 /** Reads the writer id of a wire-format value (magic byte checked). */
 function writerId(buf: Buffer, topic = 'value'): number {
   if (!Buffer.isBuffer(buf) || buf.length < HEADER_SIZE) {
-    throw new SerdeError(`${topic}: not a Confluent wire-format value (${Buffer.isBuffer(buf) ? `${buf.length} bytes` : typeof buf}, need at least ${HEADER_SIZE})`);
+    throw new SerdeError(
+      `${topic}: not a Confluent wire-format value (${Buffer.isBuffer(buf) ? `${buf.length} bytes` : typeof buf}, need at least ${HEADER_SIZE})`,
+    );
   }
   if (buf[0] !== MAGIC_BYTE) {
     throw new SerdeError(`${topic}: unknown magic byte ${buf[0]} (expected ${MAGIC_BYTE}, the Confluent wire format)`);

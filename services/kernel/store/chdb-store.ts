@@ -29,7 +29,17 @@ import pLimit from 'p-limit';
 import { assertTableName, encodeJsonCompactEachRow, parseJsonEachRow } from './encoding.ts';
 import { inlineParams, quoteString } from './inline-params.ts';
 import { migrate, MIGRATIONS_DIR } from './migrations.ts';
-import { SETTING_NAME, StoreQueryError, type NativeInsert, type NativeInsertStore, type QueryParams, type RawQuery, type RawQueryStore, type RawResult, type Store } from './store.ts';
+import {
+  SETTING_NAME,
+  StoreQueryError,
+  type NativeInsert,
+  type NativeInsertStore,
+  type QueryParams,
+  type RawQuery,
+  type RawQueryStore,
+  type RawResult,
+  type Store,
+} from './store.ts';
 
 export interface ChdbStoreOptions {
   /** Directory of the persistent chDB database (created if missing). */
@@ -45,11 +55,7 @@ export interface ChdbStoreOptions {
  * the same instant here and on a server configured in UTC (infra/clickhouse/config.xml);
  * databases loaded before the first query rather than in the background.
  */
-const CONNECTION_ARGS = [
-  '--output_format_json_quote_64bit_integers=1',
-  '--session_timezone=UTC',
-  '--async_load_databases=0',
-];
+const CONNECTION_ARGS = ['--output_format_json_quote_64bit_integers=1', '--session_timezone=UTC', '--async_load_databases=0'];
 
 /**
  * The service's own sessions. Their parameters are in the SQL text (inline-params.ts), and a
@@ -150,7 +156,10 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
   private nullableColumns(table: string): Promise<ReadonlySet<string>> {
     let columns = this.nullable.get(table);
     if (!columns) {
-      columns = this.query<{ name: string }>("SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {table:String} AND type LIKE 'Nullable(%'", { table }).then((rows) => new Set(rows.map((r) => r.name)));
+      columns = this.query<{ name: string }>(
+        "SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {table:String} AND type LIKE 'Nullable(%'",
+        { table },
+      ).then((rows) => new Set(rows.map((r) => r.name)));
       columns.catch(() => this.nullable.delete(table));
       this.nullable.set(table, columns);
     }
@@ -209,7 +218,8 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     this.open();
     const args = [...CONNECTION_ARGS];
     for (const [name, value] of query.settings) {
-      if (!SETTING_NAME.test(name) || /[\0\r\n]/.test(value)) throw new StoreQueryError(115, `Code: 115. DB::Exception: Invalid setting ${JSON.stringify(name)}. (UNKNOWN_SETTING)`);
+      if (!SETTING_NAME.test(name) || /[\0\r\n]/.test(value))
+        throw new StoreQueryError(115, `Code: 115. DB::Exception: Invalid setting ${JSON.stringify(name)}. (UNKNOWN_SETTING)`);
       args.push(`--${name}=${value}`);
     }
     const session = new Session(this.path, { connectionArgs: args });
@@ -217,7 +227,9 @@ export class ChdbStore implements Store, RawQueryStore, NativeInsertStore {
     try {
       if (query.database !== undefined) await engineCall(() => session.queryAsync(`USE ${quoteIdentifier(query.database!)}`, { format: 'TabSeparated' }));
       const params = Object.keys(query.params).length > 0 ? query.params : undefined;
-      const result = await engineCall(() => (params ? session.queryBindAsync(query.sql, params, { format: query.format }) : session.queryAsync(query.sql, { format: query.format })));
+      const result = await engineCall(() =>
+        params ? session.queryBindAsync(query.sql, params, { format: query.format }) : session.queryAsync(query.sql, { format: query.format }),
+      );
       return { bytes: result.bytes(), rowsRead: result.rowsRead, bytesRead: result.bytesRead, elapsedMs: performance.now() - started };
     } catch (err) {
       const code = (err as { clickhouseCode?: unknown }).clickhouseCode;

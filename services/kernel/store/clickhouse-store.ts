@@ -91,7 +91,10 @@ export class ClickHouseStore implements Store, RawQueryStore {
    */
   async rawQuery(query: RawQuery): Promise<RawResult> {
     if (query.database !== undefined && query.database !== this.database) {
-      throw new StoreQueryError(81, `Code: 81. DB::Exception: Database ${query.database} is not served here: this endpoint queries ${this.database} on the ClickHouse server; qualify tables as db.table. (UNKNOWN_DATABASE)`);
+      throw new StoreQueryError(
+        81,
+        `Code: 81. DB::Exception: Database ${query.database} is not served here: this endpoint queries ${this.database} on the ClickHouse server; qualify tables as db.table. (UNKNOWN_DATABASE)`,
+      );
     }
     const settings: Record<string, string> = {};
     for (const [name, value] of query.settings) settings[name] = value;
@@ -122,7 +125,11 @@ export class ClickHouseStore implements Store, RawQueryStore {
         const type = (err as { type?: unknown }).type;
         // 18.16 writes `Code: N, e.displayText() = DB::Exception: <text>, e.what() = DB::Exception`.
         const old = /^Code: \d+, e\.displayText\(\) = DB::Exception: (.*?)(?:, e\.what\(\) = .*)?$/s.exec(err.message);
-        const text = old ? `Code: ${code}. DB::Exception: ${old[1]}` : /^Code: \d+\./.test(err.message) ? err.message : `Code: ${code}. DB::Exception: ${err.message}${typeof type === 'string' && !err.message.includes(`(${type})`) ? ` (${type})` : ''}`;
+        const text = old
+          ? `Code: ${code}. DB::Exception: ${old[1]}`
+          : /^Code: \d+\./.test(err.message)
+            ? err.message
+            : `Code: ${code}. DB::Exception: ${err.message}${typeof type === 'string' && !err.message.includes(`(${type})`) ? ` (${type})` : ''}`;
         throw new StoreQueryError(code, text);
       }
       throw err;

@@ -155,7 +155,10 @@ function isEmptyValue(value: unknown): boolean {
   return false;
 }
 
-async function encodeInSlices(rows: ReadonlyArray<Record<string, unknown>>, encode: (slice: ReadonlyArray<Record<string, unknown>>) => string): Promise<Buffer> {
+async function encodeInSlices(
+  rows: ReadonlyArray<Record<string, unknown>>,
+  encode: (slice: ReadonlyArray<Record<string, unknown>>) => string,
+): Promise<Buffer> {
   if (rows.length <= ROWS_PER_SLICE) return Buffer.from(encode(rows));
   const parts: Buffer[] = [];
   for (let i = 0; i < rows.length; i += ROWS_PER_SLICE) {

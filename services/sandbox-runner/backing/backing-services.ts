@@ -52,7 +52,16 @@ export interface BackingOptions {
 
 type Running =
   | { type: 'http_mock'; spec: Extract<SpecService, { type: 'http_mock' }>; address: string; mock: HttpMock; ready: boolean }
-  | { type: 'postgres'; spec: Extract<SpecService, { type: 'postgres' }>; address: string; password: string; server: Promise<PostgresService>; cgroup: SandboxCgroup | null; disk: RuntimeDisk | null; ready: boolean };
+  | {
+      type: 'postgres';
+      spec: Extract<SpecService, { type: 'postgres' }>;
+      address: string;
+      password: string;
+      server: Promise<PostgresService>;
+      cgroup: SandboxCgroup | null;
+      disk: RuntimeDisk | null;
+      ready: boolean;
+    };
 
 /** A database's limits: its own cgroup, apart from the agent's (so the agent cannot starve it, nor it the agent). */
 const DATABASE_RESOURCES = { memoryBytes: 512 * 1024 * 1024, cpus: 1, pids: 128, diskBytes: 0 };
@@ -62,7 +71,6 @@ export const SERVICE_PORTS = { http_mock: 80, postgres: 5432 } as const;
 
 /** The runner's directory for one sandbox's services. */
 export const backingRoot = (dataDir: string, sandboxId: string): string => path.join(dataDir, 'services', sandboxId);
-
 
 export class BackingServices {
   private readonly services = new Map<string, Running>();
@@ -89,11 +97,26 @@ export class BackingServices {
     for (const [index, spec] of this.specs.entries()) {
       const address = serviceAddress(index);
       if (spec.type === 'http_mock') {
-        const mock = new HttpMock({ name: spec.name, routes: spec.routes, record: spec.record, forward: this.options.forward(spec.name), redact: (text) => this.options.redact(text) });
+        const mock = new HttpMock({
+          name: spec.name,
+          routes: spec.routes,
+          record: spec.record,
+          forward: this.options.forward(spec.name),
+          redact: (text) => this.options.redact(text),
+        });
         this.services.set(spec.name, { type: 'http_mock', spec, address, mock, ready: false });
       } else {
         const password = randomBytes(18).toString('base64url');
-        const running: Extract<Running, { type: 'postgres' }> = { type: 'postgres', spec, address, password, server: Promise.resolve(null as never), cgroup: null, disk: null, ready: false };
+        const running: Extract<Running, { type: 'postgres' }> = {
+          type: 'postgres',
+          spec,
+          address,
+          password,
+          server: Promise.resolve(null as never),
+          cgroup: null,
+          disk: null,
+          ready: false,
+        };
         running.server = this.startPostgres(running);
         running.server.catch(() => undefined); // waitReady reports it
         this.services.set(spec.name, running);
@@ -131,20 +154,22 @@ export class BackingServices {
 
   /** Waits for each service as its `wait_for` says; the first that is not ready in time fails the boot, naming it. */
   async waitReady(): Promise<void> {
-    await Promise.all([...this.services.values()].map(async (running) => {
-      const { timeoutMs } = running.spec.wait_for;
-      const deadline = Date.now() + timeoutMs;
-      let problem = 'not ready';
-      for (;;) {
-        const state = await this.check(running, deadline).catch((err: Error) => ({ ready: false, problem: err.message, final: true }));
-        if (state.ready) break;
-        problem = state.problem;
-        if (state.final) throw new Error(`service ${running.spec.name} did not start: ${problem}`);
-        if (Date.now() >= deadline) throw new Error(`service wait_for timed out: ${running.spec.name} was not ready within ${timeoutMs} ms (${problem})`);
-        await new Promise((r) => setTimeout(r, READY_POLL_MS));
-      }
-      running.ready = true;
-    }));
+    await Promise.all(
+      [...this.services.values()].map(async (running) => {
+        const { timeoutMs } = running.spec.wait_for;
+        const deadline = Date.now() + timeoutMs;
+        let problem = 'not ready';
+        for (;;) {
+          const state = await this.check(running, deadline).catch((err: Error) => ({ ready: false, problem: err.message, final: true }));
+          if (state.ready) break;
+          problem = state.problem;
+          if (state.final) throw new Error(`service ${running.spec.name} did not start: ${problem}`);
+          if (Date.now() >= deadline) throw new Error(`service wait_for timed out: ${running.spec.name} was not ready within ${timeoutMs} ms (${problem})`);
+          await new Promise((r) => setTimeout(r, READY_POLL_MS));
+        }
+        running.ready = true;
+      }),
+    );
   }
 
   /** One readiness check: `final` when waiting longer cannot help (the service failed to start). */
@@ -175,7 +200,15 @@ export class BackingServices {
       Object.assign(env, { [`${prefix}_USER`]: spec.user, [`${prefix}_PASSWORD`]: password, [`${prefix}_DATABASE`]: spec.database });
       env[`${prefix}_URL`] = `postgresql://${spec.user}:${password}@${spec.name}:5432/${spec.database}`;
       if (databases.length === 1) {
-        Object.assign(env, { PGHOST: spec.name, PGPORT: '5432', PGUSER: spec.user, PGPASSWORD: password, PGDATABASE: spec.database, PGSSLMODE: 'disable', DATABASE_URL: env[`${prefix}_URL`] });
+        Object.assign(env, {
+          PGHOST: spec.name,
+          PGPORT: '5432',
+          PGUSER: spec.user,
+          PGPASSWORD: password,
+          PGDATABASE: spec.database,
+          PGSSLMODE: 'disable',
+          DATABASE_URL: env[`${prefix}_URL`],
+        });
       }
     }
     return env;
@@ -183,16 +216,19 @@ export class BackingServices {
 
   /** Where the gateway sends the sandbox's traffic for each service. */
   async endpoints(): Promise<ServiceEndpoint[]> {
-    return Promise.all([...this.services.values()].map(async (running): Promise<ServiceEndpoint> => {
-      if (running.type === 'http_mock') return { name: running.spec.name, address: running.address, http: (req, res, host) => running.mock.handle(req, res, host) };
-      const server = await running.server;
-      return {
-        name: running.spec.name,
-        address: running.address,
-        connect: () => net.connect({ path: server.socketPath }),
-        observe: this.options.auditWrites ? () => server.observeConnection() : undefined,
-      };
-    }));
+    return Promise.all(
+      [...this.services.values()].map(async (running): Promise<ServiceEndpoint> => {
+        if (running.type === 'http_mock')
+          return { name: running.spec.name, address: running.address, http: (req, res, host) => running.mock.handle(req, res, host) };
+        const server = await running.server;
+        return {
+          name: running.spec.name,
+          address: running.address,
+          connect: () => net.connect({ path: server.socketPath }),
+          observe: this.options.auditWrites ? () => server.observeConnection() : undefined,
+        };
+      }),
+    );
   }
 
   view(): Record<string, ServiceView> {
@@ -226,17 +262,19 @@ export class BackingServices {
   async stop(): Promise<void> {
     this.stopped = true;
     const failures: string[] = [];
-    await Promise.all([...this.services.values()].map(async (r) => {
-      if (r.type !== 'postgres') return;
-      try {
-        const server = await r.server.catch(() => null);
-        await server?.stop();
-        await r.disk?.release();
-        if (r.cgroup && !(await r.cgroup.remove())) failures.push(`${r.spec.name}: its cgroup could not be removed`);
-      } catch (err) {
-        failures.push(`${r.spec.name}: ${(err as Error).message}`);
-      }
-    }));
+    await Promise.all(
+      [...this.services.values()].map(async (r) => {
+        if (r.type !== 'postgres') return;
+        try {
+          const server = await r.server.catch(() => null);
+          await server?.stop();
+          await r.disk?.release();
+          if (r.cgroup && !(await r.cgroup.remove())) failures.push(`${r.spec.name}: its cgroup could not be removed`);
+        } catch (err) {
+          failures.push(`${r.spec.name}: ${(err as Error).message}`);
+        }
+      }),
+    );
     // Each server removed its own directory; theirs goes too (rm never follows a link).
     await fs.promises.rm(this.options.root, { recursive: true, force: true }).catch((err: Error) => failures.push(`their directory: ${err.message}`));
     if (failures.length > 0) throw new Error(`services did not stop cleanly: ${failures.join('; ')}`);

@@ -40,7 +40,11 @@ export class Recorder {
   private readonly routes = new Map<string, Recorded>();
   private bytes = 0;
 
-  constructor(private readonly maxRoutes: number, private readonly maxBodyBytes: number, private readonly redact: (text: string) => string) {}
+  constructor(
+    private readonly maxRoutes: number,
+    private readonly maxBodyBytes: number,
+    private readonly redact: (text: string) => string,
+  ) {}
 
   save(method: string, path: string, answer: Answer): void {
     if (!HTTP_METHODS.has(method)) return;
@@ -54,11 +58,22 @@ export class Recorder {
     const before = this.bytes - (previous?.body?.length ?? 0);
     const fits = body.length <= this.maxBodyBytes && before + body.length <= RECORDING_BUDGET_BYTES;
     this.bytes = before + (fits ? body.length : 0);
-    this.routes.set(key, { method: method as HttpMethod, path: normalised, status: answer.status, headers: recordableHeaders(headers), body: fits ? body : null, omitted: body.length });
+    this.routes.set(key, {
+      method: method as HttpMethod,
+      path: normalised,
+      status: answer.status,
+      headers: recordableHeaders(headers),
+      body: fits ? body : null,
+      omitted: body.length,
+    });
   }
 
   routesSeen(): MockRoute[] {
-    return [...this.routes.values()].map((recorded) => ({ method: recorded.method, path: recorded.path, response: { status: recorded.status, ...replayableBody(recorded) } }));
+    return [...this.routes.values()].map((recorded) => ({
+      method: recorded.method,
+      path: recorded.path,
+      response: { status: recorded.status, ...replayableBody(recorded) },
+    }));
   }
 }
 

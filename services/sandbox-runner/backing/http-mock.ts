@@ -230,14 +230,28 @@ export class HttpMock {
     const read = await readBody(req, this.maxRequestBytes);
     let outcome: Outcome = { route: null, recorded: false };
     try {
-      if (read.failure === 'too_large') send(res, method, jsonAnswer(413, { error: 'body_too_large', message: `mock ${this.name} takes request bodies up to ${this.maxRequestBytes} bytes` }), { connection: 'close' });
-      else if (read.body === null) send(res, method, jsonAnswer(400, { error: 'broken_request', message: `mock ${this.name}: the request body did not arrive whole` }));
+      if (read.failure === 'too_large')
+        send(res, method, jsonAnswer(413, { error: 'body_too_large', message: `mock ${this.name} takes request bodies up to ${this.maxRequestBytes} bytes` }), {
+          connection: 'close',
+        });
+      else if (read.body === null)
+        send(res, method, jsonAnswer(400, { error: 'broken_request', message: `mock ${this.name}: the request body did not arrive whole` }));
       else outcome = await this.answer(req, res, { method, path, query, host, body: read.body });
     } catch (error) {
-      if (!res.headersSent) send(res, method, jsonAnswer(500, { error: 'mock_failed', message: `mock ${this.name} failed to answer ${method} ${path}: ${reason(error)}` }));
+      if (!res.headersSent)
+        send(res, method, jsonAnswer(500, { error: 'mock_failed', message: `mock ${this.name} failed to answer ${method} ${path}: ${reason(error)}` }));
       else res.destroy();
     }
-    this.log.add({ ts, method, path: this.redact(path), query: this.redact(query), headers: mapValues(redactHeaders(req.headers), this.redact), body_bytes: read.bytes, status: res.statusCode, ...outcome });
+    this.log.add({
+      ts,
+      method,
+      path: this.redact(path),
+      query: this.redact(query),
+      headers: mapValues(redactHeaders(req.headers), this.redact),
+      body_bytes: read.bytes,
+      status: res.statusCode,
+      ...outcome,
+    });
   }
 
   /**
@@ -280,7 +294,11 @@ export class HttpMock {
     }
   }
 
-  private async answer(req: http.IncomingMessage, res: http.ServerResponse, request: { method: string; path: string; query: string; host: string; body: Buffer }): Promise<Outcome> {
+  private async answer(
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+    request: { method: string; path: string; query: string; host: string; body: Buffer },
+  ): Promise<Outcome> {
     const { method, path } = request;
     const found = this.find(method, path);
     if (found) {
@@ -307,14 +325,22 @@ export class HttpMock {
     return null;
   }
 
-  private async answerFromRealHost(req: http.IncomingMessage, res: http.ServerResponse, request: { method: string; path: string; query: string; host: string; body: Buffer }): Promise<Outcome> {
+  private async answerFromRealHost(
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+    request: { method: string; path: string; query: string; host: string; body: Buffer },
+  ): Promise<Outcome> {
     const { method, path, host } = request;
     let answer: Awaited<ReturnType<Forward>>;
     try {
       const target = request.query ? `${path}?${request.query}` : path;
       answer = await this.forward!({ method, host, path: target, headers: forwardableHeaders(req.headers), body: request.body });
     } catch (error) {
-      send(res, method, jsonAnswer(502, { error: 'forward_failed', message: `mock ${this.name} could not get ${method} ${path} from ${host}: ${reason(error)}` }));
+      send(
+        res,
+        method,
+        jsonAnswer(502, { error: 'forward_failed', message: `mock ${this.name} could not get ${method} ${path} from ${host}: ${reason(error)}` }),
+      );
       return { route: null, recorded: false };
     }
     send(res, method, answer);

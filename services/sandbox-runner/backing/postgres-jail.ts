@@ -70,20 +70,51 @@ export function serverSettings(memoryMb: number): string[] {
 function jailArgs(dataDir: string, socketDir: string, program: string): string[] {
   const installation = path.dirname(path.dirname(program));
   return [
-    '--unshare-pid', '--unshare-ipc', '--unshare-net', '--unshare-uts', '--unshare-cgroup-try',
-    '--die-with-parent', '--new-session',
+    '--unshare-pid',
+    '--unshare-ipc',
+    '--unshare-net',
+    '--unshare-uts',
+    '--unshare-cgroup-try',
+    '--die-with-parent',
+    '--new-session',
     ...hostSystemBinds(),
     ...(inHostSystemDirs(program) ? [] : ['--ro-bind', installation, installation]),
-    '--proc', '/proc', '--dev', '/dev',
-    '--perms', '1777', '--tmpfs', '/dev/shm',
-    '--perms', '1777', '--tmpfs', '/tmp',
+    '--proc',
+    '/proc',
+    '--dev',
+    '/dev',
+    '--perms',
+    '1777',
+    '--tmpfs',
+    '/dev/shm',
+    '--perms',
+    '1777',
+    '--tmpfs',
+    '/tmp',
     // the host paths sit in the runner's 0700 directories: mounted where the postgres user reaches them
-    '--tmpfs', '/run', '--perms', '0755', '--dir', '/run/pg',
-    '--bind', dataDir, JAIL_DATA,
-    '--bind', socketDir, JAIL_SOCKETS,
-    '--chdir', '/',
+    '--tmpfs',
+    '/run',
+    '--perms',
+    '0755',
+    '--dir',
+    '/run/pg',
+    '--bind',
+    dataDir,
+    JAIL_DATA,
+    '--bind',
+    socketDir,
+    JAIL_SOCKETS,
+    '--chdir',
+    '/',
     '--',
-    'setpriv', `--reuid=${postgresUser().uid}`, `--regid=${postgresUser().gid}`, '--clear-groups', '--inh-caps=-all', '--bounding-set=-all', '--no-new-privs', '--',
+    'setpriv',
+    `--reuid=${postgresUser().uid}`,
+    `--regid=${postgresUser().gid}`,
+    '--clear-groups',
+    '--inh-caps=-all',
+    '--bounding-set=-all',
+    '--no-new-privs',
+    '--',
   ];
 }
 
@@ -98,7 +129,10 @@ let postgresIds: { uid: number; gid: number } | null = null;
 
 export function postgresUser(): { uid: number; gid: number } {
   if (postgresIds) return postgresIds;
-  const line = fs.readFileSync('/etc/passwd', 'utf8').split('\n').find((l) => l.startsWith(`${POSTGRES_USER}:`));
+  const line = fs
+    .readFileSync('/etc/passwd', 'utf8')
+    .split('\n')
+    .find((l) => l.startsWith(`${POSTGRES_USER}:`));
   if (!line) throw new Error(`there is no ${POSTGRES_USER} user on this host (apt-get install postgresql creates it)`);
   const [, , uid, gid] = line.split(':');
   postgresIds = { uid: Number(uid), gid: Number(gid) };

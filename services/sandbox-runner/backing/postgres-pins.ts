@@ -70,10 +70,15 @@ export async function readResolvable(client: pg.Client): Promise<Resolvable> {
     SELECT c.relname::text AS name FROM calling JOIN pg_catalog.pg_class c ON c.oid = calling.relid
     UNION SELECT o.proname::text FROM pg_catalog.pg_proc o JOIN pg_catalog.pg_namespace n ON n.oid = o.pronamespace WHERE ${OWN_SCHEMA} AND o.proowner <> 10`);
   return {
-    relations: new Map(relations.rows.map((r) => [`${r.schema}.${r.name}`, { name: r.name, identity: `${r.oid} ${r.relkind}`, kind: RELATION_KINDS[r.relkind] ?? 'relation' }])),
+    relations: new Map(
+      relations.rows.map((r) => [`${r.schema}.${r.name}`, { name: r.name, identity: `${r.oid} ${r.relkind}`, kind: RELATION_KINDS[r.relkind] ?? 'relation' }]),
+    ),
     inherited: new Map(inherited.rows.map((r) => [r.parent, r.children])),
     code: new Set(code.rows.map((r) => r.name)),
-    functions: await overloads('pg_proc', `AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc b WHERE b.proname = o.proname AND b.pronamespace = 'pg_catalog'::regnamespace)`),
+    functions: await overloads(
+      'pg_proc',
+      `AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc b WHERE b.proname = o.proname AND b.pronamespace = 'pg_catalog'::regnamespace)`,
+    ),
     operators: await overloads('pg_operator'),
     casts: casts.rows[0]?.casts ?? '',
   };
@@ -104,8 +109,10 @@ export function refuseReplaced(sql: string, ready: Resolvable, now: Resolvable):
     if (running) refuse(`runs ${running}, the database's own code, which may read ${key} by its name: ${what}`);
   }
   // made, changed or gone (a fixture's child cut off takes its rows out of the parent's reads)
-  const changed = (before: Map<string, string>, after: Map<string, string>): string[] => [...new Set([...before.keys(), ...after.keys()])].filter((key) => before.get(key) !== after.get(key));
-  for (const parent of changed(ready.inherited, now.inherited)) refuse(`may read ${parent}, a table with inheritance children (rows read through it) made or changed`);
+  const changed = (before: Map<string, string>, after: Map<string, string>): string[] =>
+    [...new Set([...before.keys(), ...after.keys()])].filter((key) => before.get(key) !== after.get(key));
+  for (const parent of changed(ready.inherited, now.inherited))
+    refuse(`may read ${parent}, a table with inheritance children (rows read through it) made or changed`);
   for (const name of changed(ready.functions, now.functions)) {
     if (words.has(name) || running) refuse(`calls ${name}, a function named like a built-in made or changed`);
   }
@@ -124,8 +131,19 @@ export function refuseReplaced(sql: string, ready: Resolvable, now: Resolvable):
  * pg_catalog's by the grammar.
  */
 const SYNTAX_OPERATORS: Record<string, string[]> = {
-  in: ['=', '<>'], any: ['=', '<>'], some: ['=', '<>'], all: ['=', '<>'], case: ['='], nullif: ['='], distinct: ['='], using: ['='], natural: ['='],
-  between: ['>=', '<=', '<', '>'], like: ['~~', '!~~'], ilike: ['~~*', '!~~*'], similar: ['~', '!~'],
+  in: ['=', '<>'],
+  any: ['=', '<>'],
+  some: ['=', '<>'],
+  all: ['=', '<>'],
+  case: ['='],
+  nullif: ['='],
+  distinct: ['='],
+  using: ['='],
+  natural: ['='],
+  between: ['>=', '<=', '<', '>'],
+  like: ['~~', '!~~'],
+  ilike: ['~~*', '!~~*'],
+  similar: ['~', '!~'],
 };
 
 /** The identifiers `sql` may name (unquoted ones folded to lower case as PostgreSQL does), string literals left out. */

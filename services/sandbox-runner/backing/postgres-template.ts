@@ -9,7 +9,18 @@ import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
-import { connectOver, exited, JAIL_DATA, JAIL_SOCKETS, JailedServer, makeOwnedDir, postgresUser, runTool, serverSettings, spawnJailed } from './postgres-jail.ts';
+import {
+  connectOver,
+  exited,
+  JAIL_DATA,
+  JAIL_SOCKETS,
+  JailedServer,
+  makeOwnedDir,
+  postgresUser,
+  runTool,
+  serverSettings,
+  spawnJailed,
+} from './postgres-jail.ts';
 import { DDL_PREFIX, SLOT } from './postgres-write-audit.ts';
 
 /** The runner's own roles (postgres.ts's header says what each may do). */
@@ -36,7 +47,17 @@ export interface Template {
   superuserPassword: string;
 }
 
-const INITDB_ARGS = ['--username', SUPERUSER, '--auth-local=scram-sha-256', '--auth-host=reject', '--encoding=UTF8', '--locale=C', '--no-sync', '--wal-segsize=1', '--no-instructions'];
+const INITDB_ARGS = [
+  '--username',
+  SUPERUSER,
+  '--auth-local=scram-sha-256',
+  '--auth-host=reject',
+  '--encoding=UTF8',
+  '--locale=C',
+  '--no-sync',
+  '--wal-segsize=1',
+  '--no-instructions',
+];
 
 /** Local sockets only, by password: the socket is all there is, so passwords tell the roles apart. */
 const PG_HBA = 'local all all scram-sha-256\n';

@@ -190,7 +190,16 @@ class SlotChanges {
     const write = this.transaction.get(key);
     const rows = operation === 'truncate' || operation === 'ddl' ? 0 : 1;
     if (write) write.row_count += rows;
-    else this.transaction.set(key, { table, operation, ...(command === undefined ? {} : { command }), row_count: rows, transactions: 1, rolled_back: false, ts: '' });
+    else
+      this.transaction.set(key, {
+        table,
+        operation,
+        ...(command === undefined ? {} : { command }),
+        row_count: rows,
+        transactions: 1,
+        rolled_back: false,
+        ts: '',
+      });
   }
 
   private commit(ts: string): void {

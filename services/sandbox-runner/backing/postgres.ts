@@ -111,7 +111,11 @@ export class PostgresService {
   private ready: Resolvable | null = null;
   private stopping: Promise<void> | null = null;
 
-  private constructor(private readonly options: PostgresOptions, private readonly root: string, private readonly binDir: string) {
+  private constructor(
+    private readonly options: PostgresOptions,
+    private readonly root: string,
+    private readonly binDir: string,
+  ) {
     this.socketDir = path.join(root, 'sock');
     this.socketPath = path.join(this.socketDir, `.s.PGSQL.${PORT}`);
     this.credentials = { user: options.user, password: options.password ?? randomPassword(), database: options.database };
@@ -130,7 +134,8 @@ export class PostgresService {
       checkNames(options);
       const binDir = options.binDir ?? installedBinDir(options.version ?? null);
       const template = await templateFor(binDir, path.resolve(options.cacheDir), { database: options.database, user: options.user });
-      if (options.version && template.major !== options.version) throw new Error(`PostgreSQL ${options.version} was asked for, but ${binDir} is PostgreSQL ${template.major}`);
+      if (options.version && template.major !== options.version)
+        throw new Error(`PostgreSQL ${options.version} was asked for, but ${binDir} is PostgreSQL ${template.major}`);
       const root = path.resolve(options.root);
       await fs.promises.mkdir(path.dirname(root), { recursive: true });
       await fs.promises.mkdir(root, { mode: 0o700 }).catch((err: NodeJS.ErrnoException) => {
@@ -168,13 +173,15 @@ export class PostgresService {
     // The template's superuser password is the same for every copy: replaced before anyone else connects.
     const superuser = await this.connect(SUPERUSER, template.superuserPassword, database);
     try {
-      await superuser.query([
-        `ALTER ROLE ${SUPERUSER} PASSWORD ${pg.escapeLiteral(this.superuserPassword)}`,
-        `ALTER ROLE ${GRADER} PASSWORD ${pg.escapeLiteral(this.graderPassword)}`,
-        `ALTER ROLE ${pg.escapeIdentifier(user)} PASSWORD ${pg.escapeLiteral(this.credentials.password)}`,
-        // unread, the slot would keep every WAL segment for the sandbox's life
-        ...(this.options.auditWrites ? [] : [`SELECT pg_drop_replication_slot('${SLOT}')`]),
-      ].join(';\n'));
+      await superuser.query(
+        [
+          `ALTER ROLE ${SUPERUSER} PASSWORD ${pg.escapeLiteral(this.superuserPassword)}`,
+          `ALTER ROLE ${GRADER} PASSWORD ${pg.escapeLiteral(this.graderPassword)}`,
+          `ALTER ROLE ${pg.escapeIdentifier(user)} PASSWORD ${pg.escapeLiteral(this.credentials.password)}`,
+          // unread, the slot would keep every WAL segment for the sandbox's life
+          ...(this.options.auditWrites ? [] : [`SELECT pg_drop_replication_slot('${SLOT}')`]),
+        ].join(';\n'),
+      );
       this.stillStarting();
     } catch (err) {
       await superuser.end().catch(() => {});
@@ -289,7 +296,13 @@ export class PostgresService {
     try {
       await runTool(path.join(this.binDir, 'pg_dump'), [...connection, '--format=custom', '--exclude-schema=svc_internal', `--file=${archive}`], env);
       const contents = (await runTool(path.join(this.binDir, 'pg_restore'), ['--list', archive])).toString('utf8');
-      await fs.promises.writeFile(`${archive}.list`, contents.split('\n').filter((line) => !/ EVENT TRIGGER - svc_| ACL pg_catalog FUNCTION pg_logical_emit_message\(/.test(line)).join('\n'));
+      await fs.promises.writeFile(
+        `${archive}.list`,
+        contents
+          .split('\n')
+          .filter((line) => !/ EVENT TRIGGER - svc_| ACL pg_catalog FUNCTION pg_logical_emit_message\(/.test(line))
+          .join('\n'),
+      );
       return await runTool(path.join(this.binDir, 'pg_restore'), [`--use-list=${archive}.list`, '--file=-', archive]);
     } finally {
       await Promise.all([archive, `${archive}.list`].map((file) => fs.promises.rm(file, { force: true })));
@@ -328,17 +341,23 @@ function describeSqlError(err: pg.DatabaseError, sql: string): string {
 }
 
 function checkNames(options: PostgresOptions): void {
-  for (const [what, name] of [['user', options.user], ['database', options.database]] as const) {
+  for (const [what, name] of [
+    ['user', options.user],
+    ['database', options.database],
+  ] as const) {
     if (!name || Buffer.byteLength(name) > 63 || name.includes('\0')) throw new Error(`the ${what} name must be 1 to 63 bytes: ${JSON.stringify(name)}`);
   }
   if (options.user.startsWith('svc_') || options.user.startsWith('pg_')) throw new Error(`the user name ${options.user} is reserved`);
-  if (['template0', 'template1'].includes(options.database) || options.database.startsWith('svc_')) throw new Error(`the database name ${options.database} is reserved`);
+  if (['template0', 'template1'].includes(options.database) || options.database.startsWith('svc_'))
+    throw new Error(`the database name ${options.database} is reserved`);
 }
 
 /** The bin directory of that installed major version (null: the newest). */
 function installedBinDir(version: number | null): string {
   const base = '/usr/lib/postgresql';
-  const versions = (fs.existsSync(base) ? fs.readdirSync(base) : []).filter((v) => fs.existsSync(path.join(base, v, 'bin', 'postgres'))).sort((a, b) => Number(b) - Number(a));
+  const versions = (fs.existsSync(base) ? fs.readdirSync(base) : [])
+    .filter((v) => fs.existsSync(path.join(base, v, 'bin', 'postgres')))
+    .sort((a, b) => Number(b) - Number(a));
   const chosen = version === null ? versions[0] : versions.find((v) => Number(v) === version);
   if (!chosen) {
     const wanted = version === null ? 'PostgreSQL' : `PostgreSQL ${version}`;

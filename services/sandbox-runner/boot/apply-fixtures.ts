@@ -43,8 +43,12 @@ export async function applyFixtures(ctx: BootContext, done: StepDone): Promise<v
     const workspace = ctx.box.workspace;
     const to = resolveWorkspacePath(workspace, fixture.to, `fixtures[${i}].to`);
     await resolveRealPath(workspace, to, `fixtures[${i}].to`, { forWrite: true }).catch(refusedInStep);
-    const result = await ctx.box.handle.exec({ command: `mkdir -p '/workspace/${to.relative}' && cp -a -- ${shellQuote(`${fixture.from}/.`)} '/workspace/${to.relative}/'`, timeoutMs: 60_000 });
-    if (result.exitCode !== 0) throw new StepFailed(`fixture ${i} (copy ${fixture.from} -> ${fixture.to}) failed: ${ctx.env.output(result, 'stderr').trim().slice(-500)}`);
+    const result = await ctx.box.handle.exec({
+      command: `mkdir -p '/workspace/${to.relative}' && cp -a -- ${shellQuote(`${fixture.from}/.`)} '/workspace/${to.relative}/'`,
+      timeoutMs: 60_000,
+    });
+    if (result.exitCode !== 0)
+      throw new StepFailed(`fixture ${i} (copy ${fixture.from} -> ${fixture.to}) failed: ${ctx.env.output(result, 'stderr').trim().slice(-500)}`);
     void event('fixture', { index: i, type: fixture.type, to: to.relative });
   }
   done({ count: spec.fixtures.length });

@@ -48,13 +48,18 @@ export function baseEnv(ctx: BootContext): Record<string, string> {
 export function serviceAddress(baseUrl: string): { address: { host: string; port: number }; urlInside: string } | null {
   const url = new URL(baseUrl);
   if (url.protocol !== 'http:') return null;
-  return { address: { host: url.hostname.replace(/^\[|\]$/g, ''), port: Number(url.port || 80) }, urlInside: `${SERVICE_URL_IN_SANDBOX}${url.pathname.replace(/\/+$/, '')}` };
+  return {
+    address: { host: url.hostname.replace(/^\[|\]$/g, ''), port: Number(url.port || 80) },
+    urlInside: `${SERVICE_URL_IN_SANDBOX}${url.pathname.replace(/\/+$/, '')}`,
+  };
 }
 
 /** An image config's `Env` (`NAME=value` strings) as variables; malformed entries and HOME (the sandbox's own) are left out. */
 export function imageEnv(entries: string[]): Record<string, string> {
-  return Object.fromEntries(entries.flatMap((entry) => {
-    const at = entry.indexOf('=');
-    return at > 0 && entry.slice(0, at) !== 'HOME' ? [[entry.slice(0, at), entry.slice(at + 1)]] : [];
-  }));
+  return Object.fromEntries(
+    entries.flatMap((entry) => {
+      const at = entry.indexOf('=');
+      return at > 0 && entry.slice(0, at) !== 'HOME' ? [[entry.slice(0, at), entry.slice(at + 1)]] : [];
+    }),
+  );
 }

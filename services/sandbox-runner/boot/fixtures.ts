@@ -54,9 +54,10 @@ export async function cloneGit(ctx: FixtureContext, index: number, fixture: GitF
     url = `/workspace/${SERVICE_DIR}/${path.basename(bundle)}`;
   }
   try {
-    const script = 'git clone --quiet -- "$SVC_GIT_URL" "$SVC_GIT_TO" && { [ -z "$SVC_GIT_REF" ] || git -C "$SVC_GIT_TO" -c advice.detachedHead=false checkout --quiet "$SVC_GIT_REF" --; }';
+    const script =
+      'git clone --quiet -- "$SVC_GIT_URL" "$SVC_GIT_TO" && { [ -z "$SVC_GIT_REF" ] || git -C "$SVC_GIT_TO" -c advice.detachedHead=false checkout --quiet "$SVC_GIT_REF" --; }';
     const r = await ctx.exec(script, { SVC_GIT_URL: url, SVC_GIT_TO: `/workspace/${to.relative}`, SVC_GIT_REF: fixture.ref ?? '' }, CLONE_TIMEOUT_MS);
-    if (r.exitCode === 127) throw failed('git is not installed in the sandbox\'s image');
+    if (r.exitCode === 127) throw failed("git is not installed in the sandbox's image");
     if (r.exitCode !== 0) throw failed(r.output.trim().slice(-500) || `git exited with ${r.exitCode}`);
   } finally {
     if (bundle) await fs.promises.rm(bundle, { force: true });
@@ -74,15 +75,20 @@ async function bundleAllowed(dir: string, allowed: string[] | null, bundle: stri
     throw new Error(`${dir} is not in a directory the operator allows for git fixtures (SVC_GIT_FIXTURE_DIRS)`);
   }
   // --all: every branch and tag, so any ref can be checked out.
-  await run('git', ['-C', real, 'bundle', 'create', bundle, '--all'], { timeout: CLONE_TIMEOUT_MS, maxBuffer: 1024 * 1024 }).catch((err: { stderr?: string; message: string }) => {
-    throw new Error(`cannot read the repository ${dir}: ${(err.stderr || err.message).trim().slice(-300)}`);
-  });
+  await run('git', ['-C', real, 'bundle', 'create', bundle, '--all'], { timeout: CLONE_TIMEOUT_MS, maxBuffer: 1024 * 1024 }).catch(
+    (err: { stderr?: string; message: string }) => {
+      throw new Error(`cannot read the repository ${dir}: ${(err.stderr || err.message).trim().slice(-300)}`);
+    },
+  );
 }
 
 /** Applies a `drift` fixture (the picked part of it); returns what it changed, each as one line. */
 export async function applyDrift(ctx: FixtureContext, index: number, fixture: DriftFixture): Promise<string[]> {
   const changes: Array<{ what: string; apply: () => Promise<unknown> }> = [
-    ...fixture.files.map((file, j) => ({ what: `write ${file.path}`, apply: () => writeFile(ctx.workspace, file.path, file.content, { field: `fixtures[${index}].files[${j}].path`, mode: file.mode }).catch(refusedInStep) })),
+    ...fixture.files.map((file, j) => ({
+      what: `write ${file.path}`,
+      apply: () => writeFile(ctx.workspace, file.path, file.content, { field: `fixtures[${index}].files[${j}].path`, mode: file.mode }).catch(refusedInStep),
+    })),
     ...fixture.delete.map((p, j) => ({
       what: `delete ${p}`,
       apply: async () => {
@@ -93,7 +99,10 @@ export async function applyDrift(ctx: FixtureContext, index: number, fixture: Dr
       },
     })),
     ...fixture.sql.map((s) => ({ what: `sql on ${s.service}`, apply: async () => (await ctx.backing.database(s.service)).runSql(s.sql) })),
-    ...fixture.routes.map(({ service, ...route }) => ({ what: `route ${route.method} ${route.path} of ${service}`, apply: async () => ctx.backing.mock(service)!.addRoute(route) })),
+    ...fixture.routes.map(({ service, ...route }) => ({
+      what: `route ${route.method} ${route.path} of ${service}`,
+      apply: async () => ctx.backing.mock(service)!.addRoute(route),
+    })),
   ];
   const chosen = fixture.pick === null ? changes : seededPick(changes, fixture.pick, ctx.seed + index);
   for (const change of chosen) {
@@ -112,7 +121,10 @@ export function seededPick<T>(items: T[], n: number, seed: number): T[] {
     const j = Math.floor(random() * (i + 1));
     [order[i], order[j]] = [order[j]!, order[i]!];
   }
-  return order.slice(0, n).sort((a, b) => a - b).map((i) => items[i]!);
+  return order
+    .slice(0, n)
+    .sort((a, b) => a - b)
+    .map((i) => items[i]!);
 }
 
 /** A small seeded generator (mulberry32): the same seed, the same numbers, everywhere. */

@@ -27,11 +27,15 @@ export async function startRuntime(ctx: BootContext, done: StepDone): Promise<vo
   });
   const rootfs = image instanceof Error ? null : image.rootfs;
   ctx.env.imageEnv = image instanceof Error ? {} : imageEnv(image.config?.env ?? []);
-  ctx.box.image = image instanceof Error ? { reference: spec.base, digest: null, replaced: `the host's system directories (SVC_SANDBOX_HOST_ROOTFS): ${image.message}` } : { reference: spec.base, digest: image.digest ?? null, replaced: null };
+  ctx.box.image =
+    image instanceof Error
+      ? { reference: spec.base, digest: null, replaced: `the host's system directories (SVC_SANDBOX_HOST_ROOTFS): ${image.message}` }
+      : { reference: spec.base, digest: image.digest ?? null, replaced: null };
   // Its services start while the runtime does: they need nothing of it, and the databases take longest.
   ctx.backing.start();
   ctx.env.env = baseEnv(ctx);
-  if (network.wanted && typeof gateway === 'string') throw new StepFailed(`this sandbox needs a network, but the runner's egress gateway did not start: ${gateway}`);
+  if (network.wanted && typeof gateway === 'string')
+    throw new StepFailed(`this sandbox needs a network, but the runner's egress gateway did not start: ${gateway}`);
   const options: CreateSandboxOptions = {
     id: ctx.sandboxId,
     workspace: ctx.box.workspace,
@@ -51,14 +55,18 @@ export async function startRuntime(ctx: BootContext, done: StepDone): Promise<vo
   ctx.trail.open(ctx.box.workspace);
   await startClock(ctx);
   done({ runtime: ctx.runtime.name, warm });
-  if (rootfs === null) ctx.trail.warnWhileBooting(`image "${spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`);
+  if (rootfs === null)
+    ctx.trail.warnWhileBooting(`image "${spec.base}" is not in the image store; running on the host's read-only system directories (SVC_SANDBOX_HOST_ROOTFS)`);
 }
 
 /** Makes the sandbox's frozen clock (frozen-clock.ts) before anything runs; without it each command's processes keep one of their own. */
 async function startClock(ctx: BootContext): Promise<void> {
   if (!ctx.spec.determinism.frozenTime) return;
   const { made, result } = await makeSandboxClock(ctx.box.handle);
-  if (!made) await ctx.trail.warn(`the frozen clock is one per command, not one per sandbox: its files could not be made (${ctx.env.output(result, 'stderr').trim() || `exit code ${result.exitCode}`}); each command's processes leave two in /dev/shm`);
+  if (!made)
+    await ctx.trail.warn(
+      `the frozen clock is one per command, not one per sandbox: its files could not be made (${ctx.env.output(result, 'stderr').trim() || `exit code ${result.exitCode}`}); each command's processes leave two in /dev/shm`,
+    );
 }
 
 /** The spec's image: built from its Dockerfile (every unchanged step cached), else from the store, pulled when missing. */
@@ -71,7 +79,8 @@ async function obtainImage(ctx: BootContext): Promise<ImageInfo> {
   const context = build.context ? await ctx.bundles.taskFiles.ensure(build.context) : null;
   const dockerfile = build.dockerfile ?? readContextFile(context!, build.file);
   // RUN steps go out under the spec's own egress policy (a package install needs its mirror allowed).
-  const network = typeof gateway === 'object' ? ctx.network.forBuild(gateway, (line) => logger.info({ sandbox_id: ctx.sandboxId }, `image build: ${line}`)) : null;
+  const network =
+    typeof gateway === 'object' ? ctx.network.forBuild(gateway, (line) => logger.info({ sandbox_id: ctx.sandboxId }, `image build: ${line}`)) : null;
   const built = await buildImage({ imagesDir, runtime: ctx.runtime, settings: config, dockerfile, context, network, name: normalizeReference(spec.base) });
   return built.image;
 }

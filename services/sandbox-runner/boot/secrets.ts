@@ -16,7 +16,10 @@ async function collectSecrets(ctx: BootContext): Promise<Record<string, string>>
   for (const [name, source] of Object.entries(spec.secrets)) {
     if (name in request.secrets) continue;
     if (source === 'dashboard') {
-      if (!(name in values)) throw new StepFailed(`required secret ${name} is missing: it is declared with source dashboard but not stored for this tenant (PUT /v1/secrets/${name})`);
+      if (!(name in values))
+        throw new StepFailed(
+          `required secret ${name} is missing: it is declared with source dashboard but not stored for this tenant (PUT /v1/secrets/${name})`,
+        );
       continue;
     }
     try {

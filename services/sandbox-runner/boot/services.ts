@@ -14,7 +14,13 @@ export async function startServices(ctx: BootContext, done: StepDone): Promise<v
   });
   for (const warning of backing.warnings) trail.warnWhileBooting(warning);
   if (network.wanted) {
-    await network.attach(ctx.box.handle, ctx.gateway as EgressGateway, ctx.env.secretValues, await backing.endpoints(), (type, details) => void trail.log!.record(type, details).catch(() => undefined));
+    await network.attach(
+      ctx.box.handle,
+      ctx.gateway as EgressGateway,
+      ctx.env.secretValues,
+      await backing.endpoints(),
+      (type, details) => void trail.log!.record(type, details).catch(() => undefined),
+    );
   }
   done({ count: backing.count, services: backing.view() });
 }

@@ -31,7 +31,12 @@ export async function applySetup(ctx: BootContext, done: StepDone): Promise<void
   for (const command of spec.setup.commands) {
     const result = await box.handle.exec({ command, timeoutMs: 5 * 60_000 });
     if (result.exitCode !== 0) {
-      throw new StepFailed(`setup command "${excerpt(ctx.env.redact(command))}" exited with ${result.exitCode}: ${ctx.env.output(result, result.stderr ? 'stderr' : 'stdout').trim().slice(-500)}`);
+      throw new StepFailed(
+        `setup command "${excerpt(ctx.env.redact(command))}" exited with ${result.exitCode}: ${ctx.env
+          .output(result, result.stderr ? 'stderr' : 'stdout')
+          .trim()
+          .slice(-500)}`,
+      );
     }
   }
   let drift = 0;

@@ -40,15 +40,23 @@ const ARCHIVE = /\.(tar|tgz|tbz2?|txz|tar\.(gz|bz2|xz|zst))$/i;
 const MAX_LINKS = 40;
 
 /** The files a COPY or ADD copies, and their content digest (part of its cache key). */
-export async function contextSources(context: string | null, instruction: Instruction, vars: Record<string, string>, at: string, options: { inImage?: boolean } = {}): Promise<ContextSources> {
+export async function contextSources(
+  context: string | null,
+  instruction: Instruction,
+  vars: Record<string, string>,
+  at: string,
+  options: { inImage?: boolean } = {},
+): Promise<ContextSources> {
   if (!context) throw new Error(`${at}: ${instruction.kind} needs a build context`);
   const list = instruction.exec ?? words(instruction.args, vars);
   if (list.length < 2) throw new Error(`${at}: ${instruction.kind} needs a source and a destination`);
   const hash = createHash('sha256');
   const sources: ContextSource[] = [];
   for (const src of list.slice(0, -1)) {
-    if (instruction.kind === 'ADD' && /^[a-z][a-z0-9+.-]*:\/\//i.test(src)) throw new Error(`${at}: ADD of a URL (${src}) is not supported: fetch it in a RUN step`);
-    if (instruction.kind === 'ADD' && ARCHIVE.test(src)) throw new Error(`${at}: ADD would unpack the archive ${src}, which is not supported: COPY it and unpack it in a RUN step`);
+    if (instruction.kind === 'ADD' && /^[a-z][a-z0-9+.-]*:\/\//i.test(src))
+      throw new Error(`${at}: ADD of a URL (${src}) is not supported: fetch it in a RUN step`);
+    if (instruction.kind === 'ADD' && ARCHIVE.test(src))
+      throw new Error(`${at}: ADD would unpack the archive ${src}, which is not supported: COPY it and unpack it in a RUN step`);
     for (const host of matches(path.resolve(context), src, at, options.inImage)) {
       const source = await readSource(host);
       for (const file of source.files) await hashFile(hash, `${src}\0${path.basename(host)}/${file.rel}`, file.host);
@@ -89,7 +97,8 @@ function matches(context: string, src: string, at: string, inImage = false): str
     if (/[*?[]/.test(part)) throw new Error(`${at}: ${src}: wildcards are supported in the last path component only`);
     dir = path.join(dir, part);
     const stat = fs.lstatSync(dir, { throwIfNoEntry: false });
-    if (stat?.isSymbolicLink()) throw new Error(`${at}: ${src} goes through the symbolic link ${parts.slice(0, i + 1).join('/')} of the build context; refused`);
+    if (stat?.isSymbolicLink())
+      throw new Error(`${at}: ${src} goes through the symbolic link ${parts.slice(0, i + 1).join('/')} of the build context; refused`);
     if (!stat?.isDirectory()) throw new Error(`${at}: ${src}: no such directory in the build context: ${parts.slice(0, i + 1).join('/')}`);
   }
   const last = parts.at(-1);
@@ -98,8 +107,16 @@ function matches(context: string, src: string, at: string, inImage = false): str
     if (!fs.lstatSync(path.join(dir, last), { throwIfNoEntry: false })) throw new Error(`${at}: ${src}: no such file in the build context`);
     return [path.join(dir, last)];
   }
-  const pattern = new RegExp(`^${last.replace(/[.+^${}()|\\]/g, '\\$&').replace(/\*/g, '[^/]*').replace(/\?/g, '[^/]')}$`);
-  const found = fs.readdirSync(dir).filter((name) => pattern.test(name)).sort();
+  const pattern = new RegExp(
+    `^${last
+      .replace(/[.+^${}()|\\]/g, '\\$&')
+      .replace(/\*/g, '[^/]*')
+      .replace(/\?/g, '[^/]')}$`,
+  );
+  const found = fs
+    .readdirSync(dir)
+    .filter((name) => pattern.test(name))
+    .sort();
   if (found.length === 0) throw new Error(`${at}: ${src} matches no file in the build context`);
   return found.map((name) => path.join(dir, name));
 }
@@ -185,7 +202,9 @@ export function missingDirs(root: string, target: string, uid: number, gid: numb
     const rel = [parent, parts[i - 1]].filter(Boolean).join('/');
     if (fs.lstatSync(path.join(root, rel), { throwIfNoEntry: false })) continue;
     const mtime = Math.floor(Date.now() / 1000);
-    return parts.slice(i - 1).map((_, j) => ({ path: [parent, ...parts.slice(i - 1, i + j)].filter(Boolean).join('/'), type: 'dir' as const, mode: 0o755, uid, gid, mtime, size: 0 }));
+    return parts
+      .slice(i - 1)
+      .map((_, j) => ({ path: [parent, ...parts.slice(i - 1, i + j)].filter(Boolean).join('/'), type: 'dir' as const, mode: 0o755, uid, gid, mtime, size: 0 }));
   }
   return [];
 }

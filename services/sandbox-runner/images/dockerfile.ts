@@ -59,7 +59,8 @@ export function parseDockerfile(source: string): Dockerfile {
     instructions.push(instruction(kind, line, text, rest));
   }
   const first = instructions.find((i) => i.kind !== 'ARG');
-  if (first?.kind !== 'FROM') throw new Error(`Dockerfile: the first instruction (besides ARG) must be FROM${first ? ` (line ${first.line} is ${first.kind})` : ''}`);
+  if (first?.kind !== 'FROM')
+    throw new Error(`Dockerfile: the first instruction (besides ARG) must be FROM${first ? ` (line ${first.line} is ${first.kind})` : ''}`);
   const stages = new Set<string>();
   for (const from of instructions.filter((i) => i.kind === 'FROM')) {
     if (from.stage && stages.has(from.stage)) throw new Error(`Dockerfile line ${from.line}: a second stage named ${from.stage}`);
@@ -86,7 +87,8 @@ function fromInstruction(line: number, text: string, rest: string): Instruction 
   if (rest.startsWith('--')) throw new Error(`${at}: FROM flags (${rest.split(/\s/)[0]}) are not supported`);
   const parts = rest.split(/\s+/);
   if (parts.length === 1) return { kind: 'FROM', line, text, args: rest };
-  if (parts.length !== 3 || parts[1]!.toUpperCase() !== 'AS' || !/^[a-z][a-z0-9_.-]*$/i.test(parts[2]!)) throw new Error(`${at}: FROM takes an image and optionally AS and a stage name (FROM image AS name)`);
+  if (parts.length !== 3 || parts[1]!.toUpperCase() !== 'AS' || !/^[a-z][a-z0-9_.-]*$/i.test(parts[2]!))
+    throw new Error(`${at}: FROM takes an image and optionally AS and a stage name (FROM image AS name)`);
   return { kind: 'FROM', line, text, args: parts[0]!, stage: parts[2]!.toLowerCase() };
 }
 

@@ -120,9 +120,11 @@ export async function buildImage(options: BuildImageOptions): Promise<BuildResul
           throw new Error(`Dockerfile line ${from.line}: FROM ${reference}: ${err.message}`);
         }));
       const stageSource = async (name: string, at: string): Promise<string> => {
-        const image = built.get(name.toLowerCase()) ?? (await store.ensureImage(name, options.settings).catch((err: Error) => {
-          throw new Error(`${at}: COPY --from=${name}: no earlier stage of that name or index, and no such image (${err.message})`);
-        }));
+        const image =
+          built.get(name.toLowerCase()) ??
+          (await store.ensureImage(name, options.settings).catch((err: Error) => {
+            throw new Error(`${at}: COPY --from=${name}: no earlier stage of that name or index, and no such image (${err.message})`);
+          }));
         return image.rootfs;
       };
       const stageDir = path.join(workDir, `stage-${index}`);
@@ -152,7 +154,12 @@ function splitStages(instructions: Instruction[]): Array<{ from: Instruction; bo
 }
 
 /** An ARG's value: the build's, else its default (expanded), else the same ARG's before FROM, else none. */
-function argValue(arg: Instruction, vars: Record<string, string>, buildArgs: Record<string, string> = {}, outerArgs: Record<string, string> = {}): Record<string, string> {
+function argValue(
+  arg: Instruction,
+  vars: Record<string, string>,
+  buildArgs: Record<string, string> = {},
+  outerArgs: Record<string, string> = {},
+): Record<string, string> {
   const eq = arg.args.indexOf('=');
   const name = eq === -1 ? arg.args.trim() : arg.args.slice(0, eq);
   if (name in buildArgs) return { [name]: buildArgs[name]! };
@@ -183,7 +190,16 @@ class Builder {
     const identity = this.base.id ?? this.base.manifestDigest ?? `${this.base.name}@${this.base.importedAt}`;
     // The base image's ENV is there for the Dockerfile's variables too.
     const envVars = Object.fromEntries(config.env.map(splitEnv));
-    return { key: chainKey('svc-build-v1', identity), config: { ...config, env: [...config.env] }, ownCmd: false, vars: envVars, outerArgs: { ...vars }, args: new Set(), layers: [], history: [] };
+    return {
+      key: chainKey('svc-build-v1', identity),
+      config: { ...config, env: [...config.env] },
+      ownCmd: false,
+      vars: envVars,
+      outerArgs: { ...vars },
+      args: new Set(),
+      layers: [],
+      history: [],
+    };
   }
 
   /** Applies one instruction to `state`: its run settings, or its layer (cached or made). */
@@ -208,7 +224,14 @@ class Builder {
     }
     this.options.log?.(`${at}: ${instruction.text}`);
     const root = await this.imageSoFar(state.layers);
-    const tar = instruction.kind === 'RUN' ? await this.run(instruction, state, root, at) : await this.layerTar(instruction.kind === 'WORKDIR' ? missingDirs(root, state.config.workdir!, 0, 0) : await copyLayer(root, sources!, state.config.workdir ?? '/', instruction));
+    const tar =
+      instruction.kind === 'RUN'
+        ? await this.run(instruction, state, root, at)
+        : await this.layerTar(
+            instruction.kind === 'WORKDIR'
+              ? missingDirs(root, state.config.workdir!, 0, 0)
+              : await copyLayer(root, sources!, state.config.workdir ?? '/', instruction),
+          );
     const layer = tar ? await this.storeLayer(tar, root) : null;
     if (layer) state.layers.push(layer);
     await this.remember(state.key, layer);
@@ -250,7 +273,11 @@ class Builder {
     const root = path.join(this.workDir, 'rootfs');
     await fs.promises.mkdir(root);
     await copyTree(this.base.rootfs, root);
-    await applyLayers(root, layers.map((digest) => ({ file: this.store.blobs.pathOf(digest), digest, diffId: digest })), this.options.settings.imageMaxBytes);
+    await applyLayers(
+      root,
+      layers.map((digest) => ({ file: this.store.blobs.pathOf(digest), digest, diffId: digest })),
+      this.options.settings.imageMaxBytes,
+    );
     this.root = root;
     return root;
   }
@@ -288,9 +315,15 @@ class Builder {
     let detach: (() => void) | null = null;
     try {
       if (this.options.network) detach = await this.options.network.attach(sandbox);
-      if (!sandbox.rootChanges) throw new Error(`${at}: the ${this.options.runtime.name} runtime cannot show a sandbox's root changes; RUN needs the local runtime`);
+      if (!sandbox.rootChanges)
+        throw new Error(`${at}: the ${this.options.runtime.name} runtime cannot show a sandbox's root changes; RUN needs the local runtime`);
       const onOutput = (_stream: string, chunk: Buffer): void => this.options.log?.(chunk.toString('utf8').replace(/\n$/, ''));
-      const result = await sandbox.exec({ command: runCommand(instruction, state.config.workdir ?? '/'), env: argVars, timeoutMs: this.options.runTimeoutMs ?? DEFAULT_RUN_TIMEOUT_MS, onOutput });
+      const result = await sandbox.exec({
+        command: runCommand(instruction, state.config.workdir ?? '/'),
+        env: argVars,
+        timeoutMs: this.options.runTimeoutMs ?? DEFAULT_RUN_TIMEOUT_MS,
+        onOutput,
+      });
       if (result.exitCode !== 0) {
         const why = result.timedOut ? 'timed out' : result.oomKilled ? 'was killed at its memory limit' : `failed with exit code ${result.exitCode}`;
         const tail = result.stderr.trim().split('\n').slice(-5).join('\n');
@@ -311,12 +344,14 @@ class Builder {
   async finish(state: BuildState, reference: string): Promise<{ image: ImageInfo; upToDate: boolean }> {
     const { config, layers } = state;
     const baseDiffIds = await this.baseDiffIds();
-    const configBytes = Buffer.from(JSON.stringify({
-      ...hostPlatform(),
-      config: { Env: config.env, Entrypoint: config.entrypoint, Cmd: config.cmd, WorkingDir: config.workdir ?? '', User: config.user ?? '' },
-      rootfs: { type: 'layers', diff_ids: [...baseDiffIds, ...layers] },
-      history: [...state.history, { created_by: `svc build ${state.key}`, empty_layer: true }],
-    }));
+    const configBytes = Buffer.from(
+      JSON.stringify({
+        ...hostPlatform(),
+        config: { Env: config.env, Entrypoint: config.entrypoint, Cmd: config.cmd, WorkingDir: config.workdir ?? '', User: config.user ?? '' },
+        rootfs: { type: 'layers', diff_ids: [...baseDiffIds, ...layers] },
+        history: [...state.history, { created_by: `svc build ${state.key}`, empty_layer: true }],
+      }),
+    );
     const id = sha256Digest(configBytes);
     const name = this.options.name ?? `build:${state.key.slice(0, 16)}`;
     const stored = await this.store.getImage(name);
@@ -404,7 +439,14 @@ function copyTree(from: string, to: string): Promise<void> {
  * (state in `<dataDir>/runtime-build`, cgroups under `svc-build`, apart from a running server's).
  * Returns the exit code; prints with `out`.
  */
-export async function buildCommand(name: string, dockerfile: string, context: string | null, dataDir: string, settings: PullSettings, out: (line: string) => void): Promise<number> {
+export async function buildCommand(
+  name: string,
+  dockerfile: string,
+  context: string | null,
+  dataDir: string,
+  settings: PullSettings,
+  out: (line: string) => void,
+): Promise<number> {
   const runtime = new LocalRuntime({ stateDir: path.join(dataDir, 'runtime-build'), cgroupParent: 'svc-build' });
   const started = performance.now();
   try {
@@ -413,13 +455,17 @@ export async function buildCommand(name: string, dockerfile: string, context: st
       throw new Error(`cannot read the Dockerfile ${dockerfile}: ${err.message}`);
     });
     // Without a working runtime, a build whose steps are all cached still works; a RUN says why not.
-    const result = await buildImage({ imagesDir: path.join(dataDir, 'images'), runtime, settings, dockerfile: text, context, name, log: out }).catch((err: Error) => {
-      throw new Error(unavailable && /RUN|sandbox/.test(err.message) ? `${err.message} (the local runtime: ${unavailable})` : err.message);
-    });
+    const result = await buildImage({ imagesDir: path.join(dataDir, 'images'), runtime, settings, dockerfile: text, context, name, log: out }).catch(
+      (err: Error) => {
+        throw new Error(unavailable && /RUN|sandbox/.test(err.message) ? `${err.message} (the local runtime: ${unavailable})` : err.message);
+      },
+    );
     for (const line of result.ignored) out(line);
     const cached = result.steps.filter((s) => s.cached).length;
     const ran = result.steps.filter((s) => s.cached === false).length;
-    out(`built ${result.image.name} (${result.image.id}; ${ran} steps run, ${cached} cached${result.upToDate ? ', up to date' : ''}; ${Math.round(performance.now() - started)} ms) into ${result.image.rootfs}`);
+    out(
+      `built ${result.image.name} (${result.image.id}; ${ran} steps run, ${cached} cached${result.upToDate ? ', up to date' : ''}; ${Math.round(performance.now() - started)} ms) into ${result.image.rootfs}`,
+    );
     return 0;
   } finally {
     await runtime.close();

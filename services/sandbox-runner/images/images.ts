@@ -88,7 +88,8 @@ const pullsInFlight = new Map<string, Promise<PullResult>>();
 /** The store name of an image reference (see the module comment); throws on a malformed one. */
 export function normalizeReference(reference: string): string {
   let ref = reference.trim();
-  if (!ref || ref.length > 255 || ref.includes('+') || ref.includes('..') || !REFERENCE.test(ref)) throw new Error(`invalid image reference: ${JSON.stringify(reference)}`);
+  if (!ref || ref.length > 255 || ref.includes('+') || ref.includes('..') || !REFERENCE.test(ref))
+    throw new Error(`invalid image reference: ${JSON.stringify(reference)}`);
   ref = ref.replace(/^(index\.)?docker\.io\//, '').replace(/^library\//, '');
   const lastSlash = ref.lastIndexOf('/');
   const namePart = ref.split('@')[0]!;
@@ -203,7 +204,8 @@ export class ImageStore {
     if (stored) return stored;
     const key = `${this.dir}\0${normalizeReference(reference)}`;
     const failed = recentPullFailures.get(key);
-    if (failed && Date.now() - failed.at < PULL_RETRY_MS) throw new Error(`${failed.message} (a pull ${Math.round((Date.now() - failed.at) / 1000)} s ago; tried again ${PULL_RETRY_MS / 1000} s after it)`);
+    if (failed && Date.now() - failed.at < PULL_RETRY_MS)
+      throw new Error(`${failed.message} (a pull ${Math.round((Date.now() - failed.at) / 1000)} s ago; tried again ${PULL_RETRY_MS / 1000} s after it)`);
     try {
       const { image } = await this.pullImage(reference, settings);
       recentPullFailures.delete(key);
@@ -232,23 +234,43 @@ export class ImageStore {
     const existing = await this.getImage(name);
     if (existing?.manifestDigest === resolved.manifestDigest) return { image: existing, downloaded: 0, cached: resolved.layers.length, upToDate: true };
     const packed = resolved.layers.reduce((sum, l) => sum + l.size, 0);
-    if (packed > settings.imageMaxBytes) throw new Error(`${what}: its layers are ${packed} bytes compressed, more than SVC_IMAGE_MAX_BYTES (${settings.imageMaxBytes})`);
+    if (packed > settings.imageMaxBytes)
+      throw new Error(`${what}: its layers are ${packed} bytes compressed, more than SVC_IMAGE_MAX_BYTES (${settings.imageMaxBytes})`);
     await client.fetchBlob(ref, resolved.config, this.blobs, `${what}: config`);
     let downloaded = 0;
     for (const layer of resolved.layers) if (await client.fetchBlob(ref, layer, this.blobs, `${what}: layer`)) downloaded++;
     const layers = resolved.layers.map((l) => this.blobs.pathOf(l.digest));
-    const image = await this.fromLayers(name, resolved.config, layers, { source: what, digest: resolved.digest, manifestDigest: resolved.manifestDigest }, settings.imageMaxBytes);
+    const image = await this.fromLayers(
+      name,
+      resolved.config,
+      layers,
+      { source: what, digest: resolved.digest, manifestDigest: resolved.manifestDigest },
+      settings.imageMaxBytes,
+    );
     return { image, downloaded, cached: resolved.layers.length - downloaded, upToDate: false };
   }
 
   /** A new image of `layers` (cached blobs, oldest first) with the run settings of `config`; `meta.entrypoint` overrides its command. */
   private async fromLayers(name: string, config: Descriptor, layers: string[], meta: ImageMeta, maxBytes: number): Promise<ImageInfo> {
-    const { run: runConfig, diffIds } = parseImageConfig(await this.blobs.readSmall(config.digest, MAX_CONFIG_BYTES, `${meta.source}: config`), `${meta.source}: config`);
+    const { run: runConfig, diffIds } = parseImageConfig(
+      await this.blobs.readSmall(config.digest, MAX_CONFIG_BYTES, `${meta.source}: config`),
+      `${meta.source}: config`,
+    );
     if (diffIds.length !== layers.length) throw new Error(`${meta.source}: the manifest has ${layers.length} layers, the image config ${diffIds.length}`);
     const command = [...(runConfig.entrypoint ?? []), ...(runConfig.cmd ?? [])];
     return this.stage(name, meta.source, async (rootfs) => {
-      await applyLayers(rootfs, layers.map((file, i) => ({ file, digest: `sha256:${path.basename(file)}`, diffId: diffIds[i]! })), maxBytes);
-      return { ...(command.length ? { entrypoint: command } : {}), ...meta, id: config.digest, config: runConfig, layers: layers.map((f) => `sha256:${path.basename(f)}`) };
+      await applyLayers(
+        rootfs,
+        layers.map((file, i) => ({ file, digest: `sha256:${path.basename(file)}`, diffId: diffIds[i]! })),
+        maxBytes,
+      );
+      return {
+        ...(command.length ? { entrypoint: command } : {}),
+        ...meta,
+        id: config.digest,
+        config: runConfig,
+        layers: layers.map((f) => `sha256:${path.basename(f)}`),
+      };
     });
   }
 
@@ -278,7 +300,10 @@ export class ImageStore {
       await fs.promises.writeFile(path.join(staging, 'image.json'), `${JSON.stringify(info, null, 2)}\n`);
       const target = path.join(this.dir, dirName(name));
       const old = path.join(this.dir, `.old-${randomBytes(6).toString('hex')}`);
-      const replaced = await fs.promises.rename(target, old).then(() => true, () => false);
+      const replaced = await fs.promises.rename(target, old).then(
+        () => true,
+        () => false,
+      );
       await fs.promises.rename(staging, target);
       if (replaced) await fs.promises.rm(old, { recursive: true, force: true });
       return { ...info, rootfs: path.join(target, 'rootfs') };
@@ -330,7 +355,8 @@ function parseEntrypoint(raw: string): string[] {
   return value;
 }
 
-const USAGE = 'usage: svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | build NAME DOCKERFILE [CONTEXT_DIR] | list | resolve REFERENCE | rm NAME';
+const USAGE =
+  'usage: svc images import NAME DIR|TARBALL|ARCHIVE [--entrypoint CMD] | pull REFERENCE | build NAME DOCKERFILE [CONTEXT_DIR] | list | resolve REFERENCE | rm NAME';
 const megabytes = (bytes: number): string => `${(bytes / 1e6).toFixed(1)} MB`;
 
 /**
@@ -363,7 +389,8 @@ export async function imagesCommand(args: string[], dataDir: string, out: (line:
       return await buildCommand(rest[0]!, rest[1]!, rest[2] ?? null, dataDir, pullSettings, out);
     }
     if (sub === 'list' && rest.length === 0) {
-      for (const image of await store.listImages()) out([image.name, megabytes(image.bytes), image.importedAt, ...(image.digest ? [image.digest] : [])].join('\t'));
+      for (const image of await store.listImages())
+        out([image.name, megabytes(image.bytes), image.importedAt, ...(image.digest ? [image.digest] : [])].join('\t'));
       return 0;
     }
     if (sub === 'resolve' && rest.length === 1) {

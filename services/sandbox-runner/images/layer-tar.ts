@@ -70,9 +70,23 @@ function headerBlocks(entry: LayerEntry): Buffer[] {
   if (size > 0o77777777777) pax.size = String(size);
   if (entry.uid > 0o7777777) pax.uid = String(entry.uid);
   if (entry.gid > 0o7777777) pax.gid = String(entry.gid);
-  const main = ustar({ name, size, flag: TYPE_FLAGS[entry.type], linkpath: entry.linkpath ?? '', mode: entry.type === 'whiteout' ? 0 : entry.mode, uid: entry.uid, gid: entry.gid, mtime: entry.mtime });
+  const main = ustar({
+    name,
+    size,
+    flag: TYPE_FLAGS[entry.type],
+    linkpath: entry.linkpath ?? '',
+    mode: entry.type === 'whiteout' ? 0 : entry.mode,
+    uid: entry.uid,
+    gid: entry.gid,
+    mtime: entry.mtime,
+  });
   if (Object.keys(pax).length === 0) return [main];
-  const records = Buffer.from(Object.entries(pax).map(([key, value]) => paxRecord(key, value)).join(''), 'utf8');
+  const records = Buffer.from(
+    Object.entries(pax)
+      .map(([key, value]) => paxRecord(key, value))
+      .join(''),
+    'utf8',
+  );
   const paxHeader = ustar({ name: 'PaxHeader', size: records.length, flag: 'x', linkpath: '', mode: 0o644, uid: 0, gid: 0, mtime: entry.mtime });
   return [paxHeader, records, Buffer.alloc((512 - (records.length % 512)) % 512), main];
 }
@@ -91,7 +105,10 @@ function paxRecord(key: string, value: string): string {
 }
 
 function ustar(h: { name: string; size: number; flag: string; linkpath: string; mode: number; uid: number; gid: number; mtime: number }): Buffer {
-  const octal = (value: number, width: number): string => `${Math.min(value, 8 ** (width - 1) - 1).toString(8).padStart(width - 1, '0')}\0`;
+  const octal = (value: number, width: number): string =>
+    `${Math.min(value, 8 ** (width - 1) - 1)
+      .toString(8)
+      .padStart(width - 1, '0')}\0`;
   const header = Buffer.alloc(512);
   header.write(h.name, 0, 100, 'utf8');
   header.write(octal(h.mode & 0o7777, 8), 100, 'ascii');

@@ -100,7 +100,13 @@ async function unpackTarball(source: string, into: string, bound: number): Promi
  * The image of the archive at `source` whose name `matches` (or its only image), with its
  * config and layers put into `cache`. `scratch` is a directory where a tarball may be unpacked.
  */
-export async function readImageArchive(source: string, matches: (name: string) => boolean, cache: BlobCache, scratch: string, maxBytes: number): Promise<ArchiveImage> {
+export async function readImageArchive(
+  source: string,
+  matches: (name: string) => boolean,
+  cache: BlobCache,
+  scratch: string,
+  maxBytes: number,
+): Promise<ArchiveImage> {
   const stat = await fs.promises.stat(source);
   const unpacked = stat.isDirectory() ? null : path.join(scratch, `.archive-${randomBytes(6).toString('hex')}`);
   try {
@@ -145,13 +151,25 @@ async function importBlob(layout: string, digest: string, size: number | undefin
 async function readOciLayout(layout: string, source: string, matches: (name: string) => boolean, cache: BlobCache): Promise<ArchiveImage> {
   const index = parseImageDocument(Buffer.from(JSON.stringify(await readJson(layout, 'index.json', source))), undefined, `${source}: index.json`);
   if (index.kind !== 'index') throw new Error(`${source}: index.json is not an index`);
-  const named = (d: Descriptor): string[] => ['io.containerd.image.name', 'org.opencontainers.image.ref.name'].map((k) => d.annotations?.[k]).filter((n): n is string => !!n);
+  const named = (d: Descriptor): string[] =>
+    ['io.containerd.image.name', 'org.opencontainers.image.ref.name'].map((k) => d.annotations?.[k]).filter((n): n is string => !!n);
   const chosen = index.manifests.find((d) => named(d).some(matches)) ?? (index.manifests.length === 1 ? index.manifests[0] : undefined);
-  if (!chosen) throw new Error(`${source} holds ${index.manifests.length} images and none is named so: ${index.manifests.flatMap(named).join(', ') || 'they have no names'}`);
-  let doc = parseImageDocument(await readBlob(layout, chosen, `${source}: manifest ${chosen.digest}`), chosen.mediaType, `${source}: manifest ${chosen.digest}`);
+  if (!chosen)
+    throw new Error(
+      `${source} holds ${index.manifests.length} images and none is named so: ${index.manifests.flatMap(named).join(', ') || 'they have no names'}`,
+    );
+  let doc = parseImageDocument(
+    await readBlob(layout, chosen, `${source}: manifest ${chosen.digest}`),
+    chosen.mediaType,
+    `${source}: manifest ${chosen.digest}`,
+  );
   if (doc.kind === 'index') {
     const platform = choosePlatform(doc.manifests, `${source}: ${chosen.digest}`);
-    doc = parseImageDocument(await readBlob(layout, platform, `${source}: manifest ${platform.digest}`), platform.mediaType, `${source}: manifest ${platform.digest}`);
+    doc = parseImageDocument(
+      await readBlob(layout, platform, `${source}: manifest ${platform.digest}`),
+      platform.mediaType,
+      `${source}: manifest ${platform.digest}`,
+    );
     if (doc.kind !== 'manifest') throw new Error(`${source}: the index's entry ${platform.digest} is another index`);
   }
   await importBlob(layout, doc.config.digest, doc.config.size, cache, `${source}: config`);
@@ -173,16 +191,20 @@ async function readDockerSave(layout: string, source: string, matches: (name: st
   const entries = await readJson(layout, 'manifest.json', source);
   if (!Array.isArray(entries) || entries.length === 0) throw new Error(`${source}: manifest.json lists no image`);
   const tags = (e: { RepoTags?: unknown }): string[] => (Array.isArray(e.RepoTags) ? e.RepoTags.filter((t): t is string => typeof t === 'string') : []);
-  const chosen = (entries.find((e) => tags(e).some(matches)) ?? (entries.length === 1 ? entries[0] : undefined)) as { Config?: unknown; Layers?: unknown } | undefined;
+  const chosen = (entries.find((e) => tags(e).some(matches)) ?? (entries.length === 1 ? entries[0] : undefined)) as
+    | { Config?: unknown; Layers?: unknown }
+    | undefined;
   if (!chosen) throw new Error(`${source} holds ${entries.length} images and none is tagged so: ${entries.flatMap(tags).join(', ') || 'they have no tags'}`);
-  if (typeof chosen.Config !== 'string' || !Array.isArray(chosen.Layers) || !chosen.Layers.every((l) => typeof l === 'string')) throw new Error(`${source}: manifest.json: an entry without Config or Layers`);
+  if (typeof chosen.Config !== 'string' || !Array.isArray(chosen.Layers) || !chosen.Layers.every((l) => typeof l === 'string'))
+    throw new Error(`${source}: manifest.json: an entry without Config or Layers`);
   const configFile = await layoutFile(layout, chosen.Config, source);
   if ((await fs.promises.stat(configFile)).size > MAX_CONFIG_BYTES) throw new Error(`${source}: ${chosen.Config} is too large`);
   const configBytes = await fs.promises.readFile(configFile);
   const config = { digest: sha256Digest(configBytes), size: configBytes.length };
   // The older format's layers are plain tars whose digests are the config's diff_ids; the newer one names blobs.
   const diffIds = ((JSON.parse(configBytes.toString('utf8')) as { rootfs?: { diff_ids?: string[] } }).rootfs?.diff_ids ?? []) as string[];
-  if (diffIds.length !== chosen.Layers.length) throw new Error(`${source}: ${chosen.Config} lists ${diffIds.length} layers, manifest.json ${chosen.Layers.length}`);
+  if (diffIds.length !== chosen.Layers.length)
+    throw new Error(`${source}: ${chosen.Config} lists ${diffIds.length} layers, manifest.json ${chosen.Layers.length}`);
   if (!cache.has(config.digest)) await cache.write(fs.createReadStream(configFile), config, `${source}: config`);
   const layers: string[] = [];
   for (const [i, rel] of (chosen.Layers as string[]).entries()) {

@@ -252,7 +252,8 @@ async function applyEntry(entry: ReadEntry, state: ApplyState): Promise<void> {
     case 'Link': {
       entry.resume();
       const source = await existingPath(state.rootfs, entryParts(entry.linkpath ?? ''));
-      if (!source || (await fs.promises.lstat(source)).isDirectory()) throw new Error(`hard link ${JSON.stringify(entry.path)} to ${JSON.stringify(entry.linkpath)}: no such file inside the image`);
+      if (!source || (await fs.promises.lstat(source)).isDirectory())
+        throw new Error(`hard link ${JSON.stringify(entry.path)} to ${JSON.stringify(entry.linkpath)}: no such file inside the image`);
       if (source === target) return;
       await replace(target);
       return fs.promises.link(source, target);

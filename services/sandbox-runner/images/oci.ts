@@ -59,7 +59,8 @@ export function sha256Digest(bytes: Buffer): string {
 
 function descriptor(value: unknown, what: string): Descriptor {
   const d = value as Descriptor | null;
-  if (!d || typeof d !== 'object' || typeof d.digest !== 'string' || !Number.isSafeInteger(d.size) || d.size < 0) throw new Error(`${what}: a descriptor without a digest or a size`);
+  if (!d || typeof d !== 'object' || typeof d.digest !== 'string' || !Number.isSafeInteger(d.size) || d.size < 0)
+    throw new Error(`${what}: a descriptor without a digest or a size`);
   if (!DIGEST.test(d.digest)) throw new Error(`${what}: unsupported digest ${JSON.stringify(d.digest)} (only sha256 is)`);
   return d;
 }
@@ -83,7 +84,8 @@ export function parseImageDocument(bytes: Buffer, contentType: string | undefine
     const config = descriptor(doc.config, `${what}, config`);
     if (config.mediaType && !CONFIG_TYPES.includes(config.mediaType)) throw new Error(`${what}: not a container image (its config is ${config.mediaType})`);
     const layers = doc.layers.map((l, i) => descriptor(l, `${what}, layer ${i}`));
-    for (const layer of layers) if (layer.mediaType && !LAYER_TYPE.test(layer.mediaType)) throw new Error(`${what}: layer ${layer.digest} is ${layer.mediaType}, not a tar layer`);
+    for (const layer of layers)
+      if (layer.mediaType && !LAYER_TYPE.test(layer.mediaType)) throw new Error(`${what}: layer ${layer.digest} is ${layer.mediaType}, not a tar layer`);
     return { kind: 'manifest', config, layers };
   }
   throw new Error(`${what}: not an image manifest or index (media type ${JSON.stringify(type || 'none')})`);
@@ -103,12 +105,24 @@ export function parseImageConfig(bytes: Buffer, what: string): { run: ImageRunCo
   if (!diffIds?.every((d) => DIGEST.test(d))) throw new Error(`${what}: the image config has no sha256 rootfs.diff_ids`);
   const c = doc.config ?? {};
   const text = (v: unknown): string | null => (typeof v === 'string' && v !== '' ? v : null);
-  return { run: { env: strings(c.Env) ?? [], entrypoint: strings(c.Entrypoint), cmd: strings(c.Cmd), workdir: text(c.WorkingDir), user: text(c.User) }, diffIds };
+  return {
+    run: { env: strings(c.Env) ?? [], entrypoint: strings(c.Entrypoint), cmd: strings(c.Cmd), workdir: text(c.WorkingDir), user: text(c.User) },
+    diffIds,
+  };
 }
 
 /** This host's platform in OCI's words (Node's `x64` is `amd64`, and so on). */
 export function hostPlatform(): Platform {
-  const arch: Record<string, string> = { x64: 'amd64', ia32: '386', arm64: 'arm64', arm: 'arm', ppc64: 'ppc64le', s390x: 's390x', riscv64: 'riscv64', loong64: 'loong64' };
+  const arch: Record<string, string> = {
+    x64: 'amd64',
+    ia32: '386',
+    arm64: 'arm64',
+    arm: 'arm',
+    ppc64: 'ppc64le',
+    s390x: 's390x',
+    riscv64: 'riscv64',
+    loong64: 'loong64',
+  };
   return { os: 'linux', architecture: arch[process.arch] ?? process.arch };
 }
 
@@ -118,7 +132,9 @@ export function choosePlatform(manifests: Descriptor[], what: string): Descripto
   const fits = manifests.filter((m) => m.platform?.os === want.os && m.platform.architecture === want.architecture);
   // Several variants (arm v6/v7/v8): the first is the index's preferred one.
   if (fits[0]) return fits[0];
-  const offered = manifests.map((m) => (m.platform ? `${m.platform.os}/${m.platform.architecture}${m.platform.variant ? `/${m.platform.variant}` : ''}` : 'unknown')).filter((p) => p !== 'unknown/unknown');
+  const offered = manifests
+    .map((m) => (m.platform ? `${m.platform.os}/${m.platform.architecture}${m.platform.variant ? `/${m.platform.variant}` : ''}` : 'unknown'))
+    .filter((p) => p !== 'unknown/unknown');
   throw new Error(`${what}: no image for ${want.os}/${want.architecture} (it has ${offered.join(', ') || 'none'})`);
 }
 
@@ -155,7 +171,8 @@ export class BlobCache {
         async function* (chunks: AsyncIterable<Buffer>) {
           for await (const chunk of chunks) {
             bytes += chunk.length;
-            if (expected.size !== undefined && bytes > expected.size) throw new Error(`${what}: more than the ${expected.size} bytes its descriptor says (blob ${expected.digest})`);
+            if (expected.size !== undefined && bytes > expected.size)
+              throw new Error(`${what}: more than the ${expected.size} bytes its descriptor says (blob ${expected.digest})`);
             hash.update(chunk);
             yield chunk;
           }
@@ -164,7 +181,8 @@ export class BlobCache {
       );
       const actual = `sha256:${hash.digest('hex')}`;
       if (actual !== expected.digest) throw new Error(`${what}: wrong digest: expected ${expected.digest}, the content is ${actual}`);
-      if (expected.size !== undefined && bytes !== expected.size) throw new Error(`${what}: ${bytes} bytes where its descriptor says ${expected.size} (blob ${expected.digest})`);
+      if (expected.size !== undefined && bytes !== expected.size)
+        throw new Error(`${what}: ${bytes} bytes where its descriptor says ${expected.size} (blob ${expected.digest})`);
       await fs.promises.rename(temp, target);
       return target;
     } catch (err) {

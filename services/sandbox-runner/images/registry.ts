@@ -59,7 +59,11 @@ const IDLE_TIMEOUT_MS = 60_000;
 
 /** The registry host a credential or an insecure entry names: Docker Hub's aliases are `docker.io`; a URL's scheme and path go. */
 export function registryHostKey(value: string): string {
-  const host = value.trim().replace(/^[a-z]+:\/\//i, '').replace(/\/.*$/, '').toLowerCase();
+  const host = value
+    .trim()
+    .replace(/^[a-z]+:\/\//i, '')
+    .replace(/\/.*$/, '')
+    .toLowerCase();
   return DOCKER_HUB_ALIASES.has(host) ? DOCKER_HUB : host;
 }
 
@@ -154,7 +158,8 @@ export class RegistryClient {
       const digest = sha256Digest(bytes);
       const claimed = res.headers.get('docker-content-digest');
       if (DIGEST.test(reference) && digest !== reference) throw new Error(`${what}: wrong digest: asked for ${reference}, the manifest served is ${digest}`);
-      if (claimed && DIGEST.test(claimed) && claimed !== digest) throw new Error(`${what}: wrong digest: the registry says ${claimed}, the manifest served is ${digest}`);
+      if (claimed && DIGEST.test(claimed) && claimed !== digest)
+        throw new Error(`${what}: wrong digest: the registry says ${claimed}, the manifest served is ${digest}`);
       return { digest, doc: parseImageDocument(bytes, res.headers.get('content-type') ?? undefined, what) };
     } finally {
       deadline.clear();
@@ -216,7 +221,9 @@ export class RegistryClient {
   private refused(host: string, repository: string): Error {
     return this.credentials(host)
       ? new Error(`${host} refused the credentials SVC_REGISTRY_AUTH gives for it (repository ${repository})`)
-      : new Error(`${host} refused access to ${repository} without credentials (SVC_REGISTRY_AUTH has none for ${registryHostKey(host)}; the repository may also not exist)`);
+      : new Error(
+          `${host} refused access to ${repository} without credentials (SVC_REGISTRY_AUTH has none for ${registryHostKey(host)}; the repository may also not exist)`,
+        );
   }
 
   /** The Authorization header answering a WWW-Authenticate challenge. */
@@ -229,7 +236,8 @@ export class RegistryClient {
       if (!basic) throw this.refused(host, repository);
       return basic;
     }
-    if (scheme !== 'bearer' || !params.realm) throw new Error(`${host} asks for an authentication it did not describe, or that is not supported: ${JSON.stringify(challenge)}`);
+    if (scheme !== 'bearer' || !params.realm)
+      throw new Error(`${host} asks for an authentication it did not describe, or that is not supported: ${JSON.stringify(challenge)}`);
     const realm = new URL(params.realm);
     if (realm.protocol !== 'https:' && !(realm.protocol === 'http:' && this.insecure.has(registryHostKey(realm.host)))) {
       throw new Error(`${host}'s token service ${realm.origin} is not HTTPS (list ${realm.host} in SVC_REGISTRY_INSECURE to allow it)`);
@@ -280,7 +288,10 @@ export class RegistryClient {
 function unreachable(url: URL, err: Error, deadline: IdleDeadline): Error {
   if (deadline.signal.aborted) return new Error(`registry ${url.host}: ${(deadline.signal.reason as Error).message}`);
   const cause = (err.cause as Error | undefined)?.message ?? err.message;
-  const hint = url.protocol === 'https:' && /wrong version number|packet length too long|EPROTO/i.test(cause) ? ' (a plain-HTTP registry must be listed in SVC_REGISTRY_INSECURE)' : '';
+  const hint =
+    url.protocol === 'https:' && /wrong version number|packet length too long|EPROTO/i.test(cause)
+      ? ' (a plain-HTTP registry must be listed in SVC_REGISTRY_INSECURE)'
+      : '';
   return new Error(`cannot reach registry ${url.host}: ${cause}${hint}`);
 }
 

@@ -228,9 +228,7 @@ export class GatewayDnsServer {
 
     let rcode: number = RCODE.NOERROR;
     const answers: dnsPacket.Answer[] = [];
-    const results = await Promise.allSettled(
-      questions.map((q) => this.options.answer(source, q.name.toLowerCase().replace(/\.$/, ''), String(q.type))),
-    );
+    const results = await Promise.allSettled(questions.map((q) => this.options.answer(source, q.name.toLowerCase().replace(/\.$/, ''), String(q.type))));
     results.forEach((result, i) => {
       const q = questions[i];
       if (result.status === 'rejected') {

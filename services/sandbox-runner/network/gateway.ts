@@ -72,11 +72,18 @@ export class EgressGateway {
     private readonly options: { ca: CertificateAuthority; upstream: UpstreamResolver; trust: string[] | null; sandboxNetwork: string; logger?: Logger },
   ) {
     this.destinations = new Destinations(options.upstream, options.sandboxNetwork);
-    this.httpRelay = new HttpRelay(this.destinations, { trust: options.trust, tunnel: (req, socket, head, via) => this.tunnel(req, socket, head, via), logger: options.logger });
+    this.httpRelay = new HttpRelay(this.destinations, {
+      trust: options.trust,
+      tunnel: (req, socket, head, via) => this.tunnel(req, socket, head, via),
+      logger: options.logger,
+    });
   }
 
   /** The runner's gateway as the settings say: the deployment's CA, the upstream resolver, the extra trust for upstreams. */
-  static async open(config: Pick<Config, 'dataDir' | 'egressCaCert' | 'egressCaKey' | 'dnsUpstream' | 'egressTrust' | 'sandboxNetwork'>, logger?: Logger): Promise<EgressGateway> {
+  static async open(
+    config: Pick<Config, 'dataDir' | 'egressCaCert' | 'egressCaKey' | 'dnsUpstream' | 'egressTrust' | 'sandboxNetwork'>,
+    logger?: Logger,
+  ): Promise<EgressGateway> {
     const ca = await CertificateAuthority.open({ dir: path.join(config.dataDir, 'egress-ca'), certFile: config.egressCaCert, keyFile: config.egressCaKey });
     const trust = config.egressTrust ? [await fs.promises.readFile(config.egressTrust, 'utf8')] : null;
     const gateway = new EgressGateway({ ca, upstream: new UpstreamResolver(config.dnsUpstream), trust, sandboxNetwork: config.sandboxNetwork, logger });
@@ -150,7 +157,8 @@ export class EgressGateway {
     if (!sandbox) return { kind: 'nxdomain', reason: 'unknown source' };
     const decision = decide(sandbox, name, null);
     if (!decision.allowed) {
-      if (firstThisSecond(sandbox, `dns ${normaliseHost(name)}`)) deny(sandbox, { protocol: 'dns', host: normaliseHost(name), port: 53, reason: decision.reason, query: type });
+      if (firstThisSecond(sandbox, `dns ${normaliseHost(name)}`))
+        deny(sandbox, { protocol: 'dns', host: normaliseHost(name), port: 53, reason: decision.reason, query: type });
       return { kind: 'nxdomain', reason: decision.reason };
     }
     if (type !== 'A') return { kind: 'empty' };
@@ -171,7 +179,12 @@ export class EgressGateway {
    * under the sandbox's egress policy (never its overrides, which sent the request to the mock),
    * recorded like the sandbox's own calls with the service it came through.
    */
-  async fetchOutside(address: string, via: string, request: { method: string; host: string; path: string; headers: Record<string, string>; body: Buffer }, maxBodyBytes: number): Promise<{ status: number; headers: Record<string, string>; body: Buffer; refused?: boolean }> {
+  async fetchOutside(
+    address: string,
+    via: string,
+    request: { method: string; host: string; path: string; headers: Record<string, string>; body: Buffer },
+    maxBodyBytes: number,
+  ): Promise<{ status: number; headers: Record<string, string>; body: Buffer; refused?: boolean }> {
     const sandbox = this.sandboxes.get(address);
     if (!sandbox) throw new Error('the sandbox is gone');
     return this.httpRelay.fetchOutside(sandbox, via, request, maxBodyBytes);
@@ -248,7 +261,11 @@ export class EgressGateway {
     const terminated = new tls.TLSSocket(wrap(socket, first), { isServer: true, secureContext, ALPNProtocols: ['http/1.1'] });
     terminated.on('error', () => socket.destroy());
     if (!decision.allowed) {
-      terminated.once('secure', () => terminated.end(`HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: ${Buffer.byteLength(decision.reason) + 1}\r\n\r\n${decision.reason}\n`));
+      terminated.once('secure', () =>
+        terminated.end(
+          `HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: ${Buffer.byteLength(decision.reason) + 1}\r\n\r\n${decision.reason}\n`,
+        ),
+      );
       return;
     }
     this.httpRelay.serve(terminated, { sandbox, scheme: 'https', port, serverName: name });
@@ -279,7 +296,13 @@ export class EgressGateway {
   }
 
   /** A connection known only by the address it was sent to: by the name that address was resolved for, if any. */
-  private async byDestination(sandbox: Registered, socket: Duplex, first: Buffer, destination: { address: string; port: number }, protocol: string): Promise<void> {
+  private async byDestination(
+    sandbox: Registered,
+    socket: Duplex,
+    first: Buffer,
+    destination: { address: string; port: number },
+    protocol: string,
+  ): Promise<void> {
     const service = sandbox.services.find((s) => s.address === destination.address);
     if (service) return this.connectService(sandbox, service, socket, first, destination);
     const name = sandbox.resolved.get(destination.address) ?? null;
@@ -288,16 +311,27 @@ export class EgressGateway {
       deny(sandbox, { protocol, host: name, ip: destination.address, port: destination.port, reason: `${destination.address} is ${never}` });
       return void reset(socket);
     }
-    const decision = name === null
-      ? { allowed: sandbox.policy.decide(destination.address, destination.port).allowed, reason: sandbox.policy.decide(destination.address, destination.port).reason }
-      : decide(sandbox, name, destination.port);
+    const decision =
+      name === null
+        ? {
+            allowed: sandbox.policy.decide(destination.address, destination.port).allowed,
+            reason: sandbox.policy.decide(destination.address, destination.port).reason,
+          }
+        : decide(sandbox, name, destination.port);
     if (!decision.allowed) {
-      deny(sandbox, { protocol, host: name, ip: destination.address, port: destination.port, reason: name === null ? `${destination.address} was not resolved for an allowed name, and ${decision.reason}` : decision.reason });
+      deny(sandbox, {
+        protocol,
+        host: name,
+        ip: destination.address,
+        port: destination.port,
+        reason: name === null ? `${destination.address} was not resolved for an allowed name, and ${decision.reason}` : decision.reason,
+      });
       return void reset(socket);
     }
     if (first.length === 0) return this.sniff(sandbox, socket, destination);
     // HTTP sent to the TLS port is read as HTTP too (and what never told): checked and recorded, never piped unseen.
-    if (['http', 'incomplete'].includes(firstKind(first))) return this.httpRelay.toParser(socket, first, { sandbox, scheme: 'http', port: destination.port, serverName: null });
+    if (['http', 'incomplete'].includes(firstKind(first)))
+      return this.httpRelay.toParser(socket, first, { sandbox, scheme: 'http', port: destination.port, serverName: null });
     const upstream = net.connect({ host: destination.address, port: destination.port });
     upstream.write(first);
     join(socket, upstream, sandbox);
@@ -305,7 +339,10 @@ export class EgressGateway {
 
   /** A connection to a backing service's address: a database gets its bytes (observed), an http_mock its requests. */
   private connectService(sandbox: Registered, service: ServiceEndpoint, socket: Duplex, first: Buffer, destination: { address: string; port: number }): void {
-    if (!service.connect && first.length > 0) return firstKind(first) === 'other' ? reset(socket) : this.httpRelay.toParser(socket, first, { sandbox, scheme: 'http', port: destination.port, serverName: null });
+    if (!service.connect && first.length > 0)
+      return firstKind(first) === 'other'
+        ? reset(socket)
+        : this.httpRelay.toParser(socket, first, { sandbox, scheme: 'http', port: destination.port, serverName: null });
     if (!service.connect) return this.sniff(sandbox, socket, destination, service);
     const upstream = service.connect();
     const observer = service.observe?.() ?? null;
@@ -336,26 +373,32 @@ export class EgressGateway {
       greeted.abort();
     };
     // An http_mock's address is not a place outside: nothing there greets, and what is not HTTP goes nowhere.
-    const greet = service ? undefined : setTimeout(() => {
-      upstream = net.connect({ host: destination.address, port: destination.port });
-      upstream.on('error', () => socket.destroy()).once('data', onGreeting);
-    }, SERVER_FIRST_MS);
-    void firstBytes(socket, Buffer.alloc(0), { patient: true, stop: greeted.signal }).then((first) => {
-      clearTimeout(greet);
-      upstream?.off('data', onGreeting);
-      const kind = first === null ? null : greeted.signal.aborted ? 'other' : firstKind(first);
-      if (kind !== 'other') upstream?.destroy();
-      if (first === null) return void socket.destroy();
-      if (kind === 'tls') {
-        const { serverName } = readClientHello(first) as { serverName: string | null };
-        return serverName ? this.onHello(sandbox, socket, first, serverName, destination.port, null) : this.namelessHello(sandbox, socket, first, destination);
-      }
-      if (kind !== 'other') return this.httpRelay.toParser(socket, first, { sandbox, scheme: 'http', port: destination.port, serverName: null });
-      if (service) return reset(socket);
-      const to = upstream ?? net.connect({ host: destination.address, port: destination.port });
-      if (first.length > 0) to.write(first);
-      join(socket, to, sandbox);
-    }).catch(() => socket.destroy());
+    const greet = service
+      ? undefined
+      : setTimeout(() => {
+          upstream = net.connect({ host: destination.address, port: destination.port });
+          upstream.on('error', () => socket.destroy()).once('data', onGreeting);
+        }, SERVER_FIRST_MS);
+    void firstBytes(socket, Buffer.alloc(0), { patient: true, stop: greeted.signal })
+      .then((first) => {
+        clearTimeout(greet);
+        upstream?.off('data', onGreeting);
+        const kind = first === null ? null : greeted.signal.aborted ? 'other' : firstKind(first);
+        if (kind !== 'other') upstream?.destroy();
+        if (first === null) return void socket.destroy();
+        if (kind === 'tls') {
+          const { serverName } = readClientHello(first) as { serverName: string | null };
+          return serverName
+            ? this.onHello(sandbox, socket, first, serverName, destination.port, null)
+            : this.namelessHello(sandbox, socket, first, destination);
+        }
+        if (kind !== 'other') return this.httpRelay.toParser(socket, first, { sandbox, scheme: 'http', port: destination.port, serverName: null });
+        if (service) return reset(socket);
+        const to = upstream ?? net.connect({ host: destination.address, port: destination.port });
+        if (first.length > 0) to.write(first);
+        join(socket, to, sandbox);
+      })
+      .catch(() => socket.destroy());
   }
 
   /**
@@ -380,6 +423,12 @@ export class EgressGateway {
   refusedUdp(source: string, destination: { address: string; port: number }): void {
     const sandbox = this.sandboxes.get(source);
     if (!sandbox || !firstThisSecond(sandbox, `udp ${destination.address}:${destination.port}`)) return;
-    deny(sandbox, { protocol: 'udp', host: sandbox.resolved.get(destination.address) ?? null, ip: destination.address, port: destination.port, reason: 'UDP leaves a sandbox only as DNS to its own resolver' });
+    deny(sandbox, {
+      protocol: 'udp',
+      host: sandbox.resolved.get(destination.address) ?? null,
+      ip: destination.address,
+      port: destination.port,
+      reason: 'UDP leaves a sandbox only as DNS to its own resolver',
+    });
   }
 }

@@ -52,7 +52,10 @@ export async function publishPort(target: { host: string; port: number }, bind: 
   function relay(a: net.Socket, b: net.Socket): void {
     a.pipe(b);
     b.pipe(a);
-    for (const [self, other] of [[a, b], [b, a]] as const) {
+    for (const [self, other] of [
+      [a, b],
+      [b, a],
+    ] as const) {
       self.on('error', () => other.destroy());
       self.on('close', (hadError) => {
         open.delete(self);

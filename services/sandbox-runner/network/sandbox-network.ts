@@ -46,7 +46,13 @@ export class SandboxNetwork {
 
   /** Whether the sandbox gets a network at all. */
   get wanted(): boolean {
-    return this.spec.raw.network !== undefined || this.spec.services.length > 0 || this.spec.audit.http_calls || Object.keys(this.spec.brokered).length > 0 || this.allow.length > 0;
+    return (
+      this.spec.raw.network !== undefined ||
+      this.spec.services.length > 0 ||
+      this.spec.audit.http_calls ||
+      Object.keys(this.spec.brokered).length > 0 ||
+      this.allow.length > 0
+    );
   }
 
   /** What the sandbox's environment gets: its trust store's paths, and a placeholder for each brokered secret. */
@@ -71,16 +77,38 @@ export class SandboxNetwork {
    * Puts the sandbox under its policy at the gateway, with its backing services. `secrets` holds
    * the real values (for the brokered ones); `record` writes the gateway's audit records.
    */
-  async attach(box: SandboxHandle, gateway: EgressGateway, secrets: Record<string, string>, services: ServiceEndpoint[], record: (type: 'http_call' | 'network_denied', details: Record<string, unknown>) => void): Promise<void> {
+  async attach(
+    box: SandboxHandle,
+    gateway: EgressGateway,
+    secrets: Record<string, string>,
+    services: ServiceEndpoint[],
+    record: (type: 'http_call' | 'network_denied', details: Record<string, unknown>) => void,
+  ): Promise<void> {
     await box.networkReady;
     const address = box.address!;
     const policy = new EgressPolicy(this.spec.network.egress.default, this.allow);
-    for (const rejected of policy.rejected) record('network_denied', { protocol: 'policy', host: rejected.entry, port: 0, reason: `the egress entry ${rejected.entry} is left out: ${rejected.problem}` });
+    for (const rejected of policy.rejected)
+      record('network_denied', {
+        protocol: 'policy',
+        host: rejected.entry,
+        port: 0,
+        reason: `the egress entry ${rejected.entry} is left out: ${rejected.problem}`,
+      });
     const brokered = Object.entries(this.spec.brokered).flatMap(([name, inject]) => {
       const value = secrets[name];
-      return value === undefined ? [] : [{ hosts: new EgressPolicy('deny', inject.hosts), header: inject.header, value: inject.format.replace('{value}', value) }];
+      return value === undefined
+        ? []
+        : [{ hosts: new EgressPolicy('deny', inject.hosts), header: inject.header, value: inject.format.replace('{value}', value) }];
     });
-    gateway.register(address, { policy, dnsOverrides: this.spec.network.dnsOverrides, hosts: lowerKeys(this.spec.determinism.dns), inspect: this.spec.audit.http_calls, brokered, record, services });
+    gateway.register(address, {
+      policy,
+      dnsOverrides: this.spec.network.dnsOverrides,
+      hosts: lowerKeys(this.spec.determinism.dns),
+      inspect: this.spec.audit.http_calls,
+      brokered,
+      record,
+      services,
+    });
     this.registered = { gateway, address };
   }
 
@@ -101,7 +129,15 @@ export class SandboxNetwork {
         const record = (type: string, details: Record<string, unknown>) => {
           if (type === 'network_denied') log(`network denied: ${String(details.host)}:${String(details.port)} (${String(details.reason)})`);
         };
-        gateway.register(address, { policy: new EgressPolicy(egress.default, this.allow), dnsOverrides, hosts: lowerKeys(this.spec.determinism.dns), inspect: false, brokered: [], record, services: [] });
+        gateway.register(address, {
+          policy: new EgressPolicy(egress.default, this.allow),
+          dnsOverrides,
+          hosts: lowerKeys(this.spec.determinism.dns),
+          inspect: false,
+          brokered: [],
+          record,
+          services: [],
+        });
         return () => gateway.unregister(address);
       },
     };
@@ -128,7 +164,12 @@ export class SandboxNetwork {
 
   view(): NetworkView | null {
     if (!this.registered) return null;
-    return { name: networkName(this.sandboxId), address: this.registered.address, egress: this.spec.network.egress.default, ingress: this.ingress.map(({ to_port, host, port }) => ({ to_port, host, port })) };
+    return {
+      name: networkName(this.sandboxId),
+      address: this.registered.address,
+      egress: this.spec.network.egress.default,
+      ingress: this.ingress.map(({ to_port, host, port }) => ({ to_port, host, port })),
+    };
   }
 
   /** Nothing leaves or reaches the sandbox any more. */
@@ -149,7 +190,11 @@ function lowerKeys(map: Record<string, string>): Record<string, string> {
  */
 function egressAllow(spec: SpecDocument, agent: ResolvedAgent | null | undefined): string[] {
   const { egress } = spec.network;
-  const closed = egress.default === 'deny' && Array.isArray((spec.raw.network as { egress?: { allow?: unknown } } | undefined)?.egress?.allow) && egress.allow.length === 0;
-  const agentHosts = closed || egress.default === 'allow' ? [] : Object.entries(agent?.auth?.egress ?? {}).map(([host, ports]) => (ports.length > 0 ? `${host}:${ports.join(',')}` : host));
+  const closed =
+    egress.default === 'deny' && Array.isArray((spec.raw.network as { egress?: { allow?: unknown } } | undefined)?.egress?.allow) && egress.allow.length === 0;
+  const agentHosts =
+    closed || egress.default === 'allow'
+      ? []
+      : Object.entries(agent?.auth?.egress ?? {}).map(([host, ports]) => (ports.length > 0 ? `${host}:${ports.join(',')}` : host));
   return [...new Set([...egress.allow, ...agentHosts])];
 }

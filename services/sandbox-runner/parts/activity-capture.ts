@@ -74,7 +74,9 @@ export class ActivityCapture {
     const tracer = processTracer(this.config.processTracer);
     const where = this.box.handle.processes();
     if (typeof tracer === 'string' || where === null) {
-      return this.trail.warn(`process capture is off: ${typeof tracer === 'string' ? tracer : 'the runtime cannot name the sandbox\'s processes'}; only the commands themselves are recorded`);
+      return this.trail.warn(
+        `process capture is off: ${typeof tracer === 'string' ? tracer : "the runtime cannot name the sandbox's processes"}; only the commands themselves are recorded`,
+      );
     }
     try {
       this.endProcessWatch = await tracer.watch({
@@ -161,13 +163,16 @@ export class ActivityCapture {
     ];
     // One at a time: a workspace of a million new files is a million records, most of them dropped by the log's limits.
     for (const [type, kind, paths] of changes) {
-      for (const rel of paths) if (watcher.reports(kind, rel) && !audit.hasFileRecord(type, rel)) await audit.record(type, { path: rel, found_by: 'reconciliation' });
+      for (const rel of paths)
+        if (watcher.reports(kind, rel) && !audit.hasFileRecord(type, rel)) await audit.record(type, { path: rel, found_by: 'reconciliation' });
     }
   }
 
   /** The workspace's state; the service's own reads of it are not the agent's (the watcher ignores them). */
   captureState(): Promise<FilesystemState> {
-    return this.unwatched({ kinds: ['read'] }, () => captureState(this.box.workspace, { checksumMaxBytes: this.config.stateChecksumMaxBytes, cache: this.checksums }));
+    return this.unwatched({ kinds: ['read'] }, () =>
+      captureState(this.box.workspace, { checksumMaxBytes: this.config.stateChecksumMaxBytes, cache: this.checksums }),
+    );
   }
 
   /** The files of the sandbox's other writable places (/tmp, /dev/shm, a writable root's layer), named as the audit names them (`/tmp/x`, `/etc/x`). */

@@ -40,7 +40,9 @@ export class AuditTrail {
       redact: (text) => this.redact(text),
       onRecord: (r) => {
         this.queuedAudit.push(r);
-        this.auditChain = this.auditChain.then(() => this.publishAudit()).catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'audit records did not reach the log'));
+        this.auditChain = this.auditChain
+          .then(() => this.publishAudit())
+          .catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'audit records did not reach the log'));
       },
       recordsPerSecond: config.auditRecordsPerSecond,
       maxRecords: config.auditMaxRecords,
@@ -94,8 +96,22 @@ export class AuditTrail {
   private async publishAudit(): Promise<void> {
     const batch = this.queuedAudit.splice(0);
     if (batch.length === 0) return;
-    const values = batch.map((record): AuditRecorded => ({ tenant: this.tenant, event_id: newEventId(), ts: Date.now(), sandbox_id: this.id, record_ts: Date.parse(record.ts), type: record.type, details: JSON.stringify(record.details) }));
-    await publish(this.kernel, TOPICS.audit, values.map((value) => ({ key: this.id, tenant: this.tenant, value })));
+    const values = batch.map(
+      (record): AuditRecorded => ({
+        tenant: this.tenant,
+        event_id: newEventId(),
+        ts: Date.now(),
+        sandbox_id: this.id,
+        record_ts: Date.parse(record.ts),
+        type: record.type,
+        details: JSON.stringify(record.details),
+      }),
+    );
+    await publish(
+      this.kernel,
+      TOPICS.audit,
+      values.map((value) => ({ key: this.id, tenant: this.tenant, value })),
+    );
     await Promise.all(batch.map((record) => this.event('audit', record)));
   }
 }

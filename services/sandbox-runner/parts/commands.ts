@@ -60,7 +60,13 @@ export class SandboxCommands {
     const stdout = env.output(r, 'stdout');
     const stderr = env.output(r, 'stderr');
     const chunk = this.deps.kernel.config.stdoutChunkBytes;
-    await audit.record('process_spawn', { command: shown, exit_code: r.exitCode, duration_ms: r.durationMs, output_bytes: r.outputBytes, ...(spec.audit.stdout_capture ? { stdout: stdout.slice(0, chunk) } : {}) });
+    await audit.record('process_spawn', {
+      command: shown,
+      exit_code: r.exitCode,
+      duration_ms: r.durationMs,
+      output_bytes: r.outputBytes,
+      ...(spec.audit.stdout_capture ? { stdout: stdout.slice(0, chunk) } : {}),
+    });
     if (spec.audit.stdout_capture) {
       for (let i = 0; i < stdout.length; i += chunk) await audit.record('stdout', { command: shown, chunk: stdout.slice(i, i + chunk), index: i / chunk });
       // A secret's value in captured stdout is a finding naming the secret (never its value): secrets_in_logs.
@@ -68,12 +74,21 @@ export class SandboxCommands {
         if (value !== '' && r.stdout.includes(value)) await audit.record('secret_finding', { name, command: shown });
       }
     }
-    await event('command', { command: shown, exit_code: r.exitCode, duration_ms: r.durationMs, ...(r.timedOut ? { timed_out: true } : {}), ...(r.oomKilled ? { oom_killed: true } : {}) });
-    if (r.oomKilled) await event('warning', { message: `command "${shown}" was killed: the sandbox ran out of memory (limit ${spec.resources.memoryBytes} bytes)` });
+    await event('command', {
+      command: shown,
+      exit_code: r.exitCode,
+      duration_ms: r.durationMs,
+      ...(r.timedOut ? { timed_out: true } : {}),
+      ...(r.oomKilled ? { oom_killed: true } : {}),
+    });
+    if (r.oomKilled)
+      await event('warning', { message: `command "${shown}" was killed: the sandbox ran out of memory (limit ${spec.resources.memoryBytes} bytes)` });
     const { pidsLimitHits } = await this.deps.box.handle.usage();
     if (pidsLimitHits > this.pidsLimitHits) {
       this.pidsLimitHits = pidsLimitHits;
-      await event('warning', { message: `command "${shown}" hit the sandbox's process limit (pids ${spec.resources.pids}): ${pidsLimitHits} forks refused so far` });
+      await event('warning', {
+        message: `command "${shown}" hit the sandbox's process limit (pids ${spec.resources.pids}): ${pidsLimitHits} forks refused so far`,
+      });
     }
     if (spec.snapshots.checkpoints === 'per_action') {
       const { files, diff } = await this.deps.capture.checkpoint();

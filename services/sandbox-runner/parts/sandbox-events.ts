@@ -29,10 +29,23 @@ export class SandboxEvents {
    * each other's fsync. Resolves once this event is on the log.
    */
   event(eventType: string, data: object): Promise<void> {
-    this.queuedEvents.push({ tenant: this.tenant, event_id: newEventId(), ts: Date.now(), sandbox_id: this.id, seq: ++this.seq, event_type: eventType, data: this.redact(JSON.stringify(data)) });
+    this.queuedEvents.push({
+      tenant: this.tenant,
+      event_id: newEventId(),
+      ts: Date.now(),
+      sandbox_id: this.id,
+      seq: ++this.seq,
+      event_type: eventType,
+      data: this.redact(JSON.stringify(data)),
+    });
     const next = this.eventChain.then(async () => {
       const batch = this.queuedEvents.splice(0);
-      if (batch.length > 0) await publish(this.kernel, TOPICS.sandboxEvents, batch.map((value) => ({ key: this.id, tenant: this.tenant, value })));
+      if (batch.length > 0)
+        await publish(
+          this.kernel,
+          TOPICS.sandboxEvents,
+          batch.map((value) => ({ key: this.id, tenant: this.tenant, value })),
+        );
     });
     // A failed append is logged once here; callers (many do not await) never see a rejection.
     this.eventChain = next.catch((err) => this.kernel.logger.error({ err, sandbox_id: this.id }, 'sandbox events lost'));

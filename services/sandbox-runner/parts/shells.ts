@@ -35,7 +35,8 @@ export class SandboxShells {
 
   /** Refuses a shell over TERMINAL.maxPerSandbox, before the sandbox is touched. */
   assertRoom(): void {
-    if (this.terminals.size >= TERMINAL.maxPerSandbox) throw new AppError('conflict', `sandbox ${this.sandboxId} has ${TERMINAL.maxPerSandbox} shells open, the most at once; exit one first`);
+    if (this.terminals.size >= TERMINAL.maxPerSandbox)
+      throw new AppError('conflict', `sandbox ${this.sandboxId} has ${TERMINAL.maxPerSandbox} shells open, the most at once; exit one first`);
   }
 
   /** Opens a shell on `box` for session `sessionId`; answers once it runs. */
@@ -47,8 +48,23 @@ export class SandboxShells {
     let ending: { reason: string; error: ErrorCode } | null = null;
     const ended = terminal.exited.then(async ({ exitCode }) => {
       this.terminals.delete(sessionId);
-      const end = { session_id: sessionId, exit_code: exitCode, duration_ms: Math.round(performance.now() - started), input_bytes: terminal.inputBytes, output_bytes: terminal.outputBytes, ...(ending ? { reason: ending.reason } : {}) };
-      await this.trail.log?.record('process_spawn', { command: `${terminal.shell} -i`, terminal: sessionId, exit_code: exitCode, duration_ms: end.duration_ms, output_bytes: terminal.outputBytes }).catch(() => undefined);
+      const end = {
+        session_id: sessionId,
+        exit_code: exitCode,
+        duration_ms: Math.round(performance.now() - started),
+        input_bytes: terminal.inputBytes,
+        output_bytes: terminal.outputBytes,
+        ...(ending ? { reason: ending.reason } : {}),
+      };
+      await this.trail.log
+        ?.record('process_spawn', {
+          command: `${terminal.shell} -i`,
+          terminal: sessionId,
+          exit_code: exitCode,
+          duration_ms: end.duration_ms,
+          output_bytes: terminal.outputBytes,
+        })
+        .catch(() => undefined);
       await this.event('terminal', { phase: 'closed', ...end });
       return { exitCode, error: ending?.error ?? null, reason: ending?.reason ?? null };
     });
@@ -68,7 +84,12 @@ export class SandboxShells {
   /** Hangs up every shell with why the sandbox ends, and waits (a while) for their ends to be recorded. */
   async closeAll(reason: string): Promise<void> {
     if (this.terminals.size === 0) return;
-    const why = reason === 'destroyed' ? `sandbox ${this.sandboxId} was destroyed` : reason === 'timeout' ? `sandbox ${this.sandboxId} reached its timeout` : `sandbox ${this.sandboxId} ended: ${reason}`;
+    const why =
+      reason === 'destroyed'
+        ? `sandbox ${this.sandboxId} was destroyed`
+        : reason === 'timeout'
+          ? `sandbox ${this.sandboxId} reached its timeout`
+          : `sandbox ${this.sandboxId} ended: ${reason}`;
     const ends = [...this.terminals.values()].map((shell) => {
       shell.close(why, 'not_found');
       return shell.ended;

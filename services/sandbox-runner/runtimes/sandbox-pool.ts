@@ -199,5 +199,14 @@ function classKey(options: CreateSandboxOptions): string {
     const inside = path.relative(options.workspace, m.host);
     return [inside.startsWith('..') || path.isAbsolute(inside) ? m.host : `<workspace>/${inside}`, m.sandbox];
   });
-  return JSON.stringify([options.rootfs, options.resources, options.user ?? 'nobody', options.writableRoot ?? null, options.hosts ?? {}, options.service ?? null, options.hostname ?? null, mounts]);
+  return JSON.stringify([
+    options.rootfs,
+    options.resources,
+    options.user ?? 'nobody',
+    options.writableRoot ?? null,
+    options.hosts ?? {},
+    options.service ?? null,
+    options.hostname ?? null,
+    mounts,
+  ]);
 }

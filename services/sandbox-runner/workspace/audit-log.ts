@@ -142,7 +142,9 @@ export class AuditLog {
     const { recordsPerSecond, maxRecords } = this.options;
     if (maxRecords !== undefined && this.admitted >= maxRecords) {
       if (this.overCap.size === 0) {
-        void this.append('warning', { message: `the audit log is full (${maxRecords} records): later records are dropped, and counted when it closes` }).catch(() => undefined);
+        void this.append('warning', { message: `the audit log is full (${maxRecords} records): later records are dropped, and counted when it closes` }).catch(
+          () => undefined,
+        );
       }
       this.overCap.set(type, (this.overCap.get(type) ?? 0) + 1);
       return false;
@@ -239,7 +241,10 @@ export class AuditLog {
     this.summariseWindow();
     if (this.overCap.size > 0) {
       const total = [...this.overCap.values()].reduce((a, b) => a + b, 0);
-      void this.append('warning', { message: `${total} audit records dropped after the log was full (${this.options.maxRecords} records)`, dropped: Object.fromEntries(this.overCap) }).catch(() => undefined);
+      void this.append('warning', {
+        message: `${total} audit records dropped after the log was full (${this.options.maxRecords} records)`,
+        dropped: Object.fromEntries(this.overCap),
+      }).catch(() => undefined);
     }
     await this.tail;
     if (this.opening) await this.opening.catch(() => undefined);

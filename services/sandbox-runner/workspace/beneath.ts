@@ -25,7 +25,25 @@
  * One file on purpose (~520 lines): the path-safe layer is reviewed as one unit, and `at` (a name
  * in a held directory as a path) stays private to it.
  */
-import { closeSync, constants, fchmodSync, fchownSync, lchownSync, lstatSync, mkdirSync, openSync, readdirSync, readlinkSync, realpathSync, rmdirSync, symlinkSync, unlinkSync, type BigIntStats, type Dirent, type Stats } from 'node:fs';
+import {
+  closeSync,
+  constants,
+  fchmodSync,
+  fchownSync,
+  lchownSync,
+  lstatSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readlinkSync,
+  realpathSync,
+  rmdirSync,
+  symlinkSync,
+  unlinkSync,
+  type BigIntStats,
+  type Dirent,
+  type Stats,
+} from 'node:fs';
 import path from 'node:path';
 import { open, type FileHandle } from 'node:fs/promises';
 import { AppError, badRequest } from '../../kernel/errors.ts';
@@ -38,7 +56,8 @@ const MAX_SYMLINK_HOPS = 40;
 
 /** `name` inside the directory held by `dirFd`: openat(dirFd, name) as a path. */
 function at(dirFd: number, name: string): string {
-  if (name === '' || name === '.' || name === '..' || name.includes('/') || name.includes('\0')) throw new Error(`not a single path segment: ${JSON.stringify(name)}`);
+  if (name === '' || name === '.' || name === '..' || name.includes('/') || name.includes('\0'))
+    throw new Error(`not a single path segment: ${JSON.stringify(name)}`);
   return `/proc/self/fd/${dirFd}/${name}`;
 }
 

@@ -21,9 +21,20 @@ export async function confined(command: string, roots: string[], args: string[])
 
 /** `command` as an absolute path (PATH searched); ENOENT when there is none. */
 async function findExecutable(command: string): Promise<string> {
-  const candidates = command.includes('/') ? [path.resolve(command)] : (process.env.PATH ?? '').split(':').filter(Boolean).map((d) => path.join(d, command));
+  const candidates = command.includes('/')
+    ? [path.resolve(command)]
+    : (process.env.PATH ?? '')
+        .split(':')
+        .filter(Boolean)
+        .map((d) => path.join(d, command));
   for (const c of candidates) {
-    if (await access(c, constants.X_OK).then(() => true, () => false)) return realpath(c);
+    if (
+      await access(c, constants.X_OK).then(
+        () => true,
+        () => false,
+      )
+    )
+      return realpath(c);
   }
   throw Object.assign(new Error(`${command} not found`), { code: 'ENOENT' });
 }

@@ -24,7 +24,20 @@ import { lstat, readdir, readlink, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { AppError, badRequest } from '../../kernel/errors.ts';
-import { closeFd, lstatAt, makeDirAt, mapErrno, openHandleAt, openRoot, removeAt, resolveBeneath, symlinkAt, unlinkAt, type Owner, type Resolved } from './beneath.ts';
+import {
+  closeFd,
+  lstatAt,
+  makeDirAt,
+  mapErrno,
+  openHandleAt,
+  openRoot,
+  removeAt,
+  resolveBeneath,
+  symlinkAt,
+  unlinkAt,
+  type Owner,
+  type Resolved,
+} from './beneath.ts';
 import { workspaceSegments } from './paths.ts';
 
 /** Mode of files written through the API (the spec: 0644), whatever the umask. */
@@ -55,11 +68,7 @@ export interface FileDeleteResult {
   bytes: number;
 }
 
-export async function readFile(
-  workspace: string,
-  input: unknown,
-  options: { field?: string; maxBytes?: number } = {},
-): Promise<FileReadResult> {
+export async function readFile(workspace: string, input: unknown, options: { field?: string; maxBytes?: number } = {}): Promise<FileReadResult> {
   const field = options.field ?? 'path';
   const maxBytes = options.maxBytes ?? DEFAULT_MAX_READ_BYTES;
   const relative = workspaceSegments(input, field).join('/');
@@ -128,7 +137,12 @@ export async function writeFile(
 }
 
 /** `writeFile` with the bytes of `hostFile`, a file of the service's own (streamed, never held whole). */
-export function writeFileFrom(workspace: string, input: unknown, hostFile: string, options: { field?: string; mode?: number; owner?: Owner } = {}): Promise<FileWriteResult> {
+export function writeFileFrom(
+  workspace: string,
+  input: unknown,
+  hostFile: string,
+  options: { field?: string; mode?: number; owner?: Owner } = {},
+): Promise<FileWriteResult> {
   return writeWith(workspace, input, options, async (fh) => {
     let bytes = 0;
     for await (const chunk of createReadStream(hostFile) as AsyncIterable<Buffer>) bytes += (await fh.write(chunk)).bytesWritten;
@@ -216,14 +230,19 @@ async function makeDirs(workspace: string, input: string, options: { field: stri
 
 /** Makes the symbolic link `input` -> `linkTarget` beneath the workspace (a name already there is replaced, never followed). */
 async function makeLink(workspace: string, input: string, linkTarget: string, options: { field: string; owner: Owner }): Promise<void> {
-  await withResolved(workspace, input, { field: options.field, followFinal: false, forWrite: true, createDirs: DIR_MODE, dirOwner: options.owner }, async (target) => {
-    try {
-      if (target.dir < 0) throw Object.assign(new Error('missing parent'), { code: 'ENOENT' });
-      symlinkAt(target.dir, target.name, linkTarget, options.owner);
-    } catch (err) {
-      throw mapErrno(err, options.field, input);
-    }
-  });
+  await withResolved(
+    workspace,
+    input,
+    { field: options.field, followFinal: false, forWrite: true, createDirs: DIR_MODE, dirOwner: options.owner },
+    async (target) => {
+      try {
+        if (target.dir < 0) throw Object.assign(new Error('missing parent'), { code: 'ENOENT' });
+        symlinkAt(target.dir, target.name, linkTarget, options.owner);
+      } catch (err) {
+        throw mapErrno(err, options.field, input);
+      }
+    },
+  );
 }
 
 /** Removes `input` beneath the workspace, a directory with everything in it (a link is removed itself, never followed); quiet when missing. */

@@ -82,7 +82,8 @@ export type { OpKind, TrackKind } from './watch-spec.ts';
  * its work directory) removed or swapped as it watched: gone before its watch was added (its scan
  * covers it), or moved out before its watch was removed. Not lost events, and they name host paths.
  */
-const GONE_BEFORE_WATCHED = /^((Stat failed on|Couldn't watch new directory) .*: (No such file or directory|Not a directory)|(Failed to remove|Error removing) watch on .*)$/;
+const GONE_BEFORE_WATCHED =
+  /^((Stat failed on|Couldn't watch new directory) .*: (No such file or directory|Not a directory)|(Failed to remove|Error removing) watch on .*)$/;
 /** Records waiting to be coalesced, at most. */
 const MAX_PENDING = 1000;
 
@@ -150,7 +151,11 @@ export class FsWatcher {
     this.opts = options;
     this.coalesceMs = options.coalesceMs ?? 100;
     const alive = () => this.started && this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
-    this.suppressions = new Suppressions({ started: () => this.started, alive, running: () => this.running }, options.suppressGraceMs ?? 500, options.barrierTimeoutMs ?? 2000);
+    this.suppressions = new Suppressions(
+      { started: () => this.started, alive, running: () => this.running },
+      options.suppressGraceMs ?? 500,
+      options.barrierTimeoutMs ?? 2000,
+    );
   }
 
   get running(): boolean {
@@ -225,7 +230,9 @@ export class FsWatcher {
         if (!this.started && limit) {
           // The host's inotify limits are reached: the run goes on, watched by the reconciliation alone.
           clearTimeout(timeout);
-          this.warn(`the file watch could not start (${limit}): the agent's file changes are found only when it ends, by the reconciliation (no reads, one record per changed file)`);
+          this.warn(
+            `the file watch could not start (${limit}): the agent's file changes are found only when it ends, by the reconciliation (no reads, one record per changed file)`,
+          );
           resolve();
         } else if (!this.started) fail(new Error(`inotifywait exited (${signal ?? code}) before watching: ${errors.join('; ') || 'no message'}`));
         else if (!this.stopping) this.warn(`file watcher stopped unexpectedly (${signal ?? `exit code ${code}`}); later file activity is not audited`);
@@ -368,7 +375,8 @@ export class FsWatcher {
     const hostPath = /^Couldn't watch new directory (.+): File name too long$/.exec(line)?.[1];
     const rel = hostPath === undefined ? null : this.view.nameOf(hostPath.replace(/\/+$/, ''));
     if (rel === null) return false;
-    if (this.track.has('writes') && !isServicePath(rel) && this.inScope(rel) && !this.suppressed(rel, 'write')) this.enqueue('file_write', rel, { path: rel, directory: true });
+    if (this.track.has('writes') && !isServicePath(rel) && this.inScope(rel) && !this.suppressed(rel, 'write'))
+      this.enqueue('file_write', rel, { path: rel, directory: true });
     return true;
   }
 

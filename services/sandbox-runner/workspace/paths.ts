@@ -106,12 +106,7 @@ export interface ResolveOptions {
  * `field` when the chain leaves the workspace, 403 when `forWrite` and the resolved path is under
  * `.svc`. The answer is a name, already stale when it returns: operations use `resolveBeneath`.
  */
-export async function resolveRealPath(
-  workspace: string,
-  input: unknown,
-  field = 'path',
-  options: ResolveOptions = {},
-): Promise<RealWorkspacePath> {
+export async function resolveRealPath(workspace: string, input: unknown, field = 'path', options: ResolveOptions = {}): Promise<RealWorkspacePath> {
   const segments = workspaceSegments(input, field);
   const relative = segments.join('/');
   const root = await realpath(workspace);

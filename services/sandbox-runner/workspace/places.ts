@@ -33,7 +33,10 @@ export class WritablePlaces {
   static async of(workspace: string, others: readonly Place[] = []): Promise<WritablePlaces> {
     const resolved = await Promise.all(others.map(async (p) => ({ ...p, host: await realpath(p.host) })));
     // Deepest first: /tmp's files are /tmp's, not the root layer's.
-    return new WritablePlaces(await realpath(workspace), resolved.sort((a, b) => b.at.length - a.at.length));
+    return new WritablePlaces(
+      await realpath(workspace),
+      resolved.sort((a, b) => b.at.length - a.at.length),
+    );
   }
 
   /** Every host directory: the workspace first. */
@@ -79,7 +82,8 @@ export class WritablePlaces {
     if (segments.includes('..')) throw badRequest(field, 'must not contain a ".." segment');
     const name = `/${segments.join('/')}`;
     const p = this.placeOf(name);
-    if (!p) throw badRequest(field, `is not a place the agent can write (${[SANDBOX_WORKSPACE, ...this.others.map((o) => o.at)].join(', ')}, or / for all of them)`);
+    if (!p)
+      throw badRequest(field, `is not a place the agent can write (${[SANDBOX_WORKSPACE, ...this.others.map((o) => o.at)].join(', ')}, or / for all of them)`);
     return [name];
   }
 }

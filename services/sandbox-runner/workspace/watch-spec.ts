@@ -45,7 +45,7 @@ export function resolveWatchPrefixes(view: WritablePlaces, watch: unknown, field
     const resolved = resolveBeneath(view.workspace, workspaceSegments(w, f), { field: f });
     closeFd(resolved.dir);
     const rel = resolved.relative;
-    if (isServicePath(rel)) throw badRequest(f, '.svc is the service\'s directory and is not watched');
+    if (isServicePath(rel)) throw badRequest(f, ".svc is the service's directory and is not watched");
     prefixes.push(rel);
   }
   return [...new Set(prefixes)];

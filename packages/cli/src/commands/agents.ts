@@ -19,12 +19,19 @@ export interface PushedAgent {
  * Uploads `dir` as agent `name`, unless its latest version has the same digest already (and the
  * same tag, when one is asked): then that version is the answer and nothing is uploaded.
  */
-export async function pushAgent(client: SvcClient, dir: string, opts: { name?: string; tag?: string; entrypoint?: string; runtime?: string; force?: boolean; fallbackName?: string }): Promise<PushedAgent> {
+export async function pushAgent(
+  client: SvcClient,
+  dir: string,
+  opts: { name?: string; tag?: string; entrypoint?: string; runtime?: string; force?: boolean; fallbackName?: string },
+): Promise<PushedAgent> {
   const manifest = readManifest(dir);
   const name = opts.name ?? manifest.name ?? opts.fallbackName;
   if (!name) throw new CliError('--name: give the agent\'s name (or "name" in svc-agent.json)');
   const entrypoint = entrypointOf(opts.entrypoint ?? manifest.entrypoint);
-  if (!entrypoint || entrypoint.length === 0) throw new CliError(`--entrypoint: give the command that runs the agent from /agent, e.g. --entrypoint "python main.py" (or "entrypoint" in ${dir}/svc-agent.json)`);
+  if (!entrypoint || entrypoint.length === 0)
+    throw new CliError(
+      `--entrypoint: give the command that runs the agent from /agent, e.g. --entrypoint "python main.py" (or "entrypoint" in ${dir}/svc-agent.json)`,
+    );
   const bundle = await buildBundle(dir);
   const tag = opts.tag ?? manifest.tag;
   if (!opts.force) {
@@ -37,7 +44,13 @@ export async function pushAgent(client: SvcClient, dir: string, opts: { name?: s
       if ((err as { status?: number }).status !== 404) throw err;
     }
   }
-  const metadata = { name, entrypoint, ...(manifest.runtime || opts.runtime ? { runtime: opts.runtime ?? manifest.runtime } : {}), ...(tag ? { tag } : {}), ...(manifest.auth !== undefined ? { auth: manifest.auth } : {}) };
+  const metadata = {
+    name,
+    entrypoint,
+    ...(manifest.runtime || opts.runtime ? { runtime: opts.runtime ?? manifest.runtime } : {}),
+    ...(tag ? { tag } : {}),
+    ...(manifest.auth !== undefined ? { auth: manifest.auth } : {}),
+  };
   const snapshot = await client.agents.upload(bundle.bytes, metadata);
   return { snapshot, uploaded: true, files: bundle.files.length };
 }
@@ -73,7 +86,9 @@ export function agentsCommands(program: Command, context: CliContext): void {
       if (opts.json) return printJson({ ...pushed.snapshot, uploaded: pushed.uploaded });
       const s = pushed.snapshot;
       const what = pushed.uploaded ? 'pushed agent' : 'unchanged (same digest): agent';
-      process.stdout.write(`${what} ${s.name} version ${s.version}${s.tag ? ` (tag ${s.tag})` : ''}: ${s.id}\ndigest ${s.digest}, ${s.size_bytes} bytes, ${pushed.files} files\n`);
+      process.stdout.write(
+        `${what} ${s.name} version ${s.version}${s.tag ? ` (tag ${s.tag})` : ''}: ${s.id}\ndigest ${s.digest}, ${s.size_bytes} bytes, ${pushed.files} files\n`,
+      );
     });
 
   agents

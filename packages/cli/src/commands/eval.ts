@@ -45,7 +45,18 @@ export function datasetOf(text: string | undefined, tags: string | undefined): C
   const m = /^([^@]+)(?:@(\d+))?$/.exec(text);
   if (!m) throw new CliError(`--dataset: "${text}" is not NAME, NAME@VERSION or a ds_ id`);
   const key = m[1].startsWith('ds_') ? { id: m[1] } : { name: m[1] };
-  return { ...key, ...(m[2] ? { version: Number(m[2]) } : {}), ...(tags ? { tags: tags.split(',').map((t) => t.trim()).filter(Boolean) } : {}) };
+  return {
+    ...key,
+    ...(m[2] ? { version: Number(m[2]) } : {}),
+    ...(tags
+      ? {
+          tags: tags
+            .split(',')
+            .map((t) => t.trim())
+            .filter(Boolean),
+        }
+      : {}),
+  };
 }
 
 export function secretsOf(pairs: string[] | undefined): Record<string, string> | undefined {
@@ -67,10 +78,10 @@ export function evalCommand(program: Command, context: CliContext): void {
     .description('push the spec (and agent) if changed, run an experiment, follow it live, report; exit 0 only if every scenario passes')
     .argument('<spec-file>')
     .option('--agent <dir|ref>', 'an agent directory to push first, or an agent: NAME, NAME:TAG, NAME@VERSION, snap_…')
-    .option('--agent-name <name>', 'name for an --agent directory (default: its svc-agent.json, the spec\'s agent.snapshot, the directory\'s name)')
+    .option('--agent-name <name>', "name for an --agent directory (default: its svc-agent.json, the spec's agent.snapshot, the directory's name)")
     .option('--entrypoint <command>', 'entrypoint for an --agent directory without svc-agent.json')
     .option('--replicas <n>', 'runs per scenario (replaces parallelism.replicas)')
-    .option('--dataset <name[@version]|id>', 'run over a dataset (replaces the spec\'s dataset)')
+    .option('--dataset <name[@version]|id>', "run over a dataset (replaces the spec's dataset)")
     .option('--dataset-tags <a,b>', 'only the dataset records with any of these tags')
     .option('--baseline <experiment-id>', 'compare with this completed experiment; exit 3 when it regressed')
     .option('--name <name>', 'experiment name (default: "<spec id> eval <time>")')
@@ -93,11 +104,14 @@ export function evalCommand(program: Command, context: CliContext): void {
       let agentSnapshotId: string | undefined;
       if (opts.agent !== undefined) {
         const isDir = statSync(opts.agent, { throwIfNoEntry: false })?.isDirectory() === true;
-        if (spec.agent?.type !== 'snapshot') throw new CliError(`--agent: the spec's agent is ${spec.agent ? `of type ${spec.agent.type}` : 'not set'}; --agent needs agent.type: snapshot`);
+        if (spec.agent?.type !== 'snapshot')
+          throw new CliError(`--agent: the spec's agent is ${spec.agent ? `of type ${spec.agent.type}` : 'not set'}; --agent needs agent.type: snapshot`);
         if (isDir) {
           const fallbackName = (spec.agent as { snapshot?: string }).snapshot ?? path.basename(path.resolve(opts.agent));
           const pushed = await pushAgent(client, opts.agent, { name: opts.agentName, entrypoint: opts.entrypoint, fallbackName });
-          say(`agent ${pushed.snapshot.name}: ${pushed.uploaded ? `pushed version ${pushed.snapshot.version}` : `unchanged (version ${pushed.snapshot.version})`}, ${pushed.snapshot.digest}`);
+          say(
+            `agent ${pushed.snapshot.name}: ${pushed.uploaded ? `pushed version ${pushed.snapshot.version}` : `unchanged (version ${pushed.snapshot.version})`}, ${pushed.snapshot.digest}`,
+          );
           agentSnapshotId = pushed.snapshot.id;
         } else {
           const snapshot = await resolveAgent(client, opts.agent);
@@ -122,7 +136,7 @@ export function evalCommand(program: Command, context: CliContext): void {
       const created = await client.experiments.create(body);
       say(`experiment ${created.id} "${created.name}": ${String(created.total_runs ?? '?')} runs`);
       const results = await followExperiment(client, created.id, { intervalMs: interval, quiet: opts.json === true && process.stderr.isTTY !== true });
-      const comparison = opts.baseline && results.status === 'completed' ? (await client.experiments.compare(opts.baseline, created.id)) : null;
+      const comparison = opts.baseline && results.status === 'completed' ? await client.experiments.compare(opts.baseline, created.id) : null;
       const code = exitCodeOf(results, comparison);
       if (opts.json) {
         printJson({ experiment: results, comparison, exit_code: code });

@@ -46,21 +46,31 @@ export function experimentsCommands(program: Command, context: CliContext): void
       if (opts.json) return printJson(items);
       const rows = items.map((e) => {
         const c = (e.counts ?? {}) as Record<string, number>;
-        return [e.id, e.name, e.spec_id, e.status, `${String(e.scored_runs ?? 0)}/${String(e.total_runs ?? '?')}`, `${c.pass ?? 0}/${c.fail ?? 0}/${c.flaky ?? 0}/${c.error ?? 0}`, e.created_at];
+        return [
+          e.id,
+          e.name,
+          e.spec_id,
+          e.status,
+          `${String(e.scored_runs ?? 0)}/${String(e.total_runs ?? '?')}`,
+          `${c.pass ?? 0}/${c.fail ?? 0}/${c.flaky ?? 0}/${c.error ?? 0}`,
+          e.created_at,
+        ];
       });
       process.stdout.write(`${table(['id', 'name', 'spec', 'status', 'runs', 'pass/fail/flaky/error', 'created'], rows)}\n`);
     });
 
   experiments
     .command('show')
-    .description('an experiment\'s results: scenarios, failures and reproducers')
+    .description("an experiment's results: scenarios, failures and reproducers")
     .argument('<id>')
     .option('--watch', 'follow it live until it ends')
     .option('--interval <ms>', 'how often to poll with --watch', '500')
     .option('--json', 'the RunResults as JSON')
     .action(async (id: string, opts: { watch?: boolean; interval: string; json?: boolean }) => {
       const client = context.client();
-      const r = opts.watch ? await followExperiment(client, id, { intervalMs: intervalOf(opts.interval), quiet: opts.json === true && process.stderr.isTTY !== true }) : (await client.experiments.get(id));
+      const r = opts.watch
+        ? await followExperiment(client, id, { intervalMs: intervalOf(opts.interval), quiet: opts.json === true && process.stderr.isTTY !== true })
+        : await client.experiments.get(id);
       if (opts.json) return printJson(r);
       printResults(r);
     });
@@ -71,26 +81,38 @@ export function experimentsCommands(program: Command, context: CliContext): void
     .requiredOption('--spec <id>', 'the stored spec')
     .option('--name <name>', 'its name (default: "<spec> <time>")')
     .option('--spec-version <n>', 'a stored version of the spec (default: latest)')
-    .option('--agent-snapshot <snap_id>', 'run this snapshot instead of the spec\'s agent')
+    .option('--agent-snapshot <snap_id>', "run this snapshot instead of the spec's agent")
     .option('--replicas <n>', 'runs per scenario')
     .option('--dataset <name[@version]|id>', 'run over a dataset')
     .option('--secret <NAME=VALUE>', 'a secret for the runs (repeatable)', collect)
     .option('--run', 'run it at once')
     .option('--json', 'the summary as JSON')
-    .action(async (opts: { spec: string; name?: string; specVersion?: string; agentSnapshot?: string; replicas?: string; dataset?: string; secret?: string[]; run?: boolean; json?: boolean }) => {
-      const created = await context.client().experiments.create({
-        name: opts.name ?? `${opts.spec} ${new Date().toISOString().slice(0, 19).replace('T', ' ')}`,
-        spec_id: opts.spec,
-        ...(opts.specVersion && { spec_version: Number(opts.specVersion) }),
-        ...(opts.agentSnapshot && { agent_snapshot_id: opts.agentSnapshot }),
-        ...(opts.replicas && { replicas: Number(opts.replicas) }),
-        ...(opts.dataset && { dataset: datasetOf(opts.dataset, undefined) }),
-        ...(opts.secret && { secrets: secretsOf(opts.secret) }),
-        ...(opts.run && { run: true }),
-      });
-      if (opts.json) return printJson(created);
-      process.stdout.write(`created experiment ${created.id} (${created.status})\n`);
-    });
+    .action(
+      async (opts: {
+        spec: string;
+        name?: string;
+        specVersion?: string;
+        agentSnapshot?: string;
+        replicas?: string;
+        dataset?: string;
+        secret?: string[];
+        run?: boolean;
+        json?: boolean;
+      }) => {
+        const created = await context.client().experiments.create({
+          name: opts.name ?? `${opts.spec} ${new Date().toISOString().slice(0, 19).replace('T', ' ')}`,
+          spec_id: opts.spec,
+          ...(opts.specVersion && { spec_version: Number(opts.specVersion) }),
+          ...(opts.agentSnapshot && { agent_snapshot_id: opts.agentSnapshot }),
+          ...(opts.replicas && { replicas: Number(opts.replicas) }),
+          ...(opts.dataset && { dataset: datasetOf(opts.dataset, undefined) }),
+          ...(opts.secret && { secrets: secretsOf(opts.secret) }),
+          ...(opts.run && { run: true }),
+        });
+        if (opts.json) return printJson(created);
+        process.stdout.write(`created experiment ${created.id} (${created.status})\n`);
+      },
+    );
 
   experiments
     .command('run')
@@ -132,7 +154,10 @@ export function experimentsCommands(program: Command, context: CliContext): void
     .action(async (id: string, opts: { format: string; out?: string }) => {
       if (opts.format !== 'json' && opts.format !== 'ndjson') throw new CliError(`--format: "${opts.format}" is not json or ndjson`);
       const client = context.client();
-      const body = opts.format === 'json' ? `${JSON.stringify(await client.experiments.export(id, 'json'), null, 2)}\n` : String(await client.experiments.export(id, 'ndjson'));
+      const body =
+        opts.format === 'json'
+          ? `${JSON.stringify(await client.experiments.export(id, 'json'), null, 2)}\n`
+          : String(await client.experiments.export(id, 'ndjson'));
       const sink = opts.out ? createWriteStream(opts.out) : (process.stdout as unknown as Writable);
       await new Promise<void>((resolve, reject) => {
         sink.write(body, (err) => (err ? reject(err) : resolve()));
@@ -151,6 +176,11 @@ export function experimentsCommands(program: Command, context: CliContext): void
     .action(async (specId: string, opts: { json?: boolean }) => {
       const page = await context.client().experiments.history(specId, { limit: 1000 });
       if (opts.json) return printJson(page.items);
-      process.stdout.write(`${table(['experiment', 'name', 'spec version', 'completed', 'pass rate'], page.items.map((h) => [String(h.experiment_id), String(h.name), String(h.spec_version), String(h.completed_at), pct(h.pass_rate as number | null)]))}\n`);
+      process.stdout.write(
+        `${table(
+          ['experiment', 'name', 'spec version', 'completed', 'pass rate'],
+          page.items.map((h) => [String(h.experiment_id), String(h.name), String(h.spec_version), String(h.completed_at), pct(h.pass_rate as number | null)]),
+        )}\n`,
+      );
     });
 }

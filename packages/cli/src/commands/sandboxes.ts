@@ -29,7 +29,10 @@ export function eventLine(e: { id?: string; event_type: string; data: Record<str
   const d = e.data;
   switch (e.event_type) {
     case 'status':
-      return `status  ${String(d.step ?? d.state ?? '')}${Object.entries(d).filter(([k]) => k !== 'step' && k !== 'state').map(([k, v]) => ` ${k}=${typeof v === 'object' ? JSON.stringify(v) : String(v)}`).join('')}`;
+      return `status  ${String(d.step ?? d.state ?? '')}${Object.entries(d)
+        .filter(([k]) => k !== 'step' && k !== 'state')
+        .map(([k, v]) => ` ${k}=${typeof v === 'object' ? JSON.stringify(v) : String(v)}`)
+        .join('')}`;
     case 'command':
       return `command ${String(d.command ?? '')} -> exit ${String(d.exit_code)} (${String(d.duration_ms)} ms)`;
     case 'audit':
@@ -46,12 +49,17 @@ export function sandboxesCommands(program: Command, context: CliContext): void {
     .command('create')
     .description('create a sandbox of a stored spec (answers once it is ready)')
     .argument('<spec-id>')
-    .option('--timeout <duration>', 'auto-destroy after, e.g. 30m (default: the spec\'s)')
+    .option('--timeout <duration>', "auto-destroy after, e.g. 30m (default: the spec's)")
     .option('--meta <KEY=VALUE>', 'a metadata tag (repeatable)', collect)
     .option('--secret <NAME=VALUE>', 'a secret (repeatable)', collect)
     .option('--json', 'the sandbox as JSON')
     .action(async (specId: string, opts: { timeout?: string; meta?: string[]; secret?: string[]; json?: boolean }) => {
-      const sb = await context.client().sandboxes.create({ spec_id: specId, ...(opts.timeout && { timeout: opts.timeout }), ...(opts.meta && { metadata: metadataOf(opts.meta) }), ...(opts.secret && { secrets: secretsOf(opts.secret) }) });
+      const sb = await context.client().sandboxes.create({
+        spec_id: specId,
+        ...(opts.timeout && { timeout: opts.timeout }),
+        ...(opts.meta && { metadata: metadataOf(opts.meta) }),
+        ...(opts.secret && { secrets: secretsOf(opts.secret) }),
+      });
       if (opts.json) return printJson(sb);
       process.stdout.write(`${sb.id}\n`);
       process.stderr.write(`sandbox ${sb.id} is ${sb.state}; \`svc sandboxes shell ${sb.id}\` opens a shell\n`);
@@ -64,7 +72,12 @@ export function sandboxesCommands(program: Command, context: CliContext): void {
     .action(async (opts: { json?: boolean }) => {
       const list = await context.client().sandboxes.list();
       if (opts.json) return printJson(list);
-      process.stdout.write(`${table(['id', 'spec', 'state', 'created', 'expires'], list.map((s: Sandbox) => [s.id, s.spec_id, s.state, s.created_at, String(s.expires_at ?? '')]))}\n`);
+      process.stdout.write(
+        `${table(
+          ['id', 'spec', 'state', 'created', 'expires'],
+          list.map((s: Sandbox) => [s.id, s.spec_id, s.state, s.created_at, String(s.expires_at ?? '')]),
+        )}\n`,
+      );
     });
 
   sandboxes
@@ -97,7 +110,7 @@ export function sandboxesCommands(program: Command, context: CliContext): void {
 
   sandboxes
     .command('events')
-    .description('follow the sandbox\'s event stream (boot steps, commands, audit) until it is destroyed')
+    .description("follow the sandbox's event stream (boot steps, commands, audit) until it is destroyed")
     .argument('<id>')
     .option('--json', 'one JSON object per line')
     .action(async (id: string, opts: { json?: boolean }) => {
@@ -108,7 +121,7 @@ export function sandboxesCommands(program: Command, context: CliContext): void {
 
   sandboxes
     .command('audit')
-    .description('the sandbox\'s audit log (also after it is destroyed)')
+    .description("the sandbox's audit log (also after it is destroyed)")
     .argument('<id>')
     .option('--type <types>', 'only these types, comma-separated (process_spawn,file_write,...)')
     .option('--json', 'one JSON object per line')

@@ -48,7 +48,7 @@ export function specsCommands(program: Command, context: CliContext): void {
 
   specs
     .command('validate')
-    .description('check spec files against the JSON Schema and the service\'s rules, locally; problems as FILE:LINE:COLUMN')
+    .description("check spec files against the JSON Schema and the service's rules, locally; problems as FILE:LINE:COLUMN")
     .argument('<files...>')
     .action((files: string[]) => {
       let bad = 0;
@@ -87,12 +87,17 @@ export function specsCommands(program: Command, context: CliContext): void {
     .action(async (opts: { json?: boolean }) => {
       const { items } = await context.client().specs.list();
       if (opts.json) return printJson(items);
-      process.stdout.write(`${table(['id', 'version', 'created'], items.map((s) => [String(s.id ?? s.spec_id), s.version, String(s.created_at ?? '')]))}\n`);
+      process.stdout.write(
+        `${table(
+          ['id', 'version', 'created'],
+          items.map((s) => [String(s.id ?? s.spec_id), s.version, String(s.created_at ?? '')]),
+        )}\n`,
+      );
     });
 
   specs
     .command('show')
-    .description('print a stored spec\'s YAML (latest, or --version N)')
+    .description("print a stored spec's YAML (latest, or --version N)")
     .argument('<id>')
     .option('--version <n>', 'a stored version')
     .option('--json', 'the whole record as JSON')

@@ -12,7 +12,13 @@ import { paint, printJson } from '../output.ts';
 
 function eventLine(e: StoredTraceEvent): string {
   const cost = e.cost ? ` ${e.cost.model} ${e.cost.input_tokens}+${e.cost.output_tokens} tok $${e.cost.estimated_usd}` : '';
-  const where = [e.agent ? `agent=${String(e.agent)}` : '', e.sandbox_id ? `sandbox=${e.sandbox_id}` : '', e.experiment_id ? `exp=${String(e.experiment_id)}` : ''].filter(Boolean).join(' ');
+  const where = [
+    e.agent ? `agent=${String(e.agent)}` : '',
+    e.sandbox_id ? `sandbox=${e.sandbox_id}` : '',
+    e.experiment_id ? `exp=${String(e.experiment_id)}` : '',
+  ]
+    .filter(Boolean)
+    .join(' ');
   const status = e.status === 'error' ? paint('red', 'error') : 'ok';
   return `${e.ts} ${e.event_type.padEnd(9)} ${e.tool} ${e.phase} ${status} ${e.duration_ms ?? 0}ms${cost}${where ? `  ${where}` : ''}`;
 }
@@ -55,7 +61,12 @@ export function tracesCommands(program: Command, context: CliContext): void {
       if (!Number.isInteger(interval) || interval < 100) throw new CliError(`--interval: ${opts.interval} is not a number of milliseconds (at least 100)`);
       if (opts.since !== undefined && Number.isNaN(Date.parse(opts.since))) throw new CliError(`--since: "${opts.since}" is not an ISO 8601 time`);
       const client = context.client();
-      const base: TraceFilters = { ...(opts.agent && { agent: opts.agent }), ...(opts.experiment && { experiment_id: opts.experiment }), ...(opts.sandbox && { sandbox_id: opts.sandbox }), ...(opts.tool && { tool: opts.tool }) };
+      const base: TraceFilters = {
+        ...(opts.agent && { agent: opts.agent }),
+        ...(opts.experiment && { experiment_id: opts.experiment }),
+        ...(opts.sandbox && { sandbox_id: opts.sandbox }),
+        ...(opts.tool && { tool: opts.tool }),
+      };
       let since = opts.since ?? new Date().toISOString();
       let seen = new Set<string>();
       process.once('SIGINT', () => process.exit(EXIT.ok));
@@ -85,7 +96,7 @@ export function tracesCommands(program: Command, context: CliContext): void {
 
   traces
     .command('show')
-    .description('one trace\'s spans as a tree')
+    .description("one trace's spans as a tree")
     .argument('<trace-id>')
     .option('--json', 'the spans as JSON')
     .action(async (traceId: string, opts: { json?: boolean }) => {

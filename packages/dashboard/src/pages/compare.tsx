@@ -21,7 +21,10 @@ export function Compare({ baseline, candidate }: { baseline: string; candidate: 
       <h1>
         <a href={href('experiments', c.candidate_id)}>{c.candidate_id}</a> against <a href={href('experiments', c.baseline_id)}>{c.baseline_id}</a>
       </h1>
-      <p class={c.regressed ? 'banner bad' : 'banner good'}>{c.regressed ? `Regressed: ${c.regressions.join(', ')}` : 'No significant regression'}{c.alpha ? ` (α = ${c.alpha})` : ''}</p>
+      <p class={c.regressed ? 'banner bad' : 'banner good'}>
+        {c.regressed ? `Regressed: ${c.regressions.join(', ')}` : 'No significant regression'}
+        {c.alpha ? ` (α = ${c.alpha})` : ''}
+      </p>
       <Section title="Metrics">
         <table class="list metrics">
           <thead>
@@ -76,7 +79,8 @@ export function Compare({ baseline, candidate }: { baseline: string; candidate: 
         </table>
         {c.unpaired && (c.unpaired.baseline.length > 0 || c.unpaired.candidate.length > 0) && (
           <p class="muted">
-            Unpaired: baseline {c.unpaired.baseline.map((u) => paramsText(u.params)).join(', ') || 'none'}; candidate {c.unpaired.candidate.map((u) => paramsText(u.params)).join(', ') || 'none'}
+            Unpaired: baseline {c.unpaired.baseline.map((u) => paramsText(u.params)).join(', ') || 'none'}; candidate{' '}
+            {c.unpaired.candidate.map((u) => paramsText(u.params)).join(', ') || 'none'}
           </p>
         )}
       </Section>

@@ -31,7 +31,8 @@ function RunDetail({ run }: { run: Run }) {
         </span>
         {run.sandbox_id && (
           <span>
-            sandbox <a href={href('sandboxes', run.sandbox_id)}>{run.sandbox_id}</a> · <a href={`${href('traces')}?sandbox=${encodeURIComponent(run.sandbox_id)}`}>trace</a>
+            sandbox <a href={href('sandboxes', run.sandbox_id)}>{run.sandbox_id}</a> ·{' '}
+            <a href={`${href('traces')}?sandbox=${encodeURIComponent(run.sandbox_id)}`}>trace</a>
           </span>
         )}
       </div>
@@ -106,7 +107,12 @@ function ScenarioRow({ s }: { s: Scenario }) {
         </td>
         <td>
           {pct(s.pass_rate)}
-          {s.pass_rate_ci95 && <span class="muted"> [{pct(s.pass_rate_ci95.low)}–{pct(s.pass_rate_ci95.high)}]</span>}
+          {s.pass_rate_ci95 && (
+            <span class="muted">
+              {' '}
+              [{pct(s.pass_rate_ci95.low)}–{pct(s.pass_rate_ci95.high)}]
+            </span>
+          )}
         </td>
         <td>{ms(s.mean_wall_ms)}</td>
         <td>{usd(s.cost_usd)}</td>
@@ -206,7 +212,8 @@ export function Experiment({ id }: { id: string }) {
         <div class="card">
           <span class="label">scenarios</span>
           <strong class="counts">
-            <span class="v-pass">{r.counts.pass} pass</span> · <span class="v-fail">{r.counts.fail} fail</span> · <span class="v-flaky">{r.counts.flaky} flaky</span> · <span class="v-error">{r.counts.error} error</span>
+            <span class="v-pass">{r.counts.pass} pass</span> · <span class="v-fail">{r.counts.fail} fail</span> ·{' '}
+            <span class="v-flaky">{r.counts.flaky} flaky</span> · <span class="v-error">{r.counts.error} error</span>
           </strong>
         </div>
         <div class="card">

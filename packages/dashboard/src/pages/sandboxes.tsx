@@ -9,7 +9,17 @@ import { useLoad } from '../hooks.ts';
 import { href } from '../router.ts';
 import { ErrorBox, Loading, Section, Status, when } from '../ui.tsx';
 
-const BOOT_STEPS = ['secrets_resolved', 'container_started', 'services_started', 'fixtures_applied', 'setup_applied', 'network_configured', 'audit_started', 'snapshot_taken', 'ready'];
+const BOOT_STEPS = [
+  'secrets_resolved',
+  'container_started',
+  'services_started',
+  'fixtures_applied',
+  'setup_applied',
+  'network_configured',
+  'audit_started',
+  'snapshot_taken',
+  'ready',
+];
 
 export function Sandboxes() {
   const { data, error, loading } = useLoad(() => api().sandboxes.list(), [], { pollMs: 3000, keepPolling: () => true });
@@ -66,7 +76,8 @@ function eventText(e: SandboxEvent): string {
   const d = e.data;
   if (e.event_type === 'command') return `${String(d.command)} → exit ${String(d.exit_code)} (${String(d.duration_ms)} ms)`;
   if (e.event_type === 'audit') return `${String(d.type)} ${JSON.stringify(d.details ?? {})}`;
-  if (e.event_type === 'status') return `${String(d.step ?? d.state)} ${JSON.stringify(Object.fromEntries(Object.entries(d).filter(([k]) => k !== 'step' && k !== 'state')))}`;
+  if (e.event_type === 'status')
+    return `${String(d.step ?? d.state)} ${JSON.stringify(Object.fromEntries(Object.entries(d).filter(([k]) => k !== 'step' && k !== 'state')))}`;
   return JSON.stringify(d);
 }
 
@@ -121,7 +132,11 @@ export function SandboxLive({ id }: { id: string }) {
         </p>
       )}
       <ErrorBox error={error ?? (info.data ? null : info.error)} />
-      <p class="stream-state">{ended ? `Stream closed${destroyed ? `: destroyed${destroyed.data.reason ? ` (${String(destroyed.data.reason)})` : ''}` : ''}` : 'Following the live stream…'}</p>
+      <p class="stream-state">
+        {ended
+          ? `Stream closed${destroyed ? `: destroyed${destroyed.data.reason ? ` (${String(destroyed.data.reason)})` : ''}` : ''}`
+          : 'Following the live stream…'}
+      </p>
       <div class="columns">
         <Section title="Boot">
           <ol class="steps">

@@ -67,7 +67,12 @@ function Waterfall({ spans }: { spans: SpanRecord[] }) {
             const left = ((time(span.start) - start) / total) * 100;
             const width = Math.max(0.5, (((span.end ? time(span.end) : time(span.start) + (span.duration_ms ?? 0)) - time(span.start)) / total) * 100);
             return (
-              <tr class={`span ${span.status === 'error' ? 'failed' : ''} ${selected === span.span_id ? 'selected' : ''}`} data-span={span.span_id} data-depth={depth} onClick={() => setSelected(selected === span.span_id ? null : span.span_id)}>
+              <tr
+                class={`span ${span.status === 'error' ? 'failed' : ''} ${selected === span.span_id ? 'selected' : ''}`}
+                data-span={span.span_id}
+                data-depth={depth}
+                onClick={() => setSelected(selected === span.span_id ? null : span.span_id)}
+              >
                 <td class="span-name" style={{ paddingLeft: `${0.5 + depth * 1.25}rem` }}>
                   {depth > 0 ? '└ ' : ''}
                   <strong>{span.tool}</strong> <span class="muted">{span.event_type}</span>
@@ -159,7 +164,11 @@ async function findTraces(filters: Record<string, string>) {
 
 export function Traces({ query }: { query: URLSearchParams }) {
   const filters: Record<string, string> = {};
-  for (const [param, filter] of [['sandbox', 'sandbox_id'], ['experiment', 'experiment_id'], ['agent', 'agent']] as const) {
+  for (const [param, filter] of [
+    ['sandbox', 'sandbox_id'],
+    ['experiment', 'experiment_id'],
+    ['agent', 'agent'],
+  ] as const) {
     const v = query.get(param);
     if (v) filters[filter] = v;
   }

@@ -9,7 +9,19 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { type BackendLogger, type Batch, type CleanupPolicy, consoleLogger, type ConsumeOptions, type Consumer, type EventLog, type LogRecord, type ProduceRecord, type RecordPosition, type TopicSpec } from '../event-log.ts';
+import {
+  type BackendLogger,
+  type Batch,
+  type CleanupPolicy,
+  consoleLogger,
+  type ConsumeOptions,
+  type Consumer,
+  type EventLog,
+  type LogRecord,
+  type ProduceRecord,
+  type RecordPosition,
+  type TopicSpec,
+} from '../event-log.ts';
 import { partitionForKey } from '../murmur2.ts';
 import { DirLock } from './lock.ts';
 import { OffsetStore } from './offsets-store.ts';
@@ -46,7 +58,6 @@ interface TopicState {
 
 const TOPIC_NAME = /^[A-Za-z0-9._-]{1,249}$/;
 const DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024;
-
 
 export class EmbeddedLog implements EventLog {
   readonly kind = 'embedded' as const;
@@ -166,7 +177,10 @@ export class EmbeddedLog implements EventLog {
       m.partitions = spec.partitions;
       changed = true;
     } else if (spec.partitions < m.partitions) {
-      this.logger.warn({ topic: m.name, partitions: m.partitions, catalog: spec.partitions }, 'event log: catalog has fewer partitions than the topic; partitions are never removed');
+      this.logger.warn(
+        { topic: m.name, partitions: m.partitions, catalog: spec.partitions },
+        'event log: catalog has fewer partitions than the topic; partitions are never removed',
+      );
     }
     if (spec.cleanupPolicy !== m.cleanupPolicy || spec.retentionMs !== m.retentionMs) {
       m.cleanupPolicy = spec.cleanupPolicy;
@@ -241,7 +255,9 @@ export class EmbeddedLog implements EventLog {
     const n = t.partitions.length;
     const now = Date.now();
     const positions = new Array<RecordPosition>(records.length);
-    const byPartition: Array<Array<{ key: string | null; value: Buffer | null; headers: Record<string, string> | undefined; timestamp: number; offset: number }>> = [];
+    const byPartition: Array<
+      Array<{ key: string | null; value: Buffer | null; headers: Record<string, string> | undefined; timestamp: number; offset: number }>
+    > = [];
     const indexes: number[][] = [];
     for (let i = 0; i < records.length; i++) {
       const r = records[i];

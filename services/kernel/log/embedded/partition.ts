@@ -31,7 +31,6 @@ const tailSize = (r: LogRecord): number => (r.value?.buffer.byteLength ?? 0) + (
  */
 let appendScratch = Buffer.allocUnsafe(1024 * 1024);
 
-
 export interface Segment {
   base: number;
   file: string;
@@ -227,9 +226,15 @@ export class Partition {
         const idx = JSON.parse(fs.readFileSync(idxFile, 'utf8')) as IndexFile;
         if (idx.version === 1 && idx.base === base && idx.size === fileSize) {
           return {
-            base, file, fd, size: idx.size, next: idx.next,
-            maxTimestamp: idx.maxTimestamp ?? -Infinity, records: idx.records,
-            idxOffsets: idx.offsets, idxPositions: idx.positions,
+            base,
+            file,
+            fd,
+            size: idx.size,
+            next: idx.next,
+            maxTimestamp: idx.maxTimestamp ?? -Infinity,
+            records: idx.records,
+            idxOffsets: idx.offsets,
+            idxPositions: idx.positions,
             lastIndexedPos: idx.positions.length ? idx.positions[idx.positions.length - 1] : -Infinity,
           };
         }
@@ -243,21 +248,42 @@ export class Partition {
     if (scan.problem !== null) {
       if (last) {
         this.logger.warn(
-          { topic: this.topic, partition: this.partition, segment: file, reason: scan.problem, validBytes: scan.validSize, bytesDropped: fileSize - scan.validSize },
+          {
+            topic: this.topic,
+            partition: this.partition,
+            segment: file,
+            reason: scan.problem,
+            validBytes: scan.validSize,
+            bytesDropped: fileSize - scan.validSize,
+          },
           'event log: truncating torn or corrupt tail of the active segment',
         );
         fs.ftruncateSync(fd, scan.validSize);
         fs.fsyncSync(fd);
       } else {
         this.logger.warn(
-          { topic: this.topic, partition: this.partition, segment: file, reason: scan.problem, validBytes: scan.validSize, unreadableBytes: fileSize - scan.validSize },
+          {
+            topic: this.topic,
+            partition: this.partition,
+            segment: file,
+            reason: scan.problem,
+            validBytes: scan.validSize,
+            unreadableBytes: fileSize - scan.validSize,
+          },
           'event log: corrupt record in a closed segment; records after it are unreadable',
         );
       }
     }
     const seg: Segment = {
-      base, file, fd, size: scan.validSize, next: scan.next, maxTimestamp: scan.maxTimestamp, records: scan.records,
-      idxOffsets: scan.offsets, idxPositions: scan.positions,
+      base,
+      file,
+      fd,
+      size: scan.validSize,
+      next: scan.next,
+      maxTimestamp: scan.maxTimestamp,
+      records: scan.records,
+      idxOffsets: scan.offsets,
+      idxPositions: scan.positions,
       lastIndexedPos: scan.positions.length ? scan.positions[scan.positions.length - 1] : -Infinity,
     };
     if (!last && scan.problem === null) this.writeIndex(seg);
@@ -273,9 +299,14 @@ export class Partition {
 
   private writeIndex(seg: Segment): void {
     const idx: IndexFile = {
-      version: 1, base: seg.base, size: seg.size, next: seg.next,
+      version: 1,
+      base: seg.base,
+      size: seg.size,
+      next: seg.next,
       maxTimestamp: Number.isFinite(seg.maxTimestamp) ? seg.maxTimestamp : null,
-      records: seg.records, offsets: seg.idxOffsets, positions: seg.idxPositions,
+      records: seg.records,
+      offsets: seg.idxOffsets,
+      positions: seg.idxPositions,
     };
     const target = path.join(this.dir, `${segName(seg.base)}.index.json`);
     fs.writeFileSync(`${target}.tmp`, JSON.stringify(idx));
@@ -358,7 +389,15 @@ export class Partition {
   private keepInTail(records: EncodableRecord[]): void {
     let bytes = 0;
     for (const r of records) {
-      const kept: LogRecord = { topic: this.topic, partition: this.partition, offset: r.offset, key: r.key, value: r.value, headers: { ...r.headers }, timestamp: r.timestamp };
+      const kept: LogRecord = {
+        topic: this.topic,
+        partition: this.partition,
+        offset: r.offset,
+        key: r.key,
+        value: r.value,
+        headers: { ...r.headers },
+        timestamp: r.timestamp,
+      };
       this.tail.push(kept);
       bytes += tailSize(kept);
     }
@@ -487,7 +526,6 @@ export class Partition {
     }
   }
 
-
   /**
    * Rewrites the closed segments keeping, for each key, only its last record; tombstones that
    * are a key's last record are dropped too. Offsets are preserved (so they become sparse).
@@ -553,7 +591,15 @@ export class Partition {
    * tombstone (null-key records too), indexed afresh, then fsyncs it.
    */
   private writeCleaned(seg: Segment, last: Map<string, number>): Cleaned {
-    const cleaned: Cleaned = { file: `${seg.file}.cleaned`, size: 0, records: 0, maxTimestamp: -Infinity, idxOffsets: [], idxPositions: [], lastIndexedPos: -Infinity };
+    const cleaned: Cleaned = {
+      file: `${seg.file}.cleaned`,
+      size: 0,
+      records: 0,
+      maxTimestamp: -Infinity,
+      idxOffsets: [],
+      idxPositions: [],
+      lastIndexedPos: -Infinity,
+    };
     const out = fs.openSync(cleaned.file, 'w');
     let pending: Buffer[] = [];
     let pendingBytes = 0;

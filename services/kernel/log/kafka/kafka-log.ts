@@ -16,8 +16,29 @@
  *   deletes at its next offsets cleanup (offsets.retention.check.interval.ms, 10 min).
  * - read: a direct Fetch to the partition leader (see replay.ts): no group, no commits.
  */
-import { type Admin, type Consumer as KafkaConsumer, type EachBatchPayload, Kafka, type LogEntry, logLevel, type Message, Partitioners, type Producer } from 'kafkajs';
-import { type BackendLogger, type Batch, consoleLogger, type ConsumeOptions, type Consumer, type EventLog, type LogRecord, type ProduceRecord, type RecordPosition, type TopicSpec } from '../event-log.ts';
+import {
+  type Admin,
+  type Consumer as KafkaConsumer,
+  type EachBatchPayload,
+  Kafka,
+  type LogEntry,
+  logLevel,
+  type Message,
+  Partitioners,
+  type Producer,
+} from 'kafkajs';
+import {
+  type BackendLogger,
+  type Batch,
+  consoleLogger,
+  type ConsumeOptions,
+  type Consumer,
+  type EventLog,
+  type LogRecord,
+  type ProduceRecord,
+  type RecordPosition,
+  type TopicSpec,
+} from '../event-log.ts';
 import { toLogRecord } from './records.ts';
 import { PartitionReader } from './replay.ts';
 
@@ -68,7 +89,6 @@ const RETRY_BACKOFF_MIN_MS = 200;
 const RETRY_BACKOFF_MAX_MS = 5_000;
 /** How long consume() waits for the member's first assignment. */
 const JOIN_TIMEOUT_MS = 60_000;
-
 
 /** Retries a call that failed with an error kafkajs marks retriable (NOT_LEADER, ...), up to ~10 s. */
 async function retryRetriable<T>(call: () => Promise<T>): Promise<T> {
@@ -129,18 +149,20 @@ export class KafkaLog implements EventLog {
       // Retried: a broker under load may not know a topic its controller just made, and kafkajs
       // waits out only LEADER_NOT_AVAILABLE (UNKNOWN_TOPIC_OR_PARTITION failed a start in a test
       // run); a second try finds the topics made and returns.
-      await retryRetriable(() => admin.createTopics({
-        waitForLeaders: true,
-        topics: missing.map((t) => ({
-          topic: t.name,
-          numPartitions: t.partitions,
-          configEntries: [
-            { name: 'cleanup.policy', value: t.cleanupPolicy },
-            { name: 'retention.ms', value: String(t.retentionMs ?? -1) },
-            { name: 'max.message.bytes', value: String(MAX_MESSAGE_BYTES) },
-          ],
-        })),
-      }));
+      await retryRetriable(() =>
+        admin.createTopics({
+          waitForLeaders: true,
+          topics: missing.map((t) => ({
+            topic: t.name,
+            numPartitions: t.partitions,
+            configEntries: [
+              { name: 'cleanup.policy', value: t.cleanupPolicy },
+              { name: 'retention.ms', value: String(t.retentionMs ?? -1) },
+              { name: 'max.message.bytes', value: String(MAX_MESSAGE_BYTES) },
+            ],
+          })),
+        }),
+      );
       this.logger.info({ topics: missing.map((t) => t.name) }, 'created Kafka topics');
       // Leaders exist in the metadata a moment before they serve requests: wait until each new
       // topic answers ListOffsets, so the first reads after start() do not fail NOT_LEADER.
@@ -270,7 +292,10 @@ export class KafkaLog implements EventLog {
     this.consumers.delete(consumer);
     if (consumer.commits || !this.admin) return;
     await this.admin.deleteGroups([consumer.groupId]).catch((err: Error) => {
-      this.logger.warn({ groupId: consumer.groupId, err: err.message }, 'could not delete the consumer group of a stopped view; Kafka removes it at its next offsets cleanup');
+      this.logger.warn(
+        { groupId: consumer.groupId, err: err.message },
+        'could not delete the consumer group of a stopped view; Kafka removes it at its next offsets cleanup',
+      );
     });
   }
 
@@ -366,9 +391,7 @@ class KafkaLogConsumer implements Consumer {
     };
 
     consumer.on(GROUP_JOIN, ({ payload }) => {
-      this.current = Object.entries(payload.memberAssignment).flatMap(([topic, partitions]) =>
-        partitions.map((partition) => ({ topic, partition })),
-      );
+      this.current = Object.entries(payload.memberAssignment).flatMap(([topic, partitions]) => partitions.map((partition) => ({ topic, partition })));
       this.current.sort((a, b) => a.topic.localeCompare(b.topic) || a.partition - b.partition);
       this.resume();
       joined = true;

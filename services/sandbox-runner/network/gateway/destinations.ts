@@ -12,10 +12,34 @@ import { overrideOf, serviceNamed, type Registered } from './sandbox-egress.ts';
 
 /** Places no sandbox reaches, whatever its policy says. */
 const NEVER: Array<[string, net.BlockList]> = [
-  ['loopback', blockList([['127.0.0.0', 8, 'ipv4'], ['::1', 128, 'ipv6']])],
-  ['unspecified', blockList([['0.0.0.0', 8, 'ipv4'], ['::', 128, 'ipv6']])],
-  ['link-local (where clouds serve instance credentials)', blockList([['169.254.0.0', 16, 'ipv4'], ['fe80::', 10, 'ipv6']])],
-  ['multicast or broadcast', blockList([['224.0.0.0', 3, 'ipv4'], ['ff00::', 8, 'ipv6']])],
+  [
+    'loopback',
+    blockList([
+      ['127.0.0.0', 8, 'ipv4'],
+      ['::1', 128, 'ipv6'],
+    ]),
+  ],
+  [
+    'unspecified',
+    blockList([
+      ['0.0.0.0', 8, 'ipv4'],
+      ['::', 128, 'ipv6'],
+    ]),
+  ],
+  [
+    'link-local (where clouds serve instance credentials)',
+    blockList([
+      ['169.254.0.0', 16, 'ipv4'],
+      ['fe80::', 10, 'ipv6'],
+    ]),
+  ],
+  [
+    'multicast or broadcast',
+    blockList([
+      ['224.0.0.0', 3, 'ipv4'],
+      ['ff00::', 8, 'ipv6'],
+    ]),
+  ],
 ];
 
 function blockList(subnets: Array<[string, number, 'ipv4' | 'ipv6']>): net.BlockList {
@@ -38,7 +62,10 @@ export function decide(sandbox: Registered, host: string, port: number | null): 
     const sends = `network.dns_overrides sends ${name} to ${to}`;
     if (port === null || port === 80 || port === 443 || serviceNamed(sandbox, to)) return { allowed: true, reason: sends };
     const byReplacement = sandbox.policy.decide(to, port);
-    return { allowed: byReplacement.allowed, reason: `${sends}, reached on ports 80 and 443 and otherwise as network.egress allows ${to}: ${byReplacement.reason}` };
+    return {
+      allowed: byReplacement.allowed,
+      reason: `${sends}, reached on ports 80 and 443 and otherwise as network.egress allows ${to}: ${byReplacement.reason}`,
+    };
   }
   if (port !== null) return sandbox.policy.decide(name, port);
   return sandbox.policy.allowsHost(name)
@@ -51,7 +78,10 @@ export class Destinations {
   private readonly sandboxRanges = new net.BlockList();
   private own = { at: 0, addresses: new Set<string>() };
 
-  constructor(readonly upstream: UpstreamResolver, sandboxNetwork: string) {
+  constructor(
+    readonly upstream: UpstreamResolver,
+    sandboxNetwork: string,
+  ) {
     const [network, prefix] = sandboxNetwork.split('/');
     this.sandboxRanges.addSubnet(network!, Number(prefix), 'ipv4');
   }

@@ -44,11 +44,25 @@ export class HttpRelay {
     // A request's headers must be in within HEADERS_TIMEOUT_MS (a silent or dripping connection
     // holds no slot for ever); a body may take its time (an upload). Node checks this only on a
     // server that listens: this one is handed its connections, so its checks are started here.
-    this.parser = http.createServer({ requireHostHeader: false, insecureHTTPParser: false, headersTimeout: HEADERS_TIMEOUT_MS, requestTimeout: 0, connectionsCheckingInterval: 5_000 });
+    this.parser = http.createServer({
+      requireHostHeader: false,
+      insecureHTTPParser: false,
+      headersTimeout: HEADERS_TIMEOUT_MS,
+      requestTimeout: 0,
+      connectionsCheckingInterval: 5_000,
+    });
     this.parser.emit('listening');
     this.parser.on('request', (req, res) => void this.forward(req, res).catch((err) => this.fail(res, err)));
-    this.parser.on('connect', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void options.tunnel(req, socket, head, this.viaOf(req, socket)).catch(() => socket.destroy()));
-    this.parser.on('upgrade', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.webSockets.upgrade(req, socket, head, this.viaOf(req, socket)).catch(() => socket.destroy()));
+    this.parser.on(
+      'connect',
+      (req: http.IncomingMessage, socket: net.Socket, head: Buffer) =>
+        void options.tunnel(req, socket, head, this.viaOf(req, socket)).catch(() => socket.destroy()),
+    );
+    this.parser.on(
+      'upgrade',
+      (req: http.IncomingMessage, socket: net.Socket, head: Buffer) =>
+        void this.webSockets.upgrade(req, socket, head, this.viaOf(req, socket)).catch(() => socket.destroy()),
+    );
     this.parser.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => this.unparsable(err, socket));
   }
 
@@ -165,7 +179,15 @@ export class HttpRelay {
   }
 
   /** A request to a backing service: an http_mock answers it; recorded with the service's name as its host. */
-  private toService(sandbox: Registered, service: ServiceEndpoint, req: http.IncomingMessage, res: http.ServerResponse, protocol: 'http' | 'https', target: { host: string; port: number; path: string }, started: number): void {
+  private toService(
+    sandbox: Registered,
+    service: ServiceEndpoint,
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+    protocol: 'http' | 'https',
+    target: { host: string; port: number; path: string },
+    started: number,
+  ): void {
     const call = new HttpCall(sandbox, req, protocol, { ...target, host: service.name }, started);
     if (!service.http) {
       call.done(`${service.name} does not speak HTTP`);
@@ -183,7 +205,12 @@ export class HttpRelay {
   }
 
   /** Record mode of an http_mock: see EgressGateway.fetchOutside. */
-  async fetchOutside(sandbox: Registered, via: string, request: { method: string; host: string; path: string; headers: Record<string, string>; body: Buffer }, maxBodyBytes: number): Promise<{ status: number; headers: Record<string, string>; body: Buffer; refused?: boolean }> {
+  async fetchOutside(
+    sandbox: Registered,
+    via: string,
+    request: { method: string; host: string; path: string; headers: Record<string, string>; body: Buffer },
+    maxBodyBytes: number,
+  ): Promise<{ status: number; headers: Record<string, string>; body: Buffer; refused?: boolean }> {
     const where = splitHostPort(request.host, 443);
     if (!where) throw new Error(`the request names no valid host (${JSON.stringify(request.host)})`);
     const decision = sandbox.policy.decide(where.host, where.port);
@@ -197,26 +224,53 @@ export class HttpRelay {
     if (!room(sandbox, where.port)) throw new Error(FULL);
     const started = Date.now();
     const headers: Record<string, string> = {};
-    for (const [name, value] of Object.entries(request.headers)) if (!HOP_BY_HOP.has(name.toLowerCase()) && name.toLowerCase() !== 'content-length') headers[name] = value;
+    for (const [name, value] of Object.entries(request.headers))
+      if (!HOP_BY_HOP.has(name.toLowerCase()) && name.toLowerCase() !== 'content-length') headers[name] = value;
     // Framed by its length whatever the method: node frames no GET body by itself (it would read as a second request).
     if (request.body.length > 0) headers['content-length'] = String(request.body.length);
     return new Promise((resolve, reject) => {
-      const upstream = https.request({ host: target, port: where.port, method: request.method, path: request.path, headers, servername: net.isIP(where.host) ? undefined : where.host, agent: this.httpsAgent, timeout: UPSTREAM_TIMEOUT_MS }, (answer) => {
-        const chunks: Buffer[] = [];
-        let size = 0;
-        answer.on('data', (chunk: Buffer) => {
-          size += chunk.length;
-          if (size > maxBodyBytes) return void answer.destroy(new Error(`${where.host}'s answer is over ${maxBodyBytes} bytes`));
-          chunks.push(chunk);
-        });
-        answer.on('error', reject);
-        answer.on('end', () => {
-          if (sandbox.inspect) sandbox.record('http_call', { method: request.method, scheme: 'https', host: where.host, port: where.port, path: request.path, status: answer.statusCode ?? null, duration_ms: Date.now() - started, request_bytes: request.body.length, response_bytes: size, headers: redactHeaders(request.headers), via });
-          const out: Record<string, string> = {};
-          for (const [name, value] of Object.entries(answer.headers)) if (!HOP_BY_HOP.has(name) && value !== undefined) out[name] = Array.isArray(value) ? value.join(', ') : value;
-          resolve({ status: answer.statusCode ?? 502, headers: out, body: Buffer.concat(chunks) });
-        });
-      });
+      const upstream = https.request(
+        {
+          host: target,
+          port: where.port,
+          method: request.method,
+          path: request.path,
+          headers,
+          servername: net.isIP(where.host) ? undefined : where.host,
+          agent: this.httpsAgent,
+          timeout: UPSTREAM_TIMEOUT_MS,
+        },
+        (answer) => {
+          const chunks: Buffer[] = [];
+          let size = 0;
+          answer.on('data', (chunk: Buffer) => {
+            size += chunk.length;
+            if (size > maxBodyBytes) return void answer.destroy(new Error(`${where.host}'s answer is over ${maxBodyBytes} bytes`));
+            chunks.push(chunk);
+          });
+          answer.on('error', reject);
+          answer.on('end', () => {
+            if (sandbox.inspect)
+              sandbox.record('http_call', {
+                method: request.method,
+                scheme: 'https',
+                host: where.host,
+                port: where.port,
+                path: request.path,
+                status: answer.statusCode ?? null,
+                duration_ms: Date.now() - started,
+                request_bytes: request.body.length,
+                response_bytes: size,
+                headers: redactHeaders(request.headers),
+                via,
+              });
+            const out: Record<string, string> = {};
+            for (const [name, value] of Object.entries(answer.headers))
+              if (!HOP_BY_HOP.has(name) && value !== undefined) out[name] = Array.isArray(value) ? value.join(', ') : value;
+            resolve({ status: answer.statusCode ?? 502, headers: out, body: Buffer.concat(chunks) });
+          });
+        },
+      );
       this.hold(sandbox, upstream);
       upstream.on('timeout', () => upstream.destroy(new Error(`no answer from ${where.host} within ${UPSTREAM_TIMEOUT_MS} ms`)));
       upstream.on('error', reject);

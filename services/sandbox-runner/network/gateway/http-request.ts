@@ -36,13 +36,16 @@ export function requestTarget(req: http.IncomingMessage, via: Via): { host: stri
     }
   }
   // Two Host headers may be read two ways (RFC 9112 §3.2: a 400); the parser would keep the first.
-  if (req.rawHeaders.filter((_v, i) => i % 2 === 0 && /^host$/i.test(req.rawHeaders[i]!)).length > 1) return { problem: 'the request has more than one Host header' };
+  if (req.rawHeaders.filter((_v, i) => i % 2 === 0 && /^host$/i.test(req.rawHeaders[i]!)).length > 1)
+    return { problem: 'the request has more than one Host header' };
   const fromUrl = url ? { host: normaliseHost(url.hostname.replace(/^\[|\]$/g, '')), port: Number(url.port) || (url.protocol === 'https:' ? 443 : 80) } : null;
   const where = fromUrl ?? hostHeader;
   if (!where) return { problem: 'the request names no host (no Host header)' };
   // Whatever the request claims, it must agree with where it was sent.
-  if (fromUrl && hostHeader && fromUrl.host !== hostHeader.host) return { problem: `the request's URL names ${fromUrl.host} but its Host header ${hostHeader.host}` };
-  if (via.serverName && where.host !== via.serverName) return { problem: `the Host ${where.host} is not the TLS server name ${via.serverName} (domain fronting)` };
+  if (fromUrl && hostHeader && fromUrl.host !== hostHeader.host)
+    return { problem: `the request's URL names ${fromUrl.host} but its Host header ${hostHeader.host}` };
+  if (via.serverName && where.host !== via.serverName)
+    return { problem: `the Host ${where.host} is not the TLS server name ${via.serverName} (domain fronting)` };
   const path = url ? `${url.pathname}${url.search}` : (req.url ?? '/');
   return { host: where.host, port: via.serverName ? via.port : where.port, path };
 }
@@ -56,7 +59,12 @@ export function requestTarget(req: http.IncomingMessage, via: Via): { host: stri
  * request).
  */
 export function upstreamHeaders(sandbox: Registered, req: http.IncomingMessage, target: { host: string; port: number }): http.OutgoingHttpHeaders {
-  const named = new Set(String(req.headers.connection ?? '').toLowerCase().split(',').map((name) => name.trim()));
+  const named = new Set(
+    String(req.headers.connection ?? '')
+      .toLowerCase()
+      .split(',')
+      .map((name) => name.trim()),
+  );
   const headers: http.OutgoingHttpHeaders = {};
   for (const [name, value] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(name) && !named.has(name)) headers[name] = value;
   for (const broker of sandbox.brokered) if (broker.hosts.decide(target.host, target.port).allowed) headers[broker.header.toLowerCase()] = broker.value;

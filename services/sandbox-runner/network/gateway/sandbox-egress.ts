@@ -74,7 +74,10 @@ export function room(sandbox: Registered, port: number): boolean {
 }
 
 /** A `network_denied` record; `ip` is null where the name was refused before it resolved. */
-export function deny(sandbox: Registered, details: { protocol: string; host?: string | null; ip?: string | null; port: number; reason: string; [more: string]: unknown }): void {
+export function deny(
+  sandbox: Registered,
+  details: { protocol: string; host?: string | null; ip?: string | null; port: number; reason: string; [more: string]: unknown },
+): void {
   sandbox.record('network_denied', { ...details, host: details.host ?? null, ip: details.ip ?? null });
 }
 

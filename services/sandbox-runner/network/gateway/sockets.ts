@@ -20,7 +20,16 @@ export function reset(socket: Duplex): void {
 /** An answer written on a connection the parser let go of (an upgrade's, or one it could not parse); the connection ends with it. */
 export function rawAnswer(socket: Duplex, status: number, reason: string): void {
   const body = `${reason}\n`;
-  const lines = rawHeaderLines(['Content-Type', 'text/plain; charset=utf-8', 'Content-Length', String(Buffer.byteLength(body)), 'X-Svc-Egress', status < 500 ? 'denied' : 'failed', 'Connection', 'close']);
+  const lines = rawHeaderLines([
+    'Content-Type',
+    'text/plain; charset=utf-8',
+    'Content-Length',
+    String(Buffer.byteLength(body)),
+    'X-Svc-Egress',
+    status < 500 ? 'denied' : 'failed',
+    'Connection',
+    'close',
+  ]);
   if (!socket.writable) return void socket.destroy();
   socket.write(`HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? ''}\r\n${lines}\r\n${body}`);
   endAnswered(socket);
@@ -42,7 +51,11 @@ export function rawHeaderLines(raw: string[]): string {
 
 export function refuse(res: http.ServerResponse, reason: string, status = 403): void {
   const body = `${reason}\n`;
-  res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', 'content-length': Buffer.byteLength(body), 'x-svc-egress': status === 403 ? 'denied' : 'failed' });
+  res.writeHead(status, {
+    'content-type': 'text/plain; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+    'x-svc-egress': status === 403 ? 'denied' : 'failed',
+  });
   res.end(body);
 }
 

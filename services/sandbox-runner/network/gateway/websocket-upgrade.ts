@@ -39,9 +39,11 @@ export class WebSocketUpgrades {
     };
     if ('problem' in target) return refuseWith(target.problem);
     const protocol = String(req.headers.upgrade).trim().toLowerCase();
-    if (protocol !== 'websocket') return refuseWith(`the egress gateway upgrades a connection only to a WebSocket, not to ${JSON.stringify(req.headers.upgrade)}`);
+    if (protocol !== 'websocket')
+      return refuseWith(`the egress gateway upgrades a connection only to a WebSocket, not to ${JSON.stringify(req.headers.upgrade)}`);
     if (req.method !== 'GET') return refuseWith(`a WebSocket opens with a GET, not a ${req.method}`, 400);
-    if (req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) !== 0) return refuseWith('a WebSocket handshake has no body', 400);
+    if (req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) !== 0)
+      return refuseWith('a WebSocket handshake has no body', 400);
     if (serviceFor(sandbox, target.host)) return rawAnswer(socket, 501, 'backing services do not upgrade connections');
     const decision = decide(sandbox, target.host, target.port);
     if (!decision.allowed) return refuseWith(decision.reason);
@@ -56,7 +58,14 @@ export class WebSocketUpgrades {
    * its bytes both ways when it closes). Any other answer is relayed, and the connection goes
    * back to the parser: nothing the sandbox sent after the handshake leaves without being parsed.
    */
-  private upgradeUpstream(via: Via, req: http.IncomingMessage, socket: Duplex, head: Buffer, target: { host: string; port: number; path: string }, address: string): void {
+  private upgradeUpstream(
+    via: Via,
+    req: http.IncomingMessage,
+    socket: Duplex,
+    head: Buffer,
+    target: { host: string; port: number; path: string },
+    address: string,
+  ): void {
     const { sandbox } = via;
     const call = new HttpCall(sandbox, req, via.scheme, target, Date.now(), { upgrade: 'websocket' });
     const headers = { ...upstreamHeaders(sandbox, req, target), connection: 'Upgrade', upgrade: 'websocket' };
@@ -116,7 +125,9 @@ export class WebSocketUpgrades {
         call.done();
         if (socket.destroyed) return;
         const kept: string[] = [];
-        for (let i = 0; i < answer.rawHeaders.length; i += 2) if (!HOP_BY_HOP.has(answer.rawHeaders[i]!.toLowerCase()) && answer.rawHeaders[i]!.toLowerCase() !== 'content-length') kept.push(answer.rawHeaders[i]!, answer.rawHeaders[i + 1]!);
+        for (let i = 0; i < answer.rawHeaders.length; i += 2)
+          if (!HOP_BY_HOP.has(answer.rawHeaders[i]!.toLowerCase()) && answer.rawHeaders[i]!.toLowerCase() !== 'content-length')
+            kept.push(answer.rawHeaders[i]!, answer.rawHeaders[i + 1]!);
         const body = Buffer.concat(chunks);
         socket.write(`HTTP/1.1 ${answer.statusCode} ${answer.statusMessage ?? ''}\r\n${rawHeaderLines([...kept, 'Content-Length', String(body.length)])}\r\n`);
         socket.write(body);

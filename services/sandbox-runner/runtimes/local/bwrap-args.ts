@@ -12,18 +12,56 @@ import type { Scratch } from './scratch.ts';
 import { SUPERVISOR_IN_SANDBOX } from './supervisor-binary.ts';
 
 /** /proc files hidden behind /dev/null and directories behind an empty tmpfs (as Docker and runc do) */
-const PROC_MASKED_FILES = ['kcore', 'keys', 'key-users', 'timer_list', 'sched_debug', 'latency_stats', 'kallsyms', 'kmsg', 'config.gz', 'sysrq-trigger', 'vmallocinfo', 'pagetypeinfo', 'slabinfo'];
+const PROC_MASKED_FILES = [
+  'kcore',
+  'keys',
+  'key-users',
+  'timer_list',
+  'sched_debug',
+  'latency_stats',
+  'kallsyms',
+  'kmsg',
+  'config.gz',
+  'sysrq-trigger',
+  'vmallocinfo',
+  'pagetypeinfo',
+  'slabinfo',
+];
 const PROC_MASKED_DIRS = ['acpi', 'scsi', 'asound', 'driver', 'fs', 'tty'];
 
-export function bwrapArgs(options: CreateSandboxOptions, identity: SandboxIdentity, plan: RootPlan, workspace: string, readOnlyMounts: Array<{ host: string; sandbox: string }>, supervisor: string, hostsFile: string, scratch: Scratch, networkMounts: Array<{ host: string; sandbox: string }>): string[] {
+export function bwrapArgs(
+  options: CreateSandboxOptions,
+  identity: SandboxIdentity,
+  plan: RootPlan,
+  workspace: string,
+  readOnlyMounts: Array<{ host: string; sandbox: string }>,
+  supervisor: string,
+  hostsFile: string,
+  scratch: Scratch,
+  networkMounts: Array<{ host: string; sandbox: string }>,
+): string[] {
   const args = [
-    '--unshare-ipc', '--unshare-pid', '--unshare-uts', '--unshare-cgroup-try',
+    '--unshare-ipc',
+    '--unshare-pid',
+    '--unshare-uts',
+    '--unshare-cgroup-try',
     // A sandbox with a network starts in the namespace made for it (the supervisor's `launch --netns`), root in its own (`--new-netns`).
     ...(options.network || identity.user === 'root' ? [] : ['--unshare-net']),
-    '--die-with-parent', '--new-session',
-    '--hostname', options.hostname ?? options.id,
+    '--die-with-parent',
+    '--new-session',
+    '--hostname',
+    options.hostname ?? options.id,
     // the supervisor keeps only what it needs to start commands as the sandbox uid and to kill them
-    '--cap-drop', 'ALL', '--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID', '--cap-add', 'CAP_SETPCAP', '--cap-add', 'CAP_KILL',
+    '--cap-drop',
+    'ALL',
+    '--cap-add',
+    'CAP_SETUID',
+    '--cap-add',
+    'CAP_SETGID',
+    '--cap-add',
+    'CAP_SETPCAP',
+    '--cap-add',
+    'CAP_KILL',
   ];
   args.push(...plan.bwrap);
   args.push('--ro-bind', hostsFile, '/etc/hosts');

@@ -42,7 +42,15 @@ export class LaunchedProcess extends EventEmitter {
   }
 }
 
-type Message = { id: number; pid?: number; pipes?: number; fd?: number; exit?: { code: number | null; signal: NodeJS.Signals | null }; error?: string; ran?: RunResult };
+type Message = {
+  id: number;
+  pid?: number;
+  pipes?: number;
+  fd?: number;
+  exit?: { code: number | null; signal: NodeJS.Signals | null };
+  error?: string;
+  ran?: RunResult;
+};
 
 /** How a command started with `run` ended. */
 export interface RunResult {
@@ -71,7 +79,8 @@ export class Launcher {
     child.on('message', (m: Message, handle: unknown) => this.onMessage(m, handle as Readable & Writable));
     child.on('exit', (code, signal) => {
       // Unasked, it took with it the undos of the mounts it made (a runner killed later leaves them).
-      if (this.child === child) process.stderr.write(`sandbox launcher ${child.pid} exited unexpectedly (${signal ?? `exit code ${code}`}); a new one starts with the next sandbox\n`);
+      if (this.child === child)
+        process.stderr.write(`sandbox launcher ${child.pid} exited unexpectedly (${signal ?? `exit code ${code}`}); a new one starts with the next sandbox\n`);
       // Every process it launched is gone with it (parent-death signal).
       for (const [id, entry] of this.launched) {
         entry.process.settle(new Error('the launcher exited'));
@@ -121,9 +130,11 @@ export class Launcher {
     const child = this.start();
     const launched = new LaunchedProcess(this, ++this.next);
     if (this.pending++ === 0) this.channel(child)?.ref();
-    launched.started.finally(() => {
-      if (--this.pending === 0) this.channel(this.child)?.unref();
-    }).catch(() => {});
+    launched.started
+      .finally(() => {
+        if (--this.pending === 0) this.channel(this.child)?.unref();
+      })
+      .catch(() => {});
     this.launched.set(launched.id, { process: launched, fds: 0, pipes: 4 });
     child.send({ op: 'spawn', id: launched.id, command, args: args.map((a) => (typeof a === 'string' ? a : { pidOf: a.id })), fd5: options.fd5 });
     return launched;
@@ -135,7 +146,11 @@ export class Launcher {
    * kept once the command succeeded, is what the launcher runs should this process die before it
    * calls `forget(undo.key)` (a mount it no longer can unmount itself).
    */
-  run(command: string, args: string[], options: { timeoutMs?: number; undo?: { key: string; command: string; args: string[] }; stdout?: boolean } = {}): Promise<RunResult> {
+  run(
+    command: string,
+    args: string[],
+    options: { timeoutMs?: number; undo?: { key: string; command: string; args: string[] }; stdout?: boolean } = {},
+  ): Promise<RunResult> {
     const child = this.start();
     const id = ++this.next;
     if (this.pending++ === 0) this.channel(child)?.ref();

@@ -157,15 +157,18 @@ export class LocalNetworks {
       // Only while some sandbox has a network (the spare is not one).
       if (this.reading || this.used.size <= (this.spare ? 1 : 0)) return;
       this.reading = true;
-      void this.launcher.run('nft', ['-j', 'list', 'set', 'inet', this.table, 'udp_refused'], { stdout: true }).then((result) => {
-        const now = new Set<string>();
-        for (const flow of refusedFlows(result.stdout)) {
-          const key = flow.join(' ');
-          now.add(key);
-          if (!noted.has(key)) this.options.onRefused!(flow[0], { address: flow[1], port: flow[2] });
-        }
-        noted = now;
-      }).finally(() => (this.reading = false));
+      void this.launcher
+        .run('nft', ['-j', 'list', 'set', 'inet', this.table, 'udp_refused'], { stdout: true })
+        .then((result) => {
+          const now = new Set<string>();
+          for (const flow of refusedFlows(result.stdout)) {
+            const key = flow.join(' ');
+            now.add(key);
+            if (!noted.has(key)) this.options.onRefused!(flow[0], { address: flow[1], port: flow[2] });
+          }
+          noted = now;
+        })
+        .finally(() => (this.reading = false));
     }, UDP_POLL_MS);
     this.poller.unref();
   }
@@ -196,21 +199,27 @@ export class LocalNetworks {
     const inside = path.join(dir, `${slot.link}.inside`);
     await Promise.all([
       fs.promises.writeFile(slot.resolvConf, `nameserver ${slot.hostAddress}\noptions timeout:2 attempts:2\n`, { mode: 0o644 }),
-      fs.promises.writeFile(host, [
-        `link add ${slot.link} type veth peer name eth0 netns ${slot.name}`,
-        `link set dev ${slot.link} addrgenmode none`,
-        `addr add ${slot.hostAddress}/30 dev ${slot.link}`,
-        `link set ${slot.link} up`,
-        '',
-      ].join('\n')),
-      fs.promises.writeFile(inside, [
-        'link set lo up',
-        'link set dev eth0 addrgenmode none',
-        `addr add ${slot.sandboxAddress}/30 dev eth0`,
-        'link set eth0 up',
-        `route add default via ${slot.hostAddress}`,
-        '',
-      ].join('\n')),
+      fs.promises.writeFile(
+        host,
+        [
+          `link add ${slot.link} type veth peer name eth0 netns ${slot.name}`,
+          `link set dev ${slot.link} addrgenmode none`,
+          `addr add ${slot.hostAddress}/30 dev ${slot.link}`,
+          `link set ${slot.link} up`,
+          '',
+        ].join('\n'),
+      ),
+      fs.promises.writeFile(
+        inside,
+        [
+          'link set lo up',
+          'link set dev eth0 addrgenmode none',
+          `addr add ${slot.sandboxAddress}/30 dev eth0`,
+          'link set eth0 up',
+          `route add default via ${slot.hostAddress}`,
+          '',
+        ].join('\n'),
+      ),
     ]);
     // One round trip to the launcher; what a crashed sandbox of this slot left is removed first.
     const script = `{ ip netns add ${slot.name} || { ip netns del ${slot.name}; ip link del ${slot.link}; ip netns add ${slot.name}; }; } && ip -batch ${host} && ip -n ${slot.name} -batch ${inside}`;
@@ -237,7 +246,7 @@ export class LocalNetworks {
     const slot = this.nextSlot;
     this.nextSlot = (slot + 1) % SLOTS;
     this.used.add(slot);
-    const offset = ((parseInt(this.tag, 16) * SLOTS) + slot) * 4;
+    const offset = (parseInt(this.tag, 16) * SLOTS + slot) * 4;
     const link = `svh${this.tag}${slot.toString(16).padStart(3, '0')}`;
     return {
       slot,
@@ -266,12 +275,19 @@ export class LocalNetworks {
     this.ingress.delete(slot.slot);
     await Promise.all([
       // Gone with the sandbox's namespace, unless it never held it.
-      this.launcher.run('sh', ['-c', `${named ? `ip netns del ${named} 2>/dev/null; ` : ''}ip netns del ${slot.name} 2>/dev/null; ip link del ${slot.link} 2>/dev/null; true`]).then(() => {
-        this.launcher.forget(slot.name);
-        if (named) this.launcher.forget(named);
-      }),
+      this.launcher
+        .run('sh', [
+          '-c',
+          `${named ? `ip netns del ${named} 2>/dev/null; ` : ''}ip netns del ${slot.name} 2>/dev/null; ip link del ${slot.link} 2>/dev/null; true`,
+        ])
+        .then(() => {
+          this.launcher.forget(slot.name);
+          if (named) this.launcher.forget(named);
+        }),
       opened === 'all' ? this.launcher.run('nft', ['delete', 'element', 'inet', this.table, 'ingress_open', `{ ${slot.sandboxAddress} }`]) : undefined,
-      opened && opened !== 'all' && opened.length > 0 ? this.launcher.run('nft', ['delete', 'element', 'inet', this.table, 'ingress', `{ ${opened.map((p) => `${slot.sandboxAddress} . ${p}`).join(', ')} }`]) : undefined,
+      opened && opened !== 'all' && opened.length > 0
+        ? this.launcher.run('nft', ['delete', 'element', 'inet', this.table, 'ingress', `{ ${opened.map((p) => `${slot.sandboxAddress} . ${p}`).join(', ')} }`])
+        : undefined,
     ]);
     this.used.delete(slot.slot);
   }
@@ -296,7 +312,9 @@ export type RefusedUdp = (source: string, destination: { address: string; port: 
 /** The flows of `nft -j list set ... udp_refused`: [source, destination, port]. */
 function refusedFlows(json: string): Array<[string, string, number]> {
   try {
-    const sets = (JSON.parse(json) as { nftables?: Array<{ set?: { elem?: Array<{ elem?: { val?: { concat?: unknown[] } } } | { concat?: unknown[] }> } }> }).nftables ?? [];
+    const sets =
+      (JSON.parse(json) as { nftables?: Array<{ set?: { elem?: Array<{ elem?: { val?: { concat?: unknown[] } } } | { concat?: unknown[] }> } }> }).nftables ??
+      [];
     const flows: Array<[string, string, number]> = [];
     for (const entry of sets) {
       for (const element of entry.set?.elem ?? []) {
@@ -315,7 +333,8 @@ function parseRange(range: string): { base: number; prefix: number } {
   const match = /^(\d+)\.(\d+)\.(\d+)\.(\d+)\/(\d+)$/.exec(range.trim());
   const octets = match?.slice(1, 5).map(Number) ?? [];
   const prefix = Number(match?.[5]);
-  if (!match || octets.some((o) => o > 255) || prefix < 8 || prefix > 30) throw new Error(`SVC_SANDBOX_NETWORK: "${range}" is not an IPv4 range such as 100.64.0.0/10`);
+  if (!match || octets.some((o) => o > 255) || prefix < 8 || prefix > 30)
+    throw new Error(`SVC_SANDBOX_NETWORK: "${range}" is not an IPv4 range such as 100.64.0.0/10`);
   const base = ((octets[0]! << 24) >>> 0) + (octets[1]! << 16) + (octets[2]! << 8) + octets[3]!;
   return { base: base - (base % 2 ** (32 - prefix)), prefix };
 }
@@ -331,7 +350,11 @@ function ipv4(n: number): string {
  * connection's entry lingers (TIME_WAIT) under them, and when a new one would clash with it the
  * kernel gives the new one another source port, so only the reply tuple names it.
  */
-export async function originalDestination(peer: { address: string; port: number }, local: { address: string; port: number }, protocol: 'tcp' | 'udp'): Promise<{ address: string; port: number } | null> {
+export async function originalDestination(
+  peer: { address: string; port: number },
+  local: { address: string; port: number },
+  protocol: 'tcp' | 'udp',
+): Promise<{ address: string; port: number } | null> {
   const table = await fs.promises.readFile('/proc/net/nf_conntrack', 'utf8').catch(() => '');
   const [from, to] = [peer.address, local.address].map((a) => a.replace(/^::ffff:/, ''));
   const reply = ` src=${to} dst=${from} sport=${local.port} dport=${peer.port} `;

@@ -18,7 +18,20 @@ import type { Scratch } from './scratch.ts';
 import { detachBootMounts, type RootPlan, type SandboxIdentity } from './sandbox-root.ts';
 import { LocalTerminal } from './local-terminal.ts';
 import { SUPERVISOR_IN_SANDBOX } from './supervisor-binary.ts';
-import { SupervisorChannel, T_ERROR, T_EXEC, T_EXIT, T_KILL, T_KILLALL, T_KILLED, T_READY, T_STARTED, T_STDERR, T_STDOUT, T_TERMINAL } from './supervisor-channel.ts';
+import {
+  SupervisorChannel,
+  T_ERROR,
+  T_EXEC,
+  T_EXIT,
+  T_KILL,
+  T_KILLALL,
+  T_KILLED,
+  T_READY,
+  T_STARTED,
+  T_STDERR,
+  T_STDOUT,
+  T_TERMINAL,
+} from './supervisor-channel.ts';
 import {
   EXIT_KILLED,
   EXIT_TIMEOUT,
@@ -235,7 +248,19 @@ export class LocalSandbox implements SandboxHandle {
     const busy = this.pending.size >= MAX_COMMANDS_AT_ONCE ? `${MAX_COMMANDS_AT_ONCE} commands are running in this sandbox already, the most at once` : null;
     if (commandProblem || envProblem || busy) {
       const stderr = `sandbox: ${commandProblem ? `the command ${commandProblem}` : envProblem ? `env: ${envProblem}` : busy}\n`;
-      return { started: Promise.resolve(), done: Promise.resolve({ exitCode: 126, stdout: '', stderr, durationMs: 0, timedOut: false, oomKilled: false, outputBytes: 0, truncated: { stdout: false, stderr: false } }) };
+      return {
+        started: Promise.resolve(),
+        done: Promise.resolve({
+          exitCode: 126,
+          stdout: '',
+          stderr,
+          durationMs: 0,
+          timedOut: false,
+          oomKilled: false,
+          outputBytes: 0,
+          truncated: { stdout: false, stderr: false },
+        }),
+      };
     }
     const id = this.nextId++;
     let onStarted!: (error: Error | null) => void;
@@ -386,7 +411,12 @@ export class LocalSandbox implements SandboxHandle {
     await this.killAll();
     const processes = this.processes();
     if (!processes) throw new Error(this.gone ? `sandbox ${this.id} is gone: ${this.gone.message}` : `sandbox ${this.id}: its supervisor is not running`);
-    return { upper: this.upper, lower: this.options.rootfs, merged: `/proc/${processes.supervisorPid}/root`, idShift: this.user.inside === 'root' ? this.user.uid : 0 };
+    return {
+      upper: this.upper,
+      lower: this.options.rootfs,
+      merged: `/proc/${processes.supervisorPid}/root`,
+      idShift: this.user.inside === 'root' ? this.user.uid : 0,
+    };
   }
 
   async openIngress(ports: number[] | 'all'): Promise<void> {
@@ -406,7 +436,10 @@ export class LocalSandbox implements SandboxHandle {
   private async cleanup(): Promise<void> {
     if (this.cleaned) return;
     this.cleaned = true;
-    await this.bridge?.then((b) => b.close(), () => undefined);
+    await this.bridge?.then(
+      (b) => b.close(),
+      () => undefined,
+    );
     if (this.network) await this.named.catch(() => undefined).then(() => this.network!.networks.release(this.network!.slot, this.id));
     if (!(await this.cgroup.remove())) this.logger?.warn({ sandbox_id: this.id }, 'could not remove the sandbox cgroups');
     // Never through a mount: a launch killed before the sandbox took its root leaves them here.

@@ -219,7 +219,17 @@ async function buildTracer(): Promise<{ loader: string; object: string }> {
   };
   // linux/types.h includes asm/types.h, which is in the multiarch include directory clang -target bpf does not search.
   const multiarch = spawnSync('gcc', ['-print-multiarch'], { encoding: 'utf8' }).stdout?.trim();
-  await compile('clang', ['-O2', '-g', '-target', 'bpf', ...(multiarch ? [`-I/usr/include/${multiarch}`] : []), '-c', 'tracer.bpf.c', '-o', built.object + tmp]);
+  await compile('clang', [
+    '-O2',
+    '-g',
+    '-target',
+    'bpf',
+    ...(multiarch ? [`-I/usr/include/${multiarch}`] : []),
+    '-c',
+    'tracer.bpf.c',
+    '-o',
+    built.object + tmp,
+  ]);
   await compile('gcc', ['-O2', '-o', built.loader + tmp, 'tracer.c', '-lbpf']);
   await fs.promises.rename(built.object + tmp, built.object);
   await fs.promises.rename(built.loader + tmp, built.loader);
@@ -395,13 +405,16 @@ export class ProcessTracer {
           clearTimeout(loading);
           this.epochMs = Date.now() - Number(BigInt(line.split(' ')[2]!) / 1_000_000n);
           if (built) return resolve();
-          this.findWatchedMap(child.pid!).then((id) => {
-            this.watchedMap = id;
-            resolve();
-          }, (err: Error) => {
-            errors += err.message;
-            child.kill('SIGTERM');
-          });
+          this.findWatchedMap(child.pid!).then(
+            (id) => {
+              this.watchedMap = id;
+              resolve();
+            },
+            (err: Error) => {
+              errors += err.message;
+              child.kill('SIGTERM');
+            },
+          );
         } else this.read(line);
       });
     });
@@ -415,7 +428,13 @@ export class ProcessTracer {
       // Only the watched sandboxes' execs are kept (other containers of the host have pid namespaces too).
       if (!this.watches.has(Number(d))) return;
       const length = Number(f);
-      const exec = { parent: Number(b), grandparent: Number(c), namespace: Number(d), argv: Buffer.alloc(Math.min(length, ARGV_BYTES)), truncated: length > ARGV_BYTES };
+      const exec = {
+        parent: Number(b),
+        grandparent: Number(c),
+        namespace: Number(d),
+        argv: Buffer.alloc(Math.min(length, ARGV_BYTES)),
+        truncated: length > ARGV_BYTES,
+      };
       fillArgv(exec, 0, g);
       if (length > CHUNK && !this.built) this.filling.set(`${pid} ${e}`, exec);
       this.enqueue({ kind: 'e', pid, ns: BigInt(e!), exec });
@@ -433,11 +452,14 @@ export class ProcessTracer {
 
   /** Handles what is due in REORDER_NS, then again while events wait. */
   private arm(): void {
-    this.timer ??= setTimeout(() => {
-      this.timer = null;
-      this.handleQueued(process.hrtime.bigint() - REORDER_NS);
-      if (this.queue.length > 0) this.arm();
-    }, Number(REORDER_NS / 1_000_000n));
+    this.timer ??= setTimeout(
+      () => {
+        this.timer = null;
+        this.handleQueued(process.hrtime.bigint() - REORDER_NS);
+        if (this.queue.length > 0) this.arm();
+      },
+      Number(REORDER_NS / 1_000_000n),
+    );
   }
 
   /** Handles the queued events up to `until` (kernel ns; null: all of them), in time order. */

@@ -58,7 +58,8 @@ export function sandboxIdentity(options: CreateSandboxOptions, nobody: { uid: nu
 /** Why a range of host ids cannot be root's, or null. */
 export function rootIdsProblem(ids: { first: number; count: number }, nobody: { uid: number; gid: number }): string | null {
   const { first, count } = ids;
-  if (!Number.isInteger(first) || !Number.isInteger(count) || first < 1 || count < 1 || first + count > 2 ** 32 - 1) return `rootIds: ${first}+${count} is not a range of host ids`;
+  if (!Number.isInteger(first) || !Number.isInteger(count) || first < 1 || count < 1 || first + count > 2 ** 32 - 1)
+    return `rootIds: ${first}+${count} is not a range of host ids`;
   const inRange = (id: number) => id >= first && id < first + count;
   if (inRange(nobody.uid) || inRange(nobody.gid)) return `rootIds: ${first}+${count} holds the sandbox uid or gid of nobody`;
   return null;

@@ -33,7 +33,7 @@ export class Scratches {
   constructor(private readonly options: { dir: string; launcher: Launcher }) {
     const mount = hostTool('mount');
     const umount = hostTool('umount');
-    if (!mount || !umount) throw new Error('mount and umount are needed for the sandboxes\' /tmp (apt-get install mount)');
+    if (!mount || !umount) throw new Error("mount and umount are needed for the sandboxes' /tmp (apt-get install mount)");
     this.tools = { mount, umount };
   }
 
@@ -87,12 +87,15 @@ export class Scratches {
     const dir = path.join(this.options.dir, `s-${process.pid}-${++this.next}`);
     await fs.promises.mkdir(dir, { recursive: true, mode: 0o700 });
     const undo = { key: dir, command: this.tools.umount, args: ['-l', dir] };
-    const { code, stderr } = await this.options.launcher.run(this.tools.mount, ['-t', 'tmpfs', '-o', `size=${bytes},mode=0700,nosuid,nodev`, 'tmpfs', dir], { undo });
+    const { code, stderr } = await this.options.launcher.run(this.tools.mount, ['-t', 'tmpfs', '-o', `size=${bytes},mode=0700,nosuid,nodev`, 'tmpfs', dir], {
+      undo,
+    });
     if (code !== 0) {
       await fs.promises.rmdir(dir).catch(() => undefined);
       throw new Error(`cannot mount the sandbox's /tmp: ${stderr.trim() || `mount exited with ${code}`}`);
     }
-    for (const place of SCRATCH_PLACES) await fs.promises.mkdir(path.join(dir, place.dir), { mode: 0o1777 }).then(() => fs.promises.chmod(path.join(dir, place.dir), 0o1777));
+    for (const place of SCRATCH_PLACES)
+      await fs.promises.mkdir(path.join(dir, place.dir), { mode: 0o1777 }).then(() => fs.promises.chmod(path.join(dir, place.dir), 0o1777));
     return new Scratch(dir, this.tools.umount, this.options.launcher);
   }
 }

@@ -33,7 +33,14 @@ export class ServiceBridge {
    * forward`, started by the launcher right after it (a direct child of it, so it dies with the
    * service), comes up while the sandbox boots and says so on its fd 4.
    */
-  static async open(sandboxRoot: LaunchedProcess, socketPath: string, service: { host: string; port: number }, launcher: Launcher, supervisor: string, ended: AbortSignal): Promise<ServiceBridge> {
+  static async open(
+    sandboxRoot: LaunchedProcess,
+    socketPath: string,
+    service: { host: string; port: number },
+    launcher: Launcher,
+    supervisor: string,
+    ended: AbortSignal,
+  ): Promise<ServiceBridge> {
     const sockets = new Set<net.Socket>();
     // Half-open both ways: a client that ends its request still gets the whole response, and a
     // response the service ends is flushed before the sandbox's side closes.

@@ -65,7 +65,14 @@ export class WorkspaceDisks {
   async mount(id: string, mountpoint: string, bytes: number): Promise<WorkspaceDisk> {
     const size = diskSize(bytes);
     const spare = await this.takeSpare(size);
-    if (spare && (await spare.readyToMove(mountpoint).then(() => true, () => false))) return spare;
+    if (
+      spare &&
+      (await spare.readyToMove(mountpoint).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return spare;
     const image = path.join(this.options.dir, `${id}.img`);
     try {
       await this.make(image, size);
@@ -140,7 +147,17 @@ export class WorkspaceDisks {
     }
     const reservePercent = ((Math.min(RESERVE_MAX_BYTES, bytes * 0.05) / bytes) * 100).toFixed(3);
     const features = '^has_journal,^resize_inode'; // never grown
-    await run(this.options.launcher, this.options.tools['mkfs.ext4'], ['-q', '-F', '-m', reservePercent, '-O', features, '-E', `nodiscard,lazy_itable_init=1,root_owner=${this.options.uid}:${this.options.gid}`, image]).catch(async (err) => {
+    await run(this.options.launcher, this.options.tools['mkfs.ext4'], [
+      '-q',
+      '-F',
+      '-m',
+      reservePercent,
+      '-O',
+      features,
+      '-E',
+      `nodiscard,lazy_itable_init=1,root_owner=${this.options.uid}:${this.options.gid}`,
+      image,
+    ]).catch(async (err) => {
       await fs.promises.rm(image, { force: true });
       throw err;
     });
@@ -239,9 +256,10 @@ export class WorkspaceDisk {
       if (this.movingTo && mountPoints().includes(this.movingTo)) await this.moved();
       else if (this.movingTo) this.launcher.forget(this.movingTo);
       // Not mounted any more (swept) is as good as unmounted.
-      if (this.mounted) await run(this.launcher, this.tools.umount, ['-l', this.mountpoint]).catch((err: Error) => {
-        if (mountPoints().includes(this.mountpoint)) throw err;
-      });
+      if (this.mounted)
+        await run(this.launcher, this.tools.umount, ['-l', this.mountpoint]).catch((err: Error) => {
+          if (mountPoints().includes(this.mountpoint)) throw err;
+        });
       this.mounted = false;
       this.launcher.forget(this.mountpoint);
       await fs.promises.rm(this.image, { force: true });
