@@ -7,22 +7,7 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
-import { ADMIN_KEY, createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
-
-/** Rows of a query on the analysts' SQL endpoint (admin key). */
-async function sql(server: TestServer, query: string): Promise<Array<Record<string, unknown>>> {
-  const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${ADMIN_KEY}` },
-    body: query,
-  });
-  const text = await res.text();
-  assert.equal(res.status, 200, text);
-  return text
-    .split('\n')
-    .filter(Boolean)
-    .map((line) => JSON.parse(line));
-}
+import { adminSql, createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
 
 describe('ingest answered once durable (Prefer: respond-async)', () => {
   let server: TestServer;
@@ -115,7 +100,7 @@ describe('ingest answered once durable (Prefer: respond-async)', () => {
       const seen = await server.request('GET', `/v1/traces/visibility?token=${encodeURIComponent(token)}&wait=20s`, { key });
       assert.deepEqual(seen.body, { visible: true }, token);
     }
-    const [row] = await sql(server, `SELECT count() AS n, uniqExact(EventId) AS distinct_ids FROM trace_events FINAL WHERE SpanName = '${tool}'`);
+    const [row] = await adminSql(server, `SELECT count() AS n, uniqExact(EventId) AS distinct_ids FROM trace_events FINAL WHERE SpanName = '${tool}'`);
     assert.equal(acknowledged, 2000);
     assert.deepEqual({ n: Number(row!.n), ids: Number(row!.distinct_ids) }, { n: 2000, ids: 2000 }, 'every acknowledged event, once');
   });

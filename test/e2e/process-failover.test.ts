@@ -18,7 +18,7 @@ import { after, before, describe, test } from 'node:test';
 import { backend } from '../helpers/backend.ts';
 import { makeBundle, uploadAgent } from '../helpers/bundles.ts';
 import { sandboxPids, SPEC } from '../helpers/sandboxes.ts';
-import { ADMIN_KEY, freePort, type TestServer } from '../helpers/server.ts';
+import { ADMIN_KEY, adminSql, freePort, type TestServer } from '../helpers/server.ts';
 import { runSvc, type SvcProcess } from '../helpers/svc-process.ts';
 
 const NAME = 'processes of the distributed deployment that join, stop and die';
@@ -132,19 +132,7 @@ if (brokers && runtime) {
       }
     }
     /** Rows of a query on the analysts' SQL endpoint. */
-    async function sql(query: string): Promise<any[]> {
-      const res = await fetch(`${apiUrl}/v1/admin/sql/?default_format=JSONEachRow`, {
-        method: 'POST',
-        headers: { authorization: `Basic ${Buffer.from(`default:${ADMIN_KEY}`).toString('base64')}` },
-        body: query,
-      });
-      const text = await res.text();
-      assert.equal(res.status, 200, text);
-      return text
-        .split('\n')
-        .filter(Boolean)
-        .map((line) => JSON.parse(line));
-    }
+    const sql = (query: string) => adminSql<any>({ url: apiUrl }, query);
     const create = async () => {
       const sb = await req('POST', '/v1/sandboxes', { spec_id: 'failover' });
       assert.equal(sb.status, 201, sb.text);

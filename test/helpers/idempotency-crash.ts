@@ -13,24 +13,9 @@ import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { makeBundle, uploadAgent } from './bundles.ts';
 import { SPEC } from './sandboxes.ts';
-import { ADMIN_KEY, createTenantKey, startServer, traceEvent, type TestServer } from './server.ts';
+import { adminSql, createTenantKey, startServer, traceEvent, type TestServer } from './server.ts';
 
 const BATCH = 300;
-
-/** Rows of `trace_events` through the SQL endpoint (admin key). */
-async function sql(server: TestServer, query: string): Promise<Array<Record<string, unknown>>> {
-  const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${ADMIN_KEY}` },
-    body: query,
-  });
-  const text = await res.text();
-  assert.equal(res.status, 200, text);
-  return text
-    .split('\n')
-    .filter(Boolean)
-    .map((line) => JSON.parse(line));
-}
 
 async function waitForOutput(server: TestServer, pattern: RegExp, ms = 30_000): Promise<void> {
   const deadline = Date.now() + ms;
@@ -88,7 +73,7 @@ export function crashDrill(name: string, env: Record<string, string>, cases: Cra
 
       // The log holds the batch twice; the store keeps one copy of each event.
       assert.equal((await server.request('GET', `/v1/traces?tool=${tool}&limit=1000`, { key })).body.count, BATCH);
-      const [final] = await sql(server, `SELECT count() AS n, uniqExact(EventId) AS ids FROM trace_events FINAL WHERE SpanName = '${tool}'`);
+      const [final] = await adminSql(server, `SELECT count() AS n, uniqExact(EventId) AS ids FROM trace_events FINAL WHERE SpanName = '${tool}'`);
       assert.deepEqual(final, { n: String(BATCH), ids: String(BATCH) });
 
       // Now the response is recorded: a third try is a replay.
@@ -229,7 +214,7 @@ export function crashDrill(name: string, env: Record<string, string>, cases: Cra
       const two = await server.request('POST', '/v1/traces', { key, body: { events }, headers: { 'idempotency-key': 'k-2' } });
       const none = await server.request('POST', '/v1/traces', { key, body: { events } });
       for (const res of [one, two, none]) assert.equal(res.status, 200, res.text);
-      const [row] = await sql(server, `SELECT count() AS n FROM trace_events FINAL WHERE SpanName = '${tool}'`);
+      const [row] = await adminSql(server, `SELECT count() AS n FROM trace_events FINAL WHERE SpanName = '${tool}'`);
       assert.deepEqual(row, { n: '3' }, 'three requests, three events: ids derive from the key, never collide across keys');
     });
   });

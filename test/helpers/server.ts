@@ -3,6 +3,7 @@
  * free port with its own data dir, and talks to it over HTTP; or, with SVC_TEST_DEPLOYMENT=split,
  * the distributed deployment's processes (see startServer).
  */
+import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
@@ -259,4 +260,18 @@ export function traceEvent(overrides: Record<string, unknown> = {}): Record<stri
     status: 'ok',
     ...overrides,
   };
+}
+
+/** The rows of `query` on the analysts' SQL endpoint, as the admin; `params` fill its {name:Type} placeholders. */
+export async function adminSql<Row = Record<string, unknown>>(server: { url: string }, query: string, params: Record<string, string> = {}): Promise<Row[]> {
+  const url = new URL('/v1/admin/sql/', server.url);
+  url.searchParams.set('default_format', 'JSONEachRow');
+  for (const [name, value] of Object.entries(params)) url.searchParams.set(`param_${name}`, value);
+  const res = await fetch(url, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` }, body: query });
+  const text = await res.text();
+  assert.equal(res.status, 200, text);
+  return text
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => JSON.parse(line) as Row);
 }

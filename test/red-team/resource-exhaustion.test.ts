@@ -22,7 +22,7 @@ import { MAX_COMMAND_BYTES, MAX_COMMANDS_AT_ONCE } from '../../services/domain/s
 import { LocalRuntime } from '../../services/sandbox-runner/runtimes/local/local-runtime.ts';
 import { backend } from '../helpers/backend.ts';
 import { SPEC, supervisorPid } from '../helpers/sandboxes.ts';
-import { ADMIN_KEY, createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
+import { adminSql, createTenantKey, startServer, type TestServer } from '../helpers/server.ts';
 
 const PER_SECOND = 50;
 const MAX_RECORDS = 150;
@@ -78,19 +78,7 @@ if (runtime) {
         .filter(Boolean)
         .map((l) => JSON.parse(l) as { type: string; details: Record<string, any> });
     };
-    const sql = async (query: string) => {
-      const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, {
-        method: 'POST',
-        headers: { authorization: `Basic ${Buffer.from(`default:${ADMIN_KEY}`).toString('base64')}` },
-        body: query,
-      });
-      const text = await res.text();
-      assert.equal(res.status, 200, text);
-      return text
-        .split('\n')
-        .filter(Boolean)
-        .map((l) => JSON.parse(l) as Record<string, string>);
-    };
+    const sql = (query: string) => adminSql<Record<string, string>>(server, query);
 
     before(async () => {
       server = await startServer({

@@ -13,7 +13,7 @@ import { randomBytes } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { ADMIN_KEY, createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
+import { adminSql, createTenantKey, startServer, traceEvent, type TestServer } from '../helpers/server.ts';
 import { backend } from '../helpers/backend.ts';
 
 const SECRET = `sr-${randomBytes(16).toString('hex')}`;
@@ -174,19 +174,7 @@ if (runtime) {
       assert.deepEqual(leaks(traces.text), [], 'trace query');
 
       // Every row of every table, as ClickHouse decodes it (the parts on disk are compressed).
-      const sql = async (query: string) => {
-        const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow&param_h=${HALF}&param_id=${sandboxId}`, {
-          method: 'POST',
-          headers: { authorization: `Bearer ${ADMIN_KEY}` },
-          body: query,
-        });
-        const text = await res.text();
-        assert.equal(res.status, 200, text);
-        return text
-          .split('\n')
-          .filter(Boolean)
-          .map((l) => JSON.parse(l));
-      };
+      const sql = (query: string) => adminSql<any>(server, query, { h: HALF, id: sandboxId });
       // The sink is behind the log: wait until the sandbox's last event and its audit are in the store.
       const count = async (query: string) => Number((await sql(query))[0].n);
       for (let i = 0; i < 200; i++) {

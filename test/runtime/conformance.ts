@@ -42,7 +42,7 @@ import WebSocket from 'ws';
 import { startEgressService } from '../helpers/egress-lab.ts';
 import { startOutsideWorld, type OutsideWorld } from '../helpers/outside-world.ts';
 import { SPEC, sse, storeSpec } from '../helpers/sandboxes.ts';
-import { ADMIN_KEY, createTenantKey, type TestServer } from '../helpers/server.ts';
+import { adminSql, createTenantKey, type TestServer } from '../helpers/server.ts';
 
 /** A sandbox, as the runtime's `leftovers` gets it: its id and its workspace on the host (`path`). */
 export interface SandboxOnHost {
@@ -161,19 +161,7 @@ export function runtimeConformance(runtime: RuntimeUnderTest): void {
       assert.equal(res.status, 200, res.text);
     };
     /** Rows of the analysts' SQL endpoint (the sandboxes' last states, also of ended ones). */
-    const sql = async (query: string): Promise<Array<Record<string, string>>> => {
-      const res = await fetch(`${server.url}/v1/admin/sql/?default_format=JSONEachRow`, {
-        method: 'POST',
-        headers: { authorization: `Basic ${Buffer.from(`default:${ADMIN_KEY}`).toString('base64')}` },
-        body: query,
-      });
-      const text = await res.text();
-      assert.equal(res.status, 200, text);
-      return text
-        .split('\n')
-        .filter(Boolean)
-        .map((l) => JSON.parse(l));
-    };
+    const sql = (query: string) => adminSql<Record<string, string>>(server, query);
     const lastState = async (id: string) => (await sql(`SELECT State, Error FROM sandboxes FINAL WHERE SandboxId = '${id}'`))[0];
     /** Waits (up to 20 s: teardown may finish after its answer) until the runtime reports nothing (of `kinds`) left of `sandbox`. */
     const nothingLeft = async (sandbox: SandboxOnHost, what: string, kinds: Array<keyof Leftovers> = ['processes', 'resources']) => {
