@@ -381,6 +381,9 @@ print(libc.syscall(272, 0x10000000), ctypes.get_errno())'`,
       const next = new LocalRuntime({ stateDir: path.join(root, 'state') });
       assert.equal(await next.available(), null);
       assert.equal(mounted(left.workspace), false, 'swept');
+      // It removes the groups of sandboxes left behind only once empty: one still running (here
+      // its runtime is alive) is not killed.
+      assert.equal((await left.exec({ command: 'echo alive' })).stdout, 'alive\n');
       assert.equal(fs.existsSync(left.image), false);
       await left.destroy();
       await next.close();

@@ -116,6 +116,14 @@ export class SandboxCgroup {
     return layout ? new SandboxCgroup(layout, parent, id) : null;
   }
 
+  /**
+   * Removes the groups once the processes still in them have exited (they may be dying); never
+   * kills: a group that stays busy is left alone, in case it is not what the caller thinks.
+   */
+  async removeIfEmpty(): Promise<void> {
+    for (const dir of this.dirs) await rmdirRetry(dir);
+  }
+
   /** Creates the groups and sets the limits; throws with a clear message when it cannot. */
   static create(parent: string, id: string, resources: SandboxResources): SandboxCgroup {
     const layout = cgroupLayout();

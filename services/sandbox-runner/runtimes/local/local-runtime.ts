@@ -169,10 +169,11 @@ export class LocalRuntime implements Runtime {
     );
     if (trial.error || trial.status !== 0) return `bubblewrap cannot create namespaces here: ${(trial.error?.message ?? trial.stderr).trim()}`;
     if (!cgroupLayout()) return 'no memory and pids cgroup controllers are mounted under /sys/fs/cgroup';
-    // A sandbox's directory outlives it only when this runtime's process died: its groups go now,
-    // with whatever of it is still dying in them; the sweep after it waits for others' to age.
+    // A sandbox's directory outlives it only when its runtime's process died: its groups go now,
+    // once empty, whatever their age (a busy one may be a live sandbox of another runtime sharing
+    // this state directory, or with the same id); the sweep after it waits for others' to age.
     for (const dir of subdirectories(path.join(this.stateDir, 'sandboxes')))
-      await SandboxCgroup.existing(this.cgroupParent, groupName(path.join(this.stateDir, 'sandboxes', dir)))?.remove();
+      for (const name of groupNames(path.join(this.stateDir, 'sandboxes', dir))) await SandboxCgroup.existing(this.cgroupParent, name)?.removeIfEmpty();
     const swept = sweepStaleCgroups(this.cgroupParent);
     if (swept) this.logger?.info({ groups: swept }, 'removed the cgroups of sandboxes left by a previous run');
     const disks = this.workspaceDisks();
@@ -498,13 +499,13 @@ function subdirectories(dir: string): string[] {
   }
 }
 
-/** The name of the groups of the sandbox whose state directory is `dir`: the directory's, unless a claim renamed them. */
-function groupName(dir: string): string {
-  let name: string;
+/** The names the groups of the sandbox whose state directory is `dir` may have: the directory's, and the one a claim renamed them to. */
+function groupNames(dir: string): string[] {
+  let claimed = '';
   try {
-    name = fs.readFileSync(path.join(dir, CGROUP_NAME_FILE), 'utf8');
+    claimed = fs.readFileSync(path.join(dir, CGROUP_NAME_FILE), 'utf8');
   } catch {
-    return path.basename(dir);
+    // never claimed
   }
-  return /^[A-Za-z0-9_-][A-Za-z0-9_.-]*$/.test(name) ? name : path.basename(dir);
+  return [path.basename(dir), ...(/^[A-Za-z0-9_-][A-Za-z0-9_.-]*$/.test(claimed) ? [claimed] : [])];
 }

@@ -384,9 +384,10 @@ export class LocalSandbox implements SandboxHandle {
     const problem = envSizeProblem(as.env);
     if (problem) throw new Error(`env: ${problem}`);
     if (!/^[A-Za-z0-9_.-]+$/.test(as.id)) throw new Error(`invalid sandbox id: ${as.id}`);
-    this.cgroup.rename(as.id);
-    // Its directory keeps the warm name: a restart after a crash finds the groups by this file.
+    // Its directory keeps the warm name: a restart after a crash finds the groups by this file,
+    // written first so that no crash leaves groups renamed and unnamed.
     await fs.promises.writeFile(path.join(this.sandboxDir, CGROUP_NAME_FILE), as.id);
+    this.cgroup.rename(as.id);
     this.id = as.id;
     this.env = this.baseEnv(as.env);
   }
