@@ -1,16 +1,17 @@
 /**
- * Parsed spec documents by their text, one cache per process: every reader of a stored or pinned
- * spec (the api's catalogs and eval history, the aggregator, the alerter) asks here, so a text in
+ * Parsed spec documents by their text, one cache per process: every reader of a pinned spec (the
+ * experiment catalog, eval history, the aggregator, the alerter) asks here (the spec catalog keeps
+ * each stored version's document with the version instead), so a text in
  * use is parsed once (a 200-entry matrix takes milliseconds) and memory stays bounded.
  *
  * Keyed by the text itself, not by spec id and version: a pinned yaml outlives its stored version,
  * and a text always parses to the same document, or fails with the same error, which is kept too
  * (a reader that logs it logs it once). Bounded by the texts' total size, least recently used first
- * out, so many small specs (a tenant's list) stay while a few large ones cannot crowd out the rest.
+ * out, so many small specs stay while a few large ones cannot crowd out the rest.
  * Callers share the documents: they must not change them.
  *
  * The YAML trees a run's spec is made from (`domain/run-plan.ts` substitutes a matrix entry into
- * one before checking it) are kept here too, under the same bound.
+ * one before checking it) are kept here too, under a bound of their own of the same size.
  */
 import { LRUCache } from 'lru-cache';
 import { parse as parseYaml } from 'yaml';

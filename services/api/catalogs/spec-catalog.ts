@@ -9,8 +9,7 @@ import { EntityCatalog } from '../../kernel/entity-view.ts';
 import { AppError, notFound } from '../../kernel/errors.ts';
 import type { SpecStored } from '../../domain/events/spec-events.ts';
 import { eventIds, newEventId } from '../../kernel/ids.ts';
-import { specBundles, specDurations, type SpecDocument } from '../../domain/spec.ts';
-import { parsedSpec } from '../../domain/spec-cache.ts';
+import { parseSpec, specBundles, specDurations, type SpecDocument } from '../../domain/spec.ts';
 import { lifetimeProblem } from '../../domain/sandbox-lifetime.ts';
 import { refusedSource } from '../../kernel/secret-sources.ts';
 import { TOPICS } from '../../kernel/topics.ts';
@@ -31,6 +30,12 @@ const key = (tenant: string, id: string, version: number) => `${tenant}/${id}/${
 export class SpecCatalog extends EntityCatalog<SpecStored> {
   /** tenant -> spec id -> versions in ascending order. */
   private readonly byTenant = new Map<string, Map<string, SpecStored[]>>();
+  /**
+   * Each stored version's document, parsed once and kept as long as the version is: a tenant's
+   * list reads every spec, which a cache bounded by size would churn through (domain/spec-cache.ts
+   * serves the texts read from elsewhere: pinned experiments, history).
+   */
+  private readonly parsed = new WeakMap<SpecStored, SpecDocument>();
   private readonly queue = new KeyedQueue();
 
   constructor(
@@ -70,7 +75,7 @@ export class SpecCatalog extends EntityCatalog<SpecStored> {
    * that came after the version was stored answers with that version instead of adding another.
    */
   async put(tenant: string, yaml: string, seed: string | null = null): Promise<SpecRecord> {
-    const doc = parsedSpec(yaml);
+    const doc = parseSpec(yaml);
     const refused = Object.entries(doc.secrets).flatMap(([name, source]) => {
       const why = refusedSource(name, source, this.kernel.config);
       return why ? [`secrets.${name}${name in doc.brokered ? '.source' : ''}: ${why}`] : [];
@@ -94,6 +99,13 @@ export class SpecCatalog extends EntityCatalog<SpecStored> {
       const version = (versions[versions.length - 1]?.version ?? 0) + 1;
       const stored: SpecStored = { tenant, event_id: eventId, ts: Date.now(), spec_id: doc.id, version, yaml, deleted: false };
       await this.append([{ key: key(tenant, doc.id, version), tenant, value: stored }]);
+      this.parsed.set(
+        this.byTenant
+          .get(tenant)
+          ?.get(doc.id)
+          ?.find((v) => v.version === version) ?? stored,
+        doc,
+      );
       return this.record(stored, doc);
     });
   }
@@ -128,7 +140,12 @@ export class SpecCatalog extends EntityCatalog<SpecStored> {
   }
 
   private document(stored: SpecStored): SpecDocument {
-    return parsedSpec(stored.yaml);
+    let doc = this.parsed.get(stored);
+    if (!doc) {
+      doc = parseSpec(stored.yaml);
+      this.parsed.set(stored, doc);
+    }
+    return doc;
   }
 
   private record(stored: SpecStored, doc: SpecDocument): SpecRecord {
