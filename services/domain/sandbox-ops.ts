@@ -13,6 +13,7 @@
  */
 import { AppError } from '../kernel/errors.ts';
 import type { ResolvedAgent } from './agent-auth.ts';
+import type { SandboxChanged } from './events/sandbox-events.ts';
 import type { MockRoute, SpecDocument } from './spec.ts';
 import type { TerminalOpen, TerminalOpened } from './terminal-sessions.ts';
 
@@ -40,7 +41,7 @@ export interface CreateRequest {
 export interface RunnerSandboxView {
   id: string;
   spec_id: string;
-  state: 'creating' | 'ready' | 'running' | 'stopped' | 'error';
+  state: SandboxChanged['state'];
   path: string;
   url: string;
   created_at: string;
@@ -82,10 +83,23 @@ export interface FileWritePayload {
   mode?: number;
 }
 
-/** The workspace's files as captured (workspace/state.ts `FilesystemState`). */
+/** One file of a workspace as captured. */
+export interface WorkspaceFileEntry {
+  size: number;
+  /** Permission bits in octal, e.g. "0644" (setuid/setgid/sticky included, e.g. "4755"). */
+  mode: string;
+  /** sha256 hex; absent for files over `checksumMaxBytes` (and unreadable files). */
+  checksum?: string;
+  /** Present for symlinks: the link text (never followed). */
+  symlink?: string;
+  /** An overlay's whiteout (CaptureOptions.whiteouts): the name is gone from the merged view. */
+  whiteout?: true;
+}
+
+/** The workspace's files as captured (sandbox-runner/workspace/state.ts). */
 export interface WorkspaceState {
   captured_at: string;
-  files: Record<string, { size: number; mode: string; checksum?: string; symlink?: string; whiteout?: true }>;
+  files: Record<string, WorkspaceFileEntry>;
 }
 
 /** Paths added, modified and removed since the sandbox was ready (workspace/state.ts `Diff`). */

@@ -306,7 +306,7 @@ export class LiveSandbox {
 
   /** What changed in the workspace since ready. */
   async diff(): Promise<OpAnswer<'diff'>> {
-    return { body: await this.capture.diffSinceReady() };
+    return { body: (await this.capture.checkpoint()).diff };
   }
 
   /**

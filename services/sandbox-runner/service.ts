@@ -275,7 +275,8 @@ export class SandboxRunnerService implements Service {
     // refused by the dispatcher, and each operation checks what it reads of its payload.
     const operation = { op: request.op, payload: requestPayload(this.sealer, request) } as SandboxOperation;
     if (operation.op === 'create') {
-      const live = await this.create(request.tenant, request.sandbox_id, operation.payload);
+      // A parsed spec is trusted only from this runner's own runs: off the log, the yaml is parsed.
+      const live = await this.create(request.tenant, request.sandbox_id, { ...operation.payload, spec: undefined });
       await reply(this.kernel, this.sealer, request, 201, live.view());
       return;
     }

@@ -108,11 +108,6 @@ export class ActivityCapture {
     return Object.keys(this.before.files).length;
   }
 
-  /** What changed in the workspace since the snapshot at ready. */
-  async diffSinceReady(): Promise<Diff> {
-    return diffStates(this.before!, await this.captureState());
-  }
-
   /** The workspace now, against ready: how many files it holds, and what changed (a `per_action` checkpoint). */
   async checkpoint(): Promise<{ files: number; diff: Diff }> {
     const state = await this.captureState();

@@ -13,7 +13,7 @@ import type { BackingOptions } from '../backing/backing-services.ts';
 import type { EmitEvent } from './sandbox-events.ts';
 
 export class AuditTrail {
-  /** The log; null until the runtime started (boot/start-runtime.ts). */
+  /** The log; null until the runtime started (boot/runtime.ts). */
   log: AuditLog | null = null;
   /** The audit records' appends to svc.audit, in the order they were written. */
   private auditChain: Promise<void> = Promise.resolve();

@@ -48,6 +48,7 @@ export async function runExports(deps: ExportsDeps): Promise<void> {
     const routes = service.type === 'http_mock' && service.record ? backing.mock(service.name)!.recording() : [];
     if (routes.length === 0) continue;
     const to = path.join('recordings', request.run_id ?? deps.sandboxId, `${service.name}.yaml`);
+    if (!path.join(root, tenant, to).startsWith(path.join(root, tenant) + path.sep)) continue;
     await mkdir(path.join(root, tenant, path.dirname(to)), { recursive: true });
     await writeHostFile(path.join(root, tenant, to), stringifyYaml({ routes }));
     await event('export', { type: 'recording', service: service.name, to });

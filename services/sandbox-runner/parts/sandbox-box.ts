@@ -1,6 +1,6 @@
 /**
  * A sandbox's runtime handle (runtimes/runtime.ts `SandboxHandle`, "the box") and its workspace
- * on the host: made or taken warm from the pool by boot/start-runtime.ts, destroyed and removed
+ * on the host: made or taken warm from the pool by boot/runtime.ts, destroyed and removed
  * at teardown (two steps of the teardown stack: the sandbox, then its workspace).
  */
 import { mkdir } from 'node:fs/promises';
@@ -31,11 +31,6 @@ export class SandboxBox {
   /** The runtime's handle; only once the runtime started (boot step container_started). */
   get handle(): SandboxHandle {
     return this.box!;
-  }
-
-  /** The runtime's name, for messages. */
-  get runtimeName(): string {
-    return this.runtime.name;
   }
 
   /** Takes a warm sandbox made alike from the pool, else creates one; true when it was warm. */

@@ -1,7 +1,7 @@
 /**
  * A sandbox's secrets and the environment every command gets (secrets included: for the
- * service's own use, never shown), set by the boot (boot/resolve-secrets.ts,
- * boot/start-runtime.ts); and the redaction of their values from everything the sandbox says.
+ * service's own use, never shown), set by the boot (boot/secrets.ts,
+ * boot/runtime.ts); and the redaction of their values from everything the sandbox says.
  */
 import { redactSecrets } from '../../kernel/tenant-secrets.ts';
 import type { ExecResult } from '../runtimes/runtime.ts';

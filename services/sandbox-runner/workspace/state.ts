@@ -35,6 +35,7 @@
 import { createHash } from 'node:crypto';
 import { closeSync, constants, fstatSync, readSync, type BigIntStats, type Dirent } from 'node:fs';
 import pLimit, { type LimitFunction } from 'p-limit';
+import type { WorkspaceDiff, WorkspaceFileEntry, WorkspaceState } from '../../domain/sandbox-ops.ts';
 import { closeFd, lstatAt, openAt, openDirAt, openHandleAt, openRoot, readdirFd, readlinkAt } from './beneath.ts';
 
 const SKIPPED_DIRS: ReadonlySet<string> = new Set(['node_modules', '.git', '__pycache__', '.svc']);
@@ -42,28 +43,10 @@ const DEFAULT_CHECKSUM_MAX_BYTES = 1024 * 1024;
 const DEFAULT_CONCURRENCY = 8;
 const DEFAULT_RACY_MS = 1000;
 
-export interface FileEntry {
-  size: number;
-  /** Permission bits in octal, e.g. "0644" (setuid/setgid/sticky included, e.g. "4755"). */
-  mode: string;
-  /** sha256 hex; absent for files over `checksumMaxBytes` (and unreadable files). */
-  checksum?: string;
-  /** Present for symlinks: the link text (never followed). */
-  symlink?: string;
-  /** An overlay's whiteout (CaptureOptions.whiteouts): the name is gone from the merged view. */
-  whiteout?: true;
-}
-
-export interface FilesystemState {
-  captured_at: string;
-  files: Record<string, FileEntry>;
-}
-
-export interface Diff {
-  added: string[];
-  modified: string[];
-  removed: string[];
-}
+/** The shapes are the sandbox contract's (domain/sandbox-ops.ts): the api answers with them. */
+export type FileEntry = WorkspaceFileEntry;
+export type FilesystemState = WorkspaceState;
+export type Diff = WorkspaceDiff;
 
 interface CacheEntry {
   dev: bigint;
