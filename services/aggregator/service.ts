@@ -307,13 +307,13 @@ export class AggregatorService implements Service {
     let inFlight = 0;
     let scored = 0;
     let anyStarted = false;
-    const due: Array<{ run: PlannedRun; attempt: number }> = [];
+    const due: Array<{ run: PlannedRun; attempt: number; reason: string }> = [];
     for (const run of runs) {
       const facts = tracked.runs.get(run.runId) ?? null;
       if (facts && facts.started.size > 0) anyStarted = true;
       const status = runStatus(facts, observed);
       if (status.kind === 'scored') scored++;
-      else if (status.kind === 'due') due.push({ run, attempt: status.attempt });
+      else if (status.kind === 'due') due.push({ run, attempt: status.attempt, reason: status.reason });
       else if (status.kind === 'in_flight') inFlight++;
     }
     if (anyStarted && experiment.status === 'queued') await this.write(experiment, { status: 'running', started_at: Date.now() });
@@ -347,9 +347,9 @@ export class AggregatorService implements Service {
       secrets: current.secrets,
     }));
     for (const r of requests) this.onDispatched(r);
-    const again = requests.filter((r) => r.attempt > 1);
+    const again = dispatch.filter((d) => d.attempt > 1).map((d) => ({ run_id: d.run.runId, reason: d.reason }));
     if (again.length > 0)
-      this.kernel.logger.info({ experiment_id: experimentId, runs: again.map((r) => r.run_id) }, 'dispatching again runs that were lost or rejected');
+      this.kernel.logger.info({ experiment_id: experimentId, runs: again }, 'dispatching again runs that were lost, rejected or past their lease');
     await publish(
       this.kernel,
       TOPICS.runRequests,

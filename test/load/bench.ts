@@ -617,7 +617,7 @@ async function runnerKillToRedispatch(brokers: string): Promise<string> {
     const aggregator = server.processes().find((p) => p.services.includes('aggregator'))!;
     let redispatchMs: number | null = null;
     while (redispatchMs === null && Date.now() - killedAt < 120_000) {
-      if (aggregator.output().includes('dispatching again runs that were lost or rejected')) redispatchMs = Date.now() - killedAt;
+      if (aggregator.output().includes('dispatching again runs that were')) redispatchMs = Date.now() - killedAt;
       else await new Promise((r) => setTimeout(r, 100));
     }
     await completed(server, id);
