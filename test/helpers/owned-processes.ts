@@ -47,7 +47,7 @@ export function onCancel(teardown: () => Promise<unknown>): () => void {
 }
 
 /** SIGTERM to every owned process still running, SIGKILL to those not gone after `graceMs`. */
-export async function stopOwned(graceMs = GRACE_MS): Promise<void> {
+async function stopOwned(graceMs = GRACE_MS): Promise<void> {
   const live = [...owned].filter(running);
   const gone = live.map((child) => new Promise((resolve) => (running(child) ? child.once('exit', resolve) : resolve(null))));
   for (const child of live) child.kill('SIGTERM');

@@ -27,9 +27,7 @@
  *      sees a live sandbox, so a probe that looks in the wrong place fails there.
  *   2. Run it: `npm test -- test/runtime/<name>.test.ts`. A case that cannot hold for a runtime is
  *      a gap to close in the runtime (or in docs/sandboxes.md, if the contract is wrong), not a
- *      case to skip. Where a gap is known and accepted for now, `gaps` names it with why: its
- *      case runs as a `todo`, reporting the failure without failing the file (KnownGap lists
- *      the cases that may be marked so).
+ *      case to skip.
  *
  * One service per file (started against the outside world, test/helpers/outside-world.ts, for
  * the network cases), the embedded deployment: its one process is the runner, so the kill -9
@@ -58,12 +56,6 @@ export interface Leftovers {
   resources: string[];
 }
 
-/**
- * A gap the runtime is known to have against this suite: the case it breaks still runs, as a
- * `todo` that reports the failure without failing the file, until the runtime closes it.
- */
-export type KnownGap = 'resources left after the runner was killed';
-
 /** A sandbox runtime the suite runs against. */
 export interface RuntimeUnderTest {
   /** as the service names it (`container_started`'s `runtime`) */
@@ -74,8 +66,6 @@ export interface RuntimeUnderTest {
   env: Record<string, string>;
   /** What is left on the host of `sandbox`. */
   leftovers(sandbox: SandboxOnHost): Promise<Leftovers>;
-  /** known gaps, each with why (an issue, a measured reason) */
-  gaps?: Partial<Record<KnownGap, string>>;
 }
 
 interface Ran {
@@ -489,10 +479,7 @@ print(t.children_user + t.children_system, time.time() - start)
       await nothingLeft(again, 'after DELETE on the restarted service');
     });
 
-    const gap = runtime.gaps?.['resources left after the runner was killed'];
-    test('kill -9 of the runner: the restart releases everything else the killed sandboxes held (cgroups, mounts, networks, workspaces)', {
-      todo: gap ?? false,
-    }, async () => {
+    test('kill -9 of the runner: the restart releases everything else the killed sandboxes held (cgroups, mounts, networks, workspaces)', async () => {
       assert.ok(killed.length > 0, 'the kill -9 case ran');
       for (const sb of killed) await nothingLeft(sb, 'after the runner was killed and restarted', ['resources']);
     });
