@@ -380,12 +380,24 @@ export class FsWatcher {
     return true;
   }
 
-  /** Whether `rel` is now a whiteout (a character device 0/0) in an overlay's upper directory. */
+  /**
+   * Whether `rel` is now a whiteout (a character device 0/0) in an overlay's upper directory, or
+   * is gone under one: `rm -r` whites out a file, then its directory, and the directory's whiteout
+   * may be all that is left by the time the watch looks.
+   */
   private whiteout(rel: string): boolean {
     if (!this.view.placeOf(rel)?.lower) return false;
     const { root, rel: inside } = this.view.locate(rel);
-    const st = lstatBeneath(root, inside);
-    return st?.isCharacterDevice() === true && st.rdev === 0;
+    const isWhiteout = (at: string) => {
+      const st = lstatBeneath(root, at);
+      return st === undefined ? undefined : st.isCharacterDevice() && st.rdev === 0;
+    };
+    const parts = inside.split('/');
+    for (let depth = parts.length; depth > 0; depth--) {
+      const found = isWhiteout(parts.slice(0, depth).join('/'));
+      if (found !== undefined) return found;
+    }
+    return false;
   }
 
   /** Whether the watch reports `kind` for the file named `rel` (places.ts). */
